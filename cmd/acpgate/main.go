@@ -1,0 +1,340 @@
+// Command acpgate puts ACP (Agent Client Protocol) agents on the network:
+// WebSocket clients are multiplexed onto a pool of stdio agent processes.
+//
+//	acpgate [serve] [--config FILE] [--listen ADDR] [--agent "CMD ARGS..."]
+//	acpgate demo-agent        a built-in ACP v1 agent on stdio
+//	acpgate check-config --config FILE
+//	acpgate version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/acpgate/acpgate/demoagent"
+	"github.com/acpgate/acpgate/gateway"
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy/supervise"
+)
+
+// version is set at build time with -ldflags "-X main.version=v1.2.3".
+var version = ""
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(args, stderr)
+	case "demo-agent":
+		return demoAgent(args, stderr)
+	case "check-config":
+		return checkConfig(args, stdout, stderr)
+	case "version":
+		fmt.Fprintf(stdout, "acpgate %s\n", buildVersion())
+		return 0
+	case "supervise":
+		return superviseCmd(args, stderr)
+	case "help", "-h", "--help":
+		usage(stdout)
+		return 0
+	}
+	fmt.Fprintf(stderr, "acpgate: unknown command %q\n\n", cmd)
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage:
+  acpgate [serve] [--config FILE] [--listen ADDR] [--agent "CMD ARGS..."]
+                  [--allow-unauthenticated] [--log-level LEVEL] [--log-format text|json]
+  acpgate demo-agent [--state-dir DIR] [--chunk-delay DURATION]
+  acpgate check-config --config FILE
+  acpgate version
+`)
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+type serveFlags struct {
+	config, listen, agent, logLevel, logFormat string
+	allowUnauth                                bool
+}
+
+func serve(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("acpgate serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	fs.StringVar(&f.config, "config", "", "YAML configuration file")
+	fs.StringVar(&f.listen, "listen", "", "listen address (default 127.0.0.1:8080)")
+	fs.StringVar(&f.agent, "agent", "", `agent command line, e.g. "node agent.mjs" (default: the built-in demo agent)`)
+	fs.BoolVar(&f.allowUnauth, "allow-unauthenticated", false, "allow serving without authentication on a non-loopback address")
+	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "", "text or json")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "acpgate serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	cfg, err := loadConfig(f)
+	if err != nil {
+		fmt.Fprintf(stderr, "acpgate: %v\n", err)
+		return 2
+	}
+	log := newLogger(cfg.Log, stderr)
+	exe, err := os.Executable()
+	if err != nil {
+		log.Error("cannot find the acpgate executable", "err", err)
+		return 1
+	}
+	agentCmd := cfg.Agent.Command
+	if len(agentCmd) == 0 {
+		agentCmd = []string{exe, "demo-agent"}
+	}
+	srv, err := gateway.New(gateway.Options{
+		Config:       cfg,
+		AgentCommand: agentCmd,
+		Supervisor:   []string{exe, "supervise", "--grace", cfg.Agent.StopGrace.D().String(), "--"},
+		Version:      buildVersion(),
+		Logger:       log,
+	})
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		log.Error("cannot listen", "addr", cfg.Listen, "err", err)
+		_ = srv.Shutdown(context.Background())
+		return 1
+	}
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		log.Error("server failed", "err", err)
+		_ = srv.Shutdown(context.Background())
+		return 1
+	case sig := <-sigs:
+		log.Info("draining", "signal", sig.String(), "grace", cfg.ShutdownGrace.D())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace.D()+cfg.Agent.StopGrace.D()+5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		<-serveErr
+		if err != nil {
+			log.Warn("shutdown incomplete", "err", err)
+		}
+		log.Info("stopped")
+		return 0
+	case sig := <-sigs:
+		// A second signal stops at once; the agents' supervisors get their
+		// parent-death signal and clean up.
+		log.Warn("stopping now", "signal", sig.String())
+		return 1
+	}
+}
+
+// loadConfig reads the file (if any) and applies flags over it.
+func loadConfig(f serveFlags) (*config.Config, error) {
+	cfg := config.Default()
+	if f.config != "" {
+		var err error
+		if cfg, err = config.LoadFile(f.config); err != nil {
+			return nil, err
+		}
+	}
+	if f.listen != "" {
+		cfg.Listen = f.listen
+	}
+	if f.agent != "" {
+		argv, err := splitCommand(f.agent)
+		if err != nil {
+			return nil, fmt.Errorf("--agent: %w", err)
+		}
+		cfg.Agent.Command = argv
+	}
+	if f.allowUnauth {
+		cfg.AllowUnauthenticated = true
+	}
+	if f.logLevel != "" {
+		cfg.Log.Level = f.logLevel
+	}
+	if f.logFormat != "" {
+		cfg.Log.Format = f.logFormat
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func newLogger(c config.Log, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func checkConfig(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("acpgate check-config", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "YAML configuration file to check")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "acpgate check-config: --config FILE is required")
+		return 2
+	}
+	if _, err := config.LoadFile(*path); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", *path)
+	return 0
+}
+
+func demoAgent(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("acpgate demo-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	stateDir := fs.String("state-dir", os.Getenv("ACPGATE_DEMO_STATE_DIR"), "where sessions are kept (default: a folder in the temp dir)")
+	delay := fs.Duration("chunk-delay", 15*time.Millisecond, "pause between streamed chunks (negative: none)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- demoagent.Run(ctx, os.Stdin, os.Stdout, demoagent.Options{
+			StateDir:   *stateDir,
+			ChunkDelay: *delay,
+			Name:       "acpgate-demo-agent",
+			Version:    buildVersion(),
+			Stderr:     stderr,
+		})
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// A read of stdin cannot be interrupted: give Run a moment to
+		// finish what it is writing, then exit regardless.
+		select {
+		case err = <-done:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(stderr, "demo-agent: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func superviseCmd(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("acpgate supervise", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	grace := fs.Duration("grace", 5*time.Second, "time between SIGTERM and SIGKILL")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	return supervise.Run(fs.Args(), *grace)
+}
+
+// splitCommand splits a command line into argv like a POSIX shell would for
+// words, single and double quotes and backslashes; nothing is expanded.
+func splitCommand(s string) ([]string, error) {
+	var (
+		argv  []string
+		cur   strings.Builder
+		inArg bool
+		quote rune
+	)
+	rs := []rune(s)
+	for i := 0; i < len(rs); i++ {
+		r := rs[i]
+		switch {
+		case quote == '\'':
+			if r == '\'' {
+				quote = 0
+			} else {
+				cur.WriteRune(r)
+			}
+		case quote == '"':
+			switch {
+			case r == '"':
+				quote = 0
+			case r == '\\' && i+1 < len(rs) && strings.ContainsRune(`"\$`+"`", rs[i+1]):
+				i++
+				cur.WriteRune(rs[i])
+			default:
+				cur.WriteRune(r)
+			}
+		case r == '\'' || r == '"':
+			quote, inArg = r, true
+		case r == '\\':
+			if i+1 < len(rs) {
+				i++
+				cur.WriteRune(rs[i])
+				inArg = true
+			}
+		case r == ' ' || r == '\t' || r == '\n':
+			if inArg {
+				argv = append(argv, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteRune(r)
+			inArg = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unterminated %c quote in %q", quote, s)
+	}
+	if inArg {
+		argv = append(argv, cur.String())
+	}
+	if len(argv) == 0 {
+		return nil, errors.New("empty command")
+	}
+	return argv, nil
+}

@@ -1,0 +1,172 @@
+// Package gateway is acpgate's HTTP surface: the /acp WebSocket endpoint,
+// health and readiness probes, and connection draining. The ACP logic
+// itself lives in package proxy.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy"
+)
+
+// Options configures a Server.
+type Options struct {
+	Config *config.Config
+	// AgentCommand is the agent argv to run (the config's, or the built-in
+	// demo agent's); Supervisor the argv prefix of acpgate's supervisor.
+	AgentCommand []string
+	Supervisor   []string
+	Version      string
+	Logger       *slog.Logger
+}
+
+// Server is a running gateway.
+type Server struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	relay   *proxy.Relay
+	http    *http.Server
+	started atomic.Bool
+	drain   atomic.Bool
+
+	mu    sync.Mutex
+	conns map[*wsConn]struct{}
+	wg    sync.WaitGroup // one per WebSocket connection
+}
+
+// New builds a server and starts its agent pool.
+func New(opts Options) (*Server, error) {
+	cfg := opts.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if len(opts.AgentCommand) == 0 {
+		return nil, errors.New("no agent command")
+	}
+	relay := proxy.NewRelay(proxy.Config{
+		Pool: proxy.PoolConfig{
+			Agent: proxy.AgentConfig{
+				Command:     opts.AgentCommand,
+				Env:         cfg.Agent.Env,
+				Dir:         cfg.Agent.Dir,
+				Supervisor:  opts.Supervisor,
+				StopGrace:   cfg.Agent.StopGrace.D(),
+				InitTimeout: cfg.Agent.InitTimeout.D(),
+			},
+			MinIdle:               cfg.Pool.MinIdle,
+			MaxProcesses:          cfg.Pool.MaxProcesses,
+			MaxSessionsPerProcess: cfg.Pool.MaxSessionsPerProcess,
+			MaxMessageBytes:       cfg.Limits.MaxMessageBytes,
+			AcquireTimeout:        cfg.Pool.AcquireTimeout.D(),
+			IdleTimeout:           cfg.Pool.IdleTimeout.D(),
+			DefaultProfile:        proxy.Profile{Version: 1, FsRead: true, FsWrite: true},
+			ClientVersion:         opts.Version,
+		},
+		ClientCaps: proxy.AllCapabilities,
+	}, log)
+	s := &Server{cfg: cfg, log: log, relay: relay, conns: map[*wsConn]struct{}{}}
+	r := chi.NewRouter()
+	r.Get("/acp", s.handleACP)
+	r.Get("/healthz", s.handleHealth)
+	r.Get("/readyz", s.handleReady)
+	r.Get("/", s.handleIndex)
+	s.http = &http.Server{
+		Handler:           r,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.started.Store(true)
+	s.log.Info("listening", "addr", ln.Addr().String())
+	err := s.http.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Handler returns the HTTP handler (for tests that bring their own server).
+func (s *Server) Handler() http.Handler { return s.http.Handler }
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+// handleReady is not ready while starting, while the pool cannot produce an
+// initialized agent, and while draining.
+func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	switch {
+	case s.drain.Load():
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("draining\n"))
+	case !s.started.Load():
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("starting\n"))
+	case !s.relay.Pool().Ready():
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("no agent ready\n"))
+	default:
+		_, _ = w.Write([]byte("ready\n"))
+	}
+}
+
+func (s *Server) handleIndex(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("acpgate: connect an ACP client to the WebSocket endpoint /acp\n"))
+}
+
+// Shutdown drains the gateway: it turns not-ready, stops accepting, closes
+// every WebSocket with 1001 (going away) and stops every agent process.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.drain.Store(true)
+	err := s.http.Shutdown(ctx) // hijacked WebSockets are not waited for here
+	s.mu.Lock()
+	for c := range s.conns {
+		c.goingAway()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// Relay returns the ACP relay (tests and metrics).
+func (s *Server) Relay() *proxy.Relay { return s.relay }
+
+func newConnID() string {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,278 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// Subprotocol is the WebSocket subprotocol the gateway selects when offered.
+const Subprotocol = "acp"
+
+// ConnectionIDHeader carries the connection ID on the 101 response (RFD).
+const ConnectionIDHeader = "Acp-Connection-Id"
+
+// wsConn is one client WebSocket. The HTTP handler goroutine reads; a writer
+// goroutine drains the bounded send queue; a pinger keeps the connection
+// alive. Both end with the connection's context.
+type wsConn struct {
+	s      *Server
+	ws     *websocket.Conn
+	id     string
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	start  time.Time
+	conn   *proxy.Conn
+
+	maxMsgs, maxBytes int
+
+	mu          sync.Mutex
+	q, spare    [][]byte
+	qBytes      int
+	closing     bool
+	closeCode   websocket.StatusCode
+	closeReason string
+	wake        chan struct{}
+
+	msgsIn, msgsOut, bytesIn, bytesOut atomic.Int64
+}
+
+func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
+	if s.drain.Load() {
+		http.Error(w, "the gateway is shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	id := newConnID()
+	w.Header().Set(ConnectionIDHeader, id)
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		Subprotocols:    []string{Subprotocol},
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
+		return // Accept has written the HTTP error
+	}
+	limits := s.cfg.Limits
+	ws.SetReadLimit(int64(limits.MaxMessageBytes))
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &wsConn{
+		s:        s,
+		ws:       ws,
+		id:       id,
+		log:      s.log.With("conn", id),
+		ctx:      ctx,
+		cancel:   cancel,
+		start:    time.Now(),
+		maxMsgs:  limits.SendQueueMessages,
+		maxBytes: limits.SendQueueBytes,
+		wake:     make(chan struct{}, 1),
+	}
+	c.conn = s.relay.NewConn(proxy.ConnInfo{ID: id, Log: c.log}, c)
+	s.mu.Lock()
+	if s.drain.Load() {
+		s.mu.Unlock()
+		c.conn.Close()
+		cancel()
+		_ = ws.Close(websocket.StatusGoingAway, "gateway shutting down")
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol())
+	c.run()
+}
+
+func (c *wsConn) run() {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.writeLoop() }()
+	go func() { defer wg.Done(); c.pingLoop() }()
+	code, reason := c.readLoop()
+	c.cancel()
+	wg.Wait()
+	_ = c.ws.CloseNow()
+	c.conn.Close()
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.mu.Unlock()
+	c.log.Info("connection closed",
+		"duration", time.Since(c.start).Round(time.Millisecond),
+		"msgs_in", c.msgsIn.Load(), "msgs_out", c.msgsOut.Load(),
+		"bytes_in", c.bytesIn.Load(), "bytes_out", c.bytesOut.Load(),
+		"close_code", int(code), "close_reason", reason)
+}
+
+// readLoop feeds the client's messages to the relay until the connection
+// ends, and returns why it ended.
+func (c *wsConn) readLoop() (websocket.StatusCode, string) {
+	var buf bytes.Buffer
+	for {
+		typ, r, err := c.ws.Reader(c.ctx)
+		if err == nil {
+			buf.Reset()
+			_, err = buf.ReadFrom(r)
+		}
+		if err != nil {
+			return c.endReason(err)
+		}
+		c.msgsIn.Add(1)
+		c.bytesIn.Add(int64(buf.Len()))
+		if typ != websocket.MessageText {
+			c.Send(jsonrpc.AppendError(nil, nil, jsonrpc.CodeInvalidRequest,
+				"binary frames are not supported: send each JSON-RPC message as one text frame", nil))
+			continue
+		}
+		c.conn.Handle(buf.Bytes())
+	}
+}
+
+// endReason describes how the connection ended, for the access log.
+func (c *wsConn) endReason(err error) (websocket.StatusCode, string) {
+	c.mu.Lock()
+	code, reason := c.closeCode, c.closeReason
+	c.mu.Unlock()
+	if code != 0 {
+		return code, reason
+	}
+	if st := websocket.CloseStatus(err); st != -1 {
+		return st, "closed by client"
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
+		return websocket.StatusAbnormalClosure, "connection lost"
+	}
+	var tooBig interface{ Error() string }
+	if errors.As(err, &tooBig) && bytes.Contains([]byte(err.Error()), []byte("read limited at")) {
+		return websocket.StatusMessageTooBig, "message over limits.max_message_bytes"
+	}
+	return websocket.StatusAbnormalClosure, err.Error()
+}
+
+// Send implements proxy.Sink: it queues without blocking and closes the
+// connection (1008) when the client falls too far behind.
+func (c *wsConn) Send(msg []byte) bool {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return false
+	}
+	if len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes {
+		queued, bytes := len(c.q), c.qBytes
+		c.closing = true
+		c.closeCode, c.closeReason = websocket.StatusPolicyViolation, "client too slow: send queue full"
+		c.q, c.qBytes = c.q[:0], 0
+		c.mu.Unlock()
+		c.log.Warn("closing slow client", "queued_msgs", queued, "queued_bytes", bytes)
+		c.signal()
+		return false
+	}
+	c.q = append(c.q, msg)
+	c.qBytes += len(msg)
+	c.mu.Unlock()
+	c.signal()
+	return true
+}
+
+func (c *wsConn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// goingAway closes the connection with 1001 after what is queued.
+func (c *wsConn) goingAway() {
+	c.mu.Lock()
+	if !c.closing {
+		c.closing = true
+		c.closeCode, c.closeReason = websocket.StatusGoingAway, "gateway shutting down"
+	}
+	c.mu.Unlock()
+	c.signal()
+}
+
+func (c *wsConn) writeLoop() {
+	timeout := c.s.cfg.WebSocket.WriteTimeout.D()
+	for {
+		select {
+		case <-c.wake:
+		case <-c.ctx.Done():
+			return
+		}
+		c.mu.Lock()
+		batch := c.q
+		c.q, c.spare = c.spare[:0], nil
+		c.qBytes = 0
+		closing, code, reason := c.closing, c.closeCode, c.closeReason
+		c.mu.Unlock()
+		if len(batch) > 0 {
+			ctx, cancel := context.WithTimeout(c.ctx, timeout)
+			for i, msg := range batch {
+				if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
+					cancel()
+					c.log.Debug("write to client failed", "err", err)
+					c.cancel()
+					return
+				}
+				c.msgsOut.Add(1)
+				c.bytesOut.Add(int64(len(msg)))
+				batch[i] = nil
+			}
+			cancel()
+		}
+		c.mu.Lock()
+		if c.spare == nil {
+			c.spare = batch[:0]
+		}
+		c.mu.Unlock()
+		if closing {
+			_ = c.ws.Close(code, reason)
+			c.cancel()
+			return
+		}
+	}
+}
+
+func (c *wsConn) pingLoop() {
+	every := c.s.cfg.WebSocket.PingInterval.D()
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.WebSocket.PingTimeout.D())
+		err := c.ws.Ping(ctx)
+		cancel()
+		if err != nil {
+			if c.ctx.Err() == nil {
+				c.log.Info("client did not answer ping; closing", "err", err)
+				c.mu.Lock()
+				if c.closeCode == 0 {
+					c.closeCode, c.closeReason = websocket.StatusGoingAway, "ping timeout"
+				}
+				c.mu.Unlock()
+			}
+			c.cancel()
+			return
+		}
+	}
+}

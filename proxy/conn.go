@@ -1,0 +1,487 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// Sink carries messages to one client. The gateway implements it over a
+// WebSocket.
+type Sink interface {
+	// Send queues msg (the sink owns it from now on) without blocking. When
+	// the client cannot keep up, the sink closes the connection and returns
+	// false.
+	Send(msg []byte) bool
+}
+
+// ConnInfo identifies a client connection.
+type ConnInfo struct {
+	ID     string // connection ID (the Acp-Connection-Id header)
+	Tenant string // "" when the gateway runs without tenants
+	Log    *slog.Logger
+}
+
+// Conn is one client connection multiplexed onto the pool. Handle is called
+// by one goroutine at a time (the connection's reader); the agent side
+// delivers to the Sink from the processes' goroutines.
+type Conn struct {
+	relay  *Relay
+	id     string
+	tenant string
+	sink   Sink
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// Used only by the goroutine that calls Handle.
+	sc      jsonrpc.Scanner
+	msg     jsonrpc.Message
+	edits   []jsonrpc.Edit
+	resolve jsonrpc.Resolver
+
+	mu          sync.Mutex
+	initialized bool
+	closed      bool
+	prof        Profile
+	version     int
+	home        *agentProc
+	sessions    map[string]*Session // by gateway session ID
+	clientReqs  map[string]*outReq  // client requests in flight, by the client's raw id
+	agentReqs   map[int64]*inReq    // agent requests waiting for this client, by connection-side id
+	nextID      int64
+}
+
+func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
+	if m.Kind == jsonrpc.KindResponse {
+		return nil
+	}
+	return paramsSpec(m.Method)
+}
+
+// ID returns the connection ID.
+func (c *Conn) ID() string { return c.id }
+
+// deliver sends a message to the client.
+func (c *Conn) deliver(msg []byte) { c.sink.Send(msg) }
+
+func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
+	c.deliver(jsonrpc.AppendError(nil, id, code, msg, data))
+}
+
+// Handle processes one message from the client.
+func (c *Conn) Handle(frame []byte) {
+	m := &c.msg
+	if err := c.sc.Scan(frame, m, c.resolve); err != nil {
+		var se *jsonrpc.ScanError
+		errors.As(err, &se)
+		switch se.Class {
+		case jsonrpc.ErrParse:
+			c.replyError(nil, jsonrpc.CodeParseError, "parse error: "+err.Error(), nil)
+		default:
+			c.replyError(se.ID, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error(), nil)
+		}
+		return
+	}
+	if m.Kind == jsonrpc.KindResponse {
+		c.handleResponse(m)
+		return
+	}
+	c.mu.Lock()
+	initialized := c.initialized
+	c.mu.Unlock()
+	switch {
+	case !initialized && m.Method == mInitialize && m.Kind == jsonrpc.KindRequest:
+		c.handleInitialize(m)
+	case !initialized:
+		if m.Kind == jsonrpc.KindRequest {
+			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is not initialized: the first request must be initialize", nil)
+		}
+	case m.Method == mInitialize:
+		if m.Kind == jsonrpc.KindRequest {
+			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is already initialized", nil)
+		}
+	default:
+		c.handleCall(m)
+	}
+}
+
+func (c *Conn) handleInitialize(m *jsonrpc.Message) {
+	prof, err := c.relay.profileFor(m.Payload)
+	if err != nil {
+		c.replyError(m.ID, jsonrpc.CodeInvalidParams, "initialize: "+err.Error(), nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	defer cancel()
+	p, err := c.relay.pool.acquire(ctx, prof, false)
+	if err != nil {
+		c.log.Warn("initialize: no agent", "err", err)
+		c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+err.Error(), nil)
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		p.releaseHome()
+		return
+	}
+	c.initialized, c.prof, c.home, c.version = true, prof, p, p.init.version
+	c.mu.Unlock()
+	c.log.Debug("initialized", "protocol_version", p.init.version, "agent", p.String())
+	c.deliver(jsonrpc.AppendResult(nil, m.ID, c.relay.initResult(p)))
+}
+
+// handleCall routes a client request or notification to an agent process.
+func (c *Conn) handleCall(m *jsonrpc.Message) {
+	isReq := m.Kind == jsonrpc.KindRequest
+	if isReq {
+		c.mu.Lock()
+		dup := c.clientReqs[string(m.ID)] != nil
+		c.mu.Unlock()
+		if dup {
+			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
+			return
+		}
+	}
+	edits := c.edits[:0]
+	if m.Method == mCancelRequest {
+		c.forwardCancelRequest(m)
+		return
+	}
+	var (
+		p       *agentProc
+		sess    *Session
+		attach  string
+		reserve bool
+		err     error
+	)
+	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	defer cancel()
+	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+		gwID, isStr := m.String(f)
+		if !isStr {
+			if isReq {
+				c.replyError(m.ID, jsonrpc.CodeInvalidParams, "sessionId must be a string", nil)
+			}
+			return
+		}
+		c.mu.Lock()
+		sess = c.sessions[gwID]
+		prof := c.prof
+		c.mu.Unlock()
+		live := sess != nil && !sess.isLost()
+		var agentSID string
+		switch {
+		case attachesSession(m.Method):
+			agentSID, err = c.relay.sealer.Open(c.tenant, gwID)
+			if err != nil {
+				c.notFound(m, gwID, false)
+				return
+			}
+			attach = agentSID
+			if live {
+				p = sess.proc
+			} else {
+				p, err = c.relay.pool.placeSession(ctx, prof, agentSID)
+				reserve = err == nil
+			}
+		case !live && m.Method == mSessionDelete:
+			agentSID, err = c.relay.sealer.Open(c.tenant, gwID)
+			if err != nil {
+				c.notFound(m, gwID, false)
+				return
+			}
+			p, err = c.homeProc(ctx)
+		case !live:
+			c.notFound(m, gwID, sess != nil)
+			return
+		default:
+			agentSID, p = sess.AgentID, sess.proc
+		}
+		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)})
+	} else if createsSession(m.Method) {
+		c.mu.Lock()
+		prof := c.prof
+		c.mu.Unlock()
+		p, err = c.relay.pool.acquire(ctx, prof, true)
+		reserve = err == nil
+	} else {
+		p, err = c.homeProc(ctx)
+	}
+	if err != nil {
+		c.log.Warn("no agent for request", "method", m.Method, "err", err)
+		if isReq {
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+err.Error(), nil)
+		}
+		return
+	}
+	var req *outReq
+	if isReq {
+		req = &outReq{
+			conn:     c,
+			clientID: append([]byte(nil), m.ID...),
+			method:   m.Method,
+			sess:     sess,
+			attach:   attach,
+			reserved: reserve,
+			start:    time.Now(),
+		}
+		if !p.track(req) || !c.trackClientReq(req) {
+			p.untrack(req)
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; load the session again", nil)
+			return
+		}
+		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
+	} else if reserve {
+		p.unreserve()
+	}
+	jsonrpc.SortEdits(edits)
+	c.edits = edits
+	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
+	if err := p.send(out); err != nil && req != nil {
+		p.untrack(req)
+		c.forgetClientReq(req)
+		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited: "+err.Error(), nil)
+	}
+}
+
+func (s *Session) isLost() bool {
+	s.proc.mu.Lock()
+	defer s.proc.mu.Unlock()
+	return s.lost
+}
+
+// notFound answers a request for a session this connection does not hold.
+func (c *Conn) notFound(m *jsonrpc.Message, gwID string, lost bool) {
+	if m.Kind != jsonrpc.KindRequest {
+		c.log.Debug("notification for an unknown session dropped", "method", m.Method)
+		return
+	}
+	msg := "session not found"
+	if lost {
+		msg = "session not found: its agent process exited; load the session again"
+	}
+	data := append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, gwID)...), '}')
+	c.replyError(m.ID, jsonrpc.CodeNotFound, msg, data)
+}
+
+// forwardCancelRequest translates $/cancel_request for one of the client's
+// requests in flight.
+func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
+	f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1)
+	if !ok {
+		if m.Kind == jsonrpc.KindRequest {
+			c.replyError(m.ID, jsonrpc.CodeInvalidParams, "$/cancel_request needs params.requestId", nil)
+		}
+		return
+	}
+	c.mu.Lock()
+	req := c.clientReqs[string(m.Bytes(f))]
+	c.mu.Unlock()
+	if req == nil {
+		return // already answered: nothing to cancel
+	}
+	agentID := strconv.AppendInt(nil, req.agentID, 10)
+	if m.Kind == jsonrpc.KindRequest {
+		// $/cancel_request is a notification; a client that sent it as a
+		// request gets its answer from the gateway, and the agent gets the
+		// notification.
+		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
+		params := append(append([]byte(`{"requestId":`), agentID...), '}')
+		_ = req.p.send(append(jsonrpc.AppendRequest(nil, nil, mCancelRequest, params), '\n'))
+		return
+	}
+	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
+	_ = req.p.send(append(out, '\n'))
+}
+
+// handleResponse forwards the client's answer to an agent's request.
+func (c *Conn) handleResponse(m *jsonrpc.Message) {
+	id, ok := parseAgentID(m.ID)
+	c.mu.Lock()
+	in := c.agentReqs[id]
+	delete(c.agentReqs, id)
+	c.mu.Unlock()
+	if !ok || in == nil {
+		c.log.Warn("client answered a request id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
+		return
+	}
+	in.proc.mu.Lock()
+	if in.proc.inbound[string(in.agentID)] == in {
+		delete(in.proc.inbound, string(in.agentID))
+	}
+	in.proc.mu.Unlock()
+	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
+	if err := in.proc.send(append(out, '\n')); err != nil {
+		c.log.Debug("answer for an exited agent dropped", "err", err)
+	}
+}
+
+// homeProc returns the process that serves the connection's requests that
+// name no session, acquiring a new one if the first has died.
+func (c *Conn) homeProc(ctx context.Context) (*agentProc, error) {
+	c.mu.Lock()
+	home, prof := c.home, c.prof
+	c.mu.Unlock()
+	if home != nil && home.alive() {
+		return home, nil
+	}
+	p, err := c.relay.pool.acquire(ctx, prof, false)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		p.releaseHome()
+		return nil, errors.New("connection closed")
+	}
+	old := c.home
+	c.home = p
+	c.mu.Unlock()
+	if old != nil {
+		old.releaseHome()
+	}
+	return p, nil
+}
+
+func (c *Conn) trackClientReq(r *outReq) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.clientReqs[string(r.clientID)] = r
+	return true
+}
+
+func (c *Conn) forgetClientReq(r *outReq) {
+	c.mu.Lock()
+	if c.clientReqs[string(r.clientID)] == r {
+		delete(c.clientReqs, string(r.clientID))
+	}
+	c.mu.Unlock()
+}
+
+// trackAgentReq registers an agent request for this client and returns the
+// id the client sees.
+func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64, bool) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, false
+	}
+	c.nextID++
+	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method}
+	c.agentReqs[in.connID] = in
+	c.mu.Unlock()
+	p.mu.Lock()
+	p.inbound[string(in.agentID)] = in
+	p.mu.Unlock()
+	return in.connID, true
+}
+
+func (c *Conn) forgetAgentReq(id int64) {
+	c.mu.Lock()
+	delete(c.agentReqs, id)
+	c.mu.Unlock()
+}
+
+// attach makes s one of the connection's sessions. A session created for a
+// connection that has closed meanwhile is closed on the agent.
+func (c *Conn) attach(s *Session) {
+	c.mu.Lock()
+	if !c.closed {
+		c.sessions[s.GatewayID] = s
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	s.proc.endSession(s, c, false)
+}
+
+// detach forgets s after another connection took it over.
+func (c *Conn) detach(s *Session) {
+	c.mu.Lock()
+	if c.sessions[s.GatewayID] == s {
+		delete(c.sessions, s.GatewayID)
+	}
+	c.mu.Unlock()
+}
+
+// Close ends the connection: the client's running prompts are cancelled, the
+// agent's requests waiting for it are answered in its place, and its
+// sessions are closed on the agent where the agent supports session/close.
+// The agent processes stay in the pool.
+func (c *Conn) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	sessions, agentReqs, clientReqs, home := c.sessions, c.agentReqs, c.clientReqs, c.home
+	c.sessions, c.agentReqs, c.clientReqs, c.home = nil, nil, nil, nil
+	c.mu.Unlock()
+	c.cancel()
+
+	for _, in := range agentReqs {
+		in.proc.mu.Lock()
+		if in.proc.inbound[string(in.agentID)] == in {
+			delete(in.proc.inbound, string(in.agentID))
+		}
+		in.proc.mu.Unlock()
+		in.proc.answerForClient(in.agentID, in.method, "the client disconnected")
+	}
+	prompting := make(map[*Session]bool)
+	for _, r := range clientReqs {
+		if r.method == mSessionPrompt && r.sess != nil {
+			prompting[r.sess] = true
+		}
+	}
+	for _, s := range sessions {
+		s.proc.endSession(s, c, prompting[s])
+	}
+	if home != nil {
+		home.releaseHome()
+	}
+	c.relay.connClosed(c)
+}
+
+// endSession detaches s from its owner c: a running prompt is cancelled and
+// the session is closed on the agent if the agent supports session/close.
+func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
+	p.mu.Lock()
+	owned := s.owner == c && !s.lost
+	if owned {
+		s.owner = nil
+		if p.sessions[s.AgentID] == s {
+			delete(p.sessions, s.AgentID)
+		}
+		if len(p.sessions) == 0 && p.reserved == 0 && p.conns == 0 {
+			p.idleAt = time.Now()
+		}
+	}
+	p.mu.Unlock()
+	if !owned {
+		return
+	}
+	params := append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, s.AgentID)...), '}')
+	if prompting {
+		p.notify(mSessionCancel, params)
+	}
+	if p.init.canClose {
+		p.fireAndForget(mSessionClose, params)
+	}
+	p.pool.changed()
+}
+
+// String describes the connection for logs.
+func (c *Conn) String() string { return fmt.Sprintf("conn %s", c.id) }

@@ -1,0 +1,137 @@
+package jsonrpc
+
+import (
+	"strconv"
+
+	"github.com/go-json-experiment/json/jsontext"
+)
+
+// Edit replaces Raw[Start:End] with Repl.
+type Edit struct {
+	Start, End int
+	Repl       []byte
+}
+
+// Splice appends raw to dst with the edits applied. Edits must be sorted by
+// Start and must not overlap. Bytes outside the edits are copied verbatim.
+func Splice(dst, raw []byte, edits []Edit) []byte {
+	n := len(raw)
+	for _, e := range edits {
+		n += len(e.Repl) - (e.End - e.Start)
+	}
+	if cap(dst)-len(dst) < n {
+		grown := make([]byte, len(dst), len(dst)+n+1)
+		copy(grown, dst)
+		dst = grown
+	}
+	at := 0
+	for _, e := range edits {
+		dst = append(dst, raw[at:e.Start]...)
+		dst = append(dst, e.Repl...)
+		at = e.End
+	}
+	return append(dst, raw[at:]...)
+}
+
+// SortEdits orders edits by Start (insertion sort: there are a handful).
+func SortEdits(edits []Edit) {
+	for i := 1; i < len(edits); i++ {
+		for j := i; j > 0 && edits[j].Start < edits[j-1].Start; j-- {
+			edits[j], edits[j-1] = edits[j-1], edits[j]
+		}
+	}
+}
+
+// DeleteElement widens an array element's range [start,end) in raw so that
+// removing it also removes one separating comma, leaving valid JSON.
+func DeleteElement(raw []byte, start, end int) Edit {
+	// Prefer the comma after the element; else take the one before it.
+	j := end
+	for j < len(raw) && isSpace(raw[j]) {
+		j++
+	}
+	if j < len(raw) && raw[j] == ',' {
+		j++
+		for j < len(raw) && isSpace(raw[j]) {
+			j++
+		}
+		return Edit{Start: start, End: j}
+	}
+	i := start - 1
+	for i >= 0 && isSpace(raw[i]) {
+		i--
+	}
+	if i >= 0 && raw[i] == ',' {
+		return Edit{Start: i, End: end}
+	}
+	return Edit{Start: start, End: end}
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+// AppendQuote appends s as a JSON string. s must be valid UTF-8; invalid
+// bytes are replaced rather than failing, so gateway-built messages are
+// always valid JSON.
+func AppendQuote(dst []byte, s string) []byte {
+	out, _ := jsontext.AppendQuote(dst, s) // the only error is invalid UTF-8, already replaced
+	return out
+}
+
+// Standard and ACP error codes.
+const (
+	CodeParseError       = -32700
+	CodeInvalidRequest   = -32600
+	CodeMethodNotFound   = -32601
+	CodeInvalidParams    = -32602
+	CodeInternalError    = -32603
+	CodeRequestCancelled = -32800
+	CodeAuthRequired     = -32000
+	CodeNotFound         = -32002
+)
+
+// AppendError appends an error response. id is raw JSON (nil means null);
+// data is raw JSON or nil.
+func AppendError(dst, id []byte, code int, message string, data []byte) []byte {
+	dst = append(dst, `{"jsonrpc":"2.0","id":`...)
+	if len(id) == 0 {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, id...)
+	}
+	dst = append(dst, `,"error":{"code":`...)
+	dst = strconv.AppendInt(dst, int64(code), 10)
+	dst = append(dst, `,"message":`...)
+	dst = AppendQuote(dst, message)
+	if len(data) > 0 {
+		dst = append(dst, `,"data":`...)
+		dst = append(dst, data...)
+	}
+	return append(dst, "}}"...)
+}
+
+// AppendResult appends a success response with a raw JSON result.
+func AppendResult(dst, id, result []byte) []byte {
+	dst = append(dst, `{"jsonrpc":"2.0","id":`...)
+	dst = append(dst, id...)
+	dst = append(dst, `,"result":`...)
+	dst = append(dst, result...)
+	return append(dst, '}')
+}
+
+// AppendRequest appends a request (id non-nil) or notification (id nil) with
+// raw JSON params (nil omits them).
+func AppendRequest(dst, id []byte, method string, params []byte) []byte {
+	dst = append(dst, `{"jsonrpc":"2.0",`...)
+	if id != nil {
+		dst = append(dst, `"id":`...)
+		dst = append(dst, id...)
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"method":`...)
+	dst = AppendQuote(dst, method)
+	if params != nil {
+		dst = append(dst, `,"params":`...)
+		dst = append(dst, params...)
+	}
+	return append(dst, '}')
+}

@@ -1,0 +1,307 @@
+package proxy
+
+import (
+	"strconv"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// agentReader routes the messages one agent process writes. It runs on the
+// process's read goroutine only, so it reuses its scanner and buffers.
+type agentReader struct {
+	p       *agentProc
+	sc      jsonrpc.Scanner
+	msg     jsonrpc.Message
+	edits   []jsonrpc.Edit
+	resolve jsonrpc.Resolver
+}
+
+func newAgentReader(p *agentProc) *agentReader {
+	r := &agentReader{p: p}
+	r.sc.Methods = knownMethods
+	r.resolve = r.specFor
+	return r
+}
+
+func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
+	if m.Kind != jsonrpc.KindResponse {
+		return paramsSpec(m.Method)
+	}
+	id, ok := parseAgentID(m.ID)
+	if !ok {
+		return nil
+	}
+	r.p.mu.Lock()
+	req := r.p.pending[id]
+	r.p.mu.Unlock()
+	if req == nil {
+		return nil
+	}
+	return resultSpec(req.method, m.IsError)
+}
+
+// parseAgentID reads an id the gateway issued to an agent (a positive
+// integer).
+func parseAgentID(raw []byte) (int64, bool) {
+	if len(raw) == 0 || len(raw) > 19 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+func (r *agentReader) handle(line []byte) {
+	p := r.p
+	if err := r.sc.Scan(line, &r.msg, r.resolve); err != nil {
+		// An agent that writes non-JSON to stdout breaks the protocol, but
+		// one bad line must not take down every session on the process.
+		p.log.Warn("agent wrote an invalid message; skipped", "err", err, "bytes", len(line))
+		return
+	}
+	m := &r.msg
+	switch m.Kind {
+	case jsonrpc.KindResponse:
+		r.handleResponse(m)
+	default:
+		r.handleCall(m)
+	}
+}
+
+// handleResponse delivers an agent's answer to the client that asked.
+func (r *agentReader) handleResponse(m *jsonrpc.Message) {
+	p := r.p
+	id, ok := parseAgentID(m.ID)
+	if !ok {
+		p.log.Warn("agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
+		return
+	}
+	p.mu.Lock()
+	req := p.pending[id]
+	delete(p.pending, id)
+	if req != nil && req.reserved {
+		p.reserved--
+	}
+	p.mu.Unlock()
+	if req == nil {
+		p.log.Warn("agent answered an id the gateway never sent or already answered; dropped", "id", id)
+		return
+	}
+	if req.internal != nil {
+		req.internal <- append([]byte(nil), m.Raw...)
+		return
+	}
+	c := req.conn
+	if c == nil {
+		return // the gateway's own request, answer not needed
+	}
+	c.forgetClientReq(req)
+	edits := append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
+	var created *Session
+	switch {
+	case m.IsError:
+		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+			edits = append(edits, r.sessionEdit(m, f, c))
+		}
+		if req.attach != "" || createsSession(req.method) {
+			p.releaseSlot()
+		}
+	case createsSession(req.method):
+		f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
+		sid, isStr := "", false
+		if ok {
+			sid, isStr = m.String(f)
+		}
+		if !isStr || sid == "" {
+			p.releaseSlot()
+			p.log.Warn("agent answered a session-creating request without a sessionId", "method", req.method)
+			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
+				"the agent answered "+req.method+" without a sessionId", nil))
+			return
+		}
+		created = p.addSession(c, sid)
+		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, created.GatewayID)})
+	case req.attach != "":
+		created = p.addSession(c, req.attach)
+	case req.method == mSessionList:
+		edits = r.listEdits(m, c, edits)
+	}
+	jsonrpc.SortEdits(edits)
+	r.edits = edits
+	out := jsonrpc.Splice(nil, m.Raw, edits)
+	if created != nil {
+		c.attach(created)
+	}
+	c.deliver(out)
+}
+
+// listEdits rewrites every session in a session/list result and drops the
+// ones the connection may not see.
+func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edit) []jsonrpc.Edit {
+	for i, f := range m.Fields {
+		if f.Kind != jsonrpc.FieldElement {
+			continue
+		}
+		var sidField *jsonrpc.Field
+		for j := i + 1; j < len(m.Fields) && m.Fields[j].Parent == i; j++ {
+			if m.Fields[j].Kind == jsonrpc.FieldSessionID {
+				sidField = &m.Fields[j]
+			}
+		}
+		sid, ok := "", false
+		if sidField != nil {
+			sid, ok = m.String(*sidField)
+		}
+		if !ok || !c.relay.mayList(c, sid) {
+			edits = append(edits, jsonrpc.DeleteElement(m.Raw, f.Start, f.End))
+			continue
+		}
+		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
+			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
+	}
+	return edits
+}
+
+// sessionEdit replaces an agent session ID located in m with the ID the
+// client knows.
+func (r *agentReader) sessionEdit(m *jsonrpc.Message, f jsonrpc.Field, c *Conn) jsonrpc.Edit {
+	sid, ok := m.String(f)
+	repl := []byte(`""`)
+	if ok {
+		repl = jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))
+	}
+	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: repl}
+}
+
+// handleCall routes an agent's request or notification to the client that
+// owns the session (or the request) it is about.
+func (r *agentReader) handleCall(m *jsonrpc.Message) {
+	p := r.p
+	var (
+		conn  *Conn
+		sess  *Session
+		edits = r.edits[:0]
+	)
+	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+		sid, _ := m.String(f)
+		p.mu.Lock()
+		sess = p.sessions[sid]
+		if sess != nil {
+			conn = sess.owner
+		}
+		p.mu.Unlock()
+		if conn == nil {
+			r.orphan(m, "no client holds session "+strconv.Quote(truncate(sid, 64)))
+			return
+		}
+		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, sess.GatewayID)})
+	}
+	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok {
+		raw := m.Bytes(f)
+		switch m.Method {
+		case mCancelRequest:
+			// The agent withdraws one of its own requests to a client.
+			p.mu.Lock()
+			in := p.inbound[string(raw)]
+			p.mu.Unlock()
+			if in == nil {
+				return // already answered
+			}
+			conn = in.conn
+			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, in.connID, 10)})
+		default:
+			// Request-scoped elicitation: requestId is a client request the
+			// agent is still working on.
+			id, ok := parseAgentID(raw)
+			p.mu.Lock()
+			req := p.pending[id]
+			p.mu.Unlock()
+			if !ok || req == nil || req.conn == nil {
+				r.orphan(m, "the request it refers to is not in flight")
+				return
+			}
+			if conn != nil && conn != req.conn {
+				r.orphan(m, "session and request belong to different clients")
+				return
+			}
+			conn = req.conn
+			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: req.clientID})
+		}
+	}
+	if conn == nil {
+		r.orphan(m, "it names no session")
+		return
+	}
+	if m.Kind == jsonrpc.KindRequest {
+		connID, ok := conn.trackAgentReq(p, m.ID, m.Method)
+		if !ok {
+			r.orphan(m, "the client has disconnected")
+			return
+		}
+		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
+	}
+	jsonrpc.SortEdits(edits)
+	r.edits = edits
+	conn.deliver(jsonrpc.Splice(nil, m.Raw, edits))
+}
+
+// orphan handles an agent message no client can take: a request is answered
+// on the client's behalf so the agent never waits forever; a notification is
+// dropped.
+func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
+	p := r.p
+	if m.Kind != jsonrpc.KindRequest {
+		p.log.Debug("agent notification has no recipient; dropped", "method", m.Method, "why", why)
+		return
+	}
+	p.log.Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
+	p.answerForClient(m.ID, m.Method, "no client to answer: "+why)
+}
+
+// answerForClient answers an agent→client request in the client's place:
+// a permission request is cancelled, anything else gets an error.
+func (p *agentProc) answerForClient(agentID []byte, method, why string) {
+	var out []byte
+	if method == mRequestPerm {
+		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
+	} else {
+		out = jsonrpc.AppendError(nil, agentID, jsonrpc.CodeRequestCancelled, why, nil)
+	}
+	if err := p.send(append(out, '\n')); err != nil {
+		p.log.Debug("answer agent", "err", err)
+	}
+}
+
+// addSession registers a session the agent now serves for c.
+func (p *agentProc) addSession(c *Conn, agentSID string) *Session {
+	s := &Session{
+		GatewayID: c.relay.sealer.Seal(c.tenant, agentSID),
+		AgentID:   agentSID,
+		proc:      p,
+		owner:     c,
+	}
+	p.mu.Lock()
+	if old := p.sessions[agentSID]; old != nil && old.owner != nil && old.owner != c {
+		// Another connection held it (a reconnect before the old
+		// connection timed out): the newest load wins.
+		prev := old.owner
+		old.owner = nil
+		p.mu.Unlock()
+		prev.detach(old)
+		p.mu.Lock()
+	}
+	p.sessions[agentSID] = s
+	p.mu.Unlock()
+	return s
+}
+
+// releaseSlot gives back a session slot that a failed session/new, load or
+// resume had reserved. (The slot of a successful one becomes the session.)
+func (p *agentProc) releaseSlot() {
+	p.pool.changed()
+}

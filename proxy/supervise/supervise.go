@@ -1,0 +1,171 @@
+// Package supervise runs an agent so that none of its descendants outlive
+// the gateway.
+//
+// The gateway starts "acpgate supervise -- AGENT ARGS..." as the leader of
+// a new process group with a parent-death signal (SIGTERM). The supervisor
+// makes itself a child subreaper, so every orphaned descendant of the agent
+// is re-parented to it rather than to init, and starts the agent. When the
+// agent exits, the supervisor kills whatever the agent left behind. When the
+// supervisor is told to stop (SIGTERM/SIGINT/SIGHUP, including the one the
+// kernel sends when the gateway dies, even by SIGKILL), it forwards SIGTERM
+// to every descendant, waits up to the grace period, then SIGKILLs them all,
+// reaps them and exits with the agent's status.
+package supervise
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const prSetChildSubreaper = 36
+
+// Run supervises argv until it and every descendant have exited and returns
+// the exit code to use (the agent's, or 128+signal).
+func Run(argv []string, grace time.Duration) int {
+	if len(argv) == 0 {
+		fmt.Fprintln(os.Stderr, "acpgate supervise: no command")
+		return 2
+	}
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+		fmt.Fprintf(os.Stderr, "acpgate supervise: PR_SET_CHILD_SUBREAPER: %v\n", errno)
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	// The gateway may already be gone: then nobody will ever signal us.
+	if os.Getppid() == 1 {
+		return 1
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "acpgate supervise: %v\n", err)
+		return 127
+	}
+	agent, err := os.StartProcess(path, argv, &os.ProcAttr{
+		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
+		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "acpgate supervise: start %q: %v\n", argv[0], err)
+		return 127
+	}
+	// Nothing of the gateway's is needed any more; the agent has its copies.
+	os.Stdin.Close()
+	os.Stdout.Close()
+
+	type exit struct {
+		pid    int
+		status syscall.WaitStatus
+	}
+	exits := make(chan exit, 16)
+	go func() { // reaps every child, including re-parented orphans
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, 0, nil)
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			if err != nil { // ECHILD: no children left
+				close(exits)
+				return
+			}
+			exits <- exit{pid, ws}
+		}
+	}()
+
+	code := -1
+	var deadline <-chan time.Time
+	for {
+		select {
+		case e, ok := <-exits:
+			if !ok {
+				if code < 0 {
+					code = 1
+				}
+				return code
+			}
+			if e.pid == agent.Pid {
+				code = exitCode(e.status)
+				// The agent is gone: whatever it left behind goes too.
+				signalDescendants(syscall.SIGKILL)
+			}
+		case <-sigs:
+			if deadline == nil {
+				signalDescendants(syscall.SIGTERM)
+				deadline = time.After(grace)
+			}
+		case <-deadline:
+			signalDescendants(syscall.SIGKILL)
+			deadline = nil
+		}
+	}
+}
+
+func exitCode(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
+// signalDescendants signals every process below this one, found by walking
+// parent links in /proc.
+func signalDescendants(sig syscall.Signal) {
+	for _, pid := range descendants(os.Getpid()) {
+		_ = syscall.Kill(pid, sig)
+	}
+}
+
+func descendants(root int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := parentOf(pid); ok {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// parentOf reads the parent PID from /proc/PID/stat ("pid (comm) state ppid ...";
+// comm may contain spaces and parentheses, so parse after the last ')').
+func parentOf(pid int) (int, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}
