@@ -73,17 +73,17 @@ type agentProc struct {
 	init    agentInit
 	initErr error
 
-	mu       sync.Mutex
-	state    procState
-	exitErr  error
-	nextID   int64
-	pending  map[int64]*outReq     // client→agent requests in flight, by agent-side id
-	inbound  map[string]*inReq     // agent→client requests in flight, by the agent's raw id
-	sessions map[string]*Session   // live sessions by the agent's own session ID
-	reserved int                   // session slots promised to session/new, load, resume in flight
-	conns    int                   // client connections using this process as their home
-	idleAt   time.Time             // when the process last became idle
-	stderrTail    []string         // last lines of stderr, for crash reports
+	mu         sync.Mutex
+	state      procState
+	exitErr    error
+	nextID     int64
+	pending    map[int64]*outReq   // client→agent requests in flight, by agent-side id
+	inbound    map[string]*inReq   // agent→client requests in flight, by the agent's raw id
+	sessions   map[string]*Session // live sessions by the agent's own session ID
+	reserved   int                 // session slots promised to session/new, load, resume in flight
+	conns      int                 // client connections using this process as their home
+	idleAt     time.Time           // when the process last became idle
+	stderrTail []string            // last lines of stderr, for crash reports
 }
 
 // Session is one ACP session as the gateway routes it.
