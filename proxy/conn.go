@@ -158,7 +158,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	var (
 		p       *agentProc
 		sess    *Session
-		attach  string
+		attach  *Session
 		reserve bool
 		err     error
 	)
@@ -185,12 +185,15 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				c.notFound(m, gwID, false)
 				return
 			}
-			attach = agentSID
 			if live {
 				p = sess.proc
 			} else {
 				p, err = c.relay.pool.placeSession(ctx, prof, agentSID)
 				reserve = err == nil
+			}
+			if err == nil && isReq {
+				attach = p.addSession(c, agentSID)
+				c.attach(attach)
 			}
 		case !live && m.Method == mSessionDelete:
 			agentSID, err = c.relay.sealer.Open(c.tenant, gwID)
@@ -439,6 +442,7 @@ func (c *Conn) Close() {
 		}
 		in.proc.mu.Unlock()
 		in.proc.answerForClient(in.agentID, in.method, "the client disconnected")
+		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 	}
 	prompting := make(map[*Session]bool)
 	for _, r := range clientReqs {

@@ -103,8 +103,10 @@ type outReq struct {
 	p        *agentProc // the process the request went to
 	method   string
 	sess     *Session // the session the request is about, if any
-	// attach is the agent session ID a load/resume makes the connection's.
-	attach   string
+	// attach is the session a load/resume makes the connection's. It is
+	// routed from the moment the request is sent, because the agent replays
+	// history before it answers; an error answer undoes it.
+	attach   *Session
 	reserved bool // holds a session slot on the process until answered
 	start    time.Time
 	internal chan<- []byte // gateway's own request: gets the raw response

@@ -108,7 +108,11 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 			edits = append(edits, r.sessionEdit(m, f, c))
 		}
-		if req.attach != "" || createsSession(req.method) {
+		if req.attach != nil {
+			p.dropSession(req.attach)
+			c.detach(req.attach)
+		}
+		if req.attach != nil || createsSession(req.method) {
 			p.releaseSlot()
 		}
 	case createsSession(req.method):
@@ -126,8 +130,6 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		}
 		created = p.addSession(c, sid)
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, created.GatewayID)})
-	case req.attach != "":
-		created = p.addSession(c, req.attach)
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
 	}
@@ -298,6 +300,16 @@ func (p *agentProc) addSession(c *Conn, agentSID string) *Session {
 	p.sessions[agentSID] = s
 	p.mu.Unlock()
 	return s
+}
+
+// dropSession forgets a session whose load or resume failed.
+func (p *agentProc) dropSession(s *Session) {
+	p.mu.Lock()
+	if p.sessions[s.AgentID] == s {
+		delete(p.sessions, s.AgentID)
+	}
+	s.owner = nil
+	p.mu.Unlock()
 }
 
 // releaseSlot gives back a session slot that a failed session/new, load or

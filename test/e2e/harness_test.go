@@ -1,0 +1,522 @@
+// Package e2e drives the real acpgate binary, with real agent subprocesses,
+// through a real WebSocket client.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"go.uber.org/goleak"
+)
+
+var binPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "acpgate-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binPath = filepath.Join(dir, "acpgate")
+	build := exec.Command("go", "build", "-race", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate")
+	if os.Getenv("ACPGATE_E2E_NORACE") != "" {
+		build = exec.Command("go", "build", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate")
+	}
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build acpgate:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// gateway is one running acpgate process.
+type gateway struct {
+	t        *testing.T
+	cmd      *exec.Cmd
+	addr     string
+	stateDir string
+	done     chan struct{}
+	exitErr  error
+
+	mu   sync.Mutex
+	logs []map[string]any
+}
+
+type gwOpts struct {
+	config string   // YAML; "" = flags only
+	args   []string // extra flags
+}
+
+func startGateway(t *testing.T, o gwOpts) *gateway {
+	t.Helper()
+	g := &gateway{t: t, stateDir: t.TempDir(), done: make(chan struct{})}
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}
+	if o.config != "" {
+		path := filepath.Join(t.TempDir(), "acpgate.yaml")
+		if err := os.WriteFile(path, []byte(o.config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--config", path)
+	}
+	args = append(args, o.args...)
+	g.cmd = exec.Command(binPath, args...)
+	g.cmd.Env = append(os.Environ(), "ACPGATE_DEMO_STATE_DIR="+g.stateDir)
+	stderr, err := g.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addrCh := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) != nil {
+				rec = map[string]any{"msg": "raw", "line": sc.Text()}
+			}
+			g.mu.Lock()
+			g.logs = append(g.logs, rec)
+			g.mu.Unlock()
+			if rec["msg"] == "listening" {
+				addrCh <- rec["addr"].(string)
+			}
+		}
+		g.exitErr = g.cmd.Wait()
+		close(g.done)
+	}()
+	select {
+	case g.addr = <-addrCh:
+	case <-g.done:
+		t.Fatalf("gateway exited before listening: %v\n%s", g.exitErr, g.logText())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("gateway did not listen within 20 s\n%s", g.logText())
+	}
+	t.Cleanup(func() {
+		g.stop(syscall.SIGTERM)
+		if g.exitErr != nil && g.cmd.ProcessState != nil && !g.cmd.ProcessState.Exited() {
+			// killed by the test itself
+		} else if g.exitErr != nil {
+			t.Errorf("gateway exited with %v (66 = data race)", g.exitErr)
+		}
+		if n := g.countLogs("raw", "", ""); n > 0 && strings.Contains(g.logText(), "DATA RACE") {
+			t.Errorf("the gateway reported a data race")
+		}
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", g.logText())
+		}
+	})
+	return g
+}
+
+// stop signals the gateway and waits for it to exit (SIGKILL after 20 s).
+func (g *gateway) stop(sig syscall.Signal) {
+	select {
+	case <-g.done:
+		return
+	default:
+	}
+	_ = g.cmd.Process.Signal(sig)
+	select {
+	case <-g.done:
+	case <-time.After(20 * time.Second):
+		g.t.Errorf("gateway did not exit within 20 s of %v", sig)
+		_ = g.cmd.Process.Kill()
+		<-g.done
+	}
+}
+
+func (g *gateway) logText() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var b strings.Builder
+	for _, r := range g.logs {
+		j, _ := json.Marshal(r)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// countLogs counts log records with msg and, if set, key=value.
+func (g *gateway) countLogs(msg, key, value string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, r := range g.logs {
+		if r["msg"] == msg && (key == "" || fmt.Sprint(r[key]) == value) {
+			n++
+		}
+	}
+	return n
+}
+
+func (g *gateway) waitLog(t *testing.T, msg, key, value string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for g.countLogs(msg, key, value) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log %q %s=%s within %s", msg, key, value, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// --- WebSocket client ---
+
+type rpcError struct {
+	Code    int             `json:"code"`
+	Message string          `json:"message"`
+	Data    json.RawMessage `json:"data"`
+}
+
+type rpcMsg struct {
+	Raw    []byte
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params"`
+	Result json.RawMessage `json:"result"`
+	Error  *rpcError       `json:"error"`
+}
+
+func (m rpcMsg) isResponseTo(id int) bool {
+	return m.Method == "" && string(m.ID) == strconv.Itoa(id)
+}
+
+// param returns a string field of params.
+func (m rpcMsg) param(key string) string {
+	var p map[string]any
+	_ = json.Unmarshal(m.Params, &p)
+	s, _ := p[key].(string)
+	return s
+}
+
+type client struct {
+	t      *testing.T
+	ws     *websocket.Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	in     chan rpcMsg
+	connID string
+	nextID int
+	done   chan struct{}
+
+	mu      sync.Mutex
+	readErr error
+}
+
+func dial(t *testing.T, g *gateway) *client {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer dcancel()
+	ws, resp, err := websocket.Dial(dctx, "ws://"+g.addr+"/acp", &websocket.DialOptions{Subprotocols: []string{"acp"}})
+	if err != nil {
+		cancel()
+		t.Fatalf("dial: %v", err)
+	}
+	ws.SetReadLimit(64 << 20)
+	c := &client{t: t, ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 100000), connID: resp.Header.Get("Acp-Connection-Id"), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		defer close(c.in)
+		for {
+			_, b, err := ws.Read(ctx)
+			if err != nil {
+				c.mu.Lock()
+				c.readErr = err
+				c.mu.Unlock()
+				return
+			}
+			var m rpcMsg
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Errorf("gateway sent invalid JSON: %v: %s", err, b)
+				continue
+			}
+			m.Raw = b
+			c.in <- m
+		}
+	}()
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *client) close() {
+	_ = c.ws.Close(websocket.StatusNormalClosure, "")
+	c.cancel()
+	<-c.done
+}
+
+// kill drops the TCP connection without a close handshake.
+func (c *client) kill() {
+	_ = c.ws.CloseNow()
+	c.cancel()
+	<-c.done
+}
+
+func (c *client) sendRaw(s string) {
+	c.t.Helper()
+	if err := c.ws.Write(c.ctx, websocket.MessageText, []byte(s)); err != nil {
+		c.t.Fatalf("write: %v", err)
+	}
+}
+
+func (c *client) send(v any) {
+	c.t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.sendRaw(string(b))
+}
+
+// request sends a request and returns its id.
+func (c *client) request(method string, params any) int {
+	c.t.Helper()
+	c.nextID++
+	c.send(map[string]any{"jsonrpc": "2.0", "id": c.nextID, "method": method, "params": params})
+	return c.nextID
+}
+
+func (c *client) notify(method string, params any) {
+	c.t.Helper()
+	c.send(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+func (c *client) respond(id json.RawMessage, result any) {
+	c.t.Helper()
+	c.send(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+// next returns the next message, failing the test after timeout.
+func (c *client) next(timeout time.Duration) rpcMsg {
+	c.t.Helper()
+	select {
+	case m, ok := <-c.in:
+		if !ok {
+			c.t.Fatalf("connection closed: %v", c.err())
+		}
+		return m
+	case <-time.After(timeout):
+		c.t.Fatalf("no message within %s", timeout)
+	}
+	return rpcMsg{}
+}
+
+func (c *client) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readErr
+}
+
+// await reads until the response to id, passing every other message to
+// other (which may be nil).
+func (c *client) await(id int, timeout time.Duration, other func(rpcMsg)) rpcMsg {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			c.t.Fatalf("no response to request %d within %s", id, timeout)
+		}
+		m := c.next(left)
+		if m.isResponseTo(id) {
+			return m
+		}
+		if other != nil {
+			other(m)
+		} else if m.Method != "session/update" {
+			c.t.Fatalf("unexpected message while waiting for %d: %s", id, m.Raw)
+		}
+	}
+}
+
+func (c *client) call(method string, params any, timeout time.Duration) rpcMsg {
+	c.t.Helper()
+	return c.await(c.request(method, params), timeout, nil)
+}
+
+func (c *client) initialize() map[string]any {
+	c.t.Helper()
+	m := c.call("initialize", map[string]any{
+		"protocolVersion":    1,
+		"clientCapabilities": map[string]any{"fs": map[string]bool{"readTextFile": true, "writeTextFile": true}},
+		"clientInfo":         map[string]string{"name": "e2e", "version": "0"},
+	}, 30*time.Second)
+	if m.Error != nil {
+		c.t.Fatalf("initialize: %+v", m.Error)
+	}
+	var res map[string]any
+	_ = json.Unmarshal(m.Result, &res)
+	return res
+}
+
+func (c *client) newSession(cwd string) string {
+	c.t.Helper()
+	m := c.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second)
+	if m.Error != nil {
+		c.t.Fatalf("session/new: %+v", m.Error)
+	}
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	_ = json.Unmarshal(m.Result, &res)
+	if res.SessionID == "" {
+		c.t.Fatalf("session/new without sessionId: %s", m.Raw)
+	}
+	return res.SessionID
+}
+
+func textPrompt(sid, text string) map[string]any {
+	return map[string]any{"sessionId": sid, "prompt": []any{map[string]string{"type": "text", "text": text}}}
+}
+
+// update is the part of a session/update the tests look at.
+type update struct {
+	SessionID string `json:"sessionId"`
+	Update    struct {
+		Kind    string          `json:"sessionUpdate"`
+		Content json.RawMessage `json:"content"` // a block, or a list for tool calls
+	} `json:"update"`
+}
+
+// text returns the text of a content block update ("" for other shapes).
+func (u update) text() string {
+	var c struct {
+		Text string `json:"text"`
+	}
+	_ = json.Unmarshal(u.Update.Content, &c)
+	return c.Text
+}
+
+func parseUpdate(t *testing.T, m rpcMsg) update {
+	t.Helper()
+	var u update
+	if err := json.Unmarshal(m.Params, &u); err != nil {
+		t.Fatalf("bad session/update: %v: %s", err, m.Raw)
+	}
+	return u
+}
+
+// collectText concatenates the text of agent_message_chunk updates for sid,
+// failing on updates for any other session.
+func collectText(t *testing.T, sid string, kinds ...string) (func(rpcMsg), *strings.Builder) {
+	var b strings.Builder
+	if len(kinds) == 0 {
+		kinds = []string{"agent_message_chunk"}
+	}
+	return func(m rpcMsg) {
+		t.Helper()
+		if m.Method != "session/update" {
+			t.Fatalf("unexpected message: %s", m.Raw)
+		}
+		u := parseUpdate(t, m)
+		if u.SessionID != sid {
+			t.Fatalf("update for session %q reached the client of %q: %s", u.SessionID, sid, m.Raw)
+		}
+		for _, k := range kinds {
+			if u.Update.Kind == k {
+				b.WriteString(u.text())
+			}
+		}
+	}, &b
+}
+
+func stopReason(t *testing.T, m rpcMsg) string {
+	t.Helper()
+	if m.Error != nil {
+		t.Fatalf("prompt failed: %+v", m.Error)
+	}
+	var r struct {
+		StopReason string `json:"stopReason"`
+	}
+	_ = json.Unmarshal(m.Result, &r)
+	return r.StopReason
+}
+
+// --- processes ---
+
+// descendants lists the live processes below pid, with their command lines.
+func descendants(pid int) map[int]string {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pp, state, ok := procStat(p); ok && state != "Z" {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	out := map[int]string{}
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c))
+			out[c] = string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// procStat returns a process's parent and state from /proc/PID/stat.
+func procStat(pid int) (ppid int, state string, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, "", false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0, "", false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return ppid, f[0], err == nil
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	_, state, ok := procStat(pid)
+	return ok && state != "Z"
+}
+
+// agentPIDs returns the demo agent processes (not their supervisors) below
+// the gateway.
+func (g *gateway) agentPIDs() []int {
+	var pids []int
+	for pid, cmd := range descendants(g.cmd.Process.Pid) {
+		if strings.Contains(cmd, "demo-agent") && !strings.Contains(cmd, "supervise") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs the whole acpgate test suite: formatting, go vet, staticcheck, every
+# Go test with the race detector (unit, end-to-end against the real binary,
+# Node interop against the official SDK and real agents), then a short run
+# of every fuzz target.
+#
+#   ACPGATE_FUZZTIME   how long each fuzz target runs (default 5s; 0 skips)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "npm dependencies for the interop tests"
+(cd test/interop && npm ci --no-audit --no-fund --loglevel=error)
+
+step "gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path '*/node_modules/*'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:"; echo "$unformatted"; exit 1
+fi
+
+step "go vet"
+go vet ./...
+
+step "staticcheck"
+go tool staticcheck ./...
+
+step "go test -race"
+ACPGATE_REQUIRE_INTEROP=1 go test -race -count=1 -timeout 25m ./...
+
+fuzztime="${ACPGATE_FUZZTIME:-5s}"
+if [ "$fuzztime" != "0" ]; then
+  step "fuzzing, $fuzztime per target"
+  for pkg in $(go list ./...); do
+    dir=$(go list -f '{{.Dir}}' "$pkg")
+    for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
+      echo "-- $pkg $target"
+      go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"
+    done
+  done
+fi
+echo "all tests passed"
