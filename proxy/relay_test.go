@@ -1,0 +1,374 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/demoagent"
+)
+
+// The test binary doubles as the agent: with ACPGATE_TEST_AGENT set it runs
+// the demo agent (or misbehaves as told) on stdio, so the pool is tested
+// against real subprocesses.
+func TestMain(m *testing.M) {
+	switch os.Getenv("ACPGATE_TEST_AGENT") {
+	case "":
+		goleak.VerifyTestMain(m)
+		return
+	case "demo":
+		err := demoagent.Run(context.Background(), os.Stdin, os.Stdout, demoagent.Options{
+			StateDir: os.Getenv("ACPGATE_TEST_STATE"), ChunkDelay: -1,
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	case "exit3":
+		os.Exit(3)
+	case "init-error":
+		var req struct {
+			ID json.RawMessage `json:"id"`
+		}
+		_ = json.NewDecoder(os.Stdin).Decode(&req)
+		fmt.Printf(`{"jsonrpc":"2.0","id":%s,"error":{"code":-32603,"message":"no credentials"}}`+"\n", req.ID)
+		os.Exit(0)
+	}
+}
+
+func testPool(t *testing.T, mode string, mutate func(*PoolConfig)) *Relay {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := PoolConfig{
+		Agent: AgentConfig{
+			Command:   []string{exe, "-test.run=^$"},
+			Env:       map[string]string{"ACPGATE_TEST_AGENT": mode, "ACPGATE_TEST_STATE": t.TempDir()},
+			StopGrace: 2 * time.Second,
+		},
+		MinIdle:         0,
+		MaxProcesses:    4,
+		AcquireTimeout:  10 * time.Second,
+		MaxMessageBytes: 1 << 20,
+		DefaultProfile:  Profile{Version: 1, FsRead: true, FsWrite: true},
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	r := NewRelay(Config{Pool: cfg, ClientCaps: AllCapabilities}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := r.Close(ctx); err != nil {
+			t.Errorf("close relay: %v", err)
+		}
+	})
+	return r
+}
+
+// sink collects what the relay sends one client.
+type sink struct {
+	ch chan []byte
+}
+
+func (s *sink) Send(msg []byte) bool {
+	s.ch <- msg
+	return true
+}
+
+type testConn struct {
+	t *testing.T
+	c *Conn
+	s *sink
+}
+
+func newTestConn(t *testing.T, r *Relay, name string) *testConn {
+	s := &sink{ch: make(chan []byte, 1000)}
+	tc := &testConn{t: t, c: r.NewConn(ConnInfo{ID: name}, s), s: s}
+	t.Cleanup(tc.c.Close)
+	return tc
+}
+
+type msg struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+	raw string
+}
+
+func (tc *testConn) send(s string) { tc.c.Handle([]byte(s)) }
+
+func (tc *testConn) next() msg {
+	tc.t.Helper()
+	select {
+	case b := <-tc.s.ch:
+		var m msg
+		if err := json.Unmarshal(b, &m); err != nil {
+			tc.t.Fatalf("relay sent invalid JSON %q: %v", b, err)
+		}
+		m.raw = string(b)
+		return m
+	case <-time.After(10 * time.Second):
+		tc.t.Fatal("no message within 10 s")
+	}
+	return msg{}
+}
+
+// await returns the response with the given raw id, passing other messages
+// to other.
+func (tc *testConn) await(id string, other func(msg)) msg {
+	tc.t.Helper()
+	for {
+		m := tc.next()
+		if m.Method == "" && string(m.ID) == id {
+			return m
+		}
+		if other != nil {
+			other(m)
+		}
+	}
+}
+
+func (tc *testConn) init(caps string) {
+	tc.t.Helper()
+	tc.send(`{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":` + caps + `}}`)
+	if m := tc.await(`"init"`, nil); m.Error != nil {
+		tc.t.Fatalf("initialize: %s", m.raw)
+	}
+}
+
+func (tc *testConn) newSession(id string) string {
+	tc.t.Helper()
+	tc.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}`)
+	m := tc.await(id, nil)
+	var r struct {
+		SessionID string `json:"sessionId"`
+	}
+	if m.Error != nil || json.Unmarshal(m.Result, &r) != nil || r.SessionID == "" {
+		tc.t.Fatalf("session/new: %s", m.raw)
+	}
+	return r.SessionID
+}
+
+const fsCaps = `{"fs":{"readTextFile":true,"writeTextFile":true}}`
+
+func TestClientIDsDoNotCollide(t *testing.T) {
+	r := testPool(t, "demo", func(c *PoolConfig) { c.MaxProcesses = 1 })
+	a, b := newTestConn(t, r, "a"), newTestConn(t, r, "b")
+	a.init(fsCaps)
+	b.init(fsCaps)
+	// Both clients use id 7 at once; each gets its own answer.
+	sa, sb := a.newSession("7"), b.newSession("7")
+	if sa == sb {
+		t.Fatal("two sessions got one ID")
+	}
+	for _, tc := range []struct {
+		c    *testConn
+		sid  string
+		text string
+	}{{a, sa, "from a"}, {b, sb, "from b"}} {
+		tc.c.send(`{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"` + tc.sid + `","prompt":[{"type":"text","text":"` + tc.text + `"}]}}`)
+	}
+	for _, tc := range []struct {
+		c    *testConn
+		sid  string
+		text string
+	}{{a, sa, "from a"}, {b, sb, "from b"}} {
+		var got strings.Builder
+		m := tc.c.await("7", func(m msg) {
+			var u struct {
+				SessionID string `json:"sessionId"`
+				Update    struct {
+					Content struct{ Text string } `json:"content"`
+				} `json:"update"`
+			}
+			_ = json.Unmarshal(m.Params, &u)
+			if u.SessionID != tc.sid {
+				t.Errorf("update for %q reached the client of %q", u.SessionID, tc.sid)
+			}
+			got.WriteString(u.Update.Content.Text)
+		})
+		if m.Error != nil || got.String() != "You said: "+tc.text {
+			t.Errorf("prompt %q: %s, text %q", tc.text, m.raw, got.String())
+		}
+	}
+}
+
+func TestProfilesKeepCapabilitiesApart(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	full, bare := newTestConn(t, r, "full"), newTestConn(t, r, "bare")
+	full.init(fsCaps)
+	bare.init(`{}`)
+	if n := r.Pool().Stats().Processes; n != 2 {
+		t.Fatalf("want one process per capability profile, have %d", n)
+	}
+	sid := bare.newSession("1")
+	// The agent serving "bare" was told the client cannot read files, so it
+	// never asks it to.
+	bare.send(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"read /etc/hostname"}]}}`)
+	m := bare.await("2", func(m msg) {
+		if m.Method == "fs/read_text_file" {
+			t.Fatalf("a client without fs.readTextFile was asked to read a file: %s", m.raw)
+		}
+	})
+	if m.Error != nil {
+		t.Fatal(m.raw)
+	}
+}
+
+func TestSessionsPackOntoProcesses(t *testing.T) {
+	r := testPool(t, "demo", func(c *PoolConfig) { c.MaxSessionsPerProcess = 2 })
+	c := newTestConn(t, r, "c")
+	c.init(fsCaps)
+	for i := 1; i <= 3; i++ {
+		c.newSession(fmt.Sprint(i))
+	}
+	st := r.Pool().Stats()
+	if st.Processes != 2 || st.Sessions != 3 {
+		t.Fatalf("3 sessions at 2 per process: %+v", st)
+	}
+	c.c.Close() // sessions are closed on the agent and leave the pool
+	deadline := time.Now().Add(5 * time.Second)
+	for r.Pool().Stats().Sessions != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("sessions still held after the client left: %+v", r.Pool().Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSessionListIsRewritten(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	c := newTestConn(t, r, "c")
+	c.init(fsCaps)
+	sid := c.newSession("1")
+	c.send(`{"jsonrpc":"2.0","id":2,"method":"session/list","params":{}}`)
+	m := c.await("2", nil)
+	if strings.Contains(m.raw, `"demo-`) {
+		t.Fatalf("session/list leaks agent session IDs: %s", m.raw)
+	}
+	if !strings.Contains(m.raw, `"`+sid+`"`) {
+		t.Fatalf("session/list lacks the client's session %s: %s", sid, m.raw)
+	}
+}
+
+func TestAgentThatCannotStart(t *testing.T) {
+	for _, tc := range []struct {
+		mode, want string
+	}{
+		{"exit3", "exit status 3"},
+		{"init-error", "no credentials"},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			r := testPool(t, tc.mode, nil)
+			c := newTestConn(t, r, "c")
+			c.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}`)
+			m := c.await("1", nil)
+			if m.Error == nil || !strings.Contains(m.Error.Message, tc.want) {
+				t.Fatalf("initialize against a failing agent: %s", m.raw)
+			}
+			// While backing off, the next client hears at once, without a
+			// spawn storm.
+			start := time.Now()
+			c2 := newTestConn(t, r, "c2")
+			c2.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}`)
+			m = c2.await("1", nil)
+			if m.Error == nil || !strings.Contains(m.Error.Message, "failing to start") || time.Since(start) > time.Second {
+				t.Fatalf("second client: %s after %s", m.raw, time.Since(start))
+			}
+			if r.Pool().Ready() {
+				t.Fatal("a pool whose agent cannot start reports ready")
+			}
+		})
+	}
+}
+
+func TestConcurrentClients(t *testing.T) {
+	r := testPool(t, "demo", func(c *PoolConfig) { c.MaxProcesses = 2; c.MaxSessionsPerProcess = 50 })
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := newTestConn(t, r, fmt.Sprint("c", i))
+			c.init(fsCaps)
+			sid := c.newSession("1")
+			for j := range 5 {
+				id := fmt.Sprint(10 + j)
+				c.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"_demo/echo","params":{"n":` + id + `,"sessionId":"` + sid + `"}}`)
+				m := c.await(id, nil)
+				if !strings.Contains(string(m.Result), `"n":`+id) {
+					t.Errorf("echo %s: %s", id, m.raw)
+				}
+			}
+			c.c.Close()
+		}()
+	}
+	wg.Wait()
+}
+
+func TestSealer(t *testing.T) {
+	s := NewRandomSealer()
+	id := s.Seal("acme", "agent-session-1")
+	if id != s.Seal("acme", "agent-session-1") {
+		t.Fatal("sealing is not deterministic")
+	}
+	if id == s.Seal("globex", "agent-session-1") {
+		t.Fatal("two tenants got the same ID for one session")
+	}
+	if got, err := s.Open("acme", id); err != nil || got != "agent-session-1" {
+		t.Fatalf("open: %q %v", got, err)
+	}
+	if _, err := s.Open("globex", id); err == nil {
+		t.Fatal("an ID opened for another tenant")
+	}
+	if _, err := NewRandomSealer().Open("acme", id); err == nil {
+		t.Fatal("an ID opened under another key")
+	}
+	tampered := []byte(id)
+	tampered[len(tampered)/2] ^= 1
+	for _, bad := range []string{"", "x", string(tampered), strings.Repeat("A", 5000), id + "A"} {
+		if _, err := s.Open("acme", bad); err == nil {
+			t.Errorf("opened a bad ID %q", bad)
+		}
+	}
+	if _, err := NewSealer(make([]byte, 16)); err == nil {
+		t.Fatal("a 16-byte key was accepted")
+	}
+}
+
+func TestClientProfile(t *testing.T) {
+	for _, tc := range []struct {
+		params string
+		want   Profile
+		err    bool
+	}{
+		{`{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true},"terminal":true}}`, Profile{Version: 1, FsRead: true, Terminal: true}, false},
+		{`{"protocolVersion":1,"clientCapabilities":{"fs":"garbage","elicitation":{"form":{}}}}`, Profile{Version: 1, ElicitForm: true}, false},
+		{`{"protocolVersion":2,"info":{"name":"x","version":"1"},"capabilities":{"auth":{"terminal":{}},"elicitation":{"url":{}}}}`, Profile{Version: 2, AuthTerminal: true, ElicitURL: true}, false},
+		{`{"protocolVersion":9}`, Profile{Version: 2}, false},
+		{`{"clientCapabilities":{}}`, Profile{}, true},
+		{`[]`, Profile{}, true},
+	} {
+		got, err := clientProfile([]byte(tc.params))
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("%s: %+v %v, want %+v", tc.params, got, err, tc.want)
+		}
+	}
+}
