@@ -191,7 +191,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				p, err = c.relay.pool.placeSession(ctx, prof, agentSID)
 				reserve = err == nil
 			}
-			if err == nil && isReq {
+			if err == nil && isReq && !live {
 				attach = p.addSession(c, agentSID)
 				c.attach(attach)
 			}

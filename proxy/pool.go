@@ -207,7 +207,6 @@ func (p *Pool) spawnLocked(prof Profile) error {
 		writeQ:   make(chan []byte, 256),
 		exited:   make(chan struct{}),
 		stopCh:   make(chan struct{}),
-		ready:    make(chan struct{}),
 		pending:  map[int64]*outReq{},
 		inbound:  map[string]*inReq{},
 		sessions: map[string]*Session{},
@@ -270,7 +269,6 @@ func (p *Pool) bringUp(a *agentProc) {
 		a.mu.Unlock()
 		a.log.Info("agent ready", "protocol_version", a.init.version, "took", time.Since(start).Round(time.Millisecond))
 	}
-	close(a.ready)
 	p.changed()
 }
 

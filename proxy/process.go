@@ -67,9 +67,8 @@ type agentProc struct {
 	writeQ chan []byte
 	exited chan struct{} // closed when the process is reaped and its routes failed
 	stopCh chan struct{} // closed by stop: the writer closes stdin
-	ready  chan struct{} // closed when initialize is answered (or the process failed)
 
-	// Set before ready is closed, read-only afterwards.
+	// Set before the state becomes ready, read-only afterwards.
 	init    agentInit
 	initErr error
 
