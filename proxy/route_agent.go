@@ -129,7 +129,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			return
 		}
 		created = p.addSession(c, sid)
-		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, created.GatewayID)})
+		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: created.quotedID})
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
 	}
@@ -145,6 +145,8 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 // listEdits rewrites every session in a session/list result and drops the
 // ones the connection may not see.
 func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edit) []jsonrpc.Edit {
+	var elems [][2]int
+	var hidden []bool
 	for i, f := range m.Fields {
 		if f.Kind != jsonrpc.FieldElement {
 			continue
@@ -159,14 +161,15 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 		if sidField != nil {
 			sid, ok = m.String(*sidField)
 		}
-		if !ok || !c.relay.mayList(c, sid) {
-			edits = append(edits, jsonrpc.DeleteElement(m.Raw, f.Start, f.End))
-			continue
+		elems = append(elems, [2]int{f.Start, f.End})
+		hide := !ok || !c.relay.mayList(c, sid)
+		hidden = append(hidden, hide)
+		if !hide {
+			edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
+				Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
 		}
-		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
-			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
 	}
-	return edits
+	return jsonrpc.DeleteElements(edits, elems, func(i int) bool { return hidden[i] })
 }
 
 // sessionEdit replaces an agent session ID located in m with the ID the
@@ -190,18 +193,18 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		edits = r.edits[:0]
 	)
 	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-		sid, _ := m.String(f)
+		sid, _ := m.RawString(f)
 		p.mu.Lock()
-		sess = p.sessions[sid]
+		sess = p.sessions[string(sid)] // no allocation for a map index
 		if sess != nil {
 			conn = sess.owner
 		}
 		p.mu.Unlock()
 		if conn == nil {
-			r.orphan(m, "no client holds session "+strconv.Quote(truncate(sid, 64)))
+			r.orphan(m, "no client holds session "+strconv.Quote(truncate(string(sid), 64)))
 			return
 		}
-		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, sess.GatewayID)})
+		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: sess.quotedID})
 	}
 	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok {
 		raw := m.Bytes(f)
@@ -281,8 +284,10 @@ func (p *agentProc) answerForClient(agentID []byte, method, why string) {
 
 // addSession registers a session the agent now serves for c.
 func (p *agentProc) addSession(c *Conn, agentSID string) *Session {
+	gwID := c.relay.sealer.Seal(c.tenant, agentSID)
 	s := &Session{
-		GatewayID: c.relay.sealer.Seal(c.tenant, agentSID),
+		GatewayID: gwID,
+		quotedID:  jsonrpc.AppendQuote(nil, gwID),
 		AgentID:   agentSID,
 		proc:      p,
 		owner:     c,

@@ -42,29 +42,33 @@ func SortEdits(edits []Edit) {
 	}
 }
 
-// DeleteElement widens an array element's range [start,end) in raw so that
-// removing it also removes one separating comma, leaving valid JSON.
-func DeleteElement(raw []byte, start, end int) Edit {
-	// Prefer the comma after the element; else take the one before it.
-	j := end
-	for j < len(raw) && isSpace(raw[j]) {
-		j++
-	}
-	if j < len(raw) && raw[j] == ',' {
-		j++
-		for j < len(raw) && isSpace(raw[j]) {
-			j++
+// DeleteElements appends to dst the edits that remove the dropped elements
+// of one array, leaving valid JSON. elems are the [start, end) ranges of
+// every element of the array, in order; drop says which to remove. The
+// separating commas are chosen together, so any subset can be removed.
+func DeleteElements(dst []Edit, elems [][2]int, drop func(i int) bool) []Edit {
+	lastKept := -1
+	for i := range elems {
+		if !drop(i) {
+			lastKept = i
 		}
-		return Edit{Start: start, End: j}
 	}
-	i := start - 1
-	for i >= 0 && isSpace(raw[i]) {
-		i--
+	if lastKept < 0 { // all of them: empty the array
+		if len(elems) > 0 {
+			dst = append(dst, Edit{Start: elems[0][0], End: elems[len(elems)-1][1]})
+		}
+		return dst
 	}
-	if i >= 0 && raw[i] == ',' {
-		return Edit{Start: i, End: end}
+	for i, e := range elems {
+		switch {
+		case !drop(i):
+		case i < lastKept: // up to the next element, taking the comma after
+			dst = append(dst, Edit{Start: e[0], End: elems[i+1][0]})
+		default: // after the last kept one: from the end of the one before
+			dst = append(dst, Edit{Start: elems[i-1][1], End: e[1]})
+		}
 	}
-	return Edit{Start: start, End: end}
+	return dst
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
@@ -112,6 +116,9 @@ func AppendError(dst, id []byte, code int, message string, data []byte) []byte {
 // AppendResult appends a success response with a raw JSON result.
 func AppendResult(dst, id, result []byte) []byte {
 	dst = append(dst, `{"jsonrpc":"2.0","id":`...)
+	if len(id) == 0 {
+		id = []byte("null")
+	}
 	dst = append(dst, id...)
 	dst = append(dst, `,"result":`...)
 	dst = append(dst, result...)

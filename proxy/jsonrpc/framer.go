@@ -56,7 +56,12 @@ func (l *LineReader) Next() ([]byte, error) {
 func (l *LineReader) next() ([]byte, error) {
 	frag, err := l.r.ReadSlice('\n')
 	if err == nil {
-		return frag[:len(frag)-1], nil // fast path: the line fits the buffer
+		// Fast path: the line fits the buffer (which is never smaller than
+		// 16 bytes, so the limit is still checked).
+		if len(frag)-1 > l.max {
+			return nil, &LineTooLongError{Limit: l.max, Size: len(frag) - 1}
+		}
+		return frag[:len(frag)-1], nil
 	}
 	l.buf = append(l.buf[:0], frag...)
 	for errors.Is(err, bufio.ErrBufferFull) {

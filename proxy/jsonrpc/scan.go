@@ -121,8 +121,9 @@ type Scanner struct {
 
 	bb     bytes.Buffer
 	dec    jsontext.Decoder
-	stack  []int // parent field indexes while walking
-	method []byte
+	stack  []int  // parent field indexes while walking
+	method []byte // unquoted method name
+	name   []byte // unquoted member name, when it has escapes
 }
 
 var errTrailing = errors.New("trailing data after the JSON-RPC message")
@@ -166,12 +167,20 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 		invalid                     error
 	)
 	for d.PeekKind() == '"' {
-		name, err := d.ReadValue()
+		quoted, err := d.ReadValue()
 		if err != nil {
 			return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
 		}
+		// Compare names unescaped: "\u0070arams" is "params" to every peer.
+		name := quoted[1 : len(quoted)-1]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			if s.name, err = jsontext.AppendUnquote(s.name[:0], quoted); err != nil {
+				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
+			}
+			name = s.name
+		}
 		switch string(name) {
-		case `"jsonrpc"`:
+		case "jsonrpc":
 			v, err := d.ReadValue()
 			if err != nil {
 				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
@@ -180,18 +189,22 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 			if !version && invalid == nil {
 				invalid = errors.New(`"jsonrpc" must be "2.0"`)
 			}
-		case `"id"`:
+		case "id":
 			v, err := d.ReadValue()
 			if err != nil {
 				return &ScanError{Class: ErrParse, Err: err}
 			}
+			hasID = true
+			if k := v.Kind(); k != '0' && k != '"' && k != 'n' {
+				// Not an id one can answer: the error reply gets null.
+				if invalid == nil {
+					invalid = errors.New(`"id" must be a string, a number or null`)
+				}
+				continue
+			}
 			end := int(d.InputOffset())
 			m.ID, m.IDPos = v, [2]int{end - len(v), end}
-			hasID = true
-			if k := v.Kind(); k != '0' && k != '"' && k != 'n' && invalid == nil {
-				invalid = errors.New(`"id" must be a string, a number or null`)
-			}
-		case `"method"`:
+		case "method":
 			v, err := d.ReadValue()
 			if err != nil {
 				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
@@ -208,9 +221,9 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 			}
 			m.Method = s.intern(s.method)
 			hasMethod = true
-		case `"params"`, `"result"`, `"error"`:
-			isParams := string(name) == `"params"`
-			if string(name) == `"error"` {
+		case "params", "result", "error":
+			isParams := string(name) == "params"
+			if string(name) == "error" {
 				m.IsError = true
 			}
 			if !isParams {
@@ -416,6 +429,22 @@ func (m *Message) String(f Field) (string, bool) {
 		return "", false
 	}
 	return string(s), true
+}
+
+// RawString returns the contents of a located string field without
+// copying when it has no escapes (the common case), else its unquoted text.
+// The slice may alias Raw.
+func (m *Message) RawString(f Field) ([]byte, bool) {
+	v := m.Raw[f.Start:f.End]
+	if len(v) < 2 || v[0] != '"' {
+		return nil, false
+	}
+	inner := v[1 : len(v)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return inner, true
+	}
+	s, err := jsontext.AppendUnquote(nil, v)
+	return s, err == nil
 }
 
 // Bytes returns the raw JSON text of a located field.

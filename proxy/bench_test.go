@@ -1,0 +1,48 @@
+package proxy
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+type discardSink struct{ n int }
+
+func (d *discardSink) Send(msg []byte) bool { d.n += len(msg); return true }
+
+// benchRoute measures the agent→client hot path for one session/update: scan,
+// session lookup, splice of the sealed session ID, hand-off to the client's
+// sink. Run: go test -run '^$' -bench Route -benchmem ./proxy/
+func benchRoute(b *testing.B, textLen int) {
+	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler)}
+	pool := &Pool{log: r.log, notify: make(chan struct{}), kick: make(chan struct{}, 1)}
+	p := &agentProc{pool: pool, log: r.log, pending: map[int64]*outReq{}, inbound: map[string]*inReq{}, sessions: map[string]*Session{}}
+	sink := &discardSink{}
+	c := r.newConnForBench(sink)
+	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
+	p.addSession(c, agentSID)
+	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + agentSID +
+		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` +
+		strings.Repeat("lorem ipsum ", textLen/12) + `"}}}}`)
+	rd := newAgentReader(p)
+	b.SetBytes(int64(len(line)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		rd.handle(line)
+	}
+	b.StopTimer()
+	if sink.n == 0 {
+		b.Fatal("nothing was routed")
+	}
+}
+
+func BenchmarkRouteSessionUpdate300B(b *testing.B) { benchRoute(b, 160) }
+func BenchmarkRouteSessionUpdate20KB(b *testing.B) { benchRoute(b, 20000) }
+
+func (r *Relay) newConnForBench(s Sink) *Conn {
+	c := &Conn{relay: r, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
+	c.sc.Methods = knownMethods
+	c.resolve = c.specFor
+	return c
+}
