@@ -266,9 +266,10 @@ func (a *agent) handleRequest(m *message) {
 		}
 		return // answered by the prompt's goroutine
 	case "_demo/echo":
-		result = m.Params
-		if result == nil {
+		if m.Params == nil {
 			result = json.RawMessage("null")
+		} else {
+			result = m.Params
 		}
 	default:
 		err = newError(codeMethodNotFound, "method not found: %s", m.Method)

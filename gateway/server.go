@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 )
@@ -38,13 +39,42 @@ type Server struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	relay   *proxy.Relay
+	authn   *auth.Authenticator // nil: no authentication (no tenants)
 	http    *http.Server
 	started atomic.Bool
 	drain   atomic.Bool
 
-	mu    sync.Mutex
-	conns map[*wsConn]struct{}
-	wg    sync.WaitGroup // one per WebSocket connection
+	mu          sync.Mutex
+	conns       map[*wsConn]struct{}
+	tenantConns map[string]int // open connections per tenant
+	wg          sync.WaitGroup // one per WebSocket connection
+}
+
+// newSealer seals session IDs with the configured keys, or with a random
+// key (IDs then die with the process).
+func newSealer(cfg *config.Config, log *slog.Logger) (*proxy.Sealer, error) {
+	keys, err := cfg.SessionKeys()
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		log.Warn("no session_key_file configured: using a random key; session IDs will not survive a restart " +
+			"or work across replicas (acpgate keygen > session.key)")
+		return proxy.NewRandomSealer(), nil
+	}
+	return proxy.NewSealer(keys...)
+}
+
+func newAuthenticator(cfg *config.Config, log *slog.Logger) (*auth.Authenticator, error) {
+	ac := auth.Config{AllowedOrigins: cfg.Auth.AllowedOrigins, TicketTTL: cfg.Auth.TicketTTL.D()}
+	for _, t := range cfg.Tenants {
+		ac.Tenants = append(ac.Tenants, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
+	}
+	if j := cfg.Auth.JWT; j != nil {
+		ac.JWT = &auth.JWTConfig{Issuer: j.Issuer, Audience: j.Audience, JWKSFile: j.JWKSFile, JWKSURL: j.JWKSURL,
+			HS256SecretFile: j.HS256SecretFile, TenantClaim: j.TenantClaim}
+	}
+	return auth.New(ac, log)
 }
 
 // New builds a server and starts its agent pool.
@@ -60,7 +90,21 @@ func New(opts Options) (*Server, error) {
 	if len(opts.AgentCommand) == 0 {
 		return nil, errors.New("no agent command")
 	}
-	relay := proxy.NewRelay(proxy.Config{
+	sealer, err := newSealer(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	var tenants []proxy.TenantConfig
+	for _, t := range cfg.Tenants {
+		tenants = append(tenants, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions})
+	}
+	var authn *auth.Authenticator
+	if cfg.AuthEnabled() {
+		if authn, err = newAuthenticator(cfg, log); err != nil {
+			return nil, err
+		}
+	}
+	relay, err := proxy.NewRelay(proxy.Config{
 		Pool: proxy.PoolConfig{
 			Agent: proxy.AgentConfig{
 				Command:     opts.AgentCommand,
@@ -79,11 +123,23 @@ func New(opts Options) (*Server, error) {
 			DefaultProfile:        proxy.Profile{Version: 1, FsRead: true, FsWrite: true},
 			ClientVersion:         opts.Version,
 		},
-		ClientCaps: proxy.AllCapabilities,
+		ClientCaps:     proxy.AllCapabilities,
+		Sealer:         sealer,
+		Tenants:        tenants,
+		IsolateTenants: cfg.AuthEnabled() && cfg.Pool.Isolation == "tenant",
 	}, log)
-	s := &Server{cfg: cfg, log: log, relay: relay, conns: map[*wsConn]struct{}{}}
+	if err != nil {
+		if authn != nil {
+			authn.Close()
+		}
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}}
 	r := chi.NewRouter()
 	r.Get("/acp", s.handleACP)
+	if authn != nil {
+		r.Handle("/v1/tickets", authn.TicketsHandler())
+	}
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
 	r.Get("/", s.handleIndex)
@@ -156,6 +212,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
+	}
+	if s.authn != nil {
+		s.authn.Close()
 	}
 	return err
 }

@@ -3,16 +3,20 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -54,12 +58,39 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the gateway is shutting down", http.StatusServiceUnavailable)
 		return
 	}
+	// Authentication, origin and quotas are decided before the upgrade: a
+	// refused client gets an HTTP status and a body, never a 101 then a close.
+	var tenant string
+	accept := &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}, CompressionMode: websocket.CompressionDisabled}
+	if s.authn != nil {
+		id, err := s.authn.Upgrade(r)
+		if err != nil {
+			auth.WriteError(w, err) // Upgrade has logged the reason (never the token)
+			return
+		}
+		tenant = id.Tenant
+		// Nothing after this point sees the token: Accept selects "acp".
+		offered := auth.StripTokenProtocols(r)
+		r.Header.Del("Sec-WebSocket-Protocol")
+		if len(offered) > 0 {
+			r.Header.Set("Sec-WebSocket-Protocol", strings.Join(offered, ", "))
+		}
+		accept.InsecureSkipVerify = true // the origin was checked by Upgrade
+	}
+	if !s.admitTenant(tenant) {
+		writeJSONError(w, http.StatusTooManyRequests, "too_many_connections",
+			fmt.Sprintf("tenant %q has reached its max_connections", tenant))
+		return
+	}
+	admitted := true
+	defer func() {
+		if admitted {
+			s.releaseTenant(tenant)
+		}
+	}()
 	id := newConnID()
 	w.Header().Set(ConnectionIDHeader, id)
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		Subprotocols:    []string{Subprotocol},
-		CompressionMode: websocket.CompressionDisabled,
-	})
+	ws, err := websocket.Accept(w, r, accept)
 	if err != nil {
 		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
 		return // Accept has written the HTTP error
@@ -67,11 +98,15 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	limits := s.cfg.Limits
 	ws.SetReadLimit(int64(limits.MaxMessageBytes))
 	ctx, cancel := context.WithCancel(context.Background())
+	log := s.log.With("conn", id)
+	if s.authn != nil {
+		log = log.With("tenant", tenant)
+	}
 	c := &wsConn{
 		s:        s,
 		ws:       ws,
 		id:       id,
-		log:      s.log.With("conn", id),
+		log:      log,
 		ctx:      ctx,
 		cancel:   cancel,
 		start:    time.Now(),
@@ -79,7 +114,13 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		maxBytes: limits.SendQueueBytes,
 		wake:     make(chan struct{}, 1),
 	}
-	c.conn = s.relay.NewConn(proxy.ConnInfo{ID: id, Log: c.log}, c)
+	c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: c.log}, c)
+	if err != nil {
+		cancel()
+		log.Error("cannot serve connection", "err", err)
+		_ = ws.Close(websocket.StatusInternalError, "internal error")
+		return
+	}
 	s.mu.Lock()
 	if s.drain.Load() {
 		s.mu.Unlock()
@@ -94,6 +135,36 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	defer s.wg.Done()
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol())
 	c.run()
+}
+
+// admitTenant counts a connection against its tenant's max_connections.
+func (s *Server) admitTenant(tenant string) bool {
+	max := 0
+	for _, t := range s.cfg.Tenants {
+		if t.Name == tenant {
+			max = t.MaxConnections
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if max > 0 && s.tenantConns[tenant] >= max {
+		return false
+	}
+	s.tenantConns[tenant]++
+	return true
+}
+
+func (s *Server) releaseTenant(tenant string) {
+	s.mu.Lock()
+	s.tenantConns[tenant]--
+	s.mu.Unlock()
+}
+
+func writeJSONError(w http.ResponseWriter, status int, reason, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": reason, "message": msg})
 }
 
 func (c *wsConn) run() {

@@ -77,19 +77,25 @@ var (
 )
 
 // paramsSpec is the spec for the params of a request or notification, in
-// either direction.
-func paramsSpec(method string) *jsonrpc.Spec {
+// either direction. With paths, it also locates every path and file URI
+// field (PROTOCOL.md §5) for tenant root mapping.
+func paramsSpec(method string, paths bool) *jsonrpc.Spec {
 	switch method {
 	case mCancelRequest:
 		return specCancelRequest
 	case mElicitCreate:
 		return specElicitation
 	}
+	if paths {
+		if s := pathParams[method]; s != nil {
+			return s
+		}
+	}
 	return specSessionParam
 }
 
 // resultSpec is the spec for an agent's answer to a client request.
-func resultSpec(method string, isError bool) *jsonrpc.Spec {
+func resultSpec(method string, isError, paths bool) *jsonrpc.Spec {
 	if isError {
 		return specErrorData
 	}
@@ -97,9 +103,111 @@ func resultSpec(method string, isError bool) *jsonrpc.Spec {
 	case mSessionNew, mSessionFork, mNesStart:
 		return specResultSession
 	case mSessionList:
+		if paths {
+			return specResultListPaths
+		}
 		return specResultList
 	}
 	return nil
+}
+
+func pathField(label string) *jsonrpc.Spec {
+	return &jsonrpc.Spec{Kind: jsonrpc.FieldPath, Label: label}
+}
+
+func uriField(label string) *jsonrpc.Spec {
+	return &jsonrpc.Spec{Kind: jsonrpc.FieldURI, Label: label}
+}
+
+func pathList(label string) *jsonrpc.Spec {
+	return &jsonrpc.Spec{Elems: pathField(label)}
+}
+
+type fields = map[string]*jsonrpc.Spec
+
+var (
+	// blockSpec: a ContentBlock (resource_link/image uri, embedded resource uri).
+	blockSpec = &jsonrpc.Spec{Fields: fields{
+		"uri":      uriField("uri"),
+		"resource": {Fields: fields{"uri": uriField("resource.uri")}},
+	}}
+	// contentSpec: a content block, a tool call content item (v1 diff path,
+	// v2 diff changes[].path/oldPath, nested content block), or a list of
+	// them: the same names are located wherever the shapes put them.
+	contentSpec = func() *jsonrpc.Spec {
+		s := &jsonrpc.Spec{Fields: fields{
+			"uri":      uriField("content.uri"),
+			"resource": {Fields: fields{"uri": uriField("content.resource.uri")}},
+			"path":     pathField("content.path"),
+			"oldPath":  pathField("content.oldPath"),
+			"changes": {Elems: &jsonrpc.Spec{Fields: fields{
+				"path":    pathField("content.changes[].path"),
+				"oldPath": pathField("content.changes[].oldPath"),
+			}}},
+			"content": blockSpec,
+		}}
+		s.Elems = s
+		return s
+	}()
+	locationsSpec = &jsonrpc.Spec{Elems: &jsonrpc.Spec{Fields: fields{"path": pathField("locations[].path")}}}
+	toolCallSpec  = &jsonrpc.Spec{Fields: fields{"locations": locationsSpec, "content": contentSpec}}
+
+	sessionSetup = &jsonrpc.Spec{Fields: fields{
+		"sessionId":             leafSession,
+		"cwd":                   pathField("cwd"),
+		"additionalDirectories": pathList("additionalDirectories[]"),
+		"systemPrompt":          {Fields: fields{"content": contentSpec}},
+	}}
+
+	// pathParams are the params specs of methods that carry paths, both
+	// directions (method names say the direction).
+	pathParams = map[string]*jsonrpc.Spec{
+		mSessionNew:    sessionSetup,
+		mSessionLoad:   sessionSetup,
+		mSessionResume: sessionSetup,
+		mSessionFork:   sessionSetup,
+		mSessionList:   {Fields: fields{"cwd": pathField("cwd")}},
+		mSessionPrompt: {Fields: fields{
+			"sessionId": leafSession,
+			"prompt":    {Elems: blockSpec},
+		}},
+		mSessionUpdate: {Fields: fields{
+			"sessionId": leafSession,
+			"update": {Fields: fields{
+				"content":               contentSpec,
+				"locations":             locationsSpec,
+				"cwd":                   pathField("update.cwd"),
+				"additionalDirectories": pathList("update.additionalDirectories[]"),
+				"plan":                  {Fields: fields{"uri": uriField("update.plan.uri")}},
+				"summary":               contentSpec,
+			}},
+		}},
+		mRequestPerm: {Fields: fields{
+			"sessionId": leafSession,
+			"toolCall":  toolCallSpec,
+			"subject": {Fields: fields{
+				"cwd":      pathField("subject.cwd"),
+				"toolCall": toolCallSpec,
+			}},
+		}},
+		mFsRead:           {Fields: fields{"sessionId": leafSession, "path": pathField("path")}},
+		mFsWrite:          {Fields: fields{"sessionId": leafSession, "path": pathField("path")}},
+		"terminal/create": {Fields: fields{"sessionId": leafSession, "cwd": pathField("cwd")}},
+	}
+
+	specResultListPaths = &jsonrpc.Spec{Fields: fields{
+		"sessions": {Elems: &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Fields: fields{
+			"sessionId":             leafSession,
+			"cwd":                   pathField("sessions[].cwd"),
+			"additionalDirectories": pathList("sessions[].additionalDirectories[]"),
+		}}},
+	}}
+)
+
+// confinedRequest reports whether an agent request names a file the client
+// would act on: one outside the tenant root is refused by the gateway.
+func confinedRequest(method string) bool {
+	return method == mFsRead || method == mFsWrite || method == "terminal/create"
 }
 
 // createsSession reports whether a successful result of method carries the

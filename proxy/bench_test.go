@@ -41,7 +41,7 @@ func BenchmarkRouteSessionUpdate300B(b *testing.B) { benchRoute(b, 160) }
 func BenchmarkRouteSessionUpdate20KB(b *testing.B) { benchRoute(b, 20000) }
 
 func (r *Relay) newConnForBench(s Sink) *Conn {
-	c := &Conn{relay: r, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
+	c := &Conn{relay: r, ten: &tenant{}, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor
 	return c

@@ -35,6 +35,7 @@ type Conn struct {
 	relay  *Relay
 	id     string
 	tenant string
+	ten    *tenant
 	sink   Sink
 	log    *slog.Logger
 	ctx    context.Context
@@ -62,7 +63,7 @@ func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind == jsonrpc.KindResponse {
 		return nil
 	}
-	return paramsSpec(m.Method)
+	return paramsSpec(m.Method, c.ten.mapper != nil)
 }
 
 // ID returns the connection ID.
@@ -113,7 +114,7 @@ func (c *Conn) Handle(frame []byte) {
 }
 
 func (c *Conn) handleInitialize(m *jsonrpc.Message) {
-	prof, err := c.relay.profileFor(m.Payload)
+	prof, err := c.relay.profileFor(c, m.Payload)
 	if err != nil {
 		c.replyError(m.ID, jsonrpc.CodeInvalidParams, "initialize: "+err.Error(), nil)
 		return
@@ -160,8 +161,22 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		sess    *Session
 		attach  *Session
 		reserve bool
+		quota   bool // holds a tenant session slot until answered
 		err     error
 	)
+	// Every early return below gives back what was taken.
+	release := func() {
+		if quota {
+			c.ten.unreserve()
+		}
+		if reserve {
+			p.unreserve()
+		}
+		if attach != nil {
+			p.dropSession(attach)
+			c.detach(attach)
+		}
+	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
 	defer cancel()
 	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
@@ -185,6 +200,10 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				c.notFound(m, gwID, false)
 				return
 			}
+			if !live && isReq && !c.reserveQuota(m) {
+				return
+			}
+			quota = !live && isReq
 			if live {
 				p = sess.proc
 			} else {
@@ -210,6 +229,10 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		}
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)})
 	} else if createsSession(m.Method) {
+		if isReq && !c.reserveQuota(m) {
+			return
+		}
+		quota = isReq
 		c.mu.Lock()
 		prof := c.prof
 		c.mu.Unlock()
@@ -219,9 +242,18 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		p, err = c.homeProc(ctx)
 	}
 	if err != nil {
+		release()
 		c.log.Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+err.Error(), nil)
+		}
+		return
+	}
+	if edits, err = c.ten.mapToAgent(m, edits); err != nil {
+		release()
+		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", err)
+		if isReq {
+			c.replyError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
 		}
 		return
 	}
@@ -236,14 +268,20 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			reserved: reserve,
 			start:    time.Now(),
 		}
-		if !p.track(req) || !c.trackClientReq(req) {
+		req.quota.Store(quota)
+		if !p.track(req) {
+			release()
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+			return
+		}
+		if !c.trackClientReq(req) { // the connection closed meanwhile
 			p.untrack(req)
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; load the session again", nil)
+			c.forgetClientReq(req)
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
-	} else if reserve {
-		p.unreserve()
+	} else {
+		release() // a notification creates nothing
 	}
 	jsonrpc.SortEdits(edits)
 	c.edits = edits
@@ -251,8 +289,24 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	if err := p.send(out); err != nil && req != nil {
 		p.untrack(req)
 		c.forgetClientReq(req)
+		if attach != nil {
+			p.dropSession(attach)
+			c.detach(attach)
+		}
 		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited: "+err.Error(), nil)
 	}
+}
+
+// reserveQuota holds one of the tenant's session slots for m, or answers m
+// with the quota error.
+func (c *Conn) reserveQuota(m *jsonrpc.Message) bool {
+	if c.ten.tryReserve() {
+		return true
+	}
+	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", c.ten.maxSessions)
+	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
+		c.tenant, c.ten.maxSessions), nil)
+	return false
 }
 
 func (s *Session) isLost() bool {
@@ -365,12 +419,16 @@ func (c *Conn) trackClientReq(r *outReq) bool {
 	return true
 }
 
+// forgetClientReq ends a client request, whichever way it ended.
 func (c *Conn) forgetClientReq(r *outReq) {
 	c.mu.Lock()
 	if c.clientReqs[string(r.clientID)] == r {
 		delete(c.clientReqs, string(r.clientID))
 	}
 	c.mu.Unlock()
+	if r.quota.CompareAndSwap(true, false) {
+		c.ten.unreserve()
+	}
 }
 
 // trackAgentReq registers an agent request for this client and returns the
@@ -402,8 +460,12 @@ func (c *Conn) forgetAgentReq(id int64) {
 func (c *Conn) attach(s *Session) {
 	c.mu.Lock()
 	if !c.closed {
+		_, had := c.sessions[s.GatewayID]
 		c.sessions[s.GatewayID] = s
 		c.mu.Unlock()
+		if !had {
+			c.ten.added(1)
+		}
 		return
 	}
 	c.mu.Unlock()
@@ -413,10 +475,14 @@ func (c *Conn) attach(s *Session) {
 // detach forgets s after another connection took it over.
 func (c *Conn) detach(s *Session) {
 	c.mu.Lock()
-	if c.sessions[s.GatewayID] == s {
+	had := c.sessions[s.GatewayID] == s
+	if had {
 		delete(c.sessions, s.GatewayID)
 	}
 	c.mu.Unlock()
+	if had {
+		c.ten.added(-1)
+	}
 }
 
 // Close ends the connection: the client's running prompts are cancelled, the
@@ -453,6 +519,7 @@ func (c *Conn) Close() {
 	for _, s := range sessions {
 		s.proc.endSession(s, c, prompting[s])
 	}
+	c.ten.added(-len(sessions))
 	if home != nil {
 		home.releaseHome()
 	}

@@ -26,6 +26,8 @@ type PoolConfig struct {
 	DefaultProfile Profile
 	// ClientInfo is the name and version the gateway gives agents.
 	ClientName, ClientVersion string
+
+	mapPaths bool // some tenant maps paths: locate path fields in agent output
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -124,7 +126,7 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 		}
 		var best, starting *agentProc
 		for _, a := range p.procs {
-			if a.prof != prof {
+			if a.prof != prof && !a.claimableBy(prof) {
 				continue
 			}
 			a.mu.Lock()
@@ -140,6 +142,11 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 			}
 		}
 		if best != nil {
+			if best.prof != prof { // a fresh warm process, now the tenant's
+				best.prof = prof
+				best.log.Info("agent process assigned to tenant", "tenant", prof.Tenant)
+			}
+			best.claimed = true
 			best.mu.Lock()
 			if forSession {
 				best.reserved++
@@ -168,6 +175,18 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// claimableBy reports whether a is a warm process no one has used yet whose
+// profile differs from prof only by tenant: it may become the tenant's.
+// Called with the pool locked.
+func (a *agentProc) claimableBy(prof Profile) bool {
+	if a.claimed || a.prof.Tenant != "" || prof.Tenant == "" {
+		return false
+	}
+	q := a.prof
+	q.Tenant = prof.Tenant
+	return q == prof
 }
 
 func (a *agentProc) load() int {
@@ -278,7 +297,7 @@ func (p *Pool) bringUp(a *agentProc) {
 func (p *Pool) placeSession(ctx context.Context, prof Profile, agentSID string) (*agentProc, error) {
 	p.mu.Lock()
 	for _, a := range p.procs {
-		if a.prof != prof {
+		if a.prof != prof { // a session's process already serves its tenant
 			continue
 		}
 		a.mu.Lock()
@@ -435,8 +454,11 @@ func (a *agentProc) alive() bool {
 }
 
 func (a *agentProc) kill() {
-	if a.cmd != nil && a.cmd.Process != nil {
-		_ = killGroup(a.cmd.Process.Pid)
+	a.mu.Lock()
+	cmd := a.cmd
+	a.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = killGroup(cmd.Process.Pid)
 	}
 }
 

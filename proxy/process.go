@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,8 +58,11 @@ var ErrAgentExited = errors.New("agent exited")
 type agentProc struct {
 	pool *Pool
 	id   int64
-	prof Profile
-	log  *slog.Logger
+	// prof and claimed are guarded by the pool's lock: a fresh process of
+	// no tenant is assigned to the first tenant that uses it.
+	prof    Profile
+	claimed bool
+	log     *slog.Logger
 
 	cmd    *exec.Cmd
 	stdin  *os.File
@@ -88,6 +92,7 @@ type agentProc struct {
 // Session is one ACP session as the gateway routes it.
 type Session struct {
 	GatewayID string // what the client sees
+	quotedID  []byte // GatewayID as a JSON string, spliced into every update
 	AgentID   string // the agent's own ID
 	proc      *agentProc
 	owner     *Conn // guarded by proc.mu; nil once detached
@@ -106,7 +111,8 @@ type outReq struct {
 	// routed from the moment the request is sent, because the agent replays
 	// history before it answers; an error answer undoes it.
 	attach   *Session
-	reserved bool // holds a session slot on the process until answered
+	reserved bool        // holds a session slot on the process until answered
+	quota    atomic.Bool // holds a tenant session slot until answered
 	start    time.Time
 	internal chan<- []byte // gateway's own request: gets the raw response
 }
@@ -176,8 +182,10 @@ func (p *agentProc) start(cfg *PoolConfig) error {
 		errR.Close()
 		return fmt.Errorf("spawn agent %q: %w", ac.Command[0], err)
 	}
+	p.mu.Lock() // stop and kill may read cmd from another goroutine
 	p.cmd, p.stdin, p.stdout, p.stderr = cmd, inW, outR, errR
 	p.log = p.log.With("agent_pid", cmd.Process.Pid)
+	p.mu.Unlock()
 	p.log.Info("agent started", "argv0", ac.Command[0])
 
 	readerDone := make(chan struct{})
@@ -342,9 +350,9 @@ func (p *agentProc) stop(grace time.Duration) {
 		return
 	}
 	p.state = procStopping
+	pgid := p.cmd.Process.Pid
 	p.mu.Unlock()
 	close(p.stopCh)
-	pgid := p.cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	if len(p.pool.cfg.Agent.Supervisor) > 0 {
 		// The supervisor escalates after the same grace period and also

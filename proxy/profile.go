@@ -14,6 +14,8 @@ import (
 // these capabilities (PROTOCOL.md §6: the agent may only call what the
 // client advertised).
 type Profile struct {
+	// Tenant is set when tenants are isolated: the process serves only it.
+	Tenant       string
 	Version      int
 	FsRead       bool
 	FsWrite      bool
@@ -27,6 +29,7 @@ type Profile struct {
 // Intersect keeps only the capabilities both profiles have.
 func (p Profile) Intersect(q Profile) Profile {
 	return Profile{
+		Tenant:       p.Tenant,
 		Version:      p.Version,
 		FsRead:       p.FsRead && q.FsRead,
 		FsWrite:      p.FsWrite && q.FsWrite,

@@ -66,7 +66,10 @@ func testPool(t *testing.T, mode string, mutate func(*PoolConfig)) *Relay {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	r := NewRelay(Config{Pool: cfg, ClientCaps: AllCapabilities}, slog.New(slog.DiscardHandler))
+	r, err := NewRelay(Config{Pool: cfg, ClientCaps: AllCapabilities}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -95,7 +98,11 @@ type testConn struct {
 
 func newTestConn(t *testing.T, r *Relay, name string) *testConn {
 	s := &sink{ch: make(chan []byte, 1000)}
-	tc := &testConn{t: t, c: r.NewConn(ConnInfo{ID: name}, s), s: s}
+	c, err := r.NewConn(ConnInfo{ID: name}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testConn{t: t, c: c, s: s}
 	t.Cleanup(tc.c.Close)
 	return tc
 }
@@ -350,6 +357,21 @@ func TestSealer(t *testing.T) {
 	}
 	if _, err := NewSealer(make([]byte, 16)); err == nil {
 		t.Fatal("a 16-byte key was accepted")
+	}
+	// Rotation: IDs sealed under an old key still open; new ones use the new.
+	oldKey, newKey := make([]byte, 32), make([]byte, 32)
+	newKey[0] = 1
+	oldS, _ := NewSealer(oldKey)
+	rotated, _ := NewSealer(newKey, oldKey)
+	oldID := oldS.Seal("acme", "s1")
+	if got, err := rotated.Open("acme", oldID); err != nil || got != "s1" {
+		t.Fatalf("an ID under the old key did not open after rotation: %v", err)
+	}
+	if rotated.Seal("acme", "s1") == oldID {
+		t.Fatal("new IDs are still sealed with the old key")
+	}
+	if _, err := oldS.Open("acme", rotated.Seal("acme", "s1")); err == nil {
+		t.Fatal("the old key alone opened an ID sealed with the new one")
 	}
 }
 

@@ -24,8 +24,9 @@ func newAgentReader(p *agentProc) *agentReader {
 }
 
 func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
+	paths := r.p.pool.cfg.mapPaths
 	if m.Kind != jsonrpc.KindResponse {
-		return paramsSpec(m.Method)
+		return paramsSpec(m.Method, paths)
 	}
 	id, ok := parseAgentID(m.ID)
 	if !ok {
@@ -37,7 +38,7 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if req == nil {
 		return nil
 	}
-	return resultSpec(req.method, m.IsError)
+	return resultSpec(req.method, m.IsError, paths)
 }
 
 // parseAgentID reads an id the gateway issued to an agent (a positive
@@ -142,8 +143,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	c.deliver(out)
 }
 
-// listEdits rewrites every session in a session/list result and drops the
-// ones the connection may not see.
+// listEdits rewrites every session in a session/list result for c and drops
+// the ones c may not see: those whose cwd is outside c's tenant root (with
+// tenants, the agent lists every tenant's sessions).
 func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edit) []jsonrpc.Edit {
 	var elems [][2]int
 	var hidden []bool
@@ -151,22 +153,44 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 		if f.Kind != jsonrpc.FieldElement {
 			continue
 		}
-		var sidField *jsonrpc.Field
+		var sidField, cwdField *jsonrpc.Field
+		var dirs []jsonrpc.Field
 		for j := i + 1; j < len(m.Fields) && m.Fields[j].Parent == i; j++ {
-			if m.Fields[j].Kind == jsonrpc.FieldSessionID {
-				sidField = &m.Fields[j]
+			switch g := &m.Fields[j]; g.Kind {
+			case jsonrpc.FieldSessionID:
+				sidField = g
+			case jsonrpc.FieldPath:
+				if g.Label == "sessions[].cwd" {
+					cwdField = g
+				} else {
+					dirs = append(dirs, *g)
+				}
 			}
 		}
 		sid, ok := "", false
 		if sidField != nil {
 			sid, ok = m.String(*sidField)
 		}
+		if ok && c.ten.mapper != nil {
+			cwd, isStr := "", false
+			if cwdField != nil {
+				cwd, isStr = m.String(*cwdField)
+			}
+			ok = isStr && c.ten.visible(cwd)
+		}
 		elems = append(elems, [2]int{f.Start, f.End})
-		hide := !ok || !c.relay.mayList(c, sid)
-		hidden = append(hidden, hide)
-		if !hide {
-			edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
-				Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
+		hidden = append(hidden, !ok)
+		if !ok {
+			continue
+		}
+		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
+			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
+		if c.ten.mapper != nil {
+			for _, pf := range append(dirs, *cwdField) {
+				v, _ := m.String(pf)
+				mapped, _ := c.ten.mapper.ToClient(v) // redacted if outside
+				edits = append(edits, jsonrpc.Edit{Start: pf.Start, End: pf.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
+			}
 		}
 	}
 	return jsonrpc.DeleteElements(edits, elems, func(i int) bool { return hidden[i] })
@@ -242,7 +266,19 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		r.orphan(m, "it names no session")
 		return
 	}
-	if m.Kind == jsonrpc.KindRequest {
+	isReq := m.Kind == jsonrpc.KindRequest
+	edits, outside := conn.ten.mapToClient(m, edits, isReq && confinedRequest(m.Method))
+	if outside != "" {
+		// The agent asks the client to act on a file outside the tenant's
+		// root: refused here, never shown to the client.
+		p.log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
+		msg := "params." + outside + ": outside the workspace of this session; the gateway refused it"
+		if err := p.send(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n')); err != nil {
+			p.log.Debug("answer agent", "err", err)
+		}
+		return
+	}
+	if isReq {
 		connID, ok := conn.trackAgentReq(p, m.ID, m.Method)
 		if !ok {
 			r.orphan(m, "the client has disconnected")

@@ -19,6 +19,10 @@ import (
 // the same client-visible ID without the gateway keeping a table: IDs survive
 // gateway restarts and work on every replica that shares the key.
 type Sealer struct {
+	keys []sealKey // the first seals; all open (key rotation)
+}
+
+type sealKey struct {
 	aead   cipher.AEAD
 	macKey []byte
 }
@@ -27,25 +31,34 @@ const sealVersion = 1
 
 var b64 = base64.RawURLEncoding
 
-// NewSealer derives the sealing keys from key (at least 32 bytes).
-func NewSealer(key []byte) (*Sealer, error) {
-	if len(key) < 32 {
-		return nil, fmt.Errorf("session key: need at least 32 bytes, have %d", len(key))
+// NewSealer derives sealing keys from one or more keys (each at least 32
+// bytes). New IDs are sealed with the first; every key opens IDs, so older
+// keys can be kept while IDs issued under them are still in use.
+func NewSealer(keys ...[]byte) (*Sealer, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("session key: none given")
 	}
-	derive := func(label string) []byte {
-		h := hmac.New(sha256.New, key)
-		h.Write([]byte("acpgate session id " + label))
-		return h.Sum(nil)
+	s := &Sealer{}
+	for i, key := range keys {
+		if len(key) < 32 {
+			return nil, fmt.Errorf("session key %d: need at least 32 bytes, have %d", i+1, len(key))
+		}
+		derive := func(label string) []byte {
+			h := hmac.New(sha256.New, key)
+			h.Write([]byte("acpgate session id " + label))
+			return h.Sum(nil)
+		}
+		block, err := aes.NewCipher(derive("enc"))
+		if err != nil {
+			return nil, fmt.Errorf("session key %d: %w", i+1, err)
+		}
+		aead, err := cipher.NewGCM(block)
+		if err != nil {
+			return nil, fmt.Errorf("session key %d: %w", i+1, err)
+		}
+		s.keys = append(s.keys, sealKey{aead: aead, macKey: derive("nonce")})
 	}
-	block, err := aes.NewCipher(derive("enc"))
-	if err != nil {
-		return nil, fmt.Errorf("session key: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("session key: %w", err)
-	}
-	return &Sealer{aead: aead, macKey: derive("nonce")}, nil
+	return s, nil
 }
 
 // NewRandomSealer seals with a fresh random key: IDs are valid only for
@@ -62,40 +75,46 @@ func NewRandomSealer() *Sealer {
 	return s
 }
 
-func (s *Sealer) aad(tenant string) []byte {
+func aad(tenant string) []byte {
 	return append([]byte{sealVersion}, tenant...)
 }
 
 // Seal returns the client-visible ID of agentSID for tenant.
 func (s *Sealer) Seal(tenant, agentSID string) string {
-	h := hmac.New(sha256.New, s.macKey)
+	k := s.keys[0]
+	h := hmac.New(sha256.New, k.macKey)
 	h.Write([]byte(tenant))
 	h.Write([]byte{0})
 	h.Write([]byte(agentSID))
-	nonce := h.Sum(nil)[:s.aead.NonceSize()]
-	buf := make([]byte, 0, 1+len(nonce)+len(agentSID)+s.aead.Overhead())
+	nonce := h.Sum(nil)[:k.aead.NonceSize()]
+	buf := make([]byte, 0, 1+len(nonce)+len(agentSID)+k.aead.Overhead())
 	buf = append(buf, sealVersion)
 	buf = append(buf, nonce...)
-	buf = s.aead.Seal(buf, nonce, []byte(agentSID), s.aad(tenant))
+	buf = k.aead.Seal(buf, nonce, []byte(agentSID), aad(tenant))
 	return b64.EncodeToString(buf)
 }
 
 var errBadSessionID = errors.New("unknown session")
 
 // Open returns the agent session ID sealed in id, if id was issued to tenant
-// under this key.
+// under one of the keys. Every failure is the same error: a caller cannot
+// tell a forged ID from another tenant's or one that never existed.
 func (s *Sealer) Open(tenant, id string) (string, error) {
 	if len(id) > 4096 {
 		return "", errBadSessionID
 	}
 	raw, err := b64.DecodeString(id)
-	ns := s.aead.NonceSize()
-	if err != nil || len(raw) < 1+ns+s.aead.Overhead() || raw[0] != sealVersion {
+	if err != nil || len(raw) < 1 || raw[0] != sealVersion {
 		return "", errBadSessionID
 	}
-	plain, err := s.aead.Open(nil, raw[1:1+ns], raw[1+ns:], s.aad(tenant))
-	if err != nil {
-		return "", errBadSessionID
+	for _, k := range s.keys {
+		ns := k.aead.NonceSize()
+		if len(raw) < 1+ns+k.aead.Overhead() {
+			return "", errBadSessionID
+		}
+		if plain, err := k.aead.Open(nil, raw[1:1+ns], raw[1+ns:], aad(tenant)); err == nil {
+			return string(plain), nil
+		}
 	}
-	return string(plain), nil
+	return "", errBadSessionID
 }

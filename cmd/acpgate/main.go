@@ -4,11 +4,14 @@
 //	acpgate [serve] [--config FILE] [--listen ADDR] [--agent "CMD ARGS..."]
 //	acpgate demo-agent        a built-in ACP v1 agent on stdio
 //	acpgate check-config --config FILE
+//	acpgate keygen > session.key
 //	acpgate version
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -37,7 +40,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || !strings.HasPrefix(args[0], "-")) {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -50,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "version":
 		fmt.Fprintf(stdout, "acpgate %s\n", buildVersion())
 		return 0
+	case "keygen":
+		return keygen(stdout, stderr)
 	case "supervise":
 		return superviseCmd(args, stderr)
 	case "help", "-h", "--help":
@@ -67,6 +72,7 @@ func usage(w io.Writer) {
                   [--allow-unauthenticated] [--log-level LEVEL] [--log-format text|json]
   acpgate demo-agent [--state-dir DIR] [--chunk-delay DURATION]
   acpgate check-config --config FILE
+  acpgate keygen > session.key     a new session key (32 random bytes, hex)
   acpgate version
 `)
 }
@@ -266,6 +272,17 @@ func demoAgent(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "demo-agent: %v\n", err)
 		return 1
 	}
+	return 0
+}
+
+// keygen writes a new session key: 32 random bytes as 64 hex characters.
+func keygen(stdout, stderr io.Writer) int {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		fmt.Fprintf(stderr, "acpgate keygen: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, hex.EncodeToString(key))
 	return 0
 }
 

@@ -6,10 +6,15 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -31,7 +36,56 @@ type Config struct {
 	Limits    Limits    `yaml:"limits"`
 	WebSocket WebSocket `yaml:"websocket"`
 	Log       Log       `yaml:"log"`
+
+	// Tenants turns authentication on: every connection belongs to one.
+	Tenants []Tenant `yaml:"tenants"`
+	Auth    Auth     `yaml:"auth"`
+	// SessionKeyFile holds the key that seals session IDs (32 random bytes
+	// as 64 hex characters; `acpgate keygen` writes one). SessionKeyFiles
+	// lists more keys: with SessionKeyFile unset its first entry seals new
+	// IDs; every key opens IDs, so old keys can be kept during rotation.
+	SessionKeyFile  string   `yaml:"session_key_file"`
+	SessionKeyFiles []string `yaml:"session_key_files"`
 }
+
+// Tenant is one customer of the gateway.
+type Tenant struct {
+	Name string `yaml:"name"`
+	// TokensSHA256 are the hex SHA-256 hashes of the tenant's API tokens.
+	TokensSHA256 []string `yaml:"tokens_sha256"`
+	// Root is the host directory the agent works in; VirtualRoot the path
+	// clients see for it (default: Root).
+	Root        string `yaml:"root"`
+	VirtualRoot string `yaml:"virtual_root"`
+	// MaxConnections and MaxSessions cap the tenant (0 = no cap).
+	MaxConnections int `yaml:"max_connections"`
+	MaxSessions    int `yaml:"max_sessions"`
+}
+
+// Auth configures who may connect.
+type Auth struct {
+	// AllowedOrigins lists the browser origins allowed to open WebSockets
+	// ("https://ide.example.com", "https://*.example.com"); the gateway's
+	// own origin is always allowed.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	JWT            *JWT     `yaml:"jwt"`
+	// TicketTTL is how long a one-time ticket from POST /v1/tickets lives
+	// (at most 60s).
+	TicketTTL Duration `yaml:"ticket_ttl"`
+}
+
+// JWT configures bearer JWTs, in addition to static tokens.
+type JWT struct {
+	Issuer          string `yaml:"issuer"`
+	Audience        string `yaml:"audience"`
+	JWKSFile        string `yaml:"jwks_file"`
+	JWKSURL         string `yaml:"jwks_url"`
+	HS256SecretFile string `yaml:"hs256_secret_file"`
+	TenantClaim     string `yaml:"tenant_claim"`
+}
+
+// AuthEnabled reports whether connections must authenticate.
+func (c *Config) AuthEnabled() bool { return len(c.Tenants) > 0 }
 
 // Agent says how to run the agent.
 type Agent struct {
@@ -52,6 +106,9 @@ type Pool struct {
 	MaxSessionsPerProcess int      `yaml:"max_sessions_per_process"`
 	AcquireTimeout        Duration `yaml:"acquire_timeout"`
 	IdleTimeout           Duration `yaml:"idle_timeout"`
+	// Isolation is "tenant" (two tenants never share an agent process) or
+	// "shared" (for trusted single-organisation deployments).
+	Isolation string `yaml:"isolation"`
 }
 
 // Limits bound what one message and one connection may take.
@@ -89,7 +146,8 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration (use e.g. 30s, 5m)", n.Line, s)
+		// A TypeError lets the decoder go on and report every other problem.
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a duration (use e.g. 30s, 5m)", n.Line, s)}}
 	}
 	*d = Duration(v)
 	return nil
@@ -116,7 +174,9 @@ func Default() *Config {
 			MaxSessionsPerProcess: 32,
 			AcquireTimeout:        Duration(30 * time.Second),
 			IdleTimeout:           Duration(5 * time.Minute),
+			Isolation:             "tenant",
 		},
+		Auth: Auth{TicketTTL: Duration(30 * time.Second)},
 		Limits: Limits{
 			MaxMessageBytes:   16 << 20,
 			SendQueueMessages: 4096,
@@ -184,7 +244,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	if len(bytes.TrimSpace(data)) > 0 {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
-		if err := dec.Decode(cfg); err != nil {
+		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) { // EOF: only comments
 			cerr.Problems = append(cerr.Problems, yamlProblems(err)...)
 		}
 	}
@@ -242,7 +302,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 			add("listen", "port %q is not a number from 0 to 65535", port)
 		}
-		if !IsLoopback(host) && !c.AllowUnauthenticated {
+		if !IsLoopback(host) && !c.AllowUnauthenticated && !c.AuthEnabled() {
 			add("listen", "%q is not a loopback address and no authentication is configured: "+
 				"serving agents to the network unauthenticated needs allow_unauthenticated: true (or --allow-unauthenticated)", c.Listen)
 		}
@@ -290,9 +350,21 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	if c.Limits.SendQueueBytes < c.Limits.MaxMessageBytes {
 		add("limits.send_queue_bytes", "must be at least max_message_bytes (%d), is %d", c.Limits.MaxMessageBytes, c.Limits.SendQueueBytes)
 	}
-	if c.WebSocket.PingInterval < 0 || c.WebSocket.PingTimeout <= 0 || c.WebSocket.WriteTimeout <= 0 {
-		add("websocket", "ping_timeout and write_timeout must be positive, ping_interval not negative (0 disables pings)")
+	if c.WebSocket.PingInterval < 0 {
+		add("websocket.ping_interval", "must not be negative (0 disables pings)")
 	}
+	if c.WebSocket.PingTimeout <= 0 {
+		add("websocket.ping_timeout", "must be positive")
+	}
+	if c.WebSocket.WriteTimeout <= 0 {
+		add("websocket.write_timeout", "must be positive")
+	}
+	switch c.Pool.Isolation {
+	case "tenant", "shared":
+	default:
+		add("pool.isolation", "%q is not tenant or shared", c.Pool.Isolation)
+	}
+	ps = append(ps, c.validateTenants(root)...)
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -304,6 +376,128 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		add("log.format", "%q is not text or json", c.Log.Format)
 	}
 	return ps
+}
+
+var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func (c *Config) validateTenants(root *yaml.Node) []Problem {
+	var ps []Problem
+	at := func(n *yaml.Node, format string, args ...any) {
+		p := Problem{Msg: fmt.Sprintf(format, args...)}
+		if n != nil {
+			p.Line, p.Column = n.Line, n.Column
+		}
+		ps = append(ps, p)
+	}
+	tenantsNode := find(root, "tenants")
+	item := func(i int, key string) *yaml.Node {
+		if tenantsNode == nil || tenantsNode.Kind != yaml.SequenceNode || i >= len(tenantsNode.Content) {
+			return nil
+		}
+		n := tenantsNode.Content[i]
+		if key == "" {
+			return n
+		}
+		for j := 0; j+1 < len(n.Content); j += 2 {
+			if n.Content[j].Value == key {
+				return n.Content[j+1]
+			}
+		}
+		return n
+	}
+	seen := map[string]bool{}
+	for i, t := range c.Tenants {
+		where := fmt.Sprintf("tenants[%d]", i)
+		if !tenantName.MatchString(t.Name) {
+			at(item(i, "name"), "%s.name: %q must be 1-63 letters, digits, '.', '_' or '-'", where, t.Name)
+		} else if seen[t.Name] {
+			at(item(i, "name"), "%s.name: tenant %q is listed twice", where, t.Name)
+		}
+		seen[t.Name] = true
+		for _, h := range t.TokensSHA256 {
+			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+				at(item(i, "tokens_sha256"), "%s.tokens_sha256: %q is not a hex SHA-256 (64 hex characters)", where, truncate(h, 16))
+			}
+		}
+		if len(t.TokensSHA256) == 0 && c.Auth.JWT == nil {
+			at(item(i, ""), "%s: tenant %q has no tokens_sha256 and no auth.jwt is configured: nobody could connect as it", where, t.Name)
+		}
+		if !filepath.IsAbs(t.Root) || filepath.Clean(t.Root) == "/" {
+			at(item(i, "root"), "%s.root: %q must be an absolute directory other than /", where, t.Root)
+		} else if st, err := os.Stat(t.Root); err != nil || !st.IsDir() {
+			at(item(i, "root"), "%s.root: %q is not an existing directory", where, t.Root)
+		}
+		if t.VirtualRoot != "" && !filepath.IsAbs(t.VirtualRoot) {
+			at(item(i, "virtual_root"), "%s.virtual_root: %q must be absolute", where, t.VirtualRoot)
+		}
+		if t.MaxConnections < 0 || t.MaxSessions < 0 {
+			at(item(i, ""), "%s: max_connections and max_sessions must not be negative (0 = no cap)", where)
+		}
+	}
+	if len(c.Tenants) == 0 && (c.Auth.JWT != nil || len(c.Auth.AllowedOrigins) > 0) {
+		at(find(root, "auth"), "auth: is set but no tenants are configured; list tenants to turn authentication on")
+	}
+	if j := c.Auth.JWT; j != nil {
+		if j.JWKSFile == "" && j.JWKSURL == "" && j.HS256SecretFile == "" {
+			at(find(root, "auth", "jwt"), "auth.jwt: needs jwks_file, jwks_url or hs256_secret_file")
+		}
+		if j.Issuer == "" || j.Audience == "" {
+			at(find(root, "auth", "jwt"), "auth.jwt: issuer and audience are required")
+		}
+	}
+	if c.Auth.TicketTTL <= 0 || c.Auth.TicketTTL.D() > time.Minute {
+		at(find(root, "auth", "ticket_ttl"), "auth.ticket_ttl: must be from 1s to 60s")
+	}
+	for _, f := range c.sessionKeyPaths() {
+		if _, err := ReadSessionKey(f); err != nil {
+			at(find(root, "session_key_file"), "%v", err)
+		}
+	}
+	return ps
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// sessionKeyPaths lists the key files, the sealing key first.
+func (c *Config) sessionKeyPaths() []string {
+	var out []string
+	if c.SessionKeyFile != "" {
+		out = append(out, c.SessionKeyFile)
+	}
+	return append(out, c.SessionKeyFiles...)
+}
+
+// SessionKeys reads the configured session keys, the sealing key first. No
+// key files: nil.
+func (c *Config) SessionKeys() ([][]byte, error) {
+	var keys [][]byte
+	for _, f := range c.sessionKeyPaths() {
+		k, err := ReadSessionKey(f)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// ReadSessionKey reads a key file: 64 hex characters (32 bytes), surrounding
+// white space ignored.
+func ReadSessionKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("session key: %w", err)
+	}
+	k, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(k) != 32 {
+		return nil, fmt.Errorf("session key %s: must hold 32 bytes as 64 hex characters (acpgate keygen writes one)", path)
+	}
+	return k, nil
 }
 
 // IsLoopback reports whether a listen host only accepts local connections.

@@ -71,8 +71,6 @@ func DeleteElements(dst []Edit, elems [][2]int, drop func(i int) bool) []Edit {
 	return dst
 }
 
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
-
 // AppendQuote appends s as a JSON string. s must be valid UTF-8; invalid
 // bytes are replaced rather than failing, so gateway-built messages are
 // always valid JSON.

@@ -59,6 +59,7 @@ const (
 // Spec is a tree of payload fields to locate. The zero Spec locates nothing.
 type Spec struct {
 	Kind   FieldKind        // record this value itself with this kind
+	Label  string           // names the field in error messages ("cwd", "prompt[].uri")
 	Fields map[string]*Spec // object members to descend into
 	Elems  *Spec            // every array element
 }
@@ -69,6 +70,7 @@ type Field struct {
 	Kind       FieldKind
 	Start, End int
 	Parent     int
+	Label      string // the Spec's label
 }
 
 // Message is the scanned envelope of one JSON-RPC message. Byte ranges refer
@@ -332,13 +334,13 @@ func (s *Scanner) walk(m *Message, spec *Spec, parent int) error {
 			return err
 		}
 		end := int(d.InputOffset())
-		m.Fields = append(m.Fields, Field{Kind: spec.Kind, Start: end - len(v), End: end, Parent: parent})
+		m.Fields = append(m.Fields, Field{Kind: spec.Kind, Start: end - len(v), End: end, Parent: parent, Label: spec.Label})
 		return nil
 	}
 	self := parent
 	if spec.Kind != FieldNone {
 		self = len(m.Fields)
-		m.Fields = append(m.Fields, Field{Kind: spec.Kind, Parent: parent})
+		m.Fields = append(m.Fields, Field{Kind: spec.Kind, Parent: parent, Label: spec.Label})
 	}
 	kind := d.PeekKind()
 	switch {

@@ -389,6 +389,11 @@ func TestMalformedInput(t *testing.T) {
 		{"unknown session", `{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"nope","prompt":[]}}`, -32002, "7"},
 		{"sessionId not a string", `{"jsonrpc":"2.0","id":8,"method":"session/prompt","params":{"sessionId":42,"prompt":[]}}`, -32602, "8"},
 		{"trailing data", `{"jsonrpc":"2.0","id":9,"method":"session/list"} {}`, -32700, "null"},
+		// Escaped member names are the same names to every peer: the
+		// session ID inside is translated (and so not found), never
+		// forwarded raw.
+		{"escaped params name", `{"jsonrpc":"2.0","id":11,"method":"session/prompt","\u0070arams":{"sessionId":"demo-0000000000000000","prompt":[]}}`, -32002, "11"},
+		{"object id", `{"jsonrpc":"2.0","id":{"a":1},"method":"session/list"}`, -32600, "null"},
 	}
 	for _, tc := range cases {
 		c.sendRaw(tc.frame)

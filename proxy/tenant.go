@@ -1,0 +1,154 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/pathmap"
+)
+
+// TenantConfig is one tenant as the relay needs it.
+type TenantConfig struct {
+	Name string
+	// Root is the host directory the tenant's sessions work in;
+	// VirtualRoot what clients see for it ("" = Root). An empty Root turns
+	// path mapping off (the gateway without tenants).
+	Root, VirtualRoot string
+	MaxSessions       int // 0 = no cap
+}
+
+// tenant is a tenant's live state.
+type tenant struct {
+	name        string
+	mapper      *pathmap.Mapper // nil: paths pass unchanged
+	maxSessions int
+
+	mu       sync.Mutex
+	sessions int // sessions held by the tenant's connections
+	pending  int // session/new, load, resume in flight
+}
+
+func newTenant(c TenantConfig) (*tenant, error) {
+	t := &tenant{name: c.Name, maxSessions: c.MaxSessions}
+	if c.Root != "" {
+		m, err := pathmap.New(c.Root, c.VirtualRoot)
+		if err != nil {
+			return nil, fmt.Errorf("tenant %q: %w", c.Name, err)
+		}
+		t.mapper = m
+	}
+	return t, nil
+}
+
+// errQuota is the JSON-RPC error code for a tenant over its session quota.
+const codeQuota = -32005
+
+// tryReserve holds a session slot for a request that may add a session.
+func (t *tenant) tryReserve() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.maxSessions > 0 && t.sessions+t.pending >= t.maxSessions {
+		return false
+	}
+	t.pending++
+	return true
+}
+
+func (t *tenant) unreserve() {
+	t.mu.Lock()
+	t.pending--
+	t.mu.Unlock()
+}
+
+func (t *tenant) added(n int) {
+	t.mu.Lock()
+	t.sessions += n
+	t.mu.Unlock()
+}
+
+// pathError is a client path the tenant may not use.
+type pathError struct {
+	label string
+	err   error
+}
+
+func (e *pathError) Error() string { return "params." + e.label + ": " + e.err.Error() }
+
+// mapToAgent rewrites the path and file URI fields of a client message from
+// the tenant's virtual root to its host root. A path outside the root, or
+// one that escapes it through a symlink, is refused naming the field.
+func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc.Edit, error) {
+	if t.mapper == nil {
+		return edits, nil
+	}
+	for _, f := range m.Fields {
+		if f.Kind != jsonrpc.FieldPath && f.Kind != jsonrpc.FieldURI {
+			continue
+		}
+		v, ok := m.String(f)
+		if !ok {
+			return edits, &pathError{f.Label, errors.New("must be a string")}
+		}
+		var mapped string
+		var err error
+		if f.Kind == jsonrpc.FieldPath {
+			mapped, err = t.mapper.ToAgent(v)
+		} else {
+			mapped, err = t.mapper.URIToAgent(v)
+		}
+		if err != nil {
+			return edits, &pathError{f.Label, err}
+		}
+		if mapped != v {
+			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
+		}
+	}
+	return edits, nil
+}
+
+// mapToClient rewrites the path and file URI fields of an agent message
+// (fields with parent >= minParent only; -2 = all) from the host root to the
+// virtual root. Host paths outside the root are redacted, except in a
+// request that asks the client to act on the file: then outside is
+// returned as the label of the offending field, and nothing is edited.
+func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined bool) ([]jsonrpc.Edit, string) {
+	if t.mapper == nil {
+		return edits, ""
+	}
+	for _, f := range m.Fields {
+		if f.Kind != jsonrpc.FieldPath && f.Kind != jsonrpc.FieldURI {
+			continue
+		}
+		v, ok := m.String(f)
+		if !ok {
+			continue // not a string: nothing to map, passed as it is
+		}
+		// Outside the root, both return the redacted stand-in
+		// ("/<outside-workspace>/<basename>", or its file URI).
+		var mapped string
+		if f.Kind == jsonrpc.FieldPath {
+			mapped, ok = t.mapper.ToClient(v)
+		} else {
+			mapped, ok = t.mapper.URIToClient(v)
+		}
+		if !ok && confined {
+			return edits, f.Label
+		}
+		if mapped != v {
+			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
+		}
+	}
+	return edits, ""
+}
+
+// visible reports whether a host path is inside the tenant's root (always
+// true without mapping).
+func (t *tenant) visible(hostPath string) bool {
+	if t.mapper == nil {
+		return true
+	}
+	_, ok := t.mapper.ToClient(hostPath)
+	return ok
+}
