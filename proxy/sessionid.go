@@ -96,11 +96,15 @@ func (s *Sealer) Seal(tenant, agentSID string) string {
 
 var errBadSessionID = errors.New("unknown session")
 
+// maxSessionIDLen bounds the IDs Open looks at (an agent session ID of up to
+// about 3 KB seals within it).
+const maxSessionIDLen = 4096
+
 // Open returns the agent session ID sealed in id, if id was issued to tenant
 // under one of the keys. Every failure is the same error: a caller cannot
 // tell a forged ID from another tenant's or one that never existed.
 func (s *Sealer) Open(tenant, id string) (string, error) {
-	if len(id) > 4096 {
+	if len(id) > maxSessionIDLen {
 		return "", errBadSessionID
 	}
 	raw, err := b64.DecodeString(id)
