@@ -21,6 +21,7 @@ import (
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/web"
 )
 
 // Options configures a Server.
@@ -142,7 +143,7 @@ func New(opts Options) (*Server, error) {
 	}
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
-	r.Get("/", s.handleIndex)
+	r.Handle("/*", web.Handler())
 	s.http = &http.Server{
 		Handler:           r,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -187,11 +188,6 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	default:
 		_, _ = w.Write([]byte("ready\n"))
 	}
-}
-
-func (s *Server) handleIndex(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	_, _ = w.Write([]byte("acpgate: connect an ACP client to the WebSocket endpoint /acp\n"))
 }
 
 // Shutdown drains the gateway: it turns not-ready, stops accepting, closes

@@ -78,7 +78,9 @@ var (
 
 // paramsSpec is the spec for the params of a request or notification, in
 // either direction. With paths, it also locates every path and file URI
-// field (PROTOCOL.md §5) for tenant root mapping.
+// field (PROTOCOL.md §5) for tenant root mapping, and what the policy
+// inspects (mcpServers entries, prompt block types). Client messages are
+// always scanned with paths; agent output only when a tenant maps paths.
 func paramsSpec(method string, paths bool) *jsonrpc.Spec {
 	switch method {
 	case mCancelRequest:
@@ -157,6 +159,13 @@ var (
 		"cwd":                   pathField("cwd"),
 		"additionalDirectories": pathList("additionalDirectories[]"),
 		"systemPrompt":          {Fields: fields{"content": contentSpec}},
+		"mcpServers":            {Elems: &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Label: "mcpServers[]"}},
+	}}
+	// promptBlock: a prompt content block, with its type for the policy.
+	promptBlock = &jsonrpc.Spec{Fields: fields{
+		"type":     {Kind: jsonrpc.FieldTag, Label: "prompt[].type"},
+		"uri":      uriField("prompt[].uri"),
+		"resource": {Fields: fields{"uri": uriField("prompt[].resource.uri")}},
 	}}
 
 	// pathParams are the params specs of methods that carry paths, both
@@ -169,7 +178,7 @@ var (
 		mSessionList:   {Fields: fields{"cwd": pathField("cwd")}},
 		mSessionPrompt: {Fields: fields{
 			"sessionId": leafSession,
-			"prompt":    {Elems: blockSpec},
+			"prompt":    {Elems: promptBlock},
 		}},
 		mSessionUpdate: {Fields: fields{
 			"sessionId": leafSession,

@@ -63,7 +63,7 @@ func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind == jsonrpc.KindResponse {
 		return nil
 	}
-	return paramsSpec(m.Method, c.ten.mapper != nil)
+	return paramsSpec(m.Method, true)
 }
 
 // ID returns the connection ID.

@@ -40,6 +40,9 @@ type Config struct {
 	// Tenants turns authentication on: every connection belongs to one.
 	Tenants []Tenant `yaml:"tenants"`
 	Auth    Auth     `yaml:"auth"`
+	// Policy says what remote clients may do with the agent; tenants may
+	// override it key by key.
+	Policy PolicyYAML `yaml:"policy"`
 	// SessionKeyFile holds the key that seals session IDs (32 random bytes
 	// as 64 hex characters; `acpgate keygen` writes one). SessionKeyFiles
 	// lists more keys: with SessionKeyFile unset its first entry seals new
@@ -60,6 +63,8 @@ type Tenant struct {
 	// MaxConnections and MaxSessions cap the tenant (0 = no cap).
 	MaxConnections int `yaml:"max_connections"`
 	MaxSessions    int `yaml:"max_sessions"`
+	// Policy overrides the global policy for this tenant, key by key.
+	Policy PolicyYAML `yaml:"policy"`
 }
 
 // Auth configures who may connect.

@@ -54,6 +54,7 @@ const (
 	FieldPath                // an absolute file-system path
 	FieldURI                 // a URI that may be a file:// URI
 	FieldElement             // an array element or object value as a whole (for filtering)
+	FieldTag                 // a discriminator to inspect, e.g. a content block's "type"
 )
 
 // Spec is a tree of payload fields to locate. The zero Spec locates nothing.
