@@ -12,11 +12,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
@@ -37,18 +40,75 @@ type Options struct {
 
 // Server is a running gateway.
 type Server struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	relay   *proxy.Relay
-	authn   *auth.Authenticator // nil: no authentication (no tenants)
-	http    *http.Server
-	started atomic.Bool
-	drain   atomic.Bool
+	cfg      *config.Config
+	log      *slog.Logger
+	relay    *proxy.Relay
+	authn    *auth.Authenticator // nil: no authentication (no tenants)
+	http     *http.Server
+	registry *prometheus.Registry
+	metrics  *metrics
+	started  atomic.Bool
+	drain    atomic.Bool
 
 	mu          sync.Mutex
 	conns       map[*wsConn]struct{}
 	tenantConns map[string]int // open connections per tenant
 	wg          sync.WaitGroup // one per WebSocket connection
+}
+
+// Reload applies a new configuration's tenants, tokens and policy without
+// dropping connections. Other settings need a restart: a reload that
+// changes them is refused, and the running configuration stays.
+func (s *Server) Reload(next *config.Config) (err error) {
+	defer func() {
+		result := "success"
+		if err != nil {
+			result = "failure"
+			s.log.Error("configuration reload refused; keeping the running configuration", "err", err)
+		} else {
+			s.log.Info("configuration reloaded", "tenants", len(next.Tenants))
+		}
+		s.metrics.reloads.WithLabelValues(result).Inc()
+	}()
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	cur := s.config()
+	if next.AuthEnabled() != cur.AuthEnabled() {
+		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
+	}
+	if next.Listen != cur.Listen || !slices.Equal(next.Agent.Command, cur.Agent.Command) || next.Pool != cur.Pool ||
+		next.Limits != cur.Limits {
+		return errors.New("listen, agent, pool and limits settings need a restart; only tenants, tokens, auth and policy reload")
+	}
+	var tenants []proxy.TenantConfig
+	var tokens []auth.TenantTokens
+	for _, t := range next.Tenants {
+		tenants = append(tenants, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions})
+		tokens = append(tokens, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
+	}
+	if err := s.relay.UpdateTenants(tenants); err != nil {
+		return err
+	}
+	if s.authn != nil {
+		if err := s.authn.UpdateTenants(tokens); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	s.cfg = next
+	s.mu.Unlock()
+	return nil
+}
+
+// ReloadFailed counts a reload whose file could not be read or parsed.
+func (s *Server) ReloadFailed() { s.metrics.reloads.WithLabelValues("failure").Inc() }
+
+// config returns the running configuration.
+func (s *Server) config() *config.Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg
 }
 
 // newSealer seals session IDs with the configured keys, or with a random
@@ -105,7 +165,10 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	reg := prometheus.NewRegistry()
+	relayMetrics := proxy.NewMetrics(reg, cfg.Observability.TenantLabelLimit)
 	relay, err := proxy.NewRelay(proxy.Config{
+		Metrics: relayMetrics,
 		Pool: proxy.PoolConfig{
 			Agent: proxy.AgentConfig{
 				Command:     opts.AgentCommand,
@@ -135,9 +198,13 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}}
+	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg}
+	s.metrics = newMetrics(reg, s, relayMetrics, opts.Version)
 	r := chi.NewRouter()
 	r.Get("/acp", s.handleACP)
+	if cfg.Observability.MetricsListen == "" {
+		r.Handle("/metrics", s.MetricsHandler())
+	}
 	if authn != nil {
 		r.Handle("/v1/tickets", authn.TicketsHandler())
 	}
@@ -175,26 +242,58 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 // initialized agent, and while draining.
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	switch {
-	case s.drain.Load():
+	if why := s.ready(); why != "" {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("draining\n"))
-	case !s.started.Load():
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("starting\n"))
-	case !s.relay.Pool().Ready():
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("no agent ready\n"))
-	default:
-		_, _ = w.Write([]byte("ready\n"))
+		_, _ = w.Write([]byte(why + "\n"))
+		return
 	}
+	_, _ = w.Write([]byte("ready\n"))
 }
 
-// Shutdown drains the gateway: it turns not-ready, stops accepting, closes
-// every WebSocket with 1001 (going away) and stops every agent process.
+// ready returns why the gateway is not ready, or "".
+func (s *Server) ready() string {
+	switch {
+	case s.drain.Load():
+		return "draining"
+	case !s.started.Load():
+		return "starting"
+	case !s.relay.Pool().Ready():
+		return "no agent ready"
+	}
+	return ""
+}
+
+// MetricsHandler serves the Prometheus metrics.
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
+}
+
+// Shutdown drains the gateway: it turns not-ready and stops accepting, lets
+// running prompts finish for up to shutdown_grace, then cancels them,
+// closes every WebSocket with 1001 (going away) and stops every agent
+// process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.drain.Store(true)
 	err := s.http.Shutdown(ctx) // hijacked WebSockets are not waited for here
+	graceD := s.config().ShutdownGrace.D()
+	grace := time.NewTimer(graceD)
+	defer grace.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	if n := s.relay.PromptsInFlight(); n > 0 {
+		s.log.Info("letting running prompts finish", "prompts", n, "grace", graceD)
+	}
+wait:
+	for s.relay.PromptsInFlight() > 0 {
+		select {
+		case <-grace.C:
+			break wait
+		case <-ctx.Done():
+			break wait
+		case <-tick.C:
+		}
+	}
+	s.relay.CancelPrompts(2 * time.Second)
 	s.mu.Lock()
 	for c := range s.conns {
 		c.goingAway()

@@ -17,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/auth"
+	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -31,14 +32,16 @@ const ConnectionIDHeader = "Acp-Connection-Id"
 // goroutine drains the bounded send queue; a pinger keeps the connection
 // alive. Both end with the connection's context.
 type wsConn struct {
-	s      *Server
-	ws     *websocket.Conn
-	id     string
-	log    *slog.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
-	start  time.Time
-	conn   *proxy.Conn
+	s           *Server
+	ws          *websocket.Conn
+	id          string
+	log         *slog.Logger
+	ctx         context.Context
+	cancel      context.CancelFunc
+	start       time.Time
+	conn        *proxy.Conn
+	cfg         *config.Config // the configuration the connection started with
+	tenantLabel string
 
 	maxMsgs, maxBytes int
 
@@ -65,6 +68,12 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	if s.authn != nil {
 		id, err := s.authn.Upgrade(r)
 		if err != nil {
+			var ae *auth.Error
+			reason := "unauthorized"
+			if errors.As(err, &ae) {
+				reason = ae.Reason
+			}
+			s.metrics.authFailures.WithLabelValues(reason).Inc()
 			auth.WriteError(w, err) // Upgrade has logged the reason (never the token)
 			return
 		}
@@ -78,6 +87,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		accept.InsecureSkipVerify = true // the origin was checked by Upgrade
 	}
 	if !s.admitTenant(tenant) {
+		s.metrics.authFailures.WithLabelValues("too_many_connections").Inc()
 		writeJSONError(w, http.StatusTooManyRequests, "too_many_connections",
 			fmt.Sprintf("tenant %q has reached its max_connections", tenant))
 		return
@@ -95,7 +105,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
 		return // Accept has written the HTTP error
 	}
-	limits := s.cfg.Limits
+	limits := s.config().Limits
 	ws.SetReadLimit(int64(limits.MaxMessageBytes))
 	ctx, cancel := context.WithCancel(context.Background())
 	log := s.log.With("conn", id)
@@ -110,6 +120,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		ctx:      ctx,
 		cancel:   cancel,
 		start:    time.Now(),
+		cfg:      s.config(),
 		maxMsgs:  limits.SendQueueMessages,
 		maxBytes: limits.SendQueueBytes,
 		wake:     make(chan struct{}, 1),
@@ -133,20 +144,23 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
+	c.tenantLabel = s.metrics.tenants.Label(tenant)
+	s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Inc()
+	defer s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Dec()
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol())
 	c.run()
 }
 
 // admitTenant counts a connection against its tenant's max_connections.
 func (s *Server) admitTenant(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	max := 0
-	for _, t := range s.cfg.Tenants {
+	for _, t := range s.cfg.Tenants { // s.cfg changes on reload, under s.mu
 		if t.Name == tenant {
 			max = t.MaxConnections
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if max > 0 && s.tenantConns[tenant] >= max {
 		return false
 	}
@@ -180,6 +194,7 @@ func (c *wsConn) run() {
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
 	c.s.mu.Unlock()
+	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, closeLabel(code, reason)).Inc()
 	c.log.Info("connection closed",
 		"duration", time.Since(c.start).Round(time.Millisecond),
 		"msgs_in", c.msgsIn.Load(), "msgs_out", c.msgsOut.Load(),
@@ -232,6 +247,25 @@ func (c *wsConn) endReason(err error) (websocket.StatusCode, string) {
 	return websocket.StatusAbnormalClosure, err.Error()
 }
 
+// closeLabel is the bounded metrics label of a close.
+func closeLabel(code websocket.StatusCode, reason string) string {
+	switch {
+	case code == websocket.StatusMessageTooBig:
+		return "message_too_big"
+	case code == websocket.StatusPolicyViolation:
+		return "slow_client"
+	case code == websocket.StatusGoingAway && reason == "ping timeout":
+		return "ping_timeout"
+	case code == websocket.StatusGoingAway:
+		return "shutdown"
+	case reason == "closed by client":
+		return "client_closed"
+	case code == websocket.StatusAbnormalClosure:
+		return "connection_lost"
+	}
+	return "other"
+}
+
 // Send implements proxy.Sink: it queues without blocking and closes the
 // connection (1008) when the client falls too far behind.
 func (c *wsConn) Send(msg []byte) bool {
@@ -246,6 +280,7 @@ func (c *wsConn) Send(msg []byte) bool {
 		c.closeCode, c.closeReason = websocket.StatusPolicyViolation, "client too slow: send queue full"
 		c.q, c.qBytes = c.q[:0], 0
 		c.mu.Unlock()
+		c.s.metrics.slowDisconnects.Inc()
 		c.log.Warn("closing slow client", "queued_msgs", queued, "queued_bytes", bytes)
 		c.signal()
 		return false
@@ -276,7 +311,7 @@ func (c *wsConn) goingAway() {
 }
 
 func (c *wsConn) writeLoop() {
-	timeout := c.s.cfg.WebSocket.WriteTimeout.D()
+	timeout := c.cfg.WebSocket.WriteTimeout.D()
 	for {
 		select {
 		case <-c.wake:
@@ -318,7 +353,7 @@ func (c *wsConn) writeLoop() {
 }
 
 func (c *wsConn) pingLoop() {
-	every := c.s.cfg.WebSocket.PingInterval.D()
+	every := c.cfg.WebSocket.PingInterval.D()
 	if every <= 0 {
 		return
 	}
@@ -330,7 +365,7 @@ func (c *wsConn) pingLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.WebSocket.PingTimeout.D())
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.WebSocket.PingTimeout.D())
 		err := c.ws.Ping(ctx)
 		cancel()
 		if err != nil {

@@ -14,8 +14,9 @@ func (d *discardSink) Send(msg []byte) bool { d.n += len(msg); return true }
 // session lookup, splice of the sealed session ID, hand-off to the client's
 // sink. Run: go test -run '^$' -bench Route -benchmem ./proxy/
 func benchRoute(b *testing.B, textLen int) {
-	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler)}
-	pool := &Pool{log: r.log, notify: make(chan struct{}), kick: make(chan struct{}, 1)}
+	metrics := nopMetrics()
+	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: metrics}
+	pool := &Pool{cfg: PoolConfig{metrics: metrics}, log: r.log, notify: make(chan struct{}), kick: make(chan struct{}, 1)}
 	p := &agentProc{pool: pool, log: r.log, pending: map[int64]*outReq{}, inbound: map[string]*inReq{}, sessions: map[string]*Session{}}
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
@@ -41,7 +42,7 @@ func BenchmarkRouteSessionUpdate300B(b *testing.B) { benchRoute(b, 160) }
 func BenchmarkRouteSessionUpdate20KB(b *testing.B) { benchRoute(b, 20000) }
 
 func (r *Relay) newConnForBench(s Sink) *Conn {
-	c := &Conn{relay: r, ten: &tenant{}, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
+	c := &Conn{relay: r, ten: &tenant{metrics: r.metrics, label: "default"}, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor
 	return c

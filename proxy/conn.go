@@ -251,6 +251,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	}
 	if edits, err = c.ten.mapToAgent(m, edits); err != nil {
 		release()
+		c.ten.denied("path_outside_root")
 		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", err)
 		if isReq {
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
@@ -286,6 +287,10 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	jsonrpc.SortEdits(edits)
 	c.edits = edits
 	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
+	if sess != nil && m.Method == mSessionPrompt {
+		sess.promptStart.Store(time.Now().UnixNano())
+	}
+	c.relay.metrics.message(dirClientToAgent, m.Method, len(out))
 	if err := p.send(out); err != nil && req != nil {
 		p.untrack(req)
 		c.forgetClientReq(req)
@@ -303,6 +308,7 @@ func (c *Conn) reserveQuota(m *jsonrpc.Message) bool {
 	if c.ten.tryReserve() {
 		return true
 	}
+	c.ten.denied("session_quota")
 	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", c.ten.maxSessions)
 	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
 		c.tenant, c.ten.maxSessions), nil)
@@ -376,6 +382,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	}
 	in.proc.mu.Unlock()
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
+	c.relay.metrics.message(dirClientToAgent, in.method, len(out))
 	if err := in.proc.send(append(out, '\n')); err != nil {
 		c.log.Debug("answer for an exited agent dropped", "err", err)
 	}
@@ -532,6 +539,7 @@ func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
 	p.mu.Lock()
 	owned := s.owner == c && !s.lost
 	if owned {
+		c.ten.event("closed")
 		s.owner = nil
 		if p.sessions[s.AgentID] == s {
 			delete(p.sessions, s.AgentID)

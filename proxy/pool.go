@@ -27,7 +27,8 @@ type PoolConfig struct {
 	// ClientInfo is the name and version the gateway gives agents.
 	ClientName, ClientVersion string
 
-	mapPaths bool // some tenant maps paths: locate path fields in agent output
+	mapPaths bool     // some tenant maps paths: locate path fields in agent output
+	metrics  *Metrics // never nil once the pool runs
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -91,6 +92,9 @@ type Pool struct {
 // processes. Close stops everything.
 func NewPool(cfg PoolConfig, log *slog.Logger) *Pool {
 	cfg.setDefaults()
+	if cfg.metrics == nil {
+		cfg.metrics = nopMetrics()
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: log, ctx: ctx, stop: stop, kick: make(chan struct{}, 1), notify: make(chan struct{})}
 	p.wg.Add(1)
@@ -118,6 +122,8 @@ var errPoolClosed = errors.New("the gateway is shutting down")
 // has room so that idle processes stay idle (and warm). Without, the
 // process becomes one more connection's home.
 func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*agentProc, error) {
+	start := time.Now()
+	defer func() { p.cfg.metrics.PoolWait.Observe(since(start)) }()
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -254,14 +260,22 @@ func (p *Pool) idleVictimLocked(prof Profile) *agentProc {
 // bringUp starts a process and initializes it; on failure the pool backs off.
 func (p *Pool) bringUp(a *agentProc) {
 	start := time.Now()
+	p.cfg.metrics.Spawns.Inc()
 	err := a.start(&p.cfg)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Agent.InitTimeout)
+		initStart := time.Now()
 		err = a.initialize(ctx, &p.cfg)
 		cancel()
 		if err != nil {
+			a.initFailed.Store(true)
 			a.stop(p.cfg.Agent.StopGrace)
+		} else {
+			p.cfg.metrics.InitializeDuration.Observe(since(initStart))
+			p.cfg.metrics.SpawnDuration.Observe(since(start))
 		}
+	} else {
+		p.cfg.metrics.Exits.WithLabelValues("init_failed").Inc()
 	}
 	p.mu.Lock()
 	if err != nil {

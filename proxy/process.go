@@ -60,9 +60,10 @@ type agentProc struct {
 	id   int64
 	// prof and claimed are guarded by the pool's lock: a fresh process of
 	// no tenant is assigned to the first tenant that uses it.
-	prof    Profile
-	claimed bool
-	log     *slog.Logger
+	prof       Profile
+	claimed    bool
+	initFailed atomic.Bool
+	log        *slog.Logger
 
 	cmd    *exec.Cmd
 	stdin  *os.File
@@ -91,12 +92,13 @@ type agentProc struct {
 
 // Session is one ACP session as the gateway routes it.
 type Session struct {
-	GatewayID string // what the client sees
-	quotedID  []byte // GatewayID as a JSON string, spliced into every update
-	AgentID   string // the agent's own ID
-	proc      *agentProc
-	owner     *Conn // guarded by proc.mu; nil once detached
-	lost      bool  // guarded by proc.mu: the agent process died
+	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
+	GatewayID   string       // what the client sees
+	quotedID    []byte       // GatewayID as a JSON string, spliced into every update
+	AgentID     string       // the agent's own ID
+	proc        *agentProc
+	owner       *Conn // guarded by proc.mu; nil once detached
+	lost        bool  // guarded by proc.mu: the agent process died
 }
 
 // outReq is a client→agent request waiting for the agent's answer.
@@ -257,6 +259,7 @@ func (p *agentProc) readLoop(maxBytes int) {
 		if err != nil {
 			var tooLong *jsonrpc.LineTooLongError
 			if errors.As(err, &tooLong) {
+				p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("line_too_long").Inc()
 				p.log.Warn("agent sent a line over the message limit; skipped", "bytes", tooLong.Size, "limit", tooLong.Limit)
 				continue
 			}
@@ -317,6 +320,7 @@ func (p *agentProc) waitLoop(readerDone <-chan struct{}) {
 	p.exitErr = exitReason(err)
 	tail := strings.Join(p.stderrTail, "\n")
 	p.mu.Unlock()
+	p.pool.cfg.metrics.Exits.WithLabelValues(exitLabel(wasStopping, p.initFailed.Load(), err)).Inc()
 	if wasStopping {
 		p.log.Info("agent stopped", "exit", p.exitErr)
 	} else {
@@ -325,6 +329,22 @@ func (p *agentProc) waitLoop(readerDone <-chan struct{}) {
 	close(p.exited)
 	p.failRoutes()
 	p.pool.removed(p)
+}
+
+// exitLabel is the metrics reason of an agent exit.
+func exitLabel(stopped, initFailed bool, err error) string {
+	var ee *exec.ExitError
+	switch {
+	case initFailed:
+		return "init_failed"
+	case stopped:
+		return "stopped"
+	case err == nil:
+		return "exited"
+	case errors.As(err, &ee) && !ee.Exited():
+		return "killed"
+	}
+	return "failed"
 }
 
 func exitReason(err error) error {
@@ -385,6 +405,9 @@ func (p *agentProc) failRoutes() {
 	p.sessions = map[string]*Session{}
 	for _, s := range sessions {
 		s.lost = true
+		if s.owner != nil {
+			s.owner.ten.event("lost")
+		}
 	}
 	p.reserved = 0
 	reason := p.exitErr

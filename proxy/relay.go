@@ -3,6 +3,10 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/pathmap"
 	"log/slog"
 	"sync"
 )
@@ -21,12 +25,15 @@ type Config struct {
 	Tenants []TenantConfig
 	// IsolateTenants keeps each tenant on agent processes of its own.
 	IsolateTenants bool
+	// Metrics receives the relay's metrics; nil = not exported.
+	Metrics *Metrics
 }
 
 // Relay multiplexes client connections onto the agent pool. It is the ACP
 // core: it knows nothing of HTTP or WebSockets.
 type Relay struct {
 	pool    *Pool
+	metrics *Metrics
 	sealer  *Sealer
 	log     *slog.Logger
 	caps    Profile
@@ -35,7 +42,7 @@ type Relay struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
-	mu    sync.Mutex
+	mu    sync.Mutex // guards conns and tenants
 	conns map[*Conn]struct{}
 }
 
@@ -48,23 +55,31 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	if sealer == nil {
 		sealer = NewRandomSealer()
 	}
+	metrics := cfg.Metrics
+	if metrics == nil {
+		metrics = nopMetrics()
+	}
 	tenants := map[string]*tenant{}
 	if len(cfg.Tenants) == 0 {
 		cfg.Tenants = []TenantConfig{{}}
 	}
 	for _, tc := range cfg.Tenants {
-		t, err := newTenant(tc)
+		t, err := newTenant(tc, metrics)
 		if err != nil {
 			return nil, err
 		}
-		if t.mapper != nil {
+		if t.mapper.Load() != nil {
 			cfg.Pool.mapPaths = true
 		}
 		tenants[tc.Name] = t
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	cfg.Pool.metrics = metrics
+	pool := NewPool(cfg.Pool, log)
+	metrics.pool = pool
 	return &Relay{
-		pool:    NewPool(cfg.Pool, log),
+		metrics: metrics,
+		pool:    pool,
 		sealer:  sealer,
 		log:     log,
 		caps:    cfg.ClientCaps,
@@ -83,7 +98,9 @@ func (r *Relay) Pool() *Pool { return r.pool }
 // feeds it the client's messages with Handle and calls Close when the
 // client is gone.
 func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
+	r.mu.Lock()
 	ten := r.tenants[info.Tenant]
+	r.mu.Unlock()
 	if ten == nil {
 		return nil, fmt.Errorf("unknown tenant %q", info.Tenant)
 	}
@@ -143,6 +160,75 @@ func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 // initResult is the initialize result a client gets from the process's
 // cached answer.
 func (r *Relay) initResult(p *agentProc) []byte { return p.init.result }
+
+// runningPrompts lists the client prompts agents are still working on.
+func (r *Relay) runningPrompts() []*outReq {
+	var out []*outReq
+	r.pool.mu.Lock()
+	procs := append([]*agentProc(nil), r.pool.procs...)
+	r.pool.mu.Unlock()
+	for _, p := range procs {
+		p.mu.Lock()
+		for _, req := range p.pending {
+			if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+				out = append(out, req)
+			}
+		}
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// PromptsInFlight counts the prompts agents are still working on.
+func (r *Relay) PromptsInFlight() int { return len(r.runningPrompts()) }
+
+// CancelPrompts sends session/cancel for every running prompt (a drain that
+// ran out of grace) and waits up to wait for the agents to answer them, so
+// that clients get their stopReason "cancelled".
+func (r *Relay) CancelPrompts(wait time.Duration) {
+	running := r.runningPrompts()
+	for _, req := range running {
+		params := append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, req.sess.AgentID)...), '}')
+		req.p.notify(mSessionCancel, params)
+	}
+	if len(running) > 0 {
+		r.log.Info("cancelled running prompts", "count", len(running))
+	}
+	deadline := time.Now().Add(wait)
+	for r.PromptsInFlight() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// UpdateTenants applies a reloaded tenant list: existing tenants keep their
+// sessions and counts and get the new settings; new tenants can connect;
+// removed tenants' open connections live on until they close. Nothing is
+// applied if any tenant is invalid.
+func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
+	mappers := make([]*pathmap.Mapper, len(cfgs))
+	for i, c := range cfgs {
+		m, err := c.mapper()
+		if err != nil {
+			return err
+		}
+		if m != nil && !r.pool.cfg.mapPaths {
+			return fmt.Errorf("tenant %q: path mapping cannot be turned on by a reload; restart the gateway", c.Name)
+		}
+		mappers[i] = m
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, c := range cfgs {
+		if t := r.tenants[c.Name]; t != nil {
+			t.update(c, mappers[i])
+			continue
+		}
+		t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: r.metrics, label: r.metrics.tenants.Label(c.Name)}
+		t.mapper.Store(mappers[i])
+		r.tenants[c.Name] = t
+	}
+	return nil
+}
 
 // Close cancels waiting requests and stops every agent process.
 func (r *Relay) Close(ctx context.Context) error {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -62,6 +63,7 @@ func (r *agentReader) handle(line []byte) {
 	if err := r.sc.Scan(line, &r.msg, r.resolve); err != nil {
 		// An agent that writes non-JSON to stdout breaks the protocol, but
 		// one bad line must not take down every session on the process.
+		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("invalid_json").Inc()
 		p.log.Warn("agent wrote an invalid message; skipped", "err", err, "bytes", len(line))
 		return
 	}
@@ -79,6 +81,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	p := r.p
 	id, ok := parseAgentID(m.ID)
 	if !ok {
+		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("unknown_id").Inc()
 		p.log.Warn("agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		return
 	}
@@ -90,9 +93,12 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	p.mu.Unlock()
 	if req == nil {
+		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("unknown_id").Inc()
 		p.log.Warn("agent answered an id the gateway never sent or already answered; dropped", "id", id)
 		return
 	}
+	metrics := p.pool.cfg.metrics
+	metrics.RequestDuration.WithLabelValues(methodLabel(req.method)).Observe(since(req.start))
 	if req.internal != nil {
 		req.internal <- append([]byte(nil), m.Raw...)
 		return
@@ -130,9 +136,18 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			return
 		}
 		created = p.addSession(c, sid)
+		c.ten.event("created")
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: created.quotedID})
+	case req.attach != nil:
+		c.ten.event("loaded")
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
+	case req.method == mSessionClose && req.sess != nil:
+		// The client closed it: the session and its quota slot are free.
+		p.dropSession(req.sess)
+		c.detach(req.sess)
+		c.ten.event("closed")
+		p.pool.changed()
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
@@ -140,6 +155,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	if created != nil {
 		c.attach(created)
 	}
+	metrics.message(dirAgentToClient, req.method, len(out))
 	c.deliver(out)
 }
 
@@ -171,7 +187,8 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 		if sidField != nil {
 			sid, ok = m.String(*sidField)
 		}
-		if ok && c.ten.mapper != nil {
+		mapper := c.ten.mapper.Load()
+		if ok && mapper != nil {
 			cwd, isStr := "", false
 			if cwdField != nil {
 				cwd, isStr = m.String(*cwdField)
@@ -185,10 +202,10 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 		}
 		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
 			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
-		if c.ten.mapper != nil {
+		if mapper != nil {
 			for _, pf := range append(dirs, *cwdField) {
 				v, _ := m.String(pf)
-				mapped, _ := c.ten.mapper.ToClient(v) // redacted if outside
+				mapped, _ := mapper.ToClient(v) // redacted if outside
 				edits = append(edits, jsonrpc.Edit{Start: pf.Start, End: pf.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
 			}
 		}
@@ -229,6 +246,9 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: sess.quotedID})
+		if t := sess.promptStart.Load(); t != 0 && m.Method == mSessionUpdate && sess.promptStart.CompareAndSwap(t, 0) {
+			p.pool.cfg.metrics.FirstUpdate.Observe(time.Since(time.Unix(0, t)).Seconds())
+		}
 	}
 	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok {
 		raw := m.Bytes(f)
@@ -272,6 +292,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
 		p.log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
+		conn.ten.denied("path_outside_root")
 		msg := "params." + outside + ": outside the workspace of this session; the gateway refused it"
 		if err := p.send(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n')); err != nil {
 			p.log.Debug("answer agent", "err", err)
@@ -288,7 +309,9 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	conn.deliver(jsonrpc.Splice(nil, m.Raw, edits))
+	out := jsonrpc.Splice(nil, m.Raw, edits)
+	p.pool.cfg.metrics.message(dirAgentToClient, m.Method, len(out))
+	conn.deliver(out)
 }
 
 // orphan handles an agent message no client can take: a request is answered
@@ -296,6 +319,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 // dropped.
 func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
 	p := r.p
+	p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("no_recipient").Inc()
 	if m.Kind != jsonrpc.KindRequest {
 		p.log.Debug("agent notification has no recipient; dropped", "method", m.Method, "why", why)
 		return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
@@ -22,24 +23,44 @@ type TenantConfig struct {
 // tenant is a tenant's live state.
 type tenant struct {
 	name        string
-	mapper      *pathmap.Mapper // nil: paths pass unchanged
-	maxSessions int
+	label       string // metrics label
+	metrics     *Metrics
+	mapper atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
 
-	mu       sync.Mutex
+	mu          sync.Mutex
+	maxSessions int
 	sessions int // sessions held by the tenant's connections
 	pending  int // session/new, load, resume in flight
 }
 
-func newTenant(c TenantConfig) (*tenant, error) {
-	t := &tenant{name: c.Name, maxSessions: c.MaxSessions}
-	if c.Root != "" {
-		m, err := pathmap.New(c.Root, c.VirtualRoot)
-		if err != nil {
-			return nil, fmt.Errorf("tenant %q: %w", c.Name, err)
-		}
-		t.mapper = m
+func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {
+	t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: m, label: m.tenants.Label(c.Name)}
+	mapper, err := c.mapper()
+	if err != nil {
+		return nil, err
 	}
+	t.mapper.Store(mapper)
 	return t, nil
+}
+
+func (c TenantConfig) mapper() (*pathmap.Mapper, error) {
+	if c.Root == "" {
+		return nil, nil
+	}
+	m, err := pathmap.New(c.Root, c.VirtualRoot)
+	if err != nil {
+		return nil, fmt.Errorf("tenant %q: %w", c.Name, err)
+	}
+	return m, nil
+}
+
+// update applies a reloaded configuration; sessions and quotas in use carry
+// over.
+func (t *tenant) update(c TenantConfig, mapper *pathmap.Mapper) {
+	t.mu.Lock()
+	t.maxSessions = c.MaxSessions
+	t.mu.Unlock()
+	t.mapper.Store(mapper)
 }
 
 // errQuota is the JSON-RPC error code for a tenant over its session quota.
@@ -66,7 +87,14 @@ func (t *tenant) added(n int) {
 	t.mu.Lock()
 	t.sessions += n
 	t.mu.Unlock()
+	t.metrics.SessionsActive.WithLabelValues(t.label).Add(float64(n))
 }
+
+// event counts a session event (created, loaded, closed, lost).
+func (t *tenant) event(e string) { t.metrics.SessionsTotal.WithLabelValues(t.label, e).Inc() }
+
+// denied counts a refusal by reason.
+func (t *tenant) denied(reason string) { t.metrics.Denials.WithLabelValues(t.label, reason).Inc() }
 
 // pathError is a client path the tenant may not use.
 type pathError struct {
@@ -80,7 +108,8 @@ func (e *pathError) Error() string { return "params." + e.label + ": " + e.err.E
 // the tenant's virtual root to its host root. A path outside the root, or
 // one that escapes it through a symlink, is refused naming the field.
 func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc.Edit, error) {
-	if t.mapper == nil {
+	mapper := t.mapper.Load()
+	if mapper == nil {
 		return edits, nil
 	}
 	for _, f := range m.Fields {
@@ -94,9 +123,9 @@ func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc
 		var mapped string
 		var err error
 		if f.Kind == jsonrpc.FieldPath {
-			mapped, err = t.mapper.ToAgent(v)
+			mapped, err = mapper.ToAgent(v)
 		} else {
-			mapped, err = t.mapper.URIToAgent(v)
+			mapped, err = mapper.URIToAgent(v)
 		}
 		if err != nil {
 			return edits, &pathError{f.Label, err}
@@ -114,7 +143,8 @@ func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc
 // request that asks the client to act on the file: then outside is
 // returned as the label of the offending field, and nothing is edited.
 func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined bool) ([]jsonrpc.Edit, string) {
-	if t.mapper == nil {
+	mapper := t.mapper.Load()
+	if mapper == nil {
 		return edits, ""
 	}
 	for _, f := range m.Fields {
@@ -129,9 +159,9 @@ func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined 
 		// ("/<outside-workspace>/<basename>", or its file URI).
 		var mapped string
 		if f.Kind == jsonrpc.FieldPath {
-			mapped, ok = t.mapper.ToClient(v)
+			mapped, ok = mapper.ToClient(v)
 		} else {
-			mapped, ok = t.mapper.URIToClient(v)
+			mapped, ok = mapper.URIToClient(v)
 		}
 		if !ok && confined {
 			return edits, f.Label
@@ -146,9 +176,10 @@ func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined 
 // visible reports whether a host path is inside the tenant's root (always
 // true without mapping).
 func (t *tenant) visible(hostPath string) bool {
-	if t.mapper == nil {
+	mapper := t.mapper.Load()
+	if mapper == nil {
 		return true
 	}
-	_, ok := t.mapper.ToClient(hostPath)
+	_, ok := mapper.ToClient(hostPath)
 	return ok
 }

@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -142,17 +143,47 @@ func serve(args []string, stderr io.Writer) int {
 		return 1
 	}
 
+	var metricsSrv *http.Server
+	if addr := cfg.Observability.MetricsListen; addr != "" {
+		mln, err := net.Listen("tcp", addr)
+		if err != nil {
+			log.Error("cannot listen for metrics", "addr", addr, "err", err)
+			_ = srv.Shutdown(context.Background())
+			return 1
+		}
+		metricsSrv = &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = metricsSrv.Serve(mln) }()
+		defer metricsSrv.Close()
+		log.Info("serving metrics", "addr", mln.Addr().String())
+	}
+
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	select {
-	case err := <-serveErr:
-		log.Error("server failed", "err", err)
-		_ = srv.Shutdown(context.Background())
-		return 1
-	case sig := <-sigs:
-		log.Info("draining", "signal", sig.String(), "grace", cfg.ShutdownGrace.D())
+serve:
+	for {
+		select {
+		case err := <-serveErr:
+			log.Error("server failed", "err", err)
+			_ = srv.Shutdown(context.Background())
+			return 1
+		case <-hup:
+			// Tenants, tokens and policy reload; the file is read again and
+			// the flags and environment laid over it as at start.
+			next, err := loadConfig(f)
+			if err != nil {
+				log.Error("configuration reload refused; keeping the running configuration", "err", err)
+				srv.ReloadFailed()
+				continue
+			}
+			_ = srv.Reload(next)
+		case sig := <-sigs:
+			log.Info("draining", "signal", sig.String(), "grace", cfg.ShutdownGrace.D())
+			break serve
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace.D()+cfg.Agent.StopGrace.D()+5*time.Second)
 	defer cancel()
@@ -181,6 +212,15 @@ func loadConfig(f serveFlags) (*config.Config, error) {
 		var err error
 		if cfg, err = config.LoadFile(f.config); err != nil {
 			return nil, err
+		}
+	}
+	unknown, err := cfg.ApplyEnv(os.Environ())
+	if err != nil {
+		return nil, fmt.Errorf("environment: %w", err)
+	}
+	for _, name := range unknown {
+		if !strings.HasPrefix(name, "ACPGATE_DEMO_") {
+			fmt.Fprintf(os.Stderr, "acpgate: warning: %s is not a setting (see README, Configuration)\n", name)
 		}
 	}
 	if f.listen != "" {
@@ -296,62 +336,5 @@ func superviseCmd(args []string, stderr io.Writer) int {
 	return supervise.Run(fs.Args(), *grace)
 }
 
-// splitCommand splits a command line into argv like a POSIX shell would for
-// words, single and double quotes and backslashes; nothing is expanded.
-func splitCommand(s string) ([]string, error) {
-	var (
-		argv  []string
-		cur   strings.Builder
-		inArg bool
-		quote rune
-	)
-	rs := []rune(s)
-	for i := 0; i < len(rs); i++ {
-		r := rs[i]
-		switch {
-		case quote == '\'':
-			if r == '\'' {
-				quote = 0
-			} else {
-				cur.WriteRune(r)
-			}
-		case quote == '"':
-			switch {
-			case r == '"':
-				quote = 0
-			case r == '\\' && i+1 < len(rs) && strings.ContainsRune(`"\$`+"`", rs[i+1]):
-				i++
-				cur.WriteRune(rs[i])
-			default:
-				cur.WriteRune(r)
-			}
-		case r == '\'' || r == '"':
-			quote, inArg = r, true
-		case r == '\\':
-			if i+1 < len(rs) {
-				i++
-				cur.WriteRune(rs[i])
-				inArg = true
-			}
-		case r == ' ' || r == '\t' || r == '\n':
-			if inArg {
-				argv = append(argv, cur.String())
-				cur.Reset()
-				inArg = false
-			}
-		default:
-			cur.WriteRune(r)
-			inArg = true
-		}
-	}
-	if quote != 0 {
-		return nil, fmt.Errorf("unterminated %c quote in %q", quote, s)
-	}
-	if inArg {
-		argv = append(argv, cur.String())
-	}
-	if len(argv) == 0 {
-		return nil, errors.New("empty command")
-	}
-	return argv, nil
-}
+// splitCommand splits --agent like a POSIX shell would, without expansion.
+func splitCommand(s string) ([]string, error) { return config.SplitCommand(s) }

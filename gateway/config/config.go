@@ -36,6 +36,8 @@ type Config struct {
 	Limits    Limits    `yaml:"limits"`
 	WebSocket WebSocket `yaml:"websocket"`
 	Log       Log       `yaml:"log"`
+	// Observability configures metrics.
+	Observability Observability `yaml:"observability"`
 
 	// Tenants turns authentication on: every connection belongs to one.
 	Tenants []Tenant `yaml:"tenants"`
@@ -134,6 +136,16 @@ type WebSocket struct {
 	WriteTimeout Duration `yaml:"write_timeout"`
 }
 
+// Observability configures /metrics.
+type Observability struct {
+	// MetricsListen serves /metrics on a separate address (for example
+	// 127.0.0.1:9090) instead of the main listener. "" = the main one.
+	MetricsListen string `yaml:"metrics_listen"`
+	// TenantLabelLimit caps how many tenants get their own label value in
+	// metrics; the rest are "other".
+	TenantLabelLimit int `yaml:"tenant_label_limit"`
+}
+
 // Log configures logging.
 type Log struct {
 	Level  string `yaml:"level"`  // debug, info, warn, error
@@ -192,7 +204,8 @@ func Default() *Config {
 			PingTimeout:  Duration(15 * time.Second),
 			WriteTimeout: Duration(30 * time.Second),
 		},
-		Log: Log{Level: "info", Format: "text"},
+		Log:           Log{Level: "info", Format: "text"},
+		Observability: Observability{TenantLabelLimit: 100},
 	}
 }
 
@@ -363,6 +376,14 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	if c.WebSocket.WriteTimeout <= 0 {
 		add("websocket.write_timeout", "must be positive")
+	}
+	if c.Observability.TenantLabelLimit < 0 {
+		add("observability.tenant_label_limit", "must not be negative")
+	}
+	if ml := c.Observability.MetricsListen; ml != "" {
+		if _, _, err := net.SplitHostPort(ml); err != nil {
+			add("observability.metrics_listen", "%q is not host:port: %v", ml, err)
+		}
 	}
 	switch c.Pool.Isolation {
 	case "tenant", "shared":

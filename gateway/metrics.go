@@ -1,0 +1,78 @@
+package gateway
+
+import (
+	"runtime"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/acpgate/acpgate/proxy"
+)
+
+// metrics are the gateway's own Prometheus metrics (the relay registers its
+// own on the same registry).
+type metrics struct {
+	tenants         *proxy.TenantLabels
+	connsOpen       *prometheus.GaugeVec   // tenant
+	connsTotal      *prometheus.CounterVec // tenant, reason
+	authFailures    *prometheus.CounterVec // reason
+	slowDisconnects prometheus.Counter
+	reloads         *prometheus.CounterVec // result
+}
+
+func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, version string) *metrics {
+	m := &metrics{
+		tenants: relay.Tenants(),
+		connsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "acpgate_connections_open", Help: "Open client WebSocket connections.",
+		}, []string{"tenant"}),
+		connsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_connections_total", Help: "Client WebSocket connections that ended, by close reason.",
+		}, []string{"tenant", "reason"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
+		}, []string{"reason"}),
+		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed (1008) because the client read slower than its agent wrote.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_config_reloads_total", Help: "SIGHUP configuration reloads, by result (success, failure).",
+		}, []string{"result"}),
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "acpgate_build_info", Help: "The running acpgate's version (value 1).",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+	})
+	build.Set(1)
+	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "acpgate_send_queue_messages", Help: "Messages waiting in client send queues (all connections).",
+	}, s.queuedMessages)
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "acpgate_ready", Help: "1 when /readyz answers 200.",
+	}, func() float64 {
+		if s.ready() == "" {
+			return 1
+		}
+		return 0
+	})
+	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// queuedMessages sums the send queues of every open connection.
+func (s *Server) queuedMessages() float64 {
+	s.mu.Lock()
+	conns := make([]*wsConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, c := range conns {
+		c.mu.Lock()
+		n += len(c.q)
+		c.mu.Unlock()
+	}
+	return float64(n)
+}

@@ -1,0 +1,213 @@
+package proxy
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the relay's Prometheus metrics. Labels are bounded: methods
+// are the known ACP method names (others become "_extension" or "other"),
+// tenants are named up to a cap (then "other"), never a session ID, token or
+// path.
+type Metrics struct {
+	tenants *TenantLabels
+
+	SessionsActive       *prometheus.GaugeVec
+	SessionsTotal        *prometheus.CounterVec // event: created, loaded, closed, lost
+	Messages             *prometheus.CounterVec // direction, method
+	MessageBytes         *prometheus.CounterVec // direction, method
+	RequestDuration      *prometheus.HistogramVec
+	FirstUpdate          prometheus.Histogram
+	Spawns               prometheus.Counter
+	Exits                *prometheus.CounterVec // reason
+	SpawnDuration        prometheus.Histogram
+	InitializeDuration   prometheus.Histogram
+	PoolWait             prometheus.Histogram
+	Denials              *prometheus.CounterVec // reason
+	AgentProtocolErrors  *prometheus.CounterVec // kind
+	pool                 *Pool
+	byMethod             [2]sync.Map // direction → method label → *msgCounters
+	processStatesDesc    *prometheus.Desc
+	sessionsPerProcDesc  *prometheus.Desc
+	processSessionsLimit int
+}
+
+// NewMetrics registers the relay's metrics on reg. tenantCap bounds the
+// number of distinct tenant label values.
+func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
+	m := &Metrics{
+		tenants: NewTenantLabels(tenantCap),
+		SessionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "acpgate_sessions_active", Help: "Sessions held by client connections.",
+		}, []string{"tenant"}),
+		SessionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_sessions_total", Help: "Session events: created (session/new, fork), loaded (load, resume), closed (client left or closed it), lost (agent died).",
+		}, []string{"tenant", "event"}),
+		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_messages_total", Help: "JSON-RPC messages relayed, by direction and method (responses: the request's method).",
+		}, []string{"direction", "method"}),
+		MessageBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_message_bytes_total", Help: "Bytes of JSON-RPC messages relayed, by direction and method.",
+		}, []string{"direction", "method"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "acpgate_request_duration_seconds",
+			Help:    "Time from a client request to the agent's response, by method.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+		}, []string{"method"}),
+		FirstUpdate: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "acpgate_prompt_first_update_seconds",
+			Help:    "Time from session/prompt to the first session/update of the turn.",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		Spawns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "acpgate_agent_spawns_total", Help: "Agent processes started.",
+		}),
+		Exits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_agent_exits_total", Help: "Agent processes that ended, by reason: stopped (by the gateway), exited (on their own, status 0), failed (non-zero status), killed (signal), init_failed.",
+		}, []string{"reason"}),
+		SpawnDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "acpgate_agent_spawn_duration_seconds", Help: "Time from starting an agent process to its initialize answer.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		InitializeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "acpgate_agent_initialize_duration_seconds", Help: "Time the agent took to answer the gateway's initialize.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		PoolWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "acpgate_pool_wait_seconds", Help: "Time a request waited for an agent process.",
+			Buckets: []float64{.0001, .001, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		Denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_policy_denials_total", Help: "Requests refused by the capability policy or tenant rules, by reason.",
+		}, []string{"tenant", "reason"}),
+		AgentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient).",
+		}, []string{"kind"}),
+		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state.", []string{"state"}, nil),
+		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
+			"Sessions per agent process (a histogram over the live processes).", nil, nil),
+	}
+	reg.MustRegister(m.SessionsActive, m.SessionsTotal, m.Messages, m.MessageBytes, m.RequestDuration,
+		m.FirstUpdate, m.Spawns, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
+		m.AgentProtocolErrors, m)
+	return m
+}
+
+// Describe and Collect export the pool's live state (process states and the
+// sessions-per-process histogram) at scrape time.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.processStatesDesc
+	ch <- m.sessionsPerProcDesc
+}
+
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	if m.pool == nil {
+		return
+	}
+	counts := map[procState]int{}
+	buckets := []float64{0, 1, 2, 4, 8, 16, 32, 64, 128}
+	cum := make(map[float64]uint64, len(buckets))
+	var n uint64
+	var sum float64
+	m.pool.mu.Lock()
+	for _, a := range m.pool.procs {
+		a.mu.Lock()
+		counts[a.state]++
+		k := len(a.sessions)
+		a.mu.Unlock()
+		n++
+		sum += float64(k)
+		for _, b := range buckets {
+			if float64(k) <= b {
+				cum[b]++
+			}
+		}
+	}
+	m.pool.mu.Unlock()
+	for _, st := range []procState{procStarting, procReady, procStopping} {
+		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(counts[st]), st.String())
+	}
+	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, n, sum, cum)
+}
+
+// nopMetrics is used when the relay is built without a registry.
+func nopMetrics() *Metrics { return NewMetrics(prometheus.NewRegistry(), 0) }
+
+// methodLabel bounds a method name to the known ACP methods.
+func methodLabel(method string) string {
+	if _, ok := knownMethods[method]; ok {
+		return method
+	}
+	if strings.HasPrefix(method, "_") {
+		return "_extension"
+	}
+	return "other"
+}
+
+// Directions for message metrics.
+const (
+	dirClientToAgent = "client_to_agent"
+	dirAgentToClient = "agent_to_client"
+)
+
+type msgCounters struct{ msgs, bytes prometheus.Counter }
+
+// message counts one relayed message. The counters are resolved once per
+// direction and method: the hot path does one map load, no allocation.
+func (m *Metrics) message(dir, method string, n int) {
+	d := 0
+	if dir == dirAgentToClient {
+		d = 1
+	}
+	v, ok := m.byMethod[d].Load(method)
+	if !ok {
+		l := methodLabel(method)
+		v, _ = m.byMethod[d].LoadOrStore(method, &msgCounters{
+			msgs:  m.Messages.WithLabelValues(dir, l),
+			bytes: m.MessageBytes.WithLabelValues(dir, l),
+		})
+	}
+	c := v.(*msgCounters)
+	c.msgs.Inc()
+	c.bytes.Add(float64(n))
+}
+
+// TenantLabels maps tenant names to label values, naming at most cap of
+// them (in order of first use) and folding the rest into "other".
+type TenantLabels struct {
+	cap   int
+	mu    sync.Mutex
+	named map[string]string
+}
+
+// NewTenantLabels bounds tenant labels to cap values (0 = every tenant is "other").
+func NewTenantLabels(cap int) *TenantLabels {
+	return &TenantLabels{cap: cap, named: map[string]string{}}
+}
+
+// Label returns the label value for tenant ("default" for the anonymous one).
+func (t *TenantLabels) Label(tenant string) string {
+	if tenant == "" {
+		return "default"
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l, ok := t.named[tenant]; ok {
+		return l
+	}
+	l := "other"
+	if len(t.named) < t.cap {
+		l = tenant
+	}
+	t.named[tenant] = l
+	return l
+}
+
+// Tenants returns the labeler, so the gateway's own metrics use the same
+// bounded tenant labels.
+func (m *Metrics) Tenants() *TenantLabels { return m.tenants }
+
+func since(t time.Time) float64 { return time.Since(t).Seconds() }
