@@ -151,7 +151,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	out := jsonrpc.Splice(nil, m.Raw, edits)
+	out := c.ten.scrubHostRoot(jsonrpc.Splice(nil, m.Raw, edits))
 	if created != nil {
 		c.attach(created)
 	}
@@ -309,7 +309,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	out := jsonrpc.Splice(nil, m.Raw, edits)
+	out := conn.ten.scrubHostRoot(jsonrpc.Splice(nil, m.Raw, edits))
 	p.pool.cfg.metrics.message(dirAgentToClient, m.Method, len(out))
 	conn.deliver(out)
 }

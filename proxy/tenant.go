@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync"
@@ -171,6 +172,71 @@ func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined 
 		}
 	}
 	return edits, ""
+}
+
+// scrubHostRoot replaces the tenant's host root with its virtual root
+// wherever it still appears in agent output (free text: tool titles,
+// rawInput, messages), so a tenant never learns where its files live on the
+// host. Only whole path prefixes match ("/srv/acme" not in "/srv/acme2").
+// Roots with characters JSON escapes are left alone.
+func (t *tenant) scrubHostRoot(out []byte) []byte {
+	m := t.mapper.Load()
+	if m == nil || m.Root() == m.VirtualRoot() {
+		return out
+	}
+	root, virt := m.Root(), m.VirtualRoot()
+	if !jsonPlain(root) || !jsonPlain(virt) || !bytes.Contains(out, []byte(root)) {
+		return out
+	}
+	if virt == "/" {
+		virt = ""
+	}
+	var b []byte
+	rest := out
+	for {
+		i := bytes.Index(rest, []byte(root))
+		if i < 0 {
+			break
+		}
+		end := i + len(root)
+		if end < len(rest) && !pathBoundary(rest[end]) || i > 0 && !pathStart(rest[i-1]) {
+			b = append(b, rest[:end]...)
+			rest = rest[end:]
+			continue
+		}
+		b = append(b, rest[:i]...)
+		b = append(b, virt...)
+		if end == len(rest) || rest[end] != '/' {
+			if virt == "" {
+				b = append(b, '/')
+			}
+		}
+		rest = rest[end:]
+	}
+	if b == nil {
+		return out
+	}
+	return append(b, rest...)
+}
+
+// pathBoundary: the byte after a root that ends a path component.
+func pathBoundary(c byte) bool {
+	return c == '/' || c == '"' || c == '\\' || c == ' ' || c == '\'' || c == '`' || c == ':' || c == ')' || c == ']' || c == ',' || c == '\n' || c == '\t'
+}
+
+// pathStart: the byte before a root where a path may start.
+func pathStart(c byte) bool {
+	return c == '"' || c == ' ' || c == '\'' || c == '`' || c == '(' || c == '[' || c == '=' || c == ':' || c == ',' || c == '\n' || c == '\t' || c == '>'
+}
+
+// jsonPlain reports whether s appears in JSON text as itself.
+func jsonPlain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // visible reports whether a host path is inside the tenant's root (always

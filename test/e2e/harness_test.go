@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,13 +66,17 @@ type gateway struct {
 }
 
 type gwOpts struct {
-	config string   // YAML; "" = flags only
-	args   []string // extra flags
+	config   string   // YAML; "" = flags only
+	args     []string // extra flags
+	stateDir string   // the demo agent's state dir; "" = a fresh one
 }
 
 func startGateway(t *testing.T, o gwOpts) *gateway {
 	t.Helper()
-	g := &gateway{t: t, stateDir: t.TempDir(), done: make(chan struct{})}
+	g := &gateway{t: t, stateDir: o.stateDir, done: make(chan struct{})}
+	if g.stateDir == "" {
+		g.stateDir = t.TempDir()
+	}
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}
 	if o.config != "" {
 		path := filepath.Join(t.TempDir(), "acpgate.yaml")
@@ -231,13 +236,33 @@ type client struct {
 
 func dial(t *testing.T, g *gateway) *client {
 	t.Helper()
+	c, _, err := dialWith(t, g, "/acp", nil, []string{"acp"})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	return c
+}
+
+// dialWith opens a WebSocket to path with extra request headers and the
+// given subprotocols (joined with "," into one Sec-WebSocket-Protocol
+// header). On success it returns a client and the 101 response; when the
+// handshake is refused it returns the HTTP response (its body holds at
+// least the first 1 KiB) and the error. Connections are never kept alive
+// for reuse, so a refused handshake leaves nothing behind.
+func dialWith(t *testing.T, g *gateway, path string, header http.Header, protos []string) (*client, *http.Response, error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
-	ws, resp, err := websocket.Dial(dctx, "ws://"+g.addr+"/acp", &websocket.DialOptions{Subprotocols: []string{"acp"}})
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	ws, resp, err := websocket.Dial(dctx, "ws://"+g.addr+path, &websocket.DialOptions{
+		HTTPClient:   hc,
+		HTTPHeader:   header,
+		Subprotocols: protos,
+	})
 	if err != nil {
 		cancel()
-		t.Fatalf("dial: %v", err)
+		return nil, resp, err
 	}
 	ws.SetReadLimit(64 << 20)
 	c := &client{t: t, ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 100000), connID: resp.Header.Get("Acp-Connection-Id"), done: make(chan struct{})}
@@ -262,7 +287,7 @@ func dial(t *testing.T, g *gateway) *client {
 		}
 	}()
 	t.Cleanup(c.close)
-	return c
+	return c, resp, nil
 }
 
 func (c *client) close() {
