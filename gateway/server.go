@@ -78,8 +78,8 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
 	if next.Listen != cur.Listen || !slices.Equal(next.Agent.Command, cur.Agent.Command) || next.Pool != cur.Pool ||
-		next.Limits != cur.Limits {
-		return errors.New("listen, agent, pool and limits settings need a restart; only tenants, tokens, auth and policy reload")
+		next.Limits != cur.Limits || next.Timeouts != cur.Timeouts {
+		return errors.New("listen, agent, pool, limits and timeouts settings need a restart; only tenants, tokens, auth and policy reload")
 	}
 	var tenants []proxy.TenantConfig
 	var tokens []auth.TenantTokens
@@ -186,6 +186,15 @@ func New(opts Options) (*Server, error) {
 			IdleTimeout:           cfg.Pool.IdleTimeout.D(),
 			DefaultProfile:        proxy.Profile{Version: 1, FsRead: true, FsWrite: true},
 			ClientVersion:         opts.Version,
+			RequestTimeout:        cfg.Timeouts.Request.D(),
+			PromptTimeout:         cfg.Timeouts.Prompt.D(),
+		},
+		Limits: proxy.Limits{
+			MaxPendingRequests:      cfg.Limits.MaxPendingRequests,
+			MessagesPerSecond:       cfg.Limits.MessagesPerSecond,
+			MessageBurst:            cfg.Limits.MessageBurst,
+			TenantMessagesPerSecond: cfg.Limits.TenantMessagesPerSecond,
+			TenantMessageBurst:      cfg.Limits.TenantMessageBurst,
 		},
 		ClientCaps:     proxy.AllCapabilities,
 		Sealer:         sealer,

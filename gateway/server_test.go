@@ -430,8 +430,8 @@ func TestHealthAndReadiness(t *testing.T) {
 	if !ts.s.Relay().Pool().Ready() {
 		t.Error("/readyz said ready but the pool is not")
 	}
-	if code, body := ts.get("/"); code != http.StatusOK || !strings.Contains(body, "/acp") {
-		t.Errorf("/: %d %q", code, body)
+	if code, body := ts.get("/"); code != http.StatusOK || !strings.Contains(body, "<title>acpgate</title>") {
+		t.Errorf("/ does not serve the web client: %d %.200q", code, body)
 	}
 	if code, _ := ts.get("/nope"); code != http.StatusNotFound {
 		t.Errorf("/nope: %d", code)

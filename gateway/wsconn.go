@@ -54,6 +54,7 @@ type wsConn struct {
 	wake        chan struct{}
 
 	msgsIn, msgsOut, bytesIn, bytesOut atomic.Int64
+	lastActive                         atomic.Int64 // unix nanos of the last message either way
 }
 
 func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
@@ -217,6 +218,7 @@ func (c *wsConn) readLoop() (websocket.StatusCode, string) {
 		}
 		c.msgsIn.Add(1)
 		c.bytesIn.Add(int64(buf.Len()))
+		c.lastActive.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
 			c.Send(jsonrpc.AppendError(nil, nil, jsonrpc.CodeInvalidRequest,
 				"binary frames are not supported: send each JSON-RPC message as one text frame", nil))
@@ -256,6 +258,10 @@ func closeLabel(code websocket.StatusCode, reason string) string {
 		return "slow_client"
 	case code == websocket.StatusGoingAway && reason == "ping timeout":
 		return "ping_timeout"
+	case reason == "idle timeout":
+		return "idle_timeout"
+	case reason == "no initialize within the handshake timeout":
+		return "handshake_timeout"
 	case code == websocket.StatusGoingAway:
 		return "shutdown"
 	case reason == "closed by client":
@@ -300,11 +306,14 @@ func (c *wsConn) signal() {
 }
 
 // goingAway closes the connection with 1001 after what is queued.
-func (c *wsConn) goingAway() {
+func (c *wsConn) goingAway() { c.closeWith(websocket.StatusGoingAway, "gateway shutting down") }
+
+// closeWith closes the connection with code after what is queued.
+func (c *wsConn) closeWith(code websocket.StatusCode, reason string) {
 	c.mu.Lock()
 	if !c.closing {
 		c.closing = true
-		c.closeCode, c.closeReason = websocket.StatusGoingAway, "gateway shutting down"
+		c.closeCode, c.closeReason = code, reason
 	}
 	c.mu.Unlock()
 	c.signal()
@@ -335,6 +344,7 @@ func (c *wsConn) writeLoop() {
 				}
 				c.msgsOut.Add(1)
 				c.bytesOut.Add(int64(len(msg)))
+				c.lastActive.Store(time.Now().UnixNano())
 				batch[i] = nil
 			}
 			cancel()
@@ -352,18 +362,43 @@ func (c *wsConn) writeLoop() {
 	}
 }
 
+// pingLoop keeps the connection alive and enforces the handshake and idle
+// timeouts.
 func (c *wsConn) pingLoop() {
+	c.lastActive.Store(time.Now().UnixNano())
+	handshake := time.NewTimer(c.cfg.Timeouts.Handshake.D())
+	defer handshake.Stop()
 	every := c.cfg.WebSocket.PingInterval.D()
-	if every <= 0 {
-		return
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
+	idle := c.cfg.Timeouts.Idle.D()
+	var idleTick <-chan time.Time
+	if idle > 0 {
+		t := time.NewTicker(min(idle/4, time.Minute) + time.Millisecond)
+		defer t.Stop()
+		idleTick = t.C
+	}
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
-		case <-t.C:
+		case <-handshake.C:
+			if !c.conn.Initialized() {
+				c.log.Info("no initialize in time; closing", "handshake_timeout", c.cfg.Timeouts.Handshake.D())
+				c.closeWith(websocket.StatusPolicyViolation, "no initialize within the handshake timeout")
+			}
+			continue
+		case <-idleTick:
+			if since := time.Since(time.Unix(0, c.lastActive.Load())); since >= idle && !c.conn.Busy() {
+				c.log.Info("idle; closing", "idle_for", since.Round(time.Second))
+				c.closeWith(websocket.StatusGoingAway, "idle timeout")
+			}
+			continue
+		case <-tick:
 		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.WebSocket.PingTimeout.D())
 		err := c.ws.Ping(ctx)

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -46,6 +48,8 @@ type Conn struct {
 	msg     jsonrpc.Message
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
+
+	limiter *rate.Limiter // the connection's message rate; nil = none
 
 	mu          sync.Mutex
 	initialized bool
@@ -90,8 +94,15 @@ func (c *Conn) Handle(frame []byte) {
 		}
 		return
 	}
+	if len(m.ID) > maxIDBytes || len(m.Method) > maxMethodBytes {
+		c.replyError(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: ids are limited to %d bytes and method names to %d", maxIDBytes, maxMethodBytes), nil)
+		return
+	}
 	if m.Kind == jsonrpc.KindResponse {
 		c.handleResponse(m)
+		return
+	}
+	if !c.allow(m) {
 		return
 	}
 	c.mu.Lock()
@@ -111,6 +122,62 @@ func (c *Conn) Handle(frame []byte) {
 	default:
 		c.handleCall(m)
 	}
+}
+
+// Limits on what one message may carry.
+const (
+	maxIDBytes     = 256
+	maxMethodBytes = 256
+)
+
+// codeBusy answers a client over its rate or pending-request limit.
+const codeBusy = -32006
+
+// allow applies the connection's and the tenant's rate limits and the
+// pending-request cap. Cancellations always pass: they reduce load.
+func (c *Conn) allow(m *jsonrpc.Message) bool {
+	if m.Method == mSessionCancel || m.Method == mCancelRequest {
+		return true
+	}
+	var why string
+	switch {
+	case c.limiter != nil && !c.limiter.Allow():
+		why = fmt.Sprintf("rate limit: at most %g messages per second on this connection", float64(c.limiter.Limit()))
+	case c.ten.limiter != nil && !c.ten.limiter.Allow():
+		why = fmt.Sprintf("rate limit: tenant %q is over its message rate", c.tenant)
+	case m.Kind == jsonrpc.KindRequest && c.relay.limits.MaxPendingRequests > 0 && c.pending() >= c.relay.limits.MaxPendingRequests:
+		why = fmt.Sprintf("too many requests in flight: at most %d per connection; wait for answers", c.relay.limits.MaxPendingRequests)
+	default:
+		return true
+	}
+	c.ten.denied("rate_limited")
+	if m.Kind == jsonrpc.KindRequest {
+		c.replyError(m.ID, codeBusy, why, nil)
+	} else {
+		c.log.Info("notification dropped", "method", m.Method, "why", why)
+	}
+	return false
+}
+
+func (c *Conn) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.clientReqs)
+}
+
+// Initialized reports whether the client has completed initialize.
+func (c *Conn) Initialized() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.initialized
+}
+
+// Busy reports whether requests are in flight either way (a running prompt
+// among them), so an idle timeout must wait.
+func (c *Conn) Busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.clientReqs) > 0 || len(c.agentReqs) > 0
 }
 
 func (c *Conn) handleInitialize(m *jsonrpc.Message) {

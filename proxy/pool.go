@@ -26,6 +26,10 @@ type PoolConfig struct {
 	DefaultProfile Profile
 	// ClientInfo is the name and version the gateway gives agents.
 	ClientName, ClientVersion string
+	// RequestTimeout and PromptTimeout bound how long a client request
+	// waits for its agent; then the gateway answers it with an error (and
+	// cancels the turn, for a prompt). 0 = no limit.
+	RequestTimeout, PromptTimeout time.Duration
 
 	mapPaths bool     // some tenant maps paths: locate path fields in agent output
 	metrics  *Metrics // never nil once the pool runs
@@ -383,13 +387,60 @@ func (p *Pool) maintain() {
 				a.stop(p.cfg.Agent.StopGrace)
 			}
 		}
+		procs := append([]*agentProc(nil), p.procs...)
 		p.mu.Unlock()
+		for _, a := range procs {
+			a.expireRequests(p.cfg.RequestTimeout, p.cfg.PromptTimeout)
+		}
 		select {
 		case <-p.ctx.Done():
 			return
 		case <-p.kick:
 		case <-tick.C:
 		}
+	}
+}
+
+// expireRequests answers the client requests an agent has sat on too long.
+func (a *agentProc) expireRequests(reqTimeout, promptTimeout time.Duration) {
+	now := time.Now()
+	var expired []*outReq
+	a.mu.Lock()
+	for id, r := range a.pending {
+		limit := reqTimeout
+		if r.method == mSessionPrompt {
+			limit = promptTimeout
+		}
+		if r.internal != nil || limit <= 0 || now.Sub(r.start) < limit {
+			continue
+		}
+		delete(a.pending, id)
+		if r.reserved {
+			a.reserved--
+		}
+		expired = append(expired, r)
+	}
+	a.mu.Unlock()
+	for _, r := range expired {
+		a.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("request_timeout").Inc()
+		if r.conn == nil {
+			continue // the gateway's own fire-and-forget request
+		}
+		c := r.conn
+		a.log.Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
+		if r.method == mSessionPrompt && r.sess != nil {
+			a.notify(mSessionCancel, append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, r.sess.AgentID)...), '}'))
+		}
+		if r.attach != nil {
+			a.dropSession(r.attach)
+			c.detach(r.attach)
+		}
+		c.forgetClientReq(r)
+		c.replyError(r.clientID, jsonrpc.CodeInternalError,
+			fmt.Sprintf("the agent did not answer %s within %s", r.method, now.Sub(r.start).Round(time.Second)), nil)
+	}
+	if len(expired) > 0 {
+		a.pool.changed()
 	}
 }
 

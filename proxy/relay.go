@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"log/slog"
@@ -27,6 +29,27 @@ type Config struct {
 	IsolateTenants bool
 	// Metrics receives the relay's metrics; nil = not exported.
 	Metrics *Metrics
+	// Limits bound each connection and tenant.
+	Limits Limits
+}
+
+// Limits bound what clients may send.
+type Limits struct {
+	MaxPendingRequests      int     // per connection (0 = none)
+	MessagesPerSecond       float64 // per connection (0 = none)
+	MessageBurst            int
+	TenantMessagesPerSecond float64 // all of a tenant's connections (0 = none)
+	TenantMessageBurst      int
+}
+
+func newLimiter(perSecond float64, burst int) *rate.Limiter {
+	if perSecond <= 0 {
+		return nil
+	}
+	if burst < 1 {
+		burst = max(1, int(perSecond))
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), burst)
 }
 
 // Relay multiplexes client connections onto the agent pool. It is the ACP
@@ -38,6 +61,7 @@ type Relay struct {
 	log     *slog.Logger
 	caps    Profile
 	isolate bool
+	limits  Limits
 	tenants map[string]*tenant
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -68,6 +92,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		if err != nil {
 			return nil, err
 		}
+		t.limiter = newLimiter(cfg.Limits.TenantMessagesPerSecond, cfg.Limits.TenantMessageBurst)
 		if t.mapper.Load() != nil {
 			cfg.Pool.mapPaths = true
 		}
@@ -84,6 +109,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		log:     log,
 		caps:    cfg.ClientCaps,
 		isolate: cfg.IsolateTenants,
+		limits:  cfg.Limits,
 		tenants: tenants,
 		ctx:     ctx,
 		cancel:  cancel,
@@ -124,6 +150,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	}
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor
+	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
 	r.mu.Lock()
 	r.conns[c] = struct{}{}
 	r.mu.Unlock()
@@ -223,7 +250,8 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 			t.update(c, mappers[i])
 			continue
 		}
-		t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: r.metrics, label: r.metrics.tenants.Label(c.Name)}
+		t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: r.metrics, label: r.metrics.tenants.Label(c.Name),
+			limiter: newLimiter(r.limits.TenantMessagesPerSecond, r.limits.TenantMessageBurst)}
 		t.mapper.Store(mappers[i])
 		r.tenants[c.Name] = t
 	}

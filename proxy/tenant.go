@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/time/rate"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 )
@@ -23,15 +25,17 @@ type TenantConfig struct {
 
 // tenant is a tenant's live state.
 type tenant struct {
-	name        string
-	label       string // metrics label
-	metrics     *Metrics
-	mapper atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
+	name    string
+	label   string // metrics label
+	metrics *Metrics
+	mapper  atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
+
+	limiter *rate.Limiter // all of the tenant's connections; nil = none
 
 	mu          sync.Mutex
 	maxSessions int
-	sessions int // sessions held by the tenant's connections
-	pending  int // session/new, load, resume in flight
+	sessions    int // sessions held by the tenant's connections
+	pending     int // session/new, load, resume in flight
 }
 
 func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {

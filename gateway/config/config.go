@@ -34,6 +34,7 @@ type Config struct {
 	Agent     Agent     `yaml:"agent"`
 	Pool      Pool      `yaml:"pool"`
 	Limits    Limits    `yaml:"limits"`
+	Timeouts  Timeouts  `yaml:"timeouts"`
 	WebSocket WebSocket `yaml:"websocket"`
 	Log       Log       `yaml:"log"`
 	// Observability configures metrics.
@@ -127,6 +128,31 @@ type Limits struct {
 	// connection is closed (1008).
 	SendQueueMessages int `yaml:"send_queue_messages"`
 	SendQueueBytes    int `yaml:"send_queue_bytes"`
+	// MaxPendingRequests caps a connection's requests waiting for agents.
+	MaxPendingRequests int `yaml:"max_pending_requests"`
+	// MessagesPerSecond and MessageBurst limit what one connection sends;
+	// TenantMessagesPerSecond and TenantMessageBurst what all of a
+	// tenant's connections send together (0 = no limit). Cancellations and
+	// answers to the agent's requests are never limited.
+	MessagesPerSecond       float64 `yaml:"messages_per_second"`
+	MessageBurst            int     `yaml:"message_burst"`
+	TenantMessagesPerSecond float64 `yaml:"tenant_messages_per_second"`
+	TenantMessageBurst      int     `yaml:"tenant_message_burst"`
+}
+
+// Timeouts bound how long the gateway waits.
+type Timeouts struct {
+	// Handshake: a connection that sends no initialize within it is closed.
+	Handshake Duration `yaml:"handshake"`
+	// Idle: a connection with no message either way and no running prompt
+	// for this long is closed (0 = never).
+	Idle Duration `yaml:"idle"`
+	// Request: an agent that does not answer a request within it (prompts
+	// excepted) is answered for with an error.
+	Request Duration `yaml:"request"`
+	// Prompt: the same for session/prompt, whose turns may run long; the
+	// turn is also cancelled on the agent.
+	Prompt Duration `yaml:"prompt"`
 }
 
 // WebSocket tunes the client transport.
@@ -195,9 +221,18 @@ func Default() *Config {
 		},
 		Auth: Auth{TicketTTL: Duration(30 * time.Second)},
 		Limits: Limits{
-			MaxMessageBytes:   16 << 20,
-			SendQueueMessages: 4096,
-			SendQueueBytes:    64 << 20,
+			MaxMessageBytes:    16 << 20,
+			SendQueueMessages:  4096,
+			SendQueueBytes:     64 << 20,
+			MaxPendingRequests: 256,
+			MessagesPerSecond:  100,
+			MessageBurst:       200,
+		},
+		Timeouts: Timeouts{
+			Handshake: Duration(10 * time.Second),
+			Idle:      Duration(30 * time.Minute),
+			Request:   Duration(2 * time.Minute),
+			Prompt:    Duration(60 * time.Minute),
 		},
 		WebSocket: WebSocket{
 			PingInterval: Duration(30 * time.Second),
@@ -361,6 +396,15 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", c.Limits.MaxMessageBytes)
+	}
+	if c.Limits.MaxPendingRequests < 1 {
+		add("limits.max_pending_requests", "must be at least 1")
+	}
+	if c.Limits.MessagesPerSecond < 0 || c.Limits.TenantMessagesPerSecond < 0 || c.Limits.MessageBurst < 0 || c.Limits.TenantMessageBurst < 0 {
+		add("limits", "rates and bursts must not be negative (0 = no limit)")
+	}
+	if c.Timeouts.Handshake <= 0 || c.Timeouts.Request <= 0 || c.Timeouts.Prompt <= 0 || c.Timeouts.Idle < 0 {
+		add("timeouts", "handshake, request and prompt must be positive; idle not negative (0 = never)")
 	}
 	if c.Limits.SendQueueMessages < 1 {
 		add("limits.send_queue_messages", "must be at least 1")

@@ -215,7 +215,7 @@ log:
 	want.Pool.MaxSessionsPerProcess = 7
 	want.Pool.AcquireTimeout = Duration(time.Second)
 	want.Pool.IdleTimeout = Duration(time.Hour)
-	want.Limits = Limits{MaxMessageBytes: 1 << 20, SendQueueMessages: 8, SendQueueBytes: 2 << 20}
+	want.Limits.MaxMessageBytes, want.Limits.SendQueueMessages, want.Limits.SendQueueBytes = 1<<20, 8, 2<<20
 	want.WebSocket = WebSocket{PingInterval: 0, PingTimeout: Duration(100 * time.Millisecond), WriteTimeout: Duration(2 * time.Second)}
 	want.Log = Log{Level: "debug", Format: "json"}
 	if !reflect.DeepEqual(cfg, want) {
