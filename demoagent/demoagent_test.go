@@ -307,8 +307,8 @@ func TestInitialize(t *testing.T) {
 	resp := c.call("initialize", map[string]any{"protocolVersion": 7, "clientCapabilities": map[string]any{}})
 	want := `{"protocolVersion":1,"agentCapabilities":{"loadSession":true,` +
 		`"promptCapabilities":{"image":false,"audio":false,"embeddedContext":true},` +
-		`"mcpCapabilities":{"http":false,"sse":false},` +
-		`"sessionCapabilities":{"list":{},"close":{},"resume":{}}},` +
+		`"mcpCapabilities":{"http":true,"sse":false},` +
+		`"sessionCapabilities":{"list":{},"close":{},"resume":{},"additionalDirectories":{}}},` +
 		`"authMethods":[],"agentInfo":{"name":"test-agent","version":"1.2.3"}}`
 	if got := string(mustResult(t, resp)); got != want {
 		t.Errorf("initialize result\n got %s\nwant %s", got, want)

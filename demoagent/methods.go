@@ -35,9 +35,10 @@ type (
 		SSE  bool `json:"sse"`
 	}
 	sessionCapabilities struct {
-		List   struct{} `json:"list"`
-		Close  struct{} `json:"close"`
-		Resume struct{} `json:"resume"`
+		List                  struct{} `json:"list"`
+		Close                 struct{} `json:"close"`
+		Resume                struct{} `json:"resume"`
+		AdditionalDirectories struct{} `json:"additionalDirectories"`
 	}
 	implementation struct {
 		Name    string `json:"name"`
@@ -80,6 +81,7 @@ func (a *agent) initialize(raw json.RawMessage) (any, error) {
 		AgentCapabilities: agentCapabilities{
 			LoadSession:        true,
 			PromptCapabilities: promptCapabilities{EmbeddedContext: true},
+			MCPCapabilities:    mcpCapabilities{HTTP: true},
 		},
 		AuthMethods: []any{},
 		AgentInfo:   implementation{Name: a.opt.Name, Version: a.opt.Version},
@@ -105,8 +107,9 @@ func checkRoots(cwd string, additional []string) error {
 	return nil
 }
 
-// checkMCPServers rejects MCP transports that the agent did not advertise.
-// The demo agent never connects to MCP servers.
+// checkMCPServers rejects MCP transports that the agent did not advertise
+// (it advertises stdio, which v1 makes mandatory, and http). The demo agent
+// records them but never connects to MCP servers.
 func checkMCPServers(servers []json.RawMessage) error {
 	for i, raw := range servers {
 		var s struct {
@@ -115,7 +118,7 @@ func checkMCPServers(servers []json.RawMessage) error {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return invalidParams("mcpServers[%d]: %v", i, err)
 		}
-		if s.Type == "http" || s.Type == "sse" {
+		if s.Type == "sse" {
 			return invalidParams("mcpServers[%d]: transport %q is not supported", i, s.Type)
 		}
 	}

@@ -81,13 +81,11 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		next.Limits != cur.Limits || next.Timeouts != cur.Timeouts {
 		return errors.New("listen, agent, pool, limits and timeouts settings need a restart; only tenants, tokens, auth and policy reload")
 	}
-	var tenants []proxy.TenantConfig
 	var tokens []auth.TenantTokens
 	for _, t := range next.Tenants {
-		tenants = append(tenants, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions})
 		tokens = append(tokens, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
 	}
-	if err := s.relay.UpdateTenants(tenants); err != nil {
+	if err := s.relay.UpdateTenants(relayTenants(next)); err != nil {
 		return err
 	}
 	if s.authn != nil {
@@ -103,6 +101,22 @@ func (s *Server) Reload(next *config.Config) (err error) {
 
 // ReloadFailed counts a reload whose file could not be read or parsed.
 func (s *Server) ReloadFailed() { s.metrics.reloads.WithLabelValues("failure").Inc() }
+
+// relayTenants is the relay's view of the configured tenants (one
+// anonymous tenant with the global policy when none are configured).
+func relayTenants(cfg *config.Config) []proxy.TenantConfig {
+	if len(cfg.Tenants) == 0 {
+		pol := cfg.GlobalPolicy()
+		return []proxy.TenantConfig{{Policy: &pol}}
+	}
+	var out []proxy.TenantConfig
+	for i := range cfg.Tenants {
+		t := &cfg.Tenants[i]
+		pol := cfg.TenantPolicy(t)
+		out = append(out, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions, Policy: &pol})
+	}
+	return out
+}
 
 // config returns the running configuration.
 func (s *Server) config() *config.Config {
@@ -155,10 +169,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tenants []proxy.TenantConfig
-	for _, t := range cfg.Tenants {
-		tenants = append(tenants, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions})
-	}
+	tenants := relayTenants(cfg)
 	var authn *auth.Authenticator
 	if cfg.AuthEnabled() {
 		if authn, err = newAuthenticator(cfg, log); err != nil {

@@ -92,6 +92,10 @@ func newTestServer(t *testing.T, mutate func(*config.Config)) *testServer {
 	cfg.Pool.MaxProcesses = 1
 	cfg.Pool.AcquireTimeout = config.Duration(10 * time.Second)
 	cfg.WebSocket.WriteTimeout = config.Duration(10 * time.Second)
+	// The tests drive the demo agent's _demo/echo, an extension the default
+	// policy refuses, at rates above the default per-connection limit.
+	cfg.Policy.Extensions.Allow = &[]string{"_demo/*"}
+	cfg.Limits.MessagesPerSecond = 0
 	if mutate != nil {
 		mutate(cfg)
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/policy"
 )
 
 // Sink carries messages to one client. The gateway implements it over a
@@ -56,6 +57,7 @@ type Conn struct {
 	closed      bool
 	prof        Profile
 	version     int
+	caps        policy.AgentCaps // what the agent advertised
 	home        *agentProc
 	sessions    map[string]*Session // by gateway session ID
 	clientReqs  map[string]*outReq  // client requests in flight, by the client's raw id
@@ -200,10 +202,18 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		p.releaseHome()
 		return
 	}
-	c.initialized, c.prof, c.home, c.version = true, prof, p, p.init.version
+	result, err := c.relay.initResult(p, c)
+	if err != nil {
+		c.mu.Unlock()
+		p.releaseHome()
+		c.log.Error("the agent's initialize result cannot be filtered; refusing", "err", err)
+		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
+		return
+	}
+	c.initialized, c.prof, c.home, c.version, c.caps = true, prof, p, p.init.version, p.init.caps
 	c.mu.Unlock()
 	c.log.Debug("initialized", "protocol_version", p.init.version, "agent", p.String())
-	c.deliver(jsonrpc.AppendResult(nil, m.ID, c.relay.initResult(p)))
+	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }
 
 // handleCall routes a client request or notification to an agent process.
@@ -221,6 +231,9 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	edits := c.edits[:0]
 	if m.Method == mCancelRequest {
 		c.forwardCancelRequest(m)
+		return
+	}
+	if !c.checkPolicy(m) {
 		return
 	}
 	var (
@@ -366,6 +379,52 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			c.detach(attach)
 		}
 		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited: "+err.Error(), nil)
+	}
+}
+
+// checkPolicy enforces the tenant's capability policy on a client message:
+// a method that is off (or the agent never advertised) gets -32601, a
+// disallowed MCP server, prompt content type or additionalDirectories gets
+// -32602. Nothing refused reaches the agent.
+func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
+	pol := c.ten.policy()
+	c.mu.Lock()
+	caps := c.caps
+	c.mu.Unlock()
+	if err := pol.AllowClientMethod(m.Method, caps); err != nil {
+		c.refuse(m, jsonrpc.CodeMethodNotFound, "method", err)
+		return false
+	}
+	blocks, servers := 0, 0
+	for _, f := range m.Fields {
+		var err error
+		var reason string
+		switch {
+		case f.Kind == jsonrpc.FieldElement && f.Label == "mcpServers[]":
+			err, reason = pol.CheckMCPServer(servers, m.Bytes(f), caps), "mcp_server"
+			servers++
+		case f.Kind == jsonrpc.FieldTag && f.Label == "prompt[].type":
+			typ, _ := m.String(f)
+			err, reason = pol.CheckPromptBlock(blocks, typ, caps), "prompt_content"
+			blocks++
+		case f.Kind == jsonrpc.FieldPath && f.Label == "additionalDirectories[]":
+			err, reason = pol.CheckAdditionalDirectories(caps), "additional_directories"
+		}
+		if err != nil {
+			c.refuse(m, jsonrpc.CodeInvalidParams, reason, err)
+			return false
+		}
+	}
+	return true
+}
+
+// refuse answers a message the policy refused (a notification is dropped)
+// and counts it. The error never carries MCP commands, env or headers.
+func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
+	c.ten.denied(reason)
+	c.log.Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
+	if m.Kind == jsonrpc.KindRequest {
+		c.replyError(m.ID, code, err.Error(), nil)
 	}
 }
 

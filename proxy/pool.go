@@ -187,6 +187,13 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 	}
 }
 
+// profile returns the process's profile.
+func (a *agentProc) profile() Profile {
+	a.pool.mu.Lock()
+	defer a.pool.mu.Unlock()
+	return a.prof
+}
+
 // claimableBy reports whether a is a warm process no one has used yet whose
 // profile differs from prof only by tenant: it may become the tenant's.
 // Called with the pool locked.

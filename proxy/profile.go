@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/acpgate/acpgate/proxy/policy"
 )
 
 // Profile is what a pooled agent is told about its client in initialize:
@@ -160,7 +162,8 @@ func initializeParams(p Profile, name, version string) []byte {
 type agentInit struct {
 	result   []byte // the raw result, as the agent sent it
 	version  int
-	canClose bool // session/close is supported
+	canClose bool             // session/close is supported
+	caps     policy.AgentCaps // what the agent advertised, for the policy
 }
 
 // initialize sends the gateway's one initialize to a fresh process.
@@ -190,7 +193,7 @@ func (a *agentProc) initialize(ctx context.Context, cfg *PoolConfig) error {
 	if err := json.Unmarshal(res["protocolVersion"], &version); err != nil {
 		return errors.New("initialize: the agent's result has no integer protocolVersion")
 	}
-	a.init = agentInit{result: env.Result, version: version}
+	a.init = agentInit{result: env.Result, version: version, caps: policy.ParseAgentCaps(env.Result)}
 	if v1 := res.get("agentCapabilities"); v1 != nil {
 		a.init.canClose = v1.get("sessionCapabilities").has("close")
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
+	"github.com/acpgate/acpgate/proxy/policy"
 	"log/slog"
 	"sync"
 )
@@ -178,15 +179,21 @@ func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 		return Profile{}, err
 	}
 	p = p.Intersect(r.caps)
+	// Client capabilities the policy turns off are never told to agents.
+	fsRead, fsWrite, terminal := c.ten.policy().ClientCaps()
+	p.FsRead, p.FsWrite, p.Terminal = p.FsRead && fsRead, p.FsWrite && fsWrite, p.Terminal && terminal
 	if r.isolate {
 		p.Tenant = c.tenant
 	}
 	return p, nil
 }
 
-// initResult is the initialize result a client gets from the process's
-// cached answer.
-func (r *Relay) initResult(p *agentProc) []byte { return p.init.result }
+// initResult is the initialize result a client gets: the process's cached
+// answer with the capabilities the tenant's policy allows, in the agent's
+// own shape.
+func (r *Relay) initResult(p *agentProc, c *Conn) ([]byte, error) {
+	return policy.FilterInitialize(p.init.result, *c.ten.policy())
+}
 
 // runningPrompts lists the client prompts agents are still working on.
 func (r *Relay) runningPrompts() []*outReq {
@@ -253,6 +260,7 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 		t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: r.metrics, label: r.metrics.tenants.Label(c.Name),
 			limiter: newLimiter(r.limits.TenantMessagesPerSecond, r.limits.TenantMessageBurst)}
 		t.mapper.Store(mappers[i])
+		t.pol.Store(c.policy())
 		r.tenants[c.Name] = t
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/acpgate/acpgate/demoagent"
+	"github.com/acpgate/acpgate/proxy/policy"
 )
 
 // The test binary doubles as the agent: with ACPGATE_TEST_AGENT set it runs
@@ -66,7 +67,9 @@ func testPool(t *testing.T, mode string, mutate func(*PoolConfig)) *Relay {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	r, err := NewRelay(Config{Pool: cfg, ClientCaps: AllCapabilities}, slog.New(slog.DiscardHandler))
+	pol := policy.Default()
+	pol.Extensions = []string{"_demo/*"} // the tests use the demo agent's echo
+	r, err := NewRelay(Config{Pool: cfg, ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}}}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -287,6 +289,18 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	isReq := m.Kind == jsonrpc.KindRequest
+	if err := r.allowAgent(conn, m.Method); err != nil {
+		conn.ten.denied("agent_method")
+		if !isReq {
+			p.log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
+			return
+		}
+		p.log.Info("agent request refused by policy", "method", m.Method, "err", err)
+		if err := p.send(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeMethodNotFound, err.Error(), nil), '\n')); err != nil {
+			p.log.Debug("answer agent", "err", err)
+		}
+		return
+	}
 	edits, outside := conn.ten.mapToClient(m, edits, isReq && confinedRequest(m.Method))
 	if outside != "" {
 		// The agent asks the client to act on a file outside the tenant's
@@ -312,6 +326,22 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	out := conn.ten.scrubHostRoot(jsonrpc.Splice(nil, m.Raw, edits))
 	p.pool.cfg.metrics.message(dirAgentToClient, m.Method, len(out))
 	conn.deliver(out)
+}
+
+// allowAgent decides whether an agent may send method to conn: the tenant's
+// policy, and the client capabilities the process was told (a client that
+// did not offer fs or terminal is never asked for them).
+func (r *agentReader) allowAgent(conn *Conn, method string) error {
+	if err := conn.ten.policy().AllowAgentMethod(method); err != nil {
+		return err
+	}
+	prof := r.p.profile()
+	switch {
+	case method == mFsRead && !prof.FsRead, method == mFsWrite && !prof.FsWrite,
+		strings.HasPrefix(method, "terminal/") && !prof.Terminal:
+		return fmt.Errorf("%s needs a client capability this client did not offer", method)
+	}
+	return nil
 }
 
 // orphan handles an agent message no client can take: a request is answered

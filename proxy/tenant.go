@@ -11,6 +11,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
+	"github.com/acpgate/acpgate/proxy/policy"
 )
 
 // TenantConfig is one tenant as the relay needs it.
@@ -21,6 +22,16 @@ type TenantConfig struct {
 	// path mapping off (the gateway without tenants).
 	Root, VirtualRoot string
 	MaxSessions       int // 0 = no cap
+	// Policy says what the tenant's clients may do; nil = policy.Default().
+	Policy *policy.Policy
+}
+
+func (c TenantConfig) policy() *policy.Policy {
+	if c.Policy != nil {
+		return c.Policy
+	}
+	p := policy.Default()
+	return &p
 }
 
 // tenant is a tenant's live state.
@@ -30,7 +41,8 @@ type tenant struct {
 	metrics *Metrics
 	mapper  atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
 
-	limiter *rate.Limiter // all of the tenant's connections; nil = none
+	limiter *rate.Limiter                 // all of the tenant's connections; nil = none
+	pol     atomic.Pointer[policy.Policy] // never nil; swapped on reload
 
 	mu          sync.Mutex
 	maxSessions int
@@ -45,6 +57,7 @@ func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {
 		return nil, err
 	}
 	t.mapper.Store(mapper)
+	t.pol.Store(c.policy())
 	return t, nil
 }
 
@@ -66,7 +79,11 @@ func (t *tenant) update(c TenantConfig, mapper *pathmap.Mapper) {
 	t.maxSessions = c.MaxSessions
 	t.mu.Unlock()
 	t.mapper.Store(mapper)
+	t.pol.Store(c.policy())
 }
+
+// policy returns the tenant's current policy.
+func (t *tenant) policy() *policy.Policy { return t.pol.Load() }
 
 // errQuota is the JSON-RPC error code for a tenant over its session quota.
 const codeQuota = -32005

@@ -269,11 +269,20 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "acpgate check-config: --config FILE is required")
 		return 2
 	}
-	if _, err := config.LoadFile(*path); err != nil {
+	cfg, err := config.LoadFile(*path)
+	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)
+	// The effective policy, so operators see what clients will be allowed.
+	if len(cfg.Tenants) == 0 {
+		fmt.Fprintf(stdout, "\neffective policy (no tenants):\n%s", indent(cfg.GlobalPolicy().Describe()))
+	}
+	for i := range cfg.Tenants {
+		t := &cfg.Tenants[i]
+		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
+	}
 	return 0
 }
 
@@ -313,6 +322,19 @@ func demoAgent(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+func indent(s string) string {
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(s, "\n") {
+		if line != "" {
+			b.WriteString("  " + line)
+		}
+	}
+	if !strings.HasSuffix(b.String(), "\n") {
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // keygen writes a new session key: 32 random bytes as 64 hex characters.

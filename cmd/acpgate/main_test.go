@@ -95,7 +95,7 @@ pool: {min_idle: 1, max_processes: 4}
 limits: {max_message_bytes: 1048576}
 `)
 	code, out, errOut := runCmd(t, "check-config", "--config", path)
-	if code != 0 || out != path+": ok\n" || errOut != "" {
+	if code != 0 || !strings.HasPrefix(out, path+": ok\n") || !strings.Contains(out, "effective policy") || errOut != "" {
 		t.Fatalf("check-config good.yaml: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

@@ -435,6 +435,14 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		add("pool.isolation", "%q is not tenant or shared", c.Pool.Isolation)
 	}
 	ps = append(ps, c.validateTenants(root)...)
+	if err := c.GlobalPolicy().Validate(); err != nil {
+		add("policy", "%v", err)
+	}
+	for i := range c.Tenants {
+		if err := c.TenantPolicy(&c.Tenants[i]).Validate(); err != nil {
+			add("tenants", "tenants[%d].policy: %v", i, err)
+		}
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:

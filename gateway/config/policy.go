@@ -1,5 +1,7 @@
 package config
 
+import "github.com/acpgate/acpgate/proxy/policy"
+
 // PolicyYAML is a `policy:` section, globally or in a tenant. Every key is
 // optional: a tenant's policy is the global one with the tenant's keys
 // laid over it, key by key, and the global one is the built-in secure
@@ -36,3 +38,44 @@ type PolicyYAML struct {
 	} `yaml:"extensions"`
 	Unstable *bool `yaml:"unstable"`
 }
+
+// apply lays the keys y sets over p.
+func (y *PolicyYAML) apply(p policy.Policy) policy.Policy {
+	set := func(dst *bool, src *bool) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	set(&p.Session.Load, y.Session.Load)
+	set(&p.Session.Resume, y.Session.Resume)
+	set(&p.Session.Close, y.Session.Close)
+	set(&p.Session.List, y.Session.List)
+	set(&p.Session.Delete, y.Session.Delete)
+	set(&p.Session.Fork, y.Session.Fork)
+	set(&p.Session.AdditionalDirectories, y.Session.AdditionalDirectories)
+	set(&p.MCP.Stdio, y.MCP.Stdio)
+	set(&p.MCP.HTTP, y.MCP.HTTP)
+	set(&p.MCP.SSE, y.MCP.SSE)
+	if y.MCP.HTTPHosts != nil {
+		p.MCP.HTTPHosts = append([]string(nil), (*y.MCP.HTTPHosts)...)
+	}
+	set(&p.Prompt.Image, y.Prompt.Image)
+	set(&p.Prompt.Audio, y.Prompt.Audio)
+	set(&p.Prompt.EmbeddedContext, y.Prompt.EmbeddedContext)
+	set(&p.Client.FsRead, y.Client.FsRead)
+	set(&p.Client.FsWrite, y.Client.FsWrite)
+	set(&p.Client.Terminal, y.Client.Terminal)
+	set(&p.AgentAuth, y.AgentAuth)
+	if y.Extensions.Allow != nil {
+		p.Extensions = append([]string(nil), (*y.Extensions.Allow)...)
+	}
+	set(&p.Unstable, y.Unstable)
+	return p
+}
+
+// GlobalPolicy is the built-in secure defaults with the file's policy
+// section laid over them.
+func (c *Config) GlobalPolicy() policy.Policy { return c.Policy.apply(policy.Default()) }
+
+// TenantPolicy is the global policy with the tenant's keys laid over it.
+func (c *Config) TenantPolicy(t *Tenant) policy.Policy { return t.Policy.apply(c.GlobalPolicy()) }

@@ -782,19 +782,26 @@ func TestIsolationTenancy(t *testing.T) {
 		for _, mt := range methods {
 			t.Run(mt.method, func(t *testing.T) {
 				var refShape string
+				// session/delete is off in the default policy: the gateway
+				// refuses the method before looking at any ID, with one
+				// answer for every ID (no oracle either).
+				wantCode, wantMsg := -32002, "session not found"
+				if mt.method == "session/delete" {
+					wantCode, wantMsg = -32601, `method "session/delete" is not allowed by the gateway policy`
+				}
 				for i, x := range ids {
 					m := b.c.call(mt.method, mt.params(x.id), turn)
-					if m.Error == nil || m.Error.Code != -32002 {
-						t.Errorf("%s with %s: %s, want -32002", mt.method, x.name, m.Raw)
+					if m.Error == nil || m.Error.Code != wantCode {
+						t.Errorf("%s with %s: %s, want %d", mt.method, x.name, m.Raw, wantCode)
 						continue
 					}
 					shape, echoed := errorShape(t, m)
-					if echoed != x.id {
+					if wantCode == -32002 && echoed != x.id {
 						t.Errorf("%s with %s: data.sessionId %q, want the ID as sent", mt.method, x.name, echoed)
 					}
 					if i == 0 {
 						refShape = shape
-						if m.Error.Message != "session not found" {
+						if m.Error.Message != wantMsg {
 							t.Errorf("%s: message %q", mt.method, m.Error.Message)
 						}
 					} else if shape != refShape {

@@ -335,11 +335,28 @@ func (l *lineLog) snapshot() []string {
 	return out
 }
 
+const allowAllPolicy = `policy:
+  session: {load: true, resume: true, close: true, list: true, delete: true, fork: true, additional_directories: true}
+  mcp: {stdio: true, http: true, sse: true}
+  prompt: {image: true, audio: true, embedded_context: true}
+  client: {fs_read: true, fs_write: true, terminal: true}
+  agent_auth: true
+  extensions: {allow: ["_*"]}
+  unstable: true
+`
+
 // startGateway runs `acpgate serve` on 127.0.0.1:0 with the given agent
 // command line ("" = the built-in demo agent) and waits until it listens.
 func (h *harness) startGateway(t *testing.T, agentCmdline, home, dir string) *gateway {
 	t.Helper()
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}
+	// Everything allowed: the gateway must then answer as the agent does.
+	// (The default policy filters what the agent advertises; proxy/policy's
+	// tests cover that against these agents' recorded answers.)
+	cfgPath := filepath.Join(t.TempDir(), "acpgate.interop.yaml")
+	if err := os.WriteFile(cfgPath, []byte(allowAllPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "info", "--config", cfgPath}
 	if agentCmdline != "" {
 		args = append(args, "--agent", agentCmdline)
 	}
