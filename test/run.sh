@@ -5,14 +5,19 @@
 # of every fuzz target.
 #
 #   ACPGATE_FUZZTIME   how long each fuzz target runs (default 5s; 0 skips)
+#
+# ACPGATE_REQUIRE_INTEROP, _OPS and _BROWSER make the interop, ops and browser
+# tests fail, rather than skip, when node/npm, prometheus/promtool or
+# chromium are missing (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "npm dependencies for the interop tests"
+step "npm dependencies for the interop and browser tests"
 (cd test/interop && npm ci --no-audit --no-fund --loglevel=error)
+(cd test/browser && npm ci --no-audit --no-fund --loglevel=error)
 
 step "gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path '*/node_modules/*'))
@@ -27,7 +32,10 @@ step "staticcheck"
 go tool staticcheck ./...
 
 step "go test -race"
-ACPGATE_REQUIRE_INTEROP=1 go test -race -count=1 -timeout 25m ./...
+ACPGATE_REQUIRE_INTEROP=1 ACPGATE_REQUIRE_OPS=1 ACPGATE_REQUIRE_BROWSER=1 go test -race -count=1 -timeout 25m ./...
+
+step "deploy/validate: Kubernetes manifests against the API types (its own module)"
+(cd deploy/validate && go vet ./... && go test -count=1 ./...)
 
 fuzztime="${ACPGATE_FUZZTIME:-5s}"
 if [ "$fuzztime" != "0" ]; then

@@ -1,0 +1,505 @@
+#!/usr/bin/env node
+// End-to-end test of acpgate's web client in a real browser: Debian's
+// chromium driven by playwright-core. browser_test.go builds and starts the
+// gateway and runs this script:
+//
+//   node e2e.mjs <gateway-url> [main|tenant]
+//
+// main    the built-in demo agent, no authentication: connect, stream,
+//         permission, file panel, cancel, XSS, reconnect, reload + load
+// tenant  a gateway with one tenant: refused without / with a bad token,
+//         connects with the good token (subprotocol carrier) and a ticket
+//
+// Environment:
+//   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
+//   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
+//   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
+//
+// The script asks the harness to restart the gateway by printing
+// "@@harness restart" and waits for a line on stdin. It exits 0 on success.
+
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+import { createInterface } from "node:readline";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const [baseUrl, scenario = "main"] = process.argv.slice(2);
+if (!baseUrl) {
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant]");
+  process.exit(2);
+}
+const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
+mkdirSync(outDir, { recursive: true });
+const executablePath = process.env.ACPGATE_CHROMIUM || "/usr/bin/chromium";
+
+const t0 = Date.now();
+const log = (...a) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s]`, ...a);
+
+class Failure extends Error {}
+function check(cond, msg) {
+  if (!cond) throw new Failure(msg);
+}
+
+// -- harness requests (stdin/stdout) -----------------------------------------
+const stdinLines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+async function harness(action) {
+  console.log(`@@harness ${action}`);
+  const { value, done } = await stdinLines.next();
+  check(!done && value.trim() === "ok", `harness ${action}: got ${done ? "EOF" : JSON.stringify(value)}`);
+}
+
+// -- browser -----------------------------------------------------------------
+const browser = await chromium.launch({
+  executablePath,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const context = await browser.newContext({ viewport: { width: 1366, height: 768 }, colorScheme: "light", reducedMotion: "reduce" });
+const page = await context.newPage();
+page.setDefaultTimeout(15000);
+
+const problems = []; // uncaught page errors and CSP violations fail the run
+const consoleLines = [];
+const wsUrls = [];
+page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
+page.on("console", (m) => {
+  const line = `${m.type()}: ${m.text()}`;
+  consoleLines.push(line);
+  if (/Content Security Policy/i.test(m.text())) problems.push(`CSP violation: ${m.text()}`);
+});
+page.on("websocket", (ws) => wsUrls.push(ws.url()));
+
+let step = "start";
+async function shot(name) {
+  const path = join(outDir, `${name}.png`);
+  await page.screenshot({ path });
+  log(`screenshot ${path}`);
+}
+
+// -- helpers on the page -------------------------------------------------------
+const state = () => page.locator("#conn-state").getAttribute("data-state");
+async function waitState(want, timeout = 15000) {
+  await page.waitForSelector(`#conn-state[data-state="${want}"]`, { timeout });
+}
+const turnEnds = () => page.locator("#transcript .turn-end").count();
+const lastAgentText = () => page.locator("#transcript .msg.agent").last().innerText();
+
+// Sends a prompt with the keyboard and returns once the turn has ended
+// (unless wait is false).
+async function send(text, { wait = true, timeout = 15000 } = {}) {
+  const before = await turnEnds();
+  await page.locator("#prompt").fill(text);
+  await page.locator("#prompt").press("Enter");
+  if (!wait) return before;
+  await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before, { timeout });
+  return before;
+}
+
+async function expectAgentText(substr, timeout = 15000) {
+  await page.waitForFunction((s) => [...document.querySelectorAll("#transcript .msg.agent")].some((m) => m.innerText.includes(s)), substr, { timeout });
+}
+
+async function run(name, fn) {
+  step = name;
+  log(`step: ${name}`);
+  await fn();
+}
+
+// -- scenarios -----------------------------------------------------------------
+
+async function mainScenario() {
+  const firstPrompt = "hello from the browser test, streaming in order";
+
+  await run("connect without a token", async () => {
+    await page.goto(baseUrl);
+    await waitState("connected");
+    check((await page.locator("#agent-badge").innerText()).includes("acpgate-demo-agent"), "agent name missing from the header");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(detail.includes("subprotocol acp"), `connection detail: ${detail}`);
+    const caps = await page.locator("#agent-info .cap.on").allInnerTexts();
+    for (const c of ["load", "list", "resume", "context"]) check(caps.some((x) => x.startsWith(c)), `capability ${c} not shown as supported: ${caps}`);
+    check(await page.locator(".suggestion").count() > 3, "no suggestions on the first screen");
+    check(wsUrls.every((u) => !/token|bearer/i.test(u)), `a WebSocket URL carries a token: ${wsUrls}`);
+    await shot("01-connected");
+  });
+
+  await run("every control has a label", async () => {
+    const unlabeled = await page.evaluate(() => [...document.querySelectorAll("input, textarea, select")]
+      .filter((el) => !(el.labels?.length || el.getAttribute("aria-label") || el.getAttribute("aria-labelledby")))
+      .map((el) => el.id || el.outerHTML));
+    check(unlabeled.length === 0, `unlabeled controls: ${unlabeled}`);
+    check(await page.locator("#transcript[role=log][aria-live=polite]").count() === 1, "the transcript is not an aria-live log");
+  });
+
+  await run("markdown renderer", async () => {
+    const r = await page.evaluate(async () => {
+      const { renderMarkdown } = await import("/markdown.js");
+      const md = (text) => {
+        const d = document.createElement("div");
+        d.append(renderMarkdown(text));
+        return d;
+      };
+      const out = {};
+      let d = md("[x](javascript:alert(1)) [y](https://example.com/a_(b)) <https://e.org/> see http://bare.example/x.");
+      out.links = [...d.querySelectorAll("a")].map((a) => [a.getAttribute("href"), a.rel, a.target, a.textContent]);
+      out.linkText = d.textContent;
+      d = md("<b>x</b> <img src=x onerror=alert(1)>\n\n<script>alert(2)</script>");
+      out.raw = [d.querySelectorAll("b, img, script").length, d.textContent];
+      d = md("```js\nlet a = 1;");
+      out.openFence = [d.querySelector("pre code")?.textContent, d.querySelector("pre code")?.className];
+      d = md("- a\n  - b\n- c\n\n3. three\n4. four");
+      out.lists = [d.querySelector("ul").children.length, d.querySelectorAll("ul ul > li").length, d.querySelectorAll("ol > li").length, d.querySelector("ol").start];
+      d = md("snake_case_name, *em*, **strong**, ~~del~~, `a <b> c`, \\*not em\\*");
+      out.inline = [d.querySelectorAll("em").length, d.querySelectorAll("strong").length, d.querySelectorAll("del").length, d.querySelector("code")?.textContent, d.textContent];
+      d = md("> quoted\n\n---\n\n###### six\nline one\nline two");
+      out.blocks = [d.querySelectorAll("blockquote").length, d.querySelectorAll("hr").length, d.querySelector("h6")?.textContent, d.querySelectorAll("p br").length];
+      return out;
+    });
+    const J = JSON.stringify;
+    check(J(r.links) === J([["https://example.com/a_(b)", "noopener noreferrer", "_blank", "y"], ["https://e.org/", "noopener noreferrer", "_blank", "https://e.org/"], ["http://bare.example/x", "noopener noreferrer", "_blank", "http://bare.example/x"]]), `links: ${J(r.links)}`);
+    check(r.linkText.startsWith("x y "), `a javascript: link should keep its text: ${J(r.linkText)}`);
+    check(r.raw[0] === 0 && r.raw[1].includes("<img src=x onerror=alert(1)>") && r.raw[1].includes("<script>"), `raw HTML: ${J(r.raw)}`);
+    check(J(r.openFence) === J(["let a = 1;", "language-js"]), `open fence: ${J(r.openFence)}`);
+    check(J(r.lists) === J([2, 1, 2, 3]), `lists: ${J(r.lists)}`);
+    check(J(r.inline) === J([1, 1, 1, "a <b> c", "snake_case_name, em, strong, del, a <b> c, *not em*"]), `inline: ${J(r.inline)}`);
+    check(J(r.blocks) === J([1, 1, "six", 1]), `blocks: ${J(r.blocks)}`);
+  });
+
+  await run("unknown session/update kinds are ignored", async () => {
+    const added = await page.evaluate(() => {
+      const el = document.getElementById("transcript");
+      const n = el.querySelectorAll(".msg, .tool, .plan, .notice").length;
+      const t = window.acpgate.transcript;
+      t.update({ sessionUpdate: "some_future_update", content: { type: "text", text: "<img src=x onerror=window.__xss=9>" } });
+      t.update({ sessionUpdate: "available_commands_update", availableCommands: [{ name: "x" }] });
+      t.update({ sessionUpdate: "current_mode_update", currentModeId: "code" });
+      t.update({});
+      t.update(null);
+      return el.querySelectorAll(".msg, .tool, .plan, .notice").length - n;
+    });
+    check(added === 0, `unknown updates rendered ${added} elements`);
+  });
+
+  await run("add a file in the panel", async () => {
+    await page.locator("#file-new").click();
+    await page.locator("#file-path").fill("/tmp/x/notes.txt");
+    await page.locator("#file-content").fill("alpha line\nbeta line\n");
+    await page.locator("#file-form button[type=submit]").click();
+    await page.waitForSelector('#file-list [data-path="/tmp/x/notes.txt"]');
+  });
+
+  await run("Shift+Enter makes a new line", async () => {
+    await page.locator("#prompt").fill("line one");
+    await page.locator("#prompt").press("Shift+Enter");
+    await page.locator("#prompt").pressSequentially("line two");
+    check((await page.locator("#prompt").inputValue()) === "line one\nline two", "Shift+Enter did not insert a newline");
+    check((await turnEnds()) === 0, "Shift+Enter sent the prompt");
+    await page.locator("#prompt").fill("");
+  });
+
+  await run("streamed reply arrives in order", async () => {
+    // Record every rendered state of the agent's reply.
+    await page.evaluate(() => {
+      window.__snapshots = [];
+      const t = document.getElementById("transcript");
+      new MutationObserver(() => {
+        const m = [...t.querySelectorAll(".msg.agent")].pop();
+        if (m) window.__snapshots.push(m.innerText);
+      }).observe(t, { childList: true, subtree: true, characterData: true });
+    });
+    await send(firstPrompt);
+    const want = `You said: ${firstPrompt}`;
+    check((await lastAgentText()).trim() === want, `reply: ${JSON.stringify(await lastAgentText())}`);
+    const snaps = (await page.evaluate(() => window.__snapshots)).map((s) => s.trim()).filter(Boolean);
+    const distinct = [...new Set(snaps)];
+    check(distinct.length >= 2, `the reply did not stream (states seen: ${JSON.stringify(distinct)})`);
+    let prev = "";
+    for (const s of snaps) {
+      check(want.startsWith(s), `streamed state is not a prefix of the reply: ${JSON.stringify(s)}`);
+      check(s.length >= prev.length, `streamed text went backwards: ${JSON.stringify(prev)} -> ${JSON.stringify(s)}`);
+      prev = s;
+    }
+    log(`  ${distinct.length} streamed states`);
+    await page.waitForFunction((t) => document.getElementById("session-title").textContent === t, firstPrompt.slice(0, 40));
+    await page.waitForSelector('#session-list [aria-current="true"]');
+  });
+
+  await run("markdown is rendered", async () => {
+    await send("markdown");
+    const last = page.locator("#transcript .msg.agent").last();
+    check(await last.locator(".md-h1").count() === 1, "no heading");
+    check(await last.locator("ul > li").count() === 3, "no list of 3 items");
+    check((await last.locator("pre code").innerText()).includes("package main"), "no code block");
+    check(await last.locator("strong").count() >= 1 && await last.locator("em").count() >= 1, "no bold/italic");
+    check(await last.locator(":not(pre) > code").count() >= 1, "no inline code");
+  });
+
+  await run("thoughts are collapsed", async () => {
+    await send("think");
+    const th = page.locator("#transcript details.thought").last();
+    check(!(await th.evaluate((d) => d.open)), "the thought is open");
+    check((await th.textContent()).includes("The user wants me to think"), "thought text missing");
+  });
+
+  await run("plan entries with status", async () => {
+    await send("plan");
+    check(await page.locator("#transcript .plan").last().locator('li[data-status="completed"]').count() === 3, "plan entries not completed");
+  });
+
+  await run("permission request: Allow", async () => {
+    const before = await send("permission", { wait: false });
+    const allow = page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+    await allow.waitFor();
+    check(await allow.evaluate((b) => b === document.activeElement), "the first option is not focused");
+    check(await page.locator("#transcript .permission:not(.answered) button").count() === 2, "not one button per option");
+    await shot("03-permission");
+    await allow.click();
+    await expectAgentText("Permission granted");
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#transcript .tool").last().getAttribute("data-status")) === "completed", "tool call not completed");
+  });
+
+  await run("permission request: Reject with the keyboard", async () => {
+    await send("permission", { wait: false });
+    await page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').waitFor();
+    await page.keyboard.press("Tab"); // Allow -> Reject
+    check(await page.evaluate(() => document.activeElement?.dataset.optionId) === "reject", "Tab did not reach Reject");
+    await page.keyboard.press("Enter");
+    await expectAgentText("Permission denied");
+  });
+
+  await run("file read refused while file access is off", async () => {
+    if (await page.locator("#fs-allow").isChecked()) await page.locator("#fs-allow").uncheck();
+    await send("read /tmp/x/notes.txt");
+    await expectAgentText("I could not read /tmp/x/notes.txt");
+    const notice = page.locator("#transcript .notice-warn").last();
+    check((await notice.innerText()).includes("file access is off"), "no refusal notice");
+    await notice.locator("button").click(); // "Allow file access"
+    check(await page.locator("#fs-allow").isChecked(), "the notice's button did not allow file access");
+  });
+
+  await run("file read answered from the panel", async () => {
+    await send("read /tmp/x/notes.txt");
+    await expectAgentText('The first line is: "alpha line"');
+    check((await page.locator("#transcript .tool").last().getAttribute("data-kind")) === "read", "no read tool call");
+    await send("read /tmp/x/missing.txt");
+    await expectAgentText("I could not read /tmp/x/missing.txt");
+  });
+
+  await run("file write after permission", async () => {
+    await send("write /tmp/x/out.txt written by the agent", { wait: false });
+    const allow = page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+    await allow.waitFor();
+    const diff = page.locator("#transcript .tool").last().locator(".diff .diff-add");
+    check((await diff.innerText()).includes("written by the agent"), "the diff does not show the new text");
+    await allow.click();
+    await expectAgentText("Wrote 20 bytes to /tmp/x/out.txt.");
+    await page.waitForSelector('#file-list [data-path="/tmp/x/out.txt"]');
+    check((await page.locator("#file-content").inputValue()) === "written by the agent", "the panel does not show the written file");
+    check((await page.locator("#fs-log").innerText()).includes("Agent wrote /tmp/x/out.txt"), "write not logged");
+    await page.locator("#transcript .diff").last().scrollIntoViewIfNeeded();
+    await shot("04-files");
+  });
+
+  await run("cancel a long prompt", async () => {
+    await send("slow", { wait: false });
+    await expectAgentText("tick 3");
+    await shot("02-streaming");
+    check(await page.locator("#cancel-btn").isVisible(), "no Cancel button while the prompt runs");
+    await page.locator("#cancel-btn").click();
+    const end = page.locator('#transcript .turn-end[data-stop-reason="cancelled"]');
+    await end.waitFor();
+    check((await end.innerText()).includes("cancelled"), "stopReason cancelled not shown");
+    check(!(await page.locator("#cancel-btn").isVisible()), "Cancel still visible after the turn");
+  });
+
+  await run("agent text is never HTML", async () => {
+    const payload = "<img src=x onerror=window.__xss=1>";
+    await send(payload);
+    await expectAgentText(`You said: ${payload}`);
+    await send("[click](javascript:window.__xss=2) <script>window.__xss=3</script> **<b>bold</b>**");
+    await expectAgentText("You said: click <script>");
+    check(await page.evaluate(() => window.__xss) === undefined, "window.__xss was set");
+    check(await page.locator("#transcript img, #transcript script, #transcript b").count() === 0, "agent markup became elements");
+    check(await page.locator('#transcript a[href^="javascript"]').count() === 0, "a javascript: link was rendered");
+    check((await page.locator("#transcript .msg.user").last().innerText()).includes("<script>"), "the user's text was not shown as text");
+  });
+
+  await run("reconnect after a gateway restart (1001)", async () => {
+    await harness("stop"); // SIGTERM: the gateway closes the socket with 1001
+    await waitState("reconnecting");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(detail.includes("code 1001"), `reconnecting detail: ${detail}`);
+    // It keeps trying with backoff while the gateway is away.
+    await page.waitForFunction(() => /attempt [2-9]/.test(document.getElementById("conn-detail").textContent), null, { timeout: 10000 });
+    await shot("06-reconnecting");
+    await harness("start");
+    await waitState("connected", 30000);
+    // initialize + session/load of the open session: the history is replayed.
+    await page.waitForFunction(() => /Reconnected: history replayed/.test(document.getElementById("transcript").innerText), null, { timeout: 15000 });
+    await expectAgentText(`You said: ${firstPrompt}`);
+    check((await page.locator("#transcript .msg.user").first().innerText()).trim() === firstPrompt, "replayed history does not start with the first prompt");
+    await send("after the restart");
+    await expectAgentText("You said: after the restart");
+  });
+
+  await run("reconnect after a dropped connection (1006)", async () => {
+    await harness("kill"); // SIGKILL: the socket just drops
+    await waitState("reconnecting");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(detail.includes("code 1006"), `reconnecting detail: ${detail}`);
+    await harness("start");
+    await waitState("connected", 30000);
+    await page.waitForFunction(() => /Reconnected: history replayed/.test(document.getElementById("transcript").innerText), null, { timeout: 15000 });
+    await expectAgentText("You said: after the restart");
+  });
+
+  await run("reload the page and load the session", async () => {
+    await page.reload();
+    await waitState("connected");
+    const item = page.locator("#session-list .session-item", { hasText: firstPrompt.slice(0, 40) }).first();
+    await item.waitFor();
+    await item.getByRole("button", { name: /^Load/ }).click();
+    await page.waitForFunction(() => /Session loaded/.test(document.getElementById("transcript").innerText));
+    const users = await page.locator("#transcript .msg.user").allInnerTexts();
+    check(users[0]?.trim() === firstPrompt, `first replayed user message: ${JSON.stringify(users[0])}`);
+    check(users.some((u) => u.includes("after the restart")), "later user messages not replayed");
+    await expectAgentText(`You said: ${firstPrompt}`);
+    await expectAgentText("Permission granted");
+    check((await page.locator("#session-title").textContent()) === firstPrompt.slice(0, 40), "title not restored");
+    check(await page.locator("#transcript img").count() === 0, "replay produced an <img>");
+    check(await page.evaluate(() => window.__xss) === undefined, "window.__xss set on replay");
+    await send("after the reload");
+    await expectAgentText("You said: after the reload");
+  });
+
+  await run("disconnect and connect", async () => {
+    await page.locator("#disconnect-btn").click();
+    await waitState("disconnected");
+    check((await page.locator("#conn-detail").innerText()).includes("1000"), "close code not shown");
+    await page.locator("#connect-btn").click();
+    await waitState("connected");
+  });
+
+  await run("overview screenshot and dark mode", async () => {
+    // A fresh session with a short, representative conversation.
+    await page.locator("#new-session-btn").click();
+    await page.waitForFunction(() => !document.querySelector("#transcript .msg"));
+    await page.locator("#fs-allow").check();
+    await send("Set up a hello world in Go");
+    await send("plan");
+    const before = await send("write /tmp/x/hello.go package main", { wait: false });
+    const allow = page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+    await allow.waitFor();
+    await page.locator("#transcript").evaluate((t) => (t.scrollTop = t.scrollHeight));
+    await shot("00-overview"); // docs/screenshot.png is a copy of this one
+    await allow.click();
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#session-title").textContent()) === "Set up a hello world in Go", "title of the new session");
+    for (let i = 0; i < 3 && (await page.locator("html").getAttribute("data-theme")) !== "dark"; i++) {
+      await page.locator("#theme-toggle").click();
+    }
+    check((await page.locator("html").getAttribute("data-theme")) === "dark", "the toggle did not reach dark");
+    const bg = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+    const [r, g, b] = bg.match(/\d+/g).map(Number);
+    check(r + g + b < 150, `dark mode background is not dark: ${bg}`);
+    await shot("05-dark");
+    await page.reload();
+    await waitState("connected");
+    check((await page.locator("html").getAttribute("data-theme")) === "dark", "the theme was not remembered");
+  });
+}
+
+async function tenantScenario() {
+  const good = process.env.ACPGATE_GOOD_TOKEN || "good-token";
+
+  await run("no token: refused", async () => {
+    await page.goto(baseUrl);
+    await waitState("refused");
+    check((await page.locator("#conn-detail").innerText()).includes("check the token"), "no 'check the token' message");
+  });
+
+  await run("bad token: refused", async () => {
+    check(await page.locator("#auth").evaluate((d) => d.open), "the authentication fields are not opened");
+    await page.locator("#token").fill("bad-token");
+    await page.locator("#connect-btn").click();
+    await waitState("refused");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(/^Refused: check the token/.test(detail), `refused detail: ${detail}`);
+    await shot("07-refused");
+  });
+
+  await run("good token: connected via the subprotocol", async () => {
+    await page.locator("#token").fill(good);
+    await page.locator("#connect-btn").click();
+    await waitState("connected");
+    check((await page.locator("#conn-detail").innerText()).includes("bearer token"), "not connected with the token");
+    check(wsUrls.length >= 3, `expected 3 WebSocket attempts, saw ${wsUrls.length}`);
+    check(wsUrls.every((u) => !u.includes("token")), `a token went into a URL: ${wsUrls}`);
+  });
+
+  await run("a cwd outside the workspace is refused", async () => {
+    await page.locator("#cwd").fill("/tmp");
+    await page.locator("#new-session-btn").click();
+    await page.waitForSelector("#cwd-error:not([hidden])");
+    const err = await page.locator("#cwd-error").innerText();
+    check(err.includes("outside the workspace"), `cwd error: ${err}`);
+  });
+
+  await run("session and file read under the virtual root", async () => {
+    await page.locator("#cwd").fill("/workspace");
+    await page.locator("#new-session-btn").click();
+    await page.waitForFunction(() => document.getElementById("session-meta").textContent === "/workspace");
+    await page.locator("#file-new").click();
+    await page.locator("#file-path").fill("/workspace/notes.txt");
+    await page.locator("#file-content").fill("tenant notes\n");
+    await page.locator("#file-form button[type=submit]").click();
+    await page.locator("#fs-allow").check();
+    await send("hello tenant");
+    await expectAgentText("You said: hello tenant");
+    await send("read notes.txt"); // relative: resolved against the session's cwd
+    await expectAgentText('The first line is: "tenant notes"');
+    check((await page.locator("#transcript .tool .locations").last().innerText()).includes("/workspace/notes.txt"), "location not shown under /workspace");
+  });
+
+  await run("one-time ticket", async () => {
+    const r = await fetch(new URL("/v1/tickets", baseUrl), { method: "POST", headers: { Authorization: `Bearer ${good}` } });
+    check(r.status === 201, `POST /v1/tickets: ${r.status}`);
+    const { ticket } = await r.json();
+    await page.locator("#disconnect-btn").click();
+    await waitState("disconnected");
+    await page.locator("#token").fill("");
+    await page.locator("#ticket").fill(ticket);
+    await page.locator("#connect-btn").click();
+    await waitState("connected");
+    check((await page.locator("#conn-detail").innerText()).includes("ticket"), "not connected with the ticket");
+    check((await page.locator("#ticket").inputValue()) === "", "the spent ticket is still in the field");
+    await page.locator("#disconnect-btn").click();
+    await waitState("disconnected");
+    await page.locator("#ticket").fill(ticket); // a second use
+    await page.locator("#connect-btn").click();
+    await waitState("refused");
+    check((await page.locator("#conn-detail").innerText()).includes("ticket"), "refusal does not mention the ticket");
+  });
+}
+
+// -- main ----------------------------------------------------------------------
+let code = 0;
+try {
+  if (scenario === "main") await mainScenario();
+  else if (scenario === "tenant") await tenantScenario();
+  else throw new Failure(`unknown scenario ${scenario}`);
+  check(problems.length === 0, problems.join("\n"));
+  log(`PASS ${scenario}`);
+} catch (err) {
+  code = 1;
+  console.error(`FAIL ${scenario} at step "${step}": ${err instanceof Failure ? err.message : err.stack}`);
+  if (problems.length) console.error(problems.join("\n"));
+  console.error("browser console:\n  " + consoleLines.slice(-40).join("\n  "));
+  await page.screenshot({ path: join(outDir, `fail-${scenario}.png`) }).catch(() => {});
+} finally {
+  await browser.close().catch(() => {});
+}
+process.exit(code);

@@ -1,0 +1,730 @@
+// app.js: the acpgate web client. It wires acp.js (the protocol),
+// transcript.js (the conversation), files.js (the in-browser workspace) and
+// the page together: connect, initialize, sessions, prompts, permission
+// requests, cancellation, and reconnecting after a drop.
+
+import { AcpConnection, AcpClient, AcpError, ConnectError, ErrorCode, backoff, gatewayUrl } from "./acp.js";
+import { Transcript } from "./transcript.js";
+import { VirtualFiles, FilePanel, normalizePath } from "./files.js";
+import { h, clear, replace, relativeTime } from "./dom.js";
+
+const CLIENT_INFO = { name: "acpgate-web", title: "acpgate web client", version: "1.0.0" };
+// What this client can do for the agent. terminal/* and elicitation are not
+// offered, so the agent never asks for them.
+const CLIENT_CAPABILITIES = { fs: { readTextFile: true, writeTextFile: true }, terminal: false };
+
+const $ = (id) => document.getElementById(id);
+const PROMPT_HINT = "Enter sends · Shift+Enter new line · Esc cancels";
+const els = {
+  connState: $("conn-state"),
+  connStateText: $("conn-state-text"),
+  connDetail: $("conn-detail"),
+  agentBadge: $("agent-badge"),
+  connectForm: $("connect-form"),
+  url: $("url"),
+  auth: $("auth"),
+  token: $("token"),
+  ticket: $("ticket"),
+  connectBtn: $("connect-btn"),
+  disconnectBtn: $("disconnect-btn"),
+  agentInfo: $("agent-info"),
+  newSessionForm: $("new-session-form"),
+  cwd: $("cwd"),
+  cwdError: $("cwd-error"),
+  newSessionBtn: $("new-session-btn"),
+  refreshSessions: $("refresh-sessions"),
+  sessionList: $("session-list"),
+  title: $("session-title"),
+  sessionMeta: $("session-meta"),
+  transcript: $("transcript"),
+  composer: $("composer"),
+  prompt: $("prompt"),
+  promptHint: $("prompt-hint"),
+  sendBtn: $("send-btn"),
+  cancelBtn: $("cancel-btn"),
+  themeBtn: $("theme-toggle"),
+  filesToggle: $("files-toggle"),
+  filesPanel: $("files-panel"),
+  announcer: $("announcer"),
+};
+
+// localStorage with JSON values; failures (private mode) are ignored.
+const store = {
+  get(k, d = null) {
+    try {
+      const v = localStorage.getItem("acpgate." + k);
+      return v === null ? d : JSON.parse(v);
+    } catch {
+      return d;
+    }
+  },
+  set(k, v) {
+    try {
+      localStorage.setItem("acpgate." + k, JSON.stringify(v));
+    } catch {
+      // ignore
+    }
+  },
+};
+
+const app = {
+  conn: null, // AcpConnection
+  acp: null, // AcpClient, once initialized
+  state: "disconnected",
+  wantConnected: false, // false after the user disconnects: no reconnect
+  usedTicket: false, // the connection was opened with a (single-use) ticket
+  attempt: 0, // reconnect attempts since the last good connection
+  timer: null,
+  session: null, // {id, cwd, title}
+  running: null, // {started, cancelling}
+  loading: false,
+  lastClose: null, // {code, reason} of the close that lost the connection
+  connectSeq: 0,
+};
+
+// ---------------------------------------------------------------------------
+// Little helpers
+
+let announceTimer;
+function announce(text) {
+  clearTimeout(announceTimer);
+  els.announcer.textContent = "";
+  announceTimer = setTimeout(() => (els.announcer.textContent = text), 50);
+}
+
+function errText(err) {
+  if (err instanceof AcpError) return `${err.message} (${err.code})`;
+  return String(err?.message ?? err);
+}
+
+const CLOSE_MEANING = {
+  1000: "normal closure",
+  1001: "going away: the gateway is shutting down",
+  1005: "no status",
+  1006: "abnormal closure: the connection dropped",
+  1008: "policy violation",
+  1009: "message too big",
+  1011: "gateway error",
+  1012: "service restart",
+  1013: "try again later",
+};
+
+function closeText(c) {
+  if (!c) return "";
+  const meaning = CLOSE_MEANING[c.code] ?? "closed";
+  return `code ${c.code} (${meaning})${c.reason ? `, reason: “${c.reason}”` : ""}`;
+}
+
+function defaultUrl() {
+  return new URL("/acp", location.href).href.replace(/^http/, "ws");
+}
+
+// ---------------------------------------------------------------------------
+// Connection state
+
+const STATE_LABEL = {
+  disconnected: "Disconnected",
+  connecting: "Connecting…",
+  connected: "Connected",
+  reconnecting: "Reconnecting…",
+  refused: "Refused",
+  failed: "Failed",
+};
+
+function setState(state, detail = "") {
+  app.state = state;
+  els.connState.dataset.state = state;
+  els.connStateText.textContent = STATE_LABEL[state] ?? state;
+  els.connDetail.textContent = detail;
+  els.connDetail.dataset.state = state;
+  updateControls();
+}
+
+function updateControls() {
+  const connected = app.state === "connected" && !!app.acp;
+  const busy = !!app.running || app.loading;
+  const live = ["connected", "connecting", "reconnecting"].includes(app.state);
+  // One of Connect / Disconnect at a time; both while reconnecting.
+  els.connectBtn.hidden = app.state === "connected" || app.state === "connecting";
+  els.connectBtn.textContent = app.state === "reconnecting" ? "Reconnect now" : "Connect";
+  els.disconnectBtn.hidden = !live;
+  for (const el of [els.url, els.token, els.ticket]) el.disabled = app.state === "connected" || app.state === "connecting";
+  els.newSessionBtn.disabled = !connected || busy;
+  els.refreshSessions.disabled = !connected;
+  els.sendBtn.disabled = !connected || busy;
+  els.cancelBtn.hidden = !app.running;
+  els.cancelBtn.disabled = !!app.running?.cancelling;
+  els.cancelBtn.textContent = app.running?.cancelling ? "Cancelling…" : "Cancel";
+  els.composer.dataset.running = app.running ? "true" : "false";
+  for (const b of els.sessionList.querySelectorAll("button")) b.disabled = !connected || busy;
+}
+
+// ---------------------------------------------------------------------------
+// Connect, initialize, reconnect
+
+async function connect({ reconnect = false } = {}) {
+  clearTimeout(app.timer);
+  if (app.conn) return; // already open
+  const seq = ++app.connectSeq; // a newer connect() (e.g. "Reconnect now") wins
+  const url = els.url.value.trim() || defaultUrl();
+  const token = els.token.value.trim();
+  const ticket = els.ticket.value.trim();
+  try {
+    gatewayUrl(url);
+  } catch (err) {
+    setState("failed", errText(err));
+    return;
+  }
+  store.set("url", url === defaultUrl() ? null : url);
+  app.wantConnected = true;
+  setState(reconnect ? "reconnecting" : "connecting",
+    reconnect ? `Connection lost: ${closeText(app.lastClose)}. Attempt ${app.attempt}…` : `Opening ${url}`);
+
+  // A ticket is single-use: take it out of the field as it is spent.
+  if (ticket) els.ticket.value = "";
+  app.usedTicket = !!ticket;
+
+  let conn;
+  try {
+    conn = await AcpConnection.open(url, ticket ? { ticket } : { token });
+  } catch (err) {
+    if (seq !== app.connectSeq) return;
+    if (!app.wantConnected) return setState("disconnected", "");
+    if (!(err instanceof ConnectError)) return setState("failed", errText(err)); // e.g. a token with spaces
+    if (reconnect) {
+      // Up but refusing (a revoked token?) or still away: keep trying either way.
+      const up = (await probe(url)) === true;
+      if (seq !== app.connectSeq || !app.wantConnected) return;
+      return scheduleReconnect(up ? "The gateway is up but refused the upgrade: check the token. " : "");
+    }
+    return explainRefusal(url, { token, ticket });
+  }
+  if (!app.wantConnected || seq !== app.connectSeq || app.conn) {
+    conn.close();
+    return;
+  }
+  app.conn = conn;
+  wireHandlers(conn);
+  conn.onClose((c) => onClosed(conn, c));
+
+  const acp = new AcpClient(conn);
+  try {
+    await acp.initialize(CLIENT_CAPABILITIES, CLIENT_INFO);
+  } catch (err) {
+    if (conn.closed) return; // onClosed takes over
+    setState("failed", `initialize failed: ${errText(err)}`);
+    app.wantConnected = false;
+    conn.close(1000, "initialize failed");
+    return;
+  }
+  app.acp = acp;
+  app.attempt = 0;
+  setState("connected", `${url} · subprotocol ${conn.protocol || "(none)"}${ticket ? " · ticket" : token ? " · bearer token" : ""}`);
+  renderAgent(acp.init);
+  announce(`Connected to ${agentName(acp.init)}`);
+  if (reconnect && app.session) await restoreSession();
+  else if (!app.session) showEmpty();
+  refreshSessions();
+  if (!reconnect) els.prompt.focus();
+}
+
+// The upgrade failed. A browser cannot see the 401/403/429 or its body, so
+// ask the gateway's health endpoint whether it is up at all.
+async function explainRefusal(url, { token, ticket }) {
+  const reachable = await probe(url);
+  app.wantConnected = false;
+  if (reachable === false) {
+    setState("failed", `Unreachable: nothing answers at ${url}. Is the gateway running?`);
+    return;
+  }
+  const maybe = reachable === null ? " (or the gateway is unreachable)" : "";
+  if (ticket) setState("refused", `Refused: the ticket is invalid, expired or already used${maybe}. Tickets are single-use.`);
+  else if (token) setState("refused", `Refused: check the token${maybe}.`);
+  else setState("refused", `Refused: check the token. This gateway needs one (or does not allow this page's origin)${maybe}.`);
+  els.auth.open = true;
+  (ticket ? els.ticket : els.token).focus();
+}
+
+// true: the gateway's /healthz answers; false: it does not; null: cannot tell
+// (another origin, which the page's Content-Security-Policy does not reach).
+async function probe(url) {
+  let health;
+  try {
+    health = new URL("/healthz", url.replace(/^ws/, "http"));
+  } catch {
+    return null;
+  }
+  if (health.origin !== location.origin) return null;
+  try {
+    const r = await fetch(health, { cache: "no-store" });
+    return r.ok;
+  } catch {
+    return false;
+  }
+}
+
+function onClosed(conn, c) {
+  if (app.conn !== conn) return;
+  app.conn = null;
+  app.acp = null;
+  app.lastClose = c;
+  transcript.cancelPermissions("The connection closed.");
+  if (!app.wantConnected) {
+    setState("disconnected", `Closed: ${closeText(c)}`);
+    return;
+  }
+  if (app.usedTicket && !els.token.value.trim()) {
+    app.wantConnected = false;
+    setState("disconnected", `Closed: ${closeText(c)}. The ticket was single-use: paste a new one to reconnect.`);
+    els.auth.open = true;
+    return;
+  }
+  scheduleReconnect();
+}
+
+// Tries again after a backoff. The detail keeps the close that lost the
+// connection (failed attempts while the gateway is away are all 1006).
+function scheduleReconnect(hint = "") {
+  app.attempt++;
+  const delay = backoff(app.attempt);
+  setState("reconnecting", `Connection lost: ${closeText(app.lastClose)}. ${hint}Retrying in ${(delay / 1000).toFixed(1)} s (attempt ${app.attempt}).`);
+  app.timer = setTimeout(() => connect({ reconnect: true }), delay);
+}
+
+function disconnect() {
+  app.wantConnected = false;
+  app.connectSeq++; // abandon a connect() in progress
+  clearTimeout(app.timer);
+  app.attempt = 0;
+  if (app.conn) app.conn.close(1000, "client disconnected");
+  else setState("disconnected", "");
+}
+
+// After a reconnect: bring the open session back on the new connection.
+async function restoreSession() {
+  const s = app.session;
+  if (app.acp.canLoad()) {
+    await loadSession(s.id, s.cwd, { title: s.title, reason: "Reconnected: history replayed with session/load." });
+  } else if (app.acp.canResume()) {
+    try {
+      await app.acp.resumeSession(s.id, s.cwd);
+      transcript.notice("Reconnected: session resumed (session/resume, no replay).", "divider");
+    } catch (err) {
+      transcript.notice(`Reconnected, but the session could not be resumed: ${errText(err)}`, "error");
+      app.session = null;
+    }
+  } else {
+    transcript.notice("Reconnected, but this agent cannot load sessions (no loadSession): start a new session to go on.", "warn");
+    app.session = null;
+  }
+  updateControls();
+}
+
+// The agent's requests and notifications.
+function wireHandlers(conn) {
+  conn.on("session/update", (p) => {
+    if (app.session && p.sessionId === app.session.id) transcript.update(p.update);
+  });
+  conn.handle("session/request_permission", (p, { signal }) => {
+    if (!app.session || p.sessionId !== app.session.id) return { outcome: { outcome: "cancelled" } };
+    return transcript.askPermission(p, signal).then((outcome) => ({ outcome }));
+  });
+  conn.handle("fs/read_text_file", (p) => files.read(p));
+  conn.handle("fs/write_text_file", (p) => files.write(p));
+  conn.onProtocolError = (err) => console.warn("acpgate client:", err);
+}
+
+// ---------------------------------------------------------------------------
+// Agent panel
+
+function agentName(init) {
+  const i = init?.agentInfo ?? {};
+  return String(i.title ?? i.name ?? "agent");
+}
+
+function renderAgent(init) {
+  const info = init?.agentInfo ?? {};
+  const caps = init?.agentCapabilities ?? {};
+  const on = (v) => v === true || (v !== null && typeof v === "object");
+  replace(els.agentBadge, h("span", { class: "agent-name" }, agentName(init)), info.version ? h("span", { class: "agent-version" }, ` ${info.version}`) : null);
+
+  const chip = (label, enabled, title) =>
+    h("li", { class: enabled ? "cap on" : "cap off", title }, label, h("span", { class: "visually-hidden" }, enabled ? " (supported)" : " (not supported)"));
+  const group = (name, items) => h("div", { class: "cap-group" }, h("h3", {}, name), h("ul", { class: "caps" }, items));
+  const sc = caps.sessionCapabilities ?? {};
+  const pc = caps.promptCapabilities ?? {};
+  const mc = caps.mcpCapabilities ?? {};
+  const known = new Set(["list", "resume", "close", "delete", "additionalDirectories"]);
+
+  replace(els.agentInfo,
+    h("dl", { class: "kv" },
+      h("dt", {}, "Agent"), h("dd", {}, agentName(init)),
+      h("dt", {}, "Version"), h("dd", {}, String(info.version ?? "—")),
+      h("dt", {}, "Protocol"), h("dd", {}, `ACP v${init?.protocolVersion}`)),
+    group("Sessions", [
+      chip("load", caps.loadSession === true, "session/load: replay a saved session"),
+      chip("list", on(sc.list), "session/list"),
+      chip("resume", on(sc.resume), "session/resume: reattach without replay"),
+      chip("close", on(sc.close), "session/close"),
+      chip("delete", on(sc.delete), "session/delete"),
+      chip("extra dirs", on(sc.additionalDirectories), "additionalDirectories"),
+      ...Object.keys(sc).filter((k) => !known.has(k) && !k.startsWith("_")).map((k) => chip(k, on(sc[k]), `sessionCapabilities.${k}`)),
+    ]),
+    group("Prompt", [
+      chip("text", true, "always supported"),
+      chip("image", pc.image === true, "promptCapabilities.image"),
+      chip("audio", pc.audio === true, "promptCapabilities.audio"),
+      chip("context", pc.embeddedContext === true, "promptCapabilities.embeddedContext"),
+    ]),
+    group("MCP servers", [
+      chip("stdio", true, "always supported"),
+      chip("http", mc.http === true, "mcpCapabilities.http"),
+      chip("sse", mc.sse === true, "mcpCapabilities.sse"),
+    ]),
+    Array.isArray(init?.authMethods) && init.authMethods.length
+      ? group("Authentication", init.authMethods.map((m) => h("li", { class: "cap on" }, String(m.name ?? m.id))))
+      : null,
+    h("details", { class: "raw" }, h("summary", {}, "initialize result"), h("pre", { tabindex: "0" }, JSON.stringify(init, null, 2))));
+}
+
+// ---------------------------------------------------------------------------
+// Sessions
+
+function setTitle(title) {
+  els.title.textContent = title || "New conversation";
+  document.title = title ? `${title} · acpgate` : "acpgate";
+  if (app.session) app.session.title = title;
+}
+
+function checkedCwd() {
+  const cwd = normalizePath(els.cwd.value.trim());
+  els.cwdError.hidden = !!cwd;
+  if (!cwd) {
+    els.cwdError.textContent = "The working directory must be an absolute path, like /tmp.";
+    els.cwd.setAttribute("aria-invalid", "true");
+    els.cwd.focus();
+    return null;
+  }
+  els.cwd.removeAttribute("aria-invalid");
+  return cwd;
+}
+
+async function newSession() {
+  if (!app.acp) return false;
+  const cwd = checkedCwd();
+  if (!cwd) return false;
+  store.set("cwd", cwd);
+  app.loading = true;
+  updateControls();
+  try {
+    const res = await app.acp.newSession(cwd);
+    app.session = { id: res.sessionId, cwd, title: "" };
+    store.set("lastSession", { id: res.sessionId, cwd });
+    transcript.clear();
+    setTitle("");
+    els.sessionMeta.textContent = cwd;
+    showEmpty();
+    return true;
+  } catch (err) {
+    els.cwdError.hidden = false;
+    els.cwdError.textContent = `Could not start a session in ${cwd}: ${errText(err)}`;
+    els.cwd.setAttribute("aria-invalid", "true");
+    announce(els.cwdError.textContent);
+    return false;
+  } finally {
+    app.loading = false;
+    updateControls();
+    refreshSessions();
+  }
+}
+
+async function loadSession(id, cwd, { title = "", reason = "Session loaded: history replayed with session/load." } = {}) {
+  if (!app.acp || app.running) return;
+  app.loading = true;
+  updateControls();
+  const previous = app.session;
+  app.session = { id, cwd, title };
+  transcript.clear();
+  setTitle(title);
+  els.sessionMeta.textContent = cwd;
+  try {
+    // The agent replays the history as session/update notifications, which
+    // arrive (and render) before this response.
+    await app.acp.loadSession(id, cwd);
+    transcript.notice(reason, "divider");
+    store.set("lastSession", { id, cwd });
+    announce(`Session ${title || ""} loaded`);
+  } catch (err) {
+    transcript.notice(`Could not load the session: ${errText(err)}`, "error");
+    app.session = err instanceof AcpError ? null : previous;
+  } finally {
+    app.loading = false;
+    updateControls();
+    refreshSessions();
+  }
+}
+
+let listSeq = 0;
+async function refreshSessions() {
+  const seq = ++listSeq;
+  const acp = app.acp;
+  const list = els.sessionList;
+  if (!acp) {
+    replace(list, h("li", { class: "muted" }, "Connect to see the saved sessions."));
+    return updateControls();
+  }
+  let sessions = [];
+  let note = null;
+  if (acp.canList()) {
+    try {
+      const res = await acp.listSessions();
+      sessions = Array.isArray(res?.sessions) ? res.sessions : [];
+      if (res?.nextCursor) note = "Showing the newest sessions.";
+    } catch (err) {
+      note = `session/list failed: ${errText(err)}`;
+    }
+  } else {
+    note = "This agent does not list sessions (no sessionCapabilities.list).";
+    const last = store.get("lastSession");
+    if (last?.id) sessions = [{ sessionId: last.id, cwd: last.cwd, title: "Last session" }];
+  }
+  if (seq !== listSeq) return;
+  clear(list);
+  if (!sessions.length && !note) list.appendChild(h("li", { class: "muted" }, "No saved sessions yet."));
+  const canLoad = acp.canLoad();
+  const canResume = acp.canResume();
+  for (const s of sessions) {
+    const current = app.session?.id === s.sessionId;
+    const title = String(s.title || "Untitled session");
+    const action = canLoad ? "Load" : canResume ? "Resume" : null;
+    list.appendChild(h("li", { class: "session-item", "aria-current": current ? "true" : null, dataset: { sessionId: s.sessionId } },
+      h("div", { class: "session-text" },
+        h("span", { class: "session-title" }, title),
+        h("span", { class: "session-meta" }, String(s.cwd ?? ""), s.updatedAt ? ` · ${relativeTime(s.updatedAt)}` : "")),
+      current ? h("span", { class: "badge" }, "open") : null,
+      action && !current
+        ? h("button", {
+            type: "button",
+            class: "btn btn-small",
+            "aria-label": `${action} session ${title}`,
+            onclick: () => (canLoad ? loadSession(s.sessionId, s.cwd, { title: s.title ?? "" }) : resumeSession(s)),
+          }, action)
+        : null));
+  }
+  if (note) list.appendChild(h("li", { class: "muted small" }, note));
+  updateControls();
+}
+
+async function resumeSession(s) {
+  try {
+    await app.acp.resumeSession(s.sessionId, s.cwd);
+    app.session = { id: s.sessionId, cwd: s.cwd, title: s.title ?? "" };
+    transcript.clear();
+    setTitle(s.title ?? "");
+    transcript.notice("Session resumed (session/resume does not replay the history).", "divider");
+  } catch (err) {
+    transcript.notice(`Could not resume the session: ${errText(err)}`, "error");
+  }
+  refreshSessions();
+}
+
+// ---------------------------------------------------------------------------
+// Prompts
+
+async function sendPrompt(text = els.prompt.value) {
+  if (app.running) {
+    announce("The agent is still working: wait for it, or press Escape to cancel.");
+    els.promptHint.textContent = "The agent is still working · Esc cancels";
+    return;
+  }
+  if (!text.trim() || app.loading || !app.acp) return;
+  if (!app.session && !(await newSession())) return;
+  if (text === els.prompt.value) {
+    els.prompt.value = "";
+    autosize();
+  }
+  const session = app.session;
+  transcript.addUser(text);
+  transcript.beginTurn();
+  const started = performance.now();
+  app.running = { started };
+  updateControls();
+  try {
+    const res = await app.acp.prompt(session.id, [{ type: "text", text }]);
+    transcript.endTurn(String(res?.stopReason ?? "end_turn"), performance.now() - started);
+  } catch (err) {
+    const lost = err instanceof ConnectError;
+    transcript.notice(lost ? `The connection closed during the turn: ${errText(err)}` : `The prompt failed: ${errText(err)}`, "error");
+    transcript.endTurn("error", performance.now() - started);
+  } finally {
+    app.running = null;
+    els.promptHint.textContent = PROMPT_HINT;
+    updateControls();
+    if (!document.activeElement || document.activeElement === document.body || document.activeElement === els.cancelBtn) els.prompt.focus();
+  }
+  if (app.acp && app.session === session) refreshSessions();
+}
+
+function cancelPrompt() {
+  if (!app.running || !app.acp || !app.session) return;
+  app.running.cancelling = true;
+  // session/cancel is a notification; the prompt then ends with
+  // stopReason "cancelled". Open permission requests must be answered
+  // "cancelled" by the client.
+  app.acp.cancel(app.session.id);
+  transcript.cancelPermissions("You cancelled the turn.");
+  updateControls();
+  els.prompt.focus();
+}
+
+function autosize() {
+  const p = els.prompt;
+  p.style.height = "auto";
+  p.style.height = Math.min(p.scrollHeight + 2, 220) + "px";
+}
+
+// The first screen: what to try with the demo agent, or a hint.
+function showEmpty() {
+  const demo = app.acp?.init?.agentInfo?.name === "acpgate-demo-agent";
+  const cwd = app.session?.cwd ?? (normalizePath(els.cwd.value.trim()) || "/tmp");
+  const base = cwd === "/" ? "" : cwd;
+  const tries = demo
+    ? [
+        ["markdown", "a formatted reply"],
+        ["plan", "a plan that completes"],
+        ["think", "thoughts, then a reply"],
+        ["permission", "asks before it runs"],
+        [`read ${base}/notes.txt`, "reads from the Files panel"],
+        [`write ${base}/hello.txt Hello from the agent`, "writes after you allow it"],
+        ["slow", "a long stream to cancel"],
+      ]
+    : [];
+  transcript.showEmpty(h("div", { class: "empty-inner" },
+    h("p", { class: "empty-title" }, demo ? "Say something to the demo agent, or try one of these:" : "Type a message below to start."),
+    tries.length
+      ? h("ul", { class: "suggestions" }, tries.map(([t, what]) => h("li", {},
+          h("button", { type: "button", class: "suggestion", onclick: () => sendPrompt(t), disabled: !app.acp },
+            h("code", {}, t), h("span", {}, what)))))
+      : null));
+}
+
+// ---------------------------------------------------------------------------
+// Theme and panels
+
+// The toggle goes auto -> the scheme the system does not use -> the one it
+// does -> auto, so the first click always changes what you see.
+const THEMES = window.matchMedia("(prefers-color-scheme: dark)").matches ? ["auto", "light", "dark"] : ["auto", "dark", "light"];
+function applyTheme(t) {
+  if (!THEMES.includes(t)) t = "auto";
+  if (t === "auto") delete document.documentElement.dataset.theme;
+  else document.documentElement.dataset.theme = t;
+  const next = THEMES[(THEMES.indexOf(t) + 1) % THEMES.length];
+  els.themeBtn.dataset.theme = t;
+  els.themeBtn.querySelector(".theme-label").textContent = t[0].toUpperCase() + t.slice(1);
+  els.themeBtn.setAttribute("aria-label", `Theme: ${t}. Switch to ${next}.`);
+  store.set("theme", t);
+}
+
+function toggleFiles(show) {
+  els.filesPanel.hidden = !show;
+  els.filesToggle.setAttribute("aria-expanded", String(show));
+  document.body.classList.toggle("files-open", show);
+}
+
+// ---------------------------------------------------------------------------
+// Start
+
+const transcript = new Transcript(els.transcript, {
+  onTitle: (t) => {
+    setTitle(t);
+    const li = els.sessionList.querySelector(`[aria-current="true"] .session-title`);
+    if (li) li.textContent = t;
+  },
+  announce,
+  onUsage: (u) => {
+    if (Number.isFinite(u.used) && Number.isFinite(u.size)) {
+      els.sessionMeta.textContent = `${app.session?.cwd ?? ""} · ${u.used.toLocaleString()} / ${u.size.toLocaleString()} tokens`;
+    }
+  },
+});
+
+const vfs = new VirtualFiles();
+if (!store.get("seeded")) {
+  vfs.set("/tmp/notes.txt", "Hello from the browser's file panel.\nThe agent reads this file with fs/read_text_file.\n");
+  store.set("seeded", true);
+}
+const files = new FilePanel(vfs, {
+  allow: $("fs-allow"),
+  list: $("file-list"),
+  form: $("file-form"),
+  path: $("file-path"),
+  content: $("file-content"),
+  newBtn: $("file-new"),
+  deleteBtn: $("file-delete"),
+  status: $("file-status"),
+  log: $("fs-log"),
+}, {
+  announce,
+  onRefused: (what, path) => {
+    const btn = h("button", {
+      type: "button",
+      class: "btn btn-small",
+      onclick: () => {
+        files.setAllowed(true);
+        toggleFiles(true);
+        btn.disabled = true;
+      },
+    }, "Allow file access");
+    transcript.notice(`Refused the agent's ${what} of ${path}: file access is off. `, "warn", btn);
+  },
+});
+
+els.url.value = store.get("url") || defaultUrl();
+els.cwd.value = store.get("cwd") || "/tmp";
+applyTheme(store.get("theme", "auto"));
+toggleFiles(window.matchMedia("(min-width: 1200px)").matches);
+
+els.connectForm.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  app.attempt = 0;
+  connect();
+});
+els.disconnectBtn.addEventListener("click", disconnect);
+els.newSessionForm.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  newSession().then((ok) => ok && els.prompt.focus());
+});
+els.refreshSessions.addEventListener("click", refreshSessions);
+els.composer.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sendPrompt();
+});
+els.prompt.addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing && !ev.altKey && !ev.ctrlKey && !ev.metaKey) {
+    ev.preventDefault();
+    sendPrompt();
+  } else if (ev.key === "Escape" && app.running) {
+    ev.preventDefault();
+    cancelPrompt();
+  }
+});
+els.prompt.addEventListener("input", autosize);
+els.cancelBtn.addEventListener("click", cancelPrompt);
+els.themeBtn.addEventListener("click", () => {
+  const t = els.themeBtn.dataset.theme;
+  applyTheme(THEMES[(THEMES.indexOf(t) + 1) % THEMES.length]);
+});
+els.filesToggle.addEventListener("click", () => toggleFiles(els.filesPanel.hidden));
+window.addEventListener("online", () => {
+  if (app.state === "reconnecting") connect({ reconnect: true });
+});
+
+setState("disconnected", "");
+refreshSessions();
+showEmpty();
+// Talk at once: connect on load. A token is never stored, so a gateway that
+// needs one shows "refused" and asks for it.
+connect();
+
+// Exposed for debugging in the console; the UI does not depend on it.
+window.acpgate = { app, transcript, files: vfs, ErrorCode };
