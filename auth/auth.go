@@ -84,6 +84,9 @@ type Config struct {
 	MaxTickets int
 	// Clock is the time source (default time.Now); tests inject a fake.
 	Clock func() time.Time
+	// OnFailure, if set, is called with the reason of every refused
+	// request (upgrades and ticket requests alike), for metrics.
+	OnFailure func(reason string)
 }
 
 // Identity is an authenticated client. It never holds the credential.
@@ -147,12 +150,13 @@ func unauthorized(reason, msg string) *Error { return fail(http.StatusUnauthoriz
 
 // Authenticator checks credentials. It is safe for concurrent use.
 type Authenticator struct {
-	log     *slog.Logger
-	now     func() time.Time
-	origins []originPattern
-	tenants atomic.Pointer[tenantTable]
-	jwt     *jwtVerifier // nil: no JWTs
-	tickets *ticketStore
+	log       *slog.Logger
+	onFailure func(reason string)
+	now       func() time.Time
+	origins   []originPattern
+	tenants   atomic.Pointer[tenantTable]
+	jwt       *jwtVerifier // nil: no JWTs
+	tickets   *ticketStore
 
 	closeOnce sync.Once
 }
@@ -169,6 +173,10 @@ const (
 func New(cfg Config, log *slog.Logger) (*Authenticator, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	onFailure := cfg.OnFailure
+	if onFailure == nil {
+		onFailure = func(string) {}
 	}
 	now := cfg.Clock
 	if now == nil {
@@ -201,10 +209,11 @@ func New(cfg Config, log *slog.Logger) (*Authenticator, error) {
 		return nil, errors.Join(errs...)
 	}
 	a := &Authenticator{
-		log:     log,
-		now:     now,
-		origins: origins,
-		tickets: newTicketStore(ttl, maxTickets),
+		log:       log,
+		onFailure: onFailure,
+		now:       now,
+		origins:   origins,
+		tickets:   newTicketStore(ttl, maxTickets),
 	}
 	a.tenants.Store(table)
 	if cfg.JWT != nil {
@@ -483,5 +492,6 @@ func (a *Authenticator) logFailure(r *http.Request, err error) {
 	var e *Error
 	if errors.As(err, &e) {
 		a.log.Info("authentication failed", "reason", e.Reason, "remote", r.RemoteAddr)
+		a.onFailure(e.Reason)
 	}
 }

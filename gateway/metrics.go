@@ -20,18 +20,16 @@ type metrics struct {
 	reloads         *prometheus.CounterVec // result
 }
 
-func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, version string) *metrics {
+func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authFailures *prometheus.CounterVec, version string) *metrics {
 	m := &metrics{
-		tenants: relay.Tenants(),
+		authFailures: authFailures,
+		tenants:      relay.Tenants(),
 		connsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "acpgate_connections_open", Help: "Open client WebSocket connections.",
 		}, []string{"tenant"}),
 		connsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_connections_total", Help: "Client WebSocket connections that ended, by close reason.",
 		}, []string{"tenant", "reason"}),
-		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
-		}, []string{"reason"}),
 		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed (1008) because the client read slower than its agent wrote.",
 		}),

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,8 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	started  atomic.Bool
-	drain    atomic.Bool
+	notReady atomic.Bool // SIGTERM received: /readyz says draining
+	drain    atomic.Bool // the listener is closing: new connections refused
 
 	mu          sync.Mutex
 	conns       map[*wsConn]struct{}
@@ -79,7 +81,10 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	}
 	if next.Listen != cur.Listen || !slices.Equal(next.Agent.Command, cur.Agent.Command) || next.Pool != cur.Pool ||
 		next.Limits != cur.Limits || next.Timeouts != cur.Timeouts {
-		return errors.New("listen, agent, pool, limits and timeouts settings need a restart; only tenants, tokens, auth and policy reload")
+		return errors.New("listen, agent, pool, limits and timeouts settings need a restart; only tenants (tokens, quotas, roots) and policy reload")
+	}
+	if !reflect.DeepEqual(next.Auth, cur.Auth) {
+		return errors.New("auth settings (allowed_origins, jwt, ticket_ttl) need a restart; only tenants (tokens, quotas, roots) and policy reload")
 	}
 	var tokens []auth.TenantTokens
 	for _, t := range next.Tenants {
@@ -140,8 +145,8 @@ func newSealer(cfg *config.Config, log *slog.Logger) (*proxy.Sealer, error) {
 	return proxy.NewSealer(keys...)
 }
 
-func newAuthenticator(cfg *config.Config, log *slog.Logger) (*auth.Authenticator, error) {
-	ac := auth.Config{AllowedOrigins: cfg.Auth.AllowedOrigins, TicketTTL: cfg.Auth.TicketTTL.D()}
+func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(string)) (*auth.Authenticator, error) {
+	ac := auth.Config{AllowedOrigins: cfg.Auth.AllowedOrigins, TicketTTL: cfg.Auth.TicketTTL.D(), OnFailure: onFailure}
 	for _, t := range cfg.Tenants {
 		ac.Tenants = append(ac.Tenants, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
 	}
@@ -170,14 +175,17 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	tenants := relayTenants(cfg)
+	reg := prometheus.NewRegistry()
+	relayMetrics := proxy.NewMetrics(reg, cfg.Observability.TenantLabelLimit)
+	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
+	}, []string{"reason"})
 	var authn *auth.Authenticator
 	if cfg.AuthEnabled() {
-		if authn, err = newAuthenticator(cfg, log); err != nil {
+		if authn, err = newAuthenticator(cfg, log, func(reason string) { authFailures.WithLabelValues(reason).Inc() }); err != nil {
 			return nil, err
 		}
 	}
-	reg := prometheus.NewRegistry()
-	relayMetrics := proxy.NewMetrics(reg, cfg.Observability.TenantLabelLimit)
 	relay, err := proxy.NewRelay(proxy.Config{
 		Metrics: relayMetrics,
 		Pool: proxy.PoolConfig{
@@ -219,7 +227,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg}
-	s.metrics = newMetrics(reg, s, relayMetrics, opts.Version)
+	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := chi.NewRouter()
 	r.Get("/acp", s.handleACP)
 	if cfg.Observability.MetricsListen == "" {
@@ -273,7 +281,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 // ready returns why the gateway is not ready, or "".
 func (s *Server) ready() string {
 	switch {
-	case s.drain.Load():
+	case s.notReady.Load() || s.drain.Load():
 		return "draining"
 	case !s.started.Load():
 		return "starting"
@@ -293,6 +301,14 @@ func (s *Server) MetricsHandler() http.Handler {
 // closes every WebSocket with 1001 (going away) and stops every agent
 // process group.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.notReady.Store(true)
+	if d := s.config().ShutdownDelay.D(); d > 0 {
+		s.log.Info("not ready; still accepting while load balancers catch up", "shutdown_delay", d)
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
 	s.drain.Store(true)
 	err := s.http.Shutdown(ctx) // hijacked WebSockets are not waited for here
 	graceD := s.config().ShutdownGrace.D()

@@ -68,13 +68,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	accept := &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}, CompressionMode: websocket.CompressionDisabled}
 	if s.authn != nil {
 		id, err := s.authn.Upgrade(r)
-		if err != nil {
-			var ae *auth.Error
-			reason := "unauthorized"
-			if errors.As(err, &ae) {
-				reason = ae.Reason
-			}
-			s.metrics.authFailures.WithLabelValues(reason).Inc()
+		if err != nil { // counted by the authenticator's OnFailure hook
 			auth.WriteError(w, err) // Upgrade has logged the reason (never the token)
 			return
 		}

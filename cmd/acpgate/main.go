@@ -219,8 +219,8 @@ func loadConfig(f serveFlags) (*config.Config, error) {
 		return nil, fmt.Errorf("environment: %w", err)
 	}
 	for _, name := range unknown {
-		if !strings.HasPrefix(name, "ACPGATE_DEMO_") {
-			fmt.Fprintf(os.Stderr, "acpgate: warning: %s is not a setting (see README, Configuration)\n", name)
+		if !ignoredEnv(name) {
+			fmt.Fprintf(os.Stderr, "acpgate: warning: %s is not a setting (see README, Running it)\n", name)
 		}
 	}
 	if f.listen != "" {
@@ -246,6 +246,14 @@ func loadConfig(f serveFlags) (*config.Config, error) {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// ignoredEnv: ACPGATE_* variables that are not settings but are expected:
+// the demo agent's, the test runner's, and the service links Kubernetes
+// injects for a Service named acpgate.
+func ignoredEnv(name string) bool {
+	return strings.HasPrefix(name, "ACPGATE_DEMO_") || strings.HasPrefix(name, "ACPGATE_PORT") ||
+		strings.HasPrefix(name, "ACPGATE_SERVICE_") || strings.HasPrefix(name, "ACPGATE_REQUIRE_")
 }
 
 func newLogger(c config.Log, w io.Writer) *slog.Logger {

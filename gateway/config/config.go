@@ -30,6 +30,10 @@ type Config struct {
 	AllowUnauthenticated bool `yaml:"allow_unauthenticated"`
 	// ShutdownGrace bounds how long a drain lets running prompts finish.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	// ShutdownDelay keeps accepting connections for this long after SIGTERM
+	// while /readyz already answers 503, so load balancers stop sending new
+	// clients before the listener closes (0 = close at once).
+	ShutdownDelay Duration `yaml:"shutdown_delay"`
 
 	Agent     Agent     `yaml:"agent"`
 	Pool      Pool      `yaml:"pool"`
@@ -362,6 +366,9 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	if c.ShutdownGrace < 0 {
 		add("shutdown_grace", "must not be negative")
+	}
+	if c.ShutdownDelay < 0 {
+		add("shutdown_delay", "must not be negative")
 	}
 	for i, a := range c.Agent.Command {
 		if a == "" && i == 0 {
