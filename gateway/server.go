@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"reflect"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,8 +78,9 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	if next.AuthEnabled() != cur.AuthEnabled() {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
-	if next.Listen != cur.Listen || !slices.Equal(next.Agent.Command, cur.Agent.Command) || next.Pool != cur.Pool ||
-		next.Limits != cur.Limits || next.Timeouts != cur.Timeouts {
+	if next.Listen != cur.Listen || !reflect.DeepEqual(next.Agent, cur.Agent) || next.Pool != cur.Pool ||
+		next.Limits != cur.Limits || next.Timeouts != cur.Timeouts ||
+		next.ShutdownGrace != cur.ShutdownGrace || next.ShutdownDelay != cur.ShutdownDelay {
 		return errors.New("listen, agent, pool, limits and timeouts settings need a restart; only tenants (tokens, quotas, roots) and policy reload")
 	}
 	if !reflect.DeepEqual(next.Auth, cur.Auth) {

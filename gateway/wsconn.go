@@ -176,12 +176,25 @@ func writeJSONError(w http.ResponseWriter, status int, reason, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": reason, "message": msg})
 }
 
+// frameQueue bounds the client frames read but not yet handled. The reader
+// goes on reading (so pongs and close frames are seen) while a request
+// waits for an agent process; past the bound it waits too (backpressure).
+const frameQueue = 64
+
 func (c *wsConn) run() {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	frames := make(chan []byte, frameQueue)
+	wg.Add(3)
 	go func() { defer wg.Done(); c.writeLoop() }()
 	go func() { defer wg.Done(); c.pingLoop() }()
-	code, reason := c.readLoop()
+	go func() { // handles frames in order, one at a time
+		defer wg.Done()
+		for f := range frames {
+			c.conn.Handle(f)
+		}
+	}()
+	code, reason := c.readLoop(frames)
+	close(frames)
 	c.cancel()
 	wg.Wait()
 	_ = c.ws.CloseNow()
@@ -199,7 +212,7 @@ func (c *wsConn) run() {
 
 // readLoop feeds the client's messages to the relay until the connection
 // ends, and returns why it ended.
-func (c *wsConn) readLoop() (websocket.StatusCode, string) {
+func (c *wsConn) readLoop(frames chan<- []byte) (websocket.StatusCode, string) {
 	var buf bytes.Buffer
 	for {
 		typ, r, err := c.ws.Reader(c.ctx)
@@ -218,7 +231,11 @@ func (c *wsConn) readLoop() (websocket.StatusCode, string) {
 				"binary frames are not supported: send each JSON-RPC message as one text frame", nil))
 			continue
 		}
-		c.conn.Handle(buf.Bytes())
+		select {
+		case frames <- bytes.Clone(buf.Bytes()):
+		case <-c.ctx.Done():
+			return c.endReason(c.ctx.Err())
+		}
 	}
 }
 

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"log/slog"
+
+	"github.com/acpgate/acpgate/proxy/policy"
 	"strings"
 	"testing"
 )
@@ -42,7 +44,10 @@ func BenchmarkRouteSessionUpdate300B(b *testing.B) { benchRoute(b, 160) }
 func BenchmarkRouteSessionUpdate20KB(b *testing.B) { benchRoute(b, 20000) }
 
 func (r *Relay) newConnForBench(s Sink) *Conn {
-	c := &Conn{relay: r, ten: &tenant{metrics: r.metrics, label: "default"}, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
+	ten := &tenant{metrics: r.metrics, label: "default"}
+	pol := policy.Default()
+	ten.pol.Store(&pol)
+	c := &Conn{relay: r, ten: ten, sink: s, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor
 	return c

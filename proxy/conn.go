@@ -51,6 +51,7 @@ type Conn struct {
 	resolve jsonrpc.Resolver
 
 	limiter *rate.Limiter // the connection's message rate; nil = none
+	logLim  *logLimiter   // bounds what one client can make the gateway log
 
 	mu          sync.Mutex
 	initialized bool
@@ -138,7 +139,7 @@ const codeBusy = -32006
 // allow applies the connection's and the tenant's rate limits and the
 // pending-request cap. Cancellations always pass: they reduce load.
 func (c *Conn) allow(m *jsonrpc.Message) bool {
-	if m.Method == mSessionCancel || m.Method == mCancelRequest {
+	if (m.Method == mSessionCancel || m.Method == mCancelRequest) && m.Kind == jsonrpc.KindNotification && len(m.Raw) <= maxFreeCancelBytes {
 		return true
 	}
 	var why string
@@ -155,10 +156,34 @@ func (c *Conn) allow(m *jsonrpc.Message) bool {
 	c.ten.denied("rate_limited")
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, codeBusy, why, nil)
-	} else {
+	} else if c.logLim.allow() {
 		c.log.Info("notification dropped", "method", m.Method, "why", why)
 	}
 	return false
+}
+
+// maxFreeCancelBytes: a cancellation notification up to this size is never
+// limited (it reduces load); a bigger one is treated like any message.
+const maxFreeCancelBytes = 4 << 10
+
+// clientReason is what a client is told about a failure to reach an agent:
+// why, without host details (argv, agent stderr), which only go to the log.
+func clientReason(err error) string {
+	switch {
+	case errors.Is(err, errAgentFailing):
+		return "the agent is failing to start; try again shortly"
+	case errors.Is(err, ErrAgentExited):
+		return "the agent process exited"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "the agent did not take the request in time"
+	case errors.Is(err, errPoolClosed):
+		return errPoolClosed.Error()
+	}
+	var busy *poolBusyError
+	if errors.As(err, &busy) {
+		return busy.Error()
+	}
+	return "internal error"
 }
 
 func (c *Conn) pending() int {
@@ -193,7 +218,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	p, err := c.relay.pool.acquire(ctx, prof, false)
 	if err != nil {
 		c.log.Warn("initialize: no agent", "err", err)
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+err.Error(), nil)
+		c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 		return
 	}
 	c.mu.Lock()
@@ -234,6 +259,16 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	if !c.checkPolicy(m) {
+		return
+	}
+	// Paths are checked before anything is reserved or taken over.
+	edits, pathErr := c.ten.mapToAgent(m, edits)
+	if pathErr != nil {
+		c.ten.denied("path_outside_root")
+		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
+		if isReq {
+			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
+		}
 		return
 	}
 	var (
@@ -280,10 +315,12 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				c.notFound(m, gwID, false)
 				return
 			}
-			if !live && isReq && !c.reserveQuota(m) {
+			// A lost session this connection holds is still counted.
+			counted := sess != nil
+			if !live && isReq && !counted && !c.reserveQuota(m) {
 				return
 			}
-			quota = !live && isReq
+			quota = !live && isReq && !counted
 			if live {
 				p = sess.proc
 			} else {
@@ -301,11 +338,34 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				return
 			}
 			p, err = c.homeProc(ctx)
+		case !live && sess != nil && m.Method == mSessionClose:
+			// Its agent died: closing it only has to forget it here.
+			c.detach(sess)
+			c.ten.event("closed")
+			if isReq {
+				c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
+			}
+			return
 		case !live:
 			c.notFound(m, gwID, sess != nil)
 			return
 		default:
 			agentSID, p = sess.AgentID, sess.proc
+			if createsSession(m.Method) && isReq {
+				// session/fork (or any session-creating request naming a
+				// session) makes a new session on the same process: it
+				// takes a tenant slot and a process slot like session/new.
+				if !c.reserveQuota(m) {
+					return
+				}
+				quota = true
+				if !p.tryReserveSlot() {
+					release()
+					c.replyError(m.ID, codeBusy, "the agent process of this session is full; try again later", nil)
+					return
+				}
+				reserve = true
+			}
 		}
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)})
 	} else if createsSession(m.Method) {
@@ -325,16 +385,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		release()
 		c.log.Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+err.Error(), nil)
-		}
-		return
-	}
-	if edits, err = c.ten.mapToAgent(m, edits); err != nil {
-		release()
-		c.ten.denied("path_outside_root")
-		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", err)
-		if isReq {
-			c.replyError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 		}
 		return
 	}
@@ -350,14 +401,16 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			start:    time.Now(),
 		}
 		req.quota.Store(quota)
-		if !p.track(req) {
+		if !c.trackClientReq(req) { // the connection closed meanwhile
+			req.quota.Store(false)
 			release()
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 			return
 		}
-		if !c.trackClientReq(req) { // the connection closed meanwhile
-			p.untrack(req)
-			c.forgetClientReq(req)
+		if !p.track(req) {
+			c.forgetClientReq(req) // gives back the quota slot
+			quota = false
+			release()
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
@@ -371,14 +424,16 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		sess.promptStart.Store(time.Now().UnixNano())
 	}
 	c.relay.metrics.message(dirClientToAgent, m.Method, len(out))
-	if err := p.send(out); err != nil && req != nil {
-		p.untrack(req)
-		c.forgetClientReq(req)
-		if attach != nil {
-			p.dropSession(attach)
-			c.detach(attach)
+	if err := p.send(ctx, out); err != nil && req != nil {
+		// Answer only if no one else did (the agent's death answers all).
+		if p.untrack(req) {
+			c.forgetClientReq(req)
+			if attach != nil {
+				p.dropSession(attach)
+				c.detach(attach)
+			}
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
 		}
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited: "+err.Error(), nil)
 	}
 }
 
@@ -431,13 +486,14 @@ func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
 // reserveQuota holds one of the tenant's session slots for m, or answers m
 // with the quota error.
 func (c *Conn) reserveQuota(m *jsonrpc.Message) bool {
-	if c.ten.tryReserve() {
+	ok, max := c.ten.tryReserve()
+	if ok {
 		return true
 	}
 	c.ten.denied("session_quota")
-	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", c.ten.maxSessions)
+	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
 	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
-		c.tenant, c.ten.maxSessions), nil)
+		c.tenant, max), nil)
 	return false
 }
 
@@ -475,8 +531,13 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 	req := c.clientReqs[string(m.Bytes(f))]
 	c.mu.Unlock()
 	if req == nil {
+		if m.Kind == jsonrpc.KindRequest {
+			c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
+		}
 		return // already answered: nothing to cancel
 	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	defer cancel()
 	agentID := strconv.AppendInt(nil, req.agentID, 10)
 	if m.Kind == jsonrpc.KindRequest {
 		// $/cancel_request is a notification; a client that sent it as a
@@ -484,11 +545,11 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 		// notification.
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		params := append(append([]byte(`{"requestId":`), agentID...), '}')
-		_ = req.p.send(append(jsonrpc.AppendRequest(nil, nil, mCancelRequest, params), '\n'))
+		_ = req.p.send(ctx, append(jsonrpc.AppendRequest(nil, nil, mCancelRequest, params), '\n'))
 		return
 	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
-	_ = req.p.send(append(out, '\n'))
+	_ = req.p.send(ctx, append(out, '\n'))
 }
 
 // handleResponse forwards the client's answer to an agent's request.
@@ -499,7 +560,9 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	delete(c.agentReqs, id)
 	c.mu.Unlock()
 	if !ok || in == nil {
-		c.log.Warn("client answered a request id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
+		if c.logLim.allow() {
+			c.log.Warn("client answered a request id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
+		}
 		return
 	}
 	in.proc.mu.Lock()
@@ -509,7 +572,9 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	in.proc.mu.Unlock()
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.relay.metrics.message(dirClientToAgent, in.method, len(out))
-	if err := in.proc.send(append(out, '\n')); err != nil {
+	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	defer cancel()
+	if err := in.proc.send(ctx, append(out, '\n')); err != nil {
 		c.log.Debug("answer for an exited agent dropped", "err", err)
 	}
 }

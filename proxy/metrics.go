@@ -162,10 +162,10 @@ func (m *Metrics) message(dir, method string, n int) {
 	if dir == dirAgentToClient {
 		d = 1
 	}
-	v, ok := m.byMethod[d].Load(method)
+	l := methodLabel(method) // the cache is keyed by the bounded label
+	v, ok := m.byMethod[d].Load(l)
 	if !ok {
-		l := methodLabel(method)
-		v, _ = m.byMethod[d].LoadOrStore(method, &msgCounters{
+		v, _ = m.byMethod[d].LoadOrStore(l, &msgCounters{
 			msgs:  m.Messages.WithLabelValues(dir, l),
 			bytes: m.MessageBytes.WithLabelValues(dir, l),
 		})

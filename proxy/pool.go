@@ -121,6 +121,19 @@ func (p *Pool) changed() {
 // errPoolClosed is returned once the pool is shutting down.
 var errPoolClosed = errors.New("the gateway is shutting down")
 
+// errAgentFailing is wrapped while the pool backs off after failed starts.
+var errAgentFailing = errors.New("the agent is failing to start")
+
+// poolBusyError: no process had room within the acquire timeout.
+type poolBusyError struct {
+	wait                time.Duration
+	procs, max, perProc int
+}
+
+func (e *poolBusyError) Error() string {
+	return fmt.Sprintf("no agent process free within %s (%d processes of at most %d, %d sessions each)", e.wait, e.procs, e.max, e.perProc)
+}
+
 // acquire returns a ready process of the profile. With forSession it also
 // reserves a session slot, packing sessions onto the busiest process that
 // has room so that idle processes stay idle (and warm). Without, the
@@ -179,8 +192,7 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 		case <-wait:
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, fmt.Errorf("no agent process free within %s (%d processes of at most %d, %d sessions each)",
-					p.cfg.AcquireTimeout, p.count(), p.cfg.MaxProcesses, p.cfg.MaxSessionsPerProcess)
+				return nil, &poolBusyError{wait: p.cfg.AcquireTimeout, procs: p.count(), max: p.cfg.MaxProcesses, perProc: p.cfg.MaxSessionsPerProcess}
 			}
 			return nil, ctx.Err()
 		}
@@ -223,7 +235,7 @@ func (p *Pool) count() int {
 // caller waits for capacity.
 func (p *Pool) spawnLocked(prof Profile) error {
 	if now := time.Now(); now.Before(p.retryAt) {
-		return fmt.Errorf("the agent is failing to start (%v); next try in %s", p.lastErr, p.retryAt.Sub(now).Round(time.Millisecond))
+		return fmt.Errorf("%w (%v); next try in %s", errAgentFailing, p.lastErr, p.retryAt.Sub(now).Round(time.Millisecond))
 	}
 	if len(p.procs) >= p.cfg.MaxProcesses {
 		// Make room: stop an idle process of another profile.
@@ -243,6 +255,7 @@ func (p *Pool) spawnLocked(prof Profile) error {
 		writeQ:   make(chan []byte, 256),
 		exited:   make(chan struct{}),
 		stopCh:   make(chan struct{}),
+		ctrlWake: make(chan struct{}, 1),
 		pending:  map[int64]*outReq{},
 		inbound:  map[string]*inReq{},
 		sessions: map[string]*Session{},
@@ -527,9 +540,9 @@ func (a *agentProc) alive() bool {
 
 func (a *agentProc) kill() {
 	a.mu.Lock()
-	cmd := a.cmd
+	cmd, dead := a.cmd, a.state == procDead
 	a.mu.Unlock()
-	if cmd != nil && cmd.Process != nil {
+	if cmd != nil && cmd.Process != nil && !dead { // a reaped group's id may be reused
 		_ = killGroup(cmd.Process.Pid)
 	}
 }
@@ -548,10 +561,12 @@ func (a *agentProc) track(r *outReq) bool {
 	return true
 }
 
-func (a *agentProc) untrack(r *outReq) {
+// untrack removes a request that will not be answered; false if it was
+// already gone (answered, or failed by the agent's death).
+func (a *agentProc) untrack(r *outReq) bool {
 	a.mu.Lock()
-	freed := false
-	if a.pending[r.agentID] == r {
+	found, freed := a.pending[r.agentID] == r, false
+	if found {
 		delete(a.pending, r.agentID)
 		if r.reserved {
 			a.reserved--
@@ -562,6 +577,18 @@ func (a *agentProc) untrack(r *outReq) {
 	if freed {
 		a.pool.changed()
 	}
+	return found
+}
+
+// tryReserveSlot holds a session slot on this process if it has room.
+func (a *agentProc) tryReserveSlot() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state != procReady || len(a.sessions)+a.reserved >= a.pool.cfg.MaxSessionsPerProcess {
+		return false
+	}
+	a.reserved++
+	return true
 }
 
 func (a *agentProc) unreserve() {
@@ -595,8 +622,5 @@ func (a *agentProc) fireAndForget(method string, params []byte) {
 	id := a.nextID
 	a.pending[id] = &outReq{agentID: id, p: a, method: method, start: time.Now()}
 	a.mu.Unlock()
-	msg := jsonrpc.AppendRequest(nil, strconv.AppendInt(nil, id, 10), method, params)
-	if err := a.send(append(msg, '\n')); err != nil {
-		a.log.Debug("send to agent", "method", method, "err", err)
-	}
+	a.sendCtrl(append(jsonrpc.AppendRequest(nil, strconv.AppendInt(nil, id, 10), method, params), '\n'))
 }

@@ -69,9 +69,17 @@ type agentProc struct {
 	stdin  *os.File
 	stdout *os.File
 	stderr *os.File
-	writeQ chan []byte
-	exited chan struct{} // closed when the process is reaped and its routes failed
-	stopCh chan struct{} // closed by stop: the writer closes stdin
+	writeQ chan []byte // client messages, relayed with backpressure
+	// ctrl holds the gateway's own messages to the agent (answers in a
+	// client's place, refusals, cancels, closes): never blocking, so the
+	// agent's reader goroutine can always go on reading; the writer drains
+	// it first. An agent that lets it fill up has stopped reading stdin.
+	ctrlMu    sync.Mutex
+	ctrl      [][]byte
+	ctrlBytes int
+	ctrlWake  chan struct{}
+	exited    chan struct{} // closed when the process is reaped and its routes failed
+	stopCh    chan struct{} // closed by stop: the writer closes stdin
 
 	// Set before the state becomes ready, read-only afterwards.
 	init    agentInit
@@ -199,14 +207,58 @@ func (p *agentProc) start(cfg *PoolConfig) error {
 	return nil
 }
 
-// send queues one framed message (ending in '\n') for the agent's stdin.
-func (p *agentProc) send(msg []byte) error {
+// send queues one framed client message (ending in '\n') for the agent's
+// stdin, waiting while the queue is full (backpressure) until ctx ends.
+func (p *agentProc) send(ctx context.Context, msg []byte) error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("%s: %w", p, ErrAgentExited)
+	default:
+	}
 	select {
 	case p.writeQ <- msg:
 		return nil
 	case <-p.exited:
 		return fmt.Errorf("%s: %w", p, ErrAgentExited)
+	case <-ctx.Done():
+		return fmt.Errorf("%s is not reading its input: %w", p, ctx.Err())
 	}
+}
+
+// maxCtrlBytes bounds the gateway's own messages waiting for an agent.
+const maxCtrlBytes = 4 << 20
+
+// sendCtrl queues one of the gateway's own framed messages without ever
+// blocking. If the agent has let maxCtrlBytes pile up, it is stopped.
+func (p *agentProc) sendCtrl(msg []byte) {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	p.ctrlMu.Lock()
+	if p.ctrlBytes+len(msg) > maxCtrlBytes {
+		p.ctrlMu.Unlock()
+		p.log.Error("agent is not reading its input; stopping it", "queued_bytes", p.ctrlBytes)
+		p.stop(p.pool.cfg.Agent.StopGrace)
+		return
+	}
+	p.ctrl = append(p.ctrl, msg)
+	p.ctrlBytes += len(msg)
+	p.ctrlMu.Unlock()
+	select {
+	case p.ctrlWake <- struct{}{}:
+	default:
+	}
+}
+
+// takeCtrl removes and returns the queued control messages.
+func (p *agentProc) takeCtrl() [][]byte {
+	p.ctrlMu.Lock()
+	defer p.ctrlMu.Unlock()
+	out := p.ctrl
+	p.ctrl, p.ctrlBytes = nil, 0
+	return out
 }
 
 func (p *agentProc) writeLoop() {
@@ -216,13 +268,32 @@ func (p *agentProc) writeLoop() {
 		var msg []byte
 		select {
 		case msg = <-p.writeQ:
+		case <-p.ctrlWake:
 		case <-p.stopCh:
+			for _, c := range p.takeCtrl() {
+				_, _ = w.Write(c)
+			}
 			_ = w.Flush()
 			p.stdin.Close() // EOF, for agents that stop on it
 			p.drainWrites()
 			return
 		case <-p.exited:
 			return
+		}
+		// The gateway's own messages go first.
+		for _, c := range p.takeCtrl() {
+			if _, err := w.Write(c); err != nil {
+				p.log.Debug("agent stdin closed", "err", err)
+				p.drainWrites()
+				return
+			}
+		}
+		if msg == nil {
+			if err := w.Flush(); err != nil {
+				p.drainWrites()
+				return
+			}
+			continue
 		}
 		if _, err := w.Write(msg); err != nil {
 			p.log.Debug("agent stdin closed", "err", err)
@@ -470,7 +541,7 @@ func (p *agentProc) call(ctx context.Context, method string, params []byte) ([]b
 	p.pending[id] = &outReq{agentID: id, method: method, internal: ch, start: time.Now()}
 	p.mu.Unlock()
 	msg := jsonrpc.AppendRequest(nil, strconv.AppendInt(nil, id, 10), method, params)
-	if err := p.send(append(msg, '\n')); err != nil {
+	if err := p.send(ctx, append(msg, '\n')); err != nil {
 		return nil, err
 	}
 	select {
@@ -492,8 +563,5 @@ func (p *agentProc) call(ctx context.Context, method string, params []byte) ([]b
 
 // notify sends a notification of the gateway's own.
 func (p *agentProc) notify(method string, params []byte) {
-	msg := jsonrpc.AppendRequest(nil, nil, method, params)
-	if err := p.send(append(msg, '\n')); err != nil {
-		p.log.Debug("notify agent", "method", method, "err", err)
-	}
+	p.sendCtrl(append(jsonrpc.AppendRequest(nil, nil, method, params), '\n'))
 }

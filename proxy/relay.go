@@ -152,6 +152,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
+	c.logLim = newLogLimiter(20, time.Second)
 	r.mu.Lock()
 	r.conns[c] = struct{}{}
 	r.mu.Unlock()

@@ -290,8 +290,16 @@ func TestAgentThatCannotStart(t *testing.T) {
 			c := newTestConn(t, r, "c")
 			c.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}`)
 			m := c.await("1", nil)
-			if m.Error == nil || !strings.Contains(m.Error.Message, tc.want) {
+			// The client hears that the agent fails, without host details
+			// (argv, the agent's own words); the pool keeps those for logs.
+			if m.Error == nil || !strings.Contains(m.Error.Message, "the agent is failing to start") {
 				t.Fatalf("initialize against a failing agent: %s", m.raw)
+			}
+			r.pool.mu.Lock()
+			last := fmt.Sprint(r.pool.lastErr)
+			r.pool.mu.Unlock()
+			if !strings.Contains(last, tc.want) {
+				t.Fatalf("the pool's last error %q lacks %q", last, tc.want)
 			}
 			// While backing off, the next client hears at once, without a
 			// spawn storm.

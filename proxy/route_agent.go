@@ -115,7 +115,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	switch {
 	case m.IsError:
 		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-			edits = append(edits, r.sessionEdit(m, f, c))
+			edits = append(edits, r.errorSessionEdit(m, f, req))
 		}
 		if req.attach != nil {
 			p.dropSession(req.attach)
@@ -144,8 +144,8 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		c.ten.event("loaded")
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
-	case req.method == mSessionClose && req.sess != nil:
-		// The client closed it: the session and its quota slot are free.
+	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
+		// The client closed (or deleted) it: the session and its quota slot are free.
 		p.dropSession(req.sess)
 		c.detach(req.sess)
 		c.ten.event("closed")
@@ -215,13 +215,19 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 	return jsonrpc.DeleteElements(edits, elems, func(i int) bool { return hidden[i] })
 }
 
-// sessionEdit replaces an agent session ID located in m with the ID the
-// client knows.
-func (r *agentReader) sessionEdit(m *jsonrpc.Message, f jsonrpc.Field, c *Conn) jsonrpc.Edit {
+// errorSessionEdit rewrites error.data.sessionId (v2 -32002): it becomes
+// the client's ID only when it is the session the request addressed.
+// Anything else is redacted: sealing an arbitrary agent session ID for the
+// asking tenant would hand it a loadable ID for a session it never held.
+func (r *agentReader) errorSessionEdit(m *jsonrpc.Message, f jsonrpc.Field, req *outReq) jsonrpc.Edit {
 	sid, ok := m.String(f)
 	repl := []byte(`""`)
-	if ok {
-		repl = jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))
+	switch {
+	case !ok:
+	case req.sess != nil && sid == req.sess.AgentID:
+		repl = req.sess.quotedID
+	case req.attach != nil && sid == req.attach.AgentID:
+		repl = req.attach.quotedID
 	}
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: repl}
 }
@@ -296,9 +302,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			return
 		}
 		p.log.Info("agent request refused by policy", "method", m.Method, "err", err)
-		if err := p.send(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeMethodNotFound, err.Error(), nil), '\n')); err != nil {
-			p.log.Debug("answer agent", "err", err)
-		}
+		p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeMethodNotFound, err.Error(), nil), '\n'))
 		return
 	}
 	edits, outside := conn.ten.mapToClient(m, edits, isReq && confinedRequest(m.Method))
@@ -308,9 +312,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		p.log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
 		conn.ten.denied("path_outside_root")
 		msg := "params." + outside + ": outside the workspace of this session; the gateway refused it"
-		if err := p.send(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n')); err != nil {
-			p.log.Debug("answer agent", "err", err)
-		}
+		p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n'))
 		return
 	}
 	if isReq {
@@ -334,6 +336,9 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 func (r *agentReader) allowAgent(conn *Conn, method string) error {
 	if err := conn.ten.policy().AllowAgentMethod(method); err != nil {
 		return err
+	}
+	if method != mFsRead && method != mFsWrite && !strings.HasPrefix(method, "terminal/") {
+		return nil // the hot path (session/update) takes no lock here
 	}
 	prof := r.p.profile()
 	switch {
@@ -367,9 +372,7 @@ func (p *agentProc) answerForClient(agentID []byte, method, why string) {
 	} else {
 		out = jsonrpc.AppendError(nil, agentID, jsonrpc.CodeRequestCancelled, why, nil)
 	}
-	if err := p.send(append(out, '\n')); err != nil {
-		p.log.Debug("answer agent", "err", err)
-	}
+	p.sendCtrl(append(out, '\n'))
 }
 
 // addSession registers a session the agent now serves for c.
@@ -404,6 +407,9 @@ func (p *agentProc) dropSession(s *Session) {
 		delete(p.sessions, s.AgentID)
 	}
 	s.owner = nil
+	if len(p.sessions) == 0 && p.reserved == 0 && p.conns == 0 {
+		p.idleAt = time.Now()
+	}
 	p.mu.Unlock()
 }
 

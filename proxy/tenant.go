@@ -89,14 +89,15 @@ func (t *tenant) policy() *policy.Policy { return t.pol.Load() }
 const codeQuota = -32005
 
 // tryReserve holds a session slot for a request that may add a session.
-func (t *tenant) tryReserve() bool {
+// tryReserve holds a session slot; it returns the limit in force too.
+func (t *tenant) tryReserve() (bool, int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.maxSessions > 0 && t.sessions+t.pending >= t.maxSessions {
-		return false
+		return false, t.maxSessions
 	}
 	t.pending++
-	return true
+	return true, t.maxSessions
 }
 
 func (t *tenant) unreserve() {

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -128,9 +129,10 @@ func serve(args []string, stderr io.Writer) int {
 	srv, err := gateway.New(gateway.Options{
 		Config:       cfg,
 		AgentCommand: agentCmd,
-		Supervisor:   []string{exe, "supervise", "--grace", cfg.Agent.StopGrace.D().String(), "--"},
-		Version:      buildVersion(),
-		Logger:       log,
+		Supervisor: []string{exe, "supervise", "--grace", cfg.Agent.StopGrace.D().String(),
+			"--parent-pid", strconv.Itoa(os.Getpid()), "--"},
+		Version: buildVersion(),
+		Logger:  log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -185,7 +187,9 @@ serve:
 			break serve
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace.D()+cfg.Agent.StopGrace.D()+5*time.Second)
+	// Reloads cannot change these, so the startup values hold.
+	ctx, cancel := context.WithTimeout(context.Background(),
+		cfg.ShutdownDelay.D()+cfg.ShutdownGrace.D()+cfg.Agent.StopGrace.D()+5*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- srv.Shutdown(ctx) }()
@@ -360,10 +364,11 @@ func superviseCmd(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("acpgate supervise", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	grace := fs.Duration("grace", 5*time.Second, "time between SIGTERM and SIGKILL")
+	parent := fs.Int("parent-pid", 0, "the gateway's pid (the supervisor refuses to start if its parent is another process)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	return supervise.Run(fs.Args(), *grace)
+	return supervise.Run(fs.Args(), *grace, *parent)
 }
 
 // splitCommand splits --agent like a POSIX shell would, without expansion.

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -255,6 +256,9 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 			v = bytes.TrimLeft(v, " \t\r\n:")
 			m.Payload, m.PayloadPos = v, [2]int{end - len(v), end}
 		default:
+			if twin, ok := caseTwin(name, envelopeNames...); ok {
+				return &ScanError{Class: ErrParse, Err: caseTwinError(name, twin), ID: m.ID}
+			}
 			if err := d.SkipValue(); err != nil {
 				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
 			}
@@ -359,6 +363,9 @@ func (s *Scanner) walk(m *Message, spec *Spec, parent int) error {
 			}
 			sub := lookupMember(spec.Fields, name)
 			if sub == nil {
+				if err := checkCaseTwin(spec.Fields, name); err != nil {
+					return err
+				}
 				if err := d.SkipValue(); err != nil {
 					return err
 				}
@@ -400,6 +407,43 @@ func (s *Scanner) walk(m *Message, spec *Spec, parent int) error {
 		m.Fields[self].End = int(d.InputOffset())
 	}
 	return nil
+}
+
+var envelopeNames = []string{"jsonrpc", "id", "method", "params", "result", "error"}
+
+// caseTwin reports whether name (not one of names exactly) equals one of
+// them under Unicode case folding. Some decoders, Go's encoding/json among
+// them, match member names that way: such a member would be read as the
+// field the gateway located, by the peer and not by the gateway (a parser
+// differential), so it is rejected like a duplicate.
+func caseTwin(name []byte, names ...string) (string, bool) {
+	for _, n := range names {
+		if len(name) >= len(n)/3 && strings.EqualFold(string(name), n) {
+			return n, true
+		}
+	}
+	return "", false
+}
+
+func checkCaseTwin(fields map[string]*Spec, quoted jsontext.Value) error {
+	name := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(name, '\\') >= 0 {
+		u, err := jsontext.AppendUnquote(nil, quoted)
+		if err != nil {
+			return err
+		}
+		name = u
+	}
+	for n := range fields {
+		if twin, ok := caseTwin(name, n); ok {
+			return caseTwinError(name, twin)
+		}
+	}
+	return nil
+}
+
+func caseTwinError(name []byte, twin string) error {
+	return fmt.Errorf("member name %q differs from %q only in case; some peers read them as one", name, twin)
 }
 
 // lookupMember finds a member name in a spec. Names in a Spec are plain

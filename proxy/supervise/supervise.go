@@ -27,8 +27,11 @@ import (
 const prSetChildSubreaper = 36
 
 // Run supervises argv until it and every descendant have exited and returns
-// the exit code to use (the agent's, or 128+signal).
-func Run(argv []string, grace time.Duration) int {
+// the exit code to use (the agent's, or 128+signal). parentPID is the
+// gateway's PID: if the supervisor's parent is already someone else, the
+// gateway died before the parent-death signal was armed. (The gateway may
+// itself be PID 1 in a container, so "parent is 1" proves nothing.)
+func Run(argv []string, grace time.Duration, parentPID int) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(os.Stderr, "acpgate supervise: no command")
 		return 2
@@ -38,8 +41,8 @@ func Run(argv []string, grace time.Duration) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	// The gateway may already be gone: then nobody will ever signal us.
-	if os.Getppid() == 1 {
+	if parentPID > 0 && os.Getppid() != parentPID {
+		fmt.Fprintf(os.Stderr, "acpgate supervise: the gateway (pid %d) is gone; not starting the agent\n", parentPID)
 		return 1
 	}
 	path, err := exec.LookPath(argv[0])

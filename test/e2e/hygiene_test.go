@@ -1,0 +1,647 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// --- a client for concurrent load ---
+
+// wsClient is a WebSocket client whose methods return errors instead of
+// failing the test, so that worker goroutines can use it (t.Fatal must only
+// be called from the test's own goroutine).
+type wsClient struct {
+	ws     *websocket.Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	in     chan rpcMsg
+	done   chan struct{}
+	nextID int
+
+	mu      sync.Mutex
+	readErr error
+}
+
+var errClosed = errors.New("connection closed")
+
+func wsDial(addr string, header http.Header) (*wsClient, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer dcancel()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	ws, _, err := websocket.Dial(dctx, "ws://"+addr+"/acp", &websocket.DialOptions{HTTPClient: hc, HTTPHeader: header, Subprotocols: []string{"acp"}})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	ws.SetReadLimit(64 << 20)
+	c := &wsClient{ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 4096), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		defer close(c.in)
+		for {
+			_, b, err := ws.Read(ctx)
+			if err != nil {
+				c.mu.Lock()
+				c.readErr = err
+				c.mu.Unlock()
+				return
+			}
+			var m rpcMsg
+			if err := json.Unmarshal(b, &m); err != nil {
+				m.Method = "<invalid JSON>"
+			}
+			m.Raw = b
+			select {
+			case c.in <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return c, nil
+}
+
+func (c *wsClient) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readErr
+}
+
+// close ends the connection with a close handshake.
+func (c *wsClient) close() {
+	_ = c.ws.Close(websocket.StatusNormalClosure, "")
+	c.cancel()
+	<-c.done
+}
+
+// kill drops the TCP connection without a close handshake.
+func (c *wsClient) kill() {
+	_ = c.ws.CloseNow()
+	c.cancel()
+	<-c.done
+}
+
+func (c *wsClient) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
+	defer cancel()
+	return c.ws.Write(ctx, websocket.MessageText, b)
+}
+
+func (c *wsClient) request(method string, params any) (int, error) {
+	c.nextID++
+	return c.nextID, c.send(map[string]any{"jsonrpc": "2.0", "id": c.nextID, "method": method, "params": params})
+}
+
+func (c *wsClient) notify(method string, params any) error {
+	return c.send(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+func (c *wsClient) respond(id json.RawMessage, result any) error {
+	return c.send(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+func (c *wsClient) next(timeout time.Duration) (rpcMsg, error) {
+	select {
+	case m, ok := <-c.in:
+		if !ok {
+			return rpcMsg{}, fmt.Errorf("%w: %v", errClosed, c.err())
+		}
+		return m, nil
+	case <-time.After(timeout):
+		return rpcMsg{}, fmt.Errorf("no message within %s", timeout)
+	}
+}
+
+// await reads until the response to id, passing everything else to other
+// (nil: anything but session/update is an error).
+func (c *wsClient) await(id int, timeout time.Duration, other func(rpcMsg) error) (rpcMsg, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		m, err := c.next(time.Until(deadline))
+		if err != nil {
+			return m, fmt.Errorf("waiting for the answer to %d: %w", id, err)
+		}
+		if m.isResponseTo(id) {
+			return m, nil
+		}
+		if other != nil {
+			if err := other(m); err != nil {
+				return m, err
+			}
+		} else if m.Method != "session/update" {
+			return m, fmt.Errorf("unexpected message while waiting for %d: %.300s", id, m.Raw)
+		}
+	}
+}
+
+func (c *wsClient) call(method string, params any, timeout time.Duration) (rpcMsg, error) {
+	id, err := c.request(method, params)
+	if err != nil {
+		return rpcMsg{}, err
+	}
+	return c.await(id, timeout, nil)
+}
+
+func (c *wsClient) initialize() error {
+	m, err := c.call("initialize", map[string]any{
+		"protocolVersion":    1,
+		"clientCapabilities": map[string]any{"fs": map[string]bool{"readTextFile": true, "writeTextFile": true}},
+		"clientInfo":         map[string]string{"name": "e2e-load", "version": "0"},
+	}, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	if m.Error != nil {
+		return fmt.Errorf("initialize: %s", m.Raw)
+	}
+	return nil
+}
+
+func (c *wsClient) newSession(cwd string) (string, error) {
+	m, err := c.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second)
+	if err != nil {
+		return "", err
+	}
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+		return "", fmt.Errorf("session/new: %s", m.Raw)
+	}
+	return res.SessionID, nil
+}
+
+// chunkText returns the text of an agent_message_chunk update for sid, and
+// whether m is one.
+func chunkText(m rpcMsg, sid string) (string, bool, error) {
+	if m.Method != "session/update" {
+		return "", false, nil
+	}
+	var u update
+	if err := json.Unmarshal(m.Params, &u); err != nil {
+		return "", false, fmt.Errorf("bad session/update: %s", m.Raw)
+	}
+	if u.SessionID != sid {
+		return "", false, fmt.Errorf("update for session %q reached the client of %q: %.300s", u.SessionID, sid, m.Raw)
+	}
+	if u.Update.Kind != "agent_message_chunk" {
+		return "", false, nil
+	}
+	return u.text(), true, nil
+}
+
+// --- processes, descriptors, metrics ---
+
+type procInfo struct {
+	pid, ppid int
+	state     string
+	cmd       string
+}
+
+// procTable reads every process, zombies included.
+func procTable() map[int]procInfo {
+	out := map[int]procInfo{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, state, ok := procStat(pid)
+		if !ok {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out[pid] = procInfo{pid: pid, ppid: ppid, state: state, cmd: string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))}
+	}
+	return out
+}
+
+// subtree returns root's descendants in table, zombies included.
+func subtree(table map[int]procInfo, root int) map[int]procInfo {
+	children := map[int][]int{}
+	for _, p := range table {
+		children[p.ppid] = append(children[p.ppid], p.pid)
+	}
+	out := map[int]procInfo{}
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out[c] = table[c]
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// withEnv lists the live processes whose environment holds kv ("K=V").
+func withEnv(kv string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue
+		}
+		for _, v := range bytes.Split(b, []byte{0}) {
+			if string(v) == kv {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// openFDs counts pid's open file descriptors.
+func openFDs(pid int) int {
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return -1
+	}
+	return len(entries)
+}
+
+// rssKB is pid's resident set size in KiB.
+func rssKB(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.Atoi(f[0])
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// metrics scrapes /metrics and returns every sample without labels by
+// name, and labelled ones by their full "name{labels}".
+func (g *gateway) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://" + g.addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// ---------------------------------------------------------------------------
+
+// TestHygieneConnectionChurn runs connect/initialize/session-new/prompt/
+// disconnect cycles from 8 workers while some clients drop their TCP
+// connection in the middle of a prompt and, every ~100 cycles, a random
+// agent process is SIGKILLed. Afterwards no zombie or orphan may be left,
+// and the gateway's file descriptors and goroutines are back near their
+// baseline.
+//
+// The full 2,000 cycles run by default: about 30 s under -race on a 2-core
+// machine (measured: 2,000 cycles in 27 s, ~73 cycles/s, the gateway
+// built with -race). ACPGATE_HYGIENE_CYCLES=N runs N instead, and
+// ACPGATE_LONG=1 runs 10,000. It is skipped with -short.
+func TestHygieneConnectionChurn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("connection churn: skipped with -short")
+	}
+	cycles := 2000
+	if os.Getenv("ACPGATE_LONG") == "1" {
+		cycles = 10_000
+	}
+	if s := os.Getenv("ACPGATE_HYGIENE_CYCLES"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("ACPGATE_HYGIENE_CYCLES=%q", s)
+		}
+		cycles = n
+	}
+	const (
+		workers  = 8
+		minIdle  = 2
+		killEach = 100
+	)
+	marker := "E2E_HYGIENE_MARKER=" + randomHex(t, 8)
+	name, value, _ := strings.Cut(marker, "=")
+	g := startGateway(t, gwOpts{config: fmt.Sprintf(`agent: {env: {%s: %q}, stop_grace: 1s}
+pool: {min_idle: %d, max_processes: 4, max_sessions_per_process: 16, idle_timeout: 2s}
+limits: {messages_per_second: 0}
+shutdown_grace: 2s
+`, name, value, minIdle)})
+	gwPID := g.cmd.Process.Pid
+	cwd := t.TempDir()
+
+	// settled waits until the pool is back to min_idle ready processes and
+	// no connection or session is open, then returns the gateway's fds and
+	// goroutines.
+	settled := func(t *testing.T, timeout time.Duration) (fds, goroutines int) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for {
+			m := g.metrics(t)
+			ready := m[`acpgate_agent_processes{state="ready"}`]
+			starting := m[`acpgate_agent_processes{state="starting"}`]
+			stopping := m[`acpgate_agent_processes{state="stopping"}`]
+			open, sessions := 0.0, 0.0
+			for k, v := range m {
+				if strings.HasPrefix(k, "acpgate_connections_open") {
+					open += v
+				}
+				if strings.HasPrefix(k, "acpgate_sessions_active") {
+					sessions += v
+				}
+			}
+			// Sessions the agent processes still route (none may leak).
+			routed := m["acpgate_agent_process_sessions_sum"]
+			if ready == minIdle && starting == 0 && stopping == 0 && open == 0 && sessions == 0 && routed == 0 {
+				time.Sleep(500 * time.Millisecond) // let exiting goroutines finish
+				return openFDs(gwPID), int(g.metrics(t)["go_goroutines"])
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the pool did not settle within %s: ready %v starting %v stopping %v, open connections %v, sessions %v (routed %v)",
+					timeout, ready, starting, stopping, open, sessions, routed)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	// Warm up: one full cycle, so that lazily started parts exist.
+	warm, err := wsDial(g.addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.initialize(); err != nil {
+		t.Fatal(err)
+	}
+	sid, err := warm.newSession(cwd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := warm.call("session/prompt", textPrompt(sid, "warm up"), turn); err != nil {
+		t.Fatal(err)
+	}
+	warm.close()
+	baseFDs, baseGoroutines := settled(t, 30*time.Second)
+	t.Logf("baseline: %d fds, %d goroutines, %d agent processes", baseFDs, baseGoroutines, len(g.agentPIDs()))
+
+	var (
+		next, ok, dropped, agentDied, kills atomic.Int64
+		errMu                               sync.Mutex
+		errs                                []string
+	)
+	fail := func(format string, args ...any) {
+		errMu.Lock()
+		defer errMu.Unlock()
+		if len(errs) < 20 {
+			errs = append(errs, fmt.Sprintf(format, args...))
+		}
+	}
+	// agentError reports an error the client may see because its agent
+	// was killed under it.
+	agentError := func(m rpcMsg) bool {
+		return m.Error != nil && (strings.Contains(m.Error.Message, "agent process exited") ||
+			strings.Contains(m.Error.Message, "load the session again") || strings.Contains(m.Error.Message, "no agent available"))
+	}
+	cycle := func(n int, rng *rand.Rand) {
+		c, err := wsDial(g.addr, nil)
+		if err != nil {
+			fail("cycle %d: dial: %v", n, err)
+			return
+		}
+		defer c.kill() // after close, a no-op
+		if err := c.initialize(); err != nil {
+			fail("cycle %d: %v", n, err)
+			return
+		}
+		m, err := c.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, turn)
+		if err != nil {
+			fail("cycle %d: session/new: %v", n, err)
+			return
+		}
+		var res struct {
+			SessionID string `json:"sessionId"`
+		}
+		if agentError(m) {
+			agentDied.Add(1)
+			return
+		}
+		if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+			fail("cycle %d: session/new: %s", n, m.Raw)
+			return
+		}
+		sid := res.SessionID
+		if rng.IntN(10) == 0 {
+			// Drop the TCP connection in the middle of a streaming prompt.
+			if _, err := c.request("session/prompt", textPrompt(sid, "slow please")); err != nil {
+				fail("cycle %d: %v", n, err)
+				return
+			}
+			m, err := c.next(turn)
+			if err != nil {
+				fail("cycle %d: slow prompt: %v", n, err)
+				return
+			}
+			if m.Method != "session/update" && !agentError(m) {
+				fail("cycle %d: slow prompt: %.300s", n, m.Raw)
+			}
+			c.kill()
+			dropped.Add(1)
+			return
+		}
+		text := fmt.Sprintf("cycle %d %s", n, strings.Repeat("x", rng.IntN(24)))
+		var got strings.Builder
+		id, err := c.request("session/prompt", textPrompt(sid, text))
+		if err != nil {
+			fail("cycle %d: %v", n, err)
+			return
+		}
+		m, err = c.await(id, turn, func(m rpcMsg) error {
+			s, _, err := chunkText(m, sid)
+			got.WriteString(s)
+			return err
+		})
+		switch {
+		case err != nil:
+			fail("cycle %d: prompt: %v", n, err)
+		case agentError(m):
+			agentDied.Add(1)
+		case m.Error != nil:
+			fail("cycle %d: prompt: %s", n, m.Raw)
+		case got.String() != "You said: "+text:
+			fail("cycle %d: streamed %q, want %q", n, got.String(), "You said: "+text)
+		default:
+			ok.Add(1)
+		}
+		c.close()
+	}
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for {
+				n := int(next.Add(1))
+				if n > cycles {
+					return
+				}
+				if n%killEach == 0 {
+					if pids := g.agentPIDs(); len(pids) > 0 {
+						pid := pids[rng.IntN(len(pids))]
+						if syscall.Kill(pid, syscall.SIGKILL) == nil {
+							kills.Add(1)
+						}
+					}
+				}
+				cycle(n, rng)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	t.Logf("%d cycles in %s (%.1f/s): %d completed, %d dropped mid-prompt, %d hit by %d agent kills",
+		cycles, elapsed.Round(time.Millisecond), float64(cycles)/elapsed.Seconds(), ok.Load(), dropped.Load(), agentDied.Load(), kills.Load())
+	for _, e := range errs {
+		t.Error(e)
+	}
+	if int(ok.Load()+dropped.Load()+agentDied.Load()) != cycles && len(errs) == 0 {
+		t.Errorf("cycles unaccounted for")
+	}
+	// A killed agent takes the cycles in flight on it (at most one per
+	// worker) with it; more than that is the gateway failing.
+	if agentDied.Load() > kills.Load()*workers {
+		t.Errorf("%d cycles failed for %d agent kills", agentDied.Load(), kills.Load())
+	}
+	if g.countLogs("agent exited", "", "") < int(kills.Load()) {
+		t.Errorf("%d agent kills, %d \"agent exited\" records", kills.Load(), g.countLogs("agent exited", "", ""))
+	}
+
+	// Back to rest: descriptors and goroutines near the baseline. The slack
+	// covers what is legitimately in motion at rest: a pooled agent
+	// process being replaced at the moment of the sample (3 pipe fds and
+	// ~6 goroutines each), the HTTP server's per-connection goroutines of
+	// the /metrics scrape itself, and runtime background goroutines.
+	fds, goroutines := settled(t, 30*time.Second)
+	t.Logf("after: %d fds (baseline %d), %d goroutines (baseline %d)", fds, baseFDs, goroutines, baseGoroutines)
+	if fds > baseFDs+10 {
+		t.Errorf("open file descriptors: %d after the churn, %d before", fds, baseFDs)
+		out, _ := listFDs(gwPID)
+		t.Logf("fds:\n%s", out)
+	}
+	if goroutines > baseGoroutines+20 {
+		t.Errorf("goroutines: %d after the churn, %d before", goroutines, baseGoroutines)
+	}
+
+	// No zombie below the gateway, no orphan anywhere: every process that
+	// carries the agents' marker is below the gateway.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		table := procTable()
+		below := subtree(table, gwPID)
+		var zombies, orphans []string
+		for _, p := range below {
+			if p.state == "Z" {
+				zombies = append(zombies, fmt.Sprintf("%d (parent %d) %s", p.pid, p.ppid, p.cmd))
+			}
+		}
+		for _, pid := range withEnv(marker) {
+			if _, ok := below[pid]; !ok {
+				p := table[pid]
+				orphans = append(orphans, fmt.Sprintf("%d (parent %d, state %s) %s", pid, p.ppid, p.state, p.cmd))
+			}
+		}
+		if len(zombies) == 0 && len(orphans) == 0 {
+			t.Logf("%d agent-side processes below the gateway, no zombie, no orphan", len(below))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("zombies below the gateway: %v\norphans carrying %s: %v", zombies, name, orphans)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// And when the gateway stops, every agent-side process goes with it.
+	g.stop(syscall.SIGTERM)
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		left := withEnv(marker)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, pid := range left {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			t.Fatalf("processes outlived the gateway: %v", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// listFDs lists a process's file descriptors and their targets.
+func listFDs(pid int) (string, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		target, _ := os.Readlink(dir + "/" + e.Name())
+		fmt.Fprintf(&b, "%s -> %s\n", e.Name(), target)
+	}
+	return b.String(), nil
+}

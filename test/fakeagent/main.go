@@ -1,0 +1,219 @@
+// Command fakeagent is a deliberately misbehaving ACP agent for the
+// end-to-end tests in test/e2e. It speaks just enough ACP v1 on stdio
+// (initialize, session/new, session/prompt, _demo/echo) for a client to do
+// a round trip through it, and misbehaves on command.
+//
+// At start, the environment variable FAKE_MODE selects a startup fault:
+//
+//	exit-before-init  write a line to stderr and exit with status 3 before
+//	                  reading anything
+//	init-error        answer initialize with a JSON-RPC error
+//	hang-init         never answer initialize
+//	(empty)           behave
+//
+// Once initialized, extension methods trigger faults on demand, so that one
+// agent process can misbehave towards one client while serving others:
+//
+//	_demo/echo          answer with the params unchanged
+//	_fake/hang          never answer
+//	_fake/garbage       write invalid lines (not JSON, invalid UTF-8, NUL bytes,
+//	                    truncated JSON, duplicate keys, a 10,000-deep array,
+//	                    batches, messages for nobody), then answer {"ok":true}
+//	_fake/huge-line     write one line of params.bytes bytes (a session/update
+//	                    notification padded with x), then answer {"ok":true}
+//	_fake/huge-answer   answer with a result padded to params.bytes bytes
+//	_fake/double        answer twice: {"n":1}, then {"n":2}
+//	_fake/unknown-id    answer ids the gateway never sent (999999999, "nope",
+//	                    null, -1, 1.5, an object), then answer {"ok":true}
+//	_fake/stderr-flood  write params.lines lines to stderr, then answer
+//	                    {"lines":N}
+//
+// session/prompt answers "You said: <text>" in one agent_message_chunk and
+// ends the turn. Requests for other methods get -32601; notifications and
+// responses are ignored. Every loop is bounded by its params.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+type message struct {
+	ID     json.RawMessage `json:"id,omitempty"`
+	Method string          `json:"method,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+}
+
+type agent struct {
+	mode     string
+	out      *bufio.Writer
+	sessions int
+}
+
+func main() {
+	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16)}
+	if a.mode == "exit-before-init" {
+		fmt.Fprintln(os.Stderr, "fakeagent: exiting before initialize (FAKE_MODE=exit-before-init)")
+		os.Exit(3)
+	}
+	fmt.Fprintf(os.Stderr, "fakeagent: started (FAKE_MODE=%q)\n", a.mode)
+	in := bufio.NewReaderSize(os.Stdin, 1<<20)
+	for {
+		line, err := in.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			a.handle(line)
+		}
+		if err != nil {
+			if err != io.EOF {
+				fmt.Fprintln(os.Stderr, "fakeagent: stdin:", err)
+			}
+			return
+		}
+	}
+}
+
+func (a *agent) writeLine(b []byte) {
+	a.out.Write(b)
+	a.out.WriteByte('\n')
+	a.out.Flush()
+}
+
+func (a *agent) send(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	a.writeLine(b)
+}
+
+func (a *agent) result(id json.RawMessage, res any) {
+	a.send(map[string]any{"jsonrpc": "2.0", "id": id, "result": res})
+}
+
+func (a *agent) fail(id json.RawMessage, code int, msg string) {
+	a.send(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": msg}})
+}
+
+// intParam reads a bounded integer from params.
+func intParam(params json.RawMessage, key string, def, max int) int {
+	var p map[string]any
+	_ = json.Unmarshal(params, &p)
+	if f, ok := p[key].(float64); ok && f > 0 {
+		return min(int(f), max)
+	}
+	return def
+}
+
+func (a *agent) handle(line []byte) {
+	var m message
+	if err := json.Unmarshal(line, &m); err != nil {
+		fmt.Fprintf(os.Stderr, "fakeagent: unreadable line (%d bytes): %v\n", len(line), err)
+		return
+	}
+	if m.Method == "" || len(m.ID) == 0 {
+		return // a response to one of our requests, or a notification
+	}
+	switch m.Method {
+	case "initialize":
+		switch a.mode {
+		case "init-error":
+			a.fail(m.ID, -32603, "fakeagent refuses to initialize (FAKE_MODE=init-error)")
+		case "hang-init":
+		default:
+			a.result(m.ID, map[string]any{
+				"protocolVersion":   1,
+				"agentCapabilities": map[string]any{"loadSession": false},
+				"authMethods":       []any{},
+				"agentInfo":         map[string]string{"name": "fakeagent", "version": "0"},
+			})
+		}
+	case "session/new":
+		a.sessions++
+		a.result(m.ID, map[string]any{"sessionId": fmt.Sprintf("fake-%d", a.sessions)})
+	case "session/prompt":
+		var p struct {
+			SessionID string `json:"sessionId"`
+			Prompt    []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			} `json:"prompt"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		var text strings.Builder
+		for _, b := range p.Prompt {
+			if b.Type == "text" {
+				text.WriteString(b.Text)
+			}
+		}
+		a.send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+			"sessionId": p.SessionID,
+			"update": map[string]any{"sessionUpdate": "agent_message_chunk",
+				"content": map[string]string{"type": "text", "text": "You said: " + text.String()}},
+		}})
+		a.result(m.ID, map[string]string{"stopReason": "end_turn"})
+	case "_demo/echo":
+		if len(m.Params) == 0 {
+			m.Params = json.RawMessage("null")
+		}
+		a.writeLine(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), m.ID...), `,"result":`...), append(m.Params, '}')...))
+	case "_fake/hang":
+		fmt.Fprintf(os.Stderr, "fakeagent: hanging on request %s\n", m.ID)
+	case "_fake/garbage":
+		for _, g := range garbage() {
+			a.writeLine(g)
+		}
+		a.result(m.ID, map[string]bool{"ok": true})
+	case "_fake/huge-line":
+		n := intParam(m.Params, "bytes", 1<<20, 64<<20)
+		head := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"nobody","pad":"`
+		tail := `"}}`
+		pad := max(0, n-len(head)-len(tail))
+		a.writeLine([]byte(head + strings.Repeat("x", pad) + tail))
+		a.result(m.ID, map[string]bool{"ok": true})
+	case "_fake/huge-answer":
+		n := intParam(m.Params, "bytes", 1<<20, 64<<20)
+		a.result(m.ID, map[string]string{"pad": strings.Repeat("x", n)})
+	case "_fake/double":
+		a.result(m.ID, map[string]int{"n": 1})
+		a.result(m.ID, map[string]int{"n": 2})
+	case "_fake/unknown-id":
+		for _, id := range []string{`999999999`, `"nope"`, `null`, `-1`, `1.5`, `{"a":1}`, `99999999999999999999999`} {
+			a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + id + `,"result":{"stray":true}}`))
+		}
+		a.result(m.ID, map[string]bool{"ok": true})
+	case "_fake/stderr-flood":
+		n := intParam(m.Params, "lines", 1000, 1_000_000)
+		w := bufio.NewWriterSize(os.Stderr, 1<<16)
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(w, "fakeagent: stderr flood line %d of %d\n", i+1, n)
+		}
+		w.Flush()
+		a.result(m.ID, map[string]int{"lines": n})
+	default:
+		a.fail(m.ID, -32601, "method not found: "+m.Method)
+	}
+}
+
+// garbage returns lines no JSON-RPC peer should act on, and two valid
+// messages addressed to nobody.
+func garbage() [][]byte {
+	deep := strings.Repeat("[", 10_000) + strings.Repeat("]", 10_000)
+	return [][]byte{
+		[]byte("this is not JSON"),
+		[]byte("\xff\xfe\xfd invalid UTF-8"),
+		[]byte("\x00\x00\x00"),
+		[]byte(`{"jsonrpc":"2.0","id":`),
+		[]byte(`{"jsonrpc":"2.0","id":1,"id":2,"result":{}}`),
+		[]byte(`[{"jsonrpc":"2.0","method":"session/update","params":{}}]`),
+		[]byte(`null`),
+		[]byte(`{}`),
+		[]byte(`{"jsonrpc":"2.0","method":"session/update","params":` + deep + `}`),
+		[]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"nobody","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"stray"}}}}`),
+		[]byte(`{"jsonrpc":"2.0","id":"stray-1","method":"fs/read_text_file","params":{"sessionId":"nobody","path":"/etc/passwd"}}`),
+	}
+}
