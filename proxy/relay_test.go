@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	case "exit3":
 		os.Exit(3)
+	case "flood":
+		floodingAgent()
+		os.Exit(0)
 	case "init-error":
 		var req struct {
 			ID json.RawMessage `json:"id"`

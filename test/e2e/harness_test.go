@@ -69,6 +69,7 @@ type gwOpts struct {
 	config   string   // YAML; "" = flags only
 	args     []string // extra flags
 	stateDir string   // the demo agent's state dir; "" = a fresh one
+	wrap     []string // argv prefix to run the binary under (e.g. unshare)
 }
 
 func startGateway(t *testing.T, o gwOpts) *gateway {
@@ -86,7 +87,8 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 		args = append(args, "--config", path)
 	}
 	args = append(args, o.args...)
-	g.cmd = exec.Command(binPath, args...)
+	argv := append(append([]string(nil), o.wrap...), binPath)
+	g.cmd = exec.Command(argv[0], append(argv[1:], args...)...)
 	g.cmd.Env = append(os.Environ(), "ACPGATE_DEMO_STATE_DIR="+g.stateDir)
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {

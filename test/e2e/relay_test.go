@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -527,4 +528,34 @@ func countPrefix(procs map[int]string, prefix string) int {
 		}
 	}
 	return n
+}
+
+// TestGatewayAsPID1: in a container the gateway is PID 1, so its agents'
+// supervisors see parent PID 1. They must start all the same (they used to
+// take that for a dead gateway and refuse).
+func TestGatewayAsPID1(t *testing.T) {
+	if err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").Run(); err != nil {
+		t.Skipf("cannot make a PID namespace here (unshare: %v)", err)
+	}
+	g := startGateway(t, gwOpts{wrap: []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child"}})
+	// unshare ignores SIGTERM while it waits: stop the gateway itself (the
+	// harness's cleanup then finds unshare exiting).
+	t.Cleanup(func() {
+		for pid, cmd := range descendants(g.cmd.Process.Pid) {
+			if strings.Contains(cmd, " serve ") {
+				_ = syscall.Kill(pid, syscall.SIGTERM)
+			}
+		}
+		select {
+		case <-g.done:
+		case <-time.After(15 * time.Second):
+			t.Error("the gateway did not stop on SIGTERM as PID 1")
+		}
+	})
+	c := dial(t, g)
+	c.initialize()
+	sid := c.newSession(t.TempDir())
+	if m := c.call("session/prompt", textPrompt(sid, "hello from pid 1"), turn); stopReason(t, m) != "end_turn" {
+		t.Fatalf("prompt: %s", m.Raw)
+	}
 }
