@@ -15,24 +15,23 @@ import (
 type Metrics struct {
 	tenants *TenantLabels
 
-	SessionsActive       *prometheus.GaugeVec
-	SessionsTotal        *prometheus.CounterVec // event: created, loaded, closed, lost
-	Messages             *prometheus.CounterVec // direction, method
-	MessageBytes         *prometheus.CounterVec // direction, method
-	RequestDuration      *prometheus.HistogramVec
-	FirstUpdate          prometheus.Histogram
-	Spawns               prometheus.Counter
-	Exits                *prometheus.CounterVec // reason
-	SpawnDuration        prometheus.Histogram
-	InitializeDuration   prometheus.Histogram
-	PoolWait             prometheus.Histogram
-	Denials              *prometheus.CounterVec // reason
-	AgentProtocolErrors  *prometheus.CounterVec // kind
-	pool                 *Pool
-	byMethod             [2]sync.Map // direction → method label → *msgCounters
-	processStatesDesc    *prometheus.Desc
-	sessionsPerProcDesc  *prometheus.Desc
-	processSessionsLimit int
+	SessionsActive      *prometheus.GaugeVec
+	SessionsTotal       *prometheus.CounterVec // event: created, loaded, closed, lost
+	Messages            *prometheus.CounterVec // direction, method
+	MessageBytes        *prometheus.CounterVec // direction, method
+	RequestDuration     *prometheus.HistogramVec
+	FirstUpdate         prometheus.Histogram
+	Spawns              prometheus.Counter
+	Exits               *prometheus.CounterVec // reason
+	SpawnDuration       prometheus.Histogram
+	InitializeDuration  prometheus.Histogram
+	PoolWait            prometheus.Histogram
+	Denials             *prometheus.CounterVec // reason
+	AgentProtocolErrors *prometheus.CounterVec // kind
+	pool                *Pool
+	byMethod            [2]sync.Map // direction → method label → *msgCounters
+	processStatesDesc   *prometheus.Desc
+	sessionsPerProcDesc *prometheus.Desc
 }
 
 // NewMetrics registers the relay's metrics on reg. tenantCap bounds the
