@@ -1,0 +1,638 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The fan-in scenario: many clients, one session each, sharing a few agent
+// processes, doing echo round trips at a fixed total rate. It is open loop:
+// every send time is fixed in advance (client i sends its k-th request at
+// t0 + i/R + k·C/R for C clients at R round trips/s, whether or not its
+// earlier requests were answered), and latency runs from the intended send
+// time, so a stall shows up as latency instead of silently lowering the
+// rate (no coordinated omission).
+
+// faninEndpoint is one client's way to the agents: a WebSocket through the
+// gateway, or a shared stdio pipe to one of the agent processes.
+type faninEndpoint interface {
+	send(msg []byte) error
+}
+
+type wsEndpoint struct{ t *wsTransport }
+
+func (e wsEndpoint) send(msg []byte) error { return e.t.Send(msg) }
+
+// pipeEndpoint writes one line per request to an agent's stdin, shared by
+// the clients the agent serves.
+type pipeEndpoint struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (e pipeEndpoint) send(msg []byte) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err := e.w.Write(append(msg, '\n'))
+	return err
+}
+
+// faninClient is one client: its session and the latencies of the current
+// step.
+type faninClient struct {
+	idx int
+	ep  faninEndpoint
+	sid string
+
+	mu       sync.Mutex
+	step     *faninStep
+	lat      []time.Duration // by request index; 0 = not answered
+	sent     []time.Time     // when each request actually went out
+	answered int
+	stray    int             // answers to no request of the step
+	svc      []time.Duration // latencies from the actual send times
+}
+
+// faninStep is one run at one rate.
+type faninStep struct {
+	id      int64
+	rate    int
+	clients int
+	t0      time.Time
+	perConn int // requests per client
+}
+
+// intended is when request k of a client is due: requests are spread evenly,
+// request j = k·clients + client of the step at t0 + j/rate.
+func (s *faninStep) intended(client, k int) time.Time {
+	j := int64(k)*int64(s.clients) + int64(client)
+	return s.t0.Add(time.Duration(j * int64(time.Second) / int64(s.rate)))
+}
+
+// The request id carries the step, the request index and the client, so
+// that answers can be told apart even over a shared pipe.
+func reqID(step int64, k, client int) int64 {
+	return (step*1_000_000_000+int64(k))*1000 + int64(client)
+}
+
+func splitID(id int64) (step int64, k, client int) {
+	return id / 1000 / 1_000_000_000, int(id / 1000 % 1_000_000_000), int(id % 1000)
+}
+
+// deliver records an answer; an error answer counts as answered and as an
+// error.
+func (c *faninClient) deliver(f *faninFleet, msg []byte, at time.Time) {
+	id, ok := parseID(msg)
+	if !ok {
+		f.fail(fmt.Errorf("a message that is not an answer: %.200s", msg))
+		return
+	}
+	if bytes.Contains(msg, []byte(`"error":`)) && !bytes.Contains(msg, []byte(`"result":`)) {
+		f.fail(fmt.Errorf("error answer: %.300s", msg))
+	}
+	step, k, _ := splitID(id)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.step == nil || step != c.step.id || k < 0 || k >= len(c.lat) || c.lat[k] != 0 {
+		c.stray++
+		return
+	}
+	c.lat[k] = max(at.Sub(c.step.intended(c.idx, k)), 1)
+	if !c.sent[k].IsZero() {
+		c.svc = append(c.svc, at.Sub(c.sent[k]))
+	}
+	c.answered++
+}
+
+// faninFleet is the clients of one path.
+type faninFleet struct {
+	name    string
+	echo    string // the extension method
+	clients []*faninClient
+	errs    atomic.Int64
+	lastErr atomic.Value
+	closers []func()
+	nextID  int64
+	// cpu measures the processes that serve the path (the gateway; the
+	// agents): before and after each step.
+	serverPIDs func() []int
+	agentPIDs  func() []int
+}
+
+func (f *faninFleet) fail(err error) {
+	f.errs.Add(1)
+	f.lastErr.Store(err.Error())
+}
+
+func (f *faninFleet) close() {
+	for i := len(f.closers) - 1; i >= 0; i-- {
+		f.closers[i]()
+	}
+}
+
+// faninRun is the outcome of one step.
+type faninRun struct {
+	Rate      int     `json:"rate"`
+	Seconds   float64 `json:"seconds"`
+	Sent      int     `json:"sent"`
+	Answered  int     `json:"answered"`
+	Missing   int     `json:"missing"`
+	Errors    int     `json:"errors"`
+	LastError string  `json:"last_error,omitempty"`
+	Latency   dist    `json:"latency"` // from the intended send time, after the warm-up
+	// CPU per round trip over the whole step (warm-up included).
+	ServerCPUUS float64 `json:"server_cpu_us_per_rt"`
+	AgentCPUUS  float64 `json:"agent_cpu_us_per_rt"`
+	ClientCPUUS float64 `json:"client_cpu_us_per_rt"` // the harness: clients and dispatcher
+	// How late the dispatcher sent, after its intended times: the
+	// harness's own error, included in Latency.
+	SendLateness dist `json:"send_lateness"`
+	// Latency from the actual send time (the warm-up included): Latency
+	// without the dispatcher's lateness.
+	FromSend   dist `json:"latency_from_send"`
+	samples    []time.Duration
+	svcSamples []time.Duration
+}
+
+// run sends at rate for warmup+dur and collects the answers (waiting at most
+// grace after the last send).
+func (f *faninFleet) run(rate int, warmup, dur time.Duration) faninRun {
+	n := len(f.clients)
+	f.nextID++
+	total := warmup + dur
+	perConn := max(int(int64(rate)*int64(total)/int64(time.Second)/int64(n)), 1)
+	s := &faninStep{id: f.nextID, rate: rate, clients: n, perConn: perConn}
+	s.t0 = time.Now().Add(20 * time.Millisecond)
+	for _, c := range f.clients {
+		c.mu.Lock()
+		c.step, c.lat, c.sent, c.svc, c.answered = s, make([]time.Duration, perConn), make([]time.Time, perConn), nil, 0
+		c.mu.Unlock()
+	}
+	var srv, agt []int
+	if f.serverPIDs != nil {
+		srv = f.serverPIDs()
+	}
+	if f.agentPIDs != nil {
+		agt = f.agentPIDs()
+	}
+	s0, a0 := cpuOf(srv), cpuOf(agt)
+	errs0 := f.errs.Load()
+	// A sender stuck in a write past the step (and a generous margin) is
+	// a failure: the connections are closed, which unblocks it.
+	stuck := time.AfterFunc(total+60*time.Second, func() {
+		f.fail(fmt.Errorf("step at %d rt/s: senders stuck; closing the connections", rate))
+		f.close()
+	})
+	defer stuck.Stop()
+	c0 := selfCPU()
+	late := f.dispatch(s)
+	r := faninRun{Rate: rate, Seconds: dur.Seconds()}
+	r.SendLateness = summarize(late)
+	// Wait for the answers, for at most the grace period.
+	grace := 2*time.Second + dur/2
+	deadline := time.Now().Add(grace)
+	want := perConn * n
+	for time.Now().Before(deadline) {
+		got := 0
+		for _, c := range f.clients {
+			c.mu.Lock()
+			got += c.answered
+			c.mu.Unlock()
+		}
+		if got == want {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	r.Sent, r.Errors = want, int(f.errs.Load()-errs0)
+	if v, ok := f.lastErr.Load().(string); ok && r.Errors > 0 {
+		r.LastError = v
+	}
+	cut := s.t0.Add(warmup)
+	var svc []time.Duration
+	for _, c := range f.clients {
+		c.mu.Lock()
+		svc = append(svc, c.svc...) // warm-up included
+		for k, l := range c.lat {
+			if l == 0 {
+				r.Missing++
+				continue
+			}
+			r.Answered++
+			if !s.intended(c.idx, k).Before(cut) {
+				r.samples = append(r.samples, l)
+			}
+		}
+		c.step, c.lat, c.sent, c.svc = nil, nil, nil, nil // late answers are strays
+		c.mu.Unlock()
+	}
+	if want > 0 {
+		r.ServerCPUUS = float64((cpuOf(srv) - s0).Microseconds()) / float64(want)
+		r.AgentCPUUS = float64((cpuOf(agt) - a0).Microseconds()) / float64(want)
+		r.ClientCPUUS = float64((selfCPU() - c0).Microseconds()) / float64(want)
+	}
+	r.Latency = summarize(append([]time.Duration(nil), r.samples...))
+	r.svcSamples = svc
+	r.FromSend = summarize(append([]time.Duration(nil), svc...))
+	return r
+}
+
+// gatewayFleet connects n clients to the gateway, one session each.
+func (h *harness) gatewayFleet(gw *server, n int) (*faninFleet, error) {
+	f := &faninFleet{name: "gateway", echo: h.echo,
+		serverPIDs: func() []int { return []int{gw.Pid()} },
+		agentPIDs:  func() []int { return descendants(gw.Pid()) }}
+	f.clients = make([]*faninClient, n)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			t, err := dialWS(ctx, gw.url, []string{"acp"})
+			if err == nil {
+				stop := time.AfterFunc(30*time.Second, func() { t.Close() })
+				c := &rpcClient{t: t}
+				if err = c.initialize(); err == nil {
+					var sid string
+					if sid, err = c.newSession(); err == nil {
+						f.clients[i] = &faninClient{idx: i, ep: wsEndpoint{t}, sid: sid}
+					}
+				}
+				if !stop.Stop() {
+					err = errors.New("setup timed out")
+				}
+				mu.Lock()
+				f.closers = append(f.closers, func() { t.Close() })
+				mu.Unlock()
+			}
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = fmt.Errorf("client %d: %w", i, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		f.close()
+		return nil, firstErr
+	}
+	for _, c := range f.clients {
+		t := c.ep.(wsEndpoint).t
+		go func() {
+			for range 1 << 40 { // until the connection is closed
+				msg, err := t.Recv()
+				if err != nil {
+					return
+				}
+				c.deliver(f, msg, time.Now())
+			}
+		}()
+	}
+	return f, nil
+}
+
+// directFleet runs procs agents and multiplexes the n clients' sessions over
+// their stdio, packed like the gateway packs them (perProc sessions on the
+// first agent, then the next), with no gateway in between.
+func (h *harness) directFleet(n, procs, perProc int) (*faninFleet, error) {
+	f := &faninFleet{name: "direct", echo: h.echo}
+	var agents []*stdioTransport
+	f.agentPIDs = func() []int {
+		var pids []int
+		for _, a := range agents {
+			pids = append(pids, a.Pid())
+		}
+		return pids
+	}
+	f.clients = make([]*faninClient, n)
+	for p := 0; p < procs && p*perProc < n; p++ {
+		a, err := startStdio([]string{h.exe, "agent"})
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		agents = append(agents, a)
+		f.closers = append(f.closers, func() { a.Close() })
+		c := &rpcClient{t: a}
+		watchdog := time.AfterFunc(30*time.Second, func() { _ = a.cmd.Process.Kill() })
+		if err := c.initialize(); err != nil {
+			f.close()
+			return nil, err
+		}
+		ep := pipeEndpoint{mu: &sync.Mutex{}, w: a.in}
+		lo, hi := p*perProc, min((p+1)*perProc, n)
+		if p == procs-1 {
+			hi = n // the last agent takes the rest
+		}
+		for i := lo; i < hi; i++ {
+			sid, err := c.newSession()
+			if err != nil {
+				f.close()
+				return nil, err
+			}
+			f.clients[i] = &faninClient{idx: i, ep: ep, sid: sid}
+		}
+		if !watchdog.Stop() {
+			f.close()
+			return nil, errors.New("direct agents: setup timed out")
+		}
+		go func() {
+			for range 1 << 40 { // until the agent exits
+				msg, err := a.Recv()
+				if err != nil {
+					return
+				}
+				now := time.Now()
+				if id, ok := parseID(msg); ok {
+					if _, _, ci := splitID(id); ci >= 0 && ci < n {
+						f.clients[ci].deliver(f, msg, now)
+					}
+				}
+			}
+		}()
+	}
+	return f, nil
+}
+
+// faninResult is the scenario's outcome.
+type faninResult struct {
+	Conns   int `json:"conns"`
+	Procs   int `json:"processes"`
+	PerProc int `json:"sessions_per_process"`
+	Rate    int `json:"rate"`
+	// At the fixed rate, all repetitions pooled.
+	Gateway faninRun `json:"gateway"`
+	Direct  faninRun `json:"direct"`
+	// Gateway minus direct, per percentile (µs).
+	AddedP50  float64 `json:"added_p50_us"`
+	AddedP99  float64 `json:"added_p99_us"`
+	AddedP999 float64 `json:"added_p999_us"`
+	// The same at p99 from the actual send times.
+	AddedFromSendP99 float64 `json:"added_p99_from_send_us"`
+	// Rate search: each step, and the highest rate with p99 under target
+	// and every request answered.
+	TargetP99US    float64    `json:"target_p99_us"`
+	GatewaySteps   []faninRun `json:"gateway_steps"`
+	DirectSteps    []faninRun `json:"direct_steps"`
+	GatewayMaxRate int        `json:"gateway_max_rate"`
+	DirectMaxRate  int        `json:"direct_max_rate"`
+	Stray          int        `json:"stray_answers"` // during the fixed-rate runs
+}
+
+func (r *faninResult) problems() []string {
+	if r == nil {
+		return nil
+	}
+	var out []string
+	check := func(name string, x faninRun) {
+		if x.Sent == 0 || x.Answered != x.Sent || x.Errors > 0 || x.Latency.N == 0 {
+			out = append(out, fmt.Sprintf("fanin %s at %d rt/s: sent %d, answered %d, errors %d %s", name, x.Rate, x.Sent, x.Answered, x.Errors, x.LastError))
+		}
+	}
+	check("gateway", r.Gateway)
+	check("direct", r.Direct)
+	if r.Stray > 0 {
+		out = append(out, fmt.Sprintf("fanin: %d answers matched no request", r.Stray))
+	}
+	return out
+}
+
+func pass(x faninRun, target time.Duration) bool {
+	return x.Sent > 0 && x.Missing == 0 && x.Errors == 0 && x.Latency.P99 < float64(target.Microseconds())
+}
+
+func (h *harness) runFanin() (*faninResult, error) {
+	c := h.c
+	res := &faninResult{Conns: c.FaninConns, Procs: c.FaninProcs, PerProc: c.FaninPerProc, Rate: c.FaninRate,
+		TargetP99US: float64(c.FaninP99Target.Microseconds())}
+	if c.FaninConns > 999 {
+		return nil, errors.New("fanin: at most 999 clients (request ids carry the client number)")
+	}
+	// The per-connection message rate limit is off: this measures capacity.
+	gw, err := h.startGateway(gwConfig{minIdle: 1, maxProcs: c.FaninProcs, perProc: c.FaninPerProc, noRateLimit: true}, true)
+	if err != nil {
+		return nil, err
+	}
+	defer gw.stop()
+	gf, err := h.gatewayFleet(gw, c.FaninConns)
+	if err != nil {
+		return nil, fmt.Errorf("gateway clients: %w", err)
+	}
+	defer gf.close()
+	df, err := h.directFleet(c.FaninConns, c.FaninProcs, c.FaninPerProc)
+	if err != nil {
+		return nil, fmt.Errorf("direct clients: %w", err)
+	}
+	defer df.close()
+	procs := len(h.agentPIDs(gw.Pid()))
+	fmt.Fprintf(h.log, "load: fanin: %d clients connected; the gateway runs %d agent processes\n", c.FaninConns, procs)
+
+	// A short warm-up of both paths, then the fixed rate, the paths
+	// interleaved, repetitions pooled.
+	gf.run(c.FaninRate, 0, c.FaninWarmup)
+	df.run(c.FaninRate, 0, c.FaninWarmup)
+	var gs, ds, gsv, dsv []time.Duration
+	for rep := 0; rep < c.FaninReps; rep++ {
+		fmt.Fprintf(h.log, "load: fanin %d rt/s, run %d\n", c.FaninRate, rep+1)
+		g := gf.run(c.FaninRate, c.FaninWarmup, c.FaninDuration)
+		d := df.run(c.FaninRate, c.FaninWarmup, c.FaninDuration)
+		gs, ds = append(gs, g.samples...), append(ds, d.samples...)
+		gsv, dsv = append(gsv, g.svcSamples...), append(dsv, d.svcSamples...)
+		res.Gateway = mergeRuns(res.Gateway, g, rep)
+		res.Direct = mergeRuns(res.Direct, d, rep)
+	}
+	res.Gateway.Latency, res.Direct.Latency = summarize(gs), summarize(ds)
+	res.Gateway.FromSend, res.Direct.FromSend = summarize(gsv), summarize(dsv)
+	res.AddedFromSendP99 = res.Gateway.FromSend.P99 - res.Direct.FromSend.P99
+	res.AddedP50 = res.Gateway.Latency.P50 - res.Direct.Latency.P50
+	res.AddedP99 = res.Gateway.Latency.P99 - res.Direct.Latency.P99
+	res.AddedP999 = res.Gateway.Latency.P999 - res.Direct.Latency.P999
+
+	// Rate search, each path on its own (an overloaded step leaves a
+	// backlog, so a path's search ends at its first failure).
+	search := func(f *faninFleet, steps *[]faninRun) int {
+		best, fail := 0, 0
+		for _, rate := range c.FaninSteps {
+			fmt.Fprintf(h.log, "load: fanin %s rate search: %d rt/s\n", f.name, rate)
+			x := f.run(rate, c.FaninWarmup, c.FaninStepDur)
+			*steps = append(*steps, x)
+			if !pass(x, c.FaninP99Target) {
+				fail = rate
+				break
+			}
+			best = rate
+		}
+		for range c.FaninRefine {
+			if fail == 0 || fail-best <= max(best/20, 100) {
+				break
+			}
+			time.Sleep(time.Second) // let a failed step's backlog drain
+			rate := (best + fail) / 2
+			fmt.Fprintf(h.log, "load: fanin %s rate search: %d rt/s\n", f.name, rate)
+			x := f.run(rate, c.FaninWarmup, c.FaninStepDur)
+			*steps = append(*steps, x)
+			if pass(x, c.FaninP99Target) {
+				best = rate
+			} else {
+				fail = rate
+			}
+		}
+		return best
+	}
+	// Answers matching no request, so far: there should be none. (In the
+	// rate search, answers that come after a failed step's grace period
+	// are expected strays, so it is not counted.)
+	for _, cl := range append(gf.clients, df.clients...) {
+		cl.mu.Lock()
+		res.Stray += cl.stray
+		cl.mu.Unlock()
+	}
+	// The raw samples are summarized: let them go.
+	res.Gateway.samples, res.Direct.samples, res.Gateway.svcSamples, res.Direct.svcSamples = nil, nil, nil, nil
+	res.GatewayMaxRate = search(gf, &res.GatewaySteps)
+	gf.close()
+	gw.stop() // its backlog must not load the direct search
+	res.DirectMaxRate = search(df, &res.DirectSteps)
+	for _, steps := range [][]faninRun{res.GatewaySteps, res.DirectSteps} {
+		for i := range steps {
+			steps[i].samples, steps[i].svcSamples = nil, nil
+		}
+	}
+	return res, nil
+}
+
+func mergeRuns(acc, x faninRun, rep int) faninRun {
+	if rep == 0 {
+		return x
+	}
+	acc.Seconds += x.Seconds
+	acc.Sent += x.Sent
+	acc.Answered += x.Answered
+	acc.Missing += x.Missing
+	acc.Errors += x.Errors
+	if x.LastError != "" {
+		acc.LastError = x.LastError
+	}
+	acc.ServerCPUUS = (acc.ServerCPUUS*float64(rep) + x.ServerCPUUS) / float64(rep+1)
+	acc.AgentCPUUS = (acc.AgentCPUUS*float64(rep) + x.AgentCPUUS) / float64(rep+1)
+	acc.ClientCPUUS = (acc.ClientCPUUS*float64(rep) + x.ClientCPUUS) / float64(rep+1)
+	acc.SendLateness.P99 = max(acc.SendLateness.P99, x.SendLateness.P99)
+	return acc
+}
+
+func (r *faninResult) print(w io.Writer) {
+	fmt.Fprintf(w, "\nFANIN: %d WebSocket clients, one session each, %d agent processes (≤ %d sessions each), open-loop echo round trips\n",
+		r.Conns, r.Procs, r.PerProc)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "rate\tpath\tround trips\tp50\tp99\tp99.9\tmax\tCPU/rt: gateway\tagents\tclients\tsend late p99\t")
+	row := func(name string, x faninRun) {
+		srv := fmt.Sprintf("%.1f µs", x.ServerCPUUS)
+		if name == "direct" {
+			srv = "-"
+		}
+		fmt.Fprintf(tw, "%d/s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f µs\t%.1f µs\t%s\t\n", x.Rate, name, x.Latency.N, fmtUS(x.Latency.P50), fmtUS(x.Latency.P99),
+			fmtUS(x.Latency.P999), fmtUS(x.Latency.Max), srv, x.AgentCPUUS, x.ClientCPUUS, fmtUS(x.SendLateness.P99))
+	}
+	row("direct", r.Direct)
+	row("gateway", r.Gateway)
+	fmt.Fprintf(tw, "\tgateway − direct\t\t%s\t%s\t%s\t\t\t\t\t\t\n", fmtUS(r.AddedP50), fmtUS(r.AddedP99), fmtUS(r.AddedP999))
+	tw.Flush()
+	fmt.Fprintf(w, "from the actual send times (without the harness's sending delay): p50 direct %s, gateway %s; p99 direct %s, gateway %s (%+.0f µs)\n",
+		fmtUS(r.Direct.FromSend.P50), fmtUS(r.Gateway.FromSend.P50), fmtUS(r.Direct.FromSend.P99), fmtUS(r.Gateway.FromSend.P99), r.AddedFromSendP99)
+	fmt.Fprintf(w, "\nrate search (p99 < %s, every request answered):\n", fmtUS(r.TargetP99US))
+	tw = newTable(w)
+	fmt.Fprintln(tw, "path\trate\tp50\tp99\tp99.9\tmissing\tCPU/rt: gateway\tagents\tclients\tsend late p99\tresult\t")
+	for _, s := range []struct {
+		name  string
+		steps []faninRun
+	}{{"gateway", r.GatewaySteps}, {"direct", r.DirectSteps}} {
+		for _, x := range s.steps {
+			verdict := "ok"
+			if !pass(x, time.Duration(r.TargetP99US)*time.Microsecond) {
+				verdict = "FAIL"
+			}
+			srv := fmt.Sprintf("%.1f µs", x.ServerCPUUS)
+			if s.name == "direct" {
+				srv = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%d/s\t%s\t%s\t%s\t%d\t%s\t%.1f µs\t%.1f µs\t%s\t%s\t\n", s.name, x.Rate, fmtUS(x.Latency.P50), fmtUS(x.Latency.P99),
+				fmtUS(x.Latency.P999), x.Missing, srv, x.AgentCPUUS, x.ClientCPUUS, fmtUS(x.SendLateness.P99), verdict)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "highest rate sustained: gateway %d rt/s, direct %d rt/s\n", r.GatewayMaxRate, r.DirectMaxRate)
+}
+
+// dispatch sends every request of the step at its intended time and
+// returns how late each went out. One goroutine, locked to its thread,
+// sleeps with nanosleep at 1 ns timer slack: Go's own timers wake up to a
+// millisecond late in a mostly idle process (the netpoller waits in whole
+// milliseconds), which would swamp the latencies measured. A client whose
+// connection failed is skipped from then on.
+func (f *faninFleet) dispatch(s *faninStep) []time.Duration {
+	done := make(chan []time.Duration, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		// PR_SET_TIMERSLACK (29): this thread's sleeps end on time.
+		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, 29, 1, 0)
+		n := len(f.clients)
+		late := make([]time.Duration, 0, n*s.perConn)
+		dead := make([]bool, n)
+		buf := make([]byte, 0, 256)
+		for j := 0; j < n*s.perConn; j++ {
+			i, k := j%n, j/n
+			c := f.clients[i]
+			due := s.intended(i, k)
+			// Signals (Go's preemption) cut a sleep short: sleep again, a
+			// bounded number of times.
+			for try := 0; try < 100; try++ {
+				d := time.Until(due)
+				if d <= 0 {
+					break
+				}
+				ts := syscall.NsecToTimespec(d.Nanoseconds())
+				_ = syscall.Nanosleep(&ts, nil)
+			}
+			late = append(late, max(time.Since(due), 0))
+			if dead[i] {
+				continue
+			}
+			buf = append(buf[:0], `{"jsonrpc":"2.0","id":`...)
+			buf = strconv.AppendInt(buf, reqID(s.id, k, i), 10)
+			buf = append(buf, `,"method":"`...)
+			buf = append(buf, f.echo...)
+			buf = append(buf, `","params":{"sessionId":`...)
+			buf = strconv.AppendQuote(buf, c.sid)
+			buf = append(buf, `,"pad":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}}`...)
+			c.mu.Lock()
+			c.sent[k] = time.Now()
+			c.mu.Unlock()
+			if err := c.ep.send(buf); err != nil {
+				f.fail(err)
+				dead[i] = true
+			}
+		}
+		done <- late
+	}()
+	return <-done
+}

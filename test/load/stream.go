@@ -1,0 +1,616 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// --- the client process: `load stream-client` ---
+
+// streamRun is what one client measured over one prompt: from sending the
+// prompt to receiving its answer, after every chunk.
+type streamRun struct {
+	Msgs      int      `json:"msgs"`
+	Bytes     int64    `json:"bytes"`
+	ElapsedNS int64    `json:"elapsed_ns"`
+	FirstNS   int64    `json:"first_msg_ns"` // time to the first chunk
+	ClientCPU int64    `json:"client_cpu_ns"`
+	InOrder   bool     `json:"in_order"`
+	Errors    []string `json:"errors,omitempty"`
+}
+
+type streamReady struct {
+	Ready    bool   `json:"ready"`
+	AgentPID int    `json:"agent_pid,omitempty"`
+	Session  string `json:"session"`
+	Error    string `json:"error,omitempty"`
+}
+
+// streamClientMain connects (WebSocket URL, or the agent over stdio),
+// initializes, opens a session, says it is ready, waits for "go" on stdin,
+// streams one prompt, prints the streamRun, and waits for stdin to end.
+// Running the client in its own process keeps its CPU time and its
+// goroutines apart from the gateway's and the harness's.
+func streamClientMain(args []string) int {
+	fs := flag.NewFlagSet("load stream-client", flag.ContinueOnError)
+	mode := fs.String("mode", "ws", "ws or stdio")
+	url := fs.String("url", "", "WebSocket URL (ws)")
+	sub := fs.String("subprotocol", "", "WebSocket subprotocol to offer")
+	chunks := fs.Int("chunks", 1000, "chunks to ask for")
+	size := fs.Int("size", 300, "bytes per chunk")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	time.AfterFunc(*timeout, func() {
+		fmt.Fprintf(os.Stderr, "stream-client: timed out after %s\n", *timeout)
+		os.Exit(3) // the stdio agent dies with us (parent-death signal)
+	})
+	out := json.NewEncoder(os.Stdout)
+	fail := func(err error) int {
+		_ = out.Encode(streamReady{Error: err.Error()})
+		return 1
+	}
+	var (
+		t   transport
+		pid int
+		err error
+	)
+	switch *mode {
+	case "ws":
+		var subs []string
+		if *sub != "" {
+			subs = []string{*sub}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t, err = dialWS(ctx, *url, subs)
+		cancel()
+	case "stdio":
+		exe, _ := os.Executable()
+		var st *stdioTransport
+		st, err = startStdio([]string{exe, "agent"})
+		if err == nil {
+			t, pid = st, st.Pid()
+		}
+	default:
+		err = fmt.Errorf("unknown mode %q", *mode)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	defer t.Close()
+	c := &rpcClient{t: t}
+	if err := c.initialize(); err != nil {
+		return fail(err)
+	}
+	sid, err := c.newSession()
+	if err != nil {
+		return fail(err)
+	}
+	if err := out.Encode(streamReady{Ready: true, AgentPID: pid, Session: sid}); err != nil {
+		return 1
+	}
+	in := bufio.NewReader(os.Stdin)
+	if line, err := in.ReadString('\n'); err != nil || strings.TrimSpace(line) != "go" {
+		return 1
+	}
+	res := streamOnce(t, sid, *chunks, *size)
+	if err := out.Encode(res); err != nil {
+		return 1
+	}
+	_, _ = io.Copy(io.Discard, in) // until the harness is done measuring
+	return 0
+}
+
+// streamOnce sends one prompt and reads its chunks and its answer, checking
+// that each chunk is for the session and carries the next sequence number.
+func streamOnce(t transport, sid string, n, size int) streamRun {
+	var r streamRun
+	fail := func(format string, args ...any) {
+		if len(r.Errors) < 10 {
+			r.Errors = append(r.Errors, fmt.Sprintf(format, args...))
+		}
+	}
+	const promptID = 1000
+	prompt := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%d,"method":"session/prompt","params":{"sessionId":%s,"prompt":[{"type":"text","text":"chunks=%d size=%d"}]}}`,
+		promptID, strconv.Quote(sid), n, size)
+	prefix := []byte(chunkPrefix + strconv.Quote(sid))
+	textKey := []byte(`"text":"`)
+	outOfOrder := 0
+	cpu0 := selfCPU()
+	start := time.Now()
+	if err := t.Send(prompt); err != nil {
+		fail("send prompt: %v", err)
+		return r
+	}
+	done := false
+	for i := 0; i < n+1000 && !done; i++ {
+		msg, err := t.Recv()
+		if err != nil {
+			fail("after %d chunks: %v", r.Msgs, err)
+			break
+		}
+		if bytes.HasPrefix(msg, prefix) {
+			j := bytes.Index(msg[len(prefix):], textKey)
+			seq := -1
+			if j >= 0 && len(msg) >= len(prefix)+j+len(textKey)+10 {
+				d := msg[len(prefix)+j+len(textKey):][:10]
+				if v, err := strconv.Atoi(string(d)); err == nil {
+					seq = v
+				}
+			}
+			if seq != r.Msgs {
+				outOfOrder++
+				fail("chunk %d carries sequence number %d", r.Msgs, seq)
+			}
+			if r.Msgs == 0 {
+				r.FirstNS = time.Since(start).Nanoseconds()
+			}
+			if (r.Msgs%1024 == 0 || r.Msgs == n-1) && !json.Valid(msg) {
+				fail("chunk %d is not valid JSON", r.Msgs)
+			}
+			r.Msgs++
+			r.Bytes += int64(len(msg))
+			continue
+		}
+		if id, ok := parseID(msg); ok && id == promptID {
+			done = true
+			if !bytes.Contains(msg, []byte(`"stopReason":"end_turn"`)) {
+				fail("prompt answered %.300s", msg)
+			}
+			continue
+		}
+		fail("unexpected message %.300s", msg)
+	}
+	r.ElapsedNS = time.Since(start).Nanoseconds()
+	r.ClientCPU = (selfCPU() - cpu0).Nanoseconds()
+	if !done {
+		fail("no answer to the prompt")
+	}
+	if r.Msgs != n {
+		fail("received %d chunks of %d", r.Msgs, n)
+	}
+	r.InOrder = outOfOrder == 0 && r.Msgs == n
+	return r
+}
+
+// --- the harness side ---
+
+// streamSample is one client run with the CPU the other processes used
+// meanwhile.
+type streamSample struct {
+	streamRun
+	ServerCPU int64 `json:"server_cpu_ns"` // gateway or websocketd
+	AgentCPU  int64 `json:"agent_cpu_ns"`  // the agent processes (and supervisors)
+}
+
+type streamPath struct {
+	Path    string         `json:"path"`
+	Samples []streamSample `json:"samples"`
+	// Medians over the samples.
+	MsgsPerSec  float64 `json:"msgs_per_s"`
+	MinMsgs     float64 `json:"min_msgs_per_s"`
+	MaxMsgs     float64 `json:"max_msgs_per_s"`
+	MBPerSec    float64 `json:"mb_per_s"` // client-received message bytes, 10^6
+	FirstMsgUS  float64 `json:"first_msg_us"`
+	ServerCPUPM float64 `json:"server_cpu_s_per_million_msgs"`
+	ClientCPUPM float64 `json:"client_cpu_s_per_million_msgs"`
+	AgentCPUPM  float64 `json:"agent_cpu_s_per_million_msgs"`
+}
+
+type streamCase struct {
+	Chunks int           `json:"chunks"`
+	Size   int           `json:"chunk_bytes"`
+	Paths  []*streamPath `json:"paths"`
+	// Throughput ratios (msgs/s): gateway over direct and over websocketd.
+	GatewayVsDirect     float64 `json:"gateway_vs_direct"`
+	GatewayVsWebsocketd float64 `json:"gateway_vs_websocketd"`
+	// Peak RSS (VmHWM) of the gateway and websocketd processes after this
+	// case (cumulative over the cases run so far): what queueing costs.
+	GatewayPeakRSS    int64          `json:"gateway_peak_rss_bytes"`
+	WebsocketdPeakRSS int64          `json:"websocketd_peak_rss_bytes,omitempty"`
+	Profile           *profileResult `json:"profile,omitempty"`
+}
+
+type streamResult struct {
+	Cases []*streamCase `json:"cases"`
+	// DefaultLimits is one small-chunk stream through a gateway with the
+	// default send queue (limits.send_queue_messages 4096): how far it got.
+	// The measured gateways have a queue sized for the whole stream.
+	DefaultLimits *streamRun `json:"default_limits,omitempty"`
+}
+
+func (r *streamResult) problems() []string {
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range r.Cases {
+		for _, p := range c.Paths {
+			if len(p.Samples) == 0 {
+				out = append(out, fmt.Sprintf("stream %d B via %s: no samples", c.Size, p.Path))
+			}
+			for i, s := range p.Samples {
+				where := fmt.Sprintf("stream %d B via %s, run %d", c.Size, p.Path, i+1)
+				if len(s.Errors) > 0 {
+					out = append(out, where+": "+strings.Join(s.Errors, "; "))
+				}
+				if !s.InOrder || s.Msgs != c.Chunks {
+					out = append(out, fmt.Sprintf("%s: %d of %d chunks, in order: %v", where, s.Msgs, c.Chunks, s.InOrder))
+				}
+				if s.Msgs > 0 && s.ElapsedNS <= 0 {
+					out = append(out, where+": zero elapsed time")
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (h *harness) runStream() (*streamResult, error) {
+	// The gateway as configured out of the box, except that the send
+	// queue is sized for the whole stream: the load agent writes faster
+	// than any WebSocket drains (see BENCHMARKS.md).
+	cfg := gwConfig{minIdle: 1, maxProcs: 4, perProc: 32, queueMsgs: 4 << 20, queueBytes: 1 << 30}
+	gw, err := h.startGateway(cfg, true)
+	if err != nil {
+		return nil, err
+	}
+	defer gw.stop()
+	var others []*server
+	for _, bin := range h.otherBins {
+		g, err := h.startGatewayBin(bin, cfg, true)
+		if err != nil {
+			return nil, err
+		}
+		defer g.stop()
+		others = append(others, g)
+	}
+	var wsd *server
+	if h.websocketd != "" {
+		if wsd, err = h.startWebsocketd(); err != nil {
+			return nil, err
+		}
+		defer wsd.stop()
+	}
+	res := &streamResult{}
+	var errs []string
+	if g, err := h.startGateway(gwConfig{minIdle: 1, maxProcs: 4, perProc: 32}, true); err != nil {
+		errs = append(errs, err.Error())
+	} else {
+		fmt.Fprintf(h.log, "load: stream %d × %d B via a gateway with the default send queue\n", h.c.SmallChunks, h.c.SmallSize)
+		if s, err := h.streamClient("ws", g.url, "acp", g, h.c.SmallChunks, h.c.SmallSize); err != nil {
+			errs = append(errs, "default limits: "+err.Error())
+		} else {
+			res.DefaultLimits = &s.streamRun
+		}
+		g.stop()
+	}
+	for _, cs := range [][2]int{{h.c.SmallChunks, h.c.SmallSize}, {h.c.LargeChunks, h.c.LargeSize}} {
+		c := &streamCase{Chunks: cs[0], Size: cs[1]}
+		res.Cases = append(res.Cases, c)
+		type target struct {
+			path, mode, url, sub string
+			srv                  *server
+		}
+		targets := []target{{path: "direct (stdio)", mode: "stdio"}}
+		if wsd != nil {
+			targets = append(targets, target{path: "websocketd", mode: "ws", url: wsd.url, srv: wsd})
+		}
+		targets = append(targets, target{path: "gateway", mode: "ws", url: gw.url, sub: "acp", srv: gw})
+		for i, g := range others {
+			targets = append(targets, target{path: "gateway " + filepath.Base(h.otherBins[i]), mode: "ws", url: g.url, sub: "acp", srv: g})
+		}
+		for _, t := range targets {
+			c.Paths = append(c.Paths, &streamPath{Path: t.path})
+		}
+		for rep := 0; rep < h.c.StreamReps; rep++ {
+			for i, t := range targets {
+				fmt.Fprintf(h.log, "load: stream %d × %d B via %s, run %d\n", c.Chunks, c.Size, t.path, rep+1)
+				s, err := h.streamClient(t.mode, t.url, t.sub, t.srv, c.Chunks, c.Size)
+				if err != nil {
+					errs = append(errs, fmt.Sprintf("%d B via %s: %v", c.Size, t.path, err))
+					continue
+				}
+				c.Paths[i].Samples = append(c.Paths[i].Samples, s)
+			}
+		}
+		for _, p := range c.Paths {
+			p.aggregate()
+		}
+		c.GatewayPeakRSS, _ = procStatus(gw.Pid(), "VmHWM")
+		if wsd != nil {
+			c.WebsocketdPeakRSS, _ = procStatus(wsd.Pid(), "VmHWM")
+		}
+		byName := map[string]*streamPath{}
+		for _, p := range c.Paths {
+			byName[p.Path] = p
+		}
+		if g, d := byName["gateway"], byName["direct (stdio)"]; g != nil && d != nil && d.MsgsPerSec > 0 {
+			c.GatewayVsDirect = g.MsgsPerSec / d.MsgsPerSec
+		}
+		if g, w := byName["gateway"], byName["websocketd"]; g != nil && w != nil && w.MsgsPerSec > 0 {
+			c.GatewayVsWebsocketd = g.MsgsPerSec / w.MsgsPerSec
+		}
+		if h.profile != "" {
+			p, err := h.profileStream(cfg, c)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("profile %d B: %v", c.Size, err))
+			}
+			c.Profile = p
+		}
+	}
+	if len(errs) > 0 {
+		return res, errors.New(strings.Join(errs, "; "))
+	}
+	return res, nil
+}
+
+func (p *streamPath) aggregate() {
+	var rate, mb, first, srv, cli, agt []float64
+	for _, s := range p.Samples {
+		if s.ElapsedNS <= 0 || s.Msgs == 0 {
+			continue
+		}
+		sec := float64(s.ElapsedNS) / 1e9
+		perM := 1e6 / float64(s.Msgs) / 1e9 // ns → s per million messages
+		rate = append(rate, float64(s.Msgs)/sec)
+		mb = append(mb, float64(s.Bytes)/sec/1e6)
+		first = append(first, float64(s.FirstNS)/1e3)
+		srv = append(srv, float64(s.ServerCPU)*perM)
+		cli = append(cli, float64(s.ClientCPU)*perM)
+		agt = append(agt, float64(s.AgentCPU)*perM)
+	}
+	p.MsgsPerSec, p.MBPerSec, p.FirstMsgUS = median(rate), median(mb), median(first)
+	if len(rate) > 0 {
+		p.MinMsgs, p.MaxMsgs = slices.Min(rate), slices.Max(rate)
+	}
+	p.ServerCPUPM, p.ClientCPUPM, p.AgentCPUPM = median(srv), median(cli), median(agt)
+}
+
+// streamChild is a running `load stream-client`.
+type streamChild struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	dec   *json.Decoder
+	errb  *lockedBuffer
+	ready streamReady
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() > 64<<10 {
+		return len(p), nil
+	}
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// streamTimeout bounds one client run: generous, since a slow path is a
+// result, not an error.
+func (h *harness) streamTimeout(n, size int) time.Duration {
+	return 60*time.Second + time.Duration(n)*20*time.Microsecond + time.Duration(int64(n)*int64(size))*time.Second/(20<<20)
+}
+
+func (h *harness) startStreamChild(mode, url, sub string, n, size int) (*streamChild, error) {
+	timeout := h.streamTimeout(n, size)
+	args := []string{"stream-client", "-mode", mode, "-chunks", strconv.Itoa(n), "-size", strconv.Itoa(size), "-timeout", timeout.String()}
+	if mode == "ws" {
+		args = append(args, "-url", url, "-subprotocol", sub)
+	}
+	cmd := exec.Command(h.exe, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	errb := &lockedBuffer{}
+	cmd.Stderr = errb
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	trackChild(cmd)
+	ch := &streamChild{cmd: cmd, stdin: stdin, dec: json.NewDecoder(stdout), errb: errb}
+	if err := ch.decode(&ch.ready, 60*time.Second); err != nil {
+		ch.finish()
+		return nil, fmt.Errorf("client setup: %v %s", err, errb.String())
+	}
+	if !ch.ready.Ready {
+		ch.finish()
+		return nil, fmt.Errorf("client setup: %s %s", ch.ready.Error, errb.String())
+	}
+	return ch, nil
+}
+
+// decode reads the child's next JSON line, for at most timeout.
+func (ch *streamChild) decode(v any, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- ch.dec.Decode(v) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		_ = ch.cmd.Process.Kill()
+		return fmt.Errorf("no answer from the client within %s", timeout)
+	}
+}
+
+func (ch *streamChild) run(n, size int, timeout time.Duration) (streamRun, error) {
+	var r streamRun
+	if _, err := io.WriteString(ch.stdin, "go\n"); err != nil {
+		return r, err
+	}
+	err := ch.decode(&r, timeout)
+	return r, err
+}
+
+// finish lets the client close its connection and exit (killed after 10 s).
+func (ch *streamChild) finish() {
+	_ = ch.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = ch.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = ch.cmd.Process.Kill()
+		<-done
+	}
+	untrackChild(ch.cmd)
+}
+
+// streamClient runs one client and measures the server's and the agents'
+// CPU time over its prompt.
+func (h *harness) streamClient(mode, url, sub string, srv *server, n, size int) (streamSample, error) {
+	var s streamSample
+	ch, err := h.startStreamChild(mode, url, sub, n, size)
+	if err != nil {
+		return s, err
+	}
+	defer ch.finish()
+	var serverPIDs, agentPIDs []int
+	if srv != nil {
+		serverPIDs = []int{srv.Pid()}
+		agentPIDs = descendants(srv.Pid())
+	} else {
+		agentPIDs = []int{ch.ready.AgentPID}
+	}
+	s0, a0 := cpuOf(serverPIDs), cpuOf(agentPIDs)
+	r, err := ch.run(n, size, h.streamTimeout(n, size))
+	if err != nil {
+		return s, fmt.Errorf("%v %s", err, ch.errb.String())
+	}
+	s.streamRun = r
+	s.ServerCPU = (cpuOf(serverPIDs) - s0).Nanoseconds()
+	s.AgentCPU = (cpuOf(agentPIDs) - a0).Nanoseconds()
+	return s, nil
+}
+
+// profileStream runs the case against a gateway inside this process under
+// the CPU profiler (the client is still a separate process), then breaks
+// the profile down.
+func (h *harness) profileStream(cfg gwConfig, c *streamCase) (*profileResult, error) {
+	g, err := h.startInProcGateway(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer g.stop()
+	path := fmt.Sprintf("%s.stream-%dB.pprof", h.profile, c.Size)
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	runs := 5 // enough samples at pprof's 100 Hz
+	if h.quick {
+		runs = 1
+	}
+	var samples []streamSample
+	profiling := false
+	defer func() {
+		if profiling {
+			pprof.StopCPUProfile()
+		}
+	}()
+	for i := 0; i < runs; i++ {
+		fmt.Fprintf(h.log, "load: stream %d × %d B via in-process gateway (profiled), run %d\n", c.Chunks, c.Size, i+1)
+		ch, err := h.startStreamChild("ws", g.url, "acp", c.Chunks, c.Size)
+		if err != nil {
+			return nil, err
+		}
+		if !profiling {
+			if err := pprof.StartCPUProfile(f); err != nil {
+				ch.finish()
+				return nil, err
+			}
+			profiling = true
+		}
+		cpu0 := selfCPU()
+		r, err := ch.run(c.Chunks, c.Size, h.streamTimeout(c.Chunks, c.Size))
+		cpu := selfCPU() - cpu0
+		ch.finish()
+		if err != nil {
+			return nil, fmt.Errorf("%v %s", err, ch.errb.String())
+		}
+		samples = append(samples, streamSample{streamRun: r, ServerCPU: cpu.Nanoseconds()})
+	}
+	pprof.StopCPUProfile()
+	profiling = false
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	p := &streamPath{Path: "gateway (in-process, profiled)", Samples: samples}
+	p.aggregate()
+	c.Paths = append(c.Paths, p)
+	return analyzeProfile(path)
+}
+
+func (r *streamResult) print(w io.Writer) {
+	fmt.Fprintf(w, "\nSTREAM: one client, one session, agent_message_chunk notifications as fast as the agent writes (median of runs)\n")
+	tw := newTable(w)
+	fmt.Fprintln(tw, "chunks × size\tpath\tmsgs/s\t(min–max)\tMB/s\tfirst chunk\tCPU s/M msgs: server\tclient\tagent\t")
+	for _, c := range r.Cases {
+		for _, p := range c.Paths {
+			srv := fmt.Sprintf("%.2f", p.ServerCPUPM)
+			if p.Path == "direct (stdio)" {
+				srv = "-"
+			}
+			cli, agt := fmt.Sprintf("%.2f", p.ClientCPUPM), fmt.Sprintf("%.2f", p.AgentCPUPM)
+			if strings.Contains(p.Path, "in-process") {
+				cli, agt = "-", "-" // the profiled run measures only the gateway's process
+			}
+			fmt.Fprintf(tw, "%d × %s\t%s\t%.0f\t%.0f–%.0f\t%.1f\t%s\t%s\t%s\t%s\t\n", c.Chunks, fmtBytes(float64(c.Size)), p.Path,
+				p.MsgsPerSec, p.MinMsgs, p.MaxMsgs, p.MBPerSec, fmtUS(p.FirstMsgUS), srv, cli, agt)
+		}
+		fmt.Fprintf(tw, "\tgateway ÷ direct\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsDirect))
+		fmt.Fprintf(tw, "\tgateway ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsWebsocketd))
+	}
+	tw.Flush()
+	if d := r.DefaultLimits; d != nil && len(r.Cases) > 0 {
+		verdict := "all received"
+		if len(d.Errors) > 0 {
+			verdict = d.Errors[0]
+		}
+		fmt.Fprintf(w, "with the default send queue (4096 messages): %d of %d chunks of %s, then: %s\n",
+			d.Msgs, r.Cases[0].Chunks, fmtBytes(float64(r.Cases[0].Size)), verdict)
+	}
+	for _, c := range r.Cases {
+		fmt.Fprintf(w, "peak RSS after %d × %s: gateway %s, websocketd %s\n", c.Chunks, fmtBytes(float64(c.Size)),
+			fmtBytes(float64(c.GatewayPeakRSS)), fmtBytes(float64(c.WebsocketdPeakRSS)))
+	}
+	for _, c := range r.Cases {
+		if c.Profile != nil {
+			c.Profile.print(w, fmt.Sprintf("%d × %s", c.Chunks, fmtBytes(float64(c.Size))))
+		}
+	}
+}
