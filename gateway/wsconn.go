@@ -54,7 +54,10 @@ type wsConn struct {
 	wake        chan struct{}
 
 	msgsIn, msgsOut, bytesIn, bytesOut atomic.Int64
-	lastActive                         atomic.Int64 // unix nanos of the last message either way
+	lastActive                         atomic.Int64  // unix nanos of the last message either way
+	lastWrite                          atomic.Int64  // unix nanos of the last message written
+	room                               chan struct{} // closed when the writer takes the queue (guarded by mu)
+	queuedSince                        int64         // unix nanos the queue last became non-empty (guarded by mu)
 }
 
 func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
@@ -119,6 +122,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		maxMsgs:  limits.SendQueueMessages,
 		maxBytes: limits.SendQueueBytes,
 		wake:     make(chan struct{}, 1),
+		room:     make(chan struct{}),
 	}
 	c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: c.log}, c)
 	if err != nil {
@@ -182,6 +186,11 @@ func writeJSONError(w http.ResponseWriter, status int, reason, msg string) {
 const frameQueue = 64
 
 func (c *wsConn) run() {
+	// Writes carry no context (see writeLoop): closing the connection is
+	// what unblocks them when the connection ends.
+	stopClose := context.AfterFunc(c.ctx, func() { _ = c.ws.CloseNow() })
+	defer stopClose()
+	c.lastWrite.Store(time.Now().UnixNano())
 	var wg sync.WaitGroup
 	frames := make(chan []byte, frameQueue)
 	wg.Add(3)
@@ -291,6 +300,25 @@ func (c *wsConn) Send(msg []byte) bool {
 		c.mu.Unlock()
 		return false
 	}
+	// Full: a client whose writer keeps draining is reading as fast as the
+	// gateway can send, so wait for room (its agent's output is held up
+	// meanwhile); one whose writer made no progress for stallTimeout has
+	// stopped reading and is closed.
+	for !c.closing && (len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes) &&
+		time.Since(time.Unix(0, max(c.lastWrite.Load(), c.queuedSince))) < stallTimeout {
+		room := c.room
+		c.mu.Unlock()
+		select {
+		case <-room:
+		case <-time.After(stallTimeout):
+		case <-c.ctx.Done():
+		}
+		c.mu.Lock()
+	}
+	if c.closing {
+		c.mu.Unlock()
+		return false
+	}
 	if len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes {
 		queued, bytes := len(c.q), c.qBytes
 		c.closing = true
@@ -302,12 +330,19 @@ func (c *wsConn) Send(msg []byte) bool {
 		c.signal()
 		return false
 	}
+	if len(c.q) == 0 {
+		c.queuedSince = time.Now().UnixNano()
+	}
 	c.q = append(c.q, msg)
 	c.qBytes += len(msg)
 	c.mu.Unlock()
 	c.signal()
 	return true
 }
+
+// stallTimeout is how long a full send queue may go without the writer
+// making progress before the client counts as not reading.
+const stallTimeout = time.Second
 
 func (c *wsConn) signal() {
 	select {
@@ -343,22 +378,32 @@ func (c *wsConn) writeLoop() {
 		c.q, c.spare = c.spare[:0], nil
 		c.qBytes = 0
 		closing, code, reason := c.closing, c.closeCode, c.closeReason
+		close(c.room) // wake senders waiting for room
+		c.room = make(chan struct{})
 		c.mu.Unlock()
 		if len(batch) > 0 {
-			ctx, cancel := context.WithTimeout(c.ctx, timeout)
+			// One timer per batch bounds the writes (a context with a
+			// deadline would cost the library a timer per frame).
+			stuck := time.AfterFunc(timeout, func() {
+				c.log.Info("write to client timed out; closing", "write_timeout", timeout)
+				_ = c.ws.CloseNow()
+			})
 			for i, msg := range batch {
-				if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
-					cancel()
+				if err := c.ws.Write(context.Background(), websocket.MessageText, msg); err != nil {
+					stuck.Stop()
 					c.log.Debug("write to client failed", "err", err)
 					c.cancel()
 					return
 				}
+				now := time.Now().UnixNano()
 				c.msgsOut.Add(1)
 				c.bytesOut.Add(int64(len(msg)))
-				c.lastActive.Store(time.Now().UnixNano())
+				c.lastActive.Store(now)
+				c.lastWrite.Store(now)
+				jsonrpc.PutBuffer(msg)
 				batch[i] = nil
 			}
-			cancel()
+			stuck.Stop()
 		}
 		c.mu.Lock()
 		if c.spare == nil {

@@ -325,7 +325,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	out := conn.ten.scrubHostRoot(jsonrpc.Splice(nil, m.Raw, edits))
+	out := conn.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	p.pool.cfg.metrics.message(dirAgentToClient, m.Method, len(out))
 	conn.deliver(out)
 }
