@@ -80,8 +80,9 @@ func aad(tenant string) []byte {
 }
 
 // Seal returns the client-visible ID of agentSID for tenant.
-func (s *Sealer) Seal(tenant, agentSID string) string {
-	k := s.keys[0]
+func (s *Sealer) Seal(tenant, agentSID string) string { return s.keys[0].seal(tenant, agentSID) }
+
+func (k sealKey) seal(tenant, agentSID string) string {
 	h := hmac.New(sha256.New, k.macKey)
 	h.Write([]byte(tenant))
 	h.Write([]byte{0})
@@ -117,6 +118,11 @@ func (s *Sealer) Open(tenant, id string) (string, error) {
 			return "", errBadSessionID
 		}
 		if plain, err := k.aead.Open(nil, raw[1:1+ns], raw[1+ns:], aad(tenant)); err == nil {
+			// Only the canonical spelling opens: the base64 decoder skips
+			// \r and \n, which would give one session several IDs.
+			if k.seal(tenant, string(plain)) != id {
+				return "", errBadSessionID
+			}
 			return string(plain), nil
 		}
 	}
