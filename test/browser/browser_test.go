@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.uber.org/goleak"
 	"io"
 	"net/http"
 	"os"
@@ -98,6 +99,12 @@ func binary(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
 	if gateBin != "" {
 		os.RemoveAll(filepath.Dir(gateBin))
 	}
