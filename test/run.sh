@@ -15,6 +15,26 @@ export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
 
 step() { printf '\n== %s\n' "$*"; }
 
+step "system packages (Debian): node, npm, chromium, prometheus"
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+need_pkg() { # need_pkg COMMAND PACKAGE...
+  command -v "$1" >/dev/null 2>&1 && return 0
+  if [ -z "$apt_updated" ]; then as_root apt-get update -qq; apt_updated=1; fi
+  as_root apt-get install -y -qq "${@:2}"
+}
+need_pkg node nodejs
+need_pkg npm npm
+need_pkg git git
+need_pkg setsid util-linux
+# test/ops runs a real Prometheus and promtool (both in Debian's prometheus
+# package; its service is never started, the tests run the binary).
+need_pkg promtool --no-install-recommends prometheus
+# test/browser drives Debian's chromium with playwright-core (no browser
+# download).
+need_pkg chromium --no-install-recommends chromium
+
 step "npm dependencies for the interop and browser tests"
 (cd test/interop && npm ci --no-audit --no-fund --loglevel=error)
 (cd test/browser && npm ci --no-audit --no-fund --loglevel=error)

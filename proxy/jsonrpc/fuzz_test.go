@@ -70,6 +70,30 @@ func hasDuplicateKeys(data []byte) (bool, error) {
 	}
 }
 
+// located names the scanner compares member names against (the envelope
+// and testResolve's specs).
+var located = []string{"jsonrpc", "id", "method", "params", "result", "error", "sessionId", "requestId", "sessions"}
+
+// hasCaseTwinName reports whether some member name in data (valid JSON)
+// equals a located name under case folding without being it: the scanner
+// refuses those (some decoders read them as the same field).
+func hasCaseTwinName(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if s, ok := tok.(string); ok {
+			for _, n := range located {
+				if s != n && strings.EqualFold(s, n) {
+					return true
+				}
+			}
+		}
+	}
+}
+
 // hasLoneSurrogate reports whether a string in data (valid JSON) contains a
 // \uXXXX escape of a UTF-16 surrogate that is not part of a valid pair.
 func hasLoneSurrogate(data []byte) bool {
@@ -360,8 +384,8 @@ func FuzzScan(f *testing.F) {
 				if derr != nil {
 					t.Fatalf("duplicate checker: %v", derr)
 				}
-				if !dup && utf8.Valid(raw) && !hasLoneSurrogate(raw) {
-					t.Fatalf("ErrParse (%v) for valid JSON without duplicate keys, invalid UTF-8 or lone surrogates: %q", err, raw)
+				if !dup && utf8.Valid(raw) && !hasLoneSurrogate(raw) && !hasCaseTwinName(raw) {
+					t.Fatalf("ErrParse (%v) for valid JSON without duplicate keys, case-variant names, invalid UTF-8 or lone surrogates: %q", err, raw)
 				}
 			}
 			return
