@@ -245,6 +245,9 @@ func (c *wsConn) readLoop(frames chan<- []byte) (websocket.StatusCode, string) {
 		case <-c.ctx.Done():
 			return c.endReason(c.ctx.Err())
 		}
+		if buf.Cap() > 1<<20 { // do not keep one big message's buffer for the connection's life
+			buf = bytes.Buffer{}
+		}
 	}
 }
 

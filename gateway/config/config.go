@@ -519,6 +519,17 @@ func (c *Config) validateTenants(root *yaml.Node) []Problem {
 			at(item(i, ""), "%s: max_connections and max_sessions must not be negative (0 = no cap)", where)
 		}
 	}
+	// Roots must not overlap: a tenant whose root holds another's could list
+	// and load that tenant's sessions.
+	for i := range c.Tenants {
+		for j := i + 1; j < len(c.Tenants); j++ {
+			a, b := filepath.Clean(c.Tenants[i].Root), filepath.Clean(c.Tenants[j].Root)
+			if a == b || strings.HasPrefix(b, a+"/") || strings.HasPrefix(a, b+"/") {
+				at(item(j, "root"), "tenants[%d].root: %q overlaps tenant %q's root %q; tenant roots must be disjoint",
+					j, c.Tenants[j].Root, c.Tenants[i].Name, c.Tenants[i].Root)
+			}
+		}
+	}
 	if len(c.Tenants) == 0 && (c.Auth.JWT != nil || len(c.Auth.AllowedOrigins) > 0) {
 		at(find(root, "auth"), "auth: is set but no tenants are configured; list tenants to turn authentication on")
 	}

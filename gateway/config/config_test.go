@@ -555,3 +555,20 @@ func TestDurationMarshal(t *testing.T) {
 		t.Fatal("D()")
 	}
 }
+
+func TestOverlappingTenantRootsRefused(t *testing.T) {
+	dir := t.TempDir()
+	sub := dir + "/inner"
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hash := strings.Repeat("ab", 32)
+	yamlText := "tenants:\n" +
+		"  - {name: a, tokens_sha256: [" + hash + "], root: " + dir + "}\n" +
+		"  - {name: b, tokens_sha256: [" + hash + "], root: " + sub + "}\n" +
+		"  - {name: c, tokens_sha256: [" + hash + "], root: " + dir + "/}\n"
+	_, err := Parse("t.yaml", []byte(yamlText))
+	if err == nil || strings.Count(err.Error(), "overlaps") != 3 {
+		t.Fatalf("overlapping roots: %v", err)
+	}
+}
