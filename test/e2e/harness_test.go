@@ -4,10 +4,10 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 	"net/http"
 	"os"
 	"os/exec"
@@ -487,60 +487,11 @@ func stopReason(t *testing.T, m rpcMsg) string {
 
 // --- processes ---
 
-// descendants lists the live processes below pid, with their command lines.
-func descendants(pid int) map[int]string {
-	children := map[int][]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if pp, state, ok := procStat(p); ok && state != "Z" {
-			children[pp] = append(children[pp], p)
-		}
-	}
-	out := map[int]string{}
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c))
-			out[c] = string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
-
-// procStat returns a process's parent and state from /proc/PID/stat.
-func procStat(pid int) (ppid int, state string, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, "", false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0, "", false
-	}
-	ppid, err = strconv.Atoi(f[1])
-	return ppid, f[0], err == nil
-}
-
-// alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	_, state, ok := procStat(pid)
-	return ok && state != "Z"
-}
-
 // agentPIDs returns the demo agent processes (not their supervisors) below
 // the gateway.
 func (g *gateway) agentPIDs() []int {
 	var pids []int
-	for pid, cmd := range descendants(g.cmd.Process.Pid) {
+	for pid, cmd := range proctree.Descendants(g.cmd.Process.Pid) {
 		if strings.Contains(cmd, "demo-agent") && !strings.Contains(cmd, "supervise") {
 			pids = append(pids, pid)
 		}

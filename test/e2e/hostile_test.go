@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 	"io"
 	"net/http"
 	"os"
@@ -66,7 +67,7 @@ func fakeAgentConfig(t *testing.T, mode string) string {
 // gateway whose command line contains substr.
 func (g *gateway) agentProcs(substr string) []int {
 	var pids []int
-	for pid, cmd := range descendants(g.cmd.Process.Pid) {
+	for pid, cmd := range proctree.Descendants(g.cmd.Process.Pid) {
 		if strings.Contains(cmd, substr) && !strings.Contains(cmd, "supervise") {
 			pids = append(pids, pid)
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -229,7 +230,7 @@ func procTable() map[int]procInfo {
 		if err != nil {
 			continue
 		}
-		ppid, state, ok := procStat(pid)
+		ppid, state, ok := proctree.Stat(pid)
 		if !ok {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -469,7 +470,7 @@ func TestNoAgentOutlivesGateway(t *testing.T) {
 			var procs map[int]string
 			deadline := time.Now().Add(10 * time.Second)
 			for {
-				procs = descendants(g.cmd.Process.Pid)
+				procs = proctree.Descendants(g.cmd.Process.Pid)
 				n := 0
 				for _, cmd := range procs {
 					if strings.Contains(cmd, "supervise") {
@@ -500,7 +501,7 @@ func TestNoAgentOutlivesGateway(t *testing.T) {
 				for pid, cmd := range procs {
 					var ws syscall.WaitStatus
 					_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // reap adopted orphans
-					if alive(pid) {
+					if proctree.Alive(pid) {
 						left = append(left, fmt.Sprintf("%d %s", pid, cmd))
 					}
 				}
@@ -541,7 +542,7 @@ func TestGatewayAsPID1(t *testing.T) {
 	// unshare ignores SIGTERM while it waits: stop the gateway itself (the
 	// harness's cleanup then finds unshare exiting).
 	t.Cleanup(func() {
-		for pid, cmd := range descendants(g.cmd.Process.Pid) {
+		for pid, cmd := range proctree.Descendants(g.cmd.Process.Pid) {
 			if strings.Contains(cmd, " serve ") {
 				_ = syscall.Kill(pid, syscall.SIGTERM)
 			}

@@ -528,56 +528,6 @@ func (c *client) prompt(sid, text string) (string, string) {
 
 // --- processes ---
 
-// descendants lists the live (non-zombie) processes below pid.
-func descendants(pid int) map[int]string {
-	children := map[int][]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if pp, state, ok := procStat(p); ok && state != "Z" {
-			children[pp] = append(children[pp], p)
-		}
-	}
-	out := map[int]string{}
-	queue := []int{pid}
-	for len(queue) > 0 && len(out) < 10000 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c))
-			out[c] = strings.ReplaceAll(string(cmd), "\x00", " ")
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
-
-func procStat(pid int) (ppid int, state string, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, "", false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, "", false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0, "", false
-	}
-	ppid, err = strconv.Atoi(f[1])
-	return ppid, f[0], err == nil
-}
-
-func alive(pid int) bool {
-	_, state, ok := procStat(pid)
-	return ok && state != "Z"
-}
-
 // errRefused reports whether a dial failed because nothing listens.
 func errRefused(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED)

@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"github.com/acpgate/acpgate/test/internal/proctree"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,7 +18,7 @@ import (
 // failing if there are none.
 func agentTree(t *testing.T, g *gateway) map[int]string {
 	t.Helper()
-	procs := descendants(g.cmd.Process.Pid)
+	procs := proctree.Descendants(g.cmd.Process.Pid)
 	n := 0
 	for _, cmd := range procs {
 		if strings.Contains(cmd, "demo-agent") && !strings.Contains(cmd, "supervise") {
@@ -37,7 +38,7 @@ func waitGone(t *testing.T, procs map[int]string) {
 	for {
 		var left []string
 		for pid, cmd := range procs {
-			if alive(pid) {
+			if proctree.Alive(pid) {
 				left = append(left, cmd)
 			}
 		}
