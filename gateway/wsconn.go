@@ -199,7 +199,8 @@ func (c *wsConn) run() {
 	go func() { // handles frames in order, one at a time
 		defer wg.Done()
 		for f := range frames {
-			c.conn.Handle(f)
+			c.conn.Handle(f)     // keeps nothing of the frame
+			jsonrpc.PutBuffer(f) // so its buffer is reused
 		}
 	}()
 	code, reason := c.readLoop(frames)
@@ -241,7 +242,7 @@ func (c *wsConn) readLoop(frames chan<- []byte) (websocket.StatusCode, string) {
 			continue
 		}
 		select {
-		case frames <- bytes.Clone(buf.Bytes()):
+		case frames <- append(jsonrpc.GetBuffer(buf.Len()), buf.Bytes()...):
 		case <-c.ctx.Done():
 			return c.endReason(c.ctx.Err())
 		}

@@ -213,6 +213,12 @@ var (
 	}}
 )
 
+// sessionIDObject is {"sessionId": id}: the params of the gateway's own
+// session/cancel and session/close, and the data of a -32002 error.
+func sessionIDObject(id string) []byte {
+	return append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, id)...), '}')
+}
+
 // confinedRequest reports whether an agent request names a file the client
 // would act on: one outside the tenant root is refused by the gateway.
 func confinedRequest(method string) bool {

@@ -57,7 +57,6 @@ type Conn struct {
 	initialized bool
 	closed      bool
 	prof        Profile
-	version     int
 	caps        policy.AgentCaps // what the agent advertised
 	home        *agentProc
 	sessions    map[string]*Session // by gateway session ID
@@ -235,7 +234,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
 		return
 	}
-	c.initialized, c.prof, c.home, c.version, c.caps = true, prof, p, p.init.version, p.init.caps
+	c.initialized, c.prof, c.home, c.caps = true, prof, p, p.init.caps
 	c.mu.Unlock()
 	c.log.Debug("initialized", "protocol_version", p.init.version, "agent", p.String())
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
@@ -513,7 +512,7 @@ func (c *Conn) notFound(m *jsonrpc.Message, gwID string, lost bool) {
 	if lost {
 		msg = "session not found: its agent process exited; load the session again"
 	}
-	data := append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, gwID)...), '}')
+	data := sessionIDObject(gwID)
 	c.replyError(m.ID, jsonrpc.CodeNotFound, msg, data)
 }
 
@@ -743,7 +742,7 @@ func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
 	if !owned {
 		return
 	}
-	params := append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, s.AgentID)...), '}')
+	params := sessionIDObject(s.AgentID)
 	if prompting {
 		p.notify(mSessionCancel, params)
 	}

@@ -449,7 +449,7 @@ func (a *agentProc) expireRequests(reqTimeout, promptTimeout time.Duration) {
 		c := r.conn
 		a.log.Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
 		if r.method == mSessionPrompt && r.sess != nil {
-			a.notify(mSessionCancel, append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, r.sess.AgentID)...), '}'))
+			a.notify(mSessionCancel, sessionIDObject(r.sess.AgentID))
 		}
 		if r.attach != nil {
 			a.dropSession(r.attach)

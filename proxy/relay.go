@@ -7,7 +7,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"log/slog"
@@ -223,8 +222,7 @@ func (r *Relay) PromptsInFlight() int { return len(r.runningPrompts()) }
 func (r *Relay) CancelPrompts(wait time.Duration) {
 	running := r.runningPrompts()
 	for _, req := range running {
-		params := append(append([]byte(`{"sessionId":`), jsonrpc.AppendQuote(nil, req.sess.AgentID)...), '}')
-		req.p.notify(mSessionCancel, params)
+		req.p.notify(mSessionCancel, sessionIDObject(req.sess.AgentID))
 	}
 	if len(running) > 0 {
 		r.log.Info("cancelled running prompts", "count", len(running))

@@ -122,7 +122,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			c.detach(req.attach)
 		}
 		if req.attach != nil || createsSession(req.method) {
-			p.releaseSlot()
+			p.pool.changed() // the reserved slot was given back above
 		}
 	case createsSession(req.method):
 		f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
@@ -131,7 +131,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			sid, isStr = m.String(f)
 		}
 		if !isStr || sid == "" {
-			p.releaseSlot()
+			p.pool.changed() // the reserved slot was given back above
 			p.log.Warn("agent answered a session-creating request without a sessionId", "method", req.method)
 			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
 				"the agent answered "+req.method+" without a sessionId", nil))
@@ -411,10 +411,4 @@ func (p *agentProc) dropSession(s *Session) {
 		p.idleAt = time.Now()
 	}
 	p.mu.Unlock()
-}
-
-// releaseSlot gives back a session slot that a failed session/new, load or
-// resume had reserved. (The slot of a successful one becomes the session.)
-func (p *agentProc) releaseSlot() {
-	p.pool.changed()
 }

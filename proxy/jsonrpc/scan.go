@@ -508,4 +508,5 @@ func (m *Message) FieldOf(kind FieldKind, parent int) (Field, bool) {
 	return Field{}, false
 }
 
+// String describes the failure (the same text as Error, prefixed).
 func (e *ScanError) String() string { return fmt.Sprintf("scan: %v", e.Err) }
