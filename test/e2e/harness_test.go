@@ -268,28 +268,45 @@ func dialWith(t *testing.T, g *gateway, path string, header http.Header, protos 
 	}
 	ws.SetReadLimit(64 << 20)
 	c := &client{t: t, ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 100000), connID: resp.Header.Get("Acp-Connection-Id"), done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		defer close(c.in)
-		for {
-			_, b, err := ws.Read(ctx)
-			if err != nil {
-				c.mu.Lock()
-				c.readErr = err
-				c.mu.Unlock()
-				return
-			}
-			var m rpcMsg
-			if err := json.Unmarshal(b, &m); err != nil {
-				t.Errorf("gateway sent invalid JSON: %v: %s", err, b)
-				continue
-			}
-			m.Raw = b
-			c.in <- m
-		}
-	}()
+	go readMessages(ctx, ws, c.in, c.done, func(err error) {
+		c.mu.Lock()
+		c.readErr = err
+		c.mu.Unlock()
+	}, func(m *rpcMsg, err error) bool {
+		t.Errorf("gateway sent invalid JSON: %v: %s", err, m.Raw)
+		return false
+	})
 	t.Cleanup(c.close)
 	return c, resp, nil
+}
+
+// readMessages reads JSON-RPC messages from ws into in until the connection
+// or ctx ends, then records why with setErr and closes in and done. A frame
+// that is not JSON goes to bad (with Raw set), which says whether to pass it on.
+func readMessages(ctx context.Context, ws *websocket.Conn, in chan<- rpcMsg, done chan<- struct{},
+	setErr func(error), bad func(*rpcMsg, error) bool) {
+	defer close(done)
+	defer close(in)
+	for {
+		_, b, err := ws.Read(ctx)
+		if err != nil {
+			setErr(err)
+			return
+		}
+		var m rpcMsg
+		if err := json.Unmarshal(b, &m); err != nil {
+			m = rpcMsg{Raw: b}
+			if !bad(&m, err) {
+				continue
+			}
+		}
+		m.Raw = b
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 func (c *client) close() {

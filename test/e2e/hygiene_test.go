@@ -54,29 +54,11 @@ func wsDial(addr string, header http.Header) (*wsClient, error) {
 	}
 	ws.SetReadLimit(64 << 20)
 	c := &wsClient{ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 4096), done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		defer close(c.in)
-		for {
-			_, b, err := ws.Read(ctx)
-			if err != nil {
-				c.mu.Lock()
-				c.readErr = err
-				c.mu.Unlock()
-				return
-			}
-			var m rpcMsg
-			if err := json.Unmarshal(b, &m); err != nil {
-				m.Method = "<invalid JSON>"
-			}
-			m.Raw = b
-			select {
-			case c.in <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	go readMessages(ctx, ws, c.in, c.done, func(err error) {
+		c.mu.Lock()
+		c.readErr = err
+		c.mu.Unlock()
+	}, func(m *rpcMsg, _ error) bool { m.Method = "<invalid JSON>"; return true })
 	return c, nil
 }
 
