@@ -28,12 +28,15 @@ const Subprotocol = "acp"
 // ConnectionIDHeader carries the connection ID on the 101 response (RFD).
 const ConnectionIDHeader = "Acp-Connection-Id"
 
-// wsConn is one client WebSocket. The HTTP handler goroutine reads; a writer
-// goroutine drains the bounded send queue; a pinger keeps the connection
-// alive. Both end with the connection's context.
+// wsConn is one client WebSocket. An idle connection costs one goroutine,
+// the reader. The frame handler and the writer are started when there is
+// work and end when their queue is empty; pings and the handshake and idle
+// timeouts run on one timer. Every goroutine is counted in bg and ends with
+// the connection.
 type wsConn struct {
 	s           *Server
 	ws          *websocket.Conn
+	nc          *clientConn
 	id          string
 	log         *slog.Logger
 	ctx         context.Context
@@ -41,23 +44,34 @@ type wsConn struct {
 	start       time.Time
 	conn        *proxy.Conn
 	cfg         *config.Config // the configuration the connection started with
+	tenant      string
 	tenantLabel string
 
 	maxMsgs, maxBytes int
 
+	bg sync.WaitGroup // writer, frame handler and timer runs
+
 	mu          sync.Mutex
+	done        bool // the reader has ended: start nothing more
 	q, spare    [][]byte
 	qBytes      int
+	writing     bool // a writer goroutine owns the queue
 	closing     bool
 	closeCode   websocket.StatusCode
 	closeReason string
-	wake        chan struct{}
+	room        chan struct{} // closed when the writer takes the queue; nil until a sender waits
+	queuedSince int64         // unix nanos the queue last became non-empty
+	frames      [][]byte      // client frames read, not yet handled
+	handling    bool          // a frame handler goroutine is running
+	frameRoom   chan struct{} // closed when the handler takes a frame; nil until the reader waits
+	timer       *time.Timer   // runs tick
+
+	// Owned by tick, which runs one at a time.
+	handshakeAt, nextIdle, nextPing time.Time
 
 	msgsIn, msgsOut, bytesIn, bytesOut atomic.Int64
-	lastActive                         atomic.Int64  // unix nanos of the last message either way
-	lastWrite                          atomic.Int64  // unix nanos of the last message written
-	room                               chan struct{} // closed when the writer takes the queue (guarded by mu)
-	queuedSince                        int64         // unix nanos the queue last became non-empty (guarded by mu)
+	lastActive                         atomic.Int64 // unix nanos of the last message either way
+	lastWrite                          atomic.Int64 // unix nanos of the last message written
 }
 
 func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
@@ -90,16 +104,12 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("tenant %q has reached its max_connections", tenant))
 		return
 	}
-	admitted := true
-	defer func() {
-		if admitted {
-			s.releaseTenant(tenant)
-		}
-	}()
 	id := newConnID()
 	w.Header().Set(ConnectionIDHeader, id)
-	ws, err := websocket.Accept(w, r, accept)
+	uw := &upgradeWriter{ResponseWriter: w}
+	ws, err := websocket.Accept(uw, r, accept)
 	if err != nil {
+		s.releaseTenant(tenant)
 		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
 		return // Accept has written the HTTP error
 	}
@@ -113,20 +123,21 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	c := &wsConn{
 		s:        s,
 		ws:       ws,
+		nc:       uw.conn,
 		id:       id,
 		log:      log,
 		ctx:      ctx,
 		cancel:   cancel,
 		start:    time.Now(),
 		cfg:      s.config(),
+		tenant:   tenant,
 		maxMsgs:  limits.SendQueueMessages,
 		maxBytes: limits.SendQueueBytes,
-		wake:     make(chan struct{}, 1),
-		room:     make(chan struct{}),
 	}
 	c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: c.log}, c)
 	if err != nil {
 		cancel()
+		s.releaseTenant(tenant)
 		log.Error("cannot serve connection", "err", err)
 		_ = ws.Close(websocket.StatusInternalError, "internal error")
 		return
@@ -136,18 +147,19 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		c.conn.Close()
 		cancel()
+		s.releaseTenant(tenant)
 		_ = ws.Close(websocket.StatusGoingAway, "gateway shutting down")
 		return
 	}
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	defer s.wg.Done()
 	c.tenantLabel = s.metrics.tenants.Label(tenant)
 	s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Inc()
-	defer s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Dec()
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol())
-	c.run()
+	// The connection no longer needs this handler's goroutine (and its
+	// request): the server owns the reader through s.wg.
+	go c.run()
 }
 
 // admitTenant counts a connection against its tenant's max_connections.
@@ -185,28 +197,28 @@ func writeJSONError(w http.ResponseWriter, status int, reason, msg string) {
 // waits for an agent process; past the bound it waits too (backpressure).
 const frameQueue = 64
 
+// run is the connection's reader; the connection ends when it returns.
 func (c *wsConn) run() {
+	defer c.s.wg.Done()
+	defer c.s.releaseTenant(c.tenant)
+	defer c.s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Dec()
 	// Writes carry no context (see writeLoop): closing the connection is
 	// what unblocks them when the connection ends.
 	stopClose := context.AfterFunc(c.ctx, func() { _ = c.ws.CloseNow() })
 	defer stopClose()
-	c.lastWrite.Store(time.Now().UnixNano())
-	var wg sync.WaitGroup
-	frames := make(chan []byte, frameQueue)
-	wg.Add(3)
-	go func() { defer wg.Done(); c.writeLoop() }()
-	go func() { defer wg.Done(); c.pingLoop() }()
-	go func() { // handles frames in order, one at a time
-		defer wg.Done()
-		for f := range frames {
-			c.conn.Handle(f)     // keeps nothing of the frame
-			jsonrpc.PutBuffer(f) // so its buffer is reused
-		}
-	}()
-	code, reason := c.readLoop(frames)
-	close(frames)
+	now := time.Now()
+	c.lastWrite.Store(now.UnixNano())
+	c.lastActive.Store(now.UnixNano())
+	c.startTimer(now)
+	code, reason := c.readLoop()
 	c.cancel()
-	wg.Wait()
+	c.mu.Lock()
+	c.done = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+	c.bg.Wait()
 	_ = c.ws.CloseNow()
 	c.conn.Close()
 	c.s.mu.Lock()
@@ -220,35 +232,94 @@ func (c *wsConn) run() {
 		"close_code", int(code), "close_reason", reason)
 }
 
-// readLoop feeds the client's messages to the relay until the connection
-// ends, and returns why it ended.
-func (c *wsConn) readLoop(frames chan<- []byte) (websocket.StatusCode, string) {
-	var buf bytes.Buffer
+// readLoop feeds the client's messages to the frame handler until the
+// connection ends, and returns why it ended.
+func (c *wsConn) readLoop() (websocket.StatusCode, string) {
 	for {
-		typ, r, err := c.ws.Reader(c.ctx)
-		if err == nil {
-			buf.Reset()
-			_, err = buf.ReadFrom(r)
-		}
+		typ, msg, err := c.readMessage()
 		if err != nil {
 			return c.endReason(err)
 		}
 		c.msgsIn.Add(1)
-		c.bytesIn.Add(int64(buf.Len()))
+		c.bytesIn.Add(int64(len(msg)))
 		c.lastActive.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
+			jsonrpc.PutBuffer(msg)
 			c.Send(jsonrpc.AppendError(nil, nil, jsonrpc.CodeInvalidRequest,
 				"binary frames are not supported: send each JSON-RPC message as one text frame", nil))
 			continue
 		}
-		select {
-		case frames <- append(jsonrpc.GetBuffer(buf.Len()), buf.Bytes()...):
-		case <-c.ctx.Done():
-			return c.endReason(c.ctx.Err())
+		c.mu.Lock()
+		for len(c.frames) >= frameQueue {
+			if c.frameRoom == nil {
+				c.frameRoom = make(chan struct{})
+			}
+			room := c.frameRoom
+			c.mu.Unlock()
+			select {
+			case <-room:
+			case <-c.ctx.Done():
+				jsonrpc.PutBuffer(msg)
+				return c.endReason(c.ctx.Err())
+			}
+			c.mu.Lock()
 		}
-		if buf.Cap() > 1<<20 { // do not keep one big message's buffer for the connection's life
-			buf = bytes.Buffer{}
+		c.frames = append(c.frames, msg)
+		if !c.handling {
+			c.handling = true
+			c.bg.Add(1)
+			go c.handleLoop()
 		}
+		c.mu.Unlock()
+	}
+}
+
+// readMessage reads one whole message into a pooled buffer, so that an idle
+// connection holds no read buffer of its own.
+func (c *wsConn) readMessage() (websocket.MessageType, []byte, error) {
+	typ, r, err := c.ws.Reader(c.ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	b := jsonrpc.GetBuffer(512)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return typ, b, nil
+		}
+		if err != nil {
+			jsonrpc.PutBuffer(b)
+			return 0, nil, err
+		}
+	}
+}
+
+// handleLoop handles the queued client frames in order, one at a time, and
+// ends when the queue is empty.
+func (c *wsConn) handleLoop() {
+	defer c.bg.Done()
+	for {
+		c.mu.Lock()
+		if len(c.frames) == 0 {
+			c.frames = nil
+			c.handling = false
+			c.mu.Unlock()
+			return
+		}
+		f := c.frames[0]
+		c.frames[0] = nil
+		c.frames = c.frames[1:]
+		if c.frameRoom != nil {
+			close(c.frameRoom)
+			c.frameRoom = nil
+		}
+		c.mu.Unlock()
+		c.conn.Handle(f)     // keeps nothing of the frame
+		jsonrpc.PutBuffer(f) // so its buffer is reused
 	}
 }
 
@@ -310,13 +381,18 @@ func (c *wsConn) Send(msg []byte) bool {
 	// stopped reading and is closed.
 	for !c.closing && (len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes) &&
 		time.Since(time.Unix(0, max(c.lastWrite.Load(), c.queuedSince))) < stallTimeout {
+		if c.room == nil {
+			c.room = make(chan struct{})
+		}
 		room := c.room
 		c.mu.Unlock()
+		wait := time.NewTimer(stallTimeout)
 		select {
 		case <-room:
-		case <-time.After(stallTimeout):
+		case <-wait.C:
 		case <-c.ctx.Done():
 		}
+		wait.Stop()
 		c.mu.Lock()
 	}
 	if c.closing {
@@ -328,10 +404,10 @@ func (c *wsConn) Send(msg []byte) bool {
 		c.closing = true
 		c.closeCode, c.closeReason = websocket.StatusPolicyViolation, "client too slow: send queue full"
 		c.q, c.qBytes = c.q[:0], 0
+		c.startWriterLocked()
 		c.mu.Unlock()
 		c.s.metrics.slowDisconnects.Inc()
 		c.log.Warn("closing slow client", "queued_msgs", queued, "queued_bytes", bytes)
-		c.signal()
 		return false
 	}
 	if len(c.q) == 0 {
@@ -339,8 +415,8 @@ func (c *wsConn) Send(msg []byte) bool {
 	}
 	c.q = append(c.q, msg)
 	c.qBytes += len(msg)
+	c.startWriterLocked()
 	c.mu.Unlock()
-	c.signal()
 	return true
 }
 
@@ -348,11 +424,14 @@ func (c *wsConn) Send(msg []byte) bool {
 // making progress before the client counts as not reading.
 const stallTimeout = time.Second
 
-func (c *wsConn) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
+// startWriterLocked starts a writer unless one is running (c.mu held).
+func (c *wsConn) startWriterLocked() {
+	if c.writing || c.done {
+		return
 	}
+	c.writing = true
+	c.bg.Add(1)
+	go c.writeLoop()
 }
 
 // goingAway closes the connection with 1001 after what is queued.
@@ -365,25 +444,30 @@ func (c *wsConn) closeWith(code websocket.StatusCode, reason string) {
 		c.closing = true
 		c.closeCode, c.closeReason = code, reason
 	}
+	c.startWriterLocked()
 	c.mu.Unlock()
-	c.signal()
 }
 
+// writeLoop writes the queue in batches until it is empty, then ends. A
+// batch is corked: its frames leave in as few write(2) calls as fit.
 func (c *wsConn) writeLoop() {
+	defer c.bg.Done()
 	timeout := c.cfg.WebSocket.WriteTimeout.D()
 	for {
-		select {
-		case <-c.wake:
-		case <-c.ctx.Done():
-			return
-		}
 		c.mu.Lock()
 		batch := c.q
+		if len(batch) == 0 && !c.closing {
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
 		c.q, c.spare = c.spare[:0], nil
 		c.qBytes = 0
 		closing, code, reason := c.closing, c.closeCode, c.closeReason
-		close(c.room) // wake senders waiting for room
-		c.room = make(chan struct{})
+		if c.room != nil {
+			close(c.room) // wake senders waiting for room
+			c.room = nil
+		}
 		c.mu.Unlock()
 		if len(batch) > 0 {
 			// One timer per batch bounds the writes (a context with a
@@ -392,22 +476,16 @@ func (c *wsConn) writeLoop() {
 				c.log.Info("write to client timed out; closing", "write_timeout", timeout)
 				_ = c.ws.CloseNow()
 			})
-			for i, msg := range batch {
-				if err := c.ws.Write(context.Background(), websocket.MessageText, msg); err != nil {
-					stuck.Stop()
-					c.log.Debug("write to client failed", "err", err)
-					c.cancel()
-					return
-				}
-				now := time.Now().UnixNano()
-				c.msgsOut.Add(1)
-				c.bytesOut.Add(int64(len(msg)))
-				c.lastActive.Store(now)
-				c.lastWrite.Store(now)
-				jsonrpc.PutBuffer(msg)
-				batch[i] = nil
-			}
+			err := c.writeBatch(batch)
 			stuck.Stop()
+			if err != nil {
+				c.log.Debug("write to client failed", "err", err)
+				c.mu.Lock()
+				c.closing = true // Send refuses from now on; writing stays set
+				c.mu.Unlock()
+				c.cancel()
+				return
+			}
 		}
 		c.mu.Lock()
 		if c.spare == nil {
@@ -422,44 +500,85 @@ func (c *wsConn) writeLoop() {
 	}
 }
 
-// pingLoop keeps the connection alive and enforces the handshake and idle
-// timeouts.
-func (c *wsConn) pingLoop() {
-	c.lastActive.Store(time.Now().UnixNano())
-	handshake := time.NewTimer(c.cfg.Timeouts.Handshake.D())
-	defer handshake.Stop()
-	every := c.cfg.WebSocket.PingInterval.D()
-	var tick <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		tick = t.C
-	}
-	idle := c.cfg.Timeouts.Idle.D()
-	var idleTick <-chan time.Time
-	if idle > 0 {
-		t := time.NewTicker(min(idle/4, time.Minute) + time.Millisecond)
-		defer t.Stop()
-		idleTick = t.C
-	}
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-handshake.C:
-			if !c.conn.Initialized() {
-				c.log.Info("no initialize in time; closing", "handshake_timeout", c.cfg.Timeouts.Handshake.D())
-				c.closeWith(websocket.StatusPolicyViolation, "no initialize within the handshake timeout")
-			}
-			continue
-		case <-idleTick:
-			if since := time.Since(time.Unix(0, c.lastActive.Load())); since >= idle && !c.conn.Busy() {
-				c.log.Info("idle; closing", "idle_for", since.Round(time.Second))
-				c.closeWith(websocket.StatusGoingAway, "idle timeout")
-			}
-			continue
-		case <-tick:
+func (c *wsConn) writeBatch(batch [][]byte) error {
+	c.nc.cork()
+	for i, msg := range batch {
+		if err := c.ws.Write(context.Background(), websocket.MessageText, msg); err != nil {
+			c.nc.uncork()
+			return err
 		}
+		now := time.Now().UnixNano()
+		c.msgsOut.Add(1)
+		c.bytesOut.Add(int64(len(msg)))
+		c.lastActive.Store(now)
+		c.lastWrite.Store(now) // progress: the cork flushes as it fills
+		jsonrpc.PutBuffer(msg)
+		batch[i] = nil
+	}
+	return c.nc.uncork()
+}
+
+// startTimer arms the connection's one timer: the handshake deadline, the
+// idle check and pings.
+func (c *wsConn) startTimer(now time.Time) {
+	c.handshakeAt = now.Add(c.cfg.Timeouts.Handshake.D())
+	if every := c.cfg.WebSocket.PingInterval.D(); every > 0 {
+		c.nextPing = now.Add(every)
+	}
+	if idle := c.cfg.Timeouts.Idle.D(); idle > 0 {
+		c.nextIdle = now.Add(idleEvery(idle))
+	}
+	c.mu.Lock()
+	c.timer = time.AfterFunc(c.nextTick(now), c.tick)
+	c.mu.Unlock()
+}
+
+func idleEvery(idle time.Duration) time.Duration { return min(idle/4, time.Minute) + time.Millisecond }
+
+// nextTick is how long until the earliest pending deadline; -1 if none.
+func (c *wsConn) nextTick(now time.Time) time.Duration {
+	var next time.Time
+	for _, t := range []time.Time{c.handshakeAt, c.nextIdle, c.nextPing} {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	if next.IsZero() {
+		return -1
+	}
+	return max(next.Sub(now), 0)
+}
+
+// tick runs when one of the timer's deadlines is due, then re-arms it.
+func (c *wsConn) tick() {
+	c.mu.Lock()
+	if c.done {
+		c.mu.Unlock()
+		return
+	}
+	c.bg.Add(1)
+	timer := c.timer
+	c.mu.Unlock()
+	defer c.bg.Done()
+	now := time.Now()
+	if !c.handshakeAt.IsZero() && !now.Before(c.handshakeAt) {
+		c.handshakeAt = time.Time{}
+		if !c.conn.Initialized() {
+			c.log.Info("no initialize in time; closing", "handshake_timeout", c.cfg.Timeouts.Handshake.D())
+			c.closeWith(websocket.StatusPolicyViolation, "no initialize within the handshake timeout")
+			return
+		}
+	}
+	if !c.nextIdle.IsZero() && !now.Before(c.nextIdle) {
+		idle := c.cfg.Timeouts.Idle.D()
+		c.nextIdle = now.Add(idleEvery(idle))
+		if since := time.Since(time.Unix(0, c.lastActive.Load())); since >= idle && !c.conn.Busy() {
+			c.log.Info("idle; closing", "idle_for", since.Round(time.Second))
+			c.closeWith(websocket.StatusGoingAway, "idle timeout")
+			return
+		}
+	}
+	if !c.nextPing.IsZero() && !now.Before(c.nextPing) {
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.WebSocket.PingTimeout.D())
 		err := c.ws.Ping(ctx)
 		cancel()
@@ -475,5 +594,12 @@ func (c *wsConn) pingLoop() {
 			c.cancel()
 			return
 		}
+		now = time.Now()
+		c.nextPing = now.Add(c.cfg.WebSocket.PingInterval.D())
 	}
+	c.mu.Lock() // orders this run's writes before the next run's reads
+	if d := c.nextTick(now); d >= 0 && !c.done {
+		timer.Reset(d)
+	}
+	c.mu.Unlock()
 }
