@@ -98,9 +98,15 @@ func benchRewrite(b *testing.B, msg []byte) {
 	}
 }
 
-func benchScan(b *testing.B, msg []byte) {
+func benchScan(b *testing.B, msg []byte) { benchScanWith(b, msg, 0) }
+
+// BenchmarkScanOnly20KBJSONText scans without eliding long strings (see
+// elide.go): jsontext reads every byte, as before elision.
+func BenchmarkScanOnly20KBJSONText(b *testing.B) { benchScanWith(b, bench20KB, 1<<30) }
+
+func benchScanWith(b *testing.B, msg []byte, minMessage int) {
 	logSizes(b)
-	s := Scanner{Methods: map[string]string{"session/update": "session/update"}}
+	s := Scanner{Methods: map[string]string{"session/update": "session/update"}, minMessage: minMessage}
 	var m Message
 	resolve := func(*Message) *Spec { return benchSpec }
 	b.ReportAllocs()

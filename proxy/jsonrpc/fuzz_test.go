@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -365,6 +366,7 @@ func FuzzScan(f *testing.F) {
 		if classOf(err) != classOf(err2) {
 			t.Fatalf("fresh scanner: %v; reused scanner: %v", err, err2)
 		}
+		checkElision(t, raw, err, &m)
 
 		if err != nil {
 			var se *ScanError
@@ -743,4 +745,27 @@ func FuzzSplice(f *testing.F) {
 		edits := deleteElements(raw, elems, drop)
 		checkDeleted(t, raw, edits, vals, drop)
 	})
+}
+
+// checkElision scans raw again with every string value elided (see
+// elide.go) and with none, and requires the same answer as the default
+// scanner's (err, m) from all three.
+func checkElision(t *testing.T, raw []byte, err error, m *Message) {
+	t.Helper()
+	for _, min := range []int{1, 1 << 30} {
+		s := Scanner{minMessage: min, minString: min}
+		var m2 Message
+		err2 := s.Scan(raw, &m2, testResolve)
+		if fmt.Sprint(err) != fmt.Sprint(err2) {
+			t.Fatalf("elision threshold %d: error %v, want %v (input %q)", min, err2, err, raw)
+		}
+		if err != nil {
+			continue
+		}
+		if !bytes.Equal(m.Raw, m2.Raw) || m.Kind != m2.Kind || !bytes.Equal(m.ID, m2.ID) || m.IDPos != m2.IDPos ||
+			m.Method != m2.Method || !bytes.Equal(m.Payload, m2.Payload) || m.PayloadPos != m2.PayloadPos ||
+			m.IsError != m2.IsError || !slices.Equal(m.Fields, m2.Fields) {
+			t.Fatalf("elision threshold %d: message %+v, want %+v (input %q)", min, m2, *m, raw)
+		}
+	}
 }

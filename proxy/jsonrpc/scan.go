@@ -14,6 +14,7 @@ package jsonrpc
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -128,6 +129,13 @@ type Scanner struct {
 	stack  []int  // parent field indexes while walking
 	method []byte // unquoted method name
 	name   []byte // unquoted member name, when it has escapes
+
+	// Eliding long strings (see elide.go).
+	orig       []byte // the message, while scanning its shadow; else nil
+	shadowBuf  []byte
+	elisions   []elision
+	minMessage int // 0: elideMinMessage; tests lower them
+	minString  int // 0: elideMinString
 }
 
 var errTrailing = errors.New("trailing data after the JSON-RPC message")
@@ -135,6 +143,48 @@ var errTrailing = errors.New("trailing data after the JSON-RPC message")
 // Scan validates raw as a single JSON-RPC 2.0 message and fills m. m.Fields
 // is reused (truncated) so that a caller can keep one Message per goroutine.
 func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
+	minMessage, minString := cmp.Or(s.minMessage, elideMinMessage), cmp.Or(s.minString, elideMinString)
+	if len(raw) >= minMessage && s.shadow(raw, minString) {
+		s.orig = raw
+		err := s.scan(s.shadowBuf, m, resolve)
+		s.orig = nil
+		if err == nil {
+			s.unshadow(raw, m)
+			return nil
+		}
+		// Scanned again below, so that the error and its offsets are
+		// jsontext's own for the message as sent.
+	}
+	return s.scan(raw, m, resolve)
+}
+
+// unshadow maps what scanning the shadow found back to raw.
+func (s *Scanner) unshadow(raw []byte, m *Message) {
+	m.Raw = raw
+	if m.ID != nil {
+		m.IDPos = [2]int{s.rawOffset(m.IDPos[0]), s.rawOffset(m.IDPos[1])}
+		m.ID = raw[m.IDPos[0]:m.IDPos[1]]
+	}
+	if m.Payload != nil {
+		m.PayloadPos = [2]int{s.rawOffset(m.PayloadPos[0]), s.rawOffset(m.PayloadPos[1])}
+		m.Payload = raw[m.PayloadPos[0]:m.PayloadPos[1]]
+	}
+	for i := range m.Fields {
+		f := &m.Fields[i]
+		f.Start, f.End = s.rawOffset(f.Start), s.rawOffset(f.End)
+	}
+}
+
+// value returns the text of the value v that ends at end, from the message
+// as sent when the scanner reads a shadow (where a long string is "").
+func (s *Scanner) value(v jsontext.Value, end int) jsontext.Value {
+	if s.orig == nil {
+		return v
+	}
+	return s.orig[s.rawOffset(end-len(v)):s.rawOffset(end)]
+}
+
+func (s *Scanner) scan(raw []byte, m *Message, resolve Resolver) error {
 	fields := m.Fields[:0]
 	*m = Message{Raw: raw, Fields: fields}
 	s.bb = *bytes.NewBuffer(raw)
@@ -189,7 +239,7 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 			if err != nil {
 				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
 			}
-			version = string(v) == `"2.0"`
+			version = string(s.value(v, int(d.InputOffset()))) == `"2.0"`
 			if !version && invalid == nil {
 				invalid = errors.New(`"jsonrpc" must be "2.0"`)
 			}
@@ -207,12 +257,13 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 				continue
 			}
 			end := int(d.InputOffset())
-			m.ID, m.IDPos = v, [2]int{end - len(v), end}
+			m.ID, m.IDPos = s.value(v, end), [2]int{end - len(v), end}
 		case "method":
 			v, err := d.ReadValue()
 			if err != nil {
 				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
 			}
+			v = s.value(v, int(d.InputOffset()))
 			if v.Kind() != '"' {
 				if invalid == nil {
 					invalid = errors.New(`"method" must be a string`)
