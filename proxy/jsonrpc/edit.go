@@ -37,17 +37,26 @@ func Splice(dst, raw []byte, edits []Edit) []byte {
 // Message buffers are reused: the relay splices each outgoing message into
 // a pooled buffer and the transport gives it back once written (at 20 KB a
 // message, fresh buffers were most of the garbage collector's work).
-var bufPool = sync.Pool{New: func() any { return new([]byte) }}
+// bufPool holds boxes with a buffer in them; boxPool the empty boxes, so
+// that neither getting nor putting a buffer allocates a box, and a Put
+// never lands on a box that still holds a buffer.
+var (
+	bufPool sync.Pool
+	boxPool = sync.Pool{New: func() any { return new([]byte) }}
+)
 
 // maxPooled: bigger buffers are left to the garbage collector.
 const maxPooled = 256 << 10
 
 // GetBuffer returns an empty buffer with room for at least n bytes.
 func GetBuffer(n int) []byte {
-	bp := bufPool.Get().(*[]byte)
+	bp, _ := bufPool.Get().(*[]byte)
+	if bp == nil {
+		return make([]byte, 0, max(n, 512))
+	}
 	b := *bp
 	*bp = nil
-	bufPool.Put(bp)
+	boxPool.Put(bp)
 	if cap(b) < n {
 		return make([]byte, 0, n)
 	}
@@ -59,7 +68,7 @@ func PutBuffer(b []byte) {
 	if cap(b) == 0 || cap(b) > maxPooled {
 		return
 	}
-	bp := bufPool.Get().(*[]byte)
+	bp := boxPool.Get().(*[]byte)
 	*bp = b[:0]
 	bufPool.Put(bp)
 }

@@ -105,16 +105,15 @@ const (
 	msb = 0x8080808080808080
 )
 
-// special has the high bit set in the bytes of w that need a closer look:
-// a control character, quote, backslash or non-ASCII byte. The lowest one
-// set is exact (a borrow only spreads upwards), which is all the caller uses.
+// special has the high bit set in each byte of w that needs a closer look:
+// a control character, quote, backslash or non-ASCII byte. It works on the
+// low seven bits of each byte, where no sum carries into the next byte.
 func special(w uint64) uint64 {
-	ctl := (w - 0x20*lsb) & ^w & msb // a byte below 0x20
-	quote := w ^ '"'*lsb
-	quote = (quote - lsb) & ^quote & msb
-	bs := w ^ '\\'*lsb
-	bs = (bs - lsb) & ^bs & msb
-	return (w & msb) | ctl | quote | bs
+	w7 := w &^ msb
+	ctl := w7 + (0x80-0x20)*lsb        // high bit clear: below 0x20
+	quote := (w7 ^ '"'*lsb) + 0x7f*lsb // high bit clear: a quote
+	bs := (w7 ^ '\\'*lsb) + 0x7f*lsb   // high bit clear: a backslash
+	return (w | ^(ctl & quote & bs)) & msb
 }
 
 // scanString validates the JSON string whose contents start at raw[i] and
@@ -123,13 +122,26 @@ func special(w uint64) uint64 {
 // \" \\ \/ \b \f \n \r \t and \uXXXX outside the surrogate range.
 func scanString(raw []byte, i int) (int, bool) {
 	for {
+		for i+16 <= len(raw) {
+			w := raw[i : i+16]
+			m1, m2 := special(binary.LittleEndian.Uint64(w)), special(binary.LittleEndian.Uint64(w[8:]))
+			if m1|m2 != 0 {
+				if m1 == 0 {
+					i, m1 = i+8, m2
+				}
+				i += bits.TrailingZeros64(m1) >> 3 // the first byte to look at
+				goto look
+			}
+			i += 16
+		}
 		for i+8 <= len(raw) {
 			if m := special(binary.LittleEndian.Uint64(raw[i:])); m != 0 {
-				i += bits.TrailingZeros64(m) >> 3 // the first byte to look at
+				i += bits.TrailingZeros64(m) >> 3
 				break
 			}
 			i += 8
 		}
+	look:
 		if i >= len(raw) {
 			return 0, false
 		}

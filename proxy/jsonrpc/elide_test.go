@@ -142,3 +142,38 @@ func TestScanElides(t *testing.T) {
 		t.Fatalf("error %v, want %v", err, err2)
 	}
 }
+
+// BenchmarkScanStringProse: the fast validator on 20 KB of ASCII prose with a
+// JSON \n escape every 64 bytes (the load harness's agent text).
+func BenchmarkScanStringProse(b *testing.B) {
+	var s []byte
+	s = append(s, '"')
+	for len(s) < 20<<10 {
+		s = append(s, "The quick brown fox jumps over the lazy dog; then it rests. \\n"...)
+	}
+	s = append(s, '"')
+	b.SetBytes(int64(len(s)))
+	for b.Loop() {
+		if end, ok := scanString(s, 1); !ok || end != len(s) {
+			b.Fatal("rejected")
+		}
+	}
+}
+
+// BenchmarkScanStringProseJSONText is jsontext on the same string.
+func BenchmarkScanStringProseJSONText(b *testing.B) {
+	var s []byte
+	s = append(s, '"')
+	for len(s) < 20<<10 {
+		s = append(s, "The quick brown fox jumps over the lazy dog; then it rests. \\n"...)
+	}
+	s = append(s, '"')
+	b.SetBytes(int64(len(s)))
+	var d jsontext.Decoder
+	for b.Loop() {
+		d.Reset(bytes.NewBuffer(s))
+		if _, err := d.ReadValue(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -66,7 +66,10 @@ var stackRules = []rule{
 var leafRules = []rule{
 	{"JSON scanning (jsonrpc.Scanner, jsontext)", []string{"github.com/acpgate/acpgate/proxy/jsonrpc.(*Scanner)",
 		"github.com/acpgate/acpgate/proxy/jsonrpc.kindOf", "github.com/acpgate/acpgate/proxy/jsonrpc.lookupMember",
-		"github.com/acpgate/acpgate/proxy/jsonrpc.(*Message)", "github.com/go-json-experiment/json"}},
+		"github.com/acpgate/acpgate/proxy/jsonrpc.(*Message)", "github.com/acpgate/acpgate/proxy/jsonrpc.scanString",
+		"github.com/acpgate/acpgate/proxy/jsonrpc.special", "github.com/acpgate/acpgate/proxy/jsonrpc.hex4",
+		"github.com/acpgate/acpgate/proxy/jsonrpc.indexQuote", "github.com/acpgate/acpgate/proxy/jsonrpc.isName",
+		"github.com/go-json-experiment/json"}},
 	{"splicing (ids, session IDs)", []string{"github.com/acpgate/acpgate/proxy/jsonrpc.Splice",
 		"github.com/acpgate/acpgate/proxy/jsonrpc.Append", "github.com/acpgate/acpgate/proxy/jsonrpc.SortEdits", "slices.", "sort."}},
 	{"stdio line framing", []string{"github.com/acpgate/acpgate/proxy/jsonrpc.(*LineReader)", "bufio.(*Reader)"}},
@@ -91,7 +94,8 @@ var transparent = []string{
 
 // syscallKinds tell what a syscall sample was for, by a caller frame.
 var syscallKinds = []rule{
-	{"write to WebSocket (TCP)", []string{"net.(*conn).Write", "net.(*netFD).Write"}},
+	{"write to WebSocket (TCP)", []string{"net.(*conn).Write", "net.(*netFD).Write", "net.(*Buffers).WriteTo",
+		"net.(*netFD).writeBuffers", "net.(*conn).writeBuffers"}},
 	{"read from WebSocket (TCP)", []string{"net.(*conn).Read", "net.(*netFD).Read"}},
 	{"read agent stdout (pipe)", []string{"github.com/acpgate/acpgate/proxy.(*agentProc).readLoop", "github.com/acpgate/acpgate/proxy.(*agentProc).stderrLoop"}},
 	{"write agent stdin (pipe)", []string{"github.com/acpgate/acpgate/proxy.(*agentProc).writeLoop"}},
