@@ -371,7 +371,7 @@ func closeLabel(code websocket.StatusCode, reason string) string {
 // connection (1008) when the client falls too far behind.
 func (c *wsConn) Send(msg []byte) bool {
 	c.mu.Lock()
-	if c.closing {
+	if c.closing || c.done {
 		c.mu.Unlock()
 		return false
 	}
