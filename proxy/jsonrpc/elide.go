@@ -1,8 +1,10 @@
 package jsonrpc
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math/bits"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -64,16 +66,14 @@ func (s *Scanner) shadow(raw []byte, minString int) bool {
 	return true
 }
 
-// rawOffset maps a shadow offset to the original message.
+// rawOffset maps a shadow offset to the original message (a binary search:
+// a big message can have thousands of elisions and of located fields).
 func (s *Scanner) rawOffset(p int) int {
-	d := 0
-	for _, e := range s.elisions {
-		if e.end > p {
-			break
-		}
-		d = e.delta
+	i, _ := slices.BinarySearchFunc(s.elisions, p, func(e elision, p int) int { return cmp.Compare(e.end, p+1) })
+	if i == 0 {
+		return p
 	}
-	return p + d
+	return p + s.elisions[i-1].delta
 }
 
 func indexQuote(b []byte) int {

@@ -177,3 +177,14 @@ func BenchmarkScanStringProseJSONText(b *testing.B) {
 		}
 	}
 }
+
+// TestRawOffset: offsets before an elided string's end are unchanged by it,
+// offsets at or past its end move by what it lost.
+func TestRawOffset(t *testing.T) {
+	s := Scanner{elisions: []elision{{end: 10, delta: 100}, {end: 20, delta: 250}}}
+	for _, tc := range [][2]int{{0, 0}, {9, 9}, {10, 110}, {19, 119}, {20, 270}, {21, 271}} {
+		if got := s.rawOffset(tc[0]); got != tc[1] {
+			t.Errorf("rawOffset(%d) = %d, want %d", tc[0], got, tc[1])
+		}
+	}
+}
