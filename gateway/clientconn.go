@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // Buffer sizes of a client connection. net/http's are 4 KiB each and would
@@ -94,6 +95,28 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	}
 	c.out = append(c.out, p...)
 	return len(p), nil
+}
+
+// closeFlushTimeout bounds how long Close spends sending what the cork holds.
+const closeFlushTimeout = 500 * time.Millisecond
+
+// Close sends what the cork holds before closing: coder/websocket writes a
+// close frame of its own (answering a client's close, or for a message over
+// the read limit) and closes the connection right after, possibly while the
+// writer is corked. The write deadline also ends a write in progress that
+// holds mu, so a close of a stuck connection still takes at most
+// closeFlushTimeout.
+func (c *clientConn) Close() error {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	c.mu.Lock()
+	c.corked = false
+	_ = c.flushLocked()
+	if c.out != nil {
+		putCork(c.out)
+		c.out = nil
+	}
+	c.mu.Unlock()
+	return c.Conn.Close()
 }
 
 func (c *clientConn) flushLocked() error {

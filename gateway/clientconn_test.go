@@ -14,6 +14,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/gateway/config"
 )
 
 // TestIdleConnectionIsOneGoroutine: an initialized, idle connection keeps
@@ -206,5 +210,71 @@ func TestBurstIsCorked(t *testing.T) {
 	t.Logf("%d messages of about 260 B in %d write calls", n, got)
 	if got > n/10 {
 		t.Fatalf("%d write calls for %d messages: not corked", got, n)
+	}
+}
+
+// streamTo sends 260 B notifications to wc until stop is closed or Send
+// refuses; the returned function stops it and waits.
+func streamTo(wc *wsConn) (stop func()) {
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if !wc.Send(fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_x/n","params":{"i":%d,"pad":"%s"}}`, i, strings.Repeat("x", 200))) {
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-ended }
+}
+
+// TestCloseWhileStreaming: the close frames coder/websocket writes by itself
+// (the answer to a client's close, 1009 for a message over the limit) can be
+// written while the writer is corked; they must still reach the client
+// before the connection is closed.
+func TestCloseWhileStreaming(t *testing.T) {
+	ts := startServer(t, func(cfg *config.Config) { cfg.Limits.MaxMessageBytes = 4096 })
+	const rounds = 15
+	for r := range rounds {
+		for _, tooBig := range []bool{false, true} {
+			c := ts.dial(Subprotocol)
+			c.initialize()
+			var wc *wsConn
+			for _, x := range ts.wsConns() {
+				if x.id == c.resp.Header.Get(ConnectionIDHeader) {
+					wc = x
+				}
+			}
+			if wc == nil {
+				t.Fatal("connection not found")
+			}
+			stop := streamTo(wc)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			for i := 0; i < 200; i++ {
+				if _, err := c.read(ctx); err != nil {
+					t.Fatalf("round %d: read: %v", r, err)
+				}
+			}
+			if tooBig {
+				c.write(ctx, websocket.MessageText, []byte(`{"pad":"`+strings.Repeat("x", 5000)+`"}`))
+				var err error
+				for err == nil {
+					_, err = c.read(ctx)
+				}
+				if st := websocket.CloseStatus(err); st != websocket.StatusMessageTooBig {
+					t.Fatalf("round %d: a message over the limit while streaming ended with %v, want 1009", r, err)
+				}
+			} else if err := c.ws.Close(websocket.StatusNormalClosure, "bye"); err != nil {
+				t.Fatalf("round %d: the client's close while streaming got no answer: %v", r, err)
+			}
+			cancel()
+			stop()
+		}
 	}
 }

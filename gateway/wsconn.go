@@ -394,8 +394,12 @@ func (c *wsConn) Send(msg []byte) bool {
 		}
 		wait.Stop()
 		c.mu.Lock()
+		if c.ctx.Err() != nil { // the connection is ending: no spinning until stallTimeout
+			c.mu.Unlock()
+			return false
+		}
 	}
-	if c.closing {
+	if c.closing || c.done {
 		c.mu.Unlock()
 		return false
 	}
