@@ -23,6 +23,7 @@ import (
 const (
 	elideMinMessage = 1024 // smaller messages are scanned as they are
 	elideMinString  = 128  // shorter strings are left in place
+	maxKeptShadow   = 64 << 10
 )
 
 // elision records one string shortened to "" in the shadow: at shadow
@@ -119,7 +120,8 @@ func special(w uint64) uint64 {
 // scanString validates the JSON string whose contents start at raw[i] and
 // returns the offset just past its closing quote. It accepts a subset of
 // what jsontext accepts: printable ASCII, valid UTF-8, and the escapes
-// \" \\ \/ \b \f \n \r \t and \uXXXX outside the surrogate range.
+// \" \\ \/ \b \f \n \r \t, \uXXXX outside the surrogate range, and
+// surrogate pairs (\uD83D\uDE00: what ASCII-only encoders write for emoji).
 func scanString(raw []byte, i int) (int, bool) {
 	for {
 		for i+16 <= len(raw) {
@@ -160,10 +162,22 @@ func scanString(raw []byte, i int) (int, bool) {
 					return 0, false
 				}
 				v, ok := hex4(raw[i+2 : i+6])
-				if !ok || (v >= 0xD800 && v <= 0xDFFF) {
+				switch {
+				case !ok:
 					return 0, false
+				case v >= 0xD800 && v <= 0xDBFF: // a high surrogate: a low one must follow
+					if i+12 > len(raw) || raw[i+6] != '\\' || raw[i+7] != 'u' {
+						return 0, false
+					}
+					if lo, ok := hex4(raw[i+8 : i+12]); !ok || lo < 0xDC00 || lo > 0xDFFF {
+						return 0, false
+					}
+					i += 12
+				case v >= 0xDC00 && v <= 0xDFFF: // a low surrogate alone
+					return 0, false
+				default:
+					i += 6
 				}
-				i += 6
 			default:
 				return 0, false
 			}

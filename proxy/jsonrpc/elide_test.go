@@ -38,8 +38,13 @@ func TestScanString(t *testing.T) {
 		{"\"bad \xff utf8\"", false},
 		{"\"surrogate \xed\xa0\x80\"", false},
 		{"\"overlong \xc0\xaf\"", false},
-		{`"\ud83d\ude00"`, false}, // a valid pair, but left to jsontext
+		{`"\ud83d\ude00 \uD83D\uDE00"`, true}, // surrogate pairs
 		{`"\ud800"`, false},
+		{`"\ud800\u0041"`, false},
+		{`"\ud800\ud800"`, false},
+		{`"\udc00\ud800"`, false},
+		{`"\ud800\udc0"`, false},
+		{`"\ud800x\udc00"`, false},
 		{`"\x"`, false},
 		{`"\u12"`, false},
 		{`"\u12g4"`, false},
@@ -186,5 +191,20 @@ func TestRawOffset(t *testing.T) {
 		if got := s.rawOffset(tc[0]); got != tc[1] {
 			t.Errorf("rawOffset(%d) = %d, want %d", tc[0], got, tc[1])
 		}
+	}
+}
+
+// TestScanDropsBigShadow: a connection's scanner does not keep the shadow
+// of one big message (a long string and a lot of structure) afterwards.
+func TestScanDropsBigShadow(t *testing.T) {
+	raw := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"x":"` + strings.Repeat("a", 200) + `","n":[` +
+		strings.Repeat("1,", 100<<10) + `1]}}`)
+	var s Scanner
+	var m Message
+	if err := s.Scan(raw, &m, testResolve); err != nil {
+		t.Fatal(err)
+	}
+	if cap(s.shadowBuf) > maxKeptShadow {
+		t.Fatalf("the scanner keeps a %d-byte shadow", cap(s.shadowBuf))
 	}
 }

@@ -115,6 +115,9 @@ func (e *ScanError) Unwrap() error { return e.Err }
 
 // Resolver picks the Spec for a message's payload once the scanner knows the
 // method (requests, notifications) or the id (responses). It may return nil.
+// It must read only Kind, Method, ID and IsError: while a big message is
+// scanned through its shadow (see elide.go), Raw and Payload are the
+// shadow's, and a resolver may be called twice for one message.
 type Resolver func(m *Message) *Spec
 
 // Scanner reuses its decoder and buffers across messages; it is not safe for
@@ -148,6 +151,12 @@ func (s *Scanner) Scan(raw []byte, m *Message, resolve Resolver) error {
 		s.orig = raw
 		err := s.scan(s.shadowBuf, m, resolve)
 		s.orig = nil
+		if cap(s.shadowBuf) > maxKeptShadow { // a connection does not keep a big message's shadow
+			s.shadowBuf = nil
+		}
+		if cap(s.elisions) > maxKeptShadow/64 {
+			s.elisions = nil
+		}
 		if err == nil {
 			s.unshadow(raw, m)
 			return nil
