@@ -547,8 +547,11 @@ shutdown_grace: 2s
 	if agentDied.Load() > kills.Load()*workers {
 		t.Errorf("%d cycles failed for %d agent kills", agentDied.Load(), kills.Load())
 	}
-	if g.countLogs("agent exited", "", "") < int(kills.Load()) {
-		t.Errorf("%d agent kills, %d \"agent exited\" records", kills.Load(), g.countLogs("agent exited", "", ""))
+	// A kill can land on a process the pool is stopping as idle at that
+	// moment: that one is logged as "agent stopped", with the SIGKILL status.
+	exits := g.countLogs("agent exited", "", "") + g.countLogs("agent stopped", "exit", "exit status 137")
+	if exits < int(kills.Load()) {
+		t.Errorf("%d agent kills, %d \"agent exited\" (or killed while stopping) records", kills.Load(), exits)
 	}
 
 	// Back to rest: descriptors and goroutines near the baseline. The slack

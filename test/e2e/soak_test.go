@@ -3,9 +3,11 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,6 +195,18 @@ limits: {messages_per_second: 1000, message_burst: 2000}
 				}
 				stats.prompts.Add(1)
 				var got strings.Builder
+				checkEcho := func(m rpcMsg) error {
+					var eid int
+					_ = json.Unmarshal(m.ID, &eid)
+					var res struct {
+						Nonce string `json:"nonce"`
+					}
+					if nonce, ok := echoes[eid]; !ok || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
+						return fmt.Errorf("echo answer %.300s, want nonce %q", m.Raw, echoes[eid])
+					}
+					delete(echoes, eid)
+					return nil
+				}
 				m, err := k.waitFor(id, soakHandlers{
 					other: func(m rpcMsg) error {
 						s, isChunk, err := chunkText(m, sid)
@@ -213,18 +227,7 @@ limits: {messages_per_second: 1000, message_burst: 2000}
 						}
 						return nil
 					},
-					onResponse: func(m rpcMsg) error {
-						var eid int
-						_ = json.Unmarshal(m.ID, &eid)
-						var res struct {
-							Nonce string `json:"nonce"`
-						}
-						if nonce, ok := echoes[eid]; !ok || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
-							return fmt.Errorf("echo answer %.300s, want nonce %q", m.Raw, echoes[eid])
-						}
-						delete(echoes, eid)
-						return nil
-					},
+					onResponse: checkEcho,
 				})
 				if err != nil {
 					return err
@@ -235,14 +238,19 @@ limits: {messages_per_second: 1000, message_burst: 2000}
 				if got.String() != "You said: "+text {
 					return fmt.Errorf("streamed %q, want %q", got.String(), "You said: "+text)
 				}
-				for eid, nonce := range echoes { // echoes sent near the end of the turn
-					m, err := k.waitFor(eid, soakHandlers{})
+				// Echoes sent near the end of the turn, answered in any order
+				// (the map's order is random, so each wait accepts the others).
+				for len(echoes) > 0 {
+					eid := slices.Min(slices.Collect(maps.Keys(echoes)))
+					nonce := echoes[eid]
+					m, err := k.waitFor(eid, soakHandlers{onResponse: checkEcho})
 					var res struct {
 						Nonce string `json:"nonce"`
 					}
 					if err != nil || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
 						return fmt.Errorf("echo %d: %v %.300s", eid, err, m.Raw)
 					}
+					delete(echoes, eid)
 				}
 			}
 			return k.finish()
