@@ -61,7 +61,8 @@ type clientConn struct {
 
 	mu     sync.Mutex
 	corked bool
-	out    []byte
+	out    []byte  // what the cork holds; backed by box while corked
+	box    *[]byte // from corkPool
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -90,8 +91,9 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		c.out = c.out[:0]
 		return max(int(n)-held, 0), err
 	}
-	if c.out == nil {
-		c.out = getCork()
+	if c.box == nil {
+		c.box = corkPool.Get().(*[]byte)
+		c.out = (*c.box)[:0]
 	}
 	c.out = append(c.out, p...)
 	return len(p), nil
@@ -110,11 +112,7 @@ func (c *clientConn) Close() error {
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 	c.mu.Lock()
 	c.corked = false
-	_ = c.flushLocked()
-	if c.out != nil {
-		putCork(c.out)
-		c.out = nil
-	}
+	_ = c.drainLocked()
 	c.mu.Unlock()
 	return c.Conn.Close()
 }
@@ -139,21 +137,18 @@ func (c *clientConn) uncork() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.corked = false
+	return c.drainLocked()
+}
+
+// drainLocked writes what the cork holds and returns its buffer to the pool.
+func (c *clientConn) drainLocked() error {
 	err := c.flushLocked()
-	if c.out != nil {
-		putCork(c.out)
-		c.out = nil
+	if c.box != nil {
+		*c.box = c.out[:0]
+		corkPool.Put(c.box)
+		c.box, c.out = nil, nil
 	}
 	return err
 }
 
 var corkPool = sync.Pool{New: func() any { b := make([]byte, 0, corkLimit); return &b }}
-
-func getCork() []byte { return (*corkPool.Get().(*[]byte))[:0] }
-
-func putCork(b []byte) {
-	if cap(b) != corkLimit {
-		return
-	}
-	corkPool.Put(&b)
-}

@@ -65,6 +65,7 @@ type wsConn struct {
 	handling    bool          // a frame handler goroutine is running
 	frameRoom   chan struct{} // closed when the handler takes a frame; nil until the reader waits
 	timer       *time.Timer   // runs tick
+	writeTimer  *time.Timer   // closes the connection when a batch's writes take write_timeout; the writer's
 
 	// Owned by tick, which runs one at a time.
 	handshakeAt, nextIdle, nextPing time.Time
@@ -474,14 +475,18 @@ func (c *wsConn) writeLoop() {
 		}
 		c.mu.Unlock()
 		if len(batch) > 0 {
-			// One timer per batch bounds the writes (a context with a
-			// deadline would cost the library a timer per frame).
-			stuck := time.AfterFunc(timeout, func() {
-				c.log.Info("write to client timed out; closing", "write_timeout", timeout)
-				_ = c.ws.CloseNow()
-			})
+			// One timer, re-armed per batch, bounds the writes (a context
+			// with a deadline would cost the library a timer per frame).
+			if c.writeTimer == nil {
+				c.writeTimer = time.AfterFunc(timeout, func() {
+					c.log.Info("write to client timed out; closing", "write_timeout", timeout)
+					_ = c.ws.CloseNow()
+				})
+			} else {
+				c.writeTimer.Reset(timeout)
+			}
 			err := c.writeBatch(batch)
-			stuck.Stop()
+			c.writeTimer.Stop()
 			if err != nil {
 				c.log.Debug("write to client failed", "err", err)
 				c.mu.Lock()
