@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/acpgate/acpgate/gateway/config"
 )
 
@@ -109,4 +111,48 @@ func grepLines(s, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestCloseLabels: each way a connection ends is counted under its own
+// label, whatever close code it shares with another.
+func TestCloseLabels(t *testing.T) {
+	ts := startServer(t, func(cfg *config.Config) {
+		cfg.Timeouts.Handshake = config.Duration(200 * time.Millisecond)
+		cfg.Limits.MaxMessageBytes = 4096
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// No initialize: closed with 1008, like a slow client, but a handshake timeout.
+	c := ts.dial(Subprotocol)
+	if _, err := c.read(ctx); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("without initialize: %v, want 1008", err)
+	}
+	// A client that leaves with 1001 (a browser tab closing) is a client close.
+	c = ts.dial(Subprotocol)
+	c.initialize()
+	_ = c.ws.Close(websocket.StatusGoingAway, "tab closed")
+	// A message over the limit.
+	c = ts.dial(Subprotocol)
+	c.initialize()
+	c.write(ctx, websocket.MessageText, []byte(strings.Repeat(" ", 5000)))
+	if _, err := c.read(ctx); websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
+		t.Fatalf("over the limit: %v, want 1009", err)
+	}
+	want := []string{`reason="handshake_timeout",tenant="default"} 1`, `reason="client_closed",tenant="default"} 1`, `reason="message_too_big",tenant="default"} 1`}
+	all := func(body string) bool {
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				return false
+			}
+		}
+		return true
+	}
+	_, body := ts.get("/metrics")
+	for deadline := time.Now().Add(5 * time.Second); !all(body) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		_, body = ts.get("/metrics")
+	}
+	if !all(body) || strings.Contains(body, `reason="slow_client"`) || strings.Contains(body, `reason="shutdown"`) {
+		t.Fatalf("close counters:\n%s", grepLines(body, "acpgate_connections_total"))
+	}
 }

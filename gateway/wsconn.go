@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,6 +58,7 @@ type wsConn struct {
 	closing     bool
 	closeCode   websocket.StatusCode
 	closeReason string
+	closeLabel  string        // the metrics label of the close
 	room        chan struct{} // closed when the writer takes the queue; nil until a sender waits
 	queuedSince int64         // unix nanos the queue last became non-empty
 	frames      [][]byte      // client frames read, not yet handled
@@ -211,7 +211,7 @@ func (c *wsConn) run() {
 	c.lastWrite.Store(now.UnixNano())
 	c.lastActive.Store(now.UnixNano())
 	c.startTimer(now)
-	code, reason := c.readLoop()
+	code, reason, label := c.readLoop()
 	c.cancel()
 	c.mu.Lock()
 	c.done = true
@@ -225,7 +225,7 @@ func (c *wsConn) run() {
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
 	c.s.mu.Unlock()
-	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, closeLabel(code, reason)).Inc()
+	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, label).Inc()
 	c.log.Info("connection closed",
 		"duration", time.Since(c.start).Round(time.Millisecond),
 		"msgs_in", c.msgsIn.Load(), "msgs_out", c.msgsOut.Load(),
@@ -235,7 +235,7 @@ func (c *wsConn) run() {
 
 // readLoop feeds the client's messages to the frame handler until the
 // connection ends, and returns why it ended.
-func (c *wsConn) readLoop() (websocket.StatusCode, string) {
+func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 	for {
 		typ, msg, err := c.readMessage()
 		if err != nil {
@@ -324,48 +324,24 @@ func (c *wsConn) handleLoop() {
 	}
 }
 
-// endReason describes how the connection ended, for the access log.
-func (c *wsConn) endReason(err error) (websocket.StatusCode, string) {
+// endReason describes how the connection ended: its close code and reason
+// for the access log, and its bounded label for the metrics. A close the
+// gateway decided carries the label it was given (closeWith).
+func (c *wsConn) endReason(err error) (websocket.StatusCode, string, string) {
 	c.mu.Lock()
-	code, reason := c.closeCode, c.closeReason
+	code, reason, label := c.closeCode, c.closeReason, c.closeLabel
 	c.mu.Unlock()
-	if code != 0 {
-		return code, reason
-	}
-	if st := websocket.CloseStatus(err); st != -1 {
-		return st, "closed by client"
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
-		return websocket.StatusAbnormalClosure, "connection lost"
-	}
-	var tooBig interface{ Error() string }
-	if errors.As(err, &tooBig) && bytes.Contains([]byte(err.Error()), []byte("read limited at")) {
-		return websocket.StatusMessageTooBig, "message over limits.max_message_bytes"
-	}
-	return websocket.StatusAbnormalClosure, err.Error()
-}
-
-// closeLabel is the bounded metrics label of a close.
-func closeLabel(code websocket.StatusCode, reason string) string {
 	switch {
-	case code == websocket.StatusMessageTooBig:
-		return "message_too_big"
-	case code == websocket.StatusPolicyViolation:
-		return "slow_client"
-	case code == websocket.StatusGoingAway && reason == "ping timeout":
-		return "ping_timeout"
-	case reason == "idle timeout":
-		return "idle_timeout"
-	case reason == "no initialize within the handshake timeout":
-		return "handshake_timeout"
-	case code == websocket.StatusGoingAway:
-		return "shutdown"
-	case reason == "closed by client":
-		return "client_closed"
-	case code == websocket.StatusAbnormalClosure:
-		return "connection_lost"
+	case code != 0:
+		return code, reason, label
+	case websocket.CloseStatus(err) != -1:
+		return websocket.CloseStatus(err), "closed by client", "client_closed"
+	case errors.Is(err, io.EOF) || errors.Is(err, context.Canceled):
+		return websocket.StatusAbnormalClosure, "connection lost", "connection_lost"
+	case errors.Is(err, websocket.ErrMessageTooBig):
+		return websocket.StatusMessageTooBig, "message over limits.max_message_bytes", "message_too_big"
 	}
-	return "other"
+	return websocket.StatusAbnormalClosure, err.Error(), "connection_lost"
 }
 
 // Send implements proxy.Sink: it queues without blocking and closes the
@@ -407,7 +383,7 @@ func (c *wsConn) Send(msg []byte) bool {
 	if len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes {
 		queued, bytes := len(c.q), c.qBytes
 		c.closing = true
-		c.closeCode, c.closeReason = websocket.StatusPolicyViolation, "client too slow: send queue full"
+		c.closeCode, c.closeReason, c.closeLabel = websocket.StatusPolicyViolation, "client too slow: send queue full", "slow_client"
 		c.q, c.qBytes = c.q[:0], 0
 		c.startWriterLocked()
 		c.mu.Unlock()
@@ -440,14 +416,17 @@ func (c *wsConn) startWriterLocked() {
 }
 
 // goingAway closes the connection with 1001 after what is queued.
-func (c *wsConn) goingAway() { c.closeWith(websocket.StatusGoingAway, "gateway shutting down") }
+func (c *wsConn) goingAway() {
+	c.closeWith(websocket.StatusGoingAway, "gateway shutting down", "shutdown")
+}
 
-// closeWith closes the connection with code after what is queued.
-func (c *wsConn) closeWith(code websocket.StatusCode, reason string) {
+// closeWith closes the connection with code after what is queued; label is
+// the close's metrics label.
+func (c *wsConn) closeWith(code websocket.StatusCode, reason, label string) {
 	c.mu.Lock()
 	if !c.closing {
 		c.closing = true
-		c.closeCode, c.closeReason = code, reason
+		c.closeCode, c.closeReason, c.closeLabel = code, reason, label
 	}
 	c.startWriterLocked()
 	c.mu.Unlock()
@@ -574,7 +553,7 @@ func (c *wsConn) tick() {
 		c.handshakeAt = time.Time{}
 		if !c.conn.Initialized() {
 			c.log.Info("no initialize in time; closing", "handshake_timeout", c.cfg.Timeouts.Handshake.D())
-			c.closeWith(websocket.StatusPolicyViolation, "no initialize within the handshake timeout")
+			c.closeWith(websocket.StatusPolicyViolation, "no initialize within the handshake timeout", "handshake_timeout")
 			return
 		}
 	}
@@ -583,7 +562,7 @@ func (c *wsConn) tick() {
 		c.nextIdle = now.Add(idleEvery(idle))
 		if since := time.Since(time.Unix(0, c.lastActive.Load())); since >= idle && !c.conn.Busy() {
 			c.log.Info("idle; closing", "idle_for", since.Round(time.Second))
-			c.closeWith(websocket.StatusGoingAway, "idle timeout")
+			c.closeWith(websocket.StatusGoingAway, "idle timeout", "idle_timeout")
 			return
 		}
 	}
@@ -596,7 +575,7 @@ func (c *wsConn) tick() {
 				c.log.Info("client did not answer ping; closing", "err", err)
 				c.mu.Lock()
 				if c.closeCode == 0 {
-					c.closeCode, c.closeReason = websocket.StatusGoingAway, "ping timeout"
+					c.closeCode, c.closeReason, c.closeLabel = websocket.StatusGoingAway, "ping timeout", "ping_timeout"
 				}
 				c.mu.Unlock()
 			}
