@@ -62,6 +62,7 @@ type wsConn struct {
 	room        chan struct{} // closed when the writer takes the queue; nil until a sender waits
 	queuedSince int64         // unix nanos the queue last became non-empty
 	frames      [][]byte      // client frames read, not yet handled
+	frameBytes  int           // their size
 	handling    bool          // a frame handler goroutine is running
 	frameRoom   chan struct{} // closed when the handler takes a frame; nil until the reader waits
 	timer       *time.Timer   // runs tick
@@ -198,6 +199,10 @@ func writeJSONError(w http.ResponseWriter, status int, reason, msg string) {
 // waits for an agent process; past the bound it waits too (backpressure).
 const frameQueue = 64
 
+// frameQueueBytes bounds the bytes of those frames: past it the reader waits
+// too (one frame of any allowed size is always taken).
+const frameQueueBytes = 1 << 20
+
 // run is the connection's reader; the connection ends when it returns.
 func (c *wsConn) run() {
 	defer c.s.wg.Done()
@@ -251,7 +256,7 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 			continue
 		}
 		c.mu.Lock()
-		for len(c.frames) >= frameQueue {
+		for len(c.frames) >= frameQueue || len(c.frames) > 0 && c.frameBytes+len(msg) > frameQueueBytes {
 			if c.frameRoom == nil {
 				c.frameRoom = make(chan struct{})
 			}
@@ -266,6 +271,7 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 			c.mu.Lock()
 		}
 		c.frames = append(c.frames, msg)
+		c.frameBytes += len(msg)
 		if !c.handling {
 			c.handling = true
 			c.bg.Add(1)
@@ -314,6 +320,7 @@ func (c *wsConn) handleLoop() {
 		f := c.frames[0]
 		c.frames[0] = nil
 		c.frames = c.frames[1:]
+		c.frameBytes -= len(f)
 		if c.frameRoom != nil {
 			close(c.frameRoom)
 			c.frameRoom = nil
@@ -348,22 +355,22 @@ func (c *wsConn) endReason(err error) (websocket.StatusCode, string, string) {
 // connection (1008) when the client falls too far behind.
 func (c *wsConn) Send(msg []byte) bool {
 	c.mu.Lock()
-	if c.closing || c.done {
-		c.mu.Unlock()
-		return false
-	}
+	full := func() bool { return len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes }
 	// Full: a client whose writer keeps draining is reading as fast as the
 	// gateway can send, so wait for room (its agent's output is held up
 	// meanwhile); one whose writer made no progress for stallTimeout has
 	// stopped reading and is closed.
-	for !c.closing && (len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes) &&
-		time.Since(time.Unix(0, max(c.lastWrite.Load(), c.queuedSince))) < stallTimeout {
+	for !c.closing && !c.done && full() {
+		stalled := time.Since(time.Unix(0, max(c.lastWrite.Load(), c.queuedSince)))
+		if stalled >= stallTimeout {
+			break
+		}
 		if c.room == nil {
 			c.room = make(chan struct{})
 		}
 		room := c.room
 		c.mu.Unlock()
-		wait := time.NewTimer(stallTimeout)
+		wait := time.NewTimer(stallTimeout - stalled)
 		select {
 		case <-room:
 		case <-wait.C:
@@ -371,22 +378,27 @@ func (c *wsConn) Send(msg []byte) bool {
 		}
 		wait.Stop()
 		c.mu.Lock()
-		if c.ctx.Err() != nil { // the connection is ending: no spinning until stallTimeout
-			c.mu.Unlock()
-			return false
+		if c.ctx.Err() != nil { // the connection is ending
+			break
 		}
 	}
-	if c.closing || c.done {
+	if c.closing || c.done || c.ctx.Err() != nil {
 		c.mu.Unlock()
+		jsonrpc.PutBuffer(msg) // the sink owns msg: refused, it goes back to the pool
 		return false
 	}
-	if len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes {
+	if full() {
 		queued, bytes := len(c.q), c.qBytes
 		c.closing = true
 		c.closeCode, c.closeReason, c.closeLabel = websocket.StatusPolicyViolation, "client too slow: send queue full", "slow_client"
+		for i, m := range c.q {
+			jsonrpc.PutBuffer(m)
+			c.q[i] = nil
+		}
 		c.q, c.qBytes = c.q[:0], 0
 		c.startWriterLocked()
 		c.mu.Unlock()
+		jsonrpc.PutBuffer(msg)
 		c.s.metrics.slowDisconnects.Inc()
 		c.log.Warn("closing slow client", "queued_msgs", queued, "queued_bytes", bytes)
 		return false
