@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +156,42 @@ func TestCloseLabels(t *testing.T) {
 	}
 	if !all(body) || strings.Contains(body, `reason="slow_client"`) || strings.Contains(body, `reason="shutdown"`) {
 		t.Fatalf("close counters:\n%s", grepLines(body, "acpgate_connections_total"))
+	}
+}
+
+// TestRefusedReloadChangesNothing: a reload the authenticator refuses (two
+// tenants with one token) leaves the relay's tenants as they were too, and
+// a settings change the gateway cannot apply live (the session keys) is
+// refused rather than reported as reloaded.
+func TestRefusedReloadChangesNothing(t *testing.T) {
+	ts := startServer(t, withTenant(t))
+	defer ts.shutdown()
+	cur := ts.s.config()
+
+	next := *cur
+	next.Tenants = append([]config.Tenant(nil), cur.Tenants...)
+	next.Tenants[0].MaxSessions = 1
+	next.Tenants = append(next.Tenants, config.Tenant{Name: "twin", TokensSHA256: cur.Tenants[0].TokensSHA256, Root: t.TempDir()})
+	if err := ts.s.Reload(&next); err == nil {
+		t.Fatal("two tenants with one token were accepted")
+	}
+	// acme's max_sessions is still unset: two sessions open.
+	c := ts.dial(Subprotocol, "acp.bearer.tok")
+	c.initialize()
+	for i := range 2 {
+		res := c.call("session/new", map[string]any{"cwd": cur.Tenants[0].Root, "mcpServers": []any{}})
+		if res.Error != nil {
+			t.Fatalf("session %d after the refused reload: %d %s", i+1, res.Error.Code, res.Error.Message)
+		}
+	}
+
+	next = *cur
+	keyFile := filepath.Join(t.TempDir(), "session.key")
+	if err := os.WriteFile(keyFile, []byte(strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	next.SessionKeyFile = keyFile
+	if err := ts.s.Reload(&next); err == nil || !strings.Contains(err.Error(), "session_key_file settings need a restart") {
+		t.Fatalf("a session key change: %v, want refused as needing a restart", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,7 @@ type Server struct {
 
 // Reload applies a new configuration's tenants, tokens and policy without
 // dropping connections. Other settings need a restart: a reload that
-// changes them is refused, and the running configuration stays.
+// changes them is refused, and the running configuration stays, all of it.
 func (s *Server) Reload(next *config.Config) (err error) {
 	defer func() {
 		result := "success"
@@ -78,30 +79,51 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	if next.AuthEnabled() != cur.AuthEnabled() {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
-	if next.Listen != cur.Listen || !reflect.DeepEqual(next.Agent, cur.Agent) || next.Pool != cur.Pool ||
-		next.Limits != cur.Limits || next.Timeouts != cur.Timeouts ||
-		next.ShutdownGrace != cur.ShutdownGrace || next.ShutdownDelay != cur.ShutdownDelay {
-		return errors.New("listen, agent, pool, limits and timeouts settings need a restart; only tenants (tokens, quotas, roots) and policy reload")
-	}
-	if !reflect.DeepEqual(next.Auth, cur.Auth) {
-		return errors.New("auth settings (allowed_origins, jwt, ticket_ttl) need a restart; only tenants (tokens, quotas, roots) and policy reload")
-	}
-	var tokens []auth.TenantTokens
-	for _, t := range next.Tenants {
-		tokens = append(tokens, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
-	}
-	if err := s.relay.UpdateTenants(relayTenants(next)); err != nil {
-		return err
+	if changed := restartOnlyChanges(cur, next); len(changed) > 0 {
+		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots) and policy reload", strings.Join(changed, ", "))
 	}
 	if s.authn != nil {
-		if err := s.authn.UpdateTenants(tokens); err != nil {
+		if err := s.authn.UpdateTenants(authTenants(next)); err != nil {
 			return err
 		}
+	}
+	if err := s.relay.UpdateTenants(relayTenants(next)); err != nil {
+		if s.authn != nil { // the running tokens were accepted once: they are again
+			_ = s.authn.UpdateTenants(authTenants(cur))
+		}
+		return err
 	}
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
 	return nil
+}
+
+// restartOnlyChanges names (by YAML key) the top-level settings that differ
+// between cur and next, other than tenants and policy, which reload. A new
+// setting is covered without being listed here.
+func restartOnlyChanges(cur, next *config.Config) []string {
+	var changed []string
+	a, b := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
+	for i := range a.NumField() {
+		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
+		if key == "tenants" || key == "policy" {
+			continue
+		}
+		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
+			changed = append(changed, key)
+		}
+	}
+	return changed
+}
+
+// authTenants is the authenticator's view of the configured tenants.
+func authTenants(cfg *config.Config) []auth.TenantTokens {
+	var out []auth.TenantTokens
+	for _, t := range cfg.Tenants {
+		out = append(out, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
+	}
+	return out
 }
 
 // ReloadFailed counts a reload whose file could not be read or parsed.
@@ -146,10 +168,8 @@ func newSealer(cfg *config.Config, log *slog.Logger) (*proxy.Sealer, error) {
 }
 
 func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(string)) (*auth.Authenticator, error) {
-	ac := auth.Config{AllowedOrigins: cfg.Auth.AllowedOrigins, TicketTTL: cfg.Auth.TicketTTL.D(), OnFailure: onFailure}
-	for _, t := range cfg.Tenants {
-		ac.Tenants = append(ac.Tenants, auth.TenantTokens{Name: t.Name, TokensSHA256: t.TokensSHA256})
-	}
+	ac := auth.Config{AllowedOrigins: cfg.Auth.AllowedOrigins, TicketTTL: cfg.Auth.TicketTTL.D(), OnFailure: onFailure,
+		Tenants: authTenants(cfg)}
 	if j := cfg.Auth.JWT; j != nil {
 		ac.JWT = &auth.JWTConfig{Issuer: j.Issuer, Audience: j.Audience, JWKSFile: j.JWKSFile, JWKSURL: j.JWKSURL,
 			HS256SecretFile: j.HS256SecretFile, TenantClaim: j.TenantClaim}
