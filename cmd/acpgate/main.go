@@ -111,7 +111,7 @@ func serve(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "acpgate serve: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	cfg, err := loadConfig(f)
+	cfg, err := loadConfig(f, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "acpgate: %v\n", err)
 		return 2
@@ -175,7 +175,7 @@ serve:
 		case <-hup:
 			// Tenants, tokens and policy reload; the file is read again and
 			// the flags and environment laid over it as at start.
-			next, err := loadConfig(f)
+			next, err := loadConfig(f, stderr)
 			if err != nil {
 				log.Error("configuration reload refused; keeping the running configuration", "err", err)
 				srv.ReloadFailed()
@@ -209,42 +209,46 @@ serve:
 	}
 }
 
-// loadConfig reads the file (if any) and applies flags over it.
-func loadConfig(f serveFlags) (*config.Config, error) {
-	cfg := config.Default()
-	if f.config != "" {
-		var err error
-		if cfg, err = config.LoadFile(f.config); err != nil {
-			return nil, err
-		}
-	}
-	unknown, err := cfg.ApplyEnv(os.Environ())
-	if err != nil {
-		return nil, fmt.Errorf("environment: %w", err)
-	}
-	for _, name := range unknown {
-		if !ignoredEnv(name) {
-			fmt.Fprintf(os.Stderr, "acpgate: warning: %s is not a setting (see README, Running it)\n", name)
-		}
-	}
-	if f.listen != "" {
-		cfg.Listen = f.listen
-	}
-	if f.agent != "" {
-		argv, err := splitCommand(f.agent)
+// loadConfig reads the file (if any) and applies the environment and flags
+// over it, then validates the result once: a flag can correct the file.
+func loadConfig(f serveFlags, stderr io.Writer) (*config.Config, error) {
+	overlay := func(cfg *config.Config) error {
+		unknown, err := cfg.ApplyEnv(os.Environ())
 		if err != nil {
-			return nil, fmt.Errorf("--agent: %w", err)
+			return fmt.Errorf("environment: %w", err)
 		}
-		cfg.Agent.Command = argv
+		for _, name := range unknown {
+			if !ignoredEnv(name) {
+				fmt.Fprintf(stderr, "acpgate: warning: %s is not a setting (see README, Running it)\n", name)
+			}
+		}
+		if f.listen != "" {
+			cfg.Listen = f.listen
+		}
+		if f.agent != "" {
+			argv, err := config.SplitCommand(f.agent)
+			if err != nil {
+				return fmt.Errorf("--agent: %w", err)
+			}
+			cfg.Agent.Command = argv
+		}
+		if f.allowUnauth {
+			cfg.AllowUnauthenticated = true
+		}
+		if f.logLevel != "" {
+			cfg.Log.Level = f.logLevel
+		}
+		if f.logFormat != "" {
+			cfg.Log.Format = f.logFormat
+		}
+		return nil
 	}
-	if f.allowUnauth {
-		cfg.AllowUnauthenticated = true
+	if f.config != "" {
+		return config.LoadFileWith(f.config, overlay)
 	}
-	if f.logLevel != "" {
-		cfg.Log.Level = f.logLevel
-	}
-	if f.logFormat != "" {
-		cfg.Log.Format = f.logFormat
+	cfg := config.Default()
+	if err := overlay(cfg); err != nil {
+		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -370,6 +374,3 @@ func superviseCmd(args []string, stderr io.Writer) int {
 	}
 	return supervise.Run(fs.Args(), *grace, *parent)
 }
-
-// splitCommand splits --agent like a POSIX shell would, without expansion.
-func splitCommand(s string) ([]string, error) { return config.SplitCommand(s) }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -220,7 +221,7 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 agent: {command: [a, b]}
 log: {level: warn, format: json}
 `)
-	cfg, err := loadConfig(serveFlags{config: path})
+	cfg, err := loadConfig(serveFlags{config: path}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ log: {level: warn, format: json}
 	cfg, err = loadConfig(serveFlags{
 		config: path, listen: "0.0.0.0:2", allowUnauth: true,
 		agent: `node 'my agent.mjs'`, logLevel: "debug", logFormat: "text",
-	})
+	}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,72 +240,13 @@ log: {level: warn, format: json}
 		cfg.Log.Level != "debug" || cfg.Log.Format != "text" {
 		t.Fatalf("flags do not override the file: %+v", cfg)
 	}
-}
-
-func TestSplitCommand(t *testing.T) {
-	cases := []struct {
-		in   string
-		want []string
-	}{
-		{"node", []string{"node"}},
-		{"node agent.mjs", []string{"node", "agent.mjs"}},
-		{"  node \t agent.mjs\n--flag  ", []string{"node", "agent.mjs", "--flag"}},
-		{"npx @zed-industries/claude-code-acp", []string{"npx", "@zed-industries/claude-code-acp"}},
-		{`node 'my agent.mjs'`, []string{"node", "my agent.mjs"}},
-		{`node "my agent.mjs"`, []string{"node", "my agent.mjs"}},
-		{`a 'b "c" d'`, []string{"a", `b "c" d`}},
-		{`a "b 'c' d"`, []string{"a", `b 'c' d`}},
-		{`a "say \"hi\""`, []string{"a", `say "hi"`}},
-		{`a "x\\y"`, []string{"a", `x\y`}},
-		{`a "\$HOME" "\` + "`" + `"`, []string{"a", "$HOME", "`"}},
-		{`a "x\ny"`, []string{"a", `x\ny`}},                 // other backslashes stay in double quotes
-		{`a 'x\y' 'it'\''s'`, []string{"a", `x\y`, "it's"}}, // none are special in single quotes
-		{`a\ b c`, []string{"a b", "c"}},
-		{`a \"b\" \\`, []string{"a", `"b"`, `\`}},
-		{`a"b"'c'd`, []string{"abcd"}},
-		{`a "" ''`, []string{"a", "", ""}},
-		{`""`, []string{""}},
-		{`echo $HOME ~ *.go`, []string{"echo", "$HOME", "~", "*.go"}}, // nothing is expanded
-		{`ünï "cödé ✓"`, []string{"ünï", "cödé ✓"}},
+	// A flag can also correct a file that alone does not validate: a
+	// public address without tenants needs --allow-unauthenticated.
+	public := writeFile(t, "public.yaml", "listen: 0.0.0.0:3\n")
+	if _, err := loadConfig(serveFlags{config: public}, io.Discard); err == nil {
+		t.Fatal("a public listen address without tenants was accepted")
 	}
-	for _, tc := range cases {
-		got, err := splitCommand(tc.in)
-		if err != nil {
-			t.Errorf("splitCommand(%q): %v", tc.in, err)
-			continue
-		}
-		if !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("splitCommand(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
-
-func TestSplitCommandErrors(t *testing.T) {
-	cases := []struct{ in, msg string }{
-		{`node "agent.mjs`, `unterminated " quote`},
-		{`node 'agent.mjs`, `unterminated ' quote`},
-		{`a "b \"`, `unterminated " quote`},
-		{`a 'b\'`, ``}, // a backslash does not escape in single quotes: 'b\' is complete
-		{"", "empty command"},
-		{"   \t\n ", "empty command"},
-	}
-	for _, tc := range cases {
-		got, err := splitCommand(tc.in)
-		if tc.msg == "" {
-			if err != nil || !reflect.DeepEqual(got, []string{"a", `b\`}) {
-				t.Errorf("splitCommand(%q) = %q, %v", tc.in, got, err)
-			}
-			continue
-		}
-		if err == nil {
-			t.Errorf("splitCommand(%q) = %q, want an error", tc.in, got)
-			continue
-		}
-		if !strings.Contains(err.Error(), tc.msg) {
-			t.Errorf("splitCommand(%q) error %q, want it to mention %q", tc.in, err, tc.msg)
-		}
-		if got != nil {
-			t.Errorf("splitCommand(%q) returned %q with its error", tc.in, got)
-		}
+	if cfg, err = loadConfig(serveFlags{config: public, allowUnauth: true}, io.Discard); err != nil || !cfg.AllowUnauthenticated {
+		t.Fatalf("--allow-unauthenticated over a public file: %v", err)
 	}
 }

@@ -280,17 +280,24 @@ func (e *Error) Error() string {
 }
 
 // LoadFile reads and validates a configuration file over the defaults.
-func LoadFile(path string) (*Config, error) {
+func LoadFile(path string) (*Config, error) { return LoadFileWith(path, nil) }
+
+// LoadFileWith is LoadFile with overlay (flags, the environment) applied to
+// the settings read before they are validated, so that an overlay can
+// complete or correct the file. A nil overlay changes nothing.
+func LoadFileWith(path string, overlay func(*Config) error) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return Parse(path, data)
+	return parse(path, data, overlay)
 }
 
 // Parse decodes and validates YAML over the defaults. name is used in
 // error messages.
-func Parse(name string, data []byte) (*Config, error) {
+func Parse(name string, data []byte) (*Config, error) { return parse(name, data, nil) }
+
+func parse(name string, data []byte, overlay func(*Config) error) (*Config, error) {
 	cfg := Default()
 	cerr := &Error{File: name}
 	var root yaml.Node
@@ -303,6 +310,11 @@ func Parse(name string, data []byte) (*Config, error) {
 		dec.KnownFields(true)
 		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) { // EOF: only comments
 			cerr.Problems = append(cerr.Problems, yamlProblems(err)...)
+		}
+	}
+	if overlay != nil && len(cerr.Problems) == 0 {
+		if err := overlay(cfg); err != nil {
+			return nil, err
 		}
 	}
 	cerr.Problems = append(cerr.Problems, cfg.validate(&root)...)
