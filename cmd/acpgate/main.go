@@ -154,7 +154,11 @@ func serve(args []string, stderr io.Writer) int {
 			return 1
 		}
 		metricsSrv = &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = metricsSrv.Serve(mln) }()
+		go func() { // ends with metricsSrv.Close (deferred)
+			if err := metricsSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener failed", "addr", mln.Addr().String(), "err", err)
+			}
+		}()
 		defer metricsSrv.Close()
 		log.Info("serving metrics", "addr", mln.Addr().String())
 	}
