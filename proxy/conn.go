@@ -746,7 +746,7 @@ func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
 	if prompting {
 		p.notify(mSessionCancel, params)
 	}
-	if p.init.canClose {
+	if p.init.caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
 		p.fireAndForget(mSessionClose, params)
 	}
 	p.pool.changed()

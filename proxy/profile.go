@@ -65,11 +65,6 @@ func (o obj) flag(key string) bool {
 	return string(raw) == "true" || (len(raw) > 0 && raw[0] == '{')
 }
 
-func (o obj) has(key string) bool {
-	raw := bytes.TrimSpace(o[key])
-	return len(raw) > 0 && string(raw) != "null"
-}
-
 // clientProfile reads the capabilities a client offers in its initialize
 // params, in the v1 shape (clientCapabilities) or the v2 one (capabilities).
 func clientProfile(params []byte) (Profile, error) {
@@ -160,10 +155,9 @@ func initializeParams(p Profile, name, version string) []byte {
 
 // agentInit is what the gateway keeps of an agent's initialize answer.
 type agentInit struct {
-	result   []byte // the raw result, as the agent sent it
-	version  int
-	canClose bool             // session/close is supported
-	caps     policy.AgentCaps // what the agent advertised, for the policy
+	result  []byte // the raw result, as the agent sent it
+	version int
+	caps    policy.AgentCaps // what the agent advertised, for the policy
 }
 
 // initialize sends the gateway's one initialize to a fresh process.
@@ -194,11 +188,5 @@ func (a *agentProc) initialize(ctx context.Context, cfg *PoolConfig) error {
 		return errors.New("initialize: the agent's result has no integer protocolVersion")
 	}
 	a.init = agentInit{result: env.Result, version: version, caps: policy.ParseAgentCaps(env.Result)}
-	if v1 := res.get("agentCapabilities"); v1 != nil {
-		a.init.canClose = v1.get("sessionCapabilities").has("close")
-	}
-	if res.get("capabilities").has("session") {
-		a.init.canClose = true // v2: close is baseline with session support
-	}
 	return nil
 }

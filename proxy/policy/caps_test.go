@@ -125,3 +125,26 @@ func TestShapeString(t *testing.T) {
 		}
 	}
 }
+
+// TestParseAgentCapsClose: session/close is advertised only by a marker
+// object (v1, v2 draft) or by the later v2 shape's baseline; the relay
+// closes sessions on the agent by this, so false, null and a draft without
+// the marker are not support.
+func TestParseAgentCapsClose(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want bool
+	}{
+		{`{"protocolVersion":1,"agentCapabilities":{"sessionCapabilities":{"close":{}}}}`, true},
+		{`{"protocolVersion":1,"agentCapabilities":{"sessionCapabilities":{"close":false}}}`, false},
+		{`{"protocolVersion":1,"agentCapabilities":{"sessionCapabilities":{"close":null}}}`, false},
+		{`{"protocolVersion":1,"agentCapabilities":{}}`, false},
+		{`{"protocolVersion":2,"capabilities":{"session":{}}}`, true},
+		{`{"protocolVersion":2,"capabilities":{"session":{"load":{}}}}`, false},
+		{`{"protocolVersion":2,"capabilities":{"session":{"load":{},"close":{}}}}`, true},
+	} {
+		if got := ParseAgentCaps([]byte(c.in)).Close; got != c.want {
+			t.Errorf("%s: Close = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
