@@ -153,7 +153,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	out := c.ten.scrubHostRoot(jsonrpc.Splice(nil, m.Raw, edits))
+	out := c.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	if created != nil {
 		c.attach(created)
 	}

@@ -207,38 +207,44 @@ func (t *tenant) scrubHostRoot(out []byte) []byte {
 		return out
 	}
 	root, virt := m.Root(), m.VirtualRoot()
-	if !jsonPlain(root) || !jsonPlain(virt) || !bytes.Contains(out, []byte(root)) {
+	if !jsonPlain(root) || !jsonPlain(virt) {
+		return out
+	}
+	i := bytes.Index(out, []byte(root))
+	if i < 0 {
 		return out
 	}
 	if virt == "/" {
 		virt = ""
 	}
-	var b []byte
+	var b []byte // from the pool once there is something to replace
 	rest := out
-	for {
-		i := bytes.Index(rest, []byte(root))
-		if i < 0 {
-			break
-		}
+	for ; i >= 0; i = bytes.Index(rest, []byte(root)) {
 		end := i + len(root)
 		if end < len(rest) && !pathBoundary(rest[end]) || i > 0 && !pathStart(rest[i-1]) {
-			b = append(b, rest[:end]...)
+			if b != nil { // not a path: copied as it is (before b, out's prefix is implied)
+				b = append(b, rest[:end]...)
+			}
 			rest = rest[end:]
 			continue
 		}
+		if b == nil {
+			b = jsonrpc.GetBuffer(len(out) + 64)
+			b = append(b, out[:len(out)-len(rest)]...)
+		}
 		b = append(b, rest[:i]...)
 		b = append(b, virt...)
-		if end == len(rest) || rest[end] != '/' {
-			if virt == "" {
-				b = append(b, '/')
-			}
+		if (end == len(rest) || rest[end] != '/') && virt == "" {
+			b = append(b, '/')
 		}
 		rest = rest[end:]
 	}
 	if b == nil {
 		return out
 	}
-	return append(b, rest...)
+	b = append(b, rest...)
+	jsonrpc.PutBuffer(out)
+	return b
 }
 
 // pathBoundary: the byte after a root that ends a path component.
