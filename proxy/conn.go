@@ -734,9 +734,6 @@ func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
 		if p.sessions[s.AgentID] == s {
 			delete(p.sessions, s.AgentID)
 		}
-		if len(p.sessions) == 0 && p.reserved == 0 && p.conns == 0 {
-			p.idleAt = time.Now()
-		}
 	}
 	p.mu.Unlock()
 	if !owned {

@@ -259,7 +259,6 @@ func (p *Pool) spawnLocked(prof Profile) error {
 		pending:  map[int64]*outReq{},
 		inbound:  map[string]*inReq{},
 		sessions: map[string]*Session{},
-		idleAt:   time.Now(),
 	}
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
@@ -386,7 +385,14 @@ func (p *Pool) maintain() {
 				if isIdle && a.prof == p.cfg.DefaultProfile {
 					idle++
 				}
-				if isIdle && a.state == procReady && a.conns == 0 && now.Sub(a.idleAt) > p.cfg.IdleTimeout {
+				// A process is quiet from the first tick that finds it
+				// ready with nothing attached; anything attached resets it.
+				switch quiet := isIdle && a.state == procReady && a.conns == 0; {
+				case !quiet:
+					a.idleAt = time.Time{}
+				case a.idleAt.IsZero():
+					a.idleAt = now
+				case now.Sub(a.idleAt) > p.cfg.IdleTimeout:
 					reap = append(reap, a)
 				}
 				a.mu.Unlock()
@@ -603,9 +609,6 @@ func (a *agentProc) unreserve() {
 func (a *agentProc) releaseHome() {
 	a.mu.Lock()
 	a.conns--
-	if a.conns == 0 && len(a.sessions) == 0 {
-		a.idleAt = time.Now()
-	}
 	a.mu.Unlock()
 	a.pool.changed()
 }

@@ -94,7 +94,7 @@ type agentProc struct {
 	sessions   map[string]*Session // live sessions by the agent's own session ID
 	reserved   int                 // session slots promised to session/new, load, resume in flight
 	conns      int                 // client connections using this process as their home
-	idleAt     time.Time           // when the process last became idle
+	idleAt     time.Time           // when maintain first found it idle; zero while in use (pool.mu, a.mu)
 	stderrTail []string            // last lines of stderr, for crash reports
 }
 

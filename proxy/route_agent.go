@@ -407,8 +407,5 @@ func (p *agentProc) dropSession(s *Session) {
 		delete(p.sessions, s.AgentID)
 	}
 	s.owner = nil
-	if len(p.sessions) == 0 && p.reserved == 0 && p.conns == 0 {
-		p.idleAt = time.Now()
-	}
 	p.mu.Unlock()
 }
