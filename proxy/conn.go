@@ -630,11 +630,18 @@ func (c *Conn) forgetClientReq(r *outReq) {
 
 // trackAgentReq registers an agent request for this client and returns the
 // id the client sees.
-func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64, bool) {
+func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64, error) {
+	// Only this process's reader adds to p.inbound, so the check holds.
+	p.mu.Lock()
+	dup := p.inbound[string(agentID)] != nil
+	p.mu.Unlock()
+	if dup {
+		return 0, errDuplicateAgentID
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return 0, false
+		return 0, errClientGone
 	}
 	c.nextID++
 	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method}
@@ -643,8 +650,13 @@ func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64
 	p.mu.Lock()
 	p.inbound[string(in.agentID)] = in
 	p.mu.Unlock()
-	return in.connID, true
+	return in.connID, nil
 }
+
+var (
+	errDuplicateAgentID = errors.New("request id is already in flight")
+	errClientGone       = errors.New("the client has disconnected")
+)
 
 func (c *Conn) forgetAgentReq(id int64) {
 	c.mu.Lock()

@@ -83,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 			Name: "acpgate_policy_denials_total", Help: "Requests refused by the capability policy or tenant rules, by reason.",
 		}, []string{"tenant", "reason"}),
 		AgentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient).",
+			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id).",
 		}, []string{"kind"}),
 		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state.", []string{"state"}, nil),
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -316,9 +317,18 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	if isReq {
-		connID, ok := conn.trackAgentReq(p, m.ID, m.Method)
-		if !ok {
-			r.orphan(m, "the client has disconnected")
+		connID, err := conn.trackAgentReq(p, m.ID, m.Method)
+		if errors.Is(err, errDuplicateAgentID) {
+			// Two requests with one id: the client's answer could not be
+			// told apart. The second is refused; the first goes on.
+			p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("duplicate_id").Inc()
+			p.log.Warn("agent reused the id of a request still in flight; refused", "method", m.Method)
+			p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidRequest,
+				"request id "+truncate(string(m.ID), 64)+" is already in flight", nil), '\n'))
+			return
+		}
+		if err != nil {
+			r.orphan(m, err.Error())
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})

@@ -815,6 +815,24 @@ timeouts: {request: 1s}
 		echoOK(t, c)
 	})
 
+	hostile(t, "agent/two requests with one id: the second is refused", bys, func(t *testing.T) {
+		c := hostileClient(t)
+		sid := c.newSession(cwd)
+		before := g.countLogs("agent reused the id of a request still in flight; refused", "", "")
+		asked := 0
+		m := c.await(c.request("session/prompt", textPrompt(sid, "duplicate request ids")), turn, func(m rpcMsg) {
+			if m.Method == "session/request_permission" {
+				asked++
+				c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+			}
+		})
+		if r := stopReason(t, m); r != "end_turn" || asked != 1 {
+			t.Fatalf("stopReason %q after %d permission requests, want end_turn after 1", r, asked)
+		}
+		g.waitMoreLogs(t, "agent reused the id of a request still in flight; refused", before, 5*time.Second)
+		echoOK(t, c)
+	})
+
 	hostile(t, "agent/floods stderr", bys, func(t *testing.T) {
 		c := hostileClient(t)
 		const lines = 20000

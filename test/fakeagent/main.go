@@ -150,6 +150,16 @@ func (a *agent) handle(line []byte) {
 				text.WriteString(b.Text)
 			}
 		}
+		if text.String() == "duplicate request ids" {
+			// Two requests to the client with one id, both in flight.
+			for range 2 {
+				a.send(map[string]any{"jsonrpc": "2.0", "id": "dup", "method": "session/request_permission", "params": map[string]any{
+					"sessionId": p.SessionID,
+					"toolCall":  map[string]any{"toolCallId": "t1", "title": "twice"},
+					"options":   []map[string]string{{"optionId": "allow", "name": "Allow", "kind": "allow_once"}},
+				}})
+			}
+		}
 		a.send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
 			"sessionId": p.SessionID,
 			"update": map[string]any{"sessionUpdate": "agent_message_chunk",
