@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
 // member is one member of a JSON object, located in the object's bytes.
@@ -178,28 +180,15 @@ func rewriteObject(obj []byte, decide func(m member) (action, error)) ([]byte, e
 		out = append(out, obj[:open+1]...)
 		return append(out, obj[closing:]...), nil
 	}
-	type edit struct {
-		start, end int
-		repl       []byte
-	}
-	edits := make([]edit, 0, len(ms))
+	elems := make([][2]int, len(ms))
+	var edits []jsonrpc.Edit
 	for i, m := range ms {
-		a := acts[i]
-		switch {
-		case a.drop && i < lastKept: // up to the next member: its comma and spacing go too
-			edits = append(edits, edit{start: m.start, end: ms[i+1].start})
-		case a.drop: // after the last kept member: from the end of the one before
-			edits = append(edits, edit{start: ms[i-1].end, end: m.end})
-		case a.repl != nil:
-			edits = append(edits, edit{start: m.end - len(m.val), end: m.end, repl: a.repl})
+		elems[i] = [2]int{m.start, m.end}
+		if a := acts[i]; !a.drop && a.repl != nil {
+			edits = append(edits, jsonrpc.Edit{Start: m.end - len(m.val), End: m.end, Repl: a.repl})
 		}
 	}
-	out := make([]byte, 0, len(obj))
-	at := 0
-	for _, e := range edits {
-		out = append(out, obj[at:e.start]...)
-		out = append(out, e.repl...)
-		at = e.end
-	}
-	return append(out, obj[at:]...), nil
+	edits = jsonrpc.DeleteElements(edits, elems, func(i int) bool { return acts[i].drop })
+	jsonrpc.SortEdits(edits)
+	return jsonrpc.Splice(nil, obj, edits), nil
 }
