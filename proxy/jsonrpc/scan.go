@@ -523,19 +523,8 @@ func lookupMember(fields map[string]*Spec, quoted jsontext.Value) *Spec {
 // String returns the unquoted text of a located string field, or ok=false
 // if the field is not a JSON string.
 func (m *Message) String(f Field) (string, bool) {
-	v := m.Raw[f.Start:f.End]
-	if len(v) < 2 || v[0] != '"' {
-		return "", false
-	}
-	inner := v[1 : len(v)-1]
-	if bytes.IndexByte(inner, '\\') < 0 {
-		return string(inner), true
-	}
-	s, err := jsontext.AppendUnquote(nil, v)
-	if err != nil {
-		return "", false
-	}
-	return string(s), true
+	b, ok := m.RawString(f)
+	return string(b), ok
 }
 
 // RawString returns the contents of a located string field without

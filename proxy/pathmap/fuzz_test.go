@@ -187,3 +187,13 @@ func FuzzURIToClient(f *testing.F) {
 		}
 	})
 }
+
+// isPlain reports whether s needs neither decoding nor encoding.
+func isPlain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !isSafe(s[i]) {
+			return false
+		}
+	}
+	return true
+}

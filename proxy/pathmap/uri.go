@@ -185,16 +185,6 @@ var safe = func() (t [256]bool) {
 
 func isSafe(c byte) bool { return safe[c] }
 
-// isPlain reports whether s needs neither decoding nor encoding.
-func isPlain(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if !isSafe(s[i]) {
-			return false
-		}
-	}
-	return true
-}
-
 const upperhex = "0123456789ABCDEF"
 
 // escapePath percent-encodes every byte of p that [isSafe] rejects.
