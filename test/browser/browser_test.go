@@ -19,10 +19,8 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"go.uber.org/goleak"
 	"io"
 	"net/http"
 	"os"
@@ -33,6 +31,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/test/internal/gwlog"
 )
 
 const (
@@ -166,22 +168,15 @@ func startGateway(t *testing.T, bin, config string, env []string, log *lockedBuf
 	addrCh := make(chan string, 1)
 	go func() {
 		defer close(g.done)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64*1024), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
+		gwlog.Read(stderr, func(rec map[string]any, line []byte) {
 			fmt.Fprintf(log, "%s\n", line)
-			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal(line, &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+			if addr, ok := rec["addr"].(string); ok && rec["msg"] == "listening" {
 				select {
-				case addrCh <- rec.Addr:
+				case addrCh <- addr:
 				default:
 				}
 			}
-		}
+		})
 		_ = g.cmd.Wait()
 	}()
 	select {

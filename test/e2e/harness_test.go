@@ -3,11 +3,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/acpgate/acpgate/test/internal/proctree"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +19,9 @@ import (
 
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/test/internal/gwlog"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 var binPath string
@@ -98,31 +99,23 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 		t.Fatal(err)
 	}
 	addrCh := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) != nil {
-				rec = map[string]any{"msg": "raw", "line": sc.Text()}
-			}
+	go func() { // ends when the gateway's stderr closes
+		gwlog.Read(stderr, func(rec map[string]any, _ []byte) {
 			g.mu.Lock()
 			g.logs = append(g.logs, rec)
 			g.mu.Unlock()
-			if rec["msg"] == "listening" {
-				addrCh <- rec["addr"].(string)
+			if addr, ok := rec["addr"].(string); ok && rec["msg"] == "listening" {
+				select {
+				case addrCh <- addr:
+				default:
+				}
 			}
-		}
+		})
 		g.exitErr = g.cmd.Wait()
 		close(g.done)
 	}()
-	select {
-	case g.addr = <-addrCh:
-	case <-g.done:
-		t.Fatalf("gateway exited before listening: %v\n%s", g.exitErr, g.logText())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("gateway did not listen within 20 s\n%s", g.logText())
-	}
+	// Registered before the wait, so that a gateway that never listens is
+	// stopped too.
 	t.Cleanup(func() {
 		g.stop(syscall.SIGTERM)
 		if g.exitErr != nil && g.cmd.ProcessState != nil && !g.cmd.ProcessState.Exited() {
@@ -137,6 +130,13 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 			t.Logf("gateway log:\n%s", g.logText())
 		}
 	})
+	select {
+	case g.addr = <-addrCh:
+	case <-g.done:
+		t.Fatalf("gateway exited before listening: %v", g.exitErr)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("gateway did not listen within 20 s")
+	}
 	return g
 }
 

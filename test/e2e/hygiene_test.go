@@ -42,6 +42,9 @@ type wsClient struct {
 
 var errClosed = errors.New("connection closed")
 
+// invalidJSON marks, as its method, a message that was not JSON.
+const invalidJSON = "<invalid JSON>"
+
 func wsDial(addr string, header http.Header) (*wsClient, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
@@ -58,7 +61,7 @@ func wsDial(addr string, header http.Header) (*wsClient, error) {
 		c.mu.Lock()
 		c.readErr = err
 		c.mu.Unlock()
-	}, func(m *rpcMsg, _ error) bool { m.Method = "<invalid JSON>"; return true })
+	}, func(m *rpcMsg, _ error) bool { m.Method = invalidJSON; return true })
 	return c, nil
 }
 
@@ -110,6 +113,9 @@ func (c *wsClient) next(timeout time.Duration) (rpcMsg, error) {
 	case m, ok := <-c.in:
 		if !ok {
 			return rpcMsg{}, fmt.Errorf("%w: %v", errClosed, c.err())
+		}
+		if m.Method == invalidJSON { // every caller fails on it, whatever it waits for
+			return m, fmt.Errorf("the gateway sent invalid JSON: %.300s", m.Raw)
 		}
 		return m, nil
 	case <-time.After(timeout):

@@ -5,12 +5,10 @@
 package ops
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go.uber.org/goleak"
 	"io"
 	"net"
 	"net/http"
@@ -25,6 +23,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/test/internal/gwlog"
 )
 
 var binPath string
@@ -122,24 +123,21 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 		t.Fatal(err)
 	}
 	addrCh := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) != nil {
-				rec = map[string]any{"msg": "raw", "line": sc.Text()}
-			}
+	go func() { // ends when the gateway's stderr closes
+		gwlog.Read(stderr, func(rec map[string]any, _ []byte) {
 			g.mu.Lock()
 			g.logs = append(g.logs, rec)
 			if rec["msg"] == "serving metrics" {
 				g.metricsAddr, _ = rec["addr"].(string)
 			}
 			g.mu.Unlock()
-			if rec["msg"] == "listening" {
-				addrCh <- rec["addr"].(string)
+			if addr, ok := rec["addr"].(string); ok && rec["msg"] == "listening" {
+				select {
+				case addrCh <- addr:
+				default:
+				}
 			}
-		}
+		})
 		_ = g.cmd.Wait()
 		g.exitCode = g.cmd.ProcessState.ExitCode()
 		close(g.done)
@@ -362,7 +360,11 @@ func dial(t *testing.T, addr, token string) (*client, *http.Response, error) {
 				continue
 			}
 			m.Raw = b
-			c.in <- m
+			select {
+			case c.in <- m:
+			case <-ctx.Done(): // closed while nobody reads: end, so close() does not wait forever
+				return
+			}
 		}
 	}()
 	t.Cleanup(c.close)
