@@ -423,7 +423,11 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		sess.promptStart.Store(time.Now().UnixNano())
 	}
 	c.relay.metrics.message(dirClientToAgent, m.Method, len(out))
-	if err := p.send(ctx, out); err != nil && req != nil {
+	err = p.send(ctx, out)
+	if err != nil && req == nil {
+		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
+	}
+	if err != nil && req != nil {
 		// Answer only if no one else did (the agent's death answers all).
 		if p.untrack(req) {
 			c.forgetClientReq(req)
@@ -538,17 +542,20 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
 	defer cancel()
 	agentID := strconv.AppendInt(nil, req.agentID, 10)
+	var out []byte
 	if m.Kind == jsonrpc.KindRequest {
 		// $/cancel_request is a notification; a client that sent it as a
 		// request gets its answer from the gateway, and the agent gets the
 		// notification.
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		params := append(append([]byte(`{"requestId":`), agentID...), '}')
-		_ = req.p.send(ctx, append(jsonrpc.AppendRequest(nil, nil, mCancelRequest, params), '\n'))
-		return
+		out = jsonrpc.AppendRequest(nil, nil, mCancelRequest, params)
+	} else {
+		out = jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
 	}
-	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
-	_ = req.p.send(ctx, append(out, '\n'))
+	if err := req.p.send(ctx, append(out, '\n')); err != nil {
+		c.log.Debug("$/cancel_request not passed on: the agent process is gone or not reading", "err", err)
+	}
 }
 
 // handleResponse forwards the client's answer to an agent's request.

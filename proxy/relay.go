@@ -256,10 +256,8 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 			t.update(c, mappers[i])
 			continue
 		}
-		t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: r.metrics, label: r.metrics.tenants.Label(c.Name),
-			limiter: newLimiter(r.limits.TenantMessagesPerSecond, r.limits.TenantMessageBurst)}
-		t.mapper.Store(mappers[i])
-		t.pol.Store(c.policy())
+		t := makeTenant(c, mappers[i], r.metrics)
+		t.limiter = newLimiter(r.limits.TenantMessagesPerSecond, r.limits.TenantMessageBurst)
 		r.tenants[c.Name] = t
 	}
 	return nil

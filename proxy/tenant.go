@@ -51,14 +51,20 @@ type tenant struct {
 }
 
 func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {
-	t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: m, label: m.tenants.Label(c.Name)}
 	mapper, err := c.mapper()
 	if err != nil {
 		return nil, err
 	}
+	return makeTenant(c, mapper, m), nil
+}
+
+// makeTenant builds a tenant whose mapper is already made (nil: no path
+// mapping). The caller sets its limiter.
+func makeTenant(c TenantConfig, mapper *pathmap.Mapper, m *Metrics) *tenant {
+	t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: m, label: m.tenants.Label(c.Name)}
 	t.mapper.Store(mapper)
 	t.pol.Store(c.policy())
-	return t, nil
+	return t
 }
 
 func (c TenantConfig) mapper() (*pathmap.Mapper, error) {
