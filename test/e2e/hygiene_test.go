@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/acpgate/acpgate/test/internal/proctree"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 // --- a client for concurrent load ---
@@ -202,73 +203,6 @@ func chunkText(m rpcMsg, sid string) (string, bool, error) {
 }
 
 // --- processes, descriptors, metrics ---
-
-type procInfo struct {
-	pid, ppid int
-	state     string
-	cmd       string
-}
-
-// procTable reads every process, zombies included.
-func procTable() map[int]procInfo {
-	out := map[int]procInfo{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		ppid, state, ok := proctree.Stat(pid)
-		if !ok {
-			continue
-		}
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out[pid] = procInfo{pid: pid, ppid: ppid, state: state, cmd: string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))}
-	}
-	return out
-}
-
-// subtree returns root's descendants in table, zombies included.
-func subtree(table map[int]procInfo, root int) map[int]procInfo {
-	children := map[int][]int{}
-	for _, p := range table {
-		children[p.ppid] = append(children[p.ppid], p.pid)
-	}
-	out := map[int]procInfo{}
-	queue := []int{root}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out[c] = table[c]
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
-
-// withEnv lists the live processes whose environment holds kv ("K=V").
-func withEnv(kv string) []int {
-	var pids []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil {
-			continue
-		}
-		for _, v := range bytes.Split(b, []byte{0}) {
-			if string(v) == kv {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
-}
 
 // openFDs counts pid's open file descriptors.
 func openFDs(pid int) int {
@@ -580,18 +514,18 @@ shutdown_grace: 2s
 	// carries the agents' marker is below the gateway.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		table := procTable()
-		below := subtree(table, gwPID)
+		table := proctree.Table()
+		below := proctree.Subtree(table, gwPID)
 		var zombies, orphans []string
 		for _, p := range below {
-			if p.state == "Z" {
-				zombies = append(zombies, fmt.Sprintf("%d (parent %d) %s", p.pid, p.ppid, p.cmd))
+			if p.State == "Z" {
+				zombies = append(zombies, fmt.Sprintf("%d (parent %d) %s", p.PID, p.PPID, p.Cmd))
 			}
 		}
-		for _, pid := range withEnv(marker) {
+		for _, pid := range proctree.WithEnv(marker) {
 			if _, ok := below[pid]; !ok {
 				p := table[pid]
-				orphans = append(orphans, fmt.Sprintf("%d (parent %d, state %s) %s", pid, p.ppid, p.state, p.cmd))
+				orphans = append(orphans, fmt.Sprintf("%d (parent %d, state %s) %s", pid, p.PPID, p.State, p.Cmd))
 			}
 		}
 		if len(zombies) == 0 && len(orphans) == 0 {
@@ -609,7 +543,7 @@ shutdown_grace: 2s
 	g.stop(syscall.SIGTERM)
 	deadline = time.Now().Add(15 * time.Second)
 	for {
-		left := withEnv(marker)
+		left := proctree.WithEnv(marker)
 		if len(left) == 0 {
 			break
 		}

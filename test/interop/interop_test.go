@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 const (
@@ -232,23 +234,10 @@ func (h *harness) environ(home string) []string {
 // mark (Linux /proc only; elsewhere it finds nothing).
 func (h *harness) markedProcesses() map[int]string {
 	found := map[int]string{}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return found
-	}
-	needle := []byte("\x00" + markEnv + "=" + h.mark + "\x00")
-	self := os.Getpid()
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
-			continue
+	for _, pid := range proctree.WithEnv(markEnv + "=" + h.mark) {
+		if pid != os.Getpid() {
+			found[pid] = proctree.Cmdline(pid)
 		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(append([]byte{0}, env...), needle) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		found[pid] = strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))
 	}
 	return found
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/acpgate/acpgate/gateway"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 // clockTick is USER_HZ, the unit of utime and stime in /proc/<pid>/stat
@@ -49,24 +50,6 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
 	}
 	return time.Duration(ut+st) * clockTick, nil
-}
-
-// procPPID is a process's parent, from /proc/<pid>/stat.
-func procPPID(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[1])
-	return n
 }
 
 // procStatus reads one "Key: value kB" line of /proc/<pid>/status, in bytes
@@ -101,27 +84,9 @@ func procRSS(pid int) (int64, error) { return procStatus(pid, "VmRSS") }
 
 // descendants lists every process below pid.
 func descendants(pid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	children := map[int][]int{}
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if pp := procPPID(n); pp > 0 {
-			children[pp] = append(children[pp], n)
-		}
-	}
 	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 && len(out) < 100_000 {
-		p := queue[0]
-		queue = queue[1:]
-		out = append(out, children[p]...)
-		queue = append(queue, children[p]...)
+	for c := range proctree.Subtree(proctree.Table(), pid) {
+		out = append(out, c)
 	}
 	return out
 }
