@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -166,59 +164,29 @@ func (r *idleResult) problems() []string {
 
 // idleChild is a running `load idle-clients`.
 type idleChild struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	rep   idleReport
+	*child
+	rep idleReport
 }
 
 func (h *harness) openIdleClients(url string, n int) (*idleChild, error) {
 	timeout := 2*time.Minute + time.Duration(n)*10*time.Millisecond
-	cmd := exec.Command(h.exe, "idle-clients", "-url", url, "-n", strconv.Itoa(n), "-timeout", (timeout + time.Minute).String())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	errb := &lockedBuffer{}
-	cmd.Stderr = errb
-	stdin, err := cmd.StdinPipe()
+	c, err := h.startChild("idle-clients", "-url", url, "-n", strconv.Itoa(n), "-timeout", (timeout + time.Minute).String())
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	trackChild(cmd)
-	ch := &idleChild{cmd: cmd, stdin: stdin}
-	done := make(chan error, 1)
-	go func() { done <- json.NewDecoder(bufio.NewReader(stdout)).Decode(&ch.rep) }()
-	select {
-	case err = <-done:
-	case <-time.After(timeout):
-		err = fmt.Errorf("connections not open within %s", timeout)
-	}
+	ch := &idleChild{child: c}
+	err = ch.decode(&ch.rep, timeout)
 	if err == nil && ch.rep.Failed > 0 {
 		err = fmt.Errorf("%d of %d connections failed: %s", ch.rep.Failed, n, ch.rep.FirstErr)
 	}
 	if err != nil {
 		ch.close()
-		return nil, fmt.Errorf("%v %s", err, errb.String())
+		return nil, fmt.Errorf("connections not open: %v %s", err, ch.errb.String())
 	}
 	return ch, nil
 }
 
-func (ch *idleChild) close() {
-	_ = ch.stdin.Close()
-	done := make(chan struct{})
-	go func() { _ = ch.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		_ = ch.cmd.Process.Kill()
-		<-done
-	}
-	untrackChild(ch.cmd)
-}
+func (ch *idleChild) close() { ch.finish(30 * time.Second) }
 
 func memNow() runtime.MemStats {
 	runtime.GC()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -164,6 +165,66 @@ func freePort() (int, error) {
 var children struct {
 	mu   sync.Mutex
 	cmds map[*exec.Cmd]struct{}
+}
+
+// child is a load client the harness runs: it reports JSON lines on its
+// stdout and ends when its stdin closes.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	dec   *json.Decoder
+	errb  *lockedBuffer
+}
+
+// startChild runs the harness binary with args as a child (killed with
+// the harness).
+func (h *harness) startChild(args ...string) (*child, error) {
+	cmd := exec.Command(h.exe, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	errb := &lockedBuffer{}
+	cmd.Stderr = errb
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	trackChild(cmd)
+	return &child{cmd: cmd, stdin: stdin, dec: json.NewDecoder(stdout), errb: errb}, nil
+}
+
+// decode reads the child's next JSON line, for at most timeout (then the
+// child is killed).
+func (ch *child) decode(v any, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- ch.dec.Decode(v) }() // ends with the child's stdout
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		_ = ch.cmd.Process.Kill()
+		return fmt.Errorf("no answer from the client within %s", timeout)
+	}
+}
+
+// finish closes the child's stdin and waits for it to exit, killing it
+// after wait.
+func (ch *child) finish(wait time.Duration) {
+	_ = ch.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = ch.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(wait):
+		_ = ch.cmd.Process.Kill()
+		<-done
+	}
+	untrackChild(ch.cmd)
 }
 
 func trackChild(c *exec.Cmd) {

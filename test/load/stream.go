@@ -10,14 +10,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -386,10 +384,7 @@ func (p *streamPath) aggregate() {
 
 // streamChild is a running `load stream-client`.
 type streamChild struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	dec   *json.Decoder
-	errb  *lockedBuffer
+	*child
 	ready streamReady
 }
 
@@ -425,45 +420,20 @@ func (h *harness) startStreamChild(mode, url, sub string, n, size int) (*streamC
 	if mode == "ws" {
 		args = append(args, "-url", url, "-subprotocol", sub)
 	}
-	cmd := exec.Command(h.exe, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	errb := &lockedBuffer{}
-	cmd.Stderr = errb
-	stdin, err := cmd.StdinPipe()
+	c, err := h.startChild(args...)
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	trackChild(cmd)
-	ch := &streamChild{cmd: cmd, stdin: stdin, dec: json.NewDecoder(stdout), errb: errb}
+	ch := &streamChild{child: c}
 	if err := ch.decode(&ch.ready, 60*time.Second); err != nil {
-		ch.finish()
-		return nil, fmt.Errorf("client setup: %v %s", err, errb.String())
+		ch.finish(10 * time.Second)
+		return nil, fmt.Errorf("client setup: %v %s", err, ch.errb.String())
 	}
 	if !ch.ready.Ready {
-		ch.finish()
-		return nil, fmt.Errorf("client setup: %s %s", ch.ready.Error, errb.String())
+		ch.finish(10 * time.Second)
+		return nil, fmt.Errorf("client setup: %s %s", ch.ready.Error, ch.errb.String())
 	}
 	return ch, nil
-}
-
-// decode reads the child's next JSON line, for at most timeout.
-func (ch *streamChild) decode(v any, timeout time.Duration) error {
-	done := make(chan error, 1)
-	go func() { done <- ch.dec.Decode(v) }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(timeout):
-		_ = ch.cmd.Process.Kill()
-		return fmt.Errorf("no answer from the client within %s", timeout)
-	}
 }
 
 func (ch *streamChild) run(n, size int, timeout time.Duration) (streamRun, error) {
@@ -475,20 +445,6 @@ func (ch *streamChild) run(n, size int, timeout time.Duration) (streamRun, error
 	return r, err
 }
 
-// finish lets the client close its connection and exit (killed after 10 s).
-func (ch *streamChild) finish() {
-	_ = ch.stdin.Close()
-	done := make(chan struct{})
-	go func() { _ = ch.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = ch.cmd.Process.Kill()
-		<-done
-	}
-	untrackChild(ch.cmd)
-}
-
 // streamClient runs one client and measures the server's and the agents'
 // CPU time over its prompt.
 func (h *harness) streamClient(mode, url, sub string, srv *server, n, size int) (streamSample, error) {
@@ -497,7 +453,7 @@ func (h *harness) streamClient(mode, url, sub string, srv *server, n, size int) 
 	if err != nil {
 		return s, err
 	}
-	defer ch.finish()
+	defer ch.finish(10 * time.Second)
 	var serverPIDs, agentPIDs []int
 	if srv != nil {
 		serverPIDs = []int{srv.Pid()}
@@ -550,7 +506,7 @@ func (h *harness) profileStream(cfg gwConfig, c *streamCase) (*profileResult, er
 		}
 		if !profiling {
 			if err := pprof.StartCPUProfile(f); err != nil {
-				ch.finish()
+				ch.finish(10 * time.Second)
 				return nil, err
 			}
 			profiling = true
@@ -558,7 +514,7 @@ func (h *harness) profileStream(cfg gwConfig, c *streamCase) (*profileResult, er
 		cpu0 := selfCPU()
 		r, err := ch.run(c.Chunks, c.Size, h.streamTimeout(c.Chunks, c.Size))
 		cpu := selfCPU() - cpu0
-		ch.finish()
+		ch.finish(10 * time.Second)
 		if err != nil {
 			return nil, fmt.Errorf("%v %s", err, ch.errb.String())
 		}
