@@ -492,15 +492,10 @@ func (c *Config) validateTenants(root *yaml.Node) []Problem {
 			return nil
 		}
 		n := tenantsNode.Content[i]
-		if key == "" {
-			return n
+		if m := member(n, key); m != nil {
+			return m
 		}
-		for j := 0; j+1 < len(n.Content); j += 2 {
-			if n.Content[j].Value == key {
-				return n.Content[j+1]
-			}
-		}
-		return n
+		return n // no such key: the tenant itself
 	}
 	seen := map[string]bool{}
 	for i, t := range c.Tenants {
@@ -625,20 +620,23 @@ func find(root *yaml.Node, path ...string) *yaml.Node {
 	}
 	n := root.Content[0]
 	for _, key := range path {
-		if n.Kind != yaml.MappingNode {
+		if n = member(n, key); n == nil {
 			return nil
 		}
-		var next *yaml.Node
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				next = n.Content[i+1]
-				break
-			}
-		}
-		if next == nil {
-			return nil
-		}
-		n = next
 	}
 	return n
+}
+
+// member is the value of key in the mapping n (nil if n is not a mapping
+// or has no such key).
+func member(n *yaml.Node, key string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
