@@ -115,7 +115,8 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
 		return // Accept has written the HTTP error
 	}
-	limits := s.config().Limits
+	cfg := s.config() // one snapshot: a reload may swap it meanwhile
+	limits := cfg.Limits
 	ws.SetReadLimit(int64(limits.MaxMessageBytes))
 	ctx, cancel := context.WithCancel(context.Background())
 	log := s.log.With("conn", id)
@@ -131,7 +132,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		ctx:      ctx,
 		cancel:   cancel,
 		start:    time.Now(),
-		cfg:      s.config(),
+		cfg:      cfg,
 		tenant:   tenant,
 		maxMsgs:  limits.SendQueueMessages,
 		maxBytes: limits.SendQueueBytes,
