@@ -321,11 +321,7 @@ func (t *turn) read(path string) error {
 	t.toolUpdate(id, "in_progress", nil)
 	res, err := t.a.call(t.ctx, "fs/read_text_file", map[string]string{"sessionId": t.sess.id, "path": path})
 	if err != nil {
-		t.toolUpdate(id, "failed", nil)
-		if t.ctx.Err() != nil {
-			return t.ctx.Err()
-		}
-		return t.say(fmt.Sprintf("I could not read %s: %s", path, errorText(err)))
+		return t.toolFailed(id, "I could not read "+path, err)
 	}
 	var out struct {
 		Content *string `json:"content"`
@@ -345,6 +341,16 @@ func (t *turn) read(path string) error {
 		path, bytesN, plural(bytesN, "byte"), lines, plural(lines, "line"), firstLine(content)))
 }
 
+// toolFailed marks tool call id failed and ends the step: with the turn's
+// own error when the turn was cancelled, else by saying what went wrong.
+func (t *turn) toolFailed(id, what string, err error) error {
+	t.toolUpdate(id, "failed", nil)
+	if t.ctx.Err() != nil {
+		return t.ctx.Err()
+	}
+	return t.say(fmt.Sprintf("%s: %s", what, errorText(err)))
+}
+
 func (t *turn) write(path, content string) error {
 	id := t.newToolCall()
 	title := "Write " + path
@@ -362,11 +368,7 @@ func (t *turn) write(path, content string) error {
 	optionID, cancelled, err := t.askPermission(id, title, "edit")
 	switch {
 	case err != nil:
-		t.toolUpdate(id, "failed", nil)
-		if t.ctx.Err() != nil {
-			return t.ctx.Err()
-		}
-		return t.say(fmt.Sprintf("I could not ask for permission: %s", errorText(err)))
+		return t.toolFailed(id, "I could not ask for permission", err)
 	case cancelled:
 		t.toolUpdate(id, "failed", nil)
 		return errTurnCancelled
@@ -382,11 +384,7 @@ func (t *turn) write(path, content string) error {
 	t.toolUpdate(id, "in_progress", nil)
 	_, err = t.a.call(t.ctx, "fs/write_text_file", map[string]string{"sessionId": t.sess.id, "path": path, "content": content})
 	if err != nil {
-		t.toolUpdate(id, "failed", nil)
-		if t.ctx.Err() != nil {
-			return t.ctx.Err()
-		}
-		return t.say(fmt.Sprintf("I could not write %s: %s", path, errorText(err)))
+		return t.toolFailed(id, "I could not write "+path, err)
 	}
 	t.toolUpdate(id, "completed", nil)
 	return t.say(fmt.Sprintf("Wrote %d bytes to %s.", len(content), path))
@@ -407,11 +405,7 @@ func (t *turn) permission() error {
 	optionID, cancelled, err := t.askPermission(id, title, "execute")
 	switch {
 	case err != nil:
-		t.toolUpdate(id, "failed", nil)
-		if t.ctx.Err() != nil {
-			return t.ctx.Err()
-		}
-		return t.say(fmt.Sprintf("I could not ask for permission: %s", errorText(err)))
+		return t.toolFailed(id, "I could not ask for permission", err)
 	case cancelled:
 		t.toolUpdate(id, "failed", nil)
 		return errTurnCancelled
