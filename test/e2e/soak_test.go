@@ -174,8 +174,10 @@ limits: {messages_per_second: 1000, message_burst: 2000}
 		return b.String()
 	}
 
-	for i := 0; i < 3; i++ {
-		worker(fmt.Sprintf("streamer-%d", i), func(who string, rng *rand.Rand) error {
+	// sessionWorker runs turn over and over on one connection and session
+	// until the deadline, then checks the connection's accounting.
+	sessionWorker := func(who string, turn func(who string, k *soakConn, sid string, rng *rand.Rand, n int) error) {
+		worker(who, func(who string, rng *rand.Rand) error {
 			k, err := open(who)
 			if err != nil {
 				return err
@@ -186,217 +188,193 @@ limits: {messages_per_second: 1000, message_burst: 2000}
 				return err
 			}
 			for n := 0; time.Now().Before(deadline); n++ {
-				text := randomText(rng, who, n)
-				// Echo requests on the same connection, mid-stream.
-				echoes := map[int]string{}
-				id, err := k.req("session/prompt", textPrompt(sid, text))
-				if err != nil {
+				if err := turn(who, k, sid, rng, n); err != nil {
 					return err
-				}
-				stats.prompts.Add(1)
-				var got strings.Builder
-				checkEcho := func(m rpcMsg) error {
-					var eid int
-					_ = json.Unmarshal(m.ID, &eid)
-					var res struct {
-						Nonce string `json:"nonce"`
-					}
-					if nonce, ok := echoes[eid]; !ok || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
-						return fmt.Errorf("echo answer %.300s, want nonce %q", m.Raw, echoes[eid])
-					}
-					delete(echoes, eid)
-					return nil
-				}
-				m, err := k.waitFor(id, soakHandlers{
-					other: func(m rpcMsg) error {
-						s, isChunk, err := chunkText(m, sid)
-						if err != nil {
-							return err
-						}
-						if isChunk {
-							stats.chunks.Add(1)
-							got.WriteString(s)
-							if rng.IntN(4) == 0 {
-								nonce := fmt.Sprintf("%s/%d/%d", who, n, rng.Int())
-								eid, err := k.req("_demo/echo", map[string]string{"nonce": nonce})
-								if err != nil {
-									return err
-								}
-								echoes[eid] = nonce
-							}
-						}
-						return nil
-					},
-					onResponse: checkEcho,
-				})
-				if err != nil {
-					return err
-				}
-				if err := endTurn(m, "end_turn"); err != nil {
-					return err
-				}
-				if got.String() != "You said: "+text {
-					return fmt.Errorf("streamed %q, want %q", got.String(), "You said: "+text)
-				}
-				// Echoes sent near the end of the turn, answered in any order
-				// (the map's order is random, so each wait accepts the others).
-				for len(echoes) > 0 {
-					eid := slices.Min(slices.Collect(maps.Keys(echoes)))
-					nonce := echoes[eid]
-					m, err := k.waitFor(eid, soakHandlers{onResponse: checkEcho})
-					var res struct {
-						Nonce string `json:"nonce"`
-					}
-					if err != nil || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
-						return fmt.Errorf("echo %d: %v %.300s", eid, err, m.Raw)
-					}
-					delete(echoes, eid)
 				}
 			}
 			return k.finish()
 		})
 	}
 
-	worker("permission", func(who string, rng *rand.Rand) error {
-		k, err := open(who)
-		if err != nil {
-			return err
-		}
-		defer k.close()
-		sid, err := session(k)
-		if err != nil {
-			return err
-		}
-		for n := 0; time.Now().Before(deadline); n++ {
-			choice := []string{"allow", "reject"}[rng.IntN(2)]
-			path := filepath.Join(cwd, fmt.Sprintf("soak-%d.txt", n))
-			write := n%2 == 1
-			text := "permission please"
-			if write {
-				text = fmt.Sprintf("write %s soak content %d", path, n)
-			}
-			asked, wrote := 0, 0
-			got, m, err := prompt(k, sid, text, func(m rpcMsg) error {
-				switch m.Method {
-				case "session/request_permission":
-					asked++
-					return k.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": choice}})
-				case "fs/write_text_file":
-					wrote++
-					if m.param("path") != path || !strings.Contains(m.param("content"), fmt.Sprintf("soak content %d", n)) {
-						return fmt.Errorf("fs/write_text_file %.300s", m.Raw)
-					}
-					return k.respond(m.ID, map[string]any{})
-				}
-				return nil
-			}, nil)
-			if err != nil {
-				return err
-			}
-			if err := endTurn(m, "end_turn"); err != nil {
-				return err
-			}
-			var want string
-			switch {
-			case !write && choice == "allow":
-				want = "Permission granted (allow)."
-			case !write:
-				want = "Permission denied (reject)."
-			case choice == "allow":
-				want = "Wrote "
-			default:
-				want = "Permission denied."
-			}
-			if asked != 1 || !strings.Contains(got, want) || (write && choice == "allow") != (wrote == 1) {
-				return fmt.Errorf("%q answered %s: asked %d, wrote %d, reply %q (want %q)", text, choice, asked, wrote, got, want)
-			}
-		}
-		return k.finish()
-	})
-
-	worker("fs-reader", func(who string, rng *rand.Rand) error {
-		k, err := open(who)
-		if err != nil {
-			return err
-		}
-		defer k.close()
-		sid, err := session(k)
-		if err != nil {
-			return err
-		}
-		for n := 0; time.Now().Before(deadline); n++ {
-			path := filepath.Join(cwd, fmt.Sprintf("notes-%d.txt", n))
-			first := fmt.Sprintf("first line %d %x", n, rng.Uint64())
-			asked := 0
-			got, m, err := prompt(k, sid, "read "+path, func(m rpcMsg) error {
-				if m.Method != "fs/read_text_file" {
-					return nil
-				}
-				asked++
-				if m.param("path") != path || m.param("sessionId") != sid {
-					return fmt.Errorf("fs/read_text_file %.300s", m.Raw)
-				}
-				return k.respond(m.ID, map[string]string{"content": first + "\nsecond line\n"})
-			}, nil)
-			if err != nil {
-				return err
-			}
-			if err := endTurn(m, "end_turn"); err != nil {
-				return err
-			}
-			if asked != 1 || !strings.Contains(got, fmt.Sprintf("%q", first)) {
-				return fmt.Errorf("read %s: asked %d, reply %q", path, asked, got)
-			}
-		}
-		return k.finish()
-	})
-
-	worker("canceller", func(who string, rng *rand.Rand) error {
-		k, err := open(who)
-		if err != nil {
-			return err
-		}
-		defer k.close()
-		sid, err := session(k)
-		if err != nil {
-			return err
-		}
-		for n := 0; time.Now().Before(deadline); n++ {
-			id, err := k.req("session/prompt", textPrompt(sid, "slow please"))
+	for i := 0; i < 3; i++ {
+		sessionWorker(fmt.Sprintf("streamer-%d", i), func(who string, k *soakConn, sid string, rng *rand.Rand, n int) error {
+			text := randomText(rng, who, n)
+			// Echo requests on the same connection, mid-stream.
+			echoes := map[int]string{}
+			id, err := k.req("session/prompt", textPrompt(sid, text))
 			if err != nil {
 				return err
 			}
 			stats.prompts.Add(1)
-			after := 1 + rng.IntN(5)
-			viaRequestID := n%2 == 1
-			ticks := 0
-			m, err := k.waitFor(id, soakHandlers{other: func(m rpcMsg) error {
-				s, isChunk, err := chunkText(m, sid)
-				if err != nil || !isChunk {
-					return err
+			var got strings.Builder
+			checkEcho := func(m rpcMsg) error {
+				var eid int
+				_ = json.Unmarshal(m.ID, &eid)
+				var res struct {
+					Nonce string `json:"nonce"`
 				}
-				stats.chunks.Add(1)
-				ticks++
-				if want := fmt.Sprintf("tick %d ", ticks); s != want {
-					return fmt.Errorf("chunk %q, want %q: a tick was lost or reordered", s, want)
+				if nonce, ok := echoes[eid]; !ok || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
+					return fmt.Errorf("echo answer %.300s, want nonce %q", m.Raw, echoes[eid])
 				}
-				if ticks == after {
-					stats.cancels.Add(1)
-					if viaRequestID {
-						return k.notify("$/cancel_request", map[string]int{"requestId": id})
-					}
-					return k.notify("session/cancel", map[string]string{"sessionId": sid})
-				}
+				delete(echoes, eid)
 				return nil
-			}})
+			}
+			m, err := k.waitFor(id, soakHandlers{
+				other: func(m rpcMsg) error {
+					s, isChunk, err := chunkText(m, sid)
+					if err != nil {
+						return err
+					}
+					if isChunk {
+						stats.chunks.Add(1)
+						got.WriteString(s)
+						if rng.IntN(4) == 0 {
+							nonce := fmt.Sprintf("%s/%d/%d", who, n, rng.Int())
+							eid, err := k.req("_demo/echo", map[string]string{"nonce": nonce})
+							if err != nil {
+								return err
+							}
+							echoes[eid] = nonce
+						}
+					}
+					return nil
+				},
+				onResponse: checkEcho,
+			})
 			if err != nil {
 				return err
 			}
-			if err := endTurn(m, "cancelled"); err != nil {
+			if err := endTurn(m, "end_turn"); err != nil {
 				return err
 			}
+			if got.String() != "You said: "+text {
+				return fmt.Errorf("streamed %q, want %q", got.String(), "You said: "+text)
+			}
+			// Echoes sent near the end of the turn, answered in any order
+			// (the map's order is random, so each wait accepts the others).
+			for len(echoes) > 0 {
+				eid := slices.Min(slices.Collect(maps.Keys(echoes)))
+				nonce := echoes[eid]
+				m, err := k.waitFor(eid, soakHandlers{onResponse: checkEcho})
+				var res struct {
+					Nonce string `json:"nonce"`
+				}
+				if err != nil || m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Nonce != nonce {
+					return fmt.Errorf("echo %d: %v %.300s", eid, err, m.Raw)
+				}
+				delete(echoes, eid)
+			}
+			return nil
+		})
+	}
+
+	sessionWorker("permission", func(who string, k *soakConn, sid string, rng *rand.Rand, n int) error {
+		choice := []string{"allow", "reject"}[rng.IntN(2)]
+		path := filepath.Join(cwd, fmt.Sprintf("soak-%d.txt", n))
+		write := n%2 == 1
+		text := "permission please"
+		if write {
+			text = fmt.Sprintf("write %s soak content %d", path, n)
 		}
-		return k.finish()
+		asked, wrote := 0, 0
+		got, m, err := prompt(k, sid, text, func(m rpcMsg) error {
+			switch m.Method {
+			case "session/request_permission":
+				asked++
+				return k.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": choice}})
+			case "fs/write_text_file":
+				wrote++
+				if m.param("path") != path || !strings.Contains(m.param("content"), fmt.Sprintf("soak content %d", n)) {
+					return fmt.Errorf("fs/write_text_file %.300s", m.Raw)
+				}
+				return k.respond(m.ID, map[string]any{})
+			}
+			return nil
+		}, nil)
+		if err != nil {
+			return err
+		}
+		if err := endTurn(m, "end_turn"); err != nil {
+			return err
+		}
+		var want string
+		switch {
+		case !write && choice == "allow":
+			want = "Permission granted (allow)."
+		case !write:
+			want = "Permission denied (reject)."
+		case choice == "allow":
+			want = "Wrote "
+		default:
+			want = "Permission denied."
+		}
+		if asked != 1 || !strings.Contains(got, want) || (write && choice == "allow") != (wrote == 1) {
+			return fmt.Errorf("%q answered %s: asked %d, wrote %d, reply %q (want %q)", text, choice, asked, wrote, got, want)
+		}
+		return nil
+	})
+
+	sessionWorker("fs-reader", func(who string, k *soakConn, sid string, rng *rand.Rand, n int) error {
+		path := filepath.Join(cwd, fmt.Sprintf("notes-%d.txt", n))
+		first := fmt.Sprintf("first line %d %x", n, rng.Uint64())
+		asked := 0
+		got, m, err := prompt(k, sid, "read "+path, func(m rpcMsg) error {
+			if m.Method != "fs/read_text_file" {
+				return nil
+			}
+			asked++
+			if m.param("path") != path || m.param("sessionId") != sid {
+				return fmt.Errorf("fs/read_text_file %.300s", m.Raw)
+			}
+			return k.respond(m.ID, map[string]string{"content": first + "\nsecond line\n"})
+		}, nil)
+		if err != nil {
+			return err
+		}
+		if err := endTurn(m, "end_turn"); err != nil {
+			return err
+		}
+		if asked != 1 || !strings.Contains(got, fmt.Sprintf("%q", first)) {
+			return fmt.Errorf("read %s: asked %d, reply %q", path, asked, got)
+		}
+		return nil
+	})
+
+	sessionWorker("canceller", func(who string, k *soakConn, sid string, rng *rand.Rand, n int) error {
+		id, err := k.req("session/prompt", textPrompt(sid, "slow please"))
+		if err != nil {
+			return err
+		}
+		stats.prompts.Add(1)
+		after := 1 + rng.IntN(5)
+		viaRequestID := n%2 == 1
+		ticks := 0
+		m, err := k.waitFor(id, soakHandlers{other: func(m rpcMsg) error {
+			s, isChunk, err := chunkText(m, sid)
+			if err != nil || !isChunk {
+				return err
+			}
+			stats.chunks.Add(1)
+			ticks++
+			if want := fmt.Sprintf("tick %d ", ticks); s != want {
+				return fmt.Errorf("chunk %q, want %q: a tick was lost or reordered", s, want)
+			}
+			if ticks == after {
+				stats.cancels.Add(1)
+				if viaRequestID {
+					return k.notify("$/cancel_request", map[string]int{"requestId": id})
+				}
+				return k.notify("session/cancel", map[string]string{"sessionId": sid})
+			}
+			return nil
+		}})
+		if err != nil {
+			return err
+		}
+		if err := endTurn(m, "cancelled"); err != nil {
+			return err
+		}
+		return nil
 	})
 
 	worker("reconnector", func(who string, rng *rand.Rand) error {
