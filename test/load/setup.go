@@ -88,19 +88,8 @@ func wsSession(url string) (setupSample, error) {
 	stop := time.AfterFunc(60*time.Second, func() { t.Close() })
 	defer stop.Stop()
 	s.connect = time.Since(start)
-	c := &rpcClient{t: t}
-	t1 := time.Now()
-	if err := c.initialize(); err != nil {
-		return s, err
-	}
-	s.init = time.Since(t1)
-	t2 := time.Now()
-	if _, err := c.newSession(); err != nil {
-		return s, err
-	}
-	s.newSess = time.Since(t2)
-	s.total = time.Since(start)
-	return s, nil
+	err = timeSession(&rpcClient{t: t}, start, &s)
+	return s, err
 }
 
 func (h *harness) runSetup() (*setupResult, error) {
@@ -169,6 +158,24 @@ func (h *harness) runSetup() (*setupResult, error) {
 	return res, nil
 }
 
+// timeSession times initialize and session/new on a connected client and
+// fills s (start is when connecting began), so that every path is timed
+// the same way.
+func timeSession(c *rpcClient, start time.Time, s *setupSample) error {
+	t1 := time.Now()
+	if err := c.initialize(); err != nil {
+		return err
+	}
+	s.init = time.Since(t1)
+	t2 := time.Now()
+	if _, err := c.newSession(); err != nil {
+		return err
+	}
+	s.newSess = time.Since(t2)
+	s.total = time.Since(start)
+	return nil
+}
+
 func directCold(exe string) (setupSample, error) {
 	var s setupSample
 	start := time.Now()
@@ -180,19 +187,8 @@ func directCold(exe string) (setupSample, error) {
 	stop := time.AfterFunc(60*time.Second, func() { _ = a.cmd.Process.Kill() })
 	defer stop.Stop()
 	s.connect = time.Since(start)
-	c := &rpcClient{t: a}
-	t1 := time.Now()
-	if err := c.initialize(); err != nil {
-		return s, err
-	}
-	s.init = time.Since(t1)
-	t2 := time.Now()
-	if _, err := c.newSession(); err != nil {
-		return s, err
-	}
-	s.newSess = time.Since(t2)
-	s.total = time.Since(start)
-	return s, nil
+	err = timeSession(&rpcClient{t: a}, start, &s)
+	return s, err
 }
 
 func (r *setupResult) print(w io.Writer) {
