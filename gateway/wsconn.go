@@ -72,7 +72,7 @@ type wsConn struct {
 	handshakeAt, nextIdle, nextPing time.Time
 
 	msgsIn, msgsOut, bytesIn, bytesOut atomic.Int64
-	lastActive                         atomic.Int64 // unix nanos of the last message either way
+	lastRead                           atomic.Int64 // unix nanos of the last message read
 	lastWrite                          atomic.Int64 // unix nanos of the last message written
 }
 
@@ -215,7 +215,7 @@ func (c *wsConn) run() {
 	defer stopClose()
 	now := time.Now()
 	c.lastWrite.Store(now.UnixNano())
-	c.lastActive.Store(now.UnixNano())
+	c.lastRead.Store(now.UnixNano())
 	c.startTimer(now)
 	code, reason, label := c.readLoop()
 	c.cancel()
@@ -249,7 +249,7 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 		}
 		c.msgsIn.Add(1)
 		c.bytesIn.Add(int64(len(msg)))
-		c.lastActive.Store(time.Now().UnixNano())
+		c.lastRead.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
 			jsonrpc.PutBuffer(msg)
 			c.Send(jsonrpc.AppendError(nil, nil, jsonrpc.CodeInvalidRequest,
@@ -511,7 +511,6 @@ func (c *wsConn) writeBatch(batch [][]byte) error {
 		now := time.Now().UnixNano()
 		c.msgsOut.Add(1)
 		c.bytesOut.Add(int64(len(msg)))
-		c.lastActive.Store(now)
 		c.lastWrite.Store(now) // progress: the cork flushes as it fills
 		jsonrpc.PutBuffer(msg)
 		batch[i] = nil
@@ -573,7 +572,8 @@ func (c *wsConn) tick() {
 	if !c.nextIdle.IsZero() && !now.Before(c.nextIdle) {
 		idle := c.cfg.Timeouts.Idle.D()
 		c.nextIdle = now.Add(idleEvery(idle))
-		if since := time.Since(time.Unix(0, c.lastActive.Load())); since >= idle && !c.conn.Busy() {
+		lastActive := max(c.lastRead.Load(), c.lastWrite.Load()) // the last message either way
+		if since := time.Since(time.Unix(0, lastActive)); since >= idle && !c.conn.Busy() {
 			c.log.Info("idle; closing", "idle_for", since.Round(time.Second))
 			c.closeWith(websocket.StatusGoingAway, "idle timeout", "idle_timeout")
 			return
