@@ -168,6 +168,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edit) []jsonrpc.Edit {
 	var elems [][2]int
 	var hidden []bool
+	mapper := c.ten.mapper.Load() // one mapper for the whole list, even across a reload
 	for i, f := range m.Fields {
 		if f.Kind != jsonrpc.FieldElement {
 			continue
@@ -190,13 +191,15 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 		if sidField != nil {
 			sid, ok = m.String(*sidField)
 		}
-		mapper := c.ten.mapper.Load()
+		var clientCwd string // the cwd as the client sees it
 		if ok && mapper != nil {
 			cwd, isStr := "", false
 			if cwdField != nil {
 				cwd, isStr = m.String(*cwdField)
 			}
-			ok = isStr && c.ten.visible(cwd)
+			var inside bool
+			clientCwd, inside = mapper.ToClient(cwd)
+			ok = isStr && inside
 		}
 		elems = append(elems, [2]int{f.Start, f.End})
 		hidden = append(hidden, !ok)
@@ -206,7 +209,8 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
 			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
 		if mapper != nil {
-			for _, pf := range append(dirs, *cwdField) {
+			edits = append(edits, jsonrpc.Edit{Start: cwdField.Start, End: cwdField.End, Repl: jsonrpc.AppendQuote(nil, clientCwd)})
+			for _, pf := range dirs {
 				v, _ := m.String(pf)
 				mapped, _ := mapper.ToClient(v) // redacted if outside
 				edits = append(edits, jsonrpc.Edit{Start: pf.Start, End: pf.End, Repl: jsonrpc.AppendQuote(nil, mapped)})

@@ -272,14 +272,3 @@ func jsonPlain(s string) bool {
 	}
 	return true
 }
-
-// visible reports whether a host path is inside the tenant's root (always
-// true without mapping).
-func (t *tenant) visible(hostPath string) bool {
-	mapper := t.mapper.Load()
-	if mapper == nil {
-		return true
-	}
-	_, ok := mapper.ToClient(hostPath)
-	return ok
-}
