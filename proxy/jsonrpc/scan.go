@@ -131,7 +131,8 @@ type Scanner struct {
 	dec    jsontext.Decoder
 	stack  []int  // parent field indexes while walking
 	method []byte // unquoted method name
-	name   []byte // unquoted member name, when it has escapes
+	name   []byte // unquoted envelope member name, when it has escapes
+	member []byte // the same for payload members (walk)
 
 	// Eliding long strings (see elide.go).
 	orig       []byte // the message, while scanning its shadow; else nil
@@ -235,12 +236,9 @@ func (s *Scanner) scan(raw []byte, m *Message, resolve Resolver) error {
 			return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
 		}
 		// Compare names unescaped: "\u0070arams" is "params" to every peer.
-		name := quoted[1 : len(quoted)-1]
-		if bytes.IndexByte(name, '\\') >= 0 {
-			if s.name, err = jsontext.AppendUnquote(s.name[:0], quoted); err != nil {
-				return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
-			}
-			name = s.name
+		name, err := unquoteName(&s.name, quoted)
+		if err != nil {
+			return &ScanError{Class: ErrParse, Err: err, ID: m.ID}
 		}
 		switch string(name) {
 		case "jsonrpc":
@@ -417,11 +415,15 @@ func (s *Scanner) walk(m *Message, spec *Spec, parent int) error {
 			m.Fields[self].Start = int(d.InputOffset()) - 1
 		}
 		for d.PeekKind() == '"' {
-			name, err := d.ReadValue()
+			quoted, err := d.ReadValue()
 			if err != nil {
 				return err
 			}
-			sub := lookupMember(spec.Fields, name)
+			name, err := unquoteName(&s.member, quoted) // Spec names are plain
+			if err != nil {
+				return err
+			}
+			sub := spec.Fields[string(name)]
 			if sub == nil {
 				if err := checkCaseTwin(spec.Fields, name); err != nil {
 					return err
@@ -485,15 +487,7 @@ func caseTwin(name []byte, names ...string) (string, bool) {
 	return "", false
 }
 
-func checkCaseTwin(fields map[string]*Spec, quoted jsontext.Value) error {
-	name := quoted[1 : len(quoted)-1]
-	if bytes.IndexByte(name, '\\') >= 0 {
-		u, err := jsontext.AppendUnquote(nil, quoted)
-		if err != nil {
-			return err
-		}
-		name = u
-	}
+func checkCaseTwin(fields map[string]*Spec, name []byte) error {
 	for n := range fields {
 		if twin, ok := caseTwin(name, n); ok {
 			return caseTwinError(name, twin)
@@ -506,18 +500,16 @@ func caseTwinError(name []byte, twin string) error {
 	return fmt.Errorf("member name %q differs from %q only in case; some peers read them as one", name, twin)
 }
 
-// lookupMember finds a member name in a spec. Names in a Spec are plain
-// (escape-free) strings; a quoted name that needs unescaping is decoded.
-func lookupMember(fields map[string]*Spec, quoted jsontext.Value) *Spec {
-	inner := quoted[1 : len(quoted)-1]
-	if bytes.IndexByte(inner, '\\') < 0 {
-		return fields[string(inner)]
+// unquoteName returns a member name unescaped: the bytes inside quoted
+// when it has no escapes, else its unquoted text, in *buf.
+func unquoteName(buf *[]byte, quoted jsontext.Value) ([]byte, error) {
+	name := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(name, '\\') < 0 {
+		return name, nil
 	}
-	name, err := jsontext.AppendUnquote(nil, quoted)
-	if err != nil {
-		return nil
-	}
-	return fields[string(name)]
+	var err error
+	*buf, err = jsontext.AppendUnquote((*buf)[:0], quoted)
+	return *buf, err
 }
 
 // String returns the unquoted text of a located string field, or ok=false
