@@ -571,11 +571,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 		}
 		return
 	}
-	in.proc.mu.Lock()
-	if in.proc.inbound[string(in.agentID)] == in {
-		delete(in.proc.inbound, string(in.agentID))
-	}
-	in.proc.mu.Unlock()
+	in.forget()
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.relay.metrics.message(dirClientToAgent, in.method, len(out))
 	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
@@ -660,6 +656,16 @@ func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64
 	return in.connID, nil
 }
 
+// forget removes in from its process's table of requests to the client,
+// unless another request has taken its id since.
+func (in *inReq) forget() {
+	in.proc.mu.Lock()
+	if in.proc.inbound[string(in.agentID)] == in {
+		delete(in.proc.inbound, string(in.agentID))
+	}
+	in.proc.mu.Unlock()
+}
+
 var (
 	errDuplicateAgentID = errors.New("request id is already in flight")
 	errClientGone       = errors.New("the client has disconnected")
@@ -718,11 +724,7 @@ func (c *Conn) Close() {
 	c.cancel()
 
 	for _, in := range agentReqs {
-		in.proc.mu.Lock()
-		if in.proc.inbound[string(in.agentID)] == in {
-			delete(in.proc.inbound, string(in.agentID))
-		}
-		in.proc.mu.Unlock()
+		in.forget()
 		in.proc.answerForClient(in.agentID, in.method, "the client disconnected")
 		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 	}
