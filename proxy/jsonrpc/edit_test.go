@@ -142,6 +142,14 @@ func TestSortEdits(t *testing.T) {
 func sessionList(t *testing.T, arr string) ([]byte, []Field) {
 	t.Helper()
 	raw := []byte(`{"jsonrpc":"2.0","id":1,"result":{"sessions":` + arr + `}}`)
+	_, elems := scanElements(t, raw)
+	return raw, elems
+}
+
+// scanElements scans raw and returns the message and the array elements the
+// scanner located.
+func scanElements(t *testing.T, raw []byte) (*Message, []Field) {
+	t.Helper()
 	var s Scanner
 	var m Message
 	if err := s.Scan(raw, &m, testResolve); err != nil {
@@ -153,7 +161,7 @@ func sessionList(t *testing.T, arr string) ([]byte, []Field) {
 			elems = append(elems, f)
 		}
 	}
-	return raw, elems
+	return &m, elems
 }
 
 func decodeSessions(t *testing.T, out []byte) []any {

@@ -700,17 +700,7 @@ func FuzzSplice(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		arr, vals, mask := buildArray(data)
 		raw := []byte(`{"jsonrpc":"2.0","id":1,"result":{"sessions":` + arr + `,"nextCursor":null}}`)
-		var s Scanner
-		var m Message
-		if err := s.Scan(raw, &m, testResolve); err != nil {
-			t.Fatalf("scan %s: %v", raw, err)
-		}
-		var elems []Field
-		for _, f := range m.Fields {
-			if f.Kind == FieldElement {
-				elems = append(elems, f)
-			}
-		}
+		m, elems := scanElements(t, raw)
 		if len(elems) != len(vals) {
 			t.Fatalf("located %d elements in %s, want %d", len(elems), raw, len(vals))
 		}
