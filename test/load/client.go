@@ -68,6 +68,26 @@ func (t *wsTransport) Recv() ([]byte, error) {
 
 func (t *wsTransport) Close() error { return t.c.CloseNow() }
 
+// startPiped starts argv with pipes to its stdin and from its stdout, and
+// its stderr to stderr; it is killed if this process dies.
+func startPiped(argv []string, stderr io.Writer) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, in, out, nil
+}
+
 // stdioTransport runs an agent and talks to it over its stdin and stdout.
 type stdioTransport struct {
 	cmd  *exec.Cmd
@@ -78,18 +98,8 @@ type stdioTransport struct {
 }
 
 func startStdio(argv []string) (*stdioTransport, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	in, err := cmd.StdinPipe()
+	cmd, in, out, err := startPiped(argv, os.Stderr)
 	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	t := &stdioTransport{cmd: cmd, in: in, w: bufio.NewWriterSize(in, 64<<10), r: newLineReader(out, 64<<20), done: make(chan struct{})}

@@ -179,19 +179,9 @@ type child struct {
 // startChild runs the harness binary with args as a child (killed with
 // the harness).
 func (h *harness) startChild(args ...string) (*child, error) {
-	cmd := exec.Command(h.exe, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	errb := &lockedBuffer{}
-	cmd.Stderr = errb
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, stdout, err := startPiped(append([]string{h.exe}, args...), errb)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	trackChild(cmd)
