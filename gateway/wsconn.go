@@ -563,7 +563,7 @@ func (c *wsConn) tick() {
 	now := time.Now()
 	if !c.handshakeAt.IsZero() && !now.Before(c.handshakeAt) {
 		c.handshakeAt = time.Time{}
-		if !c.conn.Initialized() {
+		if !c.conn.HandshakeDone() {
 			c.log.Info("no initialize in time; closing", "handshake_timeout", c.cfg.Timeouts.Handshake.D())
 			c.closeWith(websocket.StatusPolicyViolation, "no initialize within the handshake timeout", "handshake_timeout")
 			return

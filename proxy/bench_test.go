@@ -23,7 +23,7 @@ func benchRoute(b *testing.B, textLen int) {
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
 	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
-	p.addSession(c, agentSID)
+	p.addSession(c, agentSID, "")
 	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + agentSID +
 		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` +
 		strings.Repeat("lorem ipsum ", textLen/12) + `"}}}}`)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -53,10 +54,12 @@ type Conn struct {
 	limiter *rate.Limiter // the connection's message rate; nil = none
 	logLim  *logLimiter   // bounds what one client can make the gateway log
 
+	initArrived atomic.Bool // a valid initialize came (see HandshakeDone)
+
 	mu          sync.Mutex
 	initialized bool
 	closed      bool
-	prof        Profile
+	prof        Profile          // what the client offered, within what the deployment allows
 	caps        policy.AgentCaps // what the agent advertised
 	home        *agentProc
 	sessions    map[string]*Session // by gateway session ID
@@ -206,39 +209,54 @@ func (c *Conn) Busy() bool {
 	return len(c.clientReqs) > 0 || len(c.agentReqs) > 0
 }
 
+// handleInitialize answers the client's initialize from the agent's cached
+// answer, at once. Only before any agent process has ever initialized (a
+// cold pool) does it wait for one, up to pool.acquire_timeout; the
+// handshake timeout does not run meanwhile (HandshakeDone).
 func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	prof, err := c.relay.profileFor(c, m.Payload)
 	if err != nil {
 		c.replyError(m.ID, jsonrpc.CodeInvalidParams, "initialize: "+err.Error(), nil)
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
-	defer cancel()
-	p, err := c.relay.pool.acquire(ctx, prof, false)
-	if err != nil {
-		c.log.Warn("initialize: no agent", "err", err)
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
-		return
+	c.initArrived.Store(true)
+	var home *agentProc
+	init, ok := c.relay.pool.cachedInit(prof)
+	if !ok {
+		ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+		home, err = c.relay.pool.acquire(ctx, prof, false)
+		cancel()
+		if err != nil {
+			c.initArrived.Store(false)
+			c.log.Warn("initialize: no agent", "err", err)
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
+			return
+		}
+		init = home.init
 	}
+	result, err := policy.FilterInitialize(init.result, *c.ten.policy())
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || err != nil {
 		c.mu.Unlock()
-		p.releaseHome()
+		if home != nil {
+			home.releaseHome()
+		}
+		if err != nil {
+			c.log.Error("the agent's initialize result cannot be filtered; refusing", "err", err)
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
+		}
 		return
 	}
-	result, err := c.relay.initResult(p, c)
-	if err != nil {
-		c.mu.Unlock()
-		p.releaseHome()
-		c.log.Error("the agent's initialize result cannot be filtered; refusing", "err", err)
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
-		return
-	}
-	c.initialized, c.prof, c.home, c.caps = true, prof, p, p.init.caps
+	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.caps
 	c.mu.Unlock()
-	c.log.Debug("initialized", "protocol_version", p.init.version, "agent", p.String())
+	c.log.Debug("initialized", "protocol_version", init.version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }
+
+// HandshakeDone reports whether the client has sent a valid initialize
+// (answered or still waiting for a first agent process): the handshake
+// timeout no longer applies.
+func (c *Conn) HandshakeDone() bool { return c.initArrived.Load() }
 
 // handleCall routes a client request or notification to an agent process.
 func (c *Conn) handleCall(m *jsonrpc.Message) {
@@ -327,7 +345,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				reserve = err == nil
 			}
 			if err == nil && isReq && !live {
-				attach = p.addSession(c, agentSID)
+				attach = p.addSession(c, agentSID, sessionCwd(m))
 				c.attach(attach)
 			}
 		case !live && m.Method == mSessionDelete:
@@ -396,6 +414,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			method:   m.Method,
 			sess:     sess,
 			attach:   attach,
+			cwd:      createdCwd(m),
 			reserved: reserve,
 			start:    time.Now(),
 		}
@@ -438,6 +457,26 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
 		}
 	}
+}
+
+// sessionCwd is the cwd a session/new, load, resume or fork asks for, as
+// the client sent it ("" if none).
+func sessionCwd(m *jsonrpc.Message) string {
+	for _, f := range m.Fields {
+		if f.Kind == jsonrpc.FieldPath && f.Label == "cwd" {
+			v, _ := m.String(f)
+			return v
+		}
+	}
+	return ""
+}
+
+// createdCwd is sessionCwd for a request that creates a session.
+func createdCwd(m *jsonrpc.Message) string {
+	if !createsSession(m.Method) {
+		return ""
+	}
+	return sessionCwd(m)
 }
 
 // checkPolicy enforces the tenant's capability policy on a client message:
@@ -587,7 +626,7 @@ func (c *Conn) homeProc(ctx context.Context) (*agentProc, error) {
 	c.mu.Lock()
 	home, prof := c.home, c.prof
 	c.mu.Unlock()
-	if home != nil && home.alive() {
+	if home != nil && home.alive() && !home.isRetiring() {
 		return home, nil
 	}
 	p, err := c.relay.pool.acquire(ctx, prof, false)
@@ -647,7 +686,7 @@ func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64
 		return 0, errClientGone
 	}
 	c.nextID++
-	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method}
+	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method, start: time.Now()}
 	c.agentReqs[in.connID] = in
 	c.mu.Unlock()
 	p.mu.Lock()
@@ -725,7 +764,7 @@ func (c *Conn) Close() {
 
 	for _, in := range agentReqs {
 		in.forget()
-		in.proc.answerForClient(in.agentID, in.method, "the client disconnected")
+		in.proc.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, "the client disconnected")
 		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 	}
 	prompting := make(map[*Session]bool)

@@ -75,7 +75,6 @@ func TestAgentReaderNeverBlocksOnAFullAgent(t *testing.T) {
 		MaxProcesses:    1,
 		AcquireTimeout:  5 * time.Second,
 		MaxMessageBytes: 1 << 20,
-		DefaultProfile:  Profile{Version: 1, FsRead: true, FsWrite: true},
 	}, ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}}}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

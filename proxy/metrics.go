@@ -22,6 +22,8 @@ type Metrics struct {
 	RequestDuration     *prometheus.HistogramVec
 	FirstUpdate         prometheus.Histogram
 	Spawns              prometheus.Counter
+	Recycled            *prometheus.CounterVec // reason: sessions, age
+	FsServed            *prometheus.CounterVec // method, result
 	Exits               *prometheus.CounterVec // reason
 	SpawnDuration       prometheus.Histogram
 	InitializeDuration  prometheus.Histogram
@@ -64,6 +66,12 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		Spawns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "acpgate_agent_spawns_total", Help: "Agent processes started.",
 		}),
+		Recycled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_agent_recycled_total", Help: "Agent processes retired by the pool's recycling limits, by reason: sessions (pool.recycle_after_sessions) or age (pool.recycle_after). A retired process takes no new sessions and stops when its last one ends.",
+		}, []string{"reason"}),
+		FsServed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_fs_standin_total", Help: "Agent fs/read_text_file and fs/write_text_file requests the gateway served itself from the tenant root, for a client that did not offer file access, by method and result (ok, error).",
+		}, []string{"method", "result"}),
 		Exits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_exits_total", Help: "Agent processes that ended, by reason: stopped (by the gateway), exited (on their own, status 0), failed (non-zero status), killed (signal), init_failed.",
 		}, []string{"reason"}),
@@ -83,14 +91,14 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 			Name: "acpgate_policy_denials_total", Help: "Requests refused by the capability policy or tenant rules, by reason.",
 		}, []string{"tenant", "reason"}),
 		AgentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id).",
+			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id, request_timeout: the agent did not answer in time, client_timeout: the client did not answer an agent request within timeouts.client_request).",
 		}, []string{"kind"}),
 		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state.", []string{"state"}, nil),
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", nil, nil),
 	}
 	reg.MustRegister(m.SessionsActive, m.SessionsTotal, m.Messages, m.MessageBytes, m.RequestDuration,
-		m.FirstUpdate, m.Spawns, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
+		m.FirstUpdate, m.Spawns, m.Recycled, m.FsServed, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
 		m.AgentProtocolErrors, m)
 	return m
 }

@@ -21,9 +21,15 @@ type PoolConfig struct {
 	MaxMessageBytes       int           // stdio line limit
 	AcquireTimeout        time.Duration // how long a request waits for a process
 	IdleTimeout           time.Duration // an idle process beyond MinIdle is stopped after this
-	// DefaultProfile is what pre-warmed processes are initialized with: the
-	// client capabilities most clients bring.
-	DefaultProfile Profile
+	// RecycleAfterSessions and RecycleAfter retire a process once it has
+	// served that many sessions, or has run that long (0 = never): it takes
+	// no new sessions and stops once its last one has ended.
+	RecycleAfterSessions int
+	RecycleAfter         time.Duration
+	// ClientRequestTimeout bounds how long an agent→client request (a
+	// permission, fs, elicitation) waits for the client; then the gateway
+	// answers it in the client's place. 0 = no limit.
+	ClientRequestTimeout time.Duration
 	// ClientInfo is the name and version the gateway gives agents.
 	ClientName, ClientVersion string
 	// RequestTimeout and PromptTimeout bound how long a client request
@@ -31,8 +37,9 @@ type PoolConfig struct {
 	// cancels the turn, for a prompt). 0 = no limit.
 	RequestTimeout, PromptTimeout time.Duration
 
-	mapPaths bool     // some tenant maps paths: locate path fields in agent output
-	metrics  *Metrics // never nil once the pool runs
+	mapPaths   bool     // some tenant maps paths: locate path fields in agent output
+	fileAccess *[2]bool // what processes are told of fs read, write; nil = both
+	metrics    *Metrics // never nil once the pool runs
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -63,14 +70,13 @@ func (c *PoolConfig) setDefaults() {
 	if c.ClientName == "" {
 		c.ClientName = "acpgate"
 	}
-	if c.DefaultProfile.Version == 0 {
-		c.DefaultProfile.Version = 1
-	}
 }
 
-// Pool owns the agent processes. Processes are grouped by Profile: a client
-// is only served by processes initialized with client capabilities it has
-// itself, so an agent never asks a client for something it did not offer.
+// Pool owns the agent processes. Every process is told file access as far
+// as the policies allow (the gateway stands in for a client without it), so
+// one process serves any client of its tenant; only what the gateway cannot
+// stand in for (terminal, the draft elicitation and auth capabilities) and
+// the protocol version set processes apart (Profile.serves).
 type Pool struct {
 	cfg PoolConfig
 	log *slog.Logger
@@ -90,6 +96,13 @@ type Pool struct {
 	retryAt time.Time     // no new start before this, after failures
 	lastErr error
 	everOK  bool
+	waiters int // acquirers waiting for capacity: no warming meanwhile
+	// fsRead and fsWrite are what new processes are told about file access:
+	// as far as any tenant's policy allows (SetFileAccess).
+	fsRead, fsWrite bool
+	// inits caches the newest initialize answer per kind told (tenant
+	// cleared), so that a client's initialize is answered at once.
+	inits map[Profile]agentInit
 }
 
 // NewPool starts a pool and its maintainer, which pre-warms MinIdle
@@ -100,7 +113,11 @@ func NewPool(cfg PoolConfig, log *slog.Logger) *Pool {
 		cfg.metrics = nopMetrics()
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	p := &Pool{cfg: cfg, log: log, ctx: ctx, stop: stop, kick: make(chan struct{}, 1), notify: make(chan struct{})}
+	p := &Pool{cfg: cfg, log: log, ctx: ctx, stop: stop, kick: make(chan struct{}, 1), notify: make(chan struct{}),
+		fsRead: true, fsWrite: true, inits: map[Profile]agentInit{}}
+	if fa := cfg.fileAccess; fa != nil {
+		p.fsRead, p.fsWrite = fa[0], fa[1]
+	}
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); p.maintain() }()
 	return p
@@ -134,40 +151,110 @@ func (e *poolBusyError) Error() string {
 	return fmt.Sprintf("no agent process free within %s (%d processes of at most %d, %d sessions each)", e.wait, e.procs, e.max, e.perProc)
 }
 
-// acquire returns a ready process of the profile. With forSession it also
-// reserves a session slot, packing sessions onto the busiest process that
-// has room so that idle processes stay idle (and warm). Without, the
-// process becomes one more connection's home.
+// SetFileAccess sets what processes started from now on are told about
+// file access: read and write as far as any tenant's policy allows them.
+// Processes already running keep what they were told; the gateway stands
+// in either way.
+func (p *Pool) SetFileAccess(read, write bool) {
+	p.mu.Lock()
+	p.fsRead, p.fsWrite = read, write
+	p.mu.Unlock()
+}
+
+// baseLocked is what warm processes are told: protocol v1, file access,
+// nothing the gateway cannot stand in for, no tenant yet. Any v1 client can
+// use such a process.
+func (p *Pool) baseLocked() Profile {
+	return Profile{Version: 1, FsRead: p.fsRead, FsWrite: p.fsWrite}
+}
+
+// cachedInit returns the newest initialize answer of a process told the
+// client's kind, or else of any kind that serves it.
+func (p *Pool) cachedInit(prof Profile) (agentInit, bool) {
+	k := prof.kind()
+	k.Tenant = ""
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if in, ok := p.inits[k]; ok {
+		return in, true
+	}
+	for told, in := range p.inits {
+		if told.serves(k) {
+			return in, true
+		}
+	}
+	return agentInit{}, false
+}
+
+// acquire returns a ready process that serves a client of profile prof.
+// With forSession it also reserves a session slot, packing sessions onto
+// the busiest process that has room so that idle processes stay idle (and
+// warm). Without, the process becomes one more connection's home.
+//
+// A process told exactly the client's kind is preferred: a ready one, else
+// one starting, else a new one (an unused process told another kind is
+// stopped to make room). When none can be had, any ready process that
+// serves the client is taken. A client never waits on a process it
+// cannot use, and retiring processes take nothing new.
 func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*agentProc, error) {
+	want := prof.kind()
 	start := time.Now()
-	defer func() { p.cfg.metrics.PoolWait.Observe(since(start)) }()
+	waiting := false
+	defer func() {
+		if waiting {
+			p.mu.Lock()
+			p.waiters--
+			p.mu.Unlock()
+		}
+		p.cfg.metrics.PoolWait.Observe(since(start))
+	}()
 	for {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			return nil, errPoolClosed
 		}
-		var best, starting *agentProc
+		var exact, other, starting *agentProc
+		exactLoad, otherLoad := -1, -1
 		for _, a := range p.procs {
-			if a.prof != prof && !a.claimableBy(prof) {
+			claim := a.claimableBy(want)
+			if !claim && !a.prof.serves(want) {
 				continue
 			}
+			k := a.prof.kind()
+			if claim {
+				k.Tenant = want.Tenant
+			}
 			a.mu.Lock()
-			st, load := a.state, len(a.sessions)+a.reserved
+			st, load, retiring := a.state, len(a.sessions)+a.reserved, a.retiring
 			a.mu.Unlock()
+			room := load < p.cfg.MaxSessionsPerProcess
 			switch {
-			case st == procStarting && load < p.cfg.MaxSessionsPerProcess:
+			case retiring:
+			case st == procStarting && k == want && room:
 				starting = a
-			case st != procReady:
-			case forSession && load >= p.cfg.MaxSessionsPerProcess:
-			case best == nil || load > best.load():
-				best = a
+			case st != procReady || forSession && !room:
+			case k == want && load > exactLoad:
+				exact, exactLoad = a, load
+			case k != want && load > otherLoad:
+				other, otherLoad = a, load
+			}
+		}
+		best := exact
+		if best == nil && starting == nil {
+			progress, err := p.spawnLocked(want)
+			switch {
+			case !progress && other != nil:
+				best = other
+			case err != nil:
+				p.mu.Unlock()
+				return nil, err
 			}
 		}
 		if best != nil {
-			if best.prof != prof { // a fresh warm process, now the tenant's
-				best.prof = prof
-				best.log.Info("agent process assigned to tenant", "tenant", prof.Tenant)
+			if best.prof.Tenant != want.Tenant { // a fresh warm process, now the tenant's
+				best.prof.Tenant = want.Tenant
+				best.log.Info("agent process assigned to tenant", "tenant", want.Tenant)
 			}
 			best.claimed = true
 			best.mu.Lock()
@@ -180,48 +267,51 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 			p.mu.Unlock()
 			return best, nil
 		}
-		if starting == nil {
-			if err := p.spawnLocked(prof); err != nil {
-				p.mu.Unlock()
-				return nil, err
-			}
+		if !waiting {
+			waiting = true
+			p.waiters++
 		}
 		wait := p.notify
 		p.mu.Unlock()
+		recheck := time.NewTimer(time.Second) // in case a change went unannounced
 		select {
 		case <-wait:
+		case <-recheck.C:
 		case <-ctx.Done():
+			recheck.Stop()
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return nil, &poolBusyError{wait: p.cfg.AcquireTimeout, procs: p.count(), max: p.cfg.MaxProcesses, perProc: p.cfg.MaxSessionsPerProcess}
 			}
 			return nil, ctx.Err()
 		}
+		recheck.Stop()
 	}
 }
 
-// profile returns the process's profile.
+// profile returns what the process was told.
 func (a *agentProc) profile() Profile {
 	a.pool.mu.Lock()
 	defer a.pool.mu.Unlock()
 	return a.prof
 }
 
-// claimableBy reports whether a is a warm process no one has used yet whose
-// profile differs from prof only by tenant: it may become the tenant's.
+// claimableBy reports whether a is a warm process no one has used yet that
+// would serve a client of kind want once it is the client's tenant's.
 // Called with the pool locked.
-func (a *agentProc) claimableBy(prof Profile) bool {
-	if a.claimed || a.prof.Tenant != "" || prof.Tenant == "" {
+func (a *agentProc) claimableBy(want Profile) bool {
+	if a.claimed || a.prof.Tenant != "" || want.Tenant == "" {
 		return false
 	}
 	q := a.prof
-	q.Tenant = prof.Tenant
-	return q == prof
+	q.Tenant = want.Tenant
+	return q.serves(want)
 }
 
-func (a *agentProc) load() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.sessions) + a.reserved
+// unusedLocked reports whether a is ready and carries nothing: no session,
+// no reserved slot, no request either way. A connection may still call it
+// home; it acquires another when this one is gone. Called with a.mu held.
+func (a *agentProc) unusedLocked() bool {
+	return a.state == procReady && len(a.sessions) == 0 && a.reserved == 0 && len(a.pending) == 0 && len(a.inbound) == 0
 }
 
 func (p *Pool) count() int {
@@ -230,32 +320,37 @@ func (p *Pool) count() int {
 	return len(p.procs)
 }
 
-// spawnLocked starts one more process of the profile if the pool has room
-// and is not backing off after failures. With no room it returns nil: the
-// caller waits for capacity.
-func (p *Pool) spawnLocked(prof Profile) error {
+// spawnLocked starts one more process told kind want (and file access) if
+// the pool has room and is not backing off after failures. A full pool
+// makes room by stopping an unused process told another kind, or one that
+// is retiring. progress reports whether either happened; without it
+// the caller waits for capacity or uses what it has.
+func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 	if now := time.Now(); now.Before(p.retryAt) {
-		return fmt.Errorf("%w (%v); next try in %s", errAgentFailing, p.lastErr, p.retryAt.Sub(now).Round(time.Millisecond))
+		return false, fmt.Errorf("%w (%v); next try in %s", errAgentFailing, p.lastErr, p.retryAt.Sub(now).Round(time.Millisecond))
 	}
 	if len(p.procs) >= p.cfg.MaxProcesses {
-		// Make room: stop an idle process of another profile.
-		victim := p.idleVictimLocked(prof)
+		victim := p.victimLocked(want)
 		if victim == nil {
-			return nil
+			return false, nil
 		}
+		victim.log.Info("stopping an unused agent process to make room", "for_tenant", want.Tenant)
 		victim.stop(p.cfg.Agent.StopGrace)
-		return nil
+		return true, nil
 	}
+	told := want
+	told.FsRead, told.FsWrite = p.fsRead, p.fsWrite
 	p.nextID++
 	a := &agentProc{
 		pool:     p,
 		id:       p.nextID,
-		prof:     prof,
+		prof:     told,
 		log:      p.log.With("agent", p.nextID),
 		writeQ:   make(chan []byte, 256),
 		exited:   make(chan struct{}),
 		stopCh:   make(chan struct{}),
 		ctrlWake: make(chan struct{}, 1),
+		fsSlots:  make(chan struct{}, maxFsStandIn),
 		pending:  map[int64]*outReq{},
 		inbound:  map[string]*inReq{},
 		sessions: map[string]*Session{},
@@ -263,21 +358,30 @@ func (p *Pool) spawnLocked(prof Profile) error {
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); p.bringUp(a) }()
-	return nil
+	return true, nil
 }
 
-// idleVictimLocked picks an idle ready process whose profile differs from
-// prof, to stop when the pool is full.
-func (p *Pool) idleVictimLocked(prof Profile) *agentProc {
+// victimLocked picks an unused process to stop when the pool is full: a
+// retiring one first, else one told another kind than want.
+func (p *Pool) victimLocked(want Profile) *agentProc {
+	var victim *agentProc
 	for _, a := range p.procs {
 		a.mu.Lock()
-		idle := a.state == procReady && len(a.sessions) == 0 && a.reserved == 0 && a.conns == 0
+		unused, retiring := a.unusedLocked(), a.retiring
 		a.mu.Unlock()
-		if idle && a.prof != prof {
+		k := a.prof.kind()
+		if a.claimableBy(want) {
+			k.Tenant = want.Tenant
+		}
+		switch {
+		case !unused:
+		case retiring:
 			return a
+		case victim == nil && k != want:
+			victim = a
 		}
 	}
-	return nil
+	return victim
 }
 
 // bringUp starts a process and initializes it; on failure the pool backs off.
@@ -313,6 +417,9 @@ func (p *Pool) bringUp(a *agentProc) {
 	} else {
 		p.fails, p.lastErr, p.everOK = 0, nil, true
 		p.retryAt = time.Time{}
+		k := a.prof.kind()
+		k.Tenant = ""
+		p.inits[k] = a.init
 	}
 	p.mu.Unlock()
 	if err != nil {
@@ -321,6 +428,7 @@ func (p *Pool) bringUp(a *agentProc) {
 		a.mu.Lock()
 		if a.state == procStarting {
 			a.state = procReady
+			a.readyAt = time.Now()
 		}
 		a.mu.Unlock()
 		a.log.Info("agent ready", "protocol_version", a.init.version, "took", time.Since(start).Round(time.Millisecond))
@@ -329,12 +437,14 @@ func (p *Pool) bringUp(a *agentProc) {
 }
 
 // placeSession finds the process for a session/load or session/resume: the
-// one that still serves the session if there is one, otherwise any process
-// with room, with a slot reserved.
+// one that still serves the session if there is one (even a retiring one:
+// the session is already there), otherwise any process with room, with a
+// slot reserved.
 func (p *Pool) placeSession(ctx context.Context, prof Profile, agentSID string) (*agentProc, error) {
+	want := prof.kind()
 	p.mu.Lock()
 	for _, a := range p.procs {
-		if a.prof != prof { // a session's process already serves its tenant
+		if !a.prof.serves(want) { // a session's process already serves its tenant
 			continue
 		}
 		a.mu.Lock()
@@ -349,6 +459,30 @@ func (p *Pool) placeSession(ctx context.Context, prof Profile, agentSID string) 
 	}
 	p.mu.Unlock()
 	return p.acquire(ctx, prof, true)
+}
+
+// retire marks a as taking no new sessions, for reason ("sessions" or
+// "age"). The maintainer stops it once it is unused and warms a
+// replacement.
+func (a *agentProc) retire(reason string) {
+	a.mu.Lock()
+	already := a.retiring || a.state != procReady
+	a.retiring = true
+	served := a.served
+	a.mu.Unlock()
+	if already {
+		return
+	}
+	a.pool.cfg.metrics.Recycled.WithLabelValues(reason).Inc()
+	a.log.Info("agent process retiring: it takes no new sessions and stops when its last one ends",
+		"reason", reason, "sessions_served", served)
+	a.pool.changed()
+}
+
+func (a *agentProc) isRetiring() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.retiring
 }
 
 // removed forgets a process that has exited.
@@ -368,55 +502,26 @@ func (p *Pool) removeLocked(a *agentProc) {
 	}
 }
 
-// maintain keeps MinIdle processes of the default profile warm and stops
-// idle processes beyond that after IdleTimeout.
+// maintain keeps MinIdle warm processes of the base profile (any client
+// can use one), stops idle processes beyond that after IdleTimeout, retires
+// processes past their age, stops retiring processes once unused, and
+// expires requests nobody answered in time.
 func (p *Pool) maintain() {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		p.mu.Lock()
 		if !p.closed {
-			idle := 0
-			now := time.Now()
-			var reap []*agentProc
-			for _, a := range p.procs {
-				a.mu.Lock()
-				isIdle := (a.state == procReady || a.state == procStarting) && len(a.sessions) == 0 && a.reserved == 0
-				if isIdle && a.prof == p.cfg.DefaultProfile {
-					idle++
-				}
-				// A process is quiet from the first tick that finds it
-				// ready with nothing attached; anything attached resets it.
-				switch quiet := isIdle && a.state == procReady && a.conns == 0; {
-				case !quiet:
-					a.idleAt = time.Time{}
-				case a.idleAt.IsZero():
-					a.idleAt = now
-				case now.Sub(a.idleAt) > p.cfg.IdleTimeout:
-					reap = append(reap, a)
-				}
-				a.mu.Unlock()
-			}
-			for ; idle < p.cfg.MinIdle && len(p.procs) < p.cfg.MaxProcesses && !now.Before(p.retryAt); idle++ {
-				if err := p.spawnLocked(p.cfg.DefaultProfile); err != nil {
-					break
-				}
-			}
-			for _, a := range reap {
-				if a.prof == p.cfg.DefaultProfile && idle <= p.cfg.MinIdle {
-					continue
-				}
-				if a.prof == p.cfg.DefaultProfile {
-					idle--
-				}
-				a.log.Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))
-				a.stop(p.cfg.Agent.StopGrace)
-			}
+			p.maintainLocked(time.Now())
 		}
 		procs := append([]*agentProc(nil), p.procs...)
 		p.mu.Unlock()
 		for _, a := range procs {
 			a.expireRequests(p.cfg.RequestTimeout, p.cfg.PromptTimeout)
+			a.expireInbound(p.cfg.ClientRequestTimeout)
+			if p.cfg.RecycleAfter > 0 && a.age() >= p.cfg.RecycleAfter {
+				a.retire("age")
+			}
 		}
 		select {
 		case <-p.ctx.Done():
@@ -424,6 +529,92 @@ func (p *Pool) maintain() {
 		case <-p.kick:
 		case <-tick.C:
 		}
+	}
+}
+
+func (p *Pool) maintainLocked(now time.Time) {
+	base := p.baseLocked().kind()
+	idle := 0
+	var reap, done []*agentProc
+	for _, a := range p.procs {
+		a.mu.Lock()
+		isIdle := (a.state == procReady || a.state == procStarting) && len(a.sessions) == 0 && a.reserved == 0 && !a.retiring
+		if isIdle && a.prof.kind() == base {
+			idle++
+		}
+		if a.retiring && a.unusedLocked() {
+			done = append(done, a)
+		}
+		// A process is quiet from the first tick that finds it ready with
+		// nothing attached; anything attached resets it.
+		switch quiet := isIdle && a.state == procReady && a.conns == 0; {
+		case !quiet:
+			a.idleAt = time.Time{}
+		case a.idleAt.IsZero():
+			a.idleAt = now
+		case now.Sub(a.idleAt) > p.cfg.IdleTimeout:
+			reap = append(reap, a)
+		}
+		a.mu.Unlock()
+	}
+	for _, a := range done {
+		a.log.Info("stopping a retired agent process: its last session has ended")
+		a.stop(p.cfg.Agent.StopGrace)
+	}
+	// Warming waits while a client waits for capacity: the client's
+	// process comes first.
+	for ; idle < p.cfg.MinIdle && len(p.procs) < p.cfg.MaxProcesses && !now.Before(p.retryAt) && p.waiters == 0; idle++ {
+		if _, err := p.spawnLocked(base); err != nil {
+			break
+		}
+	}
+	for _, a := range reap {
+		if a.prof.kind() == base && idle <= p.cfg.MinIdle {
+			continue
+		}
+		if a.prof.kind() == base {
+			idle--
+		}
+		a.log.Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))
+		a.stop(p.cfg.Agent.StopGrace)
+	}
+}
+
+// age is how long the process has been ready (0 before).
+func (a *agentProc) age() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.readyAt.IsZero() || a.state != procReady {
+		return 0
+	}
+	return time.Since(a.readyAt)
+}
+
+// expireInbound answers, in the client's place, the agent's requests a
+// client has left unanswered for longer than limit: a permission request is
+// cancelled, anything else gets -32603. The client hears nothing more of it;
+// a late answer is dropped.
+func (a *agentProc) expireInbound(limit time.Duration) {
+	if limit <= 0 {
+		return
+	}
+	now := time.Now()
+	var expired []*inReq
+	a.mu.Lock()
+	for id, in := range a.inbound {
+		if now.Sub(in.start) >= limit {
+			delete(a.inbound, id)
+			expired = append(expired, in)
+		}
+	}
+	a.mu.Unlock()
+	for _, in := range expired {
+		in.conn.forgetAgentReq(in.connID)
+		a.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
+		in.conn.log.Info("the client did not answer an agent request in time; answered in its place",
+			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
+		a.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
+			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))
 	}
 }
 

@@ -78,6 +78,7 @@ type agentProc struct {
 	ctrl      [][]byte
 	ctrlBytes int
 	ctrlWake  chan struct{}
+	fsSlots   chan struct{} // file requests the gateway serves in the client's place, in flight
 	exited    chan struct{} // closed when the process is reaped and its routes failed
 	stopCh    chan struct{} // closed by stop: the writer closes stdin
 
@@ -94,6 +95,9 @@ type agentProc struct {
 	sessions   map[string]*Session // live sessions by the agent's own session ID
 	reserved   int                 // session slots promised to session/new, load, resume in flight
 	conns      int                 // client connections using this process as their home
+	served     int                 // sessions it has been given, ever (recycling)
+	retiring   bool                // past a recycling limit: no new sessions
+	readyAt    time.Time           // when it became ready
 	idleAt     time.Time           // when maintain first found it idle; zero while in use (pool.mu, a.mu)
 	stderrTail []string            // last lines of stderr, for crash reports
 }
@@ -104,6 +108,7 @@ type Session struct {
 	GatewayID   string       // what the client sees
 	quotedID    []byte       // GatewayID as a JSON string, spliced into every update
 	AgentID     string       // the agent's own ID
+	cwd         string       // its cwd as the client asked for it (the fs stand-in's root without a tenant root)
 	proc        *agentProc
 	owner       *Conn // guarded by proc.mu; nil once detached
 	lost        bool  // guarded by proc.mu: the agent process died
@@ -121,6 +126,7 @@ type outReq struct {
 	// routed from the moment the request is sent, because the agent replays
 	// history before it answers; an error answer undoes it.
 	attach   *Session
+	cwd      string      // session/new and the like: the cwd the client asked for
 	reserved bool        // holds a session slot on the process until answered
 	quota    atomic.Bool // holds a tenant session slot until answered
 	start    time.Time
@@ -134,6 +140,7 @@ type inReq struct {
 	conn    *Conn
 	connID  int64
 	method  string
+	start   time.Time
 }
 
 func (p *agentProc) String() string { return "agent#" + strconv.FormatInt(p.id, 10) }

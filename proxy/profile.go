@@ -10,11 +10,17 @@ import (
 	"github.com/acpgate/acpgate/proxy/policy"
 )
 
-// Profile is what a pooled agent is told about its client in initialize:
+// Profile is what a pooled agent is told about its clients in initialize:
 // the protocol version asked for and the client capabilities that gate
-// agent→client requests. An agent serves only clients that have at least
-// these capabilities (PROTOCOL.md §6: the agent may only call what the
+// agent→client requests (PROTOCOL.md §6: the agent may only call what the
 // client advertised).
+//
+// File access is not part of what decides which process serves a client:
+// every process is told fs read and write as far as any tenant's policy
+// allows, and the gateway answers fs/* itself for a client that did not
+// offer them (see fsstandin.go). The rest of a profile (its kind) does:
+// terminal (the agent would run commands itself without it) and the draft
+// capabilities the gateway cannot stand in for.
 type Profile struct {
 	// Tenant is set when tenants are isolated: the process serves only it.
 	Tenant       string
@@ -26,6 +32,24 @@ type Profile struct {
 	ElicitForm   bool
 	ElicitURL    bool
 	ConfigBool   bool
+}
+
+// kind is the part of p that decides which processes may serve it: p
+// without its file access.
+func (p Profile) kind() Profile {
+	p.FsRead, p.FsWrite = false, false
+	return p
+}
+
+// serves reports whether a process told p may serve a client whose own
+// profile is c: same tenant and protocol version, and the process was told
+// nothing beyond file access that the client lacks (the agent may ask for
+// whatever it was told; file access the gateway stands in for).
+func (p Profile) serves(c Profile) bool {
+	return p.Tenant == c.Tenant && p.Version == c.Version &&
+		(!p.Terminal || c.Terminal) && (!p.AuthTerminal || c.AuthTerminal) &&
+		(!p.ElicitForm || c.ElicitForm) && (!p.ElicitURL || c.ElicitURL) &&
+		(!p.ConfigBool || c.ConfigBool)
 }
 
 // Intersect keeps only the capabilities both profiles have.

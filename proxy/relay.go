@@ -8,7 +8,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/proxy/pathmap"
-	"github.com/acpgate/acpgate/proxy/policy"
 	"log/slog"
 	"sync"
 )
@@ -100,6 +99,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.Pool.metrics = metrics
+	cfg.Pool.fileAccess = fileAccess(cfg.ClientCaps, cfg.Tenants)
 	pool := NewPool(cfg.Pool, log)
 	metrics.pool = pool
 	return &Relay{
@@ -115,6 +115,18 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		cancel:  cancel,
 		conns:   map[*Conn]struct{}{},
 	}, nil
+}
+
+// fileAccess is what agent processes are told about file access: read and
+// write as far as the deployment and any tenant's policy allow them.
+func fileAccess(caps Profile, tenants []TenantConfig) *[2]bool {
+	var fa [2]bool
+	for _, tc := range tenants {
+		read, write, _ := tc.policy().ClientCaps()
+		fa[0] = fa[0] || read && caps.FsRead
+		fa[1] = fa[1] || write && caps.FsWrite
+	}
+	return &fa
 }
 
 // Pool returns the agent pool.
@@ -171,28 +183,22 @@ func (r *Relay) Conns() int {
 	return len(r.conns)
 }
 
-// profileFor is the profile a client gets: its own capabilities within
-// what the deployment allows.
+// profileFor is a client's profile: what it offers within what the
+// deployment allows. File access stays as the client offered it (the
+// tenant's policy is applied to each fs request, so a reload takes effect);
+// a terminal the policy turns off is never told to an agent.
 func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 	p, err := clientProfile(initParams)
 	if err != nil {
 		return Profile{}, err
 	}
 	p = p.Intersect(r.caps)
-	// Client capabilities the policy turns off are never told to agents.
-	fsRead, fsWrite, terminal := c.ten.policy().ClientCaps()
-	p.FsRead, p.FsWrite, p.Terminal = p.FsRead && fsRead, p.FsWrite && fsWrite, p.Terminal && terminal
+	_, _, terminal := c.ten.policy().ClientCaps()
+	p.Terminal = p.Terminal && terminal
 	if r.isolate {
 		p.Tenant = c.tenant
 	}
 	return p, nil
-}
-
-// initResult is the initialize result a client gets: the process's cached
-// answer with the capabilities the tenant's policy allows, in the agent's
-// own shape.
-func (r *Relay) initResult(p *agentProc, c *Conn) ([]byte, error) {
-	return policy.FilterInitialize(p.init.result, *c.ten.policy())
 }
 
 // runningPrompts lists the client prompts agents are still working on.
@@ -249,6 +255,8 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 		}
 		mappers[i] = m
 	}
+	fa := fileAccess(r.caps, cfgs)
+	r.pool.SetFileAccess(fa[0], fa[1])
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, c := range cfgs {

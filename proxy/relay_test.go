@@ -65,7 +65,6 @@ func testPool(t *testing.T, mode string, mutate func(*PoolConfig)) *Relay {
 		MaxProcesses:    4,
 		AcquireTimeout:  10 * time.Second,
 		MaxMessageBytes: 1 << 20,
-		DefaultProfile:  Profile{Version: 1, FsRead: true, FsWrite: true},
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -223,25 +222,146 @@ func TestClientIDsDoNotCollide(t *testing.T) {
 	}
 }
 
-func TestProfilesKeepCapabilitiesApart(t *testing.T) {
+// One process serves clients with and without file access; for the one
+// without, the gateway answers the agent's fs requests itself from the
+// session's workspace, and the client never sees them.
+func TestOneProcessServesEveryFsProfile(t *testing.T) {
 	r := testPool(t, "demo", nil)
 	full, bare := newTestConn(t, r, "full"), newTestConn(t, r, "bare")
 	full.init(fsCaps)
 	bare.init(`{}`)
-	if n := r.Pool().Stats().Processes; n != 2 {
-		t.Fatalf("want one process per capability profile, have %d", n)
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/notes.txt", []byte("the notes\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	sid := bare.newSession("1")
-	// The agent serving "bare" was told the client cannot read files, so it
-	// never asks it to.
-	bare.send(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"read /etc/hostname"}]}}`)
+	bare.send(`{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"` + dir + `","mcpServers":[]}}`)
+	var sess struct {
+		SessionID string `json:"sessionId"`
+	}
+	if m := bare.await("1", nil); m.Error != nil || json.Unmarshal(m.Result, &sess) != nil {
+		t.Fatalf("session/new: %s", m.raw)
+	}
+	sidFull := full.newSession("1")
+	if n := r.Pool().Stats().Processes; n != 1 {
+		t.Fatalf("clients that differ only in file access use %d processes, want 1", n)
+	}
+	bare.send(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"` + sess.SessionID + `","prompt":[{"type":"text","text":"read ` + dir + `/notes.txt"}]}}`)
+	var reply strings.Builder
 	m := bare.await("2", func(m msg) {
+		if strings.HasPrefix(m.Method, "fs/") {
+			t.Fatalf("a client without file access was asked: %s", m.raw)
+		}
+		reply.WriteString(m.raw)
+	})
+	if m.Error != nil || !strings.Contains(reply.String(), "the notes") {
+		t.Fatalf("the agent did not get the file from the gateway: %s; updates %s", m.raw, reply.String())
+	}
+	// The client with file access is still asked itself.
+	full.send(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"` + sidFull + `","prompt":[{"type":"text","text":"read /tmp/x.txt"}]}}`)
+	asked := false
+	full.await("2", func(m msg) {
 		if m.Method == "fs/read_text_file" {
-			t.Fatalf("a client without fs.readTextFile was asked to read a file: %s", m.raw)
+			asked = true
+			full.send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"result":{"content":"from the client"}}`)
 		}
 	})
-	if m.Error != nil {
-		t.Fatal(m.raw)
+	if !asked {
+		t.Fatal("the client with fs.readTextFile was not asked to read")
+	}
+}
+
+// With terminal allowed, terminal and non-terminal clients need different
+// processes; on a full pool an unused process of the other kind is replaced,
+// so neither kind starves.
+func TestTerminalSplitNeverStarves(t *testing.T) {
+	exe, _ := os.Executable()
+	pol := policy.Default()
+	pol.Client.Terminal = true
+	r, err := NewRelay(Config{
+		Pool: PoolConfig{
+			Agent:        AgentConfig{Command: []string{exe, "-test.run=^$"}, Env: map[string]string{"ACPGATE_TEST_AGENT": "demo", "ACPGATE_TEST_STATE": t.TempDir()}, StopGrace: 2 * time.Second},
+			MaxProcesses: 1, AcquireTimeout: 10 * time.Second, MaxMessageBytes: 1 << 20,
+		},
+		ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}},
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Close(ctx)
+	})
+	for i, caps := range []string{`{"terminal":true}`, `{}`, `{"terminal":true}`} {
+		c := newTestConn(t, r, fmt.Sprint("c", i))
+		start := time.Now()
+		c.init(caps)
+		c.newSession("1")
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("client %d (%s) waited %s", i, caps, d)
+		}
+		r.pool.mu.Lock()
+		told := r.pool.procs[0].prof
+		r.pool.mu.Unlock()
+		if want := strings.Contains(caps, "terminal"); told.Terminal != want {
+			t.Fatalf("client %d (%s) got a process told terminal=%v", i, caps, told.Terminal)
+		}
+		c.c.Close()
+		// Once the session/close is answered the process is unused, and
+		// the next client's kind replaces it.
+		waitFor(t, "the process to become unused", func() bool {
+			a := r.pool.procs[0]
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.unusedLocked()
+		})
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A client with terminal may use a process told none when the pool cannot
+// give it one of its own: it is never made to wait for one.
+func TestTerminalClientUsesPlainProcessWhenFull(t *testing.T) {
+	exe, _ := os.Executable()
+	pol := policy.Default()
+	pol.Client.Terminal = true
+	r, err := NewRelay(Config{
+		Pool: PoolConfig{
+			Agent:        AgentConfig{Command: []string{exe, "-test.run=^$"}, Env: map[string]string{"ACPGATE_TEST_AGENT": "demo", "ACPGATE_TEST_STATE": t.TempDir()}, StopGrace: 2 * time.Second},
+			MaxProcesses: 1, AcquireTimeout: 3 * time.Second, MaxMessageBytes: 1 << 20,
+		},
+		ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}},
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Close(ctx)
+	})
+	plain := newTestConn(t, r, "plain")
+	plain.init(`{}`)
+	plain.newSession("1") // the only process, busy with a session
+	term := newTestConn(t, r, "term")
+	start := time.Now()
+	term.init(`{"terminal":true}`)
+	term.newSession("1")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the terminal client waited %s for a process it could use at once", d)
+	}
+	if n := r.Pool().Stats().Processes; n != 1 {
+		t.Fatalf("%d processes on a pool of 1", n)
 	}
 }
 

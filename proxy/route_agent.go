@@ -108,7 +108,10 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	c := req.conn
 	if c == nil {
-		return // the gateway's own request, answer not needed
+		// The gateway's own request (session/close), answer not needed;
+		// the process may have become unused.
+		p.pool.changed()
+		return
 	}
 	c.forgetClientReq(req)
 	edits := append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
@@ -138,7 +141,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 				"the agent answered "+req.method+" without a sessionId", nil))
 			return
 		}
-		created = p.addSession(c, sid)
+		created = p.addSession(c, sid, req.cwd)
 		c.ten.event("created")
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: created.quotedID})
 	case req.attach != nil:
@@ -300,7 +303,8 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	isReq := m.Kind == jsonrpc.KindRequest
-	if err := r.allowAgent(conn, m.Method); err != nil {
+	standIn, err := r.allowAgent(conn, m.Method)
+	if err != nil {
 		conn.ten.denied("agent_method")
 		if !isReq {
 			p.log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
@@ -318,6 +322,12 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		conn.ten.denied("path_outside_root")
 		msg := "params." + outside + ": outside the workspace of this session; the gateway refused it"
 		p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n'))
+		return
+	}
+	if standIn {
+		if isReq {
+			r.standInFs(conn, sess, m)
+		}
 		return
 	}
 	if isReq {
@@ -345,22 +355,33 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 }
 
 // allowAgent decides whether an agent may send method to conn: the tenant's
-// policy, and the client capabilities the process was told (a client that
-// did not offer fs or terminal is never asked for them).
-func (r *agentReader) allowAgent(conn *Conn, method string) error {
-	if err := conn.ten.policy().AllowAgentMethod(method); err != nil {
-		return err
-	}
+// policy, and the client capabilities the process was told (an agent that
+// asks for what it was not told is refused). standIn reports a file request
+// the gateway serves itself: the process was told file access, but this
+// client did not offer it or its tenant's policy does not let agents ask
+// clients for it.
+func (r *agentReader) allowAgent(conn *Conn, method string) (standIn bool, err error) {
 	if method != mFsRead && method != mFsWrite && !strings.HasPrefix(method, "terminal/") {
-		return nil // the hot path (session/update) takes no lock here
+		// The hot path (session/update) takes no lock here.
+		return false, conn.ten.policy().AllowAgentMethod(method)
 	}
-	prof := r.p.profile()
-	switch {
-	case method == mFsRead && !prof.FsRead, method == mFsWrite && !prof.FsWrite,
-		strings.HasPrefix(method, "terminal/") && !prof.Terminal:
-		return fmt.Errorf("%s needs a client capability this client did not offer", method)
+	told := r.p.profile()
+	if method == mFsRead || method == mFsWrite {
+		if method == mFsRead && !told.FsRead || method == mFsWrite && !told.FsWrite {
+			return false, fmt.Errorf("%s needs a client capability this agent process was not told of", method)
+		}
+		conn.mu.Lock()
+		offered := method == mFsRead && conn.prof.FsRead || method == mFsWrite && conn.prof.FsWrite
+		conn.mu.Unlock()
+		return !offered || conn.ten.policy().AllowAgentMethod(method) != nil, nil
 	}
-	return nil
+	if err := conn.ten.policy().AllowAgentMethod(method); err != nil {
+		return false, err
+	}
+	if !told.Terminal {
+		return false, fmt.Errorf("%s needs a client capability this client did not offer", method)
+	}
+	return false, nil
 }
 
 // orphan handles an agent message no client can take: a request is answered
@@ -374,28 +395,31 @@ func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
 		return
 	}
 	p.log.Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
-	p.answerForClient(m.ID, m.Method, "no client to answer: "+why)
+	p.answerForClient(m.ID, m.Method, jsonrpc.CodeRequestCancelled, "no client to answer: "+why)
 }
 
 // answerForClient answers an agent→client request in the client's place:
-// a permission request is cancelled, anything else gets an error.
-func (p *agentProc) answerForClient(agentID []byte, method, why string) {
+// a permission request is cancelled, anything else gets error code.
+func (p *agentProc) answerForClient(agentID []byte, method string, code int, why string) {
 	var out []byte
 	if method == mRequestPerm {
 		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
 	} else {
-		out = jsonrpc.AppendError(nil, agentID, jsonrpc.CodeRequestCancelled, why, nil)
+		out = jsonrpc.AppendError(nil, agentID, code, why, nil)
 	}
 	p.sendCtrl(append(out, '\n'))
 }
 
-// addSession registers a session the agent now serves for c.
-func (p *agentProc) addSession(c *Conn, agentSID string) *Session {
+// addSession registers a session the agent now serves for c; cwd is its
+// working directory as the agent got it. The process retires once it has
+// been given pool.recycle_after_sessions sessions.
+func (p *agentProc) addSession(c *Conn, agentSID, cwd string) *Session {
 	gwID := c.relay.sealer.Seal(c.tenant, agentSID)
 	s := &Session{
 		GatewayID: gwID,
 		quotedID:  jsonrpc.AppendQuote(nil, gwID),
 		AgentID:   agentSID,
+		cwd:       cwd,
 		proc:      p,
 		owner:     c,
 	}
@@ -410,7 +434,12 @@ func (p *agentProc) addSession(c *Conn, agentSID string) *Session {
 		p.mu.Lock()
 	}
 	p.sessions[agentSID] = s
+	p.served++
+	due := p.pool.cfg.RecycleAfterSessions > 0 && p.served >= p.pool.cfg.RecycleAfterSessions
 	p.mu.Unlock()
+	if due {
+		p.retire("sessions")
+	}
 	return s
 }
 

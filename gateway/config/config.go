@@ -118,6 +118,12 @@ type Pool struct {
 	MaxSessionsPerProcess int      `yaml:"max_sessions_per_process"`
 	AcquireTimeout        Duration `yaml:"acquire_timeout"`
 	IdleTimeout           Duration `yaml:"idle_timeout"`
+	// RecycleAfterSessions and RecycleAfter retire an agent process once it
+	// has been given that many sessions, or has run that long (0 = never):
+	// it takes no new sessions, is replaced, and stops when its last
+	// session ends.
+	RecycleAfterSessions int      `yaml:"recycle_after_sessions"`
+	RecycleAfter         Duration `yaml:"recycle_after"`
 	// Isolation is "tenant" (two tenants never share an agent process) or
 	// "shared" (for trusted single-organisation deployments).
 	Isolation string `yaml:"isolation"`
@@ -157,6 +163,10 @@ type Timeouts struct {
 	// Prompt: the same for session/prompt, whose turns may run long; the
 	// turn is also cancelled on the agent.
 	Prompt Duration `yaml:"prompt"`
+	// ClientRequest: a client that does not answer an agent's request
+	// (permission, fs, elicitation) within it is answered for: permission
+	// cancelled, anything else -32603.
+	ClientRequest Duration `yaml:"client_request"`
 }
 
 // WebSocket tunes the client transport.
@@ -237,6 +247,8 @@ func Default() *Config {
 			Idle:      Duration(30 * time.Minute),
 			Request:   Duration(2 * time.Minute),
 			Prompt:    Duration(60 * time.Minute),
+			// A permission request may wait for a person.
+			ClientRequest: Duration(30 * time.Minute),
 		},
 		WebSocket: WebSocket{
 			PingInterval: Duration(30 * time.Second),
@@ -413,6 +425,12 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	if c.Pool.IdleTimeout <= 0 {
 		add("pool.idle_timeout", "must be positive")
 	}
+	if c.Pool.RecycleAfterSessions < 0 {
+		add("pool.recycle_after_sessions", "must not be negative (0 = never), is %d", c.Pool.RecycleAfterSessions)
+	}
+	if c.Pool.RecycleAfter < 0 {
+		add("pool.recycle_after", "must not be negative (0 = never)")
+	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", c.Limits.MaxMessageBytes)
 	}
@@ -422,8 +440,8 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	if c.Limits.MessagesPerSecond < 0 || c.Limits.TenantMessagesPerSecond < 0 || c.Limits.MessageBurst < 0 || c.Limits.TenantMessageBurst < 0 {
 		add("limits", "rates and bursts must not be negative (0 = no limit)")
 	}
-	if c.Timeouts.Handshake <= 0 || c.Timeouts.Request <= 0 || c.Timeouts.Prompt <= 0 || c.Timeouts.Idle < 0 {
-		add("timeouts", "handshake, request and prompt must be positive; idle not negative (0 = never)")
+	if c.Timeouts.Handshake <= 0 || c.Timeouts.Request <= 0 || c.Timeouts.Prompt <= 0 || c.Timeouts.ClientRequest <= 0 || c.Timeouts.Idle < 0 {
+		add("timeouts", "handshake, request, prompt and client_request must be positive; idle not negative (0 = never)")
 	}
 	if c.Limits.SendQueueMessages < 1 {
 		add("limits.send_queue_messages", "must be at least 1")
