@@ -33,14 +33,24 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binPath = filepath.Join(dir, "acpgate")
-	build := exec.Command("go", "build", "-race", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate")
-	if os.Getenv("ACPGATE_E2E_NORACE") != "" {
-		build = exec.Command("go", "build", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate")
-	}
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build acpgate:", err)
-		os.Exit(1)
+	if bin := os.Getenv("ACPGATE_E2E_BIN"); bin != "" {
+		// A prebuilt gateway (e.g. an older build to compare against):
+		// no build.
+		if binPath, err = filepath.Abs(bin); err != nil {
+			fmt.Fprintln(os.Stderr, "ACPGATE_E2E_BIN:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "e2e: using the prebuilt gateway", binPath)
+	} else {
+		build := exec.Command("go", "build", "-race", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate")
+		if os.Getenv("ACPGATE_E2E_NORACE") != "" {
+			build = exec.Command("go", "build", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate")
+		}
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build acpgate:", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	if code == 0 {
@@ -90,7 +100,7 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 	args = append(args, o.args...)
 	argv := append(append([]string(nil), o.wrap...), binPath)
 	g.cmd = exec.Command(argv[0], append(argv[1:], args...)...)
-	g.cmd.Env = append(os.Environ(), "ACPGATE_DEMO_STATE_DIR="+g.stateDir)
+	g.cmd.Env = append(gatewayEnv(), "ACPGATE_DEMO_STATE_DIR="+g.stateDir)
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -138,6 +148,19 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 		t.Fatalf("gateway did not listen within 20 s")
 	}
 	return g
+}
+
+// gatewayEnv is the test's environment without the ACPGATE_E2E_* variables
+// that steer the tests: the gateway reads ACPGATE_* as settings and warns
+// about names it does not know.
+func gatewayEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ACPGATE_E2E_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // stop signals the gateway and waits for it to exit (SIGKILL after 20 s).
