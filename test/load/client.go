@@ -134,6 +134,7 @@ func (t *stdioTransport) Close() error {
 type rpcClient struct {
 	t      transport
 	nextID int
+	fs     *fsCaps // clientCapabilities.fs for initialize (nil: defaultFS)
 }
 
 type rpcResponse struct {
@@ -176,18 +177,40 @@ func (c *rpcClient) call(method string, params any) (json.RawMessage, error) {
 	return nil, fmt.Errorf("%s: no answer among 100000 messages", method)
 }
 
+// fsCaps is a client's clientCapabilities.fs.
+type fsCaps struct {
+	Read  bool `json:"readTextFile"`
+	Write bool `json:"writeTextFile"`
+}
+
+func (f fsCaps) String() string { return fmt.Sprintf("read %v, write %v", f.Read, f.Write) }
+
+// defaultFS is the gateway's default profile: fs read and write.
+var defaultFS = fsCaps{Read: true, Write: true}
+
+// initializeParamsFS is initialize's params offering fs (protocol 1, no
+// terminal).
+func initializeParamsFS(fs fsCaps) map[string]any {
+	return map[string]any{
+		"protocolVersion":    1,
+		"clientCapabilities": map[string]any{"fs": fs, "terminal": false},
+		"clientInfo":         map[string]string{"name": "acpgate-load", "version": "1"},
+	}
+}
+
 // initializeParams are what the harness's clients offer: exactly the
 // gateway's default profile (protocol 1, fs read and write, no terminal),
 // so that they are served by its pre-warmed processes. A client with other
 // capabilities gets processes of its own profile, started cold.
-var initializeParams = map[string]any{
-	"protocolVersion":    1,
-	"clientCapabilities": map[string]any{"fs": map[string]bool{"readTextFile": true, "writeTextFile": true}, "terminal": false},
-	"clientInfo":         map[string]string{"name": "acpgate-load", "version": "1"},
-}
+var initializeParams = initializeParamsFS(defaultFS)
 
+// initialize offers c.fs, or the default profile when it is nil.
 func (c *rpcClient) initialize() error {
-	_, err := c.call("initialize", initializeParams)
+	params := initializeParams
+	if c.fs != nil {
+		params = initializeParamsFS(*c.fs)
+	}
+	_, err := c.call("initialize", params)
 	return err
 }
 

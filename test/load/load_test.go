@@ -118,12 +118,18 @@ func checkIdle(t *testing.T, r *idleResult) {
 }
 
 func checkSetup(t *testing.T, r *setupResult) {
-	if r == nil || len(r.Paths) != 4 {
-		t.Fatalf("setup: want 4 paths, have %+v", r)
+	if r == nil || len(r.Paths) != 5 {
+		t.Fatalf("setup: want 5 paths, have %+v", r)
 	}
 	for _, p := range r.Paths {
-		if p.Samples == 0 || p.SessionNew.N != p.Samples || p.Total.P50 <= 0 || len(p.Errors) > 0 {
+		if p.Samples == 0 || p.SessionNew.N != p.Samples || p.Total.P50 <= 0 || len(p.Errors) > 0 || p.Failed > 0 {
 			t.Errorf("setup %s: %d of %d samples, errors %q", p.Path, p.SessionNew.N, p.Samples, p.Errors)
 		}
+	}
+	// The mixed path reads the gateway's spawn count: at least the warm
+	// process.
+	mixed := r.Paths[4]
+	if mixed.Spawns == nil || mixed.SpawnsAtReady == nil || *mixed.SpawnsAtReady < 1 || *mixed.Spawns < *mixed.SpawnsAtReady {
+		t.Errorf("setup %s: spawns %v, at ready %v", mixed.Path, mixed.Spawns, mixed.SpawnsAtReady)
 	}
 }

@@ -3,6 +3,7 @@
 // ratios that hold on another machine better than absolute figures do:
 //
 //	go run ./test/load -scenario stream|fanin|idle|setup|all [-quick] [-out results.json]
+//	go run ./test/load -scenario setup -setup-paths mixed [-quick] [-out results.json]
 //
 //	stream  one client, one session, a long agent_message_chunk stream
 //	        (300 B and 20 KB messages): gateway vs websocketd vs direct stdio
@@ -10,7 +11,10 @@
 //	        round trips at a fixed rate, then a rate search: gateway vs direct
 //	idle    many open, initialized WebSocket connections: memory and
 //	        goroutines per connection
-//	setup   session/new through a warm pool, a cold pool, and direct
+//	setup   session/new through a warm pool, a cold pool, and direct; and
+//	        1,000 clients one after another with mixed fs capabilities
+//	        through a 2-process pool, with the gateway's spawn count.
+//	        -setup-paths warm,cold,direct,mixed runs only those paths
 //
 // It prints a table and writes the figures, the machine and the exact
 // command line to a JSON file. -quick uses small counts (well under a
@@ -31,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -77,6 +82,7 @@ type counts struct {
 	SetupWarm   int `json:"setup_warm_samples"`
 	SetupCold   int `json:"setup_cold_samples"`
 	SetupDirect int `json:"setup_direct_samples"`
+	SetupMixed  int `json:"setup_mixed_samples"`
 }
 
 func fullCounts() counts {
@@ -87,7 +93,7 @@ func fullCounts() counts {
 		FaninSteps:   []int{1000, 2000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000, 96000},
 		FaninStepDur: 4 * time.Second, FaninRefine: 3, FaninP99Target: 5 * time.Millisecond,
 		IdleConns: 10_000,
-		SetupWarm: 200, SetupCold: 20, SetupDirect: 200,
+		SetupWarm: 200, SetupCold: 20, SetupDirect: 200, SetupMixed: 1000,
 	}
 }
 
@@ -99,7 +105,7 @@ func quickCounts() counts {
 		FaninSteps:   []int{1000, 4000},
 		FaninStepDur: time.Second, FaninRefine: 0, FaninP99Target: 5 * time.Millisecond,
 		IdleConns: 1000,
-		SetupWarm: 20, SetupCold: 2, SetupDirect: 20,
+		SetupWarm: 20, SetupCold: 2, SetupDirect: 20, SetupMixed: 30,
 	}
 }
 
@@ -114,7 +120,8 @@ type harness struct {
 	tmp        string
 	c          counts
 	quick      bool
-	profile    string // CPU profile file prefix ("" = none)
+	profile    string          // CPU profile file prefix ("" = none)
+	setupPaths map[string]bool // -setup-paths (nil = all)
 	log        io.Writer
 	// What the binary's configuration accepts (probeConfig).
 	noRateKey, noPolicyKey bool
@@ -157,6 +164,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	idleConns := fs.Int("idle-conns", 0, "idle: connections (default 10000, 1000 with -quick)")
 	reps := fs.Int("reps", 0, "stream and fanin: repetitions per path (default 5 and 3, 1 with -quick)")
 	rate := fs.Int("rate", 0, "fanin: the fixed total rate, round trips/s (default 2000, 1000 with -quick)")
+	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -194,6 +202,20 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	onlyPaths := map[string]bool{} // nil: all
+	for s := range strings.SplitSeq(*setupPaths, ",") {
+		switch s = strings.TrimSpace(s); {
+		case s == "all":
+			onlyPaths = nil
+		case slices.Contains(setupPathNames, s):
+			if onlyPaths != nil {
+				onlyPaths[s] = true
+			}
+		default:
+			fmt.Fprintf(stderr, "load: unknown setup path %q (%s, all)\n", s, strings.Join(setupPathNames, ", "))
+			return 2
+		}
+	}
 	if *timeout == 0 {
 		*timeout = 30 * time.Minute
 		if *quick {
@@ -209,7 +231,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 
 	res := &results{Command: commandLine(), Argv: os.Args, Started: time.Now().UTC(), Quick: *quick, Counts: c, Errors: []string{}, Extension: echoMethod,
 		Background: map[string]background{}}
-	h := &harness{c: c, quick: *quick, log: stderr, echo: echoMethod}
+	h := &harness{c: c, quick: *quick, log: stderr, echo: echoMethod, setupPaths: onlyPaths}
 	var err error
 	if h.exe, err = os.Executable(); err != nil {
 		fmt.Fprintln(stderr, "load:", err)
