@@ -611,6 +611,10 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 		return
 	}
 	in.forget()
+	if !in.claim() {
+		c.log.Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
+		return
+	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.relay.metrics.message(dirClientToAgent, in.method, len(out))
 	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
@@ -764,6 +768,9 @@ func (c *Conn) Close() {
 
 	for _, in := range agentReqs {
 		in.forget()
+		if !in.claim() {
+			continue
+		}
 		in.proc.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, "the client disconnected")
 		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 	}

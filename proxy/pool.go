@@ -602,7 +602,7 @@ func (a *agentProc) expireInbound(limit time.Duration) {
 	var expired []*inReq
 	a.mu.Lock()
 	for id, in := range a.inbound {
-		if now.Sub(in.start) >= limit {
+		if now.Sub(in.start) >= limit && in.claim() {
 			delete(a.inbound, id)
 			expired = append(expired, in)
 		}

@@ -141,7 +141,13 @@ type inReq struct {
 	connID  int64
 	method  string
 	start   time.Time
+	// answered is set by whoever answers the agent first: the client, or
+	// the gateway in its place (disconnect, client_request timeout).
+	answered atomic.Bool
 }
+
+// claim reports whether the caller is the one to answer in: true once.
+func (in *inReq) claim() bool { return in.answered.CompareAndSwap(false, true) }
 
 func (p *agentProc) String() string { return "agent#" + strconv.FormatInt(p.id, 10) }
 

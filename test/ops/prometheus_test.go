@@ -133,7 +133,10 @@ func query(t *testing.T, addr, expr string) []struct {
 // HTTP API, and checks that it evaluates every alert rule without error.
 func TestPrometheusScrapesGateway(t *testing.T) {
 	requireTool(t, prometheusBin)
-	g := startGateway(t, gwOpts{})
+	// Recycling after one session (set through the environment, as an
+	// operator may): the session's process retires and a new one is
+	// spawned, which the pool's counters must show.
+	g := startGateway(t, gwOpts{env: []string{"ACPGATE_POOL_RECYCLE_AFTER_SESSIONS=1"}})
 	prom := startPrometheus(t, g.addr)
 	// One scrape before the traffic, so that rates see it happen.
 	deadline := time.Now().Add(30 * time.Second)
@@ -164,6 +167,8 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 		`acpgate_messages_total{job="acpgate", direction="client_to_agent", method="session/prompt"}`,
 		`acpgate_request_duration_seconds_bucket{job="acpgate", method="session/prompt"}`,
 		`acpgate_ready{job="acpgate"} == 1`,
+		`acpgate_agent_recycled_total{job="acpgate", reason="sessions"} >= 1`,
+		`acpgate_agent_spawns_total{job="acpgate"} >= 2`,
 		`histogram_quantile(0.5, sum by (le) (rate(acpgate_prompt_first_update_seconds_bucket{job="acpgate"}[1m]))) > 0`,
 	}
 	deadline = time.Now().Add(30 * time.Second)
