@@ -187,7 +187,7 @@ func TestBurstIsCorked(t *testing.T) {
 	wc.writing = true // keep the writer from starting until all are queued
 	wc.mu.Unlock()
 	for i := range n {
-		if !wc.Send(fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_x/n","params":{"i":%d,"pad":"%s"}}`, i, strings.Repeat("x", 200))) {
+		if !wc.Send(fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_x/n","params":{"i":%d,"pad":"%s"}}`, i, strings.Repeat("x", 200)), true) {
 			t.Fatal("Send refused")
 		}
 	}
@@ -226,7 +226,7 @@ func streamTo(wc *wsConn) (stop func()) {
 				return
 			default:
 			}
-			if !wc.Send(fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_x/n","params":{"i":%d,"pad":"%s"}}`, i, strings.Repeat("x", 200))) {
+			if !wc.Send(fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_x/n","params":{"i":%d,"pad":"%s"}}`, i, strings.Repeat("x", 200)), true) {
 				return
 			}
 		}

@@ -237,9 +237,13 @@ func New(opts Options) (*Server, error) {
 			TenantMessagesPerSecond: cfg.Limits.TenantMessagesPerSecond,
 			TenantMessageBurst:      cfg.Limits.TenantMessageBurst,
 		},
-		ClientCaps:     proxy.AllCapabilities,
-		Sealer:         sealer,
-		Tenants:        tenants,
+		ClientCaps: proxy.AllCapabilities,
+		Sealer:     sealer,
+		Tenants:    tenants,
+		Sessions: proxy.SessionsConfig{
+			DetachTimeout:     cfg.Sessions.DetachTimeout.D(),
+			ReplayBufferBytes: cfg.Sessions.ReplayBufferBytes,
+		},
 		IsolateTenants: cfg.AuthEnabled() && cfg.Pool.Isolation == "tenant",
 	}, log)
 	if err != nil {
@@ -363,6 +367,7 @@ wait:
 	case <-done:
 	case <-ctx.Done():
 	}
+	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
 	}
@@ -370,6 +375,13 @@ wait:
 		s.authn.Close()
 	}
 	return err
+}
+
+// sockets is the number of open client sockets.
+func (s *Server) sockets() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
 }
 
 // Relay returns the ACP relay (tests and metrics).

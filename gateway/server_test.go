@@ -566,7 +566,12 @@ func TestMessageTooBig(t *testing.T) {
 	if st := websocket.CloseStatus(err); st != websocket.StatusMessageTooBig {
 		t.Fatalf("after a message over the limit: %v (status %v), want 1009", err, st)
 	}
-	waitFor(t, 5*time.Second, "the connection is gone", func() bool { return ts.s.Relay().Conns() == 0 })
+	// The socket is gone; the connection is kept for a resume (the
+	// client did not close it).
+	waitFor(t, 5*time.Second, "the socket is gone", func() bool { return ts.s.sockets() == 0 })
+	if n := ts.s.Relay().Conns(); n != 1 {
+		t.Fatalf("%d connections kept, want the detached one", n)
+	}
 	waitFor(t, 5*time.Second, "its close logged", func() bool {
 		return strings.Contains(ts.logs.String(), "close_code=1009")
 	})
@@ -804,7 +809,7 @@ func TestSlowConsumerClosedWithPolicyViolation(t *testing.T) {
 		t.Errorf("the slow client got all %d answers; the queue was never full", got)
 	}
 	t.Logf("the slow client got %d of %d answers before 1008", got, sent)
-	waitFor(t, 10*time.Second, "the slow connection is gone", func() bool { return ts.s.Relay().Conns() == 1 })
+	waitFor(t, 10*time.Second, "the slow client's socket is gone", func() bool { return ts.s.sockets() == 1 })
 
 	// The other client is still connected and working.
 	if got, want := fast.prompt(sid, "after"), "You said: after"; got != want {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,18 +101,40 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		}
 		accept.InsecureSkipVerify = true // the origin was checked by Upgrade
 	}
-	if !s.admitTenant(tenant) {
+	// A resume continues a connection of the tenant's on this socket; it
+	// holds its tenant slot already. Every refusal looks the same.
+	var resumed *proxy.Conn
+	var received int64
+	if q := r.URL.Query(); q.Has("resume") {
+		n, err := strconv.ParseInt(q.Get("received"), 10, 64)
+		if err != nil {
+			n = -1 // refused, and counted, like any bad resume
+		}
+		if resumed, err = s.relay.Resume(tenant, q.Get("resume"), n); err != nil {
+			s.log.Info("resume refused", "remote", r.RemoteAddr)
+			writeJSONError(w, http.StatusNotFound, "resume_refused", err.Error())
+			return
+		}
+		received = n
+	} else if !s.admitTenant(tenant) {
 		s.metrics.authFailures.WithLabelValues("too_many_connections").Inc()
 		writeJSONError(w, http.StatusTooManyRequests, "too_many_connections",
 			fmt.Sprintf("tenant %q has reached its max_connections", tenant))
 		return
 	}
 	id := newConnID()
+	if resumed != nil {
+		id = resumed.ID() // the same connection, on a new socket
+	}
 	w.Header().Set(ConnectionIDHeader, id)
 	uw := &upgradeWriter{ResponseWriter: w}
 	ws, err := websocket.Accept(uw, r, accept)
 	if err != nil {
-		s.releaseTenant(tenant)
+		if resumed != nil {
+			resumed.AbortResume()
+		} else {
+			s.releaseTenant(tenant)
+		}
 		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
 		return // Accept has written the HTTP error
 	}
@@ -137,20 +160,26 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		maxMsgs:  limits.SendQueueMessages,
 		maxBytes: limits.SendQueueBytes,
 	}
-	c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: c.log}, c)
-	if err != nil {
-		cancel()
-		s.releaseTenant(tenant)
-		log.Error("cannot serve connection", "err", err)
-		_ = ws.Close(websocket.StatusInternalError, "internal error")
-		return
+	if resumed != nil {
+		c.conn = resumed
+	} else {
+		// The tenant slot is held until the connection ends, which may be
+		// after this socket (a detached connection still counts).
+		release := func() { s.releaseTenant(tenant) }
+		c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: c.log, OnEnd: release}, c)
+		if err != nil {
+			cancel()
+			release()
+			log.Error("cannot serve connection", "err", err)
+			_ = ws.Close(websocket.StatusInternalError, "internal error")
+			return
+		}
 	}
 	s.mu.Lock()
 	if s.drain.Load() {
 		s.mu.Unlock()
 		c.conn.Close()
 		cancel()
-		s.releaseTenant(tenant)
 		_ = ws.Close(websocket.StatusGoingAway, "gateway shutting down")
 		return
 	}
@@ -159,7 +188,13 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	c.tenantLabel = s.metrics.tenants.Label(tenant)
 	s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Inc()
-	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol())
+	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol(), "resumed", resumed != nil)
+	if resumed != nil {
+		if err := resumed.Attach(c, received); err != nil {
+			c.log.Info("resume failed after the upgrade", "err", err)
+			c.closeWith(websocket.StatusPolicyViolation, "resume refused", "resume_refused")
+		}
+	}
 	// The connection no longer needs this handler's goroutine (and its
 	// request): the server owns the reader through s.wg.
 	go c.run()
@@ -207,7 +242,6 @@ const frameQueueBytes = 1 << 20
 // run is the connection's reader; the connection ends when it returns.
 func (c *wsConn) run() {
 	defer c.s.wg.Done()
-	defer c.s.releaseTenant(c.tenant)
 	defer c.s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Dec()
 	// Writes carry no context (see writeLoop): closing the connection is
 	// what unblocks them when the connection ends.
@@ -227,7 +261,11 @@ func (c *wsConn) run() {
 	c.mu.Unlock()
 	c.bg.Wait()
 	_ = c.ws.CloseNow()
-	c.conn.Close()
+	// A close the client asked for, or one the gateway decided for good,
+	// ends the connection; any other end detaches it for a resume.
+	clean := code == websocket.StatusNormalClosure && label == "client_closed" ||
+		label == "shutdown" || label == "idle_timeout" || label == "handshake_timeout"
+	c.conn.SocketEnded(c, clean)
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
 	c.s.mu.Unlock()
@@ -252,8 +290,7 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 		c.lastRead.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
 			jsonrpc.PutBuffer(msg)
-			c.Send(jsonrpc.AppendError(nil, nil, jsonrpc.CodeInvalidRequest,
-				"binary frames are not supported: send each JSON-RPC message as one text frame", nil))
+			c.conn.HandleBinary()
 			continue
 		}
 		c.mu.Lock()
@@ -352,16 +389,21 @@ func (c *wsConn) endReason(err error) (websocket.StatusCode, string, string) {
 	return websocket.StatusAbnormalClosure, err.Error(), "connection_lost"
 }
 
-// Send implements proxy.Sink: it queues without blocking and closes the
-// connection (1008) when the client falls too far behind.
-func (c *wsConn) Send(msg []byte) bool {
+// Supersede implements proxy.Sink: the client resumed on another socket.
+func (c *wsConn) Supersede() {
+	c.closeWith(websocket.StatusPolicyViolation, "superseded by a resumed connection", "superseded")
+}
+
+// Send implements proxy.Sink: it queues msg and closes the connection
+// (1008) when the client falls too far behind the send queue's limits.
+// With wait, a full queue whose writer keeps draining (the client reads as
+// fast as the gateway can send) is waited on instead, up to stallTimeout
+// without progress; the relay asks for that only when no other client
+// shares the agent process, whose output is held up meanwhile.
+func (c *wsConn) Send(msg []byte, wait bool) bool {
 	c.mu.Lock()
 	full := func() bool { return len(c.q) >= c.maxMsgs || c.qBytes+len(msg) > c.maxBytes }
-	// Full: a client whose writer keeps draining is reading as fast as the
-	// gateway can send, so wait for room (its agent's output is held up
-	// meanwhile); one whose writer made no progress for stallTimeout has
-	// stopped reading and is closed.
-	for !c.closing && !c.done && full() {
+	for wait && !c.closing && !c.done && full() {
 		stalled := time.Since(time.Unix(0, max(c.lastWrite.Load(), c.queuedSince)))
 		if stalled >= stallTimeout {
 			break

@@ -16,13 +16,20 @@ import (
 	"github.com/acpgate/acpgate/proxy/policy"
 )
 
-// Sink carries messages to one client. The gateway implements it over a
-// WebSocket.
+// Sink carries messages to one client over one socket. The gateway
+// implements it over a WebSocket. A connection's sink changes when the
+// client resumes on a new socket (Conn.Attach).
 type Sink interface {
-	// Send queues msg (the sink owns it from now on) without blocking. When
-	// the client cannot keep up, the sink closes the connection and returns
-	// false.
-	Send(msg []byte) bool
+	// Send queues msg (the sink owns it from now on). With wait false it
+	// never blocks: when the client has fallen too far behind, the sink
+	// closes its socket and returns false (the connection then detaches and
+	// keeps the messages for a resume). With wait true it may wait, up to
+	// about a second, for room while the client keeps reading: backpressure,
+	// which the relay asks for only when no other client's session shares
+	// the agent process.
+	Send(msg []byte, wait bool) bool
+	// Supersede closes the socket: the client resumed on another one.
+	Supersede()
 }
 
 // ConnInfo identifies a client connection.
@@ -30,6 +37,9 @@ type ConnInfo struct {
 	ID     string // connection ID (the Acp-Connection-Id header)
 	Tenant string // "" when the gateway runs without tenants
 	Log    *slog.Logger
+	// OnEnd, if set, is called once when the connection has ended for good
+	// (not when a socket ends and the connection detaches).
+	OnEnd func()
 }
 
 // Conn is one client connection multiplexed onto the pool. Handle is called
@@ -40,7 +50,6 @@ type Conn struct {
 	id     string
 	tenant string
 	ten    *tenant
-	sink   Sink
 	log    *slog.Logger
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -54,6 +63,13 @@ type Conn struct {
 	limiter *rate.Limiter // the connection's message rate; nil = none
 	logLim  *logLimiter   // bounds what one client can make the gateway log
 
+	// Static after construction.
+	token string // the resume token ("" = resume off); never logged
+	onEnd func()
+
+	out  outbox       // what the client is sent, numbered, kept for a resume
+	recv atomic.Int64 // client messages received, across sockets
+
 	initArrived atomic.Bool // a valid initialize came (see HandshakeDone)
 
 	mu          sync.Mutex
@@ -66,6 +82,10 @@ type Conn struct {
 	clientReqs  map[string]*outReq  // client requests in flight, by the client's raw id
 	agentReqs   map[int64]*inReq    // agent requests waiting for this client, by connection-side id
 	nextID      int64
+	detached    bool        // no socket: kept for a resume or a take-over
+	detachSeq   int64       // the last message numbered before the detach
+	detachTimer *time.Timer // ends the connection at sessions.detach_timeout
+	resuming    int         // Resume calls not yet attached or aborted
 }
 
 func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
@@ -79,7 +99,15 @@ func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 func (c *Conn) ID() string { return c.id }
 
 // deliver sends a message to the client.
-func (c *Conn) deliver(msg []byte) { c.sink.Send(msg) }
+func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, false) }
+
+// deliverFor sends a message about session sess (nil: none) to the client;
+// wait allows backpressure (see Sink.Send).
+func (c *Conn) deliverFor(msg []byte, sess *Session, wait bool) {
+	if c.out.deliver(msg, sess, wait) {
+		c.overflowed()
+	}
+}
 
 func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 	c.deliver(jsonrpc.AppendError(nil, id, code, msg, data))
@@ -87,6 +115,7 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 
 // Handle processes one message from the client.
 func (c *Conn) Handle(frame []byte) {
+	c.recv.Add(1)
 	m := &c.msg
 	if err := c.sc.Scan(frame, m, c.resolve); err != nil {
 		var se *jsonrpc.ScanError
@@ -235,6 +264,9 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		init = home.init
 	}
 	result, err := policy.FilterInitialize(init.result, *c.ten.policy())
+	if err == nil && c.token != "" {
+		result = withResumeToken(result, c.token)
+	}
 	c.mu.Lock()
 	if c.closed || err != nil {
 		c.mu.Unlock()
@@ -251,6 +283,13 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	c.log.Debug("initialized", "protocol_version", init.version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
+}
+
+// HandleBinary answers a binary frame from the client, which ACP does not
+// use; like any message, it is counted.
+func (c *Conn) HandleBinary() {
+	c.recv.Add(1)
+	c.replyError(nil, jsonrpc.CodeInvalidRequest, "binary frames are not supported: send each JSON-RPC message as one text frame", nil)
 }
 
 // HandshakeDone reports whether the client has sent a valid initialize
@@ -330,6 +369,9 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			agentSID, err = c.relay.sealer.Open(c.tenant, gwID)
 			if err != nil {
 				c.notFound(m, gwID, false)
+				return
+			}
+			if !live && isReq && c.takeOver(m, agentSID) {
 				return
 			}
 			// A lost session this connection holds is still counted.
@@ -674,29 +716,29 @@ func (c *Conn) forgetClientReq(r *outReq) {
 	}
 }
 
-// trackAgentReq registers an agent request for this client and returns the
-// id the client sees.
-func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string) (int64, error) {
+// trackAgentReq registers an agent request (about sess, if any) for this
+// client and returns it, with the id the client sees.
+func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string, sess *Session) (*inReq, error) {
 	// Only this process's reader adds to p.inbound, so the check holds.
 	p.mu.Lock()
 	dup := p.inbound[string(agentID)] != nil
 	p.mu.Unlock()
 	if dup {
-		return 0, errDuplicateAgentID
+		return nil, errDuplicateAgentID
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return 0, errClientGone
+		return nil, errClientGone
 	}
 	c.nextID++
-	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method, start: time.Now()}
+	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method, start: time.Now(), sess: sess}
 	c.agentReqs[in.connID] = in
 	c.mu.Unlock()
 	p.mu.Lock()
 	p.inbound[string(in.agentID)] = in
 	p.mu.Unlock()
-	return in.connID, nil
+	return in, nil
 }
 
 // forget removes in from its process's table of requests to the client,
@@ -763,8 +805,16 @@ func (c *Conn) Close() {
 	c.closed = true
 	sessions, agentReqs, clientReqs, home := c.sessions, c.agentReqs, c.clientReqs, c.home
 	c.sessions, c.agentReqs, c.clientReqs, c.home = nil, nil, nil, nil
+	wasDetached := c.detached
+	c.detached = false
+	if c.detachTimer != nil {
+		c.detachTimer.Stop()
+	}
 	c.mu.Unlock()
 	c.cancel()
+	if wasDetached {
+		c.relay.metrics.Detached.Dec()
+	}
 
 	for _, in := range agentReqs {
 		in.forget()
@@ -788,6 +838,10 @@ func (c *Conn) Close() {
 		home.releaseHome()
 	}
 	c.relay.connClosed(c)
+	c.out.release()
+	if c.onEnd != nil {
+		c.onEnd()
+	}
 }
 
 // endSession detaches s from its owner c: a running prompt is cancelled and

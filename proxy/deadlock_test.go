@@ -58,7 +58,9 @@ func floodingAgent() {
 
 type drainSink struct{ ch chan []byte }
 
-func (s *drainSink) Send(b []byte) bool {
+func (s *drainSink) Supersede() {}
+
+func (s *drainSink) Send(b []byte, _ bool) bool {
 	select {
 	case s.ch <- b:
 	default:

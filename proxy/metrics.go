@@ -30,7 +30,12 @@ type Metrics struct {
 	PoolWait            prometheus.Histogram
 	Denials             *prometheus.CounterVec // reason
 	AgentProtocolErrors *prometheus.CounterVec // kind
+	Detached            prometheus.Gauge
+	Resumes             *prometheus.CounterVec // result: ok, refused
+	Takeovers           *prometheus.CounterVec // turn: running, ended, idle
 	pool                *Pool
+	relay               *Relay
+	replayBytesDesc     *prometheus.Desc
 	byMethod            [2]sync.Map // direction → method label → *msgCounters
 	processStatesDesc   *prometheus.Desc
 	sessionsPerProcDesc *prometheus.Desc
@@ -93,12 +98,22 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		AgentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id, request_timeout: the agent did not answer in time, client_timeout: the client did not answer an agent request within timeouts.client_request).",
 		}, []string{"kind"}),
+		Detached: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "acpgate_connections_detached", Help: "Connections whose socket ended without a clean close, kept for a resume or a take-over until sessions.detach_timeout.",
+		}),
+		Resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result: ok, refused (unknown, expired, another tenant's token, or messages no longer kept).",
+		}, []string{"result"}),
+		Takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_takeovers_total", Help: "Sessions of a detached connection taken over by session/load or session/resume from another connection, by the turn found: running, ended (while detached), idle (the load went to the agent).",
+		}, []string{"turn"}),
+		replayBytesDesc:   prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil),
 		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state.", []string{"state"}, nil),
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", nil, nil),
 	}
 	reg.MustRegister(m.SessionsActive, m.SessionsTotal, m.Messages, m.MessageBytes, m.RequestDuration,
-		m.FirstUpdate, m.Spawns, m.Recycled, m.FsServed, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
+		m.FirstUpdate, m.Spawns, m.Recycled, m.FsServed, m.Detached, m.Resumes, m.Takeovers, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
 		m.AgentProtocolErrors, m)
 	return m
 }
@@ -108,6 +123,7 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.processStatesDesc
 	ch <- m.sessionsPerProcDesc
+	ch <- m.replayBytesDesc
 }
 
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
@@ -138,6 +154,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(counts[st]), st.String())
 	}
 	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, n, sum, cum)
+	if m.relay != nil {
+		ch <- prometheus.MustNewConstMetric(m.replayBytesDesc, prometheus.GaugeValue, float64(m.relay.replayBytes()))
+	}
 }
 
 // nopMetrics is used when the relay is built without a registry.

@@ -601,17 +601,20 @@ func (a *agentProc) expireInbound(limit time.Duration) {
 	now := time.Now()
 	var expired []*inReq
 	a.mu.Lock()
+	var conns []*Conn
+	var ids []int64
 	for id, in := range a.inbound {
 		if now.Sub(in.start) >= limit && in.claim() {
 			delete(a.inbound, id)
 			expired = append(expired, in)
+			conns, ids = append(conns, in.conn), append(ids, in.connID)
 		}
 	}
 	a.mu.Unlock()
-	for _, in := range expired {
-		in.conn.forgetAgentReq(in.connID)
+	for i, in := range expired {
+		conns[i].forgetAgentReq(ids[i])
 		a.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
-		in.conn.log.Info("the client did not answer an agent request in time; answered in its place",
+		conns[i].log.Info("the client did not answer an agent request in time; answered in its place",
 			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
 		a.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
 			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))

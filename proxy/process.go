@@ -112,6 +112,10 @@ type Session struct {
 	proc        *agentProc
 	owner       *Conn // guarded by proc.mu; nil once detached
 	lost        bool  // guarded by proc.mu: the agent process died
+	// endedDetached and stopReason (guarded by proc.mu): a turn ended while
+	// its owner had no socket, and how; a take-over reports it.
+	endedDetached bool
+	stopReason    string
 }
 
 // outReq is a client→agent request waiting for the agent's answer.
@@ -137,10 +141,14 @@ type outReq struct {
 type inReq struct {
 	proc    *agentProc
 	agentID []byte // the agent's raw id
-	conn    *Conn
-	connID  int64
 	method  string
 	start   time.Time
+	sess    *Session // the session it is about, if any
+	msg     []byte   // as the client was sent it (a take-over sends it again)
+	// conn and connID (the id the client sees) are guarded by proc.mu: a
+	// take-over moves the request to another connection.
+	conn   *Conn
+	connID int64
 	// answered is set by whoever answers the agent first: the client, or
 	// the gateway in its place (disconnect, client_request timeout).
 	answered atomic.Bool
@@ -508,9 +516,11 @@ func (p *agentProc) failRoutes() {
 			r.conn.deliver(jsonrpc.AppendError(nil, r.clientID, jsonrpc.CodeInternalError, msg, nil))
 		}
 	}
+	p.mu.Lock()
 	for _, r := range inbound {
-		r.conn.forgetAgentReq(r.connID)
+		defer r.conn.forgetAgentReq(r.connID)
 	}
+	p.mu.Unlock()
 }
 
 func truncate(s string, n int) string {

@@ -30,6 +30,19 @@ type Config struct {
 	Metrics *Metrics
 	// Limits bound each connection and tenant.
 	Limits Limits
+	// Sessions says how long a connection outlives its socket.
+	Sessions SessionsConfig
+}
+
+// SessionsConfig says how long a connection outlives its socket.
+type SessionsConfig struct {
+	// DetachTimeout keeps a connection whose socket ended without a clean
+	// close (its sessions, running turns and pending requests) for a resume
+	// or a take-over; 0 = end it at once.
+	DetachTimeout time.Duration
+	// ReplayBufferBytes bounds the messages a connection keeps for a
+	// resume (default 8 MiB).
+	ReplayBufferBytes int
 }
 
 // Limits bound what clients may send.
@@ -64,9 +77,11 @@ type Relay struct {
 	tenants map[string]*tenant
 	ctx     context.Context
 	cancel  context.CancelFunc
+	resume  SessionsConfig
 
-	mu    sync.Mutex // guards conns and tenants
-	conns map[*Conn]struct{}
+	mu        sync.Mutex // guards conns, tenants and resumable
+	conns     map[*Conn]struct{}
+	resumable map[string]*Conn // by resume token
 }
 
 // NewRelay starts the agent pool. Close stops it.
@@ -101,20 +116,27 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	cfg.Pool.metrics = metrics
 	cfg.Pool.fileAccess = fileAccess(cfg.ClientCaps, cfg.Tenants)
 	pool := NewPool(cfg.Pool, log)
+	if cfg.Sessions.DetachTimeout > 0 && cfg.Sessions.ReplayBufferBytes <= 0 {
+		cfg.Sessions.ReplayBufferBytes = 8 << 20
+	}
 	metrics.pool = pool
-	return &Relay{
-		metrics: metrics,
-		pool:    pool,
-		sealer:  sealer,
-		log:     log,
-		caps:    cfg.ClientCaps,
-		isolate: cfg.IsolateTenants,
-		limits:  cfg.Limits,
-		tenants: tenants,
-		ctx:     ctx,
-		cancel:  cancel,
-		conns:   map[*Conn]struct{}{},
-	}, nil
+	r := &Relay{
+		metrics:   metrics,
+		pool:      pool,
+		sealer:    sealer,
+		log:       log,
+		caps:      cfg.ClientCaps,
+		isolate:   cfg.IsolateTenants,
+		limits:    cfg.Limits,
+		tenants:   tenants,
+		ctx:       ctx,
+		cancel:    cancel,
+		conns:     map[*Conn]struct{}{},
+		resumable: map[string]*Conn{},
+		resume:    cfg.Sessions,
+	}
+	metrics.relay = r
+	return r, nil
 }
 
 // fileAccess is what agent processes are told about file access: read and
@@ -152,8 +174,8 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		id:         info.ID,
 		tenant:     info.Tenant,
 		ten:        ten,
-		sink:       sink,
 		log:        log,
+		onEnd:      info.OnEnd,
 		ctx:        ctx,
 		cancel:     cancel,
 		sessions:   map[string]*Session{},
@@ -164,8 +186,16 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.resolve = c.specFor
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
 	c.logLim = newLogLimiter(20, time.Second)
+	c.out.sink = sink
+	if r.resume.DetachTimeout > 0 {
+		c.out.limit = r.resume.ReplayBufferBytes
+		c.token = newResumeToken()
+	}
 	r.mu.Lock()
 	r.conns[c] = struct{}{}
+	if c.token != "" {
+		r.resumable[c.token] = c
+	}
 	r.mu.Unlock()
 	return c, nil
 }
@@ -173,7 +203,41 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 func (r *Relay) connClosed(c *Conn) {
 	r.mu.Lock()
 	delete(r.conns, c)
+	if c.token != "" {
+		delete(r.resumable, c.token)
+	}
 	r.mu.Unlock()
+}
+
+// replayBytes is the size of every connection's replay buffer.
+func (r *Relay) replayBytes() int {
+	r.mu.Lock()
+	conns := make([]*Conn, 0, len(r.conns))
+	for c := range r.conns {
+		conns = append(conns, c)
+	}
+	r.mu.Unlock()
+	n := 0
+	for _, c := range conns {
+		n += c.out.keptBytes()
+	}
+	return n
+}
+
+// CloseDetached ends every connection that has no socket (a drain: nobody
+// will resume them here).
+func (r *Relay) CloseDetached() {
+	r.mu.Lock()
+	var detached []*Conn
+	for c := range r.conns {
+		detached = append(detached, c)
+	}
+	r.mu.Unlock()
+	for _, c := range detached {
+		if c.Detached() {
+			c.Close()
+		}
+	}
 }
 
 // Conns returns the number of open client connections.

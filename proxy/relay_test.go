@@ -90,7 +90,9 @@ type sink struct {
 	ch chan []byte
 }
 
-func (s *sink) Send(msg []byte) bool {
+func (s *sink) Supersede() {}
+
+func (s *sink) Send(msg []byte, _ bool) bool {
 	s.ch <- msg
 	return true
 }

@@ -114,6 +114,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		return
 	}
 	c.forgetClientReq(req)
+	if req.method == mSessionPrompt && req.sess != nil {
+		p.promptEnded(req, m)
+	}
 	edits := append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
 	var created *Session
 	switch {
@@ -247,6 +250,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	var (
 		conn  *Conn
 		sess  *Session
+		solo  bool // the session is the process's only one
 		edits = r.edits[:0]
 	)
 	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
@@ -256,6 +260,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		if sess != nil {
 			conn = sess.owner
 		}
+		solo = len(p.sessions) == 1
 		p.mu.Unlock()
 		if conn == nil {
 			r.orphan(m, "no client holds session "+strconv.Quote(truncate(string(sid), 64)))
@@ -273,12 +278,15 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			// The agent withdraws one of its own requests to a client.
 			p.mu.Lock()
 			in := p.inbound[string(raw)]
+			var connID int64
+			if in != nil {
+				conn, connID = in.conn, in.connID
+			}
 			p.mu.Unlock()
 			if in == nil {
 				return // already answered
 			}
-			conn = in.conn
-			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, in.connID, 10)})
+			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, connID, 10)})
 		default:
 			// Request-scoped elicitation: requestId is a client request the
 			// agent is still working on.
@@ -330,8 +338,10 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		}
 		return
 	}
+	var in *inReq
 	if isReq {
-		connID, err := conn.trackAgentReq(p, m.ID, m.Method)
+		var err error
+		in, err = conn.trackAgentReq(p, m.ID, m.Method, sess)
 		if errors.Is(err, errDuplicateAgentID) {
 			// Two requests with one id: the client's answer could not be
 			// told apart. The second is refused; the first goes on.
@@ -345,13 +355,23 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			r.orphan(m, err.Error())
 			return
 		}
-		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
+		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, in.connID, 10)})
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
 	out := conn.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	p.pool.cfg.metrics.message(dirAgentToClient, m.Method, len(out))
-	conn.deliver(out)
+	if in != nil {
+		kept := append([]byte(nil), out...) // a take-over sends it again
+		p.mu.Lock()
+		in.msg = kept
+		p.mu.Unlock()
+		conn.deliver(out)
+		return
+	}
+	// A notification about a session is kept with it for a take-over.
+	// Backpressure only when no other client's session shares the process.
+	conn.deliverFor(out, sess, solo)
 }
 
 // allowAgent decides whether an agent may send method to conn: the tenant's

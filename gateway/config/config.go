@@ -37,6 +37,7 @@ type Config struct {
 
 	Agent     Agent     `yaml:"agent"`
 	Pool      Pool      `yaml:"pool"`
+	Sessions  Sessions  `yaml:"sessions"`
 	Limits    Limits    `yaml:"limits"`
 	Timeouts  Timeouts  `yaml:"timeouts"`
 	WebSocket WebSocket `yaml:"websocket"`
@@ -127,6 +128,16 @@ type Pool struct {
 	// Isolation is "tenant" (two tenants never share an agent process) or
 	// "shared" (for trusted single-organisation deployments).
 	Isolation string `yaml:"isolation"`
+}
+
+// Sessions says how long a connection outlives its socket.
+type Sessions struct {
+	// DetachTimeout keeps a connection whose socket ended without a clean
+	// close by the client (its sessions, running turns, pending requests)
+	// for a resume or a take-over (0 = end it at once).
+	DetachTimeout Duration `yaml:"detach_timeout"`
+	// ReplayBufferBytes bounds what a connection keeps for a resume.
+	ReplayBufferBytes int `yaml:"replay_buffer_bytes"`
 }
 
 // Limits bound what one message and one connection may take.
@@ -232,6 +243,10 @@ func Default() *Config {
 			AcquireTimeout:        Duration(30 * time.Second),
 			IdleTimeout:           Duration(5 * time.Minute),
 			Isolation:             "tenant",
+		},
+		Sessions: Sessions{
+			DetachTimeout:     Duration(5 * time.Minute),
+			ReplayBufferBytes: 8 << 20,
 		},
 		Auth: Auth{TicketTTL: Duration(30 * time.Second)},
 		Limits: Limits{
@@ -424,6 +439,12 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	if c.Pool.IdleTimeout <= 0 {
 		add("pool.idle_timeout", "must be positive")
+	}
+	if c.Sessions.DetachTimeout < 0 {
+		add("sessions.detach_timeout", "must not be negative (0 = end a connection with its socket)")
+	}
+	if c.Sessions.ReplayBufferBytes < 64<<10 || c.Sessions.ReplayBufferBytes > 1<<30 {
+		add("sessions.replay_buffer_bytes", "must be from 65536 to 1073741824, is %d", c.Sessions.ReplayBufferBytes)
 	}
 	if c.Pool.RecycleAfterSessions < 0 {
 		add("pool.recycle_after_sessions", "must not be negative (0 = never), is %d", c.Pool.RecycleAfterSessions)

@@ -1,0 +1,267 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// Sessions outlive sockets.
+//
+// A connection whose socket ends without a clean close by the client
+// detaches (SocketEnded): its sessions, running turns and pending agent
+// requests stay, and what the agents send it is kept in its outbox, for
+// sessions.detach_timeout. Then it ends as a closed connection does
+// (Close). Within that time the client can resume it exactly on a new
+// socket (Relay.Resume, Conn.Attach), or another connection of the tenant
+// can take one of its sessions over with session/load or session/resume
+// (takeOver).
+
+// ErrResumeRefused is returned for every resume that cannot be served, for
+// whatever reason: the caller answers them all alike, so a refusal tells
+// nothing about the token.
+var ErrResumeRefused = errors.New("this connection cannot be resumed; connect anew and load your sessions")
+
+// MethodResumed is the notification that starts a resumed socket: its
+// params.received is the number of client messages the gateway had received.
+const MethodResumed = "_acpgate/resumed"
+
+// methodTurnEnded tells the connection that took a session over that the
+// turn it found running has ended.
+const methodTurnEnded = "_acpgate/turn_ended"
+
+// newResumeToken returns an unguessable token (192 bits).
+func newResumeToken() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// maxTokenBytes bounds what Resume looks up.
+const maxTokenBytes = 64
+
+// Resume finds the connection a client of tenant resumes with token, having
+// received received messages on it. The connection stops its detach timer;
+// the caller then attaches the new socket (Attach) or gives up
+// (AbortResume). Every failure is ErrResumeRefused.
+func (r *Relay) Resume(tenant, token string, received int64) (*Conn, error) {
+	if token == "" || len(token) > maxTokenBytes {
+		r.metrics.Resumes.WithLabelValues("refused").Inc()
+		return nil, ErrResumeRefused
+	}
+	r.mu.Lock()
+	c := r.resumable[token]
+	r.mu.Unlock()
+	if c == nil || subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 || !c.reserveResume(received) {
+		r.metrics.Resumes.WithLabelValues("refused").Inc()
+		return nil, ErrResumeRefused
+	}
+	return c, nil
+}
+
+// reserveResume checks that the connection can resume from received and
+// holds it for the resume: no detach timeout meanwhile.
+func (c *Conn) reserveResume(received int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || !c.initialized {
+		return false
+	}
+	c.out.mu.Lock()
+	ok := c.out.canResumeLocked(received)
+	c.out.mu.Unlock()
+	if !ok {
+		return false
+	}
+	if c.detachTimer != nil {
+		c.detachTimer.Stop()
+	}
+	c.resuming++
+	return true
+}
+
+// Attach makes sink the connection's socket, resuming it: the old socket,
+// if still open, is superseded; sink gets the _acpgate/resumed notification,
+// then every message after the first received, then live traffic. It
+// follows a successful Resume.
+func (c *Conn) Attach(sink Sink, received int64) error {
+	c.mu.Lock()
+	c.resuming--
+	if c.closed {
+		c.mu.Unlock()
+		return ErrResumeRefused
+	}
+	c.out.mu.Lock()
+	if !c.out.canResumeLocked(received) {
+		c.out.mu.Unlock()
+		c.mu.Unlock()
+		c.relay.metrics.Resumes.WithLabelValues("refused").Inc()
+		return ErrResumeRefused
+	}
+	old := c.out.sink
+	if old != nil {
+		old.Supersede()
+	}
+	n := c.recv.Load()
+	params := append(strconv.AppendInt([]byte(`{"received":`), n, 10), '}')
+	sink.Send(jsonrpc.AppendRequest(nil, nil, MethodResumed, params), false)
+	c.out.replayLocked(sink, received)
+	c.out.sink = sink
+	c.out.mu.Unlock()
+	wasDetached := c.detached
+	c.detached = false
+	c.mu.Unlock()
+	if wasDetached {
+		c.relay.metrics.Detached.Dec()
+	}
+	c.relay.metrics.Resumes.WithLabelValues("ok").Inc()
+	c.log.Info("connection resumed", "client_received", received, "gateway_received", n, "superseded", old != nil)
+	return nil
+}
+
+// AbortResume gives up a Resume whose socket never came: a detached
+// connection gets its detach timeout again.
+func (c *Conn) AbortResume() {
+	c.mu.Lock()
+	c.resuming--
+	if c.detached && !c.closed && c.resuming == 0 {
+		c.armDetachLocked()
+	}
+	c.mu.Unlock()
+}
+
+// SocketEnded is called when sink's socket has ended; clean is a close the
+// client asked for (1000) or the gateway decided for good (shutdown, idle,
+// handshake). A socket that was superseded changes nothing. Otherwise the
+// connection ends, unless it may detach: resume is on, the client was
+// initialized and the end was not clean.
+func (c *Conn) SocketEnded(sink Sink, clean bool) {
+	c.mu.Lock()
+	c.out.mu.Lock()
+	current := c.out.sink == sink
+	if current {
+		c.out.sink = nil
+	}
+	c.out.mu.Unlock()
+	detach := current && !clean && c.token != "" && c.initialized && !c.closed
+	if detach && !c.detached {
+		c.detached = true
+		c.detachSeq = c.out.sentLocked()
+		if c.resuming == 0 {
+			c.armDetachLocked()
+		}
+	}
+	c.mu.Unlock()
+	switch {
+	case detach:
+		c.relay.metrics.Detached.Inc()
+		c.log.Info("socket lost; the connection is kept for a resume", "detach_timeout", c.relay.resume.DetachTimeout)
+	case current:
+		c.Close()
+	}
+}
+
+// armDetachLocked starts the detach timeout (c.mu held).
+func (c *Conn) armDetachLocked() {
+	if c.detachTimer != nil {
+		c.detachTimer.Stop()
+	}
+	c.detachTimer = time.AfterFunc(c.relay.resume.DetachTimeout, func() {
+		c.mu.Lock()
+		expired := c.detached && c.resuming == 0
+		c.mu.Unlock()
+		if expired {
+			c.log.Info("no resume within the detach timeout; ending the connection")
+			c.Close()
+		}
+	})
+}
+
+// overflowed ends a detached connection whose replay buffer had to drop a
+// message no socket got.
+func (c *Conn) overflowed() {
+	c.mu.Lock()
+	end := c.detached && !c.closed
+	c.mu.Unlock()
+	if end {
+		c.log.Warn("replay buffer full while detached; ending the connection", "replay_buffer_bytes", c.out.limit)
+		go c.Close() // not on the agent's reader: Close answers agents
+	}
+}
+
+// Detached reports whether the connection has no socket.
+func (c *Conn) Detached() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.detached
+}
+
+// sentLocked is the number of the last message (o.mu not held).
+func (o *outbox) sentLocked() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.sent
+}
+
+// withResumeToken adds _meta.acpgate.resumeToken to an initialize result
+// (a JSON object), inside an existing _meta object if there is one. The
+// rest is copied as it is.
+func withResumeToken(result []byte, token string) []byte {
+	member := []byte(`"acpgate":{"resumeToken":` + strconv.Quote(token) + `}`)
+	dec := jsontext.NewDecoder(bytes.NewReader(result))
+	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
+		return result
+	}
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadToken()
+		if err != nil {
+			return result
+		}
+		if name.String() != "_meta" {
+			if err := dec.SkipValue(); err != nil {
+				return result
+			}
+			continue
+		}
+		if dec.PeekKind() != '{' {
+			return result // a _meta that is not an object: left alone
+		}
+		at := int(dec.InputOffset()) // before the object's '{' and any space
+		open := at + bytes.IndexByte(result[at:], '{') + 1
+		var meta jsontext.Value
+		if meta, err = dec.ReadValue(); err != nil {
+			return result
+		}
+		if bytes.Contains(meta, []byte(`"acpgate"`)) {
+			return result // the agent's own acpgate key: not overwritten
+		}
+		sep := []byte(",")
+		if len(bytes.TrimSpace(meta[1:len(meta)-1])) == 0 {
+			sep = nil
+		}
+		return splice(result, open, member, sep)
+	}
+	open := bytes.IndexByte(result, '{') + 1
+	sep := []byte(",")
+	if len(bytes.TrimSpace(result[open:len(bytes.TrimRight(result, " \t\r\n"))-1])) == 0 {
+		sep = nil
+	}
+	return splice(result, open, append(append([]byte(`"_meta":{`), member...), '}'), sep)
+}
+
+// splice inserts ins and then sep at position at of b, in a new slice.
+func splice(b []byte, at int, ins, sep []byte) []byte {
+	out := make([]byte, 0, len(b)+len(ins)+len(sep))
+	out = append(out, b[:at]...)
+	out = append(out, ins...)
+	out = append(out, sep...)
+	return append(out, b[at:]...)
+}

@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// A session's owner can change: a connection that loads (or resumes) a
+// session held by a detached connection of its tenant takes it over. When a
+// turn ran while the owner was detached, the agent is not asked to load a
+// session it is running: the gateway answers the load itself, delivers the
+// session's updates since the detach, and sends the agent's pending
+// requests about it again, with the new connection's ids. Otherwise the
+// load goes to the agent as any load does ("the newest load wins",
+// addSession).
+
+// takeOver serves m, a session/load or session/resume request for the
+// agent's session agentSID, as a take-over if a detached connection of c's
+// tenant holds that session and a turn ran while it was detached. It
+// reports whether it answered m.
+func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
+	s, p := c.relay.pool.heldSession(agentSID)
+	if s == nil {
+		return false
+	}
+	p.mu.Lock()
+	owner, running := s.owner, p.promptRunningLocked(s)
+	ended, stop := s.endedDetached, s.stopReason
+	p.mu.Unlock()
+	if owner == nil || owner == c || owner.tenant != c.tenant || !owner.Detached() {
+		return false
+	}
+	turn := "idle"
+	switch {
+	case running:
+		turn = "running"
+	case ended:
+		turn = "ended"
+	}
+	if turn == "idle" {
+		c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
+		return false // the agent replays it; addSession moves the owner
+	}
+	meta := map[string]any{"turn": turn}
+	if turn == "ended" {
+		meta["stopReason"] = stop
+	}
+	result, _ := json.Marshal(map[string]any{"_meta": map[string]any{"acpgate": meta}})
+	// The owner changes with both outboxes held, so that the session's
+	// messages reach c after the answer and the buffered ones, in order.
+	owner.out.mu.Lock()
+	owner.mu.Lock()
+	since := owner.detachSeq
+	owner.mu.Unlock()
+	buffered := owner.out.sinceLocked(s, since)
+	c.out.mu.Lock()
+	p.mu.Lock()
+	moved := s.owner == owner && !s.lost
+	if moved {
+		s.owner, s.endedDetached, s.stopReason = c, false, ""
+	}
+	p.mu.Unlock()
+	if moved {
+		c.out.deliverLocked(jsonrpc.AppendResult(nil, m.ID, result), nil, false)
+		for _, b := range buffered {
+			c.out.deliverLocked(b, s, false)
+		}
+	}
+	c.out.mu.Unlock()
+	owner.out.mu.Unlock()
+	if !moved {
+		for _, b := range buffered {
+			jsonrpc.PutBuffer(b)
+		}
+		return false
+	}
+	owner.detach(s)
+	c.attach(s)
+	c.ten.event("loaded")
+	for _, in := range owner.takeAgentReqs(s) {
+		c.adopt(in)
+	}
+	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
+	c.log.Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
+	return true
+}
+
+// heldSession finds the process that serves the agent's session sid.
+func (p *Pool) heldSession(sid string) (*Session, *agentProc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.procs {
+		a.mu.Lock()
+		s := a.sessions[sid]
+		a.mu.Unlock()
+		if s != nil {
+			return s, a
+		}
+	}
+	return nil, nil
+}
+
+// promptRunningLocked reports whether a prompt of s is in flight (p.mu
+// held).
+func (p *agentProc) promptRunningLocked(s *Session) bool {
+	for _, r := range p.pending {
+		if r.method == mSessionPrompt && r.sess == s {
+			return true
+		}
+	}
+	return false
+}
+
+// takeAgentReqs removes and returns the agent requests about s waiting for
+// c.
+func (c *Conn) takeAgentReqs(s *Session) []*inReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*inReq
+	for id, in := range c.agentReqs {
+		if in.sess == s {
+			delete(c.agentReqs, id)
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// adopt makes in, an agent request taken over from another connection,
+// c's: it gets an id of c's and is sent again.
+func (c *Conn) adopt(in *inReq) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.nextID++
+	id := c.nextID
+	c.agentReqs[id] = in
+	c.mu.Unlock()
+	in.proc.mu.Lock()
+	in.conn, in.connID = c, id
+	msg := in.msg
+	in.proc.mu.Unlock()
+	if in.answered.Load() || msg == nil {
+		return
+	}
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
+		return
+	}
+	out := jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
+	c.deliver(out)
+}
+
+// promptEnded notes the end of a prompt turn of req.sess, answered by m:
+// for a session whose owner is detached it is kept for a take-over; for a
+// session taken over meanwhile the new owner is told.
+func (p *agentProc) promptEnded(req *outReq, m *jsonrpc.Message) {
+	s := req.sess
+	var res struct {
+		StopReason string `json:"stopReason"`
+	}
+	if !m.IsError {
+		_ = json.Unmarshal(m.Payload, &res)
+	}
+	p.mu.Lock()
+	owner := s.owner
+	p.mu.Unlock()
+	switch {
+	case owner == nil:
+	case owner == req.conn:
+		if owner.Detached() {
+			p.mu.Lock()
+			s.endedDetached, s.stopReason = true, res.StopReason
+			p.mu.Unlock()
+		}
+	default: // taken over while the turn ran
+		params := []byte(`{"sessionId":` + string(s.quotedID))
+		if m.IsError {
+			params = append(append(params, `,"error":`...), m.Payload...)
+		} else {
+			params = append(append(params, `,"stopReason":`...), strconv.Quote(res.StopReason)...)
+		}
+		params = append(params, '}')
+		owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
+	}
+}
