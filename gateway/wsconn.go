@@ -623,8 +623,12 @@ func (c *wsConn) tick() {
 	}
 	if !c.nextPing.IsZero() && !now.Before(c.nextPing) {
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.WebSocket.PingTimeout.D())
+		written := c.msgsOut.Load() // written before the ping frame, in order
 		err := c.ws.Ping(ctx)
 		cancel()
+		if err == nil {
+			c.conn.Acked(c, written) // the pong came after them: the client has them
+		}
 		if err != nil {
 			if c.ctx.Err() == nil {
 				c.log.Info("client did not answer ping; closing", "err", err)

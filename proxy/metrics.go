@@ -112,6 +112,15 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", nil, nil),
 	}
+	for _, r := range []string{"ok", "refused"} {
+		m.Resumes.WithLabelValues(r) // exported at 0 from the start
+	}
+	for _, t := range []string{"running", "ended", "idle"} {
+		m.Takeovers.WithLabelValues(t)
+	}
+	for _, r := range []string{"sessions", "age"} {
+		m.Recycled.WithLabelValues(r)
+	}
 	reg.MustRegister(m.SessionsActive, m.SessionsTotal, m.Messages, m.MessageBytes, m.RequestDuration,
 		m.FirstUpdate, m.Spawns, m.Recycled, m.FsServed, m.Detached, m.Resumes, m.Takeovers, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
 		m.AgentProtocolErrors, m)

@@ -11,7 +11,10 @@ import (
 // a socket is attached a message is handed to its sink at once. The outbox
 // also keeps a copy of the most recent messages, up to limit bytes, so that
 // a client whose socket died can resume from the last message it received,
-// even if messages were in flight when the socket died. While no socket is
+// even if messages were in flight when the socket died. A message the
+// client is known to have read (the socket answered a ping sent after it:
+// see acked) is not kept any longer, so a live connection keeps only what
+// may still be in flight. While no socket is
 // attached (detached) messages are only kept; one that would have to be
 // dropped before any socket got it ends the connection (overflow), since it
 // could no longer be resumed exactly.
@@ -25,7 +28,11 @@ type outbox struct {
 	sink     Sink  // nil while detached
 	sent     int64 // the number of the last message
 	handed   int64 // the number of the last message handed to a sink
-	kept     []outEntry
+	acked    int64 // the number of the last message the client is known to have read
+	// The current sink's first numbered message is sinkBase+1, after
+	// sinkExtra messages of its own (the _acpgate/resumed notification).
+	sinkBase, sinkExtra int64
+	kept                []outEntry
 	first    int // kept[first:] are live (the rest are spent slots)
 	bytes    int // capacity of the kept copies
 	overflow bool
@@ -100,6 +107,7 @@ func (o *outbox) canResumeLocked(received int64) bool {
 // replayLocked hands the kept messages after received to sink, in order
 // (o.mu held).
 func (o *outbox) replayLocked(sink Sink, received int64) {
+	o.sinkBase, o.sinkExtra = received, 1
 	for i := o.first; i < len(o.kept); i++ {
 		if e := &o.kept[i]; e.seq > received {
 			sink.Send(append(jsonrpc.GetBuffer(len(e.data)), e.data...), false)
@@ -118,6 +126,26 @@ func (o *outbox) sinceLocked(sess *Session, seq int64) [][]byte {
 		}
 	}
 	return out
+}
+
+// ackLocked drops the kept messages up to the written-th message the
+// current sink wrote before a ping its client answered (o.mu held).
+func (o *outbox) ackLocked(written int64) {
+	acked := min(o.sinkBase+written-o.sinkExtra, o.handed)
+	if acked <= o.acked {
+		return
+	}
+	o.acked = acked
+	for o.first < len(o.kept) && o.kept[o.first].seq <= acked {
+		e := &o.kept[o.first]
+		o.bytes -= cap(e.data)
+		jsonrpc.PutBuffer(e.data)
+		*e = outEntry{}
+		o.first++
+	}
+	if o.first == len(o.kept) {
+		o.kept, o.first = o.kept[:0], 0
+	}
 }
 
 // keptBytes is the size of the replay buffer.

@@ -127,6 +127,17 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 	return nil
 }
 
+// Acked tells the connection that sink's client answered a ping sent
+// after the socket had written written messages: the client has read
+// them, and the replay buffer need not keep them.
+func (c *Conn) Acked(sink Sink, written int64) {
+	c.out.mu.Lock()
+	if c.out.sink == sink {
+		c.out.ackLocked(written)
+	}
+	c.out.mu.Unlock()
+}
+
 // AbortResume gives up a Resume whose socket never came: a detached
 // connection gets its detach timeout again.
 func (c *Conn) AbortResume() {

@@ -300,6 +300,7 @@ func TestHygieneConnectionChurn(t *testing.T) {
 pool: {min_idle: %d, max_processes: 4, max_sessions_per_process: 16, idle_timeout: 2s}
 limits: {messages_per_second: 0}
 shutdown_grace: 2s
+sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are churned
 `, name, value, minIdle)})
 	gwPID := g.cmd.Process.Pid
 	cwd := t.TempDir()

@@ -337,7 +337,9 @@ func TestAgentKilledMidPrompt(t *testing.T) {
 }
 
 func TestClientKilledMidPermissionRequest(t *testing.T) {
-	g := startGateway(t, gwOpts{config: "pool: {min_idle: 1, max_processes: 1}\n"})
+	// The killed client's connection detaches; when no resume comes within
+	// detach_timeout it ends, and its pending request is answered for it.
+	g := startGateway(t, gwOpts{config: "pool: {min_idle: 1, max_processes: 1}\nsessions: {detach_timeout: 1s}\n"})
 	cwd := t.TempDir()
 	a := dial(t, g)
 	a.initialize()
