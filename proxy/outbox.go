@@ -24,18 +24,18 @@ import (
 type outbox struct {
 	limit int // bytes kept for replay; 0 = none (resume is off)
 
-	mu       sync.Mutex
-	sink     Sink  // nil while detached
-	sent     int64 // the number of the last message
-	handed   int64 // the number of the last message handed to a sink
-	acked    int64 // the number of the last message the client is known to have read
+	mu     sync.Mutex
+	sink   Sink  // nil while detached
+	sent   int64 // the number of the last message
+	handed int64 // the number of the last message handed to a sink
+	acked  int64 // the number of the last message the client is known to have read
 	// The current sink's first numbered message is sinkBase+1, after
 	// sinkExtra messages of its own (the _acpgate/resumed notification).
 	sinkBase, sinkExtra int64
 	kept                []outEntry
-	first    int // kept[first:] are live (the rest are spent slots)
-	bytes    int // capacity of the kept copies
-	overflow bool
+	first               int // kept[first:] are live (the rest are spent slots)
+	bytes               int // capacity of the kept copies
+	overflow            bool
 }
 
 // outEntry is one kept message.
