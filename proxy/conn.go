@@ -374,8 +374,10 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			if !live && isReq && c.takeOver(m, agentSID) {
 				return
 			}
-			// A lost session this connection holds is still counted.
-			counted := sess != nil
+			// A lost session this connection holds is still counted, and
+			// so is one another connection of the tenant holds: loading it
+			// moves it here ("the newest load wins").
+			counted := sess != nil || !live && c.relay.pool.heldByTenant(agentSID, c.tenant)
 			if !live && isReq && !counted && !c.reserveQuota(m) {
 				return
 			}

@@ -102,6 +102,18 @@ func (p *Pool) heldSession(sid string) (*Session, *agentProc) {
 	return nil, nil
 }
 
+// heldByTenant reports whether a connection of tenant holds the agent's
+// session sid.
+func (p *Pool) heldByTenant(sid, tenant string) bool {
+	s, a := p.heldSession(sid)
+	if s == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return s.owner != nil && s.owner.tenant == tenant
+}
+
 // promptRunningLocked reports whether a prompt of s is in flight (p.mu
 // held).
 func (p *agentProc) promptRunningLocked(s *Session) bool {
