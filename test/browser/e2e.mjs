@@ -3,20 +3,24 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant]
+//   node e2e.mjs <gateway-url> [main|tenant|resume]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
 // tenant  a gateway with one tenant: refused without / with a bad token,
 //         connects with the good token (subprotocol carrier) and a ticket
+// resume  the page loaded through a TCP proxy that the harness cuts: a
+//         streamed turn and a permission request survive the dropped
+//         socket (the connection is resumed, not the session reloaded)
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
 //   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
 //   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
 //
-// The script asks the harness to restart the gateway by printing
-// "@@harness restart" and waits for a line on stdin. It exits 0 on success.
+// The script asks the harness to act (stop, kill or start the gateway; cut,
+// hold or release the proxy) by printing "@@harness <action>" and waits for
+// a line on stdin. It exits 0 on success.
 
 import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
@@ -27,7 +31,7 @@ import { createInterface } from "node:readline";
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -485,11 +489,151 @@ async function tenantScenario() {
   });
 }
 
+// The page through a proxy that the harness cuts ("cut": every TCP
+// connection reset; "hold": refused until "release"). The gateway keeps the
+// dropped connection, so the page resumes it: same transcript, no reload.
+async function resumeScenario() {
+  // Records every connection state and every WebSocket URL's query keys
+  // (never the values: the resume token is a credential).
+  const sawState = (s) => page.evaluate((s) => window.__states.includes(s), s);
+  const resetStates = () => page.evaluate(() => (window.__states = []));
+  const resumeUrls = () => wsUrls.filter((u) => new URL(u).searchParams.has("resume"));
+  const noReload = async () => {
+    const text = await page.locator("#transcript").innerText();
+    check(!/Reconnected|history replayed|connection closed during the turn/i.test(text), `the page reloaded the session or failed the turn: ${JSON.stringify(text.slice(-300))}`);
+    check(await page.locator("#transcript .notice-error").count() === 0, "an error notice in the transcript");
+  };
+  // Waits for the resume after a cut: "reconnecting" shown, then connected.
+  const resumed = async () => {
+    await page.waitForFunction(() => window.__states.includes("reconnecting"), null, { timeout: 10000 });
+    await waitState("connected", 30000);
+    check(/resumed after code 1006/.test(await page.locator("#conn-detail").innerText()), `detail after the resume: ${await page.locator("#conn-detail").innerText()}`);
+  };
+
+  await run("connect through the proxy", async () => {
+    await page.goto(baseUrl);
+    await waitState("connected");
+    await page.evaluate(() => {
+      window.__states = [];
+      const el = document.getElementById("conn-state");
+      new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
+    });
+    check(await page.locator('#conn-state[role="status"]').count() === 1, "the connection state is not a live region");
+    check(await page.evaluate(() => !JSON.stringify(window.acpgate.app.acp.init).includes("resumeToken")), "the resume token is in the initialize result the page shows");
+    check(wsUrls.length === 1 && resumeUrls().length === 0, `WebSocket URLs: ${wsUrls.length}`);
+  });
+
+  await run("a streamed turn survives two cuts", async () => {
+    await page.evaluate(() => {
+      window.__snapshots = [];
+      const t = document.getElementById("transcript");
+      new MutationObserver(() => {
+        const m = [...t.querySelectorAll(".msg.agent")].pop();
+        if (m) window.__snapshots.push(m.innerText);
+      }).observe(t, { childList: true, subtree: true, characterData: true });
+    });
+    const started = Date.now();
+    await send("slow", { wait: false });
+    await expectAgentText("tick 5 ");
+    await harness("cut");
+    await resumed();
+    await shot("08-resumed");
+    await expectAgentText("tick 60 ", 20000);
+    await resetStates();
+    await harness("cut");
+    await resumed();
+    // The demo agent ends "slow" after 600 ticks of 100 ms.
+    await page.waitForSelector('#transcript .turn-end[data-stop-reason="end_turn"]', { timeout: 120000 });
+    log(`  the turn took ${((Date.now() - started) / 1000).toFixed(1)} s`);
+    const want = Array.from({ length: 600 }, (_, i) => `tick ${i + 1}`).join(" ");
+    const got = (await lastAgentText()).trim();
+    check(got === want, `the reply is not every tick exactly once: ${got.length} chars, want ${want.length}; ${JSON.stringify(got.slice(0, 120))}…`);
+    check(await page.locator("#transcript .msg.agent").count() === 1, "the reply is split over several messages");
+    check(await page.locator("#transcript .msg.user").count() === 1, "the prompt is shown more than once");
+    check(await page.locator("#transcript .turn-end").count() === 1, "more than one turn end");
+    let prev = "";
+    for (const snap of (await page.evaluate(() => window.__snapshots)).map((x) => x.trim())) {
+      check(want.startsWith(snap), `a rendered state is not a prefix of the reply: …${JSON.stringify(snap.slice(-60))}`);
+      check(snap.length >= prev.length, "the reply went backwards");
+      prev = snap;
+    }
+    await noReload();
+    check(resumeUrls().length === 2 && wsUrls.length === 3, `WebSocket URLs: ${wsUrls.length}, ${resumeUrls().length} resumes`);
+    check(resumeUrls().every((u) => /^\d+$/.test(new URL(u).searchParams.get("received"))), "a resume URL without a received count");
+  });
+
+  await run("a pending permission request survives a cut", async () => {
+    const before = await send("permission", { wait: false });
+    const card = page.locator("#transcript .permission:not(.answered)");
+    await card.locator('button[data-option-id="allow"]').waitFor();
+    await resetStates();
+    await harness("cut");
+    await resumed();
+    check(await card.count() === 1, "the permission card is gone or duplicated after the resume");
+    check(await page.locator("#transcript .permission").count() === 1, "more than one permission card");
+    await card.locator('button[data-option-id="allow"]').click();
+    await expectAgentText("Permission granted");
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "end_turn", "the turn did not end normally");
+    check((await page.locator("#transcript .tool").last().getAttribute("data-status")) === "completed", "tool call not completed");
+    await noReload();
+  });
+
+  await run("an answer given while the gateway is unreachable goes out on resume", async () => {
+    const before = await send("permission", { wait: false });
+    const allow = page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+    await allow.waitFor();
+    await harness("hold"); // connections reset, new ones refused
+    await waitState("reconnecting", 10000);
+    check((await page.locator("#conn-state").innerText()).trim() === "Reconnecting…", "the header does not say Reconnecting…");
+    check(/Reconnecting/.test(await page.locator("#prompt-hint").innerText()), "the composer hint does not say Reconnecting…");
+    check(await page.locator("#send-btn").isDisabled(), "Send is enabled while reconnecting");
+    await shot("09-resuming");
+    await allow.click(); // answered now, sent once the connection is back
+    check((await page.locator("#transcript .permission").last().innerText()).includes("You chose"), "the answer is not shown");
+    await page.waitForFunction(() => /attempt [2-9]/.test(document.getElementById("conn-detail").textContent), null, { timeout: 15000 });
+    check(await state() === "reconnecting", "not reconnecting while the proxy refuses connections");
+    await harness("release");
+    await waitState("connected", 30000);
+    await expectAgentText("Permission granted");
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#transcript .tool").last().getAttribute("data-status")) === "completed", "tool call not completed");
+    await noReload();
+    await send("after the resumes");
+    await expectAgentText("You said: after the resumes");
+  });
+
+  await run("a reload resumes the connection", async () => {
+    // A permission request is open when the page goes away: the reloaded
+    // page, which cannot show it, answers it "cancelled" so the turn ends.
+    await send("permission", { wait: false });
+    await page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').waitFor();
+    const n = wsUrls.length;
+    const sentFrames = [];
+    page.on("websocket", (ws) => ws.on("framesent", (f) => sentFrames.push(String(f.payload))));
+    await page.reload();
+    await waitState("connected");
+    check(wsUrls.length === n + 1 && new URL(wsUrls[n]).searchParams.has("resume"), "the reloaded page did not resume");
+    check((await page.locator("#conn-detail").innerText()).includes("resumed the connection from before the reload"), "no resume note");
+    check((await page.locator("#agent-badge").innerText()).includes("acpgate-demo-agent"), "agent name missing after the reload");
+    for (let i = 0; i < 50 && !sentFrames.some((f) => f.includes('"outcome":"cancelled"')); i++) await page.waitForTimeout(100);
+    check(sentFrames.some((f) => f.includes('"outcome":"cancelled"')), "the reloaded page did not answer the open permission request");
+    // The session of before the reload can be loaded and prompted again.
+    const item = page.locator("#session-list .session-item", { hasText: "slow" }).first();
+    await item.getByRole("button", { name: /^Load/ }).click();
+    await page.waitForFunction(() => /Session loaded/.test(document.getElementById("transcript").innerText));
+    await send("after the reload");
+    await expectAgentText("You said: after the reload");
+    check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "end_turn", "the prompt after the reload did not end normally");
+  });
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
   if (scenario === "main") await mainScenario();
   else if (scenario === "tenant") await tenantScenario();
+  else if (scenario === "resume") await resumeScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);

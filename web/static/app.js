@@ -1,7 +1,9 @@
 // app.js: the acpgate web client. It wires acp.js (the protocol),
 // transcript.js (the conversation), files.js (the in-browser workspace) and
 // the page together: connect, initialize, sessions, prompts, permission
-// requests, cancellation, and reconnecting after a drop.
+// requests, cancellation, and reconnecting after a drop: acp.js resumes a
+// dropped connection when the gateway kept it (the turn goes on, nothing is
+// reloaded); when it cannot, the page connects anew and loads the session.
 
 import { AcpConnection, AcpClient, AcpError, ConnectError, ErrorCode, backoff, gatewayUrl } from "./acp.js";
 import { Transcript } from "./transcript.js";
@@ -79,6 +81,7 @@ const app = {
   running: null, // {started, cancelling}
   loading: false,
   lastClose: null, // {code, reason} of the close that lost the connection
+  connDetail: "", // the "connected" detail line
   connectSeq: 0,
 };
 
@@ -164,7 +167,10 @@ function updateControls() {
 
 async function connect({ reconnect = false } = {}) {
   clearTimeout(app.timer);
-  if (app.conn) return; // already open
+  if (app.conn) {
+    app.conn.reconnectNow(); // resuming a dropped socket: try now
+    return;
+  }
   const seq = ++app.connectSeq; // a newer connect() (e.g. "Reconnect now") wins
   const url = els.url.value.trim() || defaultUrl();
   const token = els.token.value.trim();
@@ -186,7 +192,7 @@ async function connect({ reconnect = false } = {}) {
 
   let conn;
   try {
-    conn = await AcpConnection.open(url, ticket ? { ticket } : { token });
+    conn = await AcpConnection.open(url, { ...(ticket ? { ticket } : { token }), probe });
   } catch (err) {
     if (seq !== app.connectSeq) return;
     if (!app.wantConnected) return setState("disconnected", "");
@@ -206,6 +212,7 @@ async function connect({ reconnect = false } = {}) {
   app.conn = conn;
   wireHandlers(conn);
   conn.onClose((c) => onClosed(conn, c));
+  conn.onLink((ev) => onLink(conn, ev));
 
   const acp = new AcpClient(conn);
   try {
@@ -219,7 +226,8 @@ async function connect({ reconnect = false } = {}) {
   }
   app.acp = acp;
   app.attempt = 0;
-  setState("connected", `${url} · subprotocol ${conn.protocol || "(none)"}${ticket ? " · ticket" : token ? " · bearer token" : ""}`);
+  app.connDetail = `${url} · subprotocol ${conn.protocol || "(none)"}${ticket ? " · ticket" : token ? " · bearer token" : ""}`;
+  setState("connected", app.connDetail + (conn.resumedAtOpen ? " · resumed the connection from before the reload" : ""));
   renderAgent(acp.init);
   announce(`Connected to ${agentName(acp.init)}`);
   if (reconnect && app.session) await restoreSession();
@@ -263,11 +271,31 @@ async function probe(url) {
   }
 }
 
+// A dropped socket is being resumed (the gateway keeps the connection): the
+// transcript, the running turn and open permission requests stay as they
+// are; what the page sends meanwhile goes out once the socket is back.
+// #conn-state (a live region) says "Reconnecting…", then "Connected".
+function onLink(conn, ev) {
+  if (app.conn !== conn) return;
+  if (ev.state === "reconnecting") {
+    app.lastClose = ev.close;
+    app.attempt = ev.attempt;
+    setState("reconnecting", `Connection lost: ${closeText(ev.close)}. Resuming the connection in ${(ev.delayMs / 1000).toFixed(1)} s (attempt ${ev.attempt}); the conversation goes on where it was.`);
+    els.promptHint.textContent = "Reconnecting… the conversation goes on once the connection is back";
+  } else if (ev.state === "resumed") {
+    app.attempt = 0;
+    setState("connected", `${app.connDetail} · resumed after ${closeText(app.lastClose)}`);
+    els.promptHint.textContent = PROMPT_HINT;
+    announce(app.running ? "Reconnected. The reply goes on." : "Reconnected.");
+  }
+}
+
 function onClosed(conn, c) {
   if (app.conn !== conn) return;
   app.conn = null;
   app.acp = null;
   app.lastClose = c;
+  els.promptHint.textContent = PROMPT_HINT;
   transcript.cancelPermissions("The connection closed.");
   if (!app.wantConnected) {
     setState("disconnected", `Closed: ${closeText(c)}`);
@@ -277,6 +305,14 @@ function onClosed(conn, c) {
     app.wantConnected = false;
     setState("disconnected", `Closed: ${closeText(c)}. The ticket was single-use: paste a new one to reconnect.`);
     els.auth.open = true;
+    return;
+  }
+  if (c.resumeRefused) {
+    // The gateway is up but no longer has the connection (it restarted, or
+    // kept it for less than the drop lasted): connect anew at once; the
+    // open session is loaded again.
+    setState("reconnecting", `Connection lost: ${closeText(c)}. The gateway could not resume it: connecting anew.`);
+    app.timer = setTimeout(() => connect({ reconnect: true }), 0);
     return;
   }
   scheduleReconnect();
@@ -537,7 +573,7 @@ async function sendPrompt(text = els.prompt.value) {
     els.promptHint.textContent = "The agent is still working · Esc cancels";
     return;
   }
-  if (!text.trim() || app.loading || !app.acp) return;
+  if (!text.trim() || app.loading || !app.acp || app.state !== "connected") return;
   if (!app.session && !(await newSession())) return;
   if (text === els.prompt.value) {
     els.prompt.value = "";
@@ -716,7 +752,7 @@ els.themeBtn.addEventListener("click", () => {
 });
 els.filesToggle.addEventListener("click", () => toggleFiles(els.filesPanel.hidden));
 window.addEventListener("online", () => {
-  if (app.state === "reconnecting") connect({ reconnect: true });
+  if (app.state === "reconnecting") connect({ reconnect: true }); // or resume now
 });
 
 setState("disconnected", "");
