@@ -290,7 +290,7 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 		c.lastRead.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
 			jsonrpc.PutBuffer(msg)
-			c.conn.HandleBinary()
+			c.conn.HandleBinary(c)
 			continue
 		}
 		c.mu.Lock()
@@ -364,8 +364,8 @@ func (c *wsConn) handleLoop() {
 			c.frameRoom = nil
 		}
 		c.mu.Unlock()
-		c.conn.Handle(f)     // keeps nothing of the frame
-		jsonrpc.PutBuffer(f) // so its buffer is reused
+		c.conn.HandleFrom(c, f) // keeps nothing of the frame
+		jsonrpc.PutBuffer(f)    // so its buffer is reused
 	}
 }
 

@@ -54,11 +54,14 @@ type Conn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// Used only by the goroutine that calls Handle.
-	sc      jsonrpc.Scanner
-	msg     jsonrpc.Message
-	edits   []jsonrpc.Edit
-	resolve jsonrpc.Resolver
+	// Used only by the goroutine that calls Handle, one at a time: with a
+	// resume, the old socket's last message may still be in hand when the
+	// new socket's first arrives (handleMu).
+	handleMu sync.Mutex
+	sc       jsonrpc.Scanner
+	msg      jsonrpc.Message
+	edits    []jsonrpc.Edit
+	resolve  jsonrpc.Resolver
 
 	limiter *rate.Limiter // the connection's message rate; nil = none
 	logLim  *logLimiter   // bounds what one client can make the gateway log
@@ -113,9 +116,30 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 	c.deliver(jsonrpc.AppendError(nil, id, code, msg, data))
 }
 
+// HandleFrom processes one message the client sent on sink's socket. A
+// message from a socket that is no longer the connection's (superseded by
+// a resume) is dropped uncounted: the resumed client sends it again.
+func (c *Conn) HandleFrom(sink Sink, frame []byte) {
+	c.out.mu.Lock()
+	current := c.out.sink == sink
+	if current {
+		c.recv.Add(1) // counted with the check: Attach reads it under out.mu
+	}
+	c.out.mu.Unlock()
+	if current {
+		c.handle(frame)
+	}
+}
+
 // Handle processes one message from the client.
 func (c *Conn) Handle(frame []byte) {
 	c.recv.Add(1)
+	c.handle(frame)
+}
+
+func (c *Conn) handle(frame []byte) {
+	c.handleMu.Lock()
+	defer c.handleMu.Unlock()
 	m := &c.msg
 	if err := c.sc.Scan(frame, m, c.resolve); err != nil {
 		var se *jsonrpc.ScanError
@@ -287,8 +311,16 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 
 // HandleBinary answers a binary frame from the client, which ACP does not
 // use; like any message, it is counted.
-func (c *Conn) HandleBinary() {
-	c.recv.Add(1)
+func (c *Conn) HandleBinary(sink Sink) {
+	c.out.mu.Lock()
+	current := c.out.sink == sink
+	if current {
+		c.recv.Add(1)
+	}
+	c.out.mu.Unlock()
+	if !current {
+		return
+	}
 	c.replyError(nil, jsonrpc.CodeInvalidRequest, "binary frames are not supported: send each JSON-RPC message as one text frame", nil)
 }
 

@@ -72,7 +72,12 @@ func (o *outbox) deliverLocked(msg []byte, sess *Session, wait bool) (overflow b
 // keep copies msg into the replay buffer and drops the oldest copies past
 // the limit (o.mu held).
 func (o *outbox) keep(msg []byte, sess *Session) {
-	c := append(jsonrpc.GetBuffer(len(msg)), msg...)
+	c := jsonrpc.GetBuffer(len(msg))
+	if cap(c) > 2*len(msg)+1024 { // a big pooled buffer would pin memory and count against the limit
+		jsonrpc.PutBuffer(c)
+		c = make([]byte, 0, len(msg))
+	}
+	c = append(c, msg...)
 	o.kept = append(o.kept, outEntry{seq: o.sent, data: c, sess: sess})
 	o.bytes += cap(c)
 	for o.bytes > o.limit && o.first < len(o.kept)-1 {
