@@ -1301,3 +1301,114 @@ func TestHostileTenants(t *testing.T) {
 		}
 	})
 }
+
+// ---------------------------------------------------------------------------
+// Resume: a refused resume is refused before the upgrade with 404 and one
+// body, whatever the reason (no oracle), and disturbs nobody: the
+// connection the token names still resumes for its own client.
+
+func TestHostileResume(t *testing.T) {
+	env := newIsoEnv(t)
+	g := startGateway(t, gwOpts{config: env.config(env.keyFile, nil) + hostilePolicy + "shutdown_grace: 3s\n"})
+	acmeTok, globexTok := env.tokens["acme"], env.tokens["globex"]
+	acme := newBystander(t, "acme", dialToken(t, g, acmeTok), vroot)
+	globex := newBystander(t, "globex", dialToken(t, g, globexTok), vroot)
+	bys := []*bystander{acme, globex}
+
+	// The victim: an acme connection with a session, detached by a TCP
+	// reset after it received everything the gateway sent it.
+	victim := newRconn(t, g, bearer(acmeTok))
+	victim.initialize()
+	vsid := victim.newSession(vroot)
+	quiet(t, victim.c, 300*time.Millisecond)
+	n := victim.got
+	victim.resetDetached()
+
+	// A connection the client ended with 1000.
+	ended := newRconn(t, g, bearer(acmeTok))
+	ended.initialize()
+	endedN := ended.got
+	closeClean(t, ended.c)
+
+	var (
+		firstBody string
+		refusals  int
+	)
+	// refuse asserts that the resume is refused like every other one.
+	refuse := func(t *testing.T, header http.Header, token, received, why string) {
+		t.Helper()
+		body := wantResumeRefused(t, g, header, resumePath(token, received), why)
+		refusals++
+		if firstBody == "" {
+			firstBody = body
+		} else if body != firstBody {
+			t.Errorf("resume with %s: body %s differs from an earlier refusal's %s: the refusal tells why", why, body, firstBody)
+		}
+		if strings.Contains(body, token) && len(token) >= 8 {
+			t.Errorf("resume with %s: the refusal echoes the token: %s", why, body)
+		}
+	}
+	recv := strconv.Itoa(n)
+
+	hostile(t, "resume/forged token", bys, func(t *testing.T) {
+		refuse(t, bearer(acmeTok), flip(victim.token), recv, "the victim's token with one character changed")
+		refuse(t, bearer(acmeTok), randomHex(t, len(victim.token)/2+1)[:len(victim.token)], recv, "a random token of the right length")
+		refuse(t, bearer(acmeTok), victim.token[:len(victim.token)-1], recv, "the victim's token less its last character")
+		refuse(t, bearer(acmeTok), victim.token+"A", recv, "the victim's token with a character appended")
+		refuse(t, bearer(acmeTok), strings.ToUpper(victim.token), recv, "the victim's token in upper case")
+	})
+	hostile(t, "resume/token of a connection closed with 1000", bys, func(t *testing.T) {
+		refuse(t, bearer(acmeTok), ended.token, strconv.Itoa(endedN), "the token of a connection its client closed")
+		refuse(t, bearer(acmeTok), ended.token, "0", "the token of a connection its client closed, received=0")
+	})
+	hostile(t, "resume/another tenant's token", bys, func(t *testing.T) {
+		refuse(t, bearer(globexTok), victim.token, recv, "acme's token with globex's credentials")
+	})
+	hostile(t, "resume/oversized token", bys, func(t *testing.T) {
+		refuse(t, bearer(acmeTok), strings.Repeat("A", 10<<10), recv, "a token of 10 KB")
+		refuse(t, bearer(acmeTok), victim.token+strings.Repeat("A", 10<<10), recv, "the victim's token followed by 10 KB")
+	})
+	for _, bad := range []string{"abc", "-1", "99999999999999999999", "1.5", strconv.Itoa(n + 1), strconv.Itoa(n + 1000)} {
+		hostile(t, "resume/received="+bad, bys, func(t *testing.T) {
+			refuse(t, bearer(acmeTok), victim.token, bad, fmt.Sprintf("received=%s (the gateway sent %d messages)", bad, n))
+		})
+	}
+
+	hostile(t, "resume/another tenant loads the detached session", bys, func(t *testing.T) {
+		c := dialToken(t, g, globexTok)
+		for _, method := range []string{"session/load", "session/resume"} {
+			m := c.call(method, map[string]any{"sessionId": vsid, "cwd": vroot, "mcpServers": []any{}}, turn)
+			wantError(t, m, -32002, strconv.Itoa(c.nextID), "session not found")
+		}
+		echoOK(t, c)
+	})
+
+	t.Run("the refusals are counted", func(t *testing.T) {
+		if v, found := metricWith(t, g, "acpgate_resumes_total", `result="refused"`); !found || v < float64(refusals) {
+			t.Errorf("acpgate_resumes_total{result=\"refused\"} is %g (exposed: %v) after %d refusals", v, found, refusals)
+		}
+		if v, _ := metricWith(t, g, "acpgate_resumes_total", `result="ok"`); v != 0 {
+			t.Errorf("acpgate_resumes_total{result=\"ok\"} is %g: a hostile resume was accepted", v)
+		}
+	})
+
+	// None of it disturbed the victim: it resumes exactly and carries on.
+	t.Run("the victim resumes", func(t *testing.T) {
+		victim.t = t
+		if m := victim.resume(n); m != len(victim.frames) {
+			t.Errorf("_acpgate/resumed says the gateway received %d messages; the victim sent %d", m, len(victim.frames))
+		}
+		quiet(t, victim.c, 200*time.Millisecond)
+		c := victim.c
+		c.nextID = victim.nextID
+		if got := promptOK(t, c, vsid, "the victim is back"); got != "You said: the victim is back" {
+			t.Fatalf("the victim's prompt after the resume: %q", got)
+		}
+		closeClean(t, c)
+		// Its token dies with it.
+		refuse(t, bearer(acmeTok), victim.token, "0", "the token of the victim, which then closed with 1000")
+	})
+	for _, b := range bys {
+		b.check(t)
+	}
+}
