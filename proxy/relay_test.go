@@ -272,28 +272,23 @@ func TestOneProcessServesEveryFsProfile(t *testing.T) {
 	}
 }
 
+// terminalRelay is a relay of one demo agent process whose policy allows
+// the client terminal.
+func terminalRelay(t *testing.T) *Relay {
+	pol := policy.Default()
+	pol.Client.Terminal = true
+	r := testPool(t, "demo", func(c *PoolConfig) { c.MaxProcesses = 1; c.AcquireTimeout = 5 * time.Second })
+	if err := r.UpdateTenants([]TenantConfig{{Policy: &pol}}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // With terminal allowed, terminal and non-terminal clients need different
 // processes; on a full pool an unused process of the other kind is replaced,
 // so neither kind starves.
 func TestTerminalSplitNeverStarves(t *testing.T) {
-	exe, _ := os.Executable()
-	pol := policy.Default()
-	pol.Client.Terminal = true
-	r, err := NewRelay(Config{
-		Pool: PoolConfig{
-			Agent:        AgentConfig{Command: []string{exe, "-test.run=^$"}, Env: map[string]string{"ACPGATE_TEST_AGENT": "demo", "ACPGATE_TEST_STATE": t.TempDir()}, StopGrace: 2 * time.Second},
-			MaxProcesses: 1, AcquireTimeout: 10 * time.Second, MaxMessageBytes: 1 << 20,
-		},
-		ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}},
-	}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = r.Close(ctx)
-	})
+	r := terminalRelay(t)
 	for i, caps := range []string{`{"terminal":true}`, `{}`, `{"terminal":true}`} {
 		c := newTestConn(t, r, fmt.Sprint("c", i))
 		start := time.Now()
@@ -334,24 +329,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // A client with terminal may use a process told none when the pool cannot
 // give it one of its own: it is never made to wait for one.
 func TestTerminalClientUsesPlainProcessWhenFull(t *testing.T) {
-	exe, _ := os.Executable()
-	pol := policy.Default()
-	pol.Client.Terminal = true
-	r, err := NewRelay(Config{
-		Pool: PoolConfig{
-			Agent:        AgentConfig{Command: []string{exe, "-test.run=^$"}, Env: map[string]string{"ACPGATE_TEST_AGENT": "demo", "ACPGATE_TEST_STATE": t.TempDir()}, StopGrace: 2 * time.Second},
-			MaxProcesses: 1, AcquireTimeout: 3 * time.Second, MaxMessageBytes: 1 << 20,
-		},
-		ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}},
-	}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = r.Close(ctx)
-	})
+	r := terminalRelay(t)
 	plain := newTestConn(t, r, "plain")
 	plain.init(`{}`)
 	plain.newSession("1") // the only process, busy with a session
