@@ -78,11 +78,19 @@ func idleClientsMain(args []string) int {
 		return 1
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	// A clean close (1000): the gateway ends the connection at once
+	// rather than keep it for a resume.
+	var closing sync.WaitGroup
 	for _, c := range conns {
 		if c != nil {
-			_ = c.CloseNow()
+			closing.Go(func() {
+				if c.Close(websocket.StatusNormalClosure, "") != nil {
+					_ = c.CloseNow()
+				}
+			})
 		}
 	}
+	closing.Wait()
 	return 0
 }
 
