@@ -72,30 +72,44 @@ func (o *outbox) deliverLocked(msg []byte, sess *Session, wait bool) (overflow b
 // keep copies msg into the replay buffer and drops the oldest copies past
 // the limit (o.mu held).
 func (o *outbox) keep(msg []byte, sess *Session) {
-	c := jsonrpc.GetBuffer(len(msg))
-	if cap(c) > 2*len(msg)+1024 { // a big pooled buffer would pin memory and count against the limit
-		jsonrpc.PutBuffer(c)
-		c = make([]byte, 0, len(msg))
-	}
-	c = append(c, msg...)
-	o.kept = append(o.kept, outEntry{seq: o.sent, data: c, sess: sess})
-	o.bytes += cap(c)
-	for o.bytes > o.limit && o.first < len(o.kept)-1 {
+	// Make room first; the buffer of a copy dropped for it is reused when
+	// its size fits (a stream's messages are alike: no pool round trip).
+	var c []byte
+	need := max(len(msg), 512)
+	for o.bytes+need > o.limit && o.first < len(o.kept) {
 		e := &o.kept[o.first]
 		if e.seq > o.handed {
 			o.overflow = true // no socket ever got it: resume is no longer exact
 		}
 		o.bytes -= cap(e.data)
-		jsonrpc.PutBuffer(e.data)
+		if c == nil && fits(cap(e.data), len(msg)) {
+			c = e.data[:0]
+		} else {
+			jsonrpc.PutBuffer(e.data)
+		}
 		*e = outEntry{}
 		o.first++
 	}
+	if c == nil {
+		if c = jsonrpc.GetBuffer(len(msg)); !fits(cap(c), len(msg)) {
+			// A big pooled buffer would pin memory and count against the limit.
+			jsonrpc.PutBuffer(c)
+			c = make([]byte, 0, len(msg))
+		}
+	}
+	c = append(c, msg...)
+	o.kept = append(o.kept, outEntry{seq: o.sent, data: c, sess: sess})
+	o.bytes += cap(c)
 	if o.first > 64 && o.first*2 > len(o.kept) { // compact the spent slots
 		n := copy(o.kept, o.kept[o.first:])
 		clear(o.kept[n:])
 		o.kept, o.first = o.kept[:n], 0
 	}
 }
+
+// fits reports whether a buffer of capacity c suits a copy of n bytes: big
+// enough, and not so big that it wastes memory.
+func fits(c, n int) bool { return c >= n && c <= 2*n+1024 }
 
 // canResume reports whether every message after the first received is
 // still kept (o.mu held).
