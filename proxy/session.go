@@ -84,7 +84,21 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	}
 	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
 	c.log.Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
+	owner.endIfEmpty()
 	return true
+}
+
+// endIfEmpty ends a detached connection left with nothing to resume: no
+// session and no request in flight either way (its sessions were all taken
+// over). Its tenant connection slot is free at once.
+func (c *Conn) endIfEmpty() {
+	c.mu.Lock()
+	empty := c.detached && !c.closed && len(c.sessions) == 0 && len(c.clientReqs) == 0 && len(c.agentReqs) == 0
+	c.mu.Unlock()
+	if empty {
+		c.log.Info("every session of the detached connection was taken over; ending it")
+		c.Close()
+	}
 }
 
 // heldSession finds the process that serves the agent's session sid.
@@ -199,5 +213,6 @@ func (p *agentProc) promptEnded(req *outReq, m *jsonrpc.Message) {
 		}
 		params = append(params, '}')
 		owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
+		req.conn.endIfEmpty()
 	}
 }

@@ -880,6 +880,11 @@ func takeOverEnded(t *testing.T, g *gateway, cwd string) {
 		t.Errorf("after the buffered updates: %.500s (no turn runs, so no _acpgate/turn_ended)", m.Raw)
 	case <-time.After(300 * time.Millisecond):
 	}
+	// A's connection had nothing left (its only session taken over, no
+	// request in flight): it ended at once, so its token is refused and it
+	// no longer counts as detached.
+	wantResumeRefused(t, g, a.header, resumePath(a.token, strconv.Itoa(a.got)), "the token of a connection emptied by a take-over")
+	waitMetric(t, g, "acpgate_connections_detached", "", "0", 5*time.Second, func(v float64) bool { return v == 0 })
 	echoTurn(t, b, sid, "B owns the session now", turn)
 	closeClean(t, b)
 }
@@ -1243,7 +1248,7 @@ func TestResumeMetrics(t *testing.T) {
 		min         float64
 	}{
 		{"acpgate_resumes_total", `result="ok"`, 1},
-		{"acpgate_resumes_total", `result="refused"`, 1},
+		{"acpgate_resumes_total", `result="refused"`, 2}, // the forged token, and the token of the connection the ended take-over emptied
 		{"acpgate_takeovers_total", `turn="running"`, 1},
 		{"acpgate_takeovers_total", `turn="ended"`, 1},
 		{"acpgate_takeovers_total", `turn="idle"`, 1},
