@@ -269,6 +269,33 @@ func (r *rconn) reset() {
 	r.resets++
 }
 
+// turnTally collects one session's streamed text from session/update
+// messages and counts the session_info_update that ends a demo agent turn.
+type turnTally struct {
+	sid   string
+	text  strings.Builder
+	infos int
+}
+
+// add takes m, which must be a session/update of the session (what says
+// what was expected otherwise).
+func (tt *turnTally) add(t *testing.T, m rpcMsg, what string) {
+	t.Helper()
+	if m.Method != "session/update" {
+		t.Fatalf("%s: %.500s", what, m.Raw)
+	}
+	u := parseUpdate(t, m)
+	if u.SessionID != tt.sid {
+		t.Fatalf("update for another session: %.500s", m.Raw)
+	}
+	switch u.Update.Kind {
+	case "agent_message_chunk":
+		tt.text.WriteString(u.text())
+	case "session_info_update":
+		tt.infos++
+	}
+}
+
 // resumePath is the resume URL for token and received.
 func resumePath(token, received string) string {
 	return "/acp?resume=" + url.QueryEscape(token) + "&received=" + url.QueryEscape(received)
@@ -515,24 +542,8 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	text := echoText(2400)
 	want := "You said: " + text
 	id := r.request("session/prompt", textPrompt(sid, text))
-	var got strings.Builder
-	infos := 0
-	onUpdate := func(m rpcMsg) {
-		t.Helper()
-		if m.Method != "session/update" {
-			t.Fatalf("unexpected message during the turn: %.500s", m.Raw)
-		}
-		u := parseUpdate(t, m)
-		if u.SessionID != sid {
-			t.Fatalf("update for another session: %.500s", m.Raw)
-		}
-		switch u.Update.Kind {
-		case "agent_message_chunk":
-			got.WriteString(u.text())
-		case "session_info_update":
-			infos++
-		}
-	}
+	tally := &turnTally{sid: sid}
+	onUpdate := func(m rpcMsg) { t.Helper(); tally.add(t, m, "unexpected message during the turn") }
 	for chunks := 0; chunks < 10; chunks++ {
 		m := r.next("the streamed turn before the reset", left(t, ctx, turn, "the turn's first chunks"))
 		if m.isResponseTo(id) {
@@ -549,14 +560,14 @@ func TestResumeAfterTCPReset(t *testing.T) {
 		t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d, all answered before the reset", m, sent)
 	}
 	resp := r.await("the prompt after the resume", id, left(t, ctx, turn, "the rest of the turn"), onUpdate)
-	if got.String() != want {
-		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got.String(), want))
+	if got := tally.text.String(); got != want {
+		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got, want))
 	}
 	if r := stopReason(t, resp); r != "end_turn" {
 		t.Fatalf("stopReason %q, want end_turn: %s", r, resp.Raw)
 	}
-	if infos != 1 {
-		t.Errorf("%d session_info_update messages, want 1", infos)
+	if tally.infos != 1 {
+		t.Errorf("%d session_info_update messages, want 1", tally.infos)
 	}
 	// Exactly once: nothing more comes.
 	quiet(t, r.c, 300*time.Millisecond)
@@ -854,26 +865,12 @@ func takeOverEnded(t *testing.T, g *gateway, cwd string) {
 	if meta, ok := gatewayMeta(load); !ok || meta.Turn != "ended" || meta.StopReason != "end_turn" {
 		t.Fatalf("session/load of a session whose turn ended while detached: %s; want the result {\"_meta\":{\"acpgate\":{\"turn\":\"ended\",\"stopReason\":\"end_turn\"}}}", load.Raw)
 	}
-	var tail strings.Builder
-	infos := 0
-	for infos == 0 {
-		m := b.next(5 * time.Second)
-		if m.Method != "session/update" {
-			t.Fatalf("after the load: %.500s; want the turn's updates since the detach", m.Raw)
-		}
-		u := parseUpdate(t, m)
-		if u.SessionID != sid {
-			t.Fatalf("update for another session: %.500s", m.Raw)
-		}
-		switch u.Update.Kind {
-		case "agent_message_chunk":
-			tail.WriteString(u.text())
-		case "session_info_update":
-			infos++
-		}
+	tally := &turnTally{sid: sid}
+	for tally.infos == 0 {
+		tally.add(t, b.next(5*time.Second), "after the load; want the turn's updates since the detach")
 	}
-	if tail.Len() == 0 || !strings.HasSuffix(want, tail.String()) {
-		t.Errorf("the updates since the detach carry %q; want a non-empty end of %q", tail.String(), want)
+	if tail := tally.text.String(); tail == "" || !strings.HasSuffix(want, tail) {
+		t.Errorf("the updates since the detach carry %q; want a non-empty end of %q", tail, want)
 	}
 	select {
 	case m := <-b.in:
