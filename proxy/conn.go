@@ -42,6 +42,11 @@ type ConnInfo struct {
 	OnEnd func()
 }
 
+// Lock order in proxy: Pool.mu before agentProc.mu; Conn.mu before
+// Conn.out.mu; a take-over holds the detached owner's out.mu, then the new
+// owner's, then agentProc.mu; a Sink's own lock comes last (the outbox calls
+// Send and Supersede with out.mu held). Conn.handleMu is taken alone.
+
 // Conn is one client connection multiplexed onto the pool. Handle is called
 // by one goroutine at a time (the connection's reader); the agent side
 // delivers to the Sink from the processes' goroutines.

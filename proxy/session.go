@@ -50,10 +50,11 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	result, _ := json.Marshal(map[string]any{"_meta": map[string]any{"acpgate": meta}})
 	// The owner changes with both outboxes held, so that the session's
 	// messages reach c after the answer and the buffered ones, in order.
-	owner.out.mu.Lock()
+	// (Conn.mu comes before Conn.out.mu, as in SocketEnded and Attach.)
 	owner.mu.Lock()
 	since := owner.detachSeq
 	owner.mu.Unlock()
+	owner.out.mu.Lock()
 	buffered := owner.out.sinceLocked(s, since)
 	c.out.mu.Lock()
 	p.mu.Lock()
