@@ -45,7 +45,8 @@ type ConnInfo struct {
 // Lock order in proxy: Pool.mu before agentProc.mu; Conn.mu before
 // Conn.out.mu; a take-over holds the detached owner's out.mu, then the new
 // owner's, then agentProc.mu; a Sink's own lock comes last (the outbox calls
-// Send and Supersede with out.mu held). Conn.handleMu is taken alone.
+// Send and Supersede with out.mu held). Conn.handleMu, held while a client
+// message is handled, comes before all of them.
 
 // Conn is one client connection multiplexed onto the pool. Handle is called
 // by one goroutine at a time (the connection's reader); the agent side
@@ -112,7 +113,24 @@ func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, false) }
 // deliverFor sends a message about session sess (nil: none) to the client;
 // wait allows backpressure (see Sink.Send).
 func (c *Conn) deliverFor(msg []byte, sess *Session, wait bool) {
-	if c.out.deliver(msg, sess, wait) {
+	o := &c.out
+	o.mu.Lock()
+	if sess != nil && o.sink == nil {
+		// Detached: a take-over may have moved sess since the agent reader
+		// looked its owner up. The owner changes under this lock, so the
+		// check holds until the message is kept.
+		sess.proc.mu.Lock()
+		owner := sess.owner
+		sess.proc.mu.Unlock()
+		if owner != nil && owner != c {
+			o.mu.Unlock()
+			owner.deliverFor(msg, sess, wait)
+			return
+		}
+	}
+	overflow := o.deliverLocked(msg, sess, wait)
+	o.mu.Unlock()
+	if overflow {
 		c.overflowed()
 	}
 }
@@ -125,6 +143,8 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 // message from a socket that is no longer the connection's (superseded by
 // a resume) is dropped uncounted: the resumed client sends it again.
 func (c *Conn) HandleFrom(sink Sink, frame []byte) {
+	c.handleMu.Lock() // counted and handled in one order, whichever socket
+	defer c.handleMu.Unlock()
 	c.out.mu.Lock()
 	current := c.out.sink == sink
 	if current {
@@ -132,19 +152,20 @@ func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 	}
 	c.out.mu.Unlock()
 	if current {
-		c.handle(frame)
+		c.handleLocked(frame)
 	}
 }
 
 // Handle processes one message from the client.
 func (c *Conn) Handle(frame []byte) {
-	c.recv.Add(1)
-	c.handle(frame)
-}
-
-func (c *Conn) handle(frame []byte) {
 	c.handleMu.Lock()
 	defer c.handleMu.Unlock()
+	c.recv.Add(1)
+	c.handleLocked(frame)
+}
+
+// handleLocked processes one client message (c.handleMu held).
+func (c *Conn) handleLocked(frame []byte) {
 	m := &c.msg
 	if err := c.sc.Scan(frame, m, c.resolve); err != nil {
 		var se *jsonrpc.ScanError
@@ -757,27 +778,28 @@ func (c *Conn) forgetClientReq(r *outReq) {
 
 // trackAgentReq registers an agent request (about sess, if any) for this
 // client and returns it, with the id the client sees.
-func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string, sess *Session) (*inReq, error) {
+func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string, sess *Session) (*inReq, int64, error) {
 	// Only this process's reader adds to p.inbound, so the check holds.
 	p.mu.Lock()
 	dup := p.inbound[string(agentID)] != nil
 	p.mu.Unlock()
 	if dup {
-		return nil, errDuplicateAgentID
+		return nil, 0, errDuplicateAgentID
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, errClientGone
+		return nil, 0, errClientGone
 	}
 	c.nextID++
+	id := c.nextID
 	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method, start: time.Now(), sess: sess}
 	c.agentReqs[in.connID] = in
 	c.mu.Unlock()
 	p.mu.Lock()
 	p.inbound[string(in.agentID)] = in
 	p.mu.Unlock()
-	return in, nil
+	return in, id, nil
 }
 
 // forget removes in from its process's table of requests to the client,

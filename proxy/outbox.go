@@ -129,7 +129,9 @@ func (o *outbox) replayLocked(sink Sink, received int64) {
 	o.sinkBase, o.sinkExtra = received, 1
 	for i := o.first; i < len(o.kept); i++ {
 		if e := &o.kept[i]; e.seq > received {
-			sink.Send(append(jsonrpc.GetBuffer(len(e.data)), e.data...), false)
+			// May wait for room: a replay can hold more messages than a
+			// send queue takes at once, and this client is reading.
+			sink.Send(append(jsonrpc.GetBuffer(len(e.data)), e.data...), true)
 		}
 	}
 	o.handed = o.sent
@@ -182,4 +184,5 @@ func (o *outbox) release() {
 		jsonrpc.PutBuffer(o.kept[i].data)
 	}
 	o.kept, o.first, o.bytes, o.sink = nil, 0, 0, nil
+	o.limit = 0 // the connection has ended: nothing more is kept
 }

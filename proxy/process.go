@@ -146,9 +146,11 @@ type inReq struct {
 	sess    *Session // the session it is about, if any
 	msg     []byte   // as the client was sent it (a take-over sends it again)
 	// conn and connID (the id the client sees) are guarded by proc.mu: a
-	// take-over moves the request to another connection.
-	conn   *Conn
-	connID int64
+	// take-over moves the request to another connection. pendingTo (also
+	// proc.mu) is where a take-over that came before msg was set moved it.
+	conn      *Conn
+	connID    int64
+	pendingTo *Conn
 	// answered is set by whoever answers the agent first: the client, or
 	// the gateway in its place (disconnect, client_request timeout).
 	answered atomic.Bool

@@ -161,11 +161,14 @@ func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	if current {
 		c.out.sink = nil
 	}
+	// A take-over delivers what came after the detach (README): taken in
+	// the same critical section as the sink, so nothing falls between.
+	sent := c.out.sent
 	c.out.mu.Unlock()
 	detach := current && !clean && c.token != "" && c.initialized && !c.closed
 	if detach && !c.detached {
 		c.detached = true
-		c.detachSeq = c.out.sentLocked()
+		c.detachSeq = sent
 		if c.resuming == 0 {
 			c.armDetachLocked()
 		}
@@ -213,13 +216,6 @@ func (c *Conn) Detached() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.detached
-}
-
-// sentLocked is the number of the last message (o.mu not held).
-func (o *outbox) sentLocked() int64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.sent
 }
 
 // withResumeToken adds _meta.acpgate.resumeToken to an initialize result

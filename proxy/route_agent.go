@@ -341,7 +341,8 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	var in *inReq
 	if isReq {
 		var err error
-		in, err = conn.trackAgentReq(p, m.ID, m.Method, sess)
+		var connID int64
+		in, connID, err = conn.trackAgentReq(p, m.ID, m.Method, sess)
 		if errors.Is(err, errDuplicateAgentID) {
 			// Two requests with one id: the client's answer could not be
 			// told apart. The second is refused; the first goes on.
@@ -355,7 +356,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			r.orphan(m, err.Error())
 			return
 		}
-		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, in.connID, 10)})
+		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
 	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
@@ -365,8 +366,23 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		kept := append([]byte(nil), out...) // a take-over sends it again
 		p.mu.Lock()
 		in.msg = kept
+		to := in.pendingTo
+		in.pendingTo = nil
+		var owner *Conn
+		if sess != nil && sess.owner != nil && sess.owner != conn {
+			owner = sess.owner
+		}
 		p.mu.Unlock()
-		conn.deliver(out)
+		switch { // taken over meanwhile: the new owner gets it, with an id of its own
+		case to != nil:
+			jsonrpc.PutBuffer(out)
+			to.adopt(in)
+		case owner != nil:
+			jsonrpc.PutBuffer(out)
+			conn.handOver(in, owner)
+		default:
+			conn.deliver(out)
+		}
 		return
 	}
 	// A notification about a session is kept with it for a take-over.

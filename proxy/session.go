@@ -58,7 +58,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	buffered := owner.out.sinceLocked(s, since)
 	c.out.mu.Lock()
 	p.mu.Lock()
-	moved := s.owner == owner && !s.lost
+	moved := s.owner == owner && !s.lost && owner.out.sink == nil // still detached
 	if moved {
 		s.owner, s.endedDetached, s.stopReason = c, false, ""
 	}
@@ -155,9 +155,38 @@ func (c *Conn) takeAgentReqs(s *Session) []*inReq {
 	return out
 }
 
+// handOver passes in, an agent request that reached c after a take-over
+// moved its session to owner, to the new owner, unless the take-over has
+// taken it from c already (then that take-over sends it).
+func (c *Conn) handOver(in *inReq, owner *Conn) {
+	in.proc.mu.Lock()
+	id := in.connID
+	in.proc.mu.Unlock()
+	c.mu.Lock()
+	mine := c.agentReqs[id] == in
+	if mine {
+		delete(c.agentReqs, id)
+	}
+	c.mu.Unlock()
+	if mine {
+		owner.adopt(in)
+	}
+}
+
 // adopt makes in, an agent request taken over from another connection,
 // c's: it gets an id of c's and is sent again.
 func (c *Conn) adopt(in *inReq) {
+	in.proc.mu.Lock()
+	msg := in.msg
+	if msg == nil {
+		// The agent reader has not sent it yet: it adopts it here once it
+		// has (see agentReader.handleCall).
+		in.pendingTo = c
+	}
+	in.proc.mu.Unlock()
+	if msg == nil {
+		return
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -169,9 +198,8 @@ func (c *Conn) adopt(in *inReq) {
 	c.mu.Unlock()
 	in.proc.mu.Lock()
 	in.conn, in.connID = c, id
-	msg := in.msg
 	in.proc.mu.Unlock()
-	if in.answered.Load() || msg == nil {
+	if in.answered.Load() {
 		return
 	}
 	var sc jsonrpc.Scanner
