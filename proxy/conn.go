@@ -145,15 +145,23 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 	c.handleMu.Lock() // counted and handled in one order, whichever socket
 	defer c.handleMu.Unlock()
-	c.out.mu.Lock()
-	current := c.out.sink == sink
-	if current {
-		c.recv.Add(1) // counted with the check: Attach reads it under out.mu
-	}
-	c.out.mu.Unlock()
-	if current {
+	if c.countFrom(sink) {
 		c.handleLocked(frame)
 	}
+}
+
+// countFrom counts a client message from sink's socket and reports whether
+// that socket is the connection's; one from a superseded socket is not
+// counted (the resumed client sends it again). Attach reads the count under
+// the same lock.
+func (c *Conn) countFrom(sink Sink) bool {
+	c.out.mu.Lock()
+	defer c.out.mu.Unlock()
+	if c.out.sink != sink {
+		return false
+	}
+	c.recv.Add(1)
+	return true
 }
 
 // Handle processes one message from the client.
@@ -338,13 +346,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 // HandleBinary answers a binary frame from the client, which ACP does not
 // use; like any message, it is counted.
 func (c *Conn) HandleBinary(sink Sink) {
-	c.out.mu.Lock()
-	current := c.out.sink == sink
-	if current {
-		c.recv.Add(1)
-	}
-	c.out.mu.Unlock()
-	if !current {
+	if !c.countFrom(sink) {
 		return
 	}
 	c.replyError(nil, jsonrpc.CodeInvalidRequest, "binary frames are not supported: send each JSON-RPC message as one text frame", nil)

@@ -112,19 +112,21 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", nil, nil),
 	}
-	for _, r := range []string{"ok", "refused"} {
-		m.Resumes.WithLabelValues(r) // exported at 0 from the start
-	}
-	for _, t := range []string{"running", "ended", "idle"} {
-		m.Takeovers.WithLabelValues(t)
-	}
-	for _, r := range []string{"sessions", "age"} {
-		m.Recycled.WithLabelValues(r)
-	}
+	// Exported at 0 from the start, so rates and alerts see the first one.
+	atZero(m.Resumes, "ok", "refused")
+	atZero(m.Takeovers, "running", "ended", "idle")
+	atZero(m.Recycled, "sessions", "age")
 	reg.MustRegister(m.SessionsActive, m.SessionsTotal, m.Messages, m.MessageBytes, m.RequestDuration,
 		m.FirstUpdate, m.Spawns, m.Recycled, m.FsServed, m.Detached, m.Resumes, m.Takeovers, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
 		m.AgentProtocolErrors, m)
 	return m
+}
+
+// atZero creates the series of a one-label counter for each value.
+func atZero(v *prometheus.CounterVec, values ...string) {
+	for _, x := range values {
+		v.WithLabelValues(x)
+	}
 }
 
 // Describe and Collect export the pool's live state (process states and the

@@ -518,11 +518,19 @@ func (p *agentProc) failRoutes() {
 			r.conn.deliver(jsonrpc.AppendError(nil, r.clientID, jsonrpc.CodeInternalError, msg, nil))
 		}
 	}
-	p.mu.Lock()
+	type route struct {
+		c  *Conn
+		id int64
+	}
+	p.mu.Lock() // a take-over may be moving them
+	routes := make([]route, 0, len(inbound))
 	for _, r := range inbound {
-		defer r.conn.forgetAgentReq(r.connID)
+		routes = append(routes, route{r.conn, r.connID})
 	}
 	p.mu.Unlock()
+	for _, r := range routes {
+		r.c.forgetAgentReq(r.id)
+	}
 }
 
 func truncate(s string, n int) string {

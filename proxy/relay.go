@@ -211,29 +211,28 @@ func (r *Relay) connClosed(c *Conn) {
 
 // replayBytes is the size of every connection's replay buffer.
 func (r *Relay) replayBytes() int {
-	r.mu.Lock()
-	conns := make([]*Conn, 0, len(r.conns))
-	for c := range r.conns {
-		conns = append(conns, c)
-	}
-	r.mu.Unlock()
 	n := 0
-	for _, c := range conns {
+	for _, c := range r.connList() {
 		n += c.out.keptBytes()
 	}
 	return n
 }
 
+// connList is a snapshot of the open connections.
+func (r *Relay) connList() []*Conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	conns := make([]*Conn, 0, len(r.conns))
+	for c := range r.conns {
+		conns = append(conns, c)
+	}
+	return conns
+}
+
 // CloseDetached ends every connection that has no socket (a drain: nobody
 // will resume them here).
 func (r *Relay) CloseDetached() {
-	r.mu.Lock()
-	var detached []*Conn
-	for c := range r.conns {
-		detached = append(detached, c)
-	}
-	r.mu.Unlock()
-	for _, c := range detached {
+	for _, c := range r.connList() {
 		if c.Detached() {
 			c.Close()
 		}

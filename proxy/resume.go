@@ -207,7 +207,7 @@ func (c *Conn) overflowed() {
 	c.mu.Unlock()
 	if end {
 		c.log.Warn("replay buffer full while detached; ending the connection", "replay_buffer_bytes", c.out.limit)
-		go c.Close() // not on the agent's reader: Close answers agents
+		c.Close() // its answers to agents are queued, never waited for (sendCtrl)
 	}
 }
 
@@ -254,21 +254,13 @@ func withResumeToken(result []byte, token string) []byte {
 		if len(bytes.TrimSpace(meta[1:len(meta)-1])) == 0 {
 			sep = nil
 		}
-		return splice(result, open, member, sep)
+		return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: append(member, sep...)}})
 	}
 	open := bytes.IndexByte(result, '{') + 1
 	sep := []byte(",")
 	if len(bytes.TrimSpace(result[open:len(bytes.TrimRight(result, " \t\r\n"))-1])) == 0 {
 		sep = nil
 	}
-	return splice(result, open, append(append([]byte(`"_meta":{`), member...), '}'), sep)
-}
-
-// splice inserts ins and then sep at position at of b, in a new slice.
-func splice(b []byte, at int, ins, sep []byte) []byte {
-	out := make([]byte, 0, len(b)+len(ins)+len(sep))
-	out = append(out, b[:at]...)
-	out = append(out, ins...)
-	out = append(out, sep...)
-	return append(out, b[at:]...)
+	meta := append(append(append([]byte(`"_meta":{`), member...), '}'), sep...)
+	return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: meta}})
 }

@@ -216,32 +216,32 @@ func (c *Conn) adopt(in *inReq) {
 // session taken over meanwhile the new owner is told.
 func (p *agentProc) promptEnded(req *outReq, m *jsonrpc.Message) {
 	s := req.sess
+	p.mu.Lock()
+	owner := s.owner
+	p.mu.Unlock()
+	if owner == nil || owner == req.conn && !owner.Detached() {
+		return // the usual case: the client that asked reads the answer
+	}
 	var res struct {
 		StopReason string `json:"stopReason"`
 	}
 	if !m.IsError {
-		_ = json.Unmarshal(m.Payload, &res)
+		_ = json.Unmarshal(m.Payload, &res) // a stopReason only: one small struct
 	}
-	p.mu.Lock()
-	owner := s.owner
-	p.mu.Unlock()
-	switch {
-	case owner == nil:
-	case owner == req.conn:
-		if owner.Detached() {
-			p.mu.Lock()
-			s.endedDetached, s.stopReason = true, res.StopReason
-			p.mu.Unlock()
-		}
-	default: // taken over while the turn ran
-		params := []byte(`{"sessionId":` + string(s.quotedID))
-		if m.IsError {
-			params = append(append(params, `,"error":`...), m.Payload...)
-		} else {
-			params = append(append(params, `,"stopReason":`...), strconv.Quote(res.StopReason)...)
-		}
-		params = append(params, '}')
-		owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
-		req.conn.endIfEmpty()
+	if owner == req.conn { // ended while its owner is detached
+		p.mu.Lock()
+		s.endedDetached, s.stopReason = true, res.StopReason
+		p.mu.Unlock()
+		return
 	}
+	// Taken over while the turn ran: the new owner hears of its end.
+	params := []byte(`{"sessionId":` + string(s.quotedID))
+	if m.IsError {
+		params = append(append(params, `,"error":`...), m.Payload...)
+	} else {
+		params = append(append(params, `,"stopReason":`...), strconv.Quote(res.StopReason)...)
+	}
+	params = append(params, '}')
+	owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
+	req.conn.endIfEmpty()
 }
