@@ -823,13 +823,16 @@ timeouts: {request: 1s}
 		m := c.await(c.request("session/prompt", textPrompt(sid, "duplicate request ids")), turn, func(m rpcMsg) {
 			if m.Method == "session/request_permission" {
 				asked++
+				// Answer only once the gateway has seen the second request:
+				// answered, the first would no longer be in flight and its id
+				// would be free to reuse.
+				g.waitMoreLogs(t, "agent reused the id of a request still in flight; refused", before, 5*time.Second)
 				c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 			}
 		})
 		if r := stopReason(t, m); r != "end_turn" || asked != 1 {
 			t.Fatalf("stopReason %q after %d permission requests, want end_turn after 1", r, asked)
 		}
-		g.waitMoreLogs(t, "agent reused the id of a request still in flight; refused", before, 5*time.Second)
 		echoOK(t, c)
 	})
 
