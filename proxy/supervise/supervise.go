@@ -10,6 +10,10 @@
 // kernel sends when the gateway dies, even by SIGKILL), it forwards SIGTERM
 // to every descendant, waits up to the grace period, then SIGKILLs them all,
 // reaps them and exits with the agent's status.
+//
+// When the gateway passes a sandbox spec (sandbox.EnvVar), the supervisor
+// confines the thread that starts the agent before it does (see package
+// sandbox) and refuses to start the agent if it cannot.
 package supervise
 
 import (
@@ -18,10 +22,14 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/acpgate/acpgate/proxy/sandbox"
 )
 
 const prSetChildSubreaper = 36
@@ -50,7 +58,26 @@ func Run(argv []string, grace time.Duration, parentPID int) int {
 		fmt.Fprintf(os.Stderr, "acpgate supervise: %v\n", err)
 		return 127
 	}
+	env := os.Environ()
+	if v, ok := os.LookupEnv(sandbox.EnvVar); ok {
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, sandbox.EnvVar+"=") })
+		spec, err := sandbox.Decode(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "acpgate supervise: %v; not starting the agent\n", err)
+			return 126
+		}
+		// This goroutine's thread is confined and starts the agent; it is
+		// never unlocked, so no other goroutine runs on it.
+		runtime.LockOSThread()
+		did, err := sandbox.Confine(spec)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "acpgate supervise: sandbox: %v; not starting the agent\n", err)
+			return 126
+		}
+		fmt.Fprintf(os.Stderr, "acpgate supervise: sandbox: %s\n", did)
+	}
 	agent, err := os.StartProcess(path, argv, &os.ProcAttr{
+		Env:   env,
 		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
 		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	})
