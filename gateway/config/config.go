@@ -36,6 +36,7 @@ type Config struct {
 	ShutdownDelay Duration `yaml:"shutdown_delay"`
 
 	Agent     Agent     `yaml:"agent"`
+	Sandbox   Sandbox   `yaml:"sandbox"`
 	Pool      Pool      `yaml:"pool"`
 	Sessions  Sessions  `yaml:"sessions"`
 	Limits    Limits    `yaml:"limits"`
@@ -73,6 +74,8 @@ type Tenant struct {
 	MaxSessions    int `yaml:"max_sessions"`
 	// Policy overrides the global policy for this tenant, key by key.
 	Policy PolicyYAML `yaml:"policy"`
+	// Sandbox adds paths this tenant's agents may read or write.
+	Sandbox TenantSandbox `yaml:"sandbox"`
 }
 
 // Auth configures who may connect.
@@ -106,6 +109,9 @@ type Agent struct {
 	Command []string          `yaml:"command"`
 	Env     map[string]string `yaml:"env"`
 	Dir     string            `yaml:"dir"`
+	// InheritEnv names the variables of the gateway's own environment a
+	// sandboxed agent gets (with the sandbox off it gets all of them).
+	InheritEnv []string `yaml:"inherit_env"`
 	// StopGrace is how long an agent gets after SIGTERM before SIGKILL.
 	StopGrace Duration `yaml:"stop_grace"`
 	// InitTimeout bounds the agent's answer to initialize.
@@ -235,7 +241,9 @@ func Default() *Config {
 		Agent: Agent{
 			StopGrace:   Duration(5 * time.Second),
 			InitTimeout: Duration(60 * time.Second),
+			InheritEnv:  []string{"PATH", "LANG", "LC_ALL", "TZ", "TERM"},
 		},
+		Sandbox: Sandbox{Home: "/var/lib/acpgate/homes"},
 		Pool: Pool{
 			MinIdle:               1,
 			MaxProcesses:          16,
@@ -317,14 +325,16 @@ func LoadFileWith(path string, overlay func(*Config) error) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return parse(path, data, overlay)
+	return parse(path, path, data, overlay)
 }
 
 // Parse decodes and validates YAML over the defaults. name is used in
 // error messages.
-func Parse(name string, data []byte) (*Config, error) { return parse(name, data, nil) }
+func Parse(name string, data []byte) (*Config, error) { return parse(name, "", data, nil) }
 
-func parse(name string, data []byte, overlay func(*Config) error) (*Config, error) {
+// parse decodes and validates data, named name in messages; file is the
+// path it was read from ("" if none), which agents must not be able to read.
+func parse(name, file string, data []byte, overlay func(*Config) error) (*Config, error) {
 	cfg := Default()
 	cerr := &Error{File: name}
 	var root yaml.Node
@@ -345,6 +355,9 @@ func parse(name string, data []byte, overlay func(*Config) error) (*Config, erro
 		}
 	}
 	cerr.Problems = append(cerr.Problems, cfg.validate(&root)...)
+	if len(cerr.Problems) == 0 && file != "" {
+		cerr.Problems = append(cerr.Problems, cfg.sandboxExposures(&root, file)...)
+	}
 	if len(cerr.Problems) > 0 {
 		return nil, cerr
 	}
@@ -493,6 +506,11 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		add("pool.isolation", "%q is not tenant or shared", c.Pool.Isolation)
 	}
 	ps = append(ps, c.validateTenants(root)...)
+	if sp := c.validateSandbox(root); len(sp) > 0 {
+		ps = append(ps, sp...)
+	} else {
+		ps = append(ps, c.sandboxExposures(root)...)
+	}
 	if err := c.GlobalPolicy().Validate(); err != nil {
 		add("policy", "%v", err)
 	}

@@ -207,6 +207,7 @@ log:
 		Command:     []string{"npx", "@zed-industries/claude-code-acp"},
 		Env:         map[string]string{"ANTHROPIC_LOG": "debug", "EMPTY": ""},
 		Dir:         "/tmp",
+		InheritEnv:  want.Agent.InheritEnv,
 		StopGrace:   Duration(250 * time.Millisecond),
 		InitTimeout: Duration(2 * time.Minute),
 	}

@@ -1,0 +1,366 @@
+package config
+
+import (
+	"fmt"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/acpgate/acpgate/proxy/sandbox"
+)
+
+// Sandbox confines agent processes (see package proxy/sandbox).
+type Sandbox struct {
+	// Mode is auto (on where the kernel has Landlock, an error in the log
+	// where it has not), required (refuse to start without Landlock) or
+	// off. Unset: auto with tenants configured, off without (a person's
+	// own machine, where the agent keeps the user's environment).
+	Mode string `yaml:"mode"`
+	// ReadOnly are more paths every agent may read and execute (an agent's
+	// install directory, a toolchain); ReadWrite more paths it may write.
+	ReadOnly  []string `yaml:"read_only"`
+	ReadWrite []string `yaml:"read_write"`
+	// Home holds one private home per tenant: HOME=<home>/<tenant> (0700),
+	// with TMPDIR inside it.
+	Home string `yaml:"home"`
+	// User is the account agents run as, UID[:GID] or a name, when the
+	// gateway runs as root ("" = the gateway's own, without capabilities).
+	User    string         `yaml:"user"`
+	Network SandboxNetwork `yaml:"network"`
+	Limits  SandboxLimits  `yaml:"limits"`
+	// Cgroup is a cgroup v2 directory delegated to the gateway: each agent
+	// process gets a child of it with the memory and process limits.
+	Cgroup string `yaml:"cgroup"`
+}
+
+// SandboxNetwork restricts TCP (Landlock ABI 4 and later).
+type SandboxNetwork struct {
+	// Restrict turns the TCP rules on; then only the listed ports may be
+	// connected to or bound.
+	Restrict   bool  `yaml:"restrict"`
+	ConnectTCP []int `yaml:"connect_tcp"`
+	BindTCP    []int `yaml:"bind_tcp"`
+}
+
+// SandboxLimits bound what one agent process (with everything it starts)
+// may use. 0 = no limit.
+type SandboxLimits struct {
+	// OpenFiles is RLIMIT_NOFILE.
+	OpenFiles int `yaml:"open_files"`
+	// Processes is RLIMIT_NPROC (which counts every process of the
+	// agents' user, so it is meant for a dedicated sandbox.user) and, with
+	// a cgroup, pids.max.
+	Processes int `yaml:"processes"`
+	// Memory is RLIMIT_DATA and, with a cgroup, memory.max.
+	Memory ByteSize `yaml:"memory"`
+}
+
+// TenantSandbox adds paths for one tenant's agents.
+type TenantSandbox struct {
+	ReadOnly  []string `yaml:"read_only"`
+	ReadWrite []string `yaml:"read_write"`
+}
+
+// ByteSize is a size written as 1048576, 512MiB, 2GiB, 64KiB (or KB, MB,
+// GB for powers of ten).
+type ByteSize int64
+
+// UnmarshalYAML parses a size.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := ParseByteSize(s)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+// MarshalYAML writes the size in bytes.
+func (b ByteSize) MarshalYAML() (any, error) { return int64(b), nil }
+
+// ParseByteSize parses a ByteSize.
+func ParseByteSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.TrimSpace(s[len(num):])
+	mult := map[string]int64{"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[unit]
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || mult == 0 || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("%q is not a size (use e.g. 536870912, 512MiB, 2GiB)", s)
+	}
+	return n * mult, nil
+}
+
+// SandboxMode is the mode in effect: auto, required or off.
+func (c *Config) SandboxMode() string {
+	if c.Sandbox.Mode == "" {
+		if c.AuthEnabled() {
+			return "auto"
+		}
+		return "off"
+	}
+	return c.Sandbox.Mode
+}
+
+// SandboxUser resolves sandbox.user; nil when unset.
+func (c *Config) SandboxUser() (*sandbox.User, error) {
+	s := c.Sandbox.User
+	if s == "" {
+		return nil, nil
+	}
+	name, group, hasGroup := strings.Cut(s, ":")
+	var u sandbox.User
+	if id, err := strconv.Atoi(name); err == nil {
+		u.UID, u.GID = id, id
+	} else {
+		pw, err := user.Lookup(name)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox.user: %w", err)
+		}
+		u.UID, _ = strconv.Atoi(pw.Uid)
+		u.GID, _ = strconv.Atoi(pw.Gid)
+	}
+	if hasGroup {
+		if id, err := strconv.Atoi(group); err == nil {
+			u.GID = id
+		} else {
+			g, err := user.LookupGroup(group)
+			if err != nil {
+				return nil, fmt.Errorf("sandbox.user: %w", err)
+			}
+			u.GID, _ = strconv.Atoi(g.Gid)
+		}
+	}
+	if u.UID <= 0 || u.GID <= 0 {
+		return nil, fmt.Errorf("sandbox.user: %q must name an unprivileged account (uid and gid above 0)", s)
+	}
+	return &u, nil
+}
+
+// SandboxHome is the private home of a tenant's agents ("" = the
+// deployment without tenants).
+func (c *Config) SandboxHome(tenant string) string {
+	if tenant == "" {
+		tenant = "default"
+	}
+	return filepath.Join(c.Sandbox.Home, tenant)
+}
+
+// SandboxPaths lists what the agents of tenant t (nil: no tenants) may
+// read and execute, and what they may also write: the system directories,
+// sandbox.read_only and read_write, the tenant's own additions, its root
+// and its private home. Devices are not listed.
+func (c *Config) SandboxPaths(t *Tenant) (ro, rw []string) {
+	ro = append(append(ro, sandbox.SystemReadOnly...), c.Sandbox.ReadOnly...)
+	rw = append(rw, c.Sandbox.ReadWrite...)
+	name := ""
+	if t != nil {
+		name = t.Name
+		ro = append(ro, t.Sandbox.ReadOnly...)
+		rw = append(rw, t.Sandbox.ReadWrite...)
+		rw = append(rw, t.Root)
+	}
+	rw = append(rw, c.SandboxHome(name))
+	return ro, rw
+}
+
+func (c *Config) validateSandbox(root *yaml.Node) []Problem {
+	var ps []Problem
+	add := func(path, format string, args ...any) {
+		p := Problem{Msg: path + ": " + fmt.Sprintf(format, args...)}
+		if n := find(root, strings.Split(path, ".")...); n != nil {
+			p.Line, p.Column = n.Line, n.Column
+		}
+		ps = append(ps, p)
+	}
+	sb := &c.Sandbox
+	switch sb.Mode {
+	case "", "auto", "required", "off":
+	default:
+		add("sandbox.mode", "%q is not auto, required or off", sb.Mode)
+	}
+	for _, k := range c.Agent.InheritEnv {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			add("agent.inherit_env", "%q is not a valid environment variable name", k)
+		}
+	}
+	if c.SandboxMode() == "off" {
+		return ps
+	}
+	if !filepath.IsAbs(sb.Home) || filepath.Clean(sb.Home) == "/" {
+		add("sandbox.home", "%q must be an absolute directory other than /", sb.Home)
+	}
+	abs := func(where string, list []string) {
+		for _, p := range list {
+			if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+				add(where, "%q must be an absolute path other than /", p)
+			}
+		}
+	}
+	abs("sandbox.read_only", sb.ReadOnly)
+	abs("sandbox.read_write", sb.ReadWrite)
+	for i := range c.Tenants {
+		abs(fmt.Sprintf("tenants[%d].sandbox.read_only", i), c.Tenants[i].Sandbox.ReadOnly)
+		abs(fmt.Sprintf("tenants[%d].sandbox.read_write", i), c.Tenants[i].Sandbox.ReadWrite)
+	}
+	if _, err := c.SandboxUser(); err != nil {
+		add("sandbox.user", "%v", err)
+	}
+	for _, p := range append(append([]int(nil), sb.Network.ConnectTCP...), sb.Network.BindTCP...) {
+		if p < 1 || p > 65535 {
+			add("sandbox.network", "port %d is not from 1 to 65535", p)
+		}
+	}
+	if (len(sb.Network.ConnectTCP) > 0 || len(sb.Network.BindTCP) > 0) && !sb.Network.Restrict {
+		add("sandbox.network", "connect_tcp and bind_tcp only apply with restrict: true")
+	}
+	if sb.Limits.OpenFiles < 0 || sb.Limits.Processes < 0 || sb.Limits.Memory < 0 {
+		add("sandbox.limits", "limits must not be negative (0 = no limit)")
+	}
+	if sb.Limits.OpenFiles > 0 && sb.Limits.OpenFiles < 16 {
+		add("sandbox.limits.open_files", "%d is too few for any agent (at least 16)", sb.Limits.OpenFiles)
+	}
+	if sb.Limits.Memory > 0 && sb.Limits.Memory < 16<<20 {
+		add("sandbox.limits.memory", "%d bytes is too little for any agent (at least 16MiB)", sb.Limits.Memory)
+	}
+	if sb.Cgroup != "" && !filepath.IsAbs(sb.Cgroup) {
+		add("sandbox.cgroup", "%q must be an absolute path (a cgroup v2 directory delegated to the gateway)", sb.Cgroup)
+	}
+	if len(c.Tenants) > 1 && c.Pool.Isolation == "shared" {
+		add("pool.isolation", "shared with the sandbox on and %d tenants: one agent process cannot be confined to two tenants' roots "+
+			"(use isolation: tenant, or sandbox.mode: off for a trusted single organisation)", len(c.Tenants))
+	}
+	if c.Agent.Dir != "" && len(c.Tenants) > 0 {
+		add("agent.dir", "with the sandbox on, each agent starts in its tenant's root; remove agent.dir")
+	}
+	return ps
+}
+
+// sandboxExposures lists the secrets an agent could read with the sandbox
+// on, and the tenant data one tenant's agents could reach of another's:
+// the session keys, the JWKS and HS256 secret files and the configuration
+// file itself (extra) must lie outside every path an agent may read; no
+// tenant's paths may reach into another tenant's root or home.
+func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
+	if c.SandboxMode() == "off" {
+		return nil
+	}
+	var ps []Problem
+	at := func(key, format string, args ...any) {
+		p := Problem{Msg: fmt.Sprintf(format, args...)}
+		if n := find(root, strings.Split(key, ".")...); n != nil {
+			p.Line, p.Column = n.Line, n.Column
+		}
+		ps = append(ps, p)
+	}
+	type secret struct{ key, path string }
+	var secrets []secret
+	for _, f := range c.sessionKeyPaths() {
+		secrets = append(secrets, secret{"session_key_file", f})
+	}
+	if j := c.Auth.JWT; j != nil {
+		if j.JWKSFile != "" {
+			secrets = append(secrets, secret{"auth.jwt.jwks_file", j.JWKSFile})
+		}
+		if j.HS256SecretFile != "" {
+			secrets = append(secrets, secret{"auth.jwt.hs256_secret_file", j.HS256SecretFile})
+		}
+	}
+	for _, f := range extra {
+		secrets = append(secrets, secret{"", f})
+	}
+	// Every agent's view, by tenant (or the one view without tenants).
+	type view struct {
+		who    string
+		t      *Tenant
+		ro, rw []string
+	}
+	var views []view
+	if len(c.Tenants) == 0 {
+		ro, rw := c.SandboxPaths(nil)
+		views = append(views, view{"agents", nil, ro, rw})
+	}
+	for i := range c.Tenants {
+		ro, rw := c.SandboxPaths(&c.Tenants[i])
+		views = append(views, view{fmt.Sprintf("tenant %q's agents", c.Tenants[i].Name), &c.Tenants[i], ro, rw})
+	}
+	homes := sandbox.Resolve(c.Sandbox.Home)
+	// readableBy names who may read file and through which path, or "".
+	readableBy := func(file string) (who, via string) {
+		for _, v := range views {
+			for _, p := range append(append([]string(nil), v.ro...), v.rw...) {
+				if sandbox.Within(file, sandbox.Resolve(p)) {
+					return v.who, p
+				}
+			}
+		}
+		if sandbox.Within(file, homes) {
+			return "the agents", c.Sandbox.Home
+		}
+		return "", ""
+	}
+	for _, s := range secrets {
+		who, via := readableBy(sandbox.Resolve(s.path))
+		if who == "" {
+			continue
+		}
+		what := "the configuration file " + s.path
+		if s.key != "" {
+			what = s.key + " " + s.path
+		}
+		at(s.key, "%s is readable by %s under the sandbox (inside %s): move it out of every tenant root, home and sandbox path", what, who, via)
+	}
+	overlap := func(a, b string) bool { return sandbox.Within(a, b) || sandbox.Within(b, a) }
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		r := sandbox.Resolve(t.Root)
+		if overlap(r, homes) {
+			at("sandbox.home", "sandbox.home %s and tenants[%d].root %s overlap: one tenant's agents could reach the others' homes", c.Sandbox.Home, i, t.Root)
+		}
+		for _, v := range views {
+			if v.t == t {
+				continue
+			}
+			for _, p := range append(append([]string(nil), v.ro...), v.rw...) {
+				rp := sandbox.Resolve(p)
+				if v.t != nil && p == v.t.Root {
+					continue // roots are checked to be disjoint already
+				}
+				if p == c.SandboxHome(nameOf(v.t)) {
+					continue
+				}
+				if overlap(r, rp) {
+					at("tenants", "tenants[%d].root %s overlaps %s, which %s may use: tenant roots must lie outside the system directories and every sandbox path", i, t.Root, p, v.who)
+					break
+				}
+			}
+		}
+	}
+	// Paths every agent (or one tenant's) may use must not hold the homes.
+	for _, v := range views {
+		for _, p := range append(append([]string(nil), v.ro...), v.rw...) {
+			if p == c.SandboxHome(nameOf(v.t)) || (v.t != nil && p == v.t.Root) {
+				continue
+			}
+			if sandbox.Within(homes, sandbox.Resolve(p)) {
+				at("sandbox.home", "sandbox.home %s lies inside %s, which %s may use: each tenant's home would be open to the others", c.Sandbox.Home, p, v.who)
+			}
+		}
+	}
+	return ps
+}
+
+func nameOf(t *Tenant) string {
+	if t == nil {
+		return ""
+	}
+	return t.Name
+}
