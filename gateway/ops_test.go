@@ -22,6 +22,9 @@ func withTenant(t *testing.T) func(*config.Config) {
 	sum := sha256.Sum256([]byte("tok"))
 	return func(c *config.Config) {
 		c.Tenants = []config.Tenant{{Name: "acme", TokensSHA256: []string{hex.EncodeToString(sum[:])}, Root: root}}
+		// In-process gateways start agents without acpgate's supervisor,
+		// which the sandbox needs; test/e2e covers the sandbox.
+		c.Sandbox.Mode = "off"
 	}
 }
 

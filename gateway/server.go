@@ -45,6 +45,7 @@ type Server struct {
 	log      *slog.Logger
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
+	launch   *launcher           // nil: the sandbox is off
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
@@ -92,6 +93,9 @@ func (s *Server) Reload(next *config.Config) (err error) {
 			_ = s.authn.UpdateTenants(authTenants(cur))
 		}
 		return err
+	}
+	if s.launch != nil {
+		s.launch.update(next)
 	}
 	s.mu.Lock()
 	s.cfg = next
@@ -206,6 +210,17 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	launch, err := newLauncher(cfg, opts.AgentCommand, opts.Supervisor, log)
+	if err != nil {
+		if authn != nil {
+			authn.Close()
+		}
+		return nil, err
+	}
+	var launchFn func(string) (proxy.Launch, error)
+	if launch != nil {
+		launchFn = launch.Launch
+	}
 	relay, err := proxy.NewRelay(proxy.Config{
 		Metrics: relayMetrics,
 		Pool: proxy.PoolConfig{
@@ -216,7 +231,9 @@ func New(opts Options) (*Server, error) {
 				Supervisor:  opts.Supervisor,
 				StopGrace:   cfg.Agent.StopGrace.D(),
 				InitTimeout: cfg.Agent.InitTimeout.D(),
+				Launch:      launchFn,
 			},
+			TenantBound:           launch != nil,
 			MinIdle:               cfg.Pool.MinIdle,
 			MaxProcesses:          cfg.Pool.MaxProcesses,
 			MaxSessionsPerProcess: cfg.Pool.MaxSessionsPerProcess,
@@ -252,7 +269,7 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg}
+	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, launch: launch, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := chi.NewRouter()
 	r.Get("/acp", s.handleACP)

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -37,9 +39,15 @@ type PoolConfig struct {
 	// cancels the turn, for a prompt). 0 = no limit.
 	RequestTimeout, PromptTimeout time.Duration
 
-	mapPaths   bool     // some tenant maps paths: locate path fields in agent output
-	fileAccess *[2]bool // what processes are told of fs read, write; nil = both
-	metrics    *Metrics // never nil once the pool runs
+	// TenantBound: a process belongs to one tenant from its start (the
+	// sandbox confines it to that tenant's root), so warm processes are
+	// started for tenants (SetTenants), the most recently active first.
+	TenantBound bool
+
+	tenantNames []string // the configured tenants, for SetTenants at start
+	mapPaths    bool     // some tenant maps paths: locate path fields in agent output
+	fileAccess  *[2]bool // what processes are told of fs read, write; nil = both
+	metrics     *Metrics // never nil once the pool runs
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -103,6 +111,11 @@ type Pool struct {
 	// inits caches the newest initialize answer per kind told (tenant
 	// cleared), so that a client's initialize is answered at once.
 	inits map[Profile]agentInit
+	// tenants (configured order) and lastUse (a sequence number per
+	// tenant) choose whom warm processes are started for when TenantBound.
+	tenants []string
+	lastUse map[string]uint64
+	useSeq  uint64
 }
 
 // NewPool starts a pool and its maintainer, which pre-warms MinIdle
@@ -114,7 +127,7 @@ func NewPool(cfg PoolConfig, log *slog.Logger) *Pool {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: log, ctx: ctx, stop: stop, kick: make(chan struct{}, 1), notify: make(chan struct{}),
-		fsRead: true, fsWrite: true, inits: map[Profile]agentInit{}}
+		fsRead: true, fsWrite: true, inits: map[Profile]agentInit{}, lastUse: map[string]uint64{}, tenants: cfg.tenantNames}
 	if fa := cfg.fileAccess; fa != nil {
 		p.fsRead, p.fsWrite = fa[0], fa[1]
 	}
@@ -159,6 +172,53 @@ func (p *Pool) SetFileAccess(read, write bool) {
 	p.mu.Lock()
 	p.fsRead, p.fsWrite = read, write
 	p.mu.Unlock()
+}
+
+// SetTenants lists the tenants warm processes may be started for when
+// processes are tenant-bound, in the configured order.
+func (p *Pool) SetTenants(names []string) {
+	p.mu.Lock()
+	p.tenants = append([]string(nil), names...)
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// warmTenantLocked picks the tenant a tenant-bound warm process is started
+// for: the most recently active tenant without an idle process, else the
+// most recently active one ("" when no tenant is known).
+func (p *Pool) warmTenantLocked() string {
+	order := slices.Clone(p.tenants)
+	slices.SortStableFunc(order, func(a, b string) int { return cmp.Compare(p.lastUse[b], p.lastUse[a]) })
+	if len(order) == 0 {
+		return ""
+	}
+	hasIdle := map[string]bool{}
+	for _, a := range p.procs {
+		a.mu.Lock()
+		if (a.state == procReady || a.state == procStarting) && len(a.sessions) == 0 && a.reserved == 0 && !a.retiring {
+			hasIdle[a.prof.Tenant] = true
+		}
+		a.mu.Unlock()
+	}
+	for _, t := range order {
+		if !hasIdle[t] {
+			return t
+		}
+	}
+	return order[0]
+}
+
+// isBaseLocked reports whether a was told the base kind: a warm process
+// any client (of its tenant, when tenant-bound) can use.
+func (p *Pool) isBaseLocked(a *agentProc) bool {
+	k := a.prof.kind()
+	if p.cfg.TenantBound {
+		k.Tenant = ""
+	}
+	return k == p.baseLocked().kind()
 }
 
 // baseLocked is what warm processes are told: protocol v1, file access,
@@ -208,6 +268,12 @@ func (p *Pool) acquire(ctx context.Context, prof Profile, forSession bool) (*age
 		}
 		p.cfg.metrics.PoolWait.Observe(since(start))
 	}()
+	if want.Tenant != "" {
+		p.mu.Lock()
+		p.useSeq++
+		p.lastUse[want.Tenant] = p.useSeq
+		p.mu.Unlock()
+	}
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -340,6 +406,11 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 	}
 	told := want
 	told.FsRead, told.FsWrite = p.fsRead, p.fsWrite
+	if p.cfg.TenantBound && told.Tenant == "" {
+		if told.Tenant = p.warmTenantLocked(); told.Tenant == "" {
+			return false, errors.New("no tenant to start an agent process for")
+		}
+	}
 	p.nextID++
 	a := &agentProc{
 		pool:     p,
@@ -357,7 +428,7 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 	}
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
-	go func() { defer p.wg.Done(); p.bringUp(a) }()
+	go func() { defer p.wg.Done(); p.bringUp(a, told.Tenant) }()
 	return true, nil
 }
 
@@ -385,10 +456,10 @@ func (p *Pool) victimLocked(want Profile) *agentProc {
 }
 
 // bringUp starts a process and initializes it; on failure the pool backs off.
-func (p *Pool) bringUp(a *agentProc) {
+func (p *Pool) bringUp(a *agentProc, tenant string) {
 	start := time.Now()
 	p.cfg.metrics.Spawns.Inc()
-	err := a.start(&p.cfg)
+	err := a.start(&p.cfg, tenant)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Agent.InitTimeout)
 		initStart := time.Now()
@@ -539,7 +610,7 @@ func (p *Pool) maintainLocked(now time.Time) {
 	for _, a := range p.procs {
 		a.mu.Lock()
 		isIdle := (a.state == procReady || a.state == procStarting) && len(a.sessions) == 0 && a.reserved == 0 && !a.retiring
-		if isIdle && a.prof.kind() == base {
+		if isIdle && p.isBaseLocked(a) {
 			idle++
 		}
 		if a.retiring && a.unusedLocked() {
@@ -569,10 +640,11 @@ func (p *Pool) maintainLocked(now time.Time) {
 		}
 	}
 	for _, a := range reap {
-		if a.prof.kind() == base && idle <= p.cfg.MinIdle {
+		isBase := p.isBaseLocked(a)
+		if isBase && idle <= p.cfg.MinIdle {
 			continue
 		}
-		if a.prof.kind() == base {
+		if isBase {
 			idle--
 		}
 		a.log.Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))

@@ -34,6 +34,22 @@ type AgentConfig struct {
 	StopGrace time.Duration
 	// InitTimeout bounds the agent's answer to initialize.
 	InitTimeout time.Duration
+	// Launch, if set, decides how each process of a tenant ("" for a
+	// process of no tenant) starts: the sandbox. Without it a process
+	// gets the gateway's environment plus Env, in Dir.
+	Launch func(tenant string) (Launch, error)
+}
+
+// Launch is how one agent process starts.
+type Launch struct {
+	Env []string // the whole environment, "K=V"
+	Dir string   // working directory
+	// Sandbox says how the process is confined, for the log ("" = not).
+	Sandbox string
+	// Exited, if set, is called once the process is reaped (and on a
+	// failed start); what it returns explains the exit in the log (a
+	// limit that killed it), or is "".
+	Exited func() string
 }
 
 type procState uint8
@@ -100,6 +116,8 @@ type agentProc struct {
 	readyAt    time.Time           // when it became ready
 	idleAt     time.Time           // when maintain first found it idle; zero while in use (pool.mu, a.mu)
 	stderrTail []string            // last lines of stderr, for crash reports
+	// launchExited is the launch's Exited (set before the process runs).
+	launchExited func() string
 }
 
 // Session is one ACP session as the gateway routes it.
@@ -163,12 +181,36 @@ func (p *agentProc) String() string { return "agent#" + strconv.FormatInt(p.id, 
 
 // start spawns the process and its I/O goroutines, which the pool's wait
 // group owns. They end when the process exits.
-func (p *agentProc) start(cfg *PoolConfig) error {
+func (p *agentProc) start(cfg *PoolConfig, tenant string) error {
 	ac := &cfg.Agent
 	argv := append(append([]string(nil), ac.Supervisor...), ac.Command...)
 	if len(ac.Command) == 0 {
 		return errors.New("no agent command configured")
 	}
+	launch := Launch{Dir: ac.Dir}
+	if ac.Launch != nil {
+		var err error
+		if launch, err = ac.Launch(tenant); err != nil {
+			return fmt.Errorf("spawn agent %q: %w", ac.Command[0], err)
+		}
+	} else {
+		launch.Env = os.Environ()
+		keys := make([]string, 0, len(ac.Env))
+		for k := range ac.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			launch.Env = append(launch.Env, k+"="+ac.Env[k])
+		}
+	}
+	p.launchExited = launch.Exited
+	started := false
+	defer func() {
+		if !started && launch.Exited != nil {
+			launch.Exited()
+		}
+	}()
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("spawn agent %q: stdin pipe: %w", ac.Command[0], err)
@@ -188,16 +230,8 @@ func (p *agentProc) start(cfg *PoolConfig) error {
 		return fmt.Errorf("spawn agent %q: stderr pipe: %w", ac.Command[0], err)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = ac.Dir
-	cmd.Env = os.Environ()
-	keys := make([]string, 0, len(ac.Env))
-	for k := range ac.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		cmd.Env = append(cmd.Env, k+"="+ac.Env[k])
-	}
+	cmd.Dir = launch.Dir
+	cmd.Env = launch.Env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 	deathSig := syscall.SIGKILL
 	if len(ac.Supervisor) > 0 {
@@ -215,11 +249,16 @@ func (p *agentProc) start(cfg *PoolConfig) error {
 		errR.Close()
 		return fmt.Errorf("spawn agent %q: %w", ac.Command[0], err)
 	}
+	started = true
 	p.mu.Lock() // stop and kill may read cmd from another goroutine
 	p.cmd, p.stdin, p.stdout, p.stderr = cmd, inW, outR, errR
 	p.log = p.log.With("agent_pid", cmd.Process.Pid)
 	p.mu.Unlock()
-	p.log.Info("agent started", "argv0", ac.Command[0])
+	if launch.Sandbox != "" {
+		p.log.Info("agent started", "argv0", ac.Command[0], "tenant", tenant, "sandbox", launch.Sandbox)
+	} else {
+		p.log.Info("agent started", "argv0", ac.Command[0])
+	}
 
 	readerDone := make(chan struct{})
 	p.pool.wg.Add(4)
@@ -408,10 +447,16 @@ func (p *agentProc) waitLoop(readerDone <-chan struct{}) {
 		<-readerDone
 	}
 	p.stdout.Close()
+	exitErr := exitReason(err)
+	if p.launchExited != nil {
+		if why := p.launchExited(); why != "" {
+			exitErr = fmt.Errorf("%w: %s", exitErr, why)
+		}
+	}
 	p.mu.Lock()
 	wasStopping := p.state == procStopping
 	p.state = procDead
-	p.exitErr = exitReason(err)
+	p.exitErr = exitErr
 	tail := strings.Join(p.stderrTail, "\n")
 	p.mu.Unlock()
 	p.pool.cfg.metrics.Exits.WithLabelValues(exitLabel(wasStopping, p.initFailed.Load(), err)).Inc()

@@ -115,6 +115,8 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.Pool.metrics = metrics
 	cfg.Pool.fileAccess = fileAccess(cfg.ClientCaps, cfg.Tenants)
+	cfg.Pool.TenantBound = cfg.Pool.TenantBound && cfg.IsolateTenants
+	cfg.Pool.tenantNames = tenantNames(cfg.Tenants)
 	pool := NewPool(cfg.Pool, log)
 	if cfg.Sessions.DetachTimeout > 0 && cfg.Sessions.ReplayBufferBytes <= 0 {
 		cfg.Sessions.ReplayBufferBytes = 8 << 20
@@ -302,6 +304,16 @@ func (r *Relay) CancelPrompts(wait time.Duration) {
 	}
 }
 
+func tenantNames(cfgs []TenantConfig) []string {
+	var names []string
+	for _, c := range cfgs {
+		if c.Name != "" {
+			names = append(names, c.Name)
+		}
+	}
+	return names
+}
+
 // UpdateTenants applies a reloaded tenant list: existing tenants keep their
 // sessions and counts and get the new settings; new tenants can connect;
 // removed tenants' open connections live on until they close. Nothing is
@@ -320,6 +332,7 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 	}
 	fa := fileAccess(r.caps, cfgs)
 	r.pool.SetFileAccess(fa[0], fa[1])
+	r.pool.SetTenants(tenantNames(cfgs))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, c := range cfgs {

@@ -156,7 +156,9 @@ func startGateway(t *testing.T, bin, config string, env []string, log *lockedBuf
 		args = append(args, "--listen", listen)
 	}
 	g.cmd = exec.Command(bin, args...)
-	g.cmd.Env = append(os.Environ(), env...)
+	// With tenants the sandbox is on: agents' private homes go to a
+	// temporary directory.
+	g.cmd.Env = append(append(os.Environ(), "ACPGATE_SANDBOX_HOME="+filepath.Join(t.TempDir(), "homes")), env...)
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {

@@ -81,6 +81,7 @@ type gwOpts struct {
 	args     []string // extra flags
 	stateDir string   // the demo agent's state dir; "" = a fresh one
 	wrap     []string // argv prefix to run the binary under (e.g. unshare)
+	env      []string // extra environment ("K=V")
 }
 
 func startGateway(t *testing.T, o gwOpts) *gateway {
@@ -100,7 +101,11 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 	args = append(args, o.args...)
 	argv := append(append([]string(nil), o.wrap...), binPath)
 	g.cmd = exec.Command(argv[0], append(argv[1:], args...)...)
-	g.cmd.Env = append(gatewayEnv(), "ACPGATE_DEMO_STATE_DIR="+g.stateDir)
+	// With tenants the sandbox is on: each tenant's agents get a private
+	// home under the state dir (which restart tests share), where the demo
+	// agent keeps its sessions.
+	g.cmd.Env = append(gatewayEnv(), "ACPGATE_DEMO_STATE_DIR="+g.stateDir, "ACPGATE_SANDBOX_HOME="+filepath.Join(g.stateDir, "homes"))
+	g.cmd.Env = append(g.cmd.Env, o.env...)
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1407,8 +1407,16 @@ func TestHostileResume(t *testing.T) {
 		if got := promptOK(t, c, vsid, "the victim is back"); got != "You said: the victim is back" {
 			t.Fatalf("the victim's prompt after the resume: %q", got)
 		}
+		closed := g.countLogs("connection closed", "conn", c.connID)
 		closeClean(t, c)
-		// Its token dies with it.
+		// Its token dies with it, once the gateway has handled the close
+		// (the close handshake completes before that).
+		for deadline := time.Now().Add(5 * time.Second); g.countLogs("connection closed", "conn", c.connID) == closed; {
+			if time.Now().After(deadline) {
+				t.Fatalf("the gateway did not log the close of %s", c.connID)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		refuse(t, bearer(acmeTok), victim.token, "0", "the token of the victim, which then closed with 1000")
 	})
 	for _, b := range bys {

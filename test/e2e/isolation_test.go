@@ -295,6 +295,14 @@ func stateFiles(t *testing.T, dir string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Sandboxed demo agents keep their sessions in their tenant's private
+	// home (TMPDIR), under the homes the harness puts in the state dir.
+	homes, _ := filepath.Glob(filepath.Join(dir, "homes", "*", "tmp", "acpgate-demo-agent"))
+	for _, h := range homes {
+		for id, cwd := range stateFiles(t, h) {
+			out[id] = cwd
+		}
+	}
 	for _, e := range entries {
 		id, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {

@@ -27,6 +27,9 @@
 //	                    null, -1, 1.5, an object), then answer {"ok":true}
 //	_fake/stderr-flood  write params.lines lines to stderr, then answer
 //	                    {"lines":N}
+//	_fake/host          act on the host directly, as an agent's own tools
+//	                    do (read, write, list, env, exec ...; see host.go),
+//	                    and answer {"ok":..., "data":..., "err":...}
 //
 // session/prompt answers "You said: <text>" in one agent_message_chunk and
 // ends the turn. Requests for other methods get -32601; notifications and
@@ -188,6 +191,8 @@ func (a *agent) handle(line []byte) {
 	case "_fake/huge-answer":
 		n := intParam(m.Params, "bytes", 1<<20, 64<<20)
 		a.result(m.ID, map[string]string{"pad": strings.Repeat("x", n)})
+	case "_fake/host":
+		a.result(m.ID, doHost(m.Params))
 	case "_fake/double":
 		a.result(m.ID, map[string]int{"n": 1})
 		a.result(m.ID, map[string]int{"n": 2})

@@ -114,7 +114,9 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 		args = append(args, "--config", g.cfgPath)
 	}
 	g.cmd = exec.Command(binPath, args...)
-	g.cmd.Env = append(append(os.Environ(), "ACPGATE_DEMO_STATE_DIR="+t.TempDir()), o.env...)
+	// With tenants the sandbox is on: agents' private homes go to a
+	// temporary directory too.
+	g.cmd.Env = append(append(os.Environ(), "ACPGATE_DEMO_STATE_DIR="+t.TempDir(), "ACPGATE_SANDBOX_HOME="+filepath.Join(t.TempDir(), "homes")), o.env...)
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,193 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/proxy/sandbox"
+)
+
+// launcher decides how each agent process starts when the sandbox is on:
+// its environment (only agent.inherit_env, agent.env, HOME and TMPDIR),
+// its working directory (the tenant root), and its confinement, which
+// acpgate supervise applies before it starts the agent.
+type launcher struct {
+	log  *slog.Logger
+	abi  int    // Landlock ABI; 0: the kernel has none (mode auto)
+	exe  string // the agent's program, resolved: always readable and executable
+	user *sandbox.User
+	cfg  atomic.Pointer[config.Config]
+	seq  atomic.Int64
+}
+
+// newLauncher returns nil when the sandbox is off. With mode required and
+// no Landlock it refuses; with mode auto it logs an error and confines
+// what it can without Landlock.
+func newLauncher(cfg *config.Config, agentCmd, supervisor []string, log *slog.Logger) (*launcher, error) {
+	mode := cfg.SandboxMode()
+	if mode == "off" {
+		return nil, nil
+	}
+	if len(supervisor) == 0 {
+		return nil, errors.New("the sandbox needs acpgate's supervisor to start agents")
+	}
+	l := &launcher{log: log}
+	l.cfg.Store(cfg)
+	abi, err := sandbox.Probe()
+	switch {
+	case err != nil && mode == "required":
+		return nil, fmt.Errorf("sandbox.mode is required but the agents cannot be confined: %w", err)
+	case err != nil:
+		log.Error("agents run WITHOUT Landlock", "err", err,
+			"meaning", "tenants' agents can read and write whatever the gateway's user can; their environment, home and "+
+				"capabilities are still restricted (sandbox.mode: required refuses to start instead)")
+	default:
+		l.abi = abi
+		log.Info("agent sandbox on", "landlock_abi", abi, "restricts", sandbox.Features(abi, cfg.Sandbox.Network.Restrict),
+			"network", map[bool]string{true: "tcp ports restricted", false: "not restricted"}[cfg.Sandbox.Network.Restrict && abi >= 4])
+		if cfg.Sandbox.Network.Restrict && abi < 4 {
+			log.Error("sandbox.network.restrict needs Landlock ABI 4; this kernel's agents keep their network", "landlock_abi", abi)
+		}
+	}
+	if l.user, err = cfg.SandboxUser(); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() == 0 && l.user == nil {
+		log.Warn("agents run as root, without capabilities; set sandbox.user to an unprivileged account")
+	}
+	if l.user != nil && os.Geteuid() != 0 {
+		return nil, fmt.Errorf("sandbox.user %q needs the gateway to run as root", cfg.Sandbox.User)
+	}
+	if p, err := exec.LookPath(agentCmd[0]); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		if p, err = filepath.Abs(p); err == nil {
+			l.exe = p
+		}
+	}
+	if err := os.MkdirAll(cfg.Sandbox.Home, 0o711); err != nil {
+		return nil, fmt.Errorf("sandbox.home: %w (set sandbox.home to a directory the gateway may create)", err)
+	}
+	lim := cfg.Sandbox.Limits
+	if cg := cfg.Sandbox.Cgroup; cg != "" {
+		if err := sandbox.PrepareCgroup(cg, lim.Memory > 0, lim.Processes > 0); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// update takes a reloaded configuration (tenants and their paths).
+func (l *launcher) update(cfg *config.Config) { l.cfg.Store(cfg) }
+
+// Launch is proxy.AgentConfig.Launch.
+func (l *launcher) Launch(tenant string) (proxy.Launch, error) {
+	cfg := l.cfg.Load()
+	var t *config.Tenant
+	for i := range cfg.Tenants {
+		if cfg.Tenants[i].Name == tenant {
+			t = &cfg.Tenants[i]
+		}
+	}
+	if tenant == "" && len(cfg.Tenants) == 1 { // isolation: shared, one tenant
+		t = &cfg.Tenants[0]
+	}
+	if tenant != "" && t == nil {
+		return proxy.Launch{}, fmt.Errorf("tenant %q is not configured", tenant)
+	}
+	name := ""
+	if t != nil {
+		name = t.Name
+	}
+	home := cfg.SandboxHome(name)
+	tmp := filepath.Join(home, "tmp")
+	for _, d := range []string{home, tmp} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return proxy.Launch{}, fmt.Errorf("agent home: %w", err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return proxy.Launch{}, fmt.Errorf("agent home: %w", err)
+		}
+		if l.user != nil {
+			if err := os.Chown(d, l.user.UID, l.user.GID); err != nil {
+				return proxy.Launch{}, fmt.Errorf("agent home: %w", err)
+			}
+		}
+	}
+	var env []string
+	for _, k := range cfg.Agent.InheritEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	keys := make([]string, 0, len(cfg.Agent.Env))
+	for k := range cfg.Agent.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+cfg.Agent.Env[k])
+	}
+	env = append(env, "HOME="+home, "TMPDIR="+tmp)
+
+	ro, rw := cfg.SandboxPaths(t)
+	if l.exe != "" {
+		ro = append(ro, l.exe)
+	}
+	lim := cfg.Sandbox.Limits
+	spec := &sandbox.Spec{
+		Landlock:  l.abi > 0,
+		ReadOnly:  ro,
+		ReadWrite: rw,
+		Devices:   sandbox.SystemDevices,
+		DevicesRO: sandbox.SystemDevicesRO,
+		Limits: sandbox.Limits{OpenFiles: uint64(lim.OpenFiles), Processes: uint64(lim.Processes),
+			DataBytes: uint64(lim.Memory)},
+		User: l.user,
+	}
+	if n := cfg.Sandbox.Network; n.Restrict {
+		spec.Net = &sandbox.Net{}
+		for _, p := range n.ConnectTCP {
+			spec.Net.ConnectTCP = append(spec.Net.ConnectTCP, uint16(p))
+		}
+		for _, p := range n.BindTCP {
+			spec.Net.BindTCP = append(spec.Net.BindTCP, uint16(p))
+		}
+	}
+	launch := proxy.Launch{Dir: home, Sandbox: "landlock v" + strconv.Itoa(l.abi)}
+	if l.abi == 0 {
+		launch.Sandbox = "no landlock"
+	}
+	if t != nil {
+		launch.Dir = t.Root
+	}
+	if cg := cfg.Sandbox.Cgroup; cg != "" {
+		c, err := sandbox.NewCgroup(cg, fmt.Sprintf("agent-%s-%d-%d", orDefault(name), os.Getpid(), l.seq.Add(1)),
+			int64(lim.Memory), int64(lim.Processes))
+		if err != nil {
+			return proxy.Launch{}, err
+		}
+		spec.Cgroup = c.Path()
+		launch.Exited = c.Close
+		launch.Sandbox += ", cgroup"
+	}
+	launch.Env = append(env, sandbox.EnvVar+"="+spec.Encode())
+	return launch, nil
+}
+
+func orDefault(tenant string) string {
+	if tenant == "" {
+		return "default"
+	}
+	return tenant
+}
