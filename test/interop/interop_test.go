@@ -341,8 +341,14 @@ func (h *harness) startGateway(t *testing.T, agentCmdline, home, dir string) *ga
 	// Everything allowed: the gateway must then answer as the agent does.
 	// (The default policy filters what the agent advertises; proxy/policy's
 	// tests cover that against these agents' recorded answers.)
+	return h.startGatewayWith(t, allowAllPolicy, agentCmdline, home, dir)
+}
+
+// startGatewayWith is startGateway with the given configuration file.
+func (h *harness) startGatewayWith(t *testing.T, config, agentCmdline, home, dir string) *gateway {
+	t.Helper()
 	cfgPath := filepath.Join(t.TempDir(), "acpgate.interop.yaml")
-	if err := os.WriteFile(cfgPath, []byte(allowAllPolicy), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "info", "--config", cfgPath}

@@ -40,7 +40,7 @@ const t0 = Date.now();
 const out = (o) => process.stdout.write(JSON.stringify({ ...o, t: Date.now() - t0 }) + "\n");
 
 function usage(msg) {
-  process.stderr.write(`probe.mjs: ${msg}\nusage: node probe.mjs [--cwd DIR] [--timeout MS] [--linger MS] [--grace MS] (ws://URL | -- AGENT [ARGS...])\n`);
+  process.stderr.write(`probe.mjs: ${msg}\nusage: node probe.mjs [--cwd DIR] [--token TOKEN] [--timeout MS] [--linger MS] [--grace MS] (ws://URL | -- AGENT [ARGS...])\n`);
   process.exit(2);
 }
 
@@ -52,6 +52,11 @@ let agentArgv = null;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === "--") { agentArgv = argv.slice(i + 1); break; }
+    if (a === "--token") {
+      if (i + 1 >= argv.length) usage(`${a} needs a value`);
+      opts.token = argv[++i];
+      continue;
+    }
     if (a === "--cwd" || a === "--timeout" || a === "--linger" || a === "--grace") {
       if (i + 1 >= argv.length) usage(`${a} needs a value`);
       const v = argv[++i];
@@ -121,7 +126,9 @@ down.catch(() => {});
 
 if (url !== null) {
   stage = "connect";
-  const ws = new WebSocket(url, ["acp"], { handshakeTimeout: opts.timeout });
+  // A tenant's token rides in the subprotocol list, as a browser would send it.
+  const protocols = opts.token ? ["acp", `acp.bearer.${opts.token}`] : ["acp"];
+  const ws = new WebSocket(url, protocols, { handshakeTimeout: opts.timeout });
   send = (obj) => ws.send(JSON.stringify(obj));
   ws.on("message", (data, isBinary) => {
     if (isBinary) { out({ type: "nonjson", line: `<binary frame, ${data.length} bytes>` }); return; }
