@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -506,5 +507,72 @@ func TestClientProfile(t *testing.T) {
 		if (err != nil) != tc.err || got != tc.want {
 			t.Errorf("%s: %+v %v, want %+v", tc.params, got, err, tc.want)
 		}
+	}
+}
+
+// TestTenantBoundPool: with processes bound to a tenant from their start
+// (the sandbox), warm processes are started for a tenant, a process is
+// never handed to another tenant, and each start is launched for its
+// tenant.
+func TestTenantBoundPool(t *testing.T) {
+	var mu sync.Mutex
+	var launched []string
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	cfg := PoolConfig{
+		Agent: AgentConfig{
+			Command:   []string{exe, "-test.run=^$"},
+			StopGrace: 2 * time.Second,
+			Launch: func(tenant string) (Launch, error) {
+				mu.Lock()
+				launched = append(launched, tenant)
+				mu.Unlock()
+				return Launch{Env: append(os.Environ(), "ACPGATE_TEST_AGENT=demo", "ACPGATE_TEST_STATE="+state), Sandbox: "test"}, nil
+			},
+		},
+		MinIdle: 1, MaxProcesses: 4, AcquireTimeout: 10 * time.Second, MaxMessageBytes: 1 << 20,
+		TenantBound: true, tenantNames: []string{"a", "b"},
+	}
+	p := NewPool(cfg, slog.New(slog.DiscardHandler))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = p.Close(ctx)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for !p.Ready() && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	if !slices.Equal(launched, []string{"a"}) {
+		t.Errorf("warm launches %v, want one for the first configured tenant", launched)
+	}
+	mu.Unlock()
+	b, err := p.acquire(ctx, Profile{Tenant: "b", Version: 1}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.profile().Tenant; got != "b" {
+		t.Fatalf("tenant b was given a process of tenant %q", got)
+	}
+	mu.Lock()
+	if !slices.Contains(launched, "b") {
+		t.Errorf("no process launched for b: %v", launched)
+	}
+	mu.Unlock()
+
+	// The warm choice: the most recently active tenant without an idle
+	// process.
+	q := &Pool{tenants: []string{"a", "b", "c"}, lastUse: map[string]uint64{"b": 2, "c": 1}}
+	if got := q.warmTenantLocked(); got != "b" {
+		t.Errorf("warm tenant %q, want b (the most recently active)", got)
+	}
+	q.procs = []*agentProc{{prof: Profile{Tenant: "b"}, state: procReady, sessions: map[string]*Session{}}}
+	if got := q.warmTenantLocked(); got != "c" {
+		t.Errorf("warm tenant %q, want c (b has an idle process)", got)
 	}
 }

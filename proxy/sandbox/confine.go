@@ -48,6 +48,17 @@ func Confine(spec *Spec) (string, error) {
 		}
 		did = append(did, fmt.Sprintf("%s=%d", l.name, l.v))
 	}
+	// The ruleset is built while the thread may still open every path it
+	// names (an agents' user may not be able to); it is enforced after the
+	// privileges are gone.
+	var rs *ruleset
+	if spec.Landlock {
+		var err error
+		if rs, err = newRuleset(spec); err != nil {
+			return "", err
+		}
+		defer syscall.Close(rs.fd)
+	}
 	if err := dropPrivileges(spec.User); err != nil {
 		return "", err
 	}
@@ -55,14 +66,20 @@ func Confine(spec *Spec) (string, error) {
 		did = append(did, fmt.Sprintf("uid=%d gid=%d", spec.User.UID, spec.User.GID))
 	}
 	did = append(did, "no capabilities", "no_new_privs")
-	if spec.Landlock {
-		abi, err := restrict(spec)
-		if err != nil {
-			return "", err
+	if rs != nil {
+		if err := llsyscall.LandlockRestrictSelf(rs.fd, rs.flags); err != nil {
+			return "", fmt.Errorf("landlock restrict_self: %w", err)
 		}
-		did = append(did, fmt.Sprintf("landlock v%d (%s)", abi, Features(abi, spec.Net != nil)))
+		did = append(did, fmt.Sprintf("landlock v%d (%s)", rs.abi, Features(rs.abi, spec.Net != nil)))
 	}
 	return strings.Join(did, ", "), nil
+}
+
+// ruleset is a Landlock ruleset built but not yet enforced.
+type ruleset struct {
+	fd    int
+	flags uint32
+	abi   int
 }
 
 // Linux capability and securebits constants not in x/sys/unix.
@@ -123,12 +140,12 @@ func dropPrivileges(user *User) error {
 	return nil
 }
 
-// restrict enforces the Landlock part of spec on the calling thread with
-// the best ABI the kernel offers, and returns that ABI.
-func restrict(spec *Spec) (int, error) {
+// newRuleset builds the Landlock part of spec with the best ABI the kernel
+// offers.
+func newRuleset(spec *Spec) (*ruleset, error) {
 	abi, err := Probe()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	cfg := landlock.Config{HandledAccessFS: landlock.V11.HandledAccessFS, Scoped: landlock.V11.Scoped}
 	rules := []landlock.Rule{}
@@ -155,16 +172,12 @@ func restrict(spec *Spec) (int, error) {
 	}
 	fd, flags, err := cfg.BestEffort().NewRulesetFD(rules...)
 	if err != nil {
-		return 0, fmt.Errorf("landlock ruleset: %w", err)
+		return nil, fmt.Errorf("landlock ruleset: %w", err)
 	}
 	if fd < 0 {
-		return 0, errors.New("landlock: nothing could be enforced on this kernel")
+		return nil, errors.New("landlock: nothing could be enforced on this kernel")
 	}
-	defer syscall.Close(fd)
-	if err := llsyscall.LandlockRestrictSelf(fd, flags); err != nil {
-		return 0, fmt.Errorf("landlock restrict_self: %w", err)
-	}
-	return abi, nil
+	return &ruleset{fd: fd, flags: flags, abi: abi}, nil
 }
 
 // pathRule grants a directory (or a file) read and execute, or everything

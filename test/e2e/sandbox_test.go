@@ -87,7 +87,9 @@ func startSandboxed(t *testing.T, extra string, env ...string) *sandboxEnv {
 	return e
 }
 
-func TestSandbox(t *testing.T) {
+// TestHostileSandbox: two tenants' agents work in their own root and home
+// and try every way out.
+func TestHostileSandbox(t *testing.T) {
 	abi := requireLandlock(t)
 	e := startSandboxed(t, policyAllowFake+"sandbox: {limits: {open_files: 256}}\n")
 	g := e.g
@@ -250,6 +252,48 @@ func TestSandbox(t *testing.T) {
 			t.Logf("refused: %s", a.Err)
 		}
 	})
+}
+
+// TestSandboxUser: with the gateway running as root, sandbox.user names the
+// account agents run as; their home is theirs.
+func TestSandboxUser(t *testing.T) {
+	requireLandlock(t)
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: sandbox.user needs the gateway to run as root")
+	}
+	const uid = 65534
+	env := newIsoEnv(t)
+	for _, name := range tenantNames {
+		if err := os.Chown(env.roots[name], uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The agents' user must be able to walk to its root and home.
+	state := t.TempDir()
+	for _, d := range []string{filepath.Dir(env.dir), env.dir, state} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := startGateway(t, gwOpts{stateDir: state, config: fakeAgentConfig(t, "") + env.config(env.keyFile, nil) + policyAllowFake +
+		fmt.Sprintf("sandbox: {user: \"%d:%d\"}\n", uid, uid)})
+	c := dialToken(t, g, env.tokens["acme"])
+	st := host(t, c, map[string]any{"op": "status"})
+	if !slices.Contains(st.Entries, fmt.Sprintf("Uid: %d %d %d %d", uid, uid, uid, uid)) {
+		t.Errorf("the agent does not run as %d: %v", uid, st.Entries)
+	}
+	home := filepath.Join(g.stateDir, "homes", "acme")
+	for _, op := range []map[string]any{
+		{"op": "write", "path": filepath.Join(env.real["acme"], "mine"), "data": "x"},
+		{"op": "write", "path": filepath.Join(home, "mine"), "data": "x"},
+	} {
+		if a := host(t, c, op); !a.OK {
+			t.Errorf("%v: %s", op, a.Err)
+		}
+	}
+	if a := host(t, c, map[string]any{"op": "read", "path": env.keyFile}); a.OK {
+		t.Errorf("the agent's user read the session key")
+	}
 }
 
 // TestSandboxMemoryLimit: an agent past sandbox.limits.memory dies, and
