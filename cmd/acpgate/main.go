@@ -30,6 +30,7 @@ import (
 	"github.com/acpgate/acpgate/demoagent"
 	"github.com/acpgate/acpgate/gateway"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy/sandbox"
 	"github.com/acpgate/acpgate/proxy/supervise"
 )
 
@@ -303,7 +304,47 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		t := &cfg.Tenants[i]
 		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
 	}
+	describeSandbox(stdout, cfg)
 	return 0
+}
+
+// describeSandbox tells what agents may reach under the sandbox, and
+// whether this host can enforce it.
+func describeSandbox(w io.Writer, cfg *config.Config) {
+	mode := cfg.SandboxMode()
+	fmt.Fprintf(w, "\nagent sandbox: %s", mode)
+	if mode == "off" {
+		fmt.Fprintln(w, " (agents get the gateway's whole environment and every file its user can reach)")
+		return
+	}
+	if abi, err := sandbox.Probe(); err != nil {
+		fmt.Fprintf(w, "; on this host: NO Landlock (%v)", err)
+		if mode == "required" {
+			fmt.Fprint(w, "; serve would refuse to start here")
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintf(w, "; on this host: Landlock ABI %d (%s)\n", abi, sandbox.Features(abi, cfg.Sandbox.Network.Restrict))
+	}
+	show := func(who string, t *config.Tenant) {
+		ro, rw := cfg.SandboxPaths(t)
+		fmt.Fprintf(w, "  %s: HOME %s\n    read-write: %s\n    read-only:  %s (and the agent's program)\n",
+			who, cfg.SandboxHome(tenantName(t)), strings.Join(rw, " "), strings.Join(ro[len(sandbox.SystemReadOnly):], " "))
+	}
+	fmt.Fprintf(w, "  every agent reads: %s\n", strings.Join(sandbox.SystemReadOnly, " "))
+	if len(cfg.Tenants) == 0 {
+		show("agents", nil)
+	}
+	for i := range cfg.Tenants {
+		show(fmt.Sprintf("tenant %q", cfg.Tenants[i].Name), &cfg.Tenants[i])
+	}
+}
+
+func tenantName(t *config.Tenant) string {
+	if t == nil {
+		return ""
+	}
+	return t.Name
 }
 
 func demoAgent(args []string, stderr io.Writer) int {
