@@ -289,8 +289,20 @@ type gatewayConfig struct {
 	Tenants []struct {
 		Root string `json:"root"`
 	} `json:"tenants"`
+	Sandbox struct {
+		Mode      string   `json:"mode"`
+		Home      string   `json:"home"`
+		ReadOnly  []string `json:"read_only"`
+		ReadWrite []string `json:"read_write"`
+	} `json:"sandbox"`
 	SessionKeyFile  string   `json:"session_key_file"`
 	SessionKeyFiles []string `json:"session_key_files"`
+}
+
+// within reports whether path is dir or below it.
+func within(path, dir string) bool {
+	dir = strings.TrimSuffix(dir, "/")
+	return path == dir || strings.HasPrefix(path, dir+"/")
 }
 
 func duration(t *testing.T, what, s, def string) time.Duration {
@@ -586,6 +598,41 @@ func TestDeployment(t *testing.T) {
 	}
 	if mountFor(c, "/tmp") == nil {
 		t.Error("no volume at /tmp: the root file system is read-only")
+	}
+
+	// The agent sandbox (on by default with tenants): each tenant's agents
+	// get a home under sandbox.home, which must be writable on a read-only
+	// root file system and lie outside every tenant root; no ConfigMap or
+	// Secret volume may lie where agents can read (check-config checks the
+	// key files it names, this every mounted secret).
+	if mode := cfg.Sandbox.Mode; mode != "off" && (mode != "" || len(cfg.Tenants) > 0) {
+		home := cfg.Sandbox.Home
+		if home == "" {
+			home = "/var/lib/acpgate/homes" // the gateway's default
+		}
+		if vm := mountFor(c, home); vm == nil || vm.ReadOnly {
+			t.Errorf("sandbox.home %s is not on a writable volume (the root file system is read-only)", home)
+		} else if v := volume(spec, vm.Name); v.ConfigMap != nil || v.Secret != nil || v.Projected != nil {
+			t.Errorf("sandbox.home %s is on volume %q, which is not writable storage", home, vm.Name)
+		}
+		agentPaths := append(append([]string{home}, cfg.Sandbox.ReadOnly...), cfg.Sandbox.ReadWrite...)
+		for _, tn := range cfg.Tenants {
+			if within(home, tn.Root) || within(tn.Root, home) {
+				t.Errorf("sandbox.home %s and tenant root %s overlap", home, tn.Root)
+			}
+			agentPaths = append(agentPaths, tn.Root)
+		}
+		for _, vm := range c.VolumeMounts {
+			v := volume(spec, vm.Name)
+			if v == nil || (v.Secret == nil && v.ConfigMap == nil && v.Projected == nil) {
+				continue
+			}
+			for _, p := range agentPaths {
+				if within(vm.MountPath, p) || within(p, vm.MountPath) {
+					t.Errorf("secret or configuration volume %q at %s overlaps %s, which agents may use under the sandbox", vm.Name, vm.MountPath, p)
+				}
+			}
+		}
 	}
 	if ing := one(t, "Ingress", m.ingresses); ing.Annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"] != "" {
 		var s int

@@ -130,9 +130,16 @@ func dropPrivileges(user *User) error {
 	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, 0); e != 0 && e != syscall.EINVAL {
 		return fmt.Errorf("clear ambient capabilities: %w", e)
 	}
-	data = [2]unix.CapUserData{}
-	if err := unix.Capset(&hdr, &data[0]); err != nil { // the calling thread only
-		return fmt.Errorf("capset: %w", err)
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	// Nothing left to drop is not asked for: a seccomp filter may forbid
+	// capset (systemd's ~@privileged does).
+	if data != ([2]unix.CapUserData{}) {
+		data = [2]unix.CapUserData{}
+		if err := unix.Capset(&hdr, &data[0]); err != nil { // the calling thread only
+			return fmt.Errorf("capset: %w", err)
+		}
 	}
 	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, 0); e != 0 {
 		return fmt.Errorf("set no_new_privs: %w", e)
