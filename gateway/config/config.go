@@ -396,15 +396,19 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// problemAt is a problem about the setting at a dotted path, located in
+// the document when it sets it.
+func problemAt(root *yaml.Node, path, format string, args ...any) Problem {
+	p := Problem{Msg: path + ": " + fmt.Sprintf(format, args...)}
+	if n := find(root, strings.Split(path, ".")...); n != nil {
+		p.Line, p.Column = n.Line, n.Column
+	}
+	return p
+}
+
 func (c *Config) validate(root *yaml.Node) []Problem {
 	var ps []Problem
-	add := func(path, format string, args ...any) {
-		p := Problem{Msg: path + ": " + fmt.Sprintf(format, args...)}
-		if n := find(root, strings.Split(path, ".")...); n != nil {
-			p.Line, p.Column = n.Line, n.Column
-		}
-		ps = append(ps, p)
-	}
+	add := func(path, format string, args ...any) { ps = append(ps, problemAt(root, path, format, args...)) }
 	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
 		add("listen", "%q is not host:port: %v", c.Listen, err)
 	} else {

@@ -174,13 +174,7 @@ func (c *Config) SandboxPaths(t *Tenant) (ro, rw []string) {
 
 func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	var ps []Problem
-	add := func(path, format string, args ...any) {
-		p := Problem{Msg: path + ": " + fmt.Sprintf(format, args...)}
-		if n := find(root, strings.Split(path, ".")...); n != nil {
-			p.Line, p.Column = n.Line, n.Column
-		}
-		ps = append(ps, p)
-	}
+	add := func(path, format string, args ...any) { ps = append(ps, problemAt(root, path, format, args...)) }
 	sb := &c.Sandbox
 	switch sb.Mode {
 	case "", "auto", "required", "off":

@@ -115,7 +115,7 @@ var (
 // saying why there is none.
 func Probe() (int, error) {
 	if os.Getenv(ForceNoLandlockEnv) == "1" {
-		return 0, fmt.Errorf("Landlock reported unavailable (%s=1)", ForceNoLandlockEnv)
+		return 0, fmt.Errorf("forced off by %s=1", ForceNoLandlockEnv)
 	}
 	v, err := llsyscall.LandlockGetABIVersion()
 	if err != nil {
