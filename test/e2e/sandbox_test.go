@@ -296,6 +296,48 @@ func TestSandboxUser(t *testing.T) {
 	}
 }
 
+// TestSandboxNetwork: with sandbox.network.restrict, only the listed TCP
+// ports can be connected to.
+func TestSandboxNetwork(t *testing.T) {
+	abi := requireLandlock(t)
+	if abi < 4 {
+		t.Skipf("skipped: Landlock ABI %d has no TCP rules (ABI 4 does)", abi)
+	}
+	var lns [2]net.Listener
+	for i := range lns {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() { // ends when ln closes
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		lns[i] = ln
+	}
+	allowed, other := lns[0].Addr().String(), lns[1].Addr().String()
+	port := lns[0].Addr().(*net.TCPAddr).Port
+	e := startSandboxed(t, policyAllowFake+fmt.Sprintf("sandbox: {network: {restrict: true, connect_tcp: [%d]}}\n", port))
+	c := dialToken(t, e.g, e.tokens["acme"])
+	if a := host(t, c, map[string]any{"op": "dial", "path": allowed}); !a.OK {
+		t.Errorf("connect to the listed port %s: %s", allowed, a.Err)
+	}
+	if a := host(t, c, map[string]any{"op": "dial", "path": other}); a.OK {
+		t.Errorf("connected to the unlisted port %s", other)
+	} else {
+		t.Logf("unlisted port: %s", a.Err)
+	}
+	if a := host(t, c, map[string]any{"op": "dial", "path": e.g.addr}); a.OK {
+		t.Errorf("connected to the gateway's own port %s", e.g.addr)
+	}
+}
+
 // TestSandboxMemoryLimit: an agent past sandbox.limits.memory dies, and
 // the gateway reports it like any crash: the request gets an error, the
 // log says the agent exited, and a new process serves the next client.

@@ -16,7 +16,7 @@ import (
 // real agent's own tools (file edits, shell commands) do. The sandbox tests
 // use it to try every escape.
 type hostOp struct {
-	Op     string   `json:"op"`     // read, write, list, env, status, pid, link, symlink, kill, exec, abstract, alloc
+	Op     string   `json:"op"`     // read, write, list, env, status, pid, link, symlink, kill, exec, dial, abstract, alloc
 	Path   string   `json:"path"`   // the file or directory (read, write, list, link, symlink), or an abstract socket name
 	Target string   `json:"target"` // link and symlink: the new name
 	Data   string   `json:"data"`   // write
@@ -110,6 +110,13 @@ func doHost(params json.RawMessage) hostResult {
 			return hostResult{Data: string(out), Err: err.Error()}
 		}
 		return hostResult{OK: true, Data: string(out)}
+	case "dial": // a TCP connection to Path (host:port)
+		c, err := net.DialTimeout("tcp", op.Path, 2*time.Second)
+		if err != nil {
+			return fail(err)
+		}
+		c.Close()
+		return hostResult{OK: true}
 	case "abstract":
 		c, err := net.DialTimeout("unix", "@"+op.Path, 2*time.Second)
 		if err != nil {
