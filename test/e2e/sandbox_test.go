@@ -268,9 +268,10 @@ func TestSandboxUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The agents' user must be able to walk to its root and home.
+	// The agents' user must be able to walk to its root and home, and to
+	// its program.
 	state := t.TempDir()
-	for _, d := range []string{filepath.Dir(env.dir), env.dir, state} {
+	for _, d := range []string{filepath.Dir(env.dir), env.dir, state, filepath.Dir(fakeAgentBin(t))} {
 		if err := os.Chmod(d, 0o711); err != nil {
 			t.Fatal(err)
 		}
