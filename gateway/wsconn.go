@@ -281,18 +281,13 @@ func (c *wsConn) run() {
 // connection ends, and returns why it ended.
 func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 	for {
-		typ, msg, err := c.readMessage()
+		msg, err := c.readMessage()
 		if err != nil {
 			return c.endReason(err)
 		}
 		c.msgsIn.Add(1)
 		c.bytesIn.Add(int64(len(msg)))
 		c.lastRead.Store(time.Now().UnixNano())
-		if typ != websocket.MessageText {
-			jsonrpc.PutBuffer(msg)
-			c.conn.HandleBinary(c)
-			continue
-		}
 		c.mu.Lock()
 		for len(c.frames) >= frameQueue || len(c.frames) > 0 && c.frameBytes+len(msg) > frameQueueBytes {
 			if c.frameRoom == nil {
@@ -320,11 +315,14 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 }
 
 // readMessage reads one whole message into a pooled buffer, so that an idle
-// connection holds no read buffer of its own.
-func (c *wsConn) readMessage() (websocket.MessageType, []byte, error) {
-	typ, r, err := c.ws.Reader(c.ctx)
+// connection holds no read buffer of its own. A binary frame is taken as
+// UTF-8 text, like a text frame: clients that pipe a newline-delimited JSON
+// stream onto the socket send binary frames (marimo's use-acp). Invalid
+// UTF-8 is refused like any bad JSON.
+func (c *wsConn) readMessage() ([]byte, error) {
+	_, r, err := c.ws.Reader(c.ctx)
 	if err != nil {
-		return 0, nil, err
+		return nil, err
 	}
 	b := jsonrpc.GetBuffer(512)
 	for {
@@ -334,11 +332,11 @@ func (c *wsConn) readMessage() (websocket.MessageType, []byte, error) {
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
 		if err == io.EOF {
-			return typ, b, nil
+			return b, nil
 		}
 		if err != nil {
 			jsonrpc.PutBuffer(b)
-			return 0, nil, err
+			return nil, err
 		}
 	}
 }

@@ -139,14 +139,17 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 	c.deliver(jsonrpc.AppendError(nil, id, code, msg, data))
 }
 
-// HandleFrom processes one message the client sent on sink's socket. A
-// message from a socket that is no longer the connection's (superseded by
-// a resume) is dropped uncounted: the resumed client sends it again.
+// HandleFrom processes one frame the client sent on sink's socket: one
+// message, or several newline-delimited ones (jsonrpc.Messages), each
+// handled as if it had come alone. A frame from a socket that is no longer
+// the connection's (superseded by a resume) is dropped uncounted: the
+// resumed client sends it again. Frames, not messages, are what a resume
+// counts.
 func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 	c.handleMu.Lock() // counted and handled in one order, whichever socket
 	defer c.handleMu.Unlock()
 	if c.countFrom(sink) {
-		c.handleLocked(frame)
+		jsonrpc.Messages(frame, c.handleLocked)
 	}
 }
 
@@ -164,12 +167,12 @@ func (c *Conn) countFrom(sink Sink) bool {
 	return true
 }
 
-// Handle processes one message from the client.
+// Handle processes one frame from the client, as HandleFrom does.
 func (c *Conn) Handle(frame []byte) {
 	c.handleMu.Lock()
 	defer c.handleMu.Unlock()
 	c.recv.Add(1)
-	c.handleLocked(frame)
+	jsonrpc.Messages(frame, c.handleLocked)
 }
 
 // handleLocked processes one client message (c.handleMu held).
@@ -341,15 +344,6 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	c.log.Debug("initialized", "protocol_version", init.version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
-}
-
-// HandleBinary answers a binary frame from the client, which ACP does not
-// use; like any message, it is counted.
-func (c *Conn) HandleBinary(sink Sink) {
-	if !c.countFrom(sink) {
-		return
-	}
-	c.replyError(nil, jsonrpc.CodeInvalidRequest, "binary frames are not supported: send each JSON-RPC message as one text frame", nil)
 }
 
 // HandshakeDone reports whether the client has sent a valid initialize

@@ -308,12 +308,41 @@ websocket: {write_timeout: 20s}
 		})
 	}
 
-	hostile(t, "transport/binary frame", bys, func(t *testing.T) {
+	hostile(t, "transport/binary frame with invalid UTF-8", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
-		if err := c.ws.Write(c.ctx, websocket.MessageBinary, []byte(`{"jsonrpc":"2.0","id":1,"method":"_demo/echo","params":{}}`)); err != nil {
+		if err := c.ws.Write(c.ctx, websocket.MessageBinary, []byte("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"_demo/echo\",\"params\":\"\xff\"}\n")); err != nil {
 			t.Fatal(err)
 		}
-		wantError(t, c.next(turn), -32600, "null", "binary frames are not supported")
+		wantError(t, c.next(turn), -32700, "null", "invalid UTF-8")
+		echoOK(t, c)
+	})
+
+	hostile(t, "transport/a frame of many newline-delimited messages, some bad", bys, func(t *testing.T) {
+		c, _ := hostileClient(t)
+		frame := `{"jsonrpc":"2.0","id":"a","method":"_demo/echo","params":{"n":1}}` + "\n" +
+			`{"jsonrpc":"2.0","id":"a","method":"_demo/echo","params":{"n":2}}` + "\n" + // a duplicate id, still in flight or not
+			"not json\n" +
+			`{"jsonrpc":"2.0","id":"b","method":"_demo/echo","params":{"n":3}}` + "\n"
+		if err := c.ws.Write(c.ctx, websocket.MessageBinary, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		var parse, ok int
+		for range 4 {
+			m := c.next(turn)
+			switch {
+			case m.Error != nil && m.Error.Code == -32700:
+				parse++
+			case m.Error == nil && (string(m.ID) == `"a"` || string(m.ID) == `"b"`):
+				ok++
+			case m.Error != nil && string(m.ID) == `"a"`: // the duplicate, refused while the first is in flight
+				ok++
+			default:
+				t.Errorf("unexpected answer %s", m.Raw)
+			}
+		}
+		if parse != 1 || ok != 3 {
+			t.Errorf("%d parse errors and %d answers, want 1 and 3: every message answered as if it had come alone", parse, ok)
+		}
 		echoOK(t, c)
 	})
 
