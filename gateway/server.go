@@ -5,8 +5,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -404,10 +403,7 @@ func (s *Server) sockets() int {
 // Relay returns the ACP relay (tests and metrics).
 func (s *Server) Relay() *proxy.Relay { return s.relay }
 
-func newConnID() string {
-	var b [12]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(fmt.Sprintf("crypto/rand: %v", err))
-	}
-	return hex.EncodeToString(b[:])
-}
+// newConnID is a connection's ID: a random (version 4) UUID, as the SDK's
+// reference server issues. It identifies; it grants nothing (a resume
+// needs the tenant's credentials and the resume token).
+func newConnID() string { return uuid.NewString() }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
 )
 
 const turn = 20 * time.Second
@@ -21,8 +22,8 @@ const turn = 20 * time.Second
 func TestHandshake(t *testing.T) {
 	g := startGateway(t, gwOpts{})
 	c := dial(t, g)
-	if len(c.connID) < 16 {
-		t.Fatalf("101 response lacks a usable Acp-Connection-Id: %q", c.connID)
+	if id, err := uuid.Parse(c.connID); err != nil || id.Version() != 4 || id.String() != c.connID {
+		t.Fatalf("101 response's Acp-Connection-Id %q is not a version 4 UUID in canonical form", c.connID)
 	}
 	if c.ws.Subprotocol() != "acp" {
 		t.Fatalf("subprotocol %q, want acp", c.ws.Subprotocol())
