@@ -54,6 +54,9 @@ type Server struct {
 
 	mu          sync.Mutex
 	conns       map[*wsConn]struct{}
+	httpConns   map[string]*httpConn // Streamable-HTTP connections by ID
+	stopJanitor context.CancelFunc   // ends httpJanitor
+	janitorDone chan struct{}
 	tenantConns map[string]int // open connections per tenant
 	wg          sync.WaitGroup // one per WebSocket connection
 }
@@ -268,10 +271,21 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, launch: launch, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg}
+	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, launch: launch, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg,
+		httpConns: map[string]*httpConn{}, janitorDone: make(chan struct{})}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := chi.NewRouter()
-	r.Get("/acp", s.handleACP)
+	// /acp: a WebSocket upgrade, or Streamable HTTP (POST a message, GET
+	// an event stream, DELETE the connection).
+	r.Get("/acp", func(w http.ResponseWriter, r *http.Request) {
+		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			s.handleACP(w, r)
+			return
+		}
+		s.handleSSE(w, r)
+	})
+	r.Post("/acp", s.handleHTTPPost)
+	r.Delete("/acp", s.handleHTTPDelete)
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
 	}
@@ -281,6 +295,9 @@ func New(opts Options) (*Server, error) {
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
 	r.Handle("/*", web.Handler())
+	jctx, stopJanitor := context.WithCancel(context.Background())
+	s.stopJanitor = stopJanitor
+	go func() { defer close(s.janitorDone); s.httpJanitor(jctx) }() // ends with Shutdown
 	s.http = &http.Server{
 		Handler:           r,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -352,7 +369,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.drain.Store(true)
-	err := s.http.Shutdown(ctx) // hijacked WebSockets are not waited for here
+	// The listener closes now; Shutdown also waits for open SSE streams,
+	// which end with their connections below.
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
 	graceD := s.config().ShutdownGrace.D()
 	grace := time.NewTimer(graceD)
 	defer grace.Stop()
@@ -383,6 +403,15 @@ wait:
 	case <-done:
 	case <-ctx.Done():
 	}
+	s.endAllHTTP()
+	var err error
+	select {
+	case err = <-httpDone:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.stopJanitor()
+	<-s.janitorDone
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr

@@ -1,0 +1,244 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// httpClient speaks the Streamable-HTTP transport by hand.
+type httpClient struct {
+	t    *testing.T
+	ts   *testServer
+	hc   *http.Client
+	conn string
+}
+
+func (c *httpClient) do(method string, hdr map[string]string, body string) (*http.Response, string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, method, "http://"+c.ts.addr+"/acp", strings.NewReader(body))
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s /acp: %v", method, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+func (c *httpClient) post(hdr map[string]string, body string) (int, string) {
+	c.t.Helper()
+	h := map[string]string{"Content-Type": "application/json"}
+	if c.conn != "" {
+		h[ConnectionIDHeader] = c.conn
+	}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	resp, b := c.do(http.MethodPost, h, body)
+	return resp.StatusCode, b
+}
+
+// sse opens a stream and returns its events' data, one per receive.
+func (c *httpClient) sse(session string, lastID string) (<-chan string, func(), *http.Response) {
+	c.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.ts.addr+"/acp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set(ConnectionIDHeader, c.conn)
+	if session != "" {
+		req.Header.Set(sessionIDHeader, session)
+	}
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		cancel()
+		c.t.Fatalf("GET /acp: %v", err)
+	}
+	out := make(chan string, 100)
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		close(out)
+		return out, func() {}, resp
+	}
+	go func() { // ends when the body ends (cancel or the connection's end)
+		defer close(out)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		var id string
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "id: "):
+				id = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "data: "):
+				out <- id + " " + strings.TrimPrefix(line, "data: ")
+			}
+		}
+	}()
+	return out, func() { cancel(); resp.Body.Close() }, resp
+}
+
+func next(t *testing.T, ch <-chan string) (id string, msg map[string]any) {
+	t.Helper()
+	select {
+	case ev, ok := <-ch:
+		if !ok {
+			t.Fatal("the event stream ended")
+		}
+		id, data, _ := strings.Cut(ev, " ")
+		if err := json.Unmarshal([]byte(data), &msg); err != nil {
+			t.Fatalf("event %q: %v", ev, err)
+		}
+		return id, msg
+	case <-time.After(15 * time.Second):
+		t.Fatal("no event within 15 s")
+	}
+	return "", nil
+}
+
+const httpInit = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}`
+
+func TestHTTPTransportWire(t *testing.T) {
+	ts := startServer(t, nil)
+	defer ts.shutdown()
+	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+
+	// Refusals before a connection exists.
+	for _, tc := range []struct {
+		name, ct, body string
+		hdr            map[string]string
+		status         int
+		want           string
+	}{
+		{"wrong content type", "text/plain", httpInit, nil, 415, "Unsupported Media Type"},
+		{"not JSON", "application/json", "this is not json", nil, 400, "Invalid JSON"},
+		{"a batch", "application/json", "[" + httpInit + "]", nil, 400, `"code":-32600`},
+		{"not an object", "application/json", "42", nil, 400, "Invalid JSON-RPC message"},
+		{"no connection", "application/json", `{"jsonrpc":"2.0","id":2,"method":"session/new","params":{}}`, nil, 400, "Missing Acp-Connection-Id"},
+		{"unknown connection", "application/json", `{"jsonrpc":"2.0","id":2,"method":"session/new","params":{}}`, map[string]string{ConnectionIDHeader: uuid.NewString()}, 404, "Unknown Acp-Connection-Id"},
+		{"initialize on a connection", "application/json", httpInit, map[string]string{ConnectionIDHeader: uuid.NewString()}, 400, "Initialize not allowed on existing connection"},
+		{"initialize with a null id", "application/json", `{"jsonrpc":"2.0","id":null,"method":"initialize","params":{"protocolVersion":1}}`, nil, 400, "must include an ID"},
+	} {
+		h := map[string]string{"Content-Type": tc.ct}
+		for k, v := range tc.hdr {
+			h[k] = v
+		}
+		resp, body := c.do(http.MethodPost, h, tc.body)
+		if resp.StatusCode != tc.status || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %q, want %d %q", tc.name, resp.StatusCode, body, tc.status, tc.want)
+		}
+	}
+	if resp, body := c.do(http.MethodGet, map[string]string{ConnectionIDHeader: uuid.NewString()}, ""); resp.StatusCode != 406 {
+		t.Errorf("GET without Accept: %d %q, want 406", resp.StatusCode, body)
+	}
+
+	// initialize: 200, the answer in the body, a UUID connection id.
+	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	c.conn = resp.Header.Get(ConnectionIDHeader)
+	if _, err := uuid.Parse(c.conn); resp.StatusCode != 200 || err != nil || !strings.Contains(body, `"protocolVersion":1`) {
+		t.Fatalf("initialize: %d %q %q", resp.StatusCode, c.conn, body)
+	}
+	// session/new before any stream: 202; its answer waits for the GET.
+	if st, b := c.post(nil, `{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}`); st != 202 {
+		t.Fatalf("session/new: %d %q", st, b)
+	}
+	events, stop, _ := c.sse("", "")
+	id, m := next(t, events)
+	res, _ := m["result"].(map[string]any)
+	sid, _ := res["sessionId"].(string)
+	if id != "1" || sid == "" || m["id"] != 2.0 {
+		t.Fatalf("session/new answer on the connection stream: id %q %v", id, m)
+	}
+	// A second receiver of the same stream: 409.
+	if _, _, r := c.sse("", ""); r.StatusCode != 409 {
+		t.Errorf("second receiver: %d, want 409", r.StatusCode)
+	}
+	// Session header rules.
+	prompt := `{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"hello over http"}]}}`
+	if st, b := c.post(nil, prompt); st != 400 || b != "Missing Acp-Session-Id" {
+		t.Errorf("prompt without Acp-Session-Id: %d %q", st, b)
+	}
+	if st, b := c.post(map[string]string{sessionIDHeader: "other"}, prompt); st != 400 || b != "Mismatched Acp-Session-Id" {
+		t.Errorf("prompt with another Acp-Session-Id: %d %q", st, b)
+	}
+	sess, stopSess, _ := c.sse(sid, "")
+	if st, b := c.post(map[string]string{sessionIDHeader: sid}, prompt); st != 202 {
+		t.Fatalf("prompt: %d %q", st, b)
+	}
+	var text strings.Builder
+	var lastID string
+	for {
+		id, m := next(t, sess)
+		lastID = id
+		if m["id"] == 3.0 {
+			if r, _ := m["result"].(map[string]any); r["stopReason"] != "end_turn" {
+				t.Fatalf("prompt answer %v", m)
+			}
+			break
+		}
+		p, _ := m["params"].(map[string]any)
+		u, _ := p["update"].(map[string]any)
+		if u["sessionUpdate"] == "agent_message_chunk" {
+			ct, _ := u["content"].(map[string]any)
+			s, _ := ct["text"].(string)
+			text.WriteString(s)
+		}
+	}
+	if text.String() != "You said: hello over http" {
+		t.Errorf("streamed %q", text.String())
+	}
+	// A receiver that reconnects with Last-Event-ID gets what came after.
+	stopSess()
+	time.Sleep(50 * time.Millisecond)
+	if st, _ := c.post(map[string]string{sessionIDHeader: sid}, strings.Replace(strings.Replace(prompt, `"id":3`, `"id":4`, 1), "hello over http", "again", 1)); st != 202 {
+		t.Fatal("second prompt refused")
+	}
+	time.Sleep(300 * time.Millisecond)
+	sess, stopSess, _ = c.sse(sid, lastID)
+	var sawAnswer bool
+	for !sawAnswer {
+		id, m := next(t, sess)
+		if id <= lastID && len(id) <= len(lastID) {
+			t.Errorf("event %s replayed after Last-Event-ID %s", id, lastID)
+		}
+		sawAnswer = m["id"] == 4.0
+	}
+	stopSess()
+	// DELETE ends the connection: the open stream ends, the id is gone.
+	resp, _ = c.do(http.MethodDelete, map[string]string{ConnectionIDHeader: c.conn}, "")
+	if resp.StatusCode != 202 {
+		t.Errorf("DELETE: %d", resp.StatusCode)
+	}
+	select {
+	case _, ok := <-events:
+		if ok {
+			for range events {
+			}
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the connection stream did not end after DELETE")
+	}
+	stop()
+	if st, b := c.post(nil, `{"jsonrpc":"2.0","id":9,"method":"session/list","params":{}}`); st != 404 {
+		t.Errorf("POST after DELETE: %d %q", st, b)
+	}
+	if resp, _ := c.do(http.MethodDelete, map[string]string{ConnectionIDHeader: c.conn}, ""); resp.StatusCode != 404 {
+		t.Errorf("second DELETE: %d", resp.StatusCode)
+	}
+}
