@@ -35,6 +35,8 @@ const (
 	// maxIdleSessionStreams bounds a connection's session streams that
 	// buffer with no receiver (the SDK's DEFAULT_MAX_BUFFERED_SESSION_STREAMS).
 	maxIdleSessionStreams = 1024
+	// maxSessionStreams bounds a connection's session streams, read or not.
+	maxSessionStreams = 1024
 	// maxHeaderID bounds an Acp-Session-Id (the SDK's maxIdLength).
 	maxHeaderID = 1024
 )
@@ -56,6 +58,11 @@ type httpConn struct {
 	log      *slog.Logger
 	conn     *proxy.Conn
 	maxBytes int // what its streams may buffer together (limits.send_queue_bytes)
+	start    time.Time
+	// tenantLabel is its metrics label; opened is set once initialize
+	// has been answered (it then counts as open).
+	tenantLabel string
+	opened      bool
 	history  int // what its streams keep for a Last-Event-ID reconnect (sessions.replay_buffer_bytes)
 
 	mu        sync.Mutex
@@ -155,12 +162,12 @@ func (h *httpConn) Send(msg []byte, wait bool) bool {
 	}
 	if h.buffered+len(msg) > h.maxBytes {
 		h.log.Warn("the client is not reading its SSE streams; closing the connection", "buffered_bytes", h.buffered)
-		go h.end("the client does not read its event streams") // Send runs under the proxy's locks
+		go h.end("the client does not read its event streams", "slow_client") // Send runs under the proxy's locks
 		return false
 	}
 	if route != "" && h.streams[route] == nil && h.idleSessionStreams() >= maxIdleSessionStreams {
 		h.log.Warn("too many session streams without a receiver; closing the connection")
-		go h.end("too many unread session streams")
+		go h.end("too many unread session streams", "other")
 		return false
 	}
 	st := h.stream(route)
@@ -172,7 +179,7 @@ func (h *httpConn) Send(msg []byte, wait bool) bool {
 }
 
 // Supersede ends the HTTP side: a WebSocket resumed the connection.
-func (h *httpConn) Supersede() { go h.end("resumed on a WebSocket") }
+func (h *httpConn) Supersede() { go h.end("resumed on a WebSocket", "other") }
 
 func (h *httpConn) idleSessionStreams() int {
 	n := 0
@@ -185,14 +192,16 @@ func (h *httpConn) idleSessionStreams() int {
 }
 
 // end ends the connection once: its streams close, the proxy connection
-// ends (its tenant slot is released by its OnEnd).
-func (h *httpConn) end(why string) {
+// ends (its tenant slot is released by its OnEnd). label is the metrics
+// reason, as for a WebSocket close.
+func (h *httpConn) end(why, label string) {
 	h.mu.Lock()
 	if h.ended {
 		h.mu.Unlock()
 		return
 	}
 	h.ended = true
+	opened := h.opened
 	close(h.done)
 	for _, st := range h.streams {
 		st.poke()
@@ -201,7 +210,11 @@ func (h *httpConn) end(why string) {
 	h.s.mu.Lock()
 	delete(h.s.httpConns, h.id)
 	h.s.mu.Unlock()
-	h.log.Info("connection closed", "reason", why)
+	h.log.Info("connection closed", "reason", why, "duration", time.Since(h.start).Round(time.Millisecond))
+	if opened {
+		h.s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http").Dec()
+		h.s.metrics.connsTotal.WithLabelValues(h.tenantLabel, label, "http").Inc()
+	}
 	h.conn.SocketEnded(h, true)
 }
 
@@ -374,10 +387,10 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 	h := &httpConn{s: s, id: id, tenant: tenant, log: log, maxBytes: cfg.Limits.SendQueueBytes,
 		history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, replyTo: map[string]string{},
 		askedOn: map[string]string{}, initID: e.ID, initReply: make(chan []byte, 1), lastUse: time.Now(),
-		done: make(chan struct{})}
+		done: make(chan struct{}), start: time.Now(), tenantLabel: s.metrics.tenants.Label(tenant)}
 	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: log, OnEnd: func() {
 		s.releaseTenant(tenant)
-		go h.end("ended")
+		go h.end("ended", "other")
 	}}, h)
 	if err != nil {
 		s.releaseTenant(tenant)
@@ -402,15 +415,21 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 	defer wait.Stop()
 	select {
 	case reply := <-reply:
+		h.mu.Lock()
+		if !h.ended {
+			h.opened = true
+			s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http").Inc()
+		}
+		h.mu.Unlock()
 		w.Header().Set(ConnectionIDHeader, id)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(reply)
 	case <-r.Context().Done():
-		h.end("the client went away during initialize")
+		h.end("the client went away during initialize", "connection_lost")
 	case <-wait.C:
-		h.end("no initialize answer in time")
+		h.end("no initialize answer in time", "handshake_timeout")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusInternalServerError)
 		_, _ = fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32603,"message":"Initialize failed","data":"no answer from an agent in time"}}`, e.ID)
@@ -427,7 +446,7 @@ func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		return
 	}
-	h.end("closed by client")
+	h.end("closed by client", "client_closed")
 	w.WriteHeader(http.StatusAccepted)
 }
 
@@ -439,12 +458,12 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return
 	}
-	if !strings.Contains(strings.ToLower(r.Header.Get("Accept")), "text/event-stream") {
-		plain(w, http.StatusNotAcceptable, "Not Acceptable")
+	tenant, ok := s.authenticate(w, r) // an anonymous request learns nothing else
+	if !ok {
 		return
 	}
-	tenant, ok := s.authenticate(w, r)
-	if !ok {
+	if !strings.Contains(strings.ToLower(r.Header.Get("Accept")), "text/event-stream") {
+		plain(w, http.StatusNotAcceptable, "Not Acceptable")
 		return
 	}
 	h := s.lookup(w, r, tenant)
@@ -469,6 +488,11 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 	if h.ended {
 		h.mu.Unlock()
 		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
+		return
+	}
+	if h.streams[name] == nil && len(h.streams) > maxSessionStreams {
+		h.mu.Unlock()
+		plain(w, http.StatusTooManyRequests, fmt.Sprintf("at most %d session event streams per connection", maxSessionStreams))
 		return
 	}
 	st := h.stream(name)
@@ -620,7 +644,7 @@ func (s *Server) endIdleHTTP(idle time.Duration) {
 		stale := !busy && now.Sub(h.lastUse) > idle
 		h.mu.Unlock()
 		if stale {
-			h.end(fmt.Sprintf("no request and no event stream for %s", idle))
+			h.end(fmt.Sprintf("no request and no event stream for %s", idle), "idle_timeout")
 		}
 	}
 }
@@ -634,7 +658,7 @@ func (s *Server) endAllHTTP() {
 	}
 	s.mu.Unlock()
 	for _, h := range conns {
-		h.end("shutdown")
+		h.end("shutdown", "shutdown")
 	}
 }
 

@@ -143,7 +143,7 @@ func TestCloseLabels(t *testing.T) {
 	if _, err := c.read(ctx); websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
 		t.Fatalf("over the limit: %v, want 1009", err)
 	}
-	want := []string{`reason="handshake_timeout",tenant="default"} 1`, `reason="client_closed",tenant="default"} 1`, `reason="message_too_big",tenant="default"} 1`}
+	want := []string{`reason="handshake_timeout",tenant="default",transport="websocket"} 1`, `reason="client_closed",tenant="default",transport="websocket"} 1`, `reason="message_too_big",tenant="default",transport="websocket"} 1`}
 	all := func(body string) bool {
 		for _, w := range want {
 			if !strings.Contains(body, w) {

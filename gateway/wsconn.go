@@ -187,7 +187,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	c.tenantLabel = s.metrics.tenants.Label(tenant)
-	s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Inc()
+	s.metrics.connsOpen.WithLabelValues(c.tenantLabel, "websocket").Inc()
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol(), "resumed", resumed != nil)
 	if resumed != nil {
 		if err := resumed.Attach(c, received); err != nil {
@@ -242,7 +242,7 @@ const frameQueueBytes = 1 << 20
 // run is the connection's reader; the connection ends when it returns.
 func (c *wsConn) run() {
 	defer c.s.wg.Done()
-	defer c.s.metrics.connsOpen.WithLabelValues(c.tenantLabel).Dec()
+	defer c.s.metrics.connsOpen.WithLabelValues(c.tenantLabel, "websocket").Dec()
 	// Writes carry no context (see writeLoop): closing the connection is
 	// what unblocks them when the connection ends.
 	stopClose := context.AfterFunc(c.ctx, func() { _ = c.ws.CloseNow() })
@@ -269,7 +269,7 @@ func (c *wsConn) run() {
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
 	c.s.mu.Unlock()
-	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, label).Inc()
+	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, label, "websocket").Inc()
 	c.log.Info("connection closed",
 		"duration", time.Since(c.start).Round(time.Millisecond),
 		"msgs_in", c.msgsIn.Load(), "msgs_out", c.msgsOut.Load(),
