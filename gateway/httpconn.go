@@ -63,7 +63,7 @@ type httpConn struct {
 	// has been answered (it then counts as open).
 	tenantLabel string
 	opened      bool
-	history  int // what its streams keep for a Last-Event-ID reconnect (sessions.replay_buffer_bytes)
+	history     int // what its streams keep for a Last-Event-ID reconnect (sessions.replay_buffer_bytes)
 
 	mu        sync.Mutex
 	streams   map[string]*sseStream // "" = the connection stream, else a session ID
