@@ -242,3 +242,26 @@ func TestHTTPTransportWire(t *testing.T) {
 		t.Errorf("second DELETE: %d", resp.StatusCode)
 	}
 }
+
+// A drain ends open event streams (net/http's Shutdown waits for them) once
+// running prompts are done, instead of waiting for its deadline.
+func TestHTTPStreamsEndOnShutdown(t *testing.T) {
+	ts := startServer(t, nil)
+	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	events, stop, _ := c.sse("", "")
+	defer stop()
+	start := time.Now()
+	ts.shutdown()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Shutdown took %s with an event stream open", took)
+	}
+	select {
+	case <-events: // closed
+	case <-time.After(5 * time.Second):
+		t.Error("the event stream did not end with the drain")
+	}
+}
