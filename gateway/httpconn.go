@@ -70,6 +70,7 @@ type httpConn struct {
 	replyTo   map[string]string     // a client request's raw id → the stream of its response
 	askedOn   map[string]string     // an agent request's raw id → the stream it went on
 	buffered  int                   // bytes queued on all streams
+	kept      int                   // bytes kept on all streams for Last-Event-ID
 	initID    []byte                // the initialize request in flight, if any
 	initReply chan []byte
 	lastUse   time.Time // the last POST, or the last receiver leaving
@@ -388,7 +389,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 		history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, replyTo: map[string]string{},
 		askedOn: map[string]string{}, initID: e.ID, initReply: make(chan []byte, 1), lastUse: time.Now(),
 		done: make(chan struct{}), start: time.Now(), tenantLabel: s.metrics.tenants.Label(tenant)}
-	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: log, OnEnd: func() {
+	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: log, NoResume: true, OnEnd: func() {
 		s.releaseTenant(tenant)
 		go h.end("ended", "other")
 	}}, h)
@@ -502,7 +503,11 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if after >= 0 {
+		keptBefore := st.sentSize
 		requeued, ok := st.rewind(after)
+		if ok {
+			h.kept -= keptBefore
+		}
 		if !ok {
 			h.mu.Unlock()
 			writeJSONError(w, http.StatusNotFound, "resume_refused", "the events after Last-Event-ID are no longer kept; start a new connection and session/load")
@@ -532,7 +537,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		st.queue = nil
 		for _, ev := range events {
 			h.buffered -= len(ev.msg)
-			st.keep(ev, h.history)
+			h.keep(st, ev)
 		}
 		h.mu.Unlock()
 		if len(events) > 0 {
@@ -573,15 +578,31 @@ func (s *Server) writeSSE(rc *http.ResponseController, w http.ResponseWriter, b 
 	return rc.Flush() == nil
 }
 
-// keep records a sent event for a Last-Event-ID reconnect, within limit
-// bytes (oldest dropped first).
-func (st *sseStream) keep(ev sseEvent, limit int) {
+// keep records a sent event for a Last-Event-ID reconnect. What all of a
+// connection's streams keep is bounded by sessions.replay_buffer_bytes: the
+// oldest events of this stream go first, then other streams' (h.mu held).
+func (h *httpConn) keep(st *sseStream, ev sseEvent) {
 	st.sent = append(st.sent, ev)
 	st.sentSize += len(ev.msg)
-	for st.sentSize > limit && len(st.sent) > 0 {
-		st.sentSize -= len(st.sent[0].msg)
-		st.sent[0] = sseEvent{}
-		st.sent = st.sent[1:]
+	h.kept += len(ev.msg)
+	for h.kept > h.history {
+		victim := st
+		if len(st.sent) <= 1 { // keep the event just sent if anything else can go
+			for _, o := range h.streams {
+				if o != st && len(o.sent) > 0 {
+					victim = o
+					break
+				}
+			}
+		}
+		if len(victim.sent) == 0 {
+			return
+		}
+		n := len(victim.sent[0].msg)
+		victim.sentSize -= n
+		h.kept -= n
+		victim.sent[0] = sseEvent{}
+		victim.sent = victim.sent[1:]
 	}
 }
 

@@ -265,3 +265,33 @@ func TestHTTPStreamsEndOnShutdown(t *testing.T) {
 		t.Error("the event stream did not end with the drain")
 	}
 }
+
+// What a connection's streams keep for Last-Event-ID is bounded across its
+// streams; a rewind past what is kept is refused.
+func TestSSEHistoryBudget(t *testing.T) {
+	h := &httpConn{history: 100, streams: map[string]*sseStream{}}
+	a, b := h.stream(""), h.stream("s1")
+	for i := range 6 { // 6 × 30 bytes across two streams, 100 kept
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
+		ev := sseEvent{id: st.next, msg: []byte(strings.Repeat("x", 30))}
+		st.next++
+		h.keep(st, ev)
+	}
+	if h.kept > 100 || h.kept != a.sentSize+b.sentSize {
+		t.Fatalf("kept %d (streams %d + %d), budget 100", h.kept, a.sentSize, b.sentSize)
+	}
+	// a sent ids 1..3 and keeps only the newest; b likewise.
+	if _, ok := a.rewind(0); ok {
+		t.Error("a rewind to before the oldest kept event was allowed")
+	}
+	last := a.sent[len(a.sent)-1].id
+	if n, ok := a.rewind(last - 1); !ok || n != 30 || len(a.queue) != 1 || a.queue[0].id != last {
+		t.Errorf("rewind to %d: %d bytes, %v, queue %v", last-1, n, ok, a.queue)
+	}
+	if _, ok := b.rewind(b.next); ok {
+		t.Error("a rewind to an id never sent was allowed")
+	}
+}

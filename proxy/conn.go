@@ -40,6 +40,10 @@ type ConnInfo struct {
 	// OnEnd, if set, is called once when the connection has ended for good
 	// (not when a socket ends and the connection detaches).
 	OnEnd func()
+	// NoResume: the transport has no socket to resume (Streamable HTTP,
+	// whose event streams replay by Last-Event-ID): no resume token, no
+	// replay buffer.
+	NoResume bool
 }
 
 // Lock order in proxy: Pool.mu before agentProc.mu; Conn.mu before

@@ -189,7 +189,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
 	c.logLim = newLogLimiter(20, time.Second)
 	c.out.sink = sink
-	if r.resume.DetachTimeout > 0 {
+	if r.resume.DetachTimeout > 0 && !info.NoResume {
 		c.out.limit = r.resume.ReplayBufferBytes
 		c.token = newResumeToken()
 	}
