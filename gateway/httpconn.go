@@ -321,6 +321,13 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusBadRequest, fmt.Sprintf("Session ID exceeds maxIdLength (%d)", maxHeaderID))
 		return
 	}
+	if len(e.ID) > 0 && e.ID[0] == '"' {
+		var rid string
+		if json.Unmarshal(e.ID, &rid) == nil && len(rid) > maxHeaderID {
+			plain(w, http.StatusBadRequest, fmt.Sprintf("Request ID exceeds maxIdLength (%d)", maxHeaderID))
+			return
+		}
+	}
 	h.mu.Lock()
 	if h.ended {
 		h.mu.Unlock()

@@ -147,6 +147,11 @@ func TestHTTPTransportWire(t *testing.T) {
 	if resp, body := c.do(http.MethodGet, map[string]string{ConnectionIDHeader: uuid.NewString()}, ""); resp.StatusCode != 406 {
 		t.Errorf("GET without Accept: %d %q, want 406", resp.StatusCode, body)
 	}
+	for _, m := range []string{http.MethodOptions, http.MethodPut, http.MethodPatch, http.MethodHead} {
+		if resp, _ := c.do(m, nil, ""); resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, POST, DELETE" {
+			t.Errorf("%s /acp: %d (Allow %q), want 405", m, resp.StatusCode, resp.Header.Get("Allow"))
+		}
+	}
 
 	// initialize: 200, the answer in the body, a UUID connection id.
 	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)

@@ -286,6 +286,12 @@ func New(opts Options) (*Server, error) {
 	})
 	r.Post("/acp", s.handleHTTPPost)
 	r.Delete("/acp", s.handleHTTPDelete)
+	for _, m := range []string{http.MethodHead, http.MethodPut, http.MethodPatch, http.MethodOptions} {
+		r.MethodFunc(m, "/acp", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Allow", "GET, POST, DELETE")
+			plain(w, http.StatusMethodNotAllowed, "Method Not Allowed")
+		})
+	}
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
 	}
