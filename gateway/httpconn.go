@@ -67,6 +67,7 @@ type httpConn struct {
 
 	mu        sync.Mutex
 	streams   map[string]*sseStream // "" = the connection stream, else a session ID
+	gone      map[string]int64      // the next event id of session streams dropped while empty
 	replyTo   map[string]string     // a client request's raw id → the stream of its response
 	askedOn   map[string]string     // an agent request's raw id → the stream it went on
 	buffered  int                   // bytes queued on all streams
@@ -98,6 +99,10 @@ func (h *httpConn) stream(name string) *sseStream {
 	st := h.streams[name]
 	if st == nil {
 		st = &sseStream{next: 1, wake: make(chan struct{}, 1)}
+		if n, ok := h.gone[name]; ok { // its ids go on where they stopped
+			st.next = n
+			delete(h.gone, name)
+		}
 		h.streams[name] = st
 	}
 	return st
@@ -393,7 +398,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 		log = log.With("tenant", tenant)
 	}
 	h := &httpConn{s: s, id: id, tenant: tenant, log: log, maxBytes: cfg.Limits.SendQueueBytes,
-		history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, replyTo: map[string]string{},
+		history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{}, replyTo: map[string]string{},
 		askedOn: map[string]string{}, initID: e.ID, initReply: make(chan []byte, 1), lastUse: time.Now(),
 		done: make(chan struct{}), start: time.Now(), tenantLabel: s.metrics.tenants.Label(tenant)}
 	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: log, NoResume: true, OnEnd: func() {
@@ -650,6 +655,9 @@ func (h *httpConn) release(name string, st *sseStream) {
 	h.lastUse = time.Now()
 	if name != "" && len(st.queue) == 0 && len(st.sent) == 0 && h.streams[name] == st {
 		delete(h.streams, name)
+		if st.next > 1 { // a reconnect with Last-Event-ID must find where it was
+			h.gone[name] = st.next
+		}
 	}
 }
 

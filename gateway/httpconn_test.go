@@ -274,7 +274,7 @@ func TestHTTPStreamsEndOnShutdown(t *testing.T) {
 // What a connection's streams keep for Last-Event-ID is bounded across its
 // streams; a rewind past what is kept is refused.
 func TestSSEHistoryBudget(t *testing.T) {
-	h := &httpConn{history: 100, streams: map[string]*sseStream{}}
+	h := &httpConn{history: 100, streams: map[string]*sseStream{}, gone: map[string]int64{}}
 	a, b := h.stream(""), h.stream("s1")
 	for i := range 6 { // 6 × 30 bytes across two streams, 100 kept
 		st := a
@@ -298,5 +298,25 @@ func TestSSEHistoryBudget(t *testing.T) {
 	}
 	if _, ok := b.rewind(b.next); ok {
 		t.Error("a rewind to an id never sent was allowed")
+	}
+}
+
+// A session stream dropped while it keeps nothing (its kept events went to
+// another stream's) still resumes: its ids go on where they stopped.
+func TestSSEStreamDroppedWhileEmptyResumes(t *testing.T) {
+	h := &httpConn{history: 100, streams: map[string]*sseStream{}, gone: map[string]int64{}}
+	st := h.stream("s1")
+	st.next = 5 // four events sent, none kept
+	st.receiver = true
+	h.release("s1", st)
+	if h.streams["s1"] != nil {
+		t.Fatal("an empty session stream was kept")
+	}
+	again := h.stream("s1")
+	if again.next != 5 {
+		t.Fatalf("the stream starts again at id %d, want 5", again.next)
+	}
+	if _, ok := again.rewind(4); !ok {
+		t.Error("Last-Event-ID 4 refused on a stream that lost nothing")
 	}
 }
