@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -12,6 +12,14 @@
 // resume  the page loaded through a TCP proxy that the harness cuts: a
 //         streamed turn and a permission request survive the dropped
 //         socket (the connection is resumed, not the session reloaded)
+// http    the page on Streamable HTTP (?transport=http in the URL) with a
+//         tenant's token, through the TCP proxy: refused without the token,
+//         a streamed turn, a permission card, an event stream cut and
+//         resumed with Last-Event-ID, DELETE on disconnect
+// fallback the page through a reverse proxy that refuses WebSocket
+//         upgrades: it falls back to HTTP, takes a turn with a permission
+//         card, loads a session, ends its connection (DELETE) when it is
+//         reloaded, and falls back again
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
@@ -31,7 +39,7 @@ import { createInterface } from "node:readline";
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -628,12 +636,226 @@ async function resumeScenario() {
   });
 }
 
+// -- Streamable HTTP -------------------------------------------------------------
+
+// Every request the page makes to /acp: {method, url, headers}, the headers
+// filled in as Playwright reports them (lower-case names).
+function recordAcpRequests() {
+  const out = [];
+  page.on("request", (r) => {
+    if (new URL(r.url()).pathname !== "/acp") return;
+    const entry = { method: r.method(), url: r.url(), headers: {} };
+    out.push(entry);
+    r.allHeaders().then((h) => (entry.headers = h), () => {});
+  });
+  return out;
+}
+
+// Records every rendered state of the agent's next message (the messages
+// there now are left out).
+async function recordSnapshots() {
+  await page.evaluate(() => {
+    const t = document.getElementById("transcript");
+    window.__snapshots = [];
+    window.__snapshotsAfter = t.querySelectorAll(".msg.agent").length;
+    if (window.__snapshotObserver) return;
+    window.__snapshotObserver = new MutationObserver(() => {
+      const all = t.querySelectorAll(".msg.agent");
+      if (all.length > window.__snapshotsAfter) window.__snapshots.push(all[all.length - 1].innerText);
+    });
+    window.__snapshotObserver.observe(t, { childList: true, subtree: true, characterData: true });
+  });
+}
+
+// Every rendered state of the reply was a prefix of want, never shrinking.
+async function checkStreamed(want, { minStates = 2 } = {}) {
+  const snaps = (await page.evaluate(() => window.__snapshots)).map((x) => x.trim()).filter(Boolean);
+  const distinct = [...new Set(snaps)];
+  check(distinct.length >= minStates, `the reply did not stream (states seen: ${JSON.stringify(distinct.slice(0, 5))})`);
+  let prev = "";
+  for (const snap of snaps) {
+    check(want.startsWith(snap), `a rendered state is not a prefix of the reply: …${JSON.stringify(snap.slice(-60))}`);
+    check(snap.length >= prev.length, "the reply went backwards");
+    prev = snap;
+  }
+  return distinct.length;
+}
+
+// A turn whose reply is checked as it streams (minStates: how many distinct
+// states it must show at least; a busy page may render several chunks at once).
+async function streamedTurn(prompt, { minStates = 2 } = {}) {
+  await recordSnapshots();
+  await send(prompt);
+  const want = `You said: ${prompt}`;
+  check((await lastAgentText()).trim() === want, `reply: ${JSON.stringify(await lastAgentText())}`);
+  log(`  ${await checkStreamed(want, { minStates })} streamed states`);
+  check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "end_turn", "the turn did not end with end_turn");
+}
+
+async function permissionTurn() {
+  const before = await send("permission", { wait: false });
+  const allow = page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+  await allow.waitFor();
+  check(await page.locator("#transcript .permission:not(.answered) button").count() === 2, "not one button per option");
+  await allow.click();
+  await expectAgentText("Permission granted");
+  await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+  check((await page.locator("#transcript .tool").last().getAttribute("data-status")) === "completed", "tool call not completed");
+  check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "end_turn", "the turn did not end with end_turn");
+}
+
+// The page on Streamable HTTP, forced by ?transport=http, with a tenant's
+// token; the page goes through the TCP proxy that the harness cuts.
+async function httpScenario() {
+  const good = process.env.ACPGATE_GOOD_TOKEN || "good-token";
+  const acp = recordAcpRequests();
+
+  await run("HTTP without a token: refused", async () => {
+    await page.goto(baseUrl);
+    await waitState("refused");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(detail.includes("check the token"), `refused detail: ${detail}`);
+    check(acp.some((r) => r.method === "POST"), "no initialize POST");
+    check(wsUrls.length === 0, `a WebSocket was opened: ${wsUrls}`);
+  });
+
+  await run("the event-stream parser", async () => {
+    const got = await page.evaluate(async () => {
+      const { EventStreamParser } = await import("/acp.js");
+      const p = new EventStreamParser();
+      const chunks = ["id: 1\r", "\ndata: {\"a\":1}\r\n\r", "\n:\n\n", "data: a\ndata:b\n\n", "id: 2\rdata: x\r\r",
+        "event: e\nretry: 5\ndata: y", "\n\n", "data: not ended\n"];
+      return chunks.flatMap((c) => p.push(c));
+    });
+    const want = [{ id: "1", data: '{"a":1}' }, { id: "1", data: "a\nb" }, { id: "2", data: "x" }, { id: "2", data: "y" }];
+    check(JSON.stringify(got) === JSON.stringify(want), `events: ${JSON.stringify(got)}`);
+  });
+
+  await run("HTTP with the token: connected", async () => {
+    await page.locator("#token").fill(good);
+    await page.locator("#connect-btn").click();
+    await waitState("connected");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(/^http:\/\/.*\/acp · Streamable HTTP · bearer token$/.test(detail), `connection detail: ${detail}`);
+    check((await page.locator("#agent-badge").innerText()).includes("acpgate-demo-agent"), "agent name missing from the header");
+  });
+
+  await run("a streamed turn over HTTP", async () => {
+    await page.locator("#cwd").fill("/workspace");
+    await page.locator("#new-session-btn").click();
+    await page.waitForFunction(() => document.getElementById("session-meta").textContent === "/workspace");
+    await streamedTurn("hello over Streamable HTTP, streaming in order");
+  });
+
+  await run("a permission card over HTTP", permissionTurn);
+
+  await run("the token goes in a header, never in a URL", async () => {
+    const gets = acp.filter((r) => r.method === "GET");
+    check(gets.some((r) => r.headers.accept === "text/event-stream" && r.headers["acp-connection-id"] && !r.headers["acp-session-id"]), "no GET of the connection's event stream");
+    check(gets.some((r) => r.headers.accept === "text/event-stream" && r.headers["acp-session-id"]), "no GET of the session's event stream");
+    check(acp.some((r) => r.method === "POST" && r.headers["acp-session-id"]), "no POST with Acp-Session-Id");
+    const afterToken = acp.slice(acp.findIndex((r) => r.headers.authorization));
+    check(afterToken.length > 4 && afterToken.every((r) => r.headers.authorization === `Bearer ${good}`), "a request without the token after it was given");
+    check(acp.every((r) => !r.url.includes(good) && new URL(r.url).search === ""), `a URL with a query: ${acp.map((r) => r.url)}`);
+  });
+
+  await run("an event stream cut during a turn resumes with Last-Event-ID", async () => {
+    await page.evaluate(() => {
+      window.__states = [];
+      const el = document.getElementById("conn-state");
+      new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
+    });
+    await recordSnapshots();
+    const messages = await page.locator("#transcript .msg.agent").count();
+    await send("slow", { wait: false });
+    await expectAgentText("tick 5 ");
+    const n = acp.length;
+    await harness("cut"); // every TCP connection through the proxy reset
+    await page.waitForFunction(() => window.__states.includes("reconnecting"), null, { timeout: 10000 });
+    await waitState("connected", 20000);
+    const detail = await page.locator("#conn-detail").innerText();
+    check(/Streamable HTTP .* resumed after code 1006/.test(detail), `detail after the resume: ${detail}`);
+    await expectAgentText("tick 30 ", 20000);
+    await page.locator("#cancel-btn").click();
+    await page.locator('#transcript .turn-end[data-stop-reason="cancelled"]').waitFor();
+    const got = (await lastAgentText()).trim();
+    const k = got.split(" ").length / 2;
+    const want = Array.from({ length: k }, (_, i) => `tick ${i + 1}`).join(" ");
+    check(k >= 30 && got === want, `the reply is not every tick once, in order: ${JSON.stringify(got.slice(0, 80))}…${JSON.stringify(got.slice(-40))}`);
+    await checkStreamed(want);
+    check(await page.locator("#transcript .msg.agent").count() === messages + 1, "the reply is split over several messages");
+    const resumed = acp.slice(n).filter((r) => r.method === "GET" && /^\d+$/.test(r.headers["last-event-id"] ?? ""));
+    check(resumed.length >= 1, `no GET with Last-Event-ID after the cut: ${JSON.stringify(acp.slice(n).map((r) => [r.method, r.headers["last-event-id"]]))}`);
+    const text = await page.locator("#transcript").innerText();
+    check(!/Reconnected|history replayed|connection closed during the turn/i.test(text), "the page reloaded the session or failed the turn");
+    await send("after the cut");
+    await expectAgentText("You said: after the cut");
+  });
+
+  await run("Disconnect sends DELETE", async () => {
+    await page.locator("#disconnect-btn").click();
+    await waitState("disconnected");
+    check((await page.locator("#conn-detail").innerText()).includes("1000"), "close code not shown");
+    for (let i = 0; i < 50 && !acp.some((r) => r.method === "DELETE"); i++) await page.waitForTimeout(100);
+    check(acp.some((r) => r.method === "DELETE" && r.headers["acp-connection-id"]), "no DELETE with Acp-Connection-Id");
+  });
+}
+
+// The page through a reverse proxy that answers 400 to WebSocket upgrades:
+// the page falls back to Streamable HTTP on its own.
+async function fallbackScenario() {
+  const firstPrompt = "hello through a proxy that refuses WebSockets";
+  const acp = recordAcpRequests();
+  const fellBack = async () => {
+    await waitState("connected");
+    const detail = await page.locator("#conn-detail").innerText();
+    check(/^http:\/\/.*\/acp · Streamable HTTP \(the WebSocket was refused\)$/.test(detail), `connection detail: ${detail}`);
+  };
+
+  await run("the WebSocket is refused: the page falls back to HTTP", async () => {
+    await page.goto(baseUrl);
+    await fellBack();
+    check(wsUrls.length === 1, `WebSocket attempts: ${wsUrls.length}`);
+    check(acp.some((r) => r.method === "POST") && acp.some((r) => r.method === "GET"), "no POST or GET on /acp");
+    await shot("10-http-fallback");
+  });
+
+  await run("a streamed turn over the fallback", () => streamedTurn(firstPrompt));
+
+  await run("a permission card over the fallback", permissionTurn);
+
+  await run("load a session over HTTP: the replay comes before the answer", async () => {
+    await page.locator("#new-session-btn").click();
+    await page.waitForFunction(() => !document.querySelector("#transcript .msg"));
+    const item = page.locator("#session-list .session-item", { hasText: firstPrompt.slice(0, 40) }).first();
+    await item.getByRole("button", { name: /^Load/ }).click();
+    await page.waitForFunction(() => /Session loaded/.test(document.getElementById("transcript").innerText));
+    const order = await page.evaluate(() => [...document.querySelectorAll("#transcript .msg, #transcript .tool, #transcript .notice")]
+      .map((e) => (e.classList.contains("notice-divider") ? "divider" : e.classList.contains("user") ? "user" : "other")));
+    check(order.filter((x) => x === "user").length === 2 && order.at(-1) === "divider", `the transcript after the load: ${order}`);
+    const users = await page.locator("#transcript .msg.user").allInnerTexts();
+    check(users[0]?.trim() === firstPrompt, `first replayed user message: ${JSON.stringify(users[0])}`);
+    await expectAgentText("Permission granted");
+    await send("after the load");
+    await expectAgentText("You said: after the load");
+  });
+
+  await run("a reload falls back again", async () => {
+    await page.reload();
+    await fellBack();
+    check(wsUrls.length === 2, `WebSocket attempts: ${wsUrls.length}`);
+    await streamedTurn("after the reload, over HTTP again", { minStates: 1 });
+  });
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
   if (scenario === "main") await mainScenario();
   else if (scenario === "tenant") await tenantScenario();
   else if (scenario === "resume") await resumeScenario();
+  else if (scenario === "http") await httpScenario();
+  else if (scenario === "fallback") await fallbackScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);

@@ -1,24 +1,35 @@
-// acp.js: a small ACP (Agent Client Protocol) v1 client over WebSocket.
+// acp.js: a small ACP (Agent Client Protocol) v1 client over WebSocket or
+// Streamable HTTP.
 //
 // This module has no dependencies and no DOM code, so it can be copied into
 // any browser front end (or Node >= 22, which has a global WebSocket). It
-// speaks JSON-RPC 2.0, one message per WebSocket text frame, as acpgate and
-// the ACP remote-transport RFD expect.
+// speaks JSON-RPC 2.0 over one of two transports, both on acpgate's /acp:
+//
+//   "websocket" (the default)  one message per WebSocket text frame, as
+//                              acpgate and the ACP remote-transport RFD expect
+//   "http"                     Streamable HTTP, as the official ACP SDK's
+//                              createHttpStream speaks it (see "Streamable
+//                              HTTP" below); for where a WebSocket cannot go,
+//                              e.g. through a proxy that refuses upgrades
 //
 // The pieces, from the bottom up:
 //
-//   gatewayUrl(url, {ticket})     the /acp URL; a one-time ticket goes in the query
+//   gatewayUrl(url, {ticket})     the /acp WebSocket URL; a one-time ticket goes in the query
+//   gatewayHttpUrl(url)           the /acp URL for Streamable HTTP (http or https)
 //   subprotocols(token)           ["acp"] or ["acp", "acp.bearer.<token>"]
 //   AcpConnection.open(url, opts) opens the socket; resolves once it is open
+//                                 (opts.transport: "websocket" or "http")
 //     .request(method, params)    a request; resolves with result, rejects with AcpError
 //     .notify(method, params)     a notification (no answer)
 //     .handle(method, fn)         answers the agent's requests (fs/*, permission…)
 //     .on(method, fn)             receives the agent's notifications (session/update)
-//     .onLink(fn)                 "reconnecting" / "resumed" while a dropped socket is resumed
+//     .onLink(fn)                 "reconnecting" / "resumed" while a dropped socket
+//                                 (or event stream) is resumed
 //     .onClose(fn)                the connection is over (no resume possible)
 //     .close()                    closes the socket (1000: the gateway forgets the connection)
 //   AcpClient                     typed wrappers for the v1 methods
 //   backoff(attempt)              the delay before reconnect attempt N
+//   EventStreamParser             text/event-stream parsing, as the "http" transport reads it
 //
 // A minimal session (error handling left out):
 //
@@ -88,6 +99,60 @@
 // acp.js does not resume after a close 1008 "superseded": another client
 // (a duplicated tab has the same sessionStorage) resumed the connection, and
 // taking it back would make the two fight over it.
+//
+// Streamable HTTP (transport: "http"). The wire, for those who write their
+// own client:
+//
+//   - every message the client sends is a POST of application/json, one at
+//     a time and in order. The first must be initialize: it goes without an
+//     Acp-Connection-Id, and its answer is the POST's 200 body, with the
+//     connection's ID in the Acp-Connection-Id response header. Every later
+//     POST carries that header and gets 202 (no body); one that belongs to a
+//     session (params.sessionId is a string, or it answers an agent request
+//     that came on a session's stream) carries Acp-Session-Id too.
+//   - what the agent sends arrives as server-sent events ("id: N", "data:
+//     <JSON>"), read here with fetch (EventSource cannot set headers):
+//     GET /acp with Accept: text/event-stream and Acp-Connection-Id is the
+//     connection's stream (answers to session/new, session/list and
+//     session/load, and whatever names no session); with Acp-Session-Id too,
+//     a session's stream (session/update, the agent's requests about the
+//     session, the answers to the session's requests). Each stream takes one
+//     reader (409 for a second). acp.js opens a session's stream when it
+//     learns the session (a result with a sessionId) or before it first
+//     posts to it, and waits for the stream's headers before that POST. It
+//     keeps at most 3 session streams open (a browser has 6 HTTP/1.1
+//     connections per host): an idle one is closed first, and opened again,
+//     from where it stopped, when it is needed.
+//   - credentials: opts.token goes in an Authorization: Bearer header on
+//     every request. A ticket is single-use, so it covers one request: the
+//     first (initialize) takes opts.ticket, every later one a new ticket from
+//     opts.getTicket. Over HTTP a token is the practical choice.
+//   - the open is lazy: AcpConnection.open resolves at once, and the
+//     initialize POST is the handshake. A refusal (401, 403, 429…) or an
+//     unreachable gateway rejects initialize with a ConnectError (opened:
+//     false; status: the HTTP status, 0 when unreachable; reason: the
+//     gateway's message, which over HTTP can be read) and ends the
+//     connection.
+//   - resume: when a stream drops (network loss, a proxy's timeout, a cut),
+//     acp.js opens it again with backoff, with a Last-Event-ID header (the
+//     last id it received, or 0), and the gateway sends everything after it
+//     (onLink reports "reconnecting" and "resumed", as for a WebSocket).
+//     Messages sent meanwhile wait and go out once the streams are back. A
+//     notification or an answer whose POST fails on the network is sent
+//     again then; a request is not (it may have reached the agent) and is
+//     rejected with a ConnectError instead. When the gateway no longer has
+//     the connection, or the events after Last-Event-ID (404), the
+//     connection ends with resumeRefused: true (open a new one and
+//     session/load). A reloaded page starts a new connection: only a
+//     WebSocket connection resumes across a reload.
+//   - close() with 1000 (the default) sends DELETE /acp: the gateway ends the
+//     connection.
+//   - order is kept within a stream, not across streams: the answer to
+//     session/load comes on the connection's stream, the history it replays
+//     on the session's, and the two race. acp.js holds that answer (and the
+//     connection's stream behind it) until the session's stream has been
+//     quiet for 50 ms (2 s at most), so the replay comes first, as over a
+//     WebSocket.
 
 /** The ACP protocol version this client speaks. */
 export const PROTOCOL_VERSION = 1;
@@ -116,12 +181,13 @@ export class AcpError extends Error {
 
 /** The socket could not be opened, or it closed while a request waited. */
 export class ConnectError extends Error {
-  constructor(message, { code = 1006, reason = "", opened = false } = {}) {
+  constructor(message, { code = 1006, reason = "", opened = false, status = 0 } = {}) {
     super(message);
     this.name = "ConnectError";
-    this.code = code; // WebSocket close code
-    this.reason = reason; // close reason sent by the server, if any
-    this.opened = opened; // false: the upgrade itself failed (refused or unreachable)
+    this.code = code; // WebSocket close code (over HTTP: the code a WebSocket would have had)
+    this.reason = reason; // close reason sent by the server, if any (over HTTP: its error message)
+    this.opened = opened; // false: the upgrade (over HTTP, the initialize POST) failed: refused or unreachable
+    this.status = status; // over HTTP: the status that refused it, 0 if none
   }
 }
 
@@ -137,6 +203,20 @@ export function gatewayUrl(url, { ticket = "" } = {}) {
     throw new TypeError(`not a WebSocket URL: ${url}`);
   }
   if (ticket) u.searchParams.set("ticket", ticket);
+  return u.href;
+}
+
+/**
+ * The Streamable HTTP URL: a relative or ws(s) URL becomes http(s). Tickets
+ * are added per request (see "Streamable HTTP" above), tokens never.
+ */
+export function gatewayHttpUrl(url) {
+  const u = new URL(url, globalThis.location?.href);
+  if (u.protocol === "ws:") u.protocol = "http:";
+  if (u.protocol === "wss:") u.protocol = "https:";
+  if (u.protocol !== "http:" && u.protocol !== "https:") {
+    throw new TypeError(`not an HTTP URL: ${url}`);
+  }
   return u.href;
 }
 
@@ -195,17 +275,25 @@ export async function probeGateway(url) {
  * A JSON-RPC 2.0 connection to an ACP agent through acpgate. It usually
  * lives on one WebSocket; when that socket drops and the gateway keeps the
  * connection, it moves to a new socket (see "Resuming" above) without the
- * caller noticing, except through onLink.
+ * caller noticing, except through onLink. With transport "http" it lives on
+ * POSTs and event streams instead (see "Streamable HTTP" above), with the
+ * same API.
  */
 export class AcpConnection {
   /**
    * Opens the connection. Resolves once the socket is open (or, when a
    * saved connection of this tab was resumed, once it is resumed: then
    * .resumedAtOpen is true). Rejects with ConnectError if the socket closes
-   * first (refused upgrade, unreachable host).
-   * opts: {token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs}
-   *   getTicket  async () => a new one-time ticket, for reconnects
-   *   resume     false: never resume (a plain connection)
+   * first (refused upgrade, unreachable host). Over HTTP it resolves at
+   * once: initialize is the handshake.
+   * opts: {transport, token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs}
+   *   transport  "websocket" (the default) or "http" (Streamable HTTP)
+   *   getTicket  async () => a new one-time ticket, for reconnects (over
+   *              HTTP: for every request after the first)
+   *   timeoutMs  how long opening a socket (over HTTP: a POST other than
+   *              initialize, or an event stream's headers) may take
+   *   resume     false: never resume (a plain connection; over HTTP, a
+   *              dropped event stream ends it)
    *   storage    where the resume token and counters live (sessionStorage;
    *              null keeps them in memory only)
    *   probe      async (url) => true|false|null, see probeGateway
@@ -222,13 +310,20 @@ export class AcpConnection {
   #closing = false; // close() was called
   #rc = null; // while resuming: {attempt, since, close, timer, dialing}
   #key;
+  #link = null; // the HttpLink, with transport "http"
 
-  constructor(url, { token = "", ticket = "", getTicket = null, timeoutMs = 15000, resume = true, storage = defaultStorage(), probe = probeGateway, resumeForMs = 300000 } = {}) {
-    this.url = gatewayUrl(url);
+  constructor(url, { transport = "websocket", token = "", ticket = "", getTicket = null, timeoutMs = 15000, resume = true, storage = defaultStorage(), probe = probeGateway, resumeForMs = 300000 } = {}) {
+    if (transport !== "websocket" && transport !== "http") throw new TypeError(`unknown transport: ${transport}`);
+    this.transport = transport;
+    this.url = transport === "http" ? gatewayHttpUrl(url) : gatewayUrl(url);
     this.#opts = { token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs };
     this.#key = "acp.resume:" + this.url;
-    subprotocols(token); // throws early on a token a subprotocol cannot carry
-    this.ws = null; // the current socket; null while resuming
+    if (transport === "websocket") {
+      subprotocols(token); // throws early on a token a subprotocol cannot carry
+    } else if (token && !/^[\x21-\x7e]+$/.test(token)) {
+      throw new TypeError("the token contains characters an Authorization header cannot carry");
+    }
+    this.ws = null; // the current socket; null while resuming (and over HTTP)
     this.nextId = 1;
     this.pending = new Map(); // our request id -> {resolve, reject, method}
     this.incoming = new Map(); // the agent's request id (as JSON) -> {ctl, method}
@@ -247,19 +342,34 @@ export class AcpConnection {
     this.savedInit = null; // the initialize result, when resumedAtOpen
   }
 
-  /** The subprotocol the server selected ("acp" with acpgate). */
+  /** The subprotocol the server selected ("acp" with acpgate; "" over HTTP). */
   get protocol() {
     return this.ws?.protocol ?? "";
   }
 
-  /** Whether a dropped socket is being resumed right now. */
+  /** Whether a dropped socket (or event stream) is being resumed right now. */
   get resuming() {
-    return !!this.#rc;
+    return !!this.#rc || !!this.#link?.resuming;
   }
 
   // -- opening and resuming ---------------------------------------------------
 
   async #start() {
+    if (this.transport === "http") {
+      this.#link = new HttpLink(this.url, this.#opts, {
+        message: (msg) => this.#route(msg),
+        link: (ev) => this.#emitLink(ev),
+        end: (close) => this.#end(close),
+        failed: (msg, err) => {
+          const p = this.pending.get(msg.id);
+          if (!p) return;
+          this.pending.delete(msg.id);
+          p.reject(err);
+        },
+        error: (err) => this.onProtocolError(err),
+      });
+      return;
+    }
     let saved = this.#opts.resume ? this.#load() : null;
     const ints = (...v) => v.every((x) => Number.isInteger(x) && x >= 0);
     if (saved && !(typeof saved.token === "string" && saved.token && ints(saved.sent, saved.received, saved.nextId))) saved = null;
@@ -435,6 +545,7 @@ export class AcpConnection {
 
   /** While resuming: skip the backoff and try now ("Reconnect now", back online). */
   reconnectNow() {
+    if (this.#link) return this.#link.reconnectNow();
     const rc = this.#rc;
     if (!rc || rc.dialing) return;
     clearTimeout(rc.timer);
@@ -545,7 +656,10 @@ export class AcpConnection {
    * Called once with {code, reason, wasClean, resumeRefused} when the
    * connection is over: closed by close(), or the socket dropped and could
    * not be resumed (resumeRefused: true; open a new connection and load the
-   * session). code is the close that lost the socket.
+   * session). code is the close that lost the socket. Over HTTP code is
+   * the one a WebSocket would have had (1006 for a lost or forgotten
+   * connection, 1008 for a refused credential), reason says what happened,
+   * and status is the HTTP status that ended it, if one did.
    */
   onClose(fn) {
     if (this.closed) queueMicrotask(() => fn(this.closed));
@@ -555,7 +669,8 @@ export class AcpConnection {
   /**
    * Called while a dropped socket is resumed: {state: "reconnecting",
    * attempt, delayMs, close} before each attempt, then {state: "resumed",
-   * received, resent}. Pending requests stay pending meanwhile.
+   * received, resent} ({state: "resumed"} over HTTP, where a dropped event
+   * stream is what is resumed). Pending requests stay pending meanwhile.
    */
   onLink(fn) {
     this.linkListeners.add(fn);
@@ -573,11 +688,12 @@ export class AcpConnection {
   }
 
   /**
-   * Closes the connection. With 1000 (the default) the gateway forgets it;
-   * either way this client stops here: no resume.
+   * Closes the connection. With 1000 (the default) the gateway forgets it
+   * (over HTTP: DELETE /acp); either way this client stops here: no resume.
    */
   close(code = 1000, reason = "") {
     this.#closing = true;
+    if (this.#link) return this.#link.close(code, reason);
     const ws = this.ws;
     if (ws && (ws.readyState === WebSocket.OPEN || ws.readyState === WebSocket.CONNECTING)) {
       ws.close(code, reason);
@@ -587,8 +703,10 @@ export class AcpConnection {
   }
 
   // Every message is counted and logged; it goes out now if the socket is
-  // open, or with the others once the connection is resumed.
+  // open, or with the others once the connection is resumed. Over HTTP the
+  // link keeps the order and does the waiting (no counts: event ids resume).
   #send(msg) {
+    if (this.#link) return this.#link.send(msg);
     const text = JSON.stringify(msg);
     this.sent++;
     this.sentLog.push([this.sent, text]);
@@ -610,12 +728,16 @@ export class AcpConnection {
     }
     if (msg?.method === RESUMED) return; // only ever first on a resumed socket; not counted
     this.received++;
+    this.#route(msg);
+    this.#save();
+  }
+
+  #route(msg) {
     if (Array.isArray(msg)) {
       msg.forEach((m) => this.#dispatch(m)); // ACP v1 sends no batches; tolerate them anyway
     } else {
       this.#dispatch(msg);
     }
-    this.#save();
   }
 
   #dispatch(msg) {
@@ -639,11 +761,12 @@ export class AcpConnection {
   }
 
   // Keeps the resume token of an initialize result, and takes it out of
-  // the result so that it is not shown or logged with it.
+  // the result so that it is not shown or logged with it. Over HTTP it is
+  // not kept: Last-Event-ID does the resuming there.
   #takeToken(result) {
     const meta = result?._meta?.acpgate;
     if (!meta || typeof meta.resumeToken !== "string") return;
-    if (this.#opts.resume) this.resumeToken = meta.resumeToken;
+    if (this.#opts.resume && !this.#link) this.resumeToken = meta.resumeToken;
     delete meta.resumeToken;
     this.#save();
   }
@@ -692,6 +815,481 @@ export class AcpConnection {
     }
     // While resuming, the answer waits in the log and goes out on the new socket.
     if (!this.closed) this.#send(reply);
+  }
+}
+
+// -- Streamable HTTP -----------------------------------------------------------
+
+const SESSION_STREAMS = 3; // session event streams open at once (see "Streamable HTTP")
+const SETTLE_QUIET = 50; // ms without events on a session's stream before its session/load answer…
+const SETTLE_MAX = 2000; // …or this long at most
+
+/**
+ * Splits a text/event-stream body into events: the parts of the WHATWG
+ * rules an ACP stream uses (data and id fields; comments, event and retry
+ * ignored; lines end in CRLF, LF or CR). push() takes decoded text and
+ * returns the events it completed, each {id, data}: id is the stream's last
+ * event id so far (null before the first), data the joined data lines.
+ */
+export class EventStreamParser {
+  #rest = ""; // an unfinished line
+  #data = null; // the data lines of the event being read
+  #id = null;
+
+  push(text) {
+    const events = [];
+    const buf = this.#rest + text;
+    const eol = /\r\n|\n|\r/g;
+    let start = 0;
+    for (let m; (m = eol.exec(buf)); ) {
+      if (m[0] === "\r" && m.index === buf.length - 1) break; // maybe the first half of a CRLF
+      this.#line(buf.slice(start, m.index), events);
+      start = eol.lastIndex;
+    }
+    this.#rest = buf.slice(start);
+    return events;
+  }
+
+  #line(line, events) {
+    if (line === "") {
+      if (this.#data !== null) events.push({ id: this.#id, data: this.#data.join("\n") });
+      this.#data = null;
+      return;
+    }
+    if (line.startsWith(":")) return; // a comment (the gateway's keep-alive)
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "data") (this.#data ??= []).push(value);
+    else if (field === "id" && !value.includes("\0")) this.#id = value;
+  }
+}
+
+// The text of an HTTP error body: the gateway's {"error", "message"}, or
+// its plain text, shortened.
+function errorBodyText(text) {
+  try {
+    const v = JSON.parse(text);
+    if (typeof v?.message === "string") return v.message;
+    if (typeof v?.error === "string") return v.error;
+    if (typeof v?.error?.message === "string") return v.error.message; // a JSON-RPC error
+  } catch {
+    // plain text
+  }
+  text = text.trim();
+  return text.length > 300 ? text.slice(0, 300) + "…" : text;
+}
+
+/**
+ * One Streamable-HTTP connection (see "Streamable HTTP" at the top): POSTs
+ * go out one at a time, in order; event streams are opened as sessions
+ * appear, and opened again with Last-Event-ID when they drop. AcpConnection
+ * keeps the JSON-RPC side; this is the wire. cb: {message(msg), link(ev),
+ * end(close), failed(msg, err) for a request that cannot be sent, error(err)}.
+ */
+class HttpLink {
+  #url;
+  #opts;
+  #cb;
+  #id = ""; // the Acp-Connection-Id, once initialize is answered
+  #queue = Promise.resolve(); // the POST chain
+  #ticketUsed = false;
+  #streams = new Map(); // "" (the connection's) or a session ID -> stream
+  #stoppedAt = new Map(); // a closed idle session stream's last event id
+  #replyOn = new Map(); // our request's id (JSON) -> the session stream its answer comes on
+  #askedOn = new Map(); // the agent's request id (JSON) -> the stream it came on ("" or a session ID)
+  #loads = new Map(); // a session/load's id (JSON) -> its session (its answer waits for the replay)
+  #rc = null; // while resuming: {attempt, since, close, timer, dialing}
+  #stuck = null; // a notification or answer to send again: {msg, session, done}
+  #waiting = []; // POSTs held while resuming: resolve functions
+  #ended = false;
+
+  constructor(url, opts, cb) {
+    this.#url = url;
+    this.#opts = opts;
+    this.#cb = cb;
+  }
+
+  get resuming() {
+    return !!this.#rc;
+  }
+
+  /** Queues a message; POSTs go out one at a time, in order. */
+  send(msg) {
+    this.#queue = this.#queue.then(() => this.#deliver(msg)).catch((err) => this.#cb.error(err));
+  }
+
+  /** Ends the connection; with 1000 the gateway is told (DELETE). */
+  close(code, reason) {
+    if (this.#ended) return;
+    const id = this.#id;
+    this.#end({ code, reason, wasClean: true });
+    if (id && code === 1000) {
+      this.#fetch("DELETE", { id, keepalive: true }).catch(() => {}); // best effort: an idle connection ends anyway
+    }
+  }
+
+  reconnectNow() {
+    const rc = this.#rc;
+    if (!rc || rc.dialing) return;
+    clearTimeout(rc.timer);
+    this.#tryResume(rc);
+  }
+
+  // One request to /acp with the transport's headers and a credential.
+  async #fetch(method, { id = this.#id, session = "", lastId = null, body, signal, keepalive = false } = {}) {
+    const u = new URL(this.#url);
+    const headers = {};
+    const { token, getTicket } = this.#opts;
+    if (token) {
+      headers.Authorization = "Bearer " + token;
+    } else {
+      let ticket = "";
+      if (this.#opts.ticket && !this.#ticketUsed) {
+        ticket = this.#opts.ticket;
+        this.#ticketUsed = true;
+      } else if (getTicket) {
+        ticket = await getTicket();
+      }
+      if (ticket) u.searchParams.set("ticket", ticket);
+    }
+    if (id) headers["Acp-Connection-Id"] = id;
+    if (session) headers["Acp-Session-Id"] = session;
+    if (method === "POST") headers["Content-Type"] = "application/json";
+    if (method === "GET") headers.Accept = "text/event-stream";
+    if (lastId !== null) headers["Last-Event-ID"] = lastId;
+    return fetch(u, { method, headers, body, signal, keepalive, cache: "no-store" });
+  }
+
+  // POSTs one message: {ok} or {status, text}; status 0 when the request
+  // got no answer (network, timeout).
+  async #post(msg, session, timeoutMs = this.#opts.timeoutMs) {
+    const ctl = new AbortController();
+    const timer = timeoutMs ? setTimeout(() => ctl.abort(), timeoutMs) : null;
+    let res;
+    try {
+      res = await this.#fetch("POST", { session, body: JSON.stringify(msg), signal: ctl.signal });
+    } catch (err) {
+      return { status: 0, text: ctl.signal.aborted ? "no answer in time" : String(err?.message ?? err) };
+    } finally {
+      clearTimeout(timer);
+    }
+    if (res.ok) {
+      res.body?.cancel().catch(() => {});
+      return { ok: true };
+    }
+    return { status: res.status, text: await res.text().catch(() => "") };
+  }
+
+  async #deliver(msg) {
+    if (this.#ended) return;
+    if (!this.#id) return this.#initialize(msg);
+    const isRequest = typeof msg?.method === "string" && msg.id !== undefined && msg.id !== null;
+    const key = JSON.stringify(msg?.id);
+    let session = "";
+    if (typeof msg?.method === "string") {
+      if (typeof msg.params?.sessionId === "string") session = msg.params.sessionId;
+    } else if (this.#askedOn.has(key)) {
+      session = this.#askedOn.get(key); // an answer goes with the stream its request came on
+      this.#askedOn.delete(key);
+    }
+    if (this.#rc) await new Promise((resolve) => this.#waiting.push(resolve));
+    if (session) {
+      // Marked busy first, so that #closeIdle leaves the stream open.
+      if (isRequest) (msg.method === "session/load" ? this.#loads : this.#replyOn).set(key, session);
+      const st = this.#stream(session);
+      st.used = Date.now();
+      try {
+        await st.opened; // the session's stream first: the gateway's answer goes there
+      } catch {
+        return; // the connection ended: pending requests have failed with it
+      }
+    }
+    if (this.#ended) return;
+    let r = await this.#post(msg, session);
+    if (r.status === 0 && !this.#ended) {
+      if (isRequest) {
+        this.#replyOn.delete(key);
+        this.#loads.delete(key);
+        return this.#cb.failed(msg, new ConnectError(`${msg.method} could not be sent (${r.text}); it may or may not have reached the agent`, { opened: true }));
+      }
+      // A notification or an answer: sent again once the link is back.
+      r = await new Promise((done) => {
+        this.#stuck = { msg, session, done };
+        this.#trouble({ code: 1006, reason: "a message could not be sent", wasClean: false });
+      });
+    }
+    if (r.ok || this.#ended) return;
+    this.#refused(r, () => {
+      this.#replyOn.delete(key);
+      this.#loads.delete(key);
+      const error = new AcpError(ErrorCode.INTERNAL_ERROR, `the gateway refused ${msg.method ?? "an answer"} (HTTP ${r.status}): ${errorBodyText(r.text)}`, { status: r.status });
+      if (isRequest) this.#cb.failed(msg, error);
+      else this.#cb.error(error);
+    });
+  }
+
+  // A non-2xx answer: the connection is gone (404) or the credential no
+  // longer works (401, 403): the end; otherwise other() (this message only).
+  #refused(r, other) {
+    const why = errorBodyText(r.text);
+    if (r.status === 404) return this.#end({ code: 1006, reason: `the gateway no longer has the connection: ${why}`, wasClean: false, resumeRefused: true, status: 404 });
+    if (r.status === 401 || r.status === 403) return this.#end({ code: 1008, reason: `HTTP ${r.status}: ${why}`, wasClean: false, status: r.status });
+    other();
+  }
+
+  // The initialize POST: its answer is the body, the connection's ID a header.
+  async #initialize(msg) {
+    const refuse = (message, opts) => {
+      const err = new ConnectError(message, { opened: false, ...opts });
+      this.#cb.failed(msg, err);
+      this.#end({ code: err.code, reason: err.reason, wasClean: false, status: err.status });
+    };
+    if (msg?.method !== "initialize" || msg.id === undefined || msg.id === null) {
+      return refuse("over HTTP the first message must be the initialize request", { code: 1002 });
+    }
+    let res;
+    try {
+      res = await this.#fetch("POST", { body: JSON.stringify(msg) }); // no time limit: an agent may be starting
+    } catch (err) {
+      return refuse(`cannot reach the gateway: ${err?.message ?? err}`, { code: 1006 });
+    }
+    const text = await res.text().catch(() => "");
+    let body = null;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      // not JSON: an error page
+    }
+    const id = res.headers.get("Acp-Connection-Id");
+    if (res.ok && id && body?.id === msg.id) {
+      this.#id = id;
+      this.#stream(""); // the connection's stream, in the background (as the SDK's client does)
+      return this.#cb.message(body);
+    }
+    if (body && body.id === msg.id && body.error) {
+      this.#cb.message(body); // the agent's (or the gateway's) JSON-RPC error
+      return this.#end({ code: 1011, reason: errorBodyText(text), wasClean: false, status: res.status });
+    }
+    const why = res.ok ? "the initialize answer has no Acp-Connection-Id or is not the answer" : errorBodyText(text) || res.statusText;
+    refuse(`the gateway refused the connection (HTTP ${res.status}): ${why}`, { code: res.status === 401 || res.status === 403 ? 1008 : 1006, reason: why, status: res.status });
+  }
+
+  // The stream of a session ("" = the connection's), opened if it is not.
+  #stream(name) {
+    let st = this.#streams.get(name);
+    if (st) return st;
+    st = { name, lastId: null, ctl: null, state: "down", used: Date.now(), heard: 0, ever: false, reopened: false, stopped: false };
+    if (this.#stoppedAt.has(name)) {
+      st.lastId = this.#stoppedAt.get(name); // go on from where it was closed
+      st.ever = true;
+      st.reopened = true;
+      this.#stoppedAt.delete(name);
+    }
+    st.opened = new Promise((resolve, reject) => Object.assign(st, { resolveOpened: resolve, rejectOpened: reject }));
+    st.opened.catch(() => {}); // nobody may be waiting
+    this.#streams.set(name, st);
+    if (name) this.#closeIdle();
+    this.#dial(st).then((r) => {
+      if (r.fatal) this.#end(r.fatal);
+      else if (r.retry) this.#trouble(r.retry);
+    });
+    return st;
+  }
+
+  // At most SESSION_STREAMS session streams: the least used idle ones go.
+  #closeIdle() {
+    const sessions = [...this.#streams.values()].filter((st) => st.name);
+    if (sessions.length <= SESSION_STREAMS) return;
+    const busy = new Set([...this.#replyOn.values(), ...this.#askedOn.values(), ...this.#loads.values()]);
+    const idle = sessions.filter((st) => st.state === "open" && !busy.has(st.name)).sort((a, b) => a.used - b.used);
+    for (const st of idle.slice(0, sessions.length - SESSION_STREAMS)) {
+      st.stopped = true;
+      st.ctl?.abort();
+      this.#streams.delete(st.name);
+      if (st.lastId !== null) this.#stoppedAt.set(st.name, st.lastId);
+    }
+  }
+
+  // Opens a stream: {ok}, {retry: close} (try again later) or {fatal: close}.
+  // Once open, its events are read in the background until it drops.
+  async #dial(st) {
+    const ctl = new AbortController();
+    st.ctl = ctl;
+    st.state = "dialing";
+    // After a first open, "0" asks for every event: none may be lost.
+    const lastId = st.lastId ?? (st.ever ? "0" : null);
+    const timer = setTimeout(() => ctl.abort(), this.#opts.timeoutMs);
+    let res;
+    try {
+      res = await this.#fetch("GET", { session: st.name, lastId, signal: ctl.signal });
+    } catch {
+      st.state = "down";
+      if (st.stopped || this.#ended) return {};
+      return { retry: { code: 1006, reason: "the event stream could not be opened", wasClean: false } };
+    } finally {
+      clearTimeout(timer);
+    }
+    if (st.stopped || this.#ended) {
+      res.body?.cancel().catch(() => {});
+      return {};
+    }
+    if (!res.ok) {
+      const text = await res.text().catch(() => "");
+      st.state = "down";
+      if (res.status === 404 && st.reopened && /resume_refused/.test(text)) {
+        // A session stream closed while idle, whose events the gateway no
+        // longer keeps (nothing was waiting on it): start it afresh.
+        st.lastId = null;
+        st.ever = false;
+        st.reopened = false;
+        return this.#dial(st);
+      }
+      // 409: the gateway has not seen the old reader go yet; 5xx: it is
+      // restarting. Anything else ends the connection.
+      if (res.status === 409 || res.status >= 500) return { retry: { code: 1006, reason: `the event stream was refused (HTTP ${res.status})`, wasClean: false } };
+      const why = errorBodyText(text);
+      if (res.status === 404) return { fatal: { code: 1006, reason: `the gateway no longer has the connection: ${why}`, wasClean: false, resumeRefused: true, status: 404 } };
+      return { fatal: { code: res.status === 401 || res.status === 403 ? 1008 : 1002, reason: `HTTP ${res.status}: ${why}`, wasClean: false, status: res.status } };
+    }
+    st.state = "open";
+    st.ever = true;
+    st.resolveOpened();
+    this.#read(st, ctl, res.body);
+    return { ok: true };
+  }
+
+  async #read(st, ctl, body) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    const parser = new EventStreamParser();
+    let why = "the event stream ended";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        st.heard = Date.now();
+        for (const ev of parser.push(decoder.decode(value, { stream: true }))) {
+          if (st.ctl !== ctl) return;
+          let msg;
+          try {
+            msg = JSON.parse(ev.data);
+          } catch (err) {
+            msg = undefined;
+            this.#cb.error(new Error("invalid JSON from the server: " + err.message));
+          }
+          const key = JSON.stringify(msg?.id);
+          if (!st.name && typeof msg?.method !== "string" && this.#loads.has(key)) {
+            const session = this.#loads.get(key);
+            this.#loads.delete(key);
+            await this.#settle(session);
+            if (st.ctl !== ctl || this.#ended) return;
+          }
+          if (ev.id !== null) st.lastId = ev.id;
+          if (msg !== undefined) this.#incoming(msg, st);
+        }
+      }
+    } catch {
+      why = "the event stream dropped";
+    }
+    if (st.ctl !== ctl || st.stopped || this.#ended) return;
+    st.state = "down";
+    this.#trouble({ code: 1006, reason: why, wasClean: false });
+  }
+
+  // Waits until a session's stream has been quiet for SETTLE_QUIET ms (at
+  // most SETTLE_MAX): what the gateway queued on it has then arrived.
+  async #settle(name) {
+    const st = this.#streams.get(name);
+    const start = Date.now();
+    while (st?.state === "open" && !this.#ended && Date.now() - start < SETTLE_MAX) {
+      const quiet = Date.now() - Math.max(st.heard, start);
+      if (quiet >= SETTLE_QUIET) return;
+      await new Promise((resolve) => setTimeout(resolve, SETTLE_QUIET - quiet));
+    }
+  }
+
+  #incoming(msg, st) {
+    st.used = Date.now();
+    if (msg !== null && typeof msg === "object" && !Array.isArray(msg)) {
+      const key = JSON.stringify(msg.id);
+      const hasId = msg.id !== undefined && msg.id !== null;
+      if (typeof msg.method === "string") {
+        if (hasId) this.#askedOn.set(key, st.name);
+      } else if (hasId) {
+        this.#replyOn.delete(key);
+        this.#loads.delete(key);
+        // A new session (session/new, session/fork): open its stream now.
+        const sid = msg.result?.sessionId;
+        if (typeof sid === "string" && sid) this.#stream(sid);
+      }
+    }
+    this.#cb.message(msg);
+  }
+
+  // Something dropped: resume with backoff (or end, with resume false).
+  #trouble(close) {
+    if (this.#ended || this.#rc) return;
+    if (!this.#opts.resume) return this.#end(close);
+    this.#rc = { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+    this.#next();
+  }
+
+  #next() {
+    const rc = this.#rc;
+    rc.attempt++;
+    if (Date.now() - rc.since > this.#opts.resumeForMs) return this.#end({ ...rc.close, resumeRefused: true });
+    const delayMs = backoff(rc.attempt);
+    this.#cb.link({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
+    rc.timer = setTimeout(() => this.#tryResume(rc), delayMs);
+  }
+
+  // Opens every dropped stream again, then sends the stuck message.
+  async #tryResume(rc) {
+    rc.timer = null;
+    rc.dialing = true;
+    const down = [...this.#streams.values()].filter((st) => st.state === "down");
+    const results = await Promise.all(down.map((st) => this.#dial(st)));
+    if (this.#rc !== rc) return;
+    const fatal = results.find((r) => r.fatal);
+    if (fatal) return this.#end(fatal.fatal);
+    let ok = results.every((r) => !r.retry);
+    const stuck = this.#stuck;
+    if (ok && stuck) {
+      const r = await this.#post(stuck.msg, stuck.session);
+      if (this.#rc !== rc) return;
+      if (r.status === 0) {
+        ok = false;
+      } else {
+        this.#stuck = null;
+        stuck.done(r);
+      }
+    }
+    rc.dialing = false;
+    if (!ok) return this.#next();
+    this.#rc = null;
+    this.#cb.link({ state: "resumed" });
+    for (const resolve of this.#waiting.splice(0)) resolve();
+    // A stream that dropped (or a message that failed) while this attempt ran: again.
+    if (this.#stuck || [...this.#streams.values()].some((st) => st.state === "down")) this.#trouble(rc.close);
+  }
+
+  #end(close) {
+    if (this.#ended) return;
+    this.#ended = true;
+    clearTimeout(this.#rc?.timer);
+    this.#rc = null;
+    const err = new ConnectError("the connection ended", { ...close, opened: true });
+    for (const st of this.#streams.values()) {
+      st.stopped = true;
+      st.ctl?.abort();
+      st.rejectOpened(err);
+    }
+    this.#stuck?.done({ ok: false, status: 0 });
+    this.#stuck = null;
+    for (const resolve of this.#waiting.splice(0)) resolve();
+    this.#cb.end(close);
   }
 }
 

@@ -4,6 +4,14 @@
 // requests, cancellation, and reconnecting after a drop: acp.js resumes a
 // dropped connection when the gateway kept it (the turn goes on, nothing is
 // reloaded); when it cannot, the page connects anew and loads the session.
+//
+// Transport: a WebSocket, or Streamable HTTP (POSTs and event streams on the
+// same /acp) when connecting finds that a WebSocket cannot be opened to a
+// gateway that answers /healthz, as behind a proxy that refuses upgrades.
+// Once HTTP worked for a URL, the page stays on it (reconnects too) until
+// reloaded. ?transport=http or
+// ?transport=websocket in the page's address forces one. The connection
+// detail line says which one is in use.
 
 import { AcpConnection, AcpClient, AcpError, ConnectError, ErrorCode, backoff, gatewayUrl } from "./acp.js";
 import { Transcript } from "./transcript.js";
@@ -14,6 +22,9 @@ const CLIENT_INFO = { name: "acpgate-web", title: "acpgate web client", version:
 // What this client can do for the agent. terminal/* and elicitation are not
 // offered, so the agent never asks for them.
 const CLIENT_CAPABILITIES = { fs: { readTextFile: true, writeTextFile: true }, terminal: false };
+
+// The transport forced by the page's address (?transport=http|websocket), if any.
+const FORCED_TRANSPORT = ["http", "websocket"].find((t) => t === new URLSearchParams(location.search).get("transport")) ?? null;
 
 const $ = (id) => document.getElementById(id);
 const PROMPT_HINT = "Enter sends · Shift+Enter new line · Esc cancels";
@@ -83,6 +94,7 @@ const app = {
   lastClose: null, // {code, reason} of the close that lost the connection
   connDetail: "", // the "connected" detail line
   connectSeq: 0,
+  httpFallback: "", // the URL for which a refused WebSocket fell back to HTTP
 };
 
 // ---------------------------------------------------------------------------
@@ -190,20 +202,33 @@ async function connect({ reconnect = false } = {}) {
   if (ticket) els.ticket.value = "";
   app.usedTicket = !!ticket;
 
+  // A WebSocket first, unless HTTP is forced or already took over for this URL.
+  let transport = FORCED_TRANSPORT ?? (app.httpFallback === url ? "http" : "websocket");
+  const opts = { ...(ticket ? { ticket } : { token }), probe };
   let conn;
   try {
-    conn = await AcpConnection.open(url, { ...(ticket ? { ticket } : { token }), probe });
+    conn = await AcpConnection.open(url, { ...opts, transport });
   } catch (err) {
     if (seq !== app.connectSeq) return;
     if (!app.wantConnected) return setState("disconnected", "");
     if (!(err instanceof ConnectError)) return setState("failed", errText(err)); // e.g. a token with spaces
-    if (reconnect) {
-      // Up but refusing (a revoked token?) or still away: keep trying either way.
-      const up = (await probe(url)) === true;
-      if (seq !== app.connectSeq || !app.wantConnected) return;
-      return scheduleReconnect(up ? "The gateway is up but refused the upgrade: check the token. " : "");
+    // The upgrade failed: refused (a browser cannot see why) or nothing
+    // answers. A gateway that answers /healthz may sit behind a proxy that
+    // refuses WebSockets: try Streamable HTTP, which also tells a refused
+    // token apart. Not with a ticket (it covers one request, HTTP needs
+    // many), and not while reconnecting: a connection that was on a
+    // WebSocket stays on one (a refusal then is the gateway's, or passing).
+    const up = await probe(url);
+    if (seq !== app.connectSeq) return;
+    if (!app.wantConnected) return setState("disconnected", "");
+    if (up !== true || reconnect || FORCED_TRANSPORT || ticket) return openFailed(url, { token, ticket, reconnect, up });
+    transport = "http";
+    setState(app.state, `The WebSocket was refused; trying Streamable HTTP at ${url}`);
+    try {
+      conn = await AcpConnection.open(url, { ...opts, transport }); // opens nothing yet: initialize does
+    } catch (err2) {
+      return setState("failed", errText(err2)); // a token an Authorization header cannot carry
     }
-    return explainRefusal(url, { token, ticket });
   }
   if (!app.wantConnected || seq !== app.connectSeq || app.conn) {
     conn.close();
@@ -211,22 +236,37 @@ async function connect({ reconnect = false } = {}) {
   }
   app.conn = conn;
   wireHandlers(conn);
-  conn.onClose((c) => onClosed(conn, c));
   conn.onLink((ev) => onLink(conn, ev));
 
   const acp = new AcpClient(conn);
   try {
     await acp.initialize(CLIENT_CAPABILITIES, CLIENT_INFO);
   } catch (err) {
-    if (conn.closed) return; // onClosed takes over
+    if (conn.transport === "http" && err instanceof ConnectError && !err.opened) {
+      // Over HTTP the initialize POST is the handshake: refused (its status
+      // and message can be read), or nothing answers.
+      app.conn = null;
+      const up = err.status ? true : await probe(url);
+      if (seq !== app.connectSeq || app.conn) return;
+      if (!app.wantConnected) return setState("disconnected", "");
+      return openFailed(url, { token, ticket, reconnect, up, status: err.status, message: err.reason });
+    }
+    if (conn.closed && !(err instanceof AcpError)) return onClosed(conn, conn.closed); // dropped: as any drop
+    app.conn = null;
     setState("failed", `initialize failed: ${errText(err)}`);
     app.wantConnected = false;
     conn.close(1000, "initialize failed");
     return;
   }
+  conn.onClose((c) => onClosed(conn, c));
   app.acp = acp;
   app.attempt = 0;
-  app.connDetail = `${url} · subprotocol ${conn.protocol || "(none)"}${ticket ? " · ticket" : token ? " · bearer token" : ""}`;
+  const fellBack = transport === "http" && !FORCED_TRANSPORT;
+  if (fellBack) app.httpFallback = url;
+  const via = transport === "http"
+    ? `Streamable HTTP${fellBack ? " (the WebSocket was refused)" : ""}`
+    : `WebSocket, subprotocol ${conn.protocol || "(none)"}`;
+  app.connDetail = `${conn.url} · ${via}${ticket ? " · ticket" : token ? " · bearer token" : ""}`;
   setState("connected", app.connDetail + (conn.resumedAtOpen ? " · resumed the connection from before the reload" : ""));
   renderAgent(acp.init);
   announce(`Connected to ${agentName(acp.init)}`);
@@ -236,19 +276,38 @@ async function connect({ reconnect = false } = {}) {
   if (!reconnect) els.prompt.focus();
 }
 
-// The upgrade failed. A browser cannot see the 401/403/429 or its body, so
-// ask the gateway's health endpoint whether it is up at all.
-async function explainRefusal(url, { token, ticket }) {
-  const reachable = await probe(url);
+// Opening failed: the WebSocket upgrade, or over HTTP the initialize POST.
+// up: what probe() said (an HTTP refusal implies true); status and message:
+// what an HTTP refusal said.
+function openFailed(url, { token, ticket, reconnect, up, status = 0, message = "" }) {
+  if (reconnect) {
+    // Up but refusing (a revoked token?) or still away: keep trying either way.
+    const hint = up !== true ? ""
+      : status ? `The gateway refused the connection (HTTP ${status}${message ? `: ${message}` : ""}). `
+        : "The gateway is up but refused the upgrade: check the token. ";
+    return scheduleReconnect(hint);
+  }
+  explainRefusal(url, { token, ticket, reachable: up, status, message });
+}
+
+// The connection was refused. A browser cannot see why a WebSocket upgrade
+// failed (401/403/429, or a proxy), so the gateway's health endpoint tells
+// whether it is up at all; over HTTP the status and message are known.
+function explainRefusal(url, { token, ticket, reachable, status = 0, message = "" }) {
   app.wantConnected = false;
   if (reachable === false) {
     setState("failed", `Unreachable: nothing answers at ${url}. Is the gateway running?`);
     return;
   }
+  if (status && status !== 401 && status !== 403) {
+    setState("refused", `Refused (HTTP ${status})${message ? `: ${message}` : ""}.`);
+    return;
+  }
   const maybe = reachable === null ? " (or the gateway is unreachable)" : "";
+  const says = message && (token || status === 403) ? ` The gateway says: “${message}”` : "";
   if (ticket) setState("refused", `Refused: the ticket is invalid, expired or already used${maybe}. Tickets are single-use.`);
-  else if (token) setState("refused", `Refused: check the token${maybe}.`);
-  else setState("refused", `Refused: check the token. This gateway needs one (or does not allow this page's origin)${maybe}.`);
+  else if (token) setState("refused", `Refused: check the token${maybe}.${says}`);
+  else setState("refused", `Refused: check the token. This gateway needs one (or does not allow this page's origin)${maybe}.${says}`);
   els.auth.open = true;
   (ticket ? els.ticket : els.token).focus();
 }
@@ -751,6 +810,13 @@ els.themeBtn.addEventListener("click", () => {
   applyTheme(THEMES[(THEMES.indexOf(t) + 1) % THEMES.length]);
 });
 els.filesToggle.addEventListener("click", () => toggleFiles(els.filesPanel.hidden));
+// A page going away leaves a WebSocket to the browser (closed with 1001, the
+// gateway keeps the connection for this tab's resume after a reload). An HTTP
+// connection is not resumed across a reload: end it now (DELETE) rather than
+// leave its agent to the gateway's idle timeout.
+window.addEventListener("pagehide", () => {
+  if (app.conn?.transport === "http") app.conn.close(1000, "the page went away");
+});
 window.addEventListener("online", () => {
   if (app.state === "reconnecting") connect({ reconnect: true }); // or resume now
 });
