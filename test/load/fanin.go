@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -22,8 +23,9 @@ import (
 // time, so a stall shows up as latency instead of silently lowering the
 // rate (no coordinated omission).
 
-// faninEndpoint is one client's way to the agents: a WebSocket through the
-// gateway, or a shared stdio pipe to one of the agent processes.
+// faninEndpoint is one client's way to the agents: a WebSocket or
+// Streamable HTTP (httpEndpoint) through the gateway, or a shared stdio pipe
+// to one of the agent processes.
 type faninEndpoint interface {
 	send(msg []byte) error
 }
@@ -246,11 +248,17 @@ func (f *faninFleet) run(rate int, warmup, dur time.Duration) faninRun {
 	return r
 }
 
-// gatewayFleet connects n clients to the gateway, one session each.
-func (h *harness) gatewayFleet(gw *server, n int) (*faninFleet, error) {
+// gatewayFleet connects n clients to the gateway, one session each, over
+// mode: "ws" (a WebSocket each) or "http" (Streamable HTTP: each client
+// has its own keep-alive connections, its connection's and its session's
+// SSE streams, and POSTs its requests).
+func (h *harness) gatewayFleet(gw *server, n int, mode string) (*faninFleet, error) {
 	f := &faninFleet{name: "gateway", echo: h.echo,
 		serverPIDs: func() []int { return []int{gw.Pid()} },
 		agentPIDs:  func() []int { return descendants(gw.Pid()) }}
+	if mode == "http" {
+		f.name += httpSuffix
+	}
 	f.clients = make([]*faninClient, n)
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
@@ -262,16 +270,37 @@ func (h *harness) gatewayFleet(gw *server, n int) (*faninFleet, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			t, err := dialWS(ctx, gw.url, []string{"acp"})
+			var (
+				t   transport
+				err error
+			)
+			if mode == "http" {
+				t = newHTTPTransport(httpURL(gw.url))
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				t, err = dialWS(ctx, gw.url, []string{"acp"})
+				cancel()
+			}
 			if err == nil {
 				stop := time.AfterFunc(30*time.Second, func() { t.Close() })
 				c := &rpcClient{t: t}
 				if err = c.initialize(); err == nil {
 					var sid string
 					if sid, err = c.newSession(); err == nil {
-						f.clients[i] = &faninClient{idx: i, ep: wsEndpoint{t}, sid: sid}
+						var ep faninEndpoint
+						switch t := t.(type) {
+						case *httpTransport:
+							var e *httpEndpoint
+							if e, err = newHTTPEndpoint(t, sid, h.httpClient != "nethttp", f.fail); err == nil {
+								ep = e
+								mu.Lock()
+								f.closers = append(f.closers, e.close)
+								mu.Unlock()
+							}
+						case *wsTransport:
+							ep = wsEndpoint{t}
+						}
+						f.clients[i] = &faninClient{idx: i, ep: ep, sid: sid}
 					}
 				}
 				if !stop.Stop() {
@@ -296,6 +325,12 @@ func (h *harness) gatewayFleet(gw *server, n int) (*faninFleet, error) {
 		return nil, firstErr
 	}
 	for _, c := range f.clients {
+		if e, ok := c.ep.(*httpEndpoint); ok {
+			// The session stream's reader delivers as it reads.
+			deliver := func(msg []byte) { c.deliver(f, msg, time.Now()) }
+			e.t.onMessage.Store(&deliver)
+			continue
+		}
 		t := c.ep.(wsEndpoint).t
 		go func() {
 			for range 1 << 40 { // until the connection is closed
@@ -396,6 +431,34 @@ type faninResult struct {
 	GatewayMaxRate int        `json:"gateway_max_rate"`
 	DirectMaxRate  int        `json:"direct_max_rate"`
 	Stray          int        `json:"stray_answers"` // during the fixed-rate runs
+	// Transports are the gateway paths' transports: "ws" (Gateway,
+	// Added*, GatewaySteps, GatewayMaxRate) and "http" (HTTP). Results
+	// from before there was an HTTP path have none: "ws".
+	Transports []string   `json:"transports,omitempty"`
+	HTTP       *faninHTTP `json:"gateway_http,omitempty"`
+}
+
+// faninHTTP is the gateway over Streamable HTTP (a POST per request, the
+// answers on each client's session SSE stream), measured as the WebSocket
+// path is, with a gateway of its own: the fixed rate (pooled; minus direct
+// per percentile, in µs), then the rate search.
+type faninHTTP struct {
+	// Client is how the clients POST (-http-client): "lean" (each writes
+	// its POSTs on a keep-alive connection and reads the answers itself)
+	// or "nethttp" (Go's http.Client).
+	Client           string     `json:"client"`
+	Gateway          faninRun   `json:"gateway"`
+	AddedP50         float64    `json:"added_p50_us"`
+	AddedP99         float64    `json:"added_p99_us"`
+	AddedP999        float64    `json:"added_p999_us"`
+	AddedFromSendP99 float64    `json:"added_p99_from_send_us"`
+	Steps            []faninRun `json:"steps"`
+	MaxRate          int        `json:"max_rate"`
+}
+
+// hasWS reports whether the WebSocket gateway path ran.
+func (r *faninResult) hasWS() bool {
+	return len(r.Transports) == 0 || slices.Contains(r.Transports, "ws")
 }
 
 func (r *faninResult) problems() []string {
@@ -408,7 +471,12 @@ func (r *faninResult) problems() []string {
 			out = append(out, fmt.Sprintf("fanin %s at %d rt/s: sent %d, answered %d, errors %d %s", name, x.Rate, x.Sent, x.Answered, x.Errors, x.LastError))
 		}
 	}
-	check("gateway", r.Gateway)
+	if r.hasWS() {
+		check("gateway", r.Gateway)
+	}
+	if r.HTTP != nil {
+		check("gateway"+httpSuffix, r.HTTP.Gateway)
+	}
 	check("direct", r.Direct)
 	if r.Stray > 0 {
 		out = append(out, fmt.Sprintf("fanin: %d answers matched no request", r.Stray))
@@ -423,49 +491,104 @@ func pass(x faninRun, target time.Duration) bool {
 func (h *harness) runFanin() (*faninResult, error) {
 	c := h.c
 	res := &faninResult{Conns: c.FaninConns, Procs: c.FaninProcs, PerProc: c.FaninPerProc, Rate: c.FaninRate,
-		TargetP99US: float64(c.FaninP99Target.Microseconds())}
+		TargetP99US: float64(c.FaninP99Target.Microseconds()), Transports: h.transports}
 	if c.FaninConns > 999 {
 		return nil, errors.New("fanin: at most 999 clients (request ids carry the client number)")
 	}
 	// The per-connection message rate limit is off: this measures capacity.
-	gw, err := h.startGateway(gwConfig{minIdle: 1, maxProcs: c.FaninProcs, perProc: c.FaninPerProc, noRateLimit: true}, true)
-	if err != nil {
-		return nil, err
+	// Each transport has a gateway of its own, so that each has the pool
+	// to itself.
+	cfg := gwConfig{minIdle: 1, maxProcs: c.FaninProcs, perProc: c.FaninPerProc, noRateLimit: true}
+	var (
+		gw, hgw *server
+		gf, hf  *faninFleet
+	)
+	if h.uses("ws") {
+		var err error
+		if gw, err = h.startGateway(cfg, true); err != nil {
+			return nil, err
+		}
+		defer gw.stop()
+		if gf, err = h.gatewayFleet(gw, c.FaninConns, "ws"); err != nil {
+			return nil, fmt.Errorf("gateway clients: %w", err)
+		}
+		defer gf.close()
 	}
-	defer gw.stop()
-	gf, err := h.gatewayFleet(gw, c.FaninConns)
-	if err != nil {
-		return nil, fmt.Errorf("gateway clients: %w", err)
+	if h.uses("http") {
+		var err error
+		if hgw, err = h.startGateway(cfg, true); err != nil {
+			return nil, err
+		}
+		defer hgw.stop()
+		if hf, err = h.gatewayFleet(hgw, c.FaninConns, "http"); err != nil {
+			return nil, fmt.Errorf("gateway clients over HTTP: %w", err)
+		}
+		defer hf.close()
+		res.HTTP = &faninHTTP{Client: h.httpClient}
 	}
-	defer gf.close()
 	df, err := h.directFleet(c.FaninConns, c.FaninProcs, c.FaninPerProc)
 	if err != nil {
 		return nil, fmt.Errorf("direct clients: %w", err)
 	}
 	defer df.close()
-	procs := len(h.agentPIDs(gw.Pid()))
-	fmt.Fprintf(h.log, "load: fanin: %d clients connected; the gateway runs %d agent processes\n", c.FaninConns, procs)
+	for _, g := range []struct {
+		f   *faninFleet
+		srv *server
+	}{{gf, gw}, {hf, hgw}} {
+		if g.f != nil {
+			fmt.Fprintf(h.log, "load: fanin: %d clients connected to the %s path; its gateway runs %d agent processes\n",
+				c.FaninConns, g.f.name, len(h.agentPIDs(g.srv.Pid())))
+		}
+	}
 
-	// A short warm-up of both paths, then the fixed rate, the paths
+	// A short warm-up of every path, then the fixed rate, the paths
 	// interleaved, repetitions pooled.
-	gf.run(c.FaninRate, 0, c.FaninWarmup)
-	df.run(c.FaninRate, 0, c.FaninWarmup)
-	var gs, ds, gsv, dsv []time.Duration
+	fleets := []*faninFleet{}
+	for _, f := range []*faninFleet{gf, hf, df} {
+		if f != nil {
+			fleets = append(fleets, f)
+		}
+	}
+	for _, f := range fleets {
+		f.run(c.FaninRate, 0, c.FaninWarmup)
+	}
+	pooled := make([]faninRun, len(fleets))
+	samples := make([][]time.Duration, len(fleets))
+	svc := make([][]time.Duration, len(fleets))
 	for rep := 0; rep < c.FaninReps; rep++ {
 		fmt.Fprintf(h.log, "load: fanin %d rt/s, run %d\n", c.FaninRate, rep+1)
-		g := gf.run(c.FaninRate, c.FaninWarmup, c.FaninDuration)
-		d := df.run(c.FaninRate, c.FaninWarmup, c.FaninDuration)
-		gs, ds = append(gs, g.samples...), append(ds, d.samples...)
-		gsv, dsv = append(gsv, g.svcSamples...), append(dsv, d.svcSamples...)
-		res.Gateway = mergeRuns(res.Gateway, g, rep)
-		res.Direct = mergeRuns(res.Direct, d, rep)
+		for i, f := range fleets {
+			x := f.run(c.FaninRate, c.FaninWarmup, c.FaninDuration)
+			samples[i], svc[i] = append(samples[i], x.samples...), append(svc[i], x.svcSamples...)
+			pooled[i] = mergeRuns(pooled[i], x, rep)
+		}
 	}
-	res.Gateway.Latency, res.Direct.Latency = summarize(gs), summarize(ds)
-	res.Gateway.FromSend, res.Direct.FromSend = summarize(gsv), summarize(dsv)
-	res.AddedFromSendP99 = res.Gateway.FromSend.P99 - res.Direct.FromSend.P99
-	res.AddedP50 = res.Gateway.Latency.P50 - res.Direct.Latency.P50
-	res.AddedP99 = res.Gateway.Latency.P99 - res.Direct.Latency.P99
-	res.AddedP999 = res.Gateway.Latency.P999 - res.Direct.Latency.P999
+	for i, f := range fleets {
+		x := pooled[i]
+		x.Latency, x.FromSend = summarize(samples[i]), summarize(svc[i])
+		x.samples, x.svcSamples = nil, nil // summarized: let them go
+		switch f {
+		case gf:
+			res.Gateway = x
+		case hf:
+			res.HTTP.Gateway = x
+		case df:
+			res.Direct = x
+		}
+	}
+	samples, svc = nil, nil
+	if gf != nil {
+		res.AddedFromSendP99 = res.Gateway.FromSend.P99 - res.Direct.FromSend.P99
+		res.AddedP50 = res.Gateway.Latency.P50 - res.Direct.Latency.P50
+		res.AddedP99 = res.Gateway.Latency.P99 - res.Direct.Latency.P99
+		res.AddedP999 = res.Gateway.Latency.P999 - res.Direct.Latency.P999
+	}
+	if x := res.HTTP; x != nil {
+		x.AddedFromSendP99 = x.Gateway.FromSend.P99 - res.Direct.FromSend.P99
+		x.AddedP50 = x.Gateway.Latency.P50 - res.Direct.Latency.P50
+		x.AddedP99 = x.Gateway.Latency.P99 - res.Direct.Latency.P99
+		x.AddedP999 = x.Gateway.Latency.P999 - res.Direct.Latency.P999
+	}
 
 	// Rate search, each path on its own (an overloaded step leaves a
 	// backlog, so a path's search ends at its first failure).
@@ -501,18 +624,31 @@ func (h *harness) runFanin() (*faninResult, error) {
 	// Answers matching no request, so far: there should be none. (In the
 	// rate search, answers that come after a failed step's grace period
 	// are expected strays, so it is not counted.)
-	for _, cl := range append(gf.clients, df.clients...) {
-		cl.mu.Lock()
-		res.Stray += cl.stray
-		cl.mu.Unlock()
+	for _, f := range fleets {
+		for _, cl := range f.clients {
+			cl.mu.Lock()
+			res.Stray += cl.stray
+			cl.mu.Unlock()
+		}
 	}
-	// The raw samples are summarized: let them go.
-	res.Gateway.samples, res.Direct.samples, res.Gateway.svcSamples, res.Direct.svcSamples = nil, nil, nil, nil
-	res.GatewayMaxRate = search(gf, &res.GatewaySteps)
-	gf.close()
-	gw.stop() // its backlog must not load the direct search
+	// A gateway's backlog must not load the next path's search: each
+	// gateway stops when its search is done.
+	if gf != nil {
+		res.GatewayMaxRate = search(gf, &res.GatewaySteps)
+		gf.close()
+		gw.stop()
+	}
+	if hf != nil {
+		res.HTTP.MaxRate = search(hf, &res.HTTP.Steps)
+		hf.close()
+		hgw.stop()
+	}
 	res.DirectMaxRate = search(df, &res.DirectSteps)
-	for _, steps := range [][]faninRun{res.GatewaySteps, res.DirectSteps} {
+	steps := [][]faninRun{res.GatewaySteps, res.DirectSteps}
+	if res.HTTP != nil {
+		steps = append(steps, res.HTTP.Steps)
+	}
+	for _, steps := range steps {
 		for i := range steps {
 			steps[i].samples, steps[i].svcSamples = nil, nil
 		}
@@ -540,8 +676,19 @@ func mergeRuns(acc, x faninRun, rep int) faninRun {
 }
 
 func (r *faninResult) print(w io.Writer) {
-	fmt.Fprintf(w, "\nFANIN: %d WebSocket clients, one session each, %d agent processes (≤ %d sessions each), open-loop echo round trips\n",
-		r.Conns, r.Procs, r.PerProc)
+	if r.HTTP == nil {
+		fmt.Fprintf(w, "\nFANIN: %d WebSocket clients, one session each, %d agent processes (≤ %d sessions each), open-loop echo round trips\n",
+			r.Conns, r.Procs, r.PerProc)
+	} else {
+		client := "each client writes its POSTs on a keep-alive connection of its own and reads the answers itself"
+		if r.HTTP.Client == "nethttp" {
+			client = "the clients POST with Go's http.Client"
+		}
+		fmt.Fprintf(w, "\nFANIN: %d clients per gateway path, one session each, %d agent processes (≤ %d sessions each), open-loop echo round trips\n"+
+			"(\"gateway\": WebSocket clients; \"gateway (HTTP)\": Streamable HTTP clients, a POST per request, the answers on each session's SSE stream;\n"+
+			"%s (-http-client %s); each path has a gateway of its own)\n",
+			r.Conns, r.Procs, r.PerProc, client, r.HTTP.Client)
+	}
 	tw := newTable(w)
 	fmt.Fprintln(tw, "rate\tpath\tround trips\tp50\tp99\tp99.9\tmax\tCPU/rt: gateway\tagents\tclients\tsend late p99\t")
 	row := func(name string, x faninRun) {
@@ -553,18 +700,38 @@ func (r *faninResult) print(w io.Writer) {
 			fmtUS(x.Latency.P999), fmtUS(x.Latency.Max), srv, x.AgentCPUUS, x.ClientCPUUS, fmtUS(x.SendLateness.P99))
 	}
 	row("direct", r.Direct)
-	row("gateway", r.Gateway)
-	fmt.Fprintf(tw, "\tgateway − direct\t\t%s\t%s\t%s\t\t\t\t\t\t\n", fmtUS(r.AddedP50), fmtUS(r.AddedP99), fmtUS(r.AddedP999))
+	if r.hasWS() {
+		row("gateway", r.Gateway)
+		fmt.Fprintf(tw, "\tgateway − direct\t\t%s\t%s\t%s\t\t\t\t\t\t\n", fmtUS(r.AddedP50), fmtUS(r.AddedP99), fmtUS(r.AddedP999))
+	}
+	if x := r.HTTP; x != nil {
+		row("gateway"+httpSuffix, x.Gateway)
+		fmt.Fprintf(tw, "\tgateway (HTTP) − direct\t\t%s\t%s\t%s\t\t\t\t\t\t\n", fmtUS(x.AddedP50), fmtUS(x.AddedP99), fmtUS(x.AddedP999))
+	}
 	tw.Flush()
-	fmt.Fprintf(w, "from the actual send times (without the harness's sending delay): p50 direct %s, gateway %s; p99 direct %s, gateway %s (%+.0f µs)\n",
-		fmtUS(r.Direct.FromSend.P50), fmtUS(r.Gateway.FromSend.P50), fmtUS(r.Direct.FromSend.P99), fmtUS(r.Gateway.FromSend.P99), r.AddedFromSendP99)
+	if r.hasWS() {
+		fmt.Fprintf(w, "from the actual send times (without the harness's sending delay): p50 direct %s, gateway %s; p99 direct %s, gateway %s (%+.0f µs)\n",
+			fmtUS(r.Direct.FromSend.P50), fmtUS(r.Gateway.FromSend.P50), fmtUS(r.Direct.FromSend.P99), fmtUS(r.Gateway.FromSend.P99), r.AddedFromSendP99)
+	}
+	if x := r.HTTP; x != nil {
+		fmt.Fprintf(w, "from the actual send times, over HTTP (the dispatcher queues each request for its client's POST): p50 %s, p99 %s (%+.0f µs against direct)\n",
+			fmtUS(x.Gateway.FromSend.P50), fmtUS(x.Gateway.FromSend.P99), x.AddedFromSendP99)
+	}
 	fmt.Fprintf(w, "\nrate search (p99 < %s, every request answered):\n", fmtUS(r.TargetP99US))
 	tw = newTable(w)
 	fmt.Fprintln(tw, "path\trate\tp50\tp99\tp99.9\tmissing\tCPU/rt: gateway\tagents\tclients\tsend late p99\tresult\t")
-	for _, s := range []struct {
+	type pathSteps struct {
 		name  string
 		steps []faninRun
-	}{{"gateway", r.GatewaySteps}, {"direct", r.DirectSteps}} {
+	}
+	var paths []pathSteps
+	if r.hasWS() {
+		paths = append(paths, pathSteps{"gateway", r.GatewaySteps})
+	}
+	if r.HTTP != nil {
+		paths = append(paths, pathSteps{"gateway" + httpSuffix, r.HTTP.Steps})
+	}
+	for _, s := range append(paths, pathSteps{"direct", r.DirectSteps}) {
 		for _, x := range s.steps {
 			verdict := "ok"
 			if !pass(x, time.Duration(r.TargetP99US)*time.Microsecond) {
@@ -579,7 +746,14 @@ func (r *faninResult) print(w io.Writer) {
 		}
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "highest rate sustained: gateway %d rt/s, direct %d rt/s\n", r.GatewayMaxRate, r.DirectMaxRate)
+	switch {
+	case r.HTTP == nil:
+		fmt.Fprintf(w, "highest rate sustained: gateway %d rt/s, direct %d rt/s\n", r.GatewayMaxRate, r.DirectMaxRate)
+	case r.hasWS():
+		fmt.Fprintf(w, "highest rate sustained: gateway %d rt/s, gateway (HTTP) %d rt/s, direct %d rt/s\n", r.GatewayMaxRate, r.HTTP.MaxRate, r.DirectMaxRate)
+	default:
+		fmt.Fprintf(w, "highest rate sustained: gateway (HTTP) %d rt/s, direct %d rt/s\n", r.HTTP.MaxRate, r.DirectMaxRate)
+	}
 }
 
 // dispatch sends every request of the step at its intended time and

@@ -16,13 +16,7 @@ func TestQuick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts gateways and thousands of connections; skipped with -short")
 	}
-	dir := t.TempDir()
-	loadBin, gwBin := filepath.Join(dir, "load"), filepath.Join(dir, "acpgate")
-	for _, b := range [][]string{{loadBin, "."}, {gwBin, "github.com/acpgate/acpgate/cmd/acpgate"}} {
-		if out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b[1], err, out)
-		}
-	}
+	dir, loadBin, gwBin := buildQuick(t)
 	for _, scenario := range []string{"stream", "fanin", "idle", "setup"} {
 		t.Run(scenario, func(t *testing.T) {
 			out := filepath.Join(dir, scenario+".json")
@@ -45,7 +39,7 @@ func TestQuick(t *testing.T) {
 			}
 			switch scenario {
 			case "stream":
-				checkStream(t, res.Stream)
+				checkStream(t, res.Stream, "gateway")
 			case "fanin":
 				checkFanin(t, res.Fanin)
 			case "idle":
@@ -60,7 +54,112 @@ func TestQuick(t *testing.T) {
 	}
 }
 
-func checkStream(t *testing.T, r *streamResult) {
+// buildQuick builds the harness and the gateway into a test directory.
+func buildQuick(t *testing.T) (dir, loadBin, gwBin string) {
+	dir = t.TempDir()
+	loadBin, gwBin = filepath.Join(dir, "load"), filepath.Join(dir, "acpgate")
+	for _, b := range [][]string{{loadBin, "."}, {gwBin, "github.com/acpgate/acpgate/cmd/acpgate"}} {
+		if out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b[1], err, out)
+		}
+	}
+	return dir, loadBin, gwBin
+}
+
+// TestQuickHTTP runs the stream and fanin scenarios in -quick mode with the
+// gateway paths over Streamable HTTP (-transport http) against the real
+// binary: every chunk arrives on the session's SSE stream, in order, and
+// every POSTed round trip is answered. The fan-in runs with both ways of
+// POSTing (-http-client lean, the default, and nethttp). Like TestQuick, it
+// asserts no performance figure. It takes about 30 s; the harness stops
+// everything after 2 minutes.
+func TestQuickHTTP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts gateways and hundreds of HTTP connections; skipped with -short")
+	}
+	dir, loadBin, gwBin := buildQuick(t)
+	run := func(t *testing.T, name string, args ...string) *results {
+		out := filepath.Join(dir, name+".json")
+		args = append([]string{"-transport", "http", "-quick", "-out", out, "-gateway-bin", gwBin, "-timeout", "2m"}, args...)
+		cmd := exec.Command(loadBin, args...)
+		cmd.Dir = dir
+		output, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("load %q: %v\n%s", args, err, output)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res results
+		if err := json.Unmarshal(b, &res); err != nil {
+			t.Fatalf("results: %v", err)
+		}
+		if len(res.Errors) > 0 || !res.Quick || len(res.Transports) != 1 || res.Transports[0] != "http" {
+			t.Fatalf("errors %q, quick %v, transports %q\n%s", res.Errors, res.Quick, res.Transports, output)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("output:\n%s", output)
+			}
+		})
+		return &res
+	}
+	t.Run("stream,fanin", func(t *testing.T) {
+		res := run(t, "http", "-scenario", "stream,fanin")
+		checkStream(t, res.Stream, "gateway (HTTP)")
+		if res.Stream != nil {
+			for _, c := range res.Stream.Cases {
+				for _, p := range c.Paths {
+					if p.Path == "gateway" {
+						t.Errorf("stream %d B: a WebSocket gateway path with -transport http", c.Size)
+					}
+					if p.Path == "gateway (HTTP)" && p.Transport != "http" {
+						t.Errorf("stream %d B: the HTTP path says transport %q", c.Size, p.Transport)
+					}
+				}
+			}
+			// 2,000 chunks of 20 KiB are less than the default 64 MiB the
+			// HTTP sink may hold, whatever the pace.
+			if d := res.Stream.DefaultLimitsHTTP; d == nil || d.Msgs != res.Counts.LargeChunks || !d.InOrder {
+				t.Errorf("stream over HTTP with the default limits: %+v", d)
+			}
+		}
+		checkFaninHTTP(t, res.Fanin, "lean")
+	})
+	t.Run("fanin-nethttp", func(t *testing.T) {
+		res := run(t, "nethttp", "-scenario", "fanin", "-http-client", "nethttp", "-profile=false")
+		checkFaninHTTP(t, res.Fanin, "nethttp")
+	})
+}
+
+func checkFaninHTTP(t *testing.T, r *faninResult, client string) {
+	if r == nil || r.HTTP == nil {
+		t.Fatal("fanin: no HTTP result")
+	}
+	if r.HTTP.Client != client {
+		t.Errorf("fanin: HTTP client %q, want %q", r.HTTP.Client, client)
+	}
+	for name, x := range map[string]faninRun{"gateway (HTTP)": r.HTTP.Gateway, "direct": r.Direct} {
+		if x.Sent == 0 || x.Answered != x.Sent || x.Missing != 0 || x.Errors != 0 || x.Latency.N == 0 || x.Latency.P50 <= 0 {
+			t.Errorf("fanin %s: sent %d, answered %d, missing %d, errors %d (%s), %d samples",
+				name, x.Sent, x.Answered, x.Missing, x.Errors, x.LastError, x.Latency.N)
+		}
+	}
+	if r.Gateway.Sent != 0 || len(r.GatewaySteps) != 0 {
+		t.Errorf("fanin: a WebSocket gateway path ran with -transport http")
+	}
+	if len(r.HTTP.Steps) == 0 || len(r.DirectSteps) == 0 {
+		t.Errorf("fanin: no rate search steps")
+	}
+	if r.Stray != 0 {
+		t.Errorf("fanin: %d answers matched no request", r.Stray)
+	}
+}
+
+// checkStream checks that every path ran and every run got every chunk in
+// order, and that the direct path and the gateway path named ran.
+func checkStream(t *testing.T, r *streamResult, gateway string) {
 	if r == nil || len(r.Cases) != 2 {
 		t.Fatalf("stream: want 2 cases, have %+v", r)
 	}
@@ -78,7 +177,7 @@ func checkStream(t *testing.T, r *streamResult) {
 				}
 			}
 		}
-		if !paths["gateway"] || !paths["direct (stdio)"] {
+		if !paths[gateway] || !paths["direct (stdio)"] {
 			t.Errorf("stream %d B: paths %v", c.Size, paths)
 		}
 	}

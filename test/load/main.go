@@ -4,6 +4,7 @@
 //
 //	go run ./test/load -scenario stream|fanin|idle|setup|all [-quick] [-out results.json]
 //	go run ./test/load -scenario setup -setup-paths mixed [-quick] [-out results.json]
+//	go run ./test/load -scenario stream,fanin -transport both [-quick] [-out results.json]
 //
 //	stream  one client, one session, a long agent_message_chunk stream
 //	        (300 B and 20 KB messages): gateway vs websocketd vs direct stdio
@@ -15,6 +16,11 @@
 //	        1,000 clients one after another with mixed fs capabilities
 //	        through a 2-process pool, with the gateway's spawn count.
 //	        -setup-paths warm,cold,direct,mixed runs only those paths
+//
+// -transport http (or both) runs the gateway paths of stream and fanin over
+// Streamable HTTP as well as, or instead of, a WebSocket: each client
+// message a POST, the gateway's messages on SSE streams ("gateway (HTTP)"
+// in the results; "gateway" is always the WebSocket path).
 //
 // It prints a table and writes the figures, the machine and the exact
 // command line to a JSON file. -quick uses small counts (well under a
@@ -122,6 +128,8 @@ type harness struct {
 	quick      bool
 	profile    string          // CPU profile file prefix ("" = none)
 	setupPaths map[string]bool // -setup-paths (nil = all)
+	transports []string        // -transport: "ws", "http" or both, in that order
+	httpClient string          // -http-client: "lean" or "nethttp"
 	log        io.Writer
 	// What the binary's configuration accepts (probeConfig).
 	noRateKey, noPolicyKey bool
@@ -148,6 +156,23 @@ type results struct {
 	Errors     []string              `json:"errors"`
 	Notes      []string              `json:"notes,omitempty"`
 	Extension  string                `json:"extension_method"`
+	// Transports are the client transports of the gateway paths in the
+	// stream and fanin scenarios: "ws", "http".
+	Transports []string `json:"transports"`
+}
+
+// httpSuffix names a gateway path over Streamable HTTP.
+const httpSuffix = " (HTTP)"
+
+// uses reports whether the gateway paths run over transport t.
+func (h *harness) uses(t string) bool { return slices.Contains(h.transports, t) }
+
+// httpURL is a gateway's Streamable HTTP endpoint: the same /acp.
+func httpURL(wsURL string) string {
+	if rest, ok := strings.CutPrefix(wsURL, "ws://"); ok {
+		return "http://" + rest
+	}
+	return wsURL
 }
 
 func harnessMain(args []string, stdout, stderr io.Writer) int {
@@ -164,7 +189,10 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	idleConns := fs.Int("idle-conns", 0, "idle: connections (default 10000, 1000 with -quick)")
 	reps := fs.Int("reps", 0, "stream and fanin: repetitions per path (default 5 and 3, 1 with -quick)")
 	rate := fs.Int("rate", 0, "fanin: the fixed total rate, round trips/s (default 2000, 1000 with -quick)")
+	p99Target := fs.Duration("p99-target", 0, "fanin: the p99 a rate search step must stay under (default 5ms)")
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
+	transport := fs.String("transport", "ws", "stream and fanin: the gateway paths' client transport: ws (WebSocket), http (Streamable HTTP: POST, SSE) or both")
+	httpClient := fs.String("http-client", "lean", "fanin over HTTP: how clients POST: lean (each writes its POSTs on a keep-alive connection and reads the answers itself) or nethttp (Go's http.Client)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -187,6 +215,9 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if *rate > 0 {
 		c.FaninRate = min(*rate, 1_000_000)
+	}
+	if *p99Target > 0 {
+		c.FaninP99Target = min(*p99Target, time.Minute)
 	}
 	want := map[string]bool{}
 	for s := range strings.SplitSeq(*scenario, ",") {
@@ -216,6 +247,20 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	var transports []string
+	switch *transport {
+	case "ws", "http":
+		transports = []string{*transport}
+	case "both", "ws,http", "http,ws":
+		transports = []string{"ws", "http"}
+	default:
+		fmt.Fprintf(stderr, "load: unknown transport %q (ws, http, both)\n", *transport)
+		return 2
+	}
+	if *httpClient != "lean" && *httpClient != "nethttp" {
+		fmt.Fprintf(stderr, "load: unknown HTTP client %q (lean, nethttp)\n", *httpClient)
+		return 2
+	}
 	if *timeout == 0 {
 		*timeout = 30 * time.Minute
 		if *quick {
@@ -230,8 +275,8 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	defer watchdog.Stop()
 
 	res := &results{Command: commandLine(), Argv: os.Args, Started: time.Now().UTC(), Quick: *quick, Counts: c, Errors: []string{}, Extension: echoMethod,
-		Background: map[string]background{}}
-	h := &harness{c: c, quick: *quick, log: stderr, echo: echoMethod, setupPaths: onlyPaths}
+		Background: map[string]background{}, Transports: transports}
+	h := &harness{c: c, quick: *quick, log: stderr, echo: echoMethod, setupPaths: onlyPaths, transports: transports, httpClient: *httpClient}
 	var err error
 	if h.exe, err = os.Executable(); err != nil {
 		fmt.Fprintln(stderr, "load:", err)

@@ -74,6 +74,12 @@ var leafRules = []rule{
 		"github.com/acpgate/acpgate/proxy/jsonrpc.Append", "github.com/acpgate/acpgate/proxy/jsonrpc.SortEdits", "slices.", "sort."}},
 	{"stdio line framing", []string{"github.com/acpgate/acpgate/proxy/jsonrpc.(*LineReader)", "bufio.(*Reader)"}},
 	{"WebSocket framing (coder/websocket)", []string{"github.com/coder/websocket", "bufio.(*Writer)"}},
+	// The Streamable HTTP transport: its sink decodes each message with
+	// encoding/json to route it; net/http frames the POSTs and the SSE
+	// streams (in those stacks bufio.(*Writer) is net/http's: see
+	// httpLeafRules).
+	{"encoding/json (decoding to route)", []string{"encoding/json."}},
+	{"HTTP and SSE framing (net/http)", []string{"net/http.", "net/textproto.", "mime.", "net/url.", "github.com/go-chi/"}},
 	{"channels, locks, context", []string{"runtime.chansend", "runtime.chanrecv", "runtime.selectgo", "runtime.selectnb",
 		"runtime.semacquire", "runtime.semrelease", "runtime.closechan", "runtime.lock", "runtime.unlock",
 		"sync.", "internal/sync.", "context.", "sync/atomic."}},
@@ -83,6 +89,34 @@ var leafRules = []rule{
 	{"relay logic (routing, maps, queues)", []string{"github.com/acpgate/acpgate/", "runtime.mapaccess",
 		"runtime.mapassign", "runtime.mapdelete", "internal/runtime/maps.", "runtime.slicebytetostring",
 		"runtime.concatstring", "runtime.memequal", "runtime.strhash", "runtime.memhash", "runtime.aeshash"}},
+}
+
+// httpLeafRules are leafRules for a stack under net/http (a POST or an SSE
+// stream): a buffered write there is HTTP framing, not WebSocket framing.
+var httpLeafRules = func() []rule {
+	out := make([]rule, 0, len(leafRules))
+	for _, r := range leafRules {
+		if strings.HasPrefix(r.category, "WebSocket framing") {
+			r = rule{r.category, []string{"github.com/coder/websocket"}}
+		}
+		if strings.HasPrefix(r.category, "HTTP and SSE framing") {
+			r = rule{r.category, append([]string{"bufio.(*Writer)"}, r.match...)}
+		}
+		out = append(out, r)
+	}
+	return out
+}()
+
+// underHTTP reports whether a stack is net/http's: serving a POST or an SSE
+// stream (a WebSocket's reader and writer run apart from net/http once the
+// connection is upgraded).
+func underHTTP(frames []string) bool {
+	for _, fn := range frames {
+		if strings.HasPrefix(fn, "net/http.") {
+			return true
+		}
+	}
+	return false
 }
 
 // transparent frames are charged to their callers.
@@ -108,6 +142,8 @@ var goroutineRoles = []rule{
 	{"agent stdout reader (scan, route, queue)", []string{"github.com/acpgate/acpgate/proxy.(*agentProc).readLoop"}},
 	{"WebSocket writer (frame, write)", []string{"github.com/acpgate/acpgate/gateway.(*wsConn).writeLoop"}},
 	{"WebSocket reader (client → agent)", []string{"github.com/acpgate/acpgate/gateway.(*wsConn).readLoop"}},
+	{"SSE stream writer (handleSSE)", []string{"github.com/acpgate/acpgate/gateway.(*Server).handleSSE"}},
+	{"HTTP POST handler (client → agent)", []string{"github.com/acpgate/acpgate/gateway.(*Server).handleHTTPPost"}},
 	{"agent stdin writer", []string{"github.com/acpgate/acpgate/proxy.(*agentProc).writeLoop"}},
 	{"GC workers", []string{"runtime.gcBgMarkWorker", "runtime.bgsweep", "runtime.bgscavenge"}},
 	{"scheduler, idle Ps, timers (no goroutine)", []string{"runtime.mstart", "runtime.mcall", "runtime.schedule", "runtime.morestack"}},
@@ -132,11 +168,15 @@ func classify(frames []string) string {
 			}
 		}
 	}
+	rules := leafRules
+	if underHTTP(frames) {
+		rules = httpLeafRules
+	}
 	for _, fn := range frames {
 		if matches(fn, transparent) {
 			continue
 		}
-		for _, r := range leafRules {
+		for _, r := range rules {
 			if matches(fn, r.match) {
 				return r.category
 			}
@@ -237,6 +277,9 @@ func parseTraces(r io.Reader) (*profileResult, error) {
 						break kinds
 					}
 				}
+			}
+			if underHTTP(t.frames) { // the same socket calls, for HTTP
+				k = strings.Replace(k, "WebSocket", "HTTP/SSE", 1)
 			}
 			sys[k] += t.v
 		}

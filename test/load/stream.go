@@ -40,15 +40,16 @@ type streamReady struct {
 	Error    string `json:"error,omitempty"`
 }
 
-// streamClientMain connects (WebSocket URL, or the agent over stdio),
-// initializes, opens a session, says it is ready, waits for "go" on stdin,
-// streams one prompt, prints the streamRun, and waits for stdin to end.
+// streamClientMain connects (WebSocket URL, Streamable HTTP URL, or the
+// agent over stdio), initializes, opens a session, says it is ready, waits
+// for "go" on stdin, streams one prompt, prints the streamRun, and waits
+// for stdin to end.
 // Running the client in its own process keeps its CPU time and its
 // goroutines apart from the gateway's and the harness's.
 func streamClientMain(args []string) int {
 	fs := flag.NewFlagSet("load stream-client", flag.ContinueOnError)
-	mode := fs.String("mode", "ws", "ws or stdio")
-	url := fs.String("url", "", "WebSocket URL (ws)")
+	mode := fs.String("mode", "ws", "ws, http or stdio")
+	url := fs.String("url", "", "WebSocket URL (ws) or the gateway's http://…/acp (http)")
 	sub := fs.String("subprotocol", "", "WebSocket subprotocol to offer")
 	chunks := fs.Int("chunks", 1000, "chunks to ask for")
 	size := fs.Int("size", 300, "bytes per chunk")
@@ -79,6 +80,10 @@ func streamClientMain(args []string) int {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		t, err = dialWS(ctx, *url, subs)
 		cancel()
+	case "http":
+		// Connected by initialize: its POST opens the connection, and
+		// session/new's answer opens the session's stream.
+		t = newHTTPTransport(*url)
 	case "stdio":
 		exe, _ := os.Executable()
 		var st *stdioTransport
@@ -199,8 +204,12 @@ type streamSample struct {
 }
 
 type streamPath struct {
-	Path    string         `json:"path"`
-	Samples []streamSample `json:"samples"`
+	Path string `json:"path"`
+	// Transport is how the client reached the agent: "ws" (the gateway
+	// and websocketd), "http" (the gateway's Streamable HTTP: POST, SSE)
+	// or "stdio" (direct).
+	Transport string         `json:"transport,omitempty"`
+	Samples   []streamSample `json:"samples"`
 	// Medians over the samples.
 	MsgsPerSec  float64 `json:"msgs_per_s"`
 	MinMsgs     float64 `json:"min_msgs_per_s"`
@@ -219,11 +228,18 @@ type streamCase struct {
 	// Throughput ratios (msgs/s): gateway over direct and over websocketd.
 	GatewayVsDirect     float64 `json:"gateway_vs_direct"`
 	GatewayVsWebsocketd float64 `json:"gateway_vs_websocketd"`
+	// With -transport http or both: the gateway over Streamable HTTP
+	// ("gateway (HTTP)") over the same gateway over a WebSocket, and over
+	// websocketd.
+	HTTPVsWS         float64 `json:"gateway_http_vs_ws,omitempty"`
+	HTTPVsWebsocketd float64 `json:"gateway_http_vs_websocketd,omitempty"`
 	// Peak RSS (VmHWM) of the gateway and websocketd processes after this
 	// case (cumulative over the cases run so far): what queueing costs.
 	GatewayPeakRSS    int64          `json:"gateway_peak_rss_bytes"`
 	WebsocketdPeakRSS int64          `json:"websocketd_peak_rss_bytes,omitempty"`
 	Profile           *profileResult `json:"profile,omitempty"`
+	// The same in-process gateway's profile with the client on HTTP.
+	ProfileHTTP *profileResult `json:"profile_http,omitempty"`
 }
 
 type streamResult struct {
@@ -232,6 +248,10 @@ type streamResult struct {
 	// default send queue (limits.send_queue_messages 4096): how far it got.
 	// The measured gateways have a queue sized for the whole stream.
 	DefaultLimits *streamRun `json:"default_limits,omitempty"`
+	// DefaultLimitsHTTP is the same over Streamable HTTP, whose sink
+	// applies limits.send_queue_bytes (64 MiB by default) to what its SSE
+	// streams hold: the large chunks, where bytes matter.
+	DefaultLimitsHTTP *streamRun `json:"default_limits_http,omitempty"`
 }
 
 func (r *streamResult) problems() []string {
@@ -292,11 +312,22 @@ func (h *harness) runStream() (*streamResult, error) {
 	if g, err := h.startGateway(gwConfig{minIdle: 1, maxProcs: 4, perProc: 32}, true); err != nil {
 		errs = append(errs, err.Error())
 	} else {
-		fmt.Fprintf(h.log, "load: stream %d × %d B via a gateway with the default send queue\n", h.c.SmallChunks, h.c.SmallSize)
-		if s, err := h.streamClient("ws", g.url, "acp", g, h.c.SmallChunks, h.c.SmallSize); err != nil {
-			errs = append(errs, "default limits: "+err.Error())
-		} else {
-			res.DefaultLimits = &s.streamRun
+		if h.uses("ws") {
+			fmt.Fprintf(h.log, "load: stream %d × %d B via a gateway with the default send queue\n", h.c.SmallChunks, h.c.SmallSize)
+			if s, err := h.streamClient("ws", g.url, "acp", g, h.c.SmallChunks, h.c.SmallSize); err != nil {
+				errs = append(errs, "default limits: "+err.Error())
+			} else {
+				res.DefaultLimits = &s.streamRun
+			}
+		}
+		if h.uses("http") {
+			// A stream cut short is the finding here, not an error.
+			fmt.Fprintf(h.log, "load: stream %d × %d B via a gateway with the default send queue, over HTTP\n", h.c.LargeChunks, h.c.LargeSize)
+			if s, err := h.streamClient("http", httpURL(g.url), "", g, h.c.LargeChunks, h.c.LargeSize); err != nil {
+				errs = append(errs, "default limits over HTTP: "+err.Error())
+			} else {
+				res.DefaultLimitsHTTP = &s.streamRun
+			}
 		}
 		g.stop()
 	}
@@ -311,12 +342,23 @@ func (h *harness) runStream() (*streamResult, error) {
 		if wsd != nil {
 			targets = append(targets, target{path: "websocketd", mode: "ws", url: wsd.url, srv: wsd})
 		}
-		targets = append(targets, target{path: "gateway", mode: "ws", url: gw.url, sub: "acp", srv: gw})
+		// "gateway" is the WebSocket path, as in every earlier result;
+		// "gateway (HTTP)" is the same gateway over Streamable HTTP.
+		gws := []*server{gw}
+		names := []string{"gateway"}
 		for i, g := range others {
-			targets = append(targets, target{path: "gateway " + filepath.Base(h.otherBins[i]), mode: "ws", url: g.url, sub: "acp", srv: g})
+			gws, names = append(gws, g), append(names, "gateway "+filepath.Base(h.otherBins[i]))
+		}
+		for i, g := range gws {
+			if h.uses("ws") {
+				targets = append(targets, target{path: names[i], mode: "ws", url: g.url, sub: "acp", srv: g})
+			}
+			if h.uses("http") {
+				targets = append(targets, target{path: names[i] + httpSuffix, mode: "http", url: httpURL(g.url), srv: g})
+			}
 		}
 		for _, t := range targets {
-			c.Paths = append(c.Paths, &streamPath{Path: t.path})
+			c.Paths = append(c.Paths, &streamPath{Path: t.path, Transport: t.mode})
 		}
 		for rep := 0; rep < h.c.StreamReps; rep++ {
 			for i, t := range targets {
@@ -346,12 +388,25 @@ func (h *harness) runStream() (*streamResult, error) {
 		if g, w := byName["gateway"], byName["websocketd"]; g != nil && w != nil && w.MsgsPerSec > 0 {
 			c.GatewayVsWebsocketd = g.MsgsPerSec / w.MsgsPerSec
 		}
-		if h.profile != "" {
-			p, err := h.profileStream(cfg, c)
+		if g, ws := byName["gateway"+httpSuffix], byName["gateway"]; g != nil && ws != nil && ws.MsgsPerSec > 0 {
+			c.HTTPVsWS = g.MsgsPerSec / ws.MsgsPerSec
+		}
+		if g, w := byName["gateway"+httpSuffix], byName["websocketd"]; g != nil && w != nil && w.MsgsPerSec > 0 {
+			c.HTTPVsWebsocketd = g.MsgsPerSec / w.MsgsPerSec
+		}
+		if h.profile != "" && h.uses("ws") {
+			p, err := h.profileStream(cfg, c, "ws")
 			if err != nil {
 				errs = append(errs, fmt.Sprintf("profile %d B: %v", c.Size, err))
 			}
 			c.Profile = p
+		}
+		if h.profile != "" && h.uses("http") {
+			p, err := h.profileStream(cfg, c, "http")
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("profile %d B over HTTP: %v", c.Size, err))
+			}
+			c.ProfileHTTP = p
 		}
 	}
 	if len(errs) > 0 {
@@ -417,8 +472,11 @@ func (h *harness) streamTimeout(n, size int) time.Duration {
 func (h *harness) startStreamChild(mode, url, sub string, n, size int) (*streamChild, error) {
 	timeout := h.streamTimeout(n, size)
 	args := []string{"stream-client", "-mode", mode, "-chunks", strconv.Itoa(n), "-size", strconv.Itoa(size), "-timeout", timeout.String()}
-	if mode == "ws" {
+	switch mode {
+	case "ws":
 		args = append(args, "-url", url, "-subprotocol", sub)
+	case "http":
+		args = append(args, "-url", url)
 	}
 	c, err := h.startChild(args...)
 	if err != nil {
@@ -473,15 +531,20 @@ func (h *harness) streamClient(mode, url, sub string, srv *server, n, size int) 
 }
 
 // profileStream runs the case against a gateway inside this process under
-// the CPU profiler (the client is still a separate process), then breaks
-// the profile down.
-func (h *harness) profileStream(cfg gwConfig, c *streamCase) (*profileResult, error) {
+// the CPU profiler (the client is still a separate process, on transport
+// mode: ws or http), then breaks the profile down.
+func (h *harness) profileStream(cfg gwConfig, c *streamCase, mode string) (*profileResult, error) {
 	g, err := h.startInProcGateway(cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer g.stop()
 	path := fmt.Sprintf("%s.stream-%dB.pprof", h.profile, c.Size)
+	url, sub, name := g.url, "acp", "gateway (in-process, profiled)"
+	if mode == "http" {
+		path = fmt.Sprintf("%s.stream-http-%dB.pprof", h.profile, c.Size)
+		url, sub, name = httpURL(g.url), "", "gateway (HTTP, in-process, profiled)"
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
@@ -499,8 +562,8 @@ func (h *harness) profileStream(cfg gwConfig, c *streamCase) (*profileResult, er
 		}
 	}()
 	for i := 0; i < runs; i++ {
-		fmt.Fprintf(h.log, "load: stream %d × %d B via in-process gateway (profiled), run %d\n", c.Chunks, c.Size, i+1)
-		ch, err := h.startStreamChild("ws", g.url, "acp", c.Chunks, c.Size)
+		fmt.Fprintf(h.log, "load: stream %d × %d B via %s, run %d\n", c.Chunks, c.Size, name, i+1)
+		ch, err := h.startStreamChild(mode, url, sub, c.Chunks, c.Size)
 		if err != nil {
 			return nil, err
 		}
@@ -525,7 +588,7 @@ func (h *harness) profileStream(cfg gwConfig, c *streamCase) (*profileResult, er
 	if err := f.Close(); err != nil {
 		return nil, err
 	}
-	p := &streamPath{Path: "gateway (in-process, profiled)", Samples: samples}
+	p := &streamPath{Path: name, Transport: mode, Samples: samples}
 	p.aggregate()
 	c.Paths = append(c.Paths, p)
 	return analyzeProfile(path)
@@ -550,8 +613,20 @@ func (r *streamResult) print(w io.Writer) {
 		}
 		fmt.Fprintf(tw, "\tgateway ÷ direct\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsDirect))
 		fmt.Fprintf(tw, "\tgateway ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsWebsocketd))
+		if c.HTTPVsWS != 0 || c.HTTPVsWebsocketd != 0 {
+			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ gateway (WebSocket)\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWS))
+			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWebsocketd))
+		}
 	}
 	tw.Flush()
+	for _, c := range r.Cases[:min(len(r.Cases), 1)] {
+		for _, p := range c.Paths {
+			if p.Transport == "http" {
+				fmt.Fprintf(w, "paths: \"gateway\" is a WebSocket; \"gateway (HTTP)\" is Streamable HTTP (the prompt POSTed, the chunks on the session's SSE stream)\n")
+				break
+			}
+		}
+	}
 	if d := r.DefaultLimits; d != nil && len(r.Cases) > 0 {
 		verdict := "all received"
 		if len(d.Errors) > 0 {
@@ -560,6 +635,14 @@ func (r *streamResult) print(w io.Writer) {
 		fmt.Fprintf(w, "with the default send queue (4096 messages): %d of %d chunks of %s, then: %s\n",
 			d.Msgs, r.Cases[0].Chunks, fmtBytes(float64(r.Cases[0].Size)), verdict)
 	}
+	if d := r.DefaultLimitsHTTP; d != nil && len(r.Cases) > 1 {
+		verdict := "all received"
+		if len(d.Errors) > 0 {
+			verdict = d.Errors[0]
+		}
+		fmt.Fprintf(w, "over HTTP with the default send queue (64 MiB): %d of %d chunks of %s, then: %s\n",
+			d.Msgs, r.Cases[1].Chunks, fmtBytes(float64(r.Cases[1].Size)), verdict)
+	}
 	for _, c := range r.Cases {
 		fmt.Fprintf(w, "peak RSS after %d × %s: gateway %s, websocketd %s\n", c.Chunks, fmtBytes(float64(c.Size)),
 			fmtBytes(float64(c.GatewayPeakRSS)), fmtBytes(float64(c.WebsocketdPeakRSS)))
@@ -567,6 +650,9 @@ func (r *streamResult) print(w io.Writer) {
 	for _, c := range r.Cases {
 		if c.Profile != nil {
 			c.Profile.print(w, fmt.Sprintf("%d × %s", c.Chunks, fmtBytes(float64(c.Size))))
+		}
+		if c.ProfileHTTP != nil {
+			c.ProfileHTTP.print(w, fmt.Sprintf("%d × %s over HTTP", c.Chunks, fmtBytes(float64(c.Size))))
 		}
 	}
 }
