@@ -17,6 +17,7 @@ import (
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
 // Streamable HTTP on /acp, the transport of the official SDK's
@@ -76,6 +77,10 @@ type httpConn struct {
 	initReply chan []byte
 	lastUse   time.Time // the last POST, or the last receiver leaving
 	ended     bool
+	closing   bool // end is on its way: take nothing more
+	sc        jsonrpc.Scanner
+	scanned   jsonrpc.Message
+	room      chan struct{} // closed when a receiver takes events; nil until a sender waits
 	done      chan struct{} // closed when the connection ends
 }
 
@@ -140,34 +145,83 @@ func (e *envelope) sessionID() (string, bool) {
 	return s, true
 }
 
-// Send routes one message from the proxy to its stream (proxy.Sink).
+// sessionIDSpec locates params.sessionId (requests and notifications).
+var sessionIDSpec = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"sessionId": {Kind: jsonrpc.FieldSessionID}}}
+
+func routeSpec(m *jsonrpc.Message) *jsonrpc.Spec {
+	if m.Kind == jsonrpc.KindResponse {
+		return nil
+	}
+	return sessionIDSpec
+}
+
+// routeFacts reads what routing needs of a message the proxy sends: its
+// id, its method, and params.sessionId when that is a string. It uses the
+// relay's own scanner (h.mu held: the scanner is not concurrent).
+func (h *httpConn) routeFacts(msg []byte) (id []byte, method, sid string, hasSID bool) {
+	m := &h.scanned
+	if err := h.sc.Scan(msg, m, routeSpec); err != nil {
+		return nil, "", "", false
+	}
+	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+		sid, hasSID = m.String(f)
+	}
+	return m.ID, m.Method, sid, hasSID
+}
+
+// Send routes one message from the proxy to its stream (proxy.Sink). With
+// wait, a full buffer is waited on (up to a second at a time while the
+// client keeps reading), as a WebSocket's send queue is.
 func (h *httpConn) Send(msg []byte, wait bool) bool {
-	var e envelope
-	_ = json.Unmarshal(msg, &e) // the proxy sends well-formed JSON
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ended {
+	id, method, sid, hasSID := h.routeFacts(msg)
+	if h.ended || h.closing {
 		return false
 	}
 	route := ""
 	switch {
-	case e.Method == "" && h.initReply != nil && bytes.Equal(e.ID, h.initID):
+	case method == "" && h.initReply != nil && bytes.Equal(id, h.initID):
 		h.initReply <- msg // the initialize POST's body, never SSE
 		h.initReply, h.initID = nil, nil
 		return true
-	case e.Method == "":
-		route = h.replyTo[string(e.ID)]
-		delete(h.replyTo, string(e.ID))
+	case method == "":
+		route = h.replyTo[string(id)]
+		delete(h.replyTo, string(id))
 	default:
-		if sid, ok := e.sessionID(); ok {
+		if hasSID {
 			route = sid
 		}
-		if len(e.ID) > 0 && string(e.ID) != "null" {
-			h.askedOn[string(e.ID)] = route
+		if len(id) > 0 && string(id) != "null" {
+			h.askedOn[string(id)] = route
 		}
 	}
+	for wait && h.buffered+len(msg) > h.maxBytes && !h.ended {
+		// Backpressure: the receivers are reading, just slower than
+		// the agent writes. A second without progress ends it.
+		before := h.buffered
+		if h.room == nil {
+			h.room = make(chan struct{})
+		}
+		room := h.room
+		h.mu.Unlock()
+		t := time.NewTimer(time.Second)
+		select {
+		case <-room:
+		case <-t.C:
+		}
+		t.Stop()
+		h.mu.Lock()
+		if h.buffered >= before {
+			break
+		}
+	}
+	if h.ended {
+		return false
+	}
 	if h.buffered+len(msg) > h.maxBytes {
-		h.log.Warn("the client is not reading its SSE streams; closing the connection", "buffered_bytes", h.buffered)
+		h.closing = true
+		h.log.Warn("the client is not reading its event streams; closing the connection", "buffered_bytes", h.buffered)
 		go h.end("the client does not read its event streams", "slow_client") // Send runs under the proxy's locks
 		return false
 	}
@@ -209,6 +263,10 @@ func (h *httpConn) end(why, label string) {
 	h.ended = true
 	opened := h.opened
 	close(h.done)
+	if h.room != nil {
+		close(h.room)
+		h.room = nil
+	}
 	for _, st := range h.streams {
 		st.poke()
 	}
@@ -544,23 +602,27 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 	defer keepAlive.Stop()
 	var buf []byte
 	for {
+		// The events are framed into buf before they are kept: once kept,
+		// another stream's writer may evict (and recycle) them.
 		h.mu.Lock()
 		events := st.queue
 		st.queue = nil
+		buf = buf[:0]
 		for _, ev := range events {
+			buf = append(buf, "id: "...)
+			buf = strconv.AppendInt(buf, ev.id, 10)
+			buf = append(buf, "\ndata: "...)
+			buf = append(buf, ev.msg...)
+			buf = append(buf, "\n\n"...)
 			h.buffered -= len(ev.msg)
 			h.keep(st, ev)
 		}
+		if len(events) > 0 && h.room != nil {
+			close(h.room)
+			h.room = nil
+		}
 		h.mu.Unlock()
 		if len(events) > 0 {
-			buf = buf[:0]
-			for _, ev := range events {
-				buf = append(buf, "id: "...)
-				buf = strconv.AppendInt(buf, ev.id, 10)
-				buf = append(buf, "\ndata: "...)
-				buf = append(buf, ev.msg...)
-				buf = append(buf, "\n\n"...)
-			}
 			if !s.writeSSE(rc, w, buf, writeTimeout) {
 				return
 			}
@@ -613,6 +675,7 @@ func (h *httpConn) keep(st *sseStream, ev sseEvent) {
 		n := len(victim.sent[0].msg)
 		victim.sentSize -= n
 		h.kept -= n
+		jsonrpc.PutBuffer(victim.sent[0].msg) // the sink owns what it was sent
 		victim.sent[0] = sseEvent{}
 		victim.sent = victim.sent[1:]
 	}

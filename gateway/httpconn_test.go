@@ -320,3 +320,33 @@ func TestSSEStreamDroppedWhileEmptyResumes(t *testing.T) {
 		t.Error("Last-Event-ID 4 refused on a stream that lost nothing")
 	}
 }
+
+func TestRouteFacts(t *testing.T) {
+	h := &httpConn{}
+	for _, c := range []struct {
+		msg, id, method, sid string
+		hasSID               bool
+	}{
+		{`{"jsonrpc":"2.0","id":7,"result":{"sessionId":"not-params"}}`, "7", "", "", false},
+		{`{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionId":"nested"},"sessionId":"s1"}}`, "", "session/update", "s1", true},
+		{`{"params":{"sessionId":5},"id":"x","method":"fs/read_text_file","jsonrpc":"2.0"}`, `"x"`, "fs/read_text_file", "", false},
+		{`{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"m"}}`, "null", "", "", false},
+		{`{"jsonrpc":"2.0","method":"x","params":[1,2]}`, "", "x", "", false},
+	} {
+		id, method, sid, has := h.routeFacts([]byte(c.msg))
+		if string(id) != c.id || method != c.method || sid != c.sid || has != c.hasSID {
+			t.Errorf("%s: id %q method %q sid %q %v", c.msg, id, method, sid, has)
+		}
+	}
+}
+
+// go test -run '^$' -bench RouteFacts ./gateway/
+func BenchmarkRouteFacts(b *testing.B) {
+	msg := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"ARfwi_FIkelQzhDujkhg-TUXZHvZjIQRwQ5nF80N2bqdStV2pTYgPVDmWnCPDkgiFUk","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` + strings.Repeat("lorem ipsum ", 12) + `"}}}}`)
+	h := &httpConn{}
+	b.SetBytes(int64(len(msg)))
+	b.ReportAllocs()
+	for b.Loop() {
+		h.routeFacts(msg)
+	}
+}
