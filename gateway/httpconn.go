@@ -126,8 +126,6 @@ type envelope struct {
 	ID      json.RawMessage `json:"id"`
 	Method  string          `json:"method"`
 	Params  json.RawMessage `json:"params"`
-	Result  json.RawMessage `json:"result"`
-	Error   json.RawMessage `json:"error"`
 }
 
 // sessionID is params.sessionId when it is a string.
@@ -326,6 +324,17 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant string) *
 	return h
 }
 
+// sessionHeader reads Acp-Session-Id ("" when absent), refusing one over
+// the SDK's maxIdLength.
+func sessionHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
+	v := r.Header.Get(sessionIDHeader)
+	if len(v) > maxHeaderID {
+		plain(w, http.StatusBadRequest, fmt.Sprintf("Session ID exceeds maxIdLength (%d)", maxHeaderID))
+		return "", false
+	}
+	return v, true
+}
+
 // handleHTTPPost takes one client message.
 func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	tenant, ok := s.authenticate(w, r)
@@ -348,9 +357,14 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	trimmed := bytes.TrimSpace(body)
-	if !json.Valid(trimmed) {
-		plain(w, http.StatusBadRequest, "Invalid JSON")
-		return
+	// One decode validates an object too; json.Valid only tells a
+	// malformed body from a well-formed one that is not an object.
+	var e envelope
+	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &e) != nil {
+		if !json.Valid(trimmed) {
+			plain(w, http.StatusBadRequest, "Invalid JSON")
+			return
+		}
 	}
 	switch trimmed[0] {
 	case '[':
@@ -363,8 +377,6 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusBadRequest, "Invalid JSON-RPC message")
 		return
 	}
-	var e envelope
-	_ = json.Unmarshal(trimmed, &e)
 	isInit := e.JSONRPC == "2.0" && e.Method == "initialize" && len(e.ID) > 0
 	connID := r.Header.Get(ConnectionIDHeader)
 	switch {
@@ -379,9 +391,8 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		return
 	}
-	header := r.Header.Get(sessionIDHeader)
-	if len(header) > maxHeaderID {
-		plain(w, http.StatusBadRequest, fmt.Sprintf("Session ID exceeds maxIdLength (%d)", maxHeaderID))
+	header, ok := sessionHeader(w, r)
+	if !ok {
 		return
 	}
 	if len(e.ID) > 0 && e.ID[0] == '"' {
@@ -541,9 +552,8 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		return
 	}
-	name := r.Header.Get(sessionIDHeader)
-	if len(name) > maxHeaderID {
-		plain(w, http.StatusBadRequest, fmt.Sprintf("Session ID exceeds maxIdLength (%d)", maxHeaderID))
+	name, ok := sessionHeader(w, r)
+	if !ok {
 		return
 	}
 	var after int64 = -1

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync/atomic"
 
@@ -130,15 +129,7 @@ func (l *launcher) Launch(tenant string) (proxy.Launch, error) {
 			env = append(env, k+"="+v)
 		}
 	}
-	keys := make([]string, 0, len(cfg.Agent.Env))
-	for k := range cfg.Agent.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+cfg.Agent.Env[k])
-	}
-	env = append(env, "HOME="+home, "TMPDIR="+tmp)
+	env = append(proxy.AppendEnv(env, cfg.Agent.Env), "HOME="+home, "TMPDIR="+tmp)
 
 	ro, rw := cfg.SandboxPaths(t)
 	if l.exe != "" {

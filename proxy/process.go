@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,15 @@ type AgentConfig struct {
 	// process of no tenant) starts: the sandbox. Without it a process
 	// gets the gateway's environment plus Env, in Dir.
 	Launch func(tenant string) (Launch, error)
+}
+
+// AppendEnv appends vars to env as "K=V", sorted by name, so that a
+// process's environment does not depend on map order.
+func AppendEnv(env []string, vars map[string]string) []string {
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		env = append(env, k+"="+vars[k])
+	}
+	return env
 }
 
 // Launch is how one agent process starts.
@@ -194,15 +204,7 @@ func (p *agentProc) start(cfg *PoolConfig, tenant string) error {
 			return fmt.Errorf("spawn agent %q: %w", ac.Command[0], err)
 		}
 	} else {
-		launch.Env = os.Environ()
-		keys := make([]string, 0, len(ac.Env))
-		for k := range ac.Env {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			launch.Env = append(launch.Env, k+"="+ac.Env[k])
-		}
+		launch.Env = AppendEnv(os.Environ(), ac.Env)
 	}
 	p.launchExited = launch.Exited
 	started := false

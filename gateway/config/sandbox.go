@@ -273,24 +273,24 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 	}
 	// Every agent's view, by tenant (or the one view without tenants).
 	type view struct {
-		who    string
-		t      *Tenant
-		ro, rw []string
+		who   string
+		t     *Tenant
+		paths []string // read-only and read-write alike: what it may read
 	}
 	var views []view
 	if len(c.Tenants) == 0 {
 		ro, rw := c.SandboxPaths(nil)
-		views = append(views, view{"agents", nil, ro, rw})
+		views = append(views, view{"agents", nil, append(ro, rw...)})
 	}
 	for i := range c.Tenants {
 		ro, rw := c.SandboxPaths(&c.Tenants[i])
-		views = append(views, view{fmt.Sprintf("tenant %q's agents", c.Tenants[i].Name), &c.Tenants[i], ro, rw})
+		views = append(views, view{fmt.Sprintf("tenant %q's agents", c.Tenants[i].Name), &c.Tenants[i], append(ro, rw...)})
 	}
 	homes := sandbox.Resolve(c.Sandbox.Home)
 	// readableBy names who may read file and through which path, or "".
 	readableBy := func(file string) (who, via string) {
 		for _, v := range views {
-			for _, p := range append(append([]string(nil), v.ro...), v.rw...) {
+			for _, p := range v.paths {
 				if sandbox.Within(file, sandbox.Resolve(p)) {
 					return v.who, p
 				}
@@ -323,7 +323,7 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 			if v.t == t {
 				continue
 			}
-			for _, p := range append(append([]string(nil), v.ro...), v.rw...) {
+			for _, p := range v.paths {
 				rp := sandbox.Resolve(p)
 				if v.t != nil && p == v.t.Root {
 					continue // roots are checked to be disjoint already
@@ -340,7 +340,7 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 	}
 	// Paths every agent (or one tenant's) may use must not hold the homes.
 	for _, v := range views {
-		for _, p := range append(append([]string(nil), v.ro...), v.rw...) {
+		for _, p := range v.paths {
 			if p == c.SandboxHome(nameOf(v.t)) || (v.t != nil && p == v.t.Root) {
 				continue
 			}

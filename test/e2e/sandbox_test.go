@@ -237,15 +237,7 @@ func TestHostileSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		go func() { // ends when ln closes
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		go acceptAndClose(ln)
 		if a := host(t, clients["acme"], map[string]any{"op": "abstract", "path": name}); a.OK {
 			t.Errorf("the agent connected to the test's abstract socket @%s", name)
 		} else {
@@ -311,15 +303,7 @@ func TestSandboxNetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		go func() { // ends when ln closes
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		go acceptAndClose(ln)
 		lns[i] = ln
 	}
 	allowed, other := lns[0].Addr().String(), lns[1].Addr().String()
@@ -457,6 +441,17 @@ func TestSandboxRefusesExposingConfigs(t *testing.T) {
 			t.Fatalf("check-config: %v\n%s", err, out)
 		}
 	})
+}
+
+// acceptAndClose accepts and closes connections until ln closes.
+func acceptAndClose(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Close()
+	}
 }
 
 func mustRead(t *testing.T, path string) []byte {
