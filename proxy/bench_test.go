@@ -23,10 +23,12 @@ func (d *discardSink) Supersede()                   {}
 func benchRoute(b *testing.B, textLen, replay int) {
 	metrics := nopMetrics()
 	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: metrics}
-	pool := &Pool{cfg: PoolConfig{metrics: metrics}, log: r.log, notify: make(chan struct{}), kick: make(chan struct{}, 1)}
+	am := metrics.forAgent(DefaultAgent)
+	pool := &Pool{cfg: PoolConfig{metrics: am}, log: r.log, notify: make(chan struct{}), kick: make(chan struct{}, 1)}
 	p := &agentProc{pool: pool, log: r.log, pending: map[int64]*outReq{}, inbound: map[string]*inReq{}, sessions: map[string]*Session{}}
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
+	c.ag = &agent{name: DefaultAgent, pool: pool, metrics: am}
 	c.out.limit = replay
 	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
 	p.addSession(c, agentSID, "")
@@ -55,7 +57,7 @@ func BenchmarkRouteSessionUpdate20KBReplay(b *testing.B) { benchRoute(b, 20000, 
 func (r *Relay) newConnForBench(s Sink) *Conn {
 	ten := &tenant{metrics: r.metrics, label: "default"}
 	pol := policy.Default()
-	ten.pol.Store(&pol)
+	ten.conf.Store(&TenantConfig{Policy: &pol})
 	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor

@@ -36,7 +36,10 @@ type Sink interface {
 type ConnInfo struct {
 	ID     string // connection ID (the Acp-Connection-Id header)
 	Tenant string // "" when the gateway runs without tenants
-	Log    *slog.Logger
+	// Agent names the agent the connection uses ("" = the first
+	// configured).
+	Agent string
+	Log   *slog.Logger
 	// OnEnd, if set, is called once when the connection has ended for good
 	// (not when a socket ends and the connection detaches).
 	OnEnd func()
@@ -60,6 +63,8 @@ type Conn struct {
 	id     string
 	tenant string
 	ten    *tenant
+	ag     *agent // the agent the connection uses, its pool and metrics
+	scope  string // what its session IDs are sealed to (sealScope)
 	log    *slog.Logger
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -249,7 +254,7 @@ func (c *Conn) allow(m *jsonrpc.Message) bool {
 	default:
 		return true
 	}
-	c.ten.denied("rate_limited")
+	c.ten.denied(c.ag.metrics, "rate_limited")
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, codeBusy, why, nil)
 	} else if c.logLim.allow() {
@@ -315,10 +320,10 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	}
 	c.initArrived.Store(true)
 	var home *agentProc
-	init, ok := c.relay.pool.cachedInit(prof)
+	init, ok := c.ag.pool.cachedInit(prof)
 	if !ok {
-		ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
-		home, err = c.relay.pool.acquire(ctx, prof, false)
+		ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
+		home, err = c.ag.pool.acquire(ctx, prof, false)
 		cancel()
 		if err != nil {
 			c.initArrived.Store(false)
@@ -328,7 +333,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		}
 		init = home.init
 	}
-	result, err := policy.FilterInitialize(init.result, *c.ten.policy())
+	result, err := policy.FilterInitialize(init.result, *c.ten.policy(c.ag.name))
 	if err == nil && c.token != "" {
 		result = withResumeToken(result, c.token)
 	}
@@ -378,7 +383,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	// Paths are checked before anything is reserved or taken over.
 	edits, pathErr := c.ten.mapToAgent(m, edits)
 	if pathErr != nil {
-		c.ten.denied("path_outside_root")
+		c.ten.denied(c.ag.metrics, "path_outside_root")
 		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
@@ -406,7 +411,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			c.detach(attach)
 		}
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
 	defer cancel()
 	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 		gwID, isStr := m.String(f)
@@ -424,7 +429,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		var agentSID string
 		switch {
 		case attachesSession(m.Method):
-			agentSID, err = c.relay.sealer.Open(c.tenant, gwID)
+			agentSID, err = c.relay.sealer.Open(c.scope, gwID)
 			if err != nil {
 				c.notFound(m, gwID, false)
 				return
@@ -435,7 +440,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			// A lost session this connection holds is still counted, and
 			// so is one another connection of the tenant holds: loading it
 			// moves it here ("the newest load wins").
-			counted := sess != nil || !live && c.relay.pool.heldByTenant(agentSID, c.tenant)
+			counted := sess != nil || !live && c.ag.pool.heldByTenant(agentSID, c.tenant)
 			if !live && isReq && !counted && !c.reserveQuota(m) {
 				return
 			}
@@ -443,7 +448,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 			if live {
 				p = sess.proc
 			} else {
-				p, err = c.relay.pool.placeSession(ctx, prof, agentSID)
+				p, err = c.ag.pool.placeSession(ctx, prof, agentSID)
 				reserve = err == nil
 			}
 			if err == nil && isReq && !live {
@@ -451,7 +456,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 				c.attach(attach)
 			}
 		case !live && m.Method == mSessionDelete:
-			agentSID, err = c.relay.sealer.Open(c.tenant, gwID)
+			agentSID, err = c.relay.sealer.Open(c.scope, gwID)
 			if err != nil {
 				c.notFound(m, gwID, false)
 				return
@@ -460,7 +465,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		case !live && sess != nil && m.Method == mSessionClose:
 			// Its agent died: closing it only has to forget it here.
 			c.detach(sess)
-			c.ten.event("closed")
+			c.ten.event(c.ag.metrics, "closed")
 			if isReq {
 				c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
 			}
@@ -495,7 +500,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.mu.Lock()
 		prof := c.prof
 		c.mu.Unlock()
-		p, err = c.relay.pool.acquire(ctx, prof, true)
+		p, err = c.ag.pool.acquire(ctx, prof, true)
 		reserve = err == nil
 	} else {
 		p, err = c.homeProc(ctx)
@@ -543,7 +548,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	if sess != nil && m.Method == mSessionPrompt {
 		sess.promptStart.Store(time.Now().UnixNano())
 	}
-	c.relay.metrics.message(dirClientToAgent, m.Method, len(out))
+	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
 	err = p.send(ctx, out)
 	if err != nil && req == nil {
 		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
@@ -586,7 +591,7 @@ func createdCwd(m *jsonrpc.Message) string {
 // disallowed MCP server, prompt content type or additionalDirectories gets
 // -32602. Nothing refused reaches the agent.
 func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
-	pol := c.ten.policy()
+	pol := c.ten.policy(c.ag.name)
 	c.mu.Lock()
 	caps := c.caps
 	c.mu.Unlock()
@@ -620,7 +625,7 @@ func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
 // refuse answers a message the policy refused (a notification is dropped)
 // and counts it. The error never carries MCP commands, env or headers.
 func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
-	c.ten.denied(reason)
+	c.ten.denied(c.ag.metrics, reason)
 	c.log.Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, code, err.Error(), nil)
@@ -634,7 +639,7 @@ func (c *Conn) reserveQuota(m *jsonrpc.Message) bool {
 	if ok {
 		return true
 	}
-	c.ten.denied("session_quota")
+	c.ten.denied(c.ag.metrics, "session_quota")
 	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
 	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
 		c.tenant, max), nil)
@@ -680,7 +685,7 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 		}
 		return // already answered: nothing to cancel
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
 	defer cancel()
 	agentID := strconv.AppendInt(nil, req.agentID, 10)
 	var out []byte
@@ -718,8 +723,8 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 		return
 	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
-	c.relay.metrics.message(dirClientToAgent, in.method, len(out))
-	ctx, cancel := context.WithTimeout(c.ctx, c.relay.pool.cfg.AcquireTimeout)
+	c.ag.metrics.message(dirClientToAgent, in.method, len(out))
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
 	defer cancel()
 	if err := in.proc.send(ctx, append(out, '\n')); err != nil {
 		c.log.Debug("answer for an exited agent dropped", "err", err)
@@ -735,7 +740,7 @@ func (c *Conn) homeProc(ctx context.Context) (*agentProc, error) {
 	if home != nil && home.alive() && !home.isRetiring() {
 		return home, nil
 	}
-	p, err := c.relay.pool.acquire(ctx, prof, false)
+	p, err := c.ag.pool.acquire(ctx, prof, false)
 	if err != nil {
 		return nil, err
 	}
@@ -832,7 +837,7 @@ func (c *Conn) attach(s *Session) {
 		c.sessions[s.GatewayID] = s
 		c.mu.Unlock()
 		if !had {
-			c.ten.added(1)
+			c.ten.added(c.ag.metrics, 1)
 		}
 		return
 	}
@@ -849,7 +854,7 @@ func (c *Conn) detach(s *Session) {
 	}
 	c.mu.Unlock()
 	if had {
-		c.ten.added(-1)
+		c.ten.added(c.ag.metrics, -1)
 	}
 }
 
@@ -894,7 +899,7 @@ func (c *Conn) Close() {
 	for _, s := range sessions {
 		s.proc.endSession(s, c, prompting[s])
 	}
-	c.ten.added(-len(sessions))
+	c.ten.added(c.ag.metrics, -len(sessions))
 	if home != nil {
 		home.releaseHome()
 	}
@@ -911,7 +916,7 @@ func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
 	p.mu.Lock()
 	owned := s.owner == c && !s.lost
 	if owned {
-		c.ten.event("closed")
+		c.ten.event(c.ag.metrics, "closed")
 		s.owner = nil
 		if p.sessions[s.AgentID] == s {
 			delete(p.sessions, s.AgentID)

@@ -142,9 +142,9 @@ func TestAgentReaderNeverBlocksOnAFullAgent(t *testing.T) {
 			case <-time.After(3 * time.Second):
 				t.Errorf("Conn.Close (client disconnect) blocks too: the WebSocket handler goroutine would hang")
 			}
-			r.pool.mu.Lock()
-			p := r.pool.procs[0]
-			r.pool.mu.Unlock()
+			r.Pool().mu.Lock()
+			p := r.Pool().procs[0]
+			r.Pool().mu.Unlock()
 			p.kill()
 			return
 		}

@@ -10,35 +10,89 @@ import (
 
 // Metrics are the relay's Prometheus metrics. Labels are bounded: methods
 // are the known ACP method names (others become "_extension" or "other"),
-// tenants are named up to a cap (then "other"), never a session ID, token or
-// path.
+// tenants are named up to a cap (then "other"), agents are the configured
+// names, never a session ID, token or path.
+//
+// What an agent's pool and connections record carries that agent's name
+// (an agentMetrics view, made by forAgent); the connection-level metrics of
+// resumes and take-overs do not.
 type Metrics struct {
 	tenants *TenantLabels
 
-	SessionsActive      *prometheus.GaugeVec
-	SessionsTotal       *prometheus.CounterVec // event: created, loaded, closed, lost
+	sessionsActive      *prometheus.GaugeVec
+	sessionsTotal       *prometheus.CounterVec
+	messages            *prometheus.CounterVec
+	messageBytes        *prometheus.CounterVec
+	requestDuration     *prometheus.HistogramVec
+	firstUpdate         *prometheus.HistogramVec
+	spawns              *prometheus.CounterVec
+	recycled            *prometheus.CounterVec
+	fsServed            *prometheus.CounterVec
+	exits               *prometheus.CounterVec
+	spawnDuration       *prometheus.HistogramVec
+	initializeDuration  *prometheus.HistogramVec
+	poolWait            *prometheus.HistogramVec
+	denials             *prometheus.CounterVec
+	agentProtocolErrors *prometheus.CounterVec
+
+	Detached  prometheus.Gauge
+	Resumes   *prometheus.CounterVec // result: ok, refused
+	Takeovers *prometheus.CounterVec // turn: running, ended, idle
+
+	relay               *Relay
+	replayBytesDesc     *prometheus.Desc
+	processStatesDesc   *prometheus.Desc
+	sessionsPerProcDesc *prometheus.Desc
+}
+
+// agentMetrics is one agent's view of the metrics: every series it
+// records carries agent="<name>".
+type agentMetrics struct {
+	root *Metrics
+
+	SessionsActive      *prometheus.GaugeVec   // tenant
+	SessionsTotal       *prometheus.CounterVec // tenant, event: created, loaded, closed, lost
 	Messages            *prometheus.CounterVec // direction, method
 	MessageBytes        *prometheus.CounterVec // direction, method
-	RequestDuration     *prometheus.HistogramVec
-	FirstUpdate         prometheus.Histogram
+	RequestDuration     prometheus.ObserverVec // method
+	FirstUpdate         prometheus.Observer
 	Spawns              prometheus.Counter
 	Recycled            *prometheus.CounterVec // reason: sessions, age
 	FsServed            *prometheus.CounterVec // method, result
 	Exits               *prometheus.CounterVec // reason
-	SpawnDuration       prometheus.Histogram
-	InitializeDuration  prometheus.Histogram
-	PoolWait            prometheus.Histogram
-	Denials             *prometheus.CounterVec // reason
+	SpawnDuration       prometheus.Observer
+	InitializeDuration  prometheus.Observer
+	PoolWait            prometheus.Observer
+	Denials             *prometheus.CounterVec // tenant, reason
 	AgentProtocolErrors *prometheus.CounterVec // kind
-	Detached            prometheus.Gauge
-	Resumes             *prometheus.CounterVec // result: ok, refused
-	Takeovers           *prometheus.CounterVec // turn: running, ended, idle
-	pool                *Pool
-	relay               *Relay
-	replayBytesDesc     *prometheus.Desc
-	byMethod            [2]sync.Map // direction → method label → *msgCounters
-	processStatesDesc   *prometheus.Desc
-	sessionsPerProcDesc *prometheus.Desc
+	byMethod            [2]sync.Map            // direction → method label → *msgCounters
+}
+
+// forAgent is the view of the metrics an agent's pool and connections
+// record into. Its counters of bounded label sets start at 0.
+func (m *Metrics) forAgent(name string) *agentMetrics {
+	l := prometheus.Labels{"agent": name}
+	am := &agentMetrics{
+		root:                m,
+		SessionsActive:      m.sessionsActive.MustCurryWith(l),
+		SessionsTotal:       m.sessionsTotal.MustCurryWith(l),
+		Messages:            m.messages.MustCurryWith(l),
+		MessageBytes:        m.messageBytes.MustCurryWith(l),
+		RequestDuration:     m.requestDuration.MustCurryWith(l),
+		FirstUpdate:         m.firstUpdate.WithLabelValues(name),
+		Spawns:              m.spawns.WithLabelValues(name),
+		Recycled:            m.recycled.MustCurryWith(l),
+		FsServed:            m.fsServed.MustCurryWith(l),
+		Exits:               m.exits.MustCurryWith(l),
+		SpawnDuration:       m.spawnDuration.WithLabelValues(name),
+		InitializeDuration:  m.initializeDuration.WithLabelValues(name),
+		PoolWait:            m.poolWait.WithLabelValues(name),
+		Denials:             m.denials.MustCurryWith(l),
+		AgentProtocolErrors: m.agentProtocolErrors.MustCurryWith(l),
+	}
+	// Exported at 0 from the start, so rates and alerts see the first one.
+	atZero(am.Recycled, "sessions", "age")
+	return am
 }
 
 // NewMetrics registers the relay's metrics on reg. tenantCap bounds the
@@ -46,79 +100,77 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 	m := &Metrics{
 		tenants: NewTenantLabels(tenantCap),
-		SessionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "acpgate_sessions_active", Help: "Sessions held by client connections.",
-		}, []string{"tenant"}),
-		SessionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		sessionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "acpgate_sessions_active", Help: "Sessions held by client connections, by tenant and agent.",
+		}, []string{"tenant", "agent"}),
+		sessionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_sessions_total", Help: "Session events: created (session/new, fork), loaded (load, resume), closed (client left or closed it), lost (agent died).",
-		}, []string{"tenant", "event"}),
-		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_messages_total", Help: "JSON-RPC messages relayed, by direction and method (responses: the request's method).",
-		}, []string{"direction", "method"}),
-		MessageBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_message_bytes_total", Help: "Bytes of JSON-RPC messages relayed, by direction and method.",
-		}, []string{"direction", "method"}),
-		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		}, []string{"tenant", "event", "agent"}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_messages_total", Help: "JSON-RPC messages relayed, by direction, method (responses: the request's method) and agent.",
+		}, []string{"direction", "method", "agent"}),
+		messageBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_message_bytes_total", Help: "Bytes of JSON-RPC messages relayed, by direction, method and agent.",
+		}, []string{"direction", "method", "agent"}),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "acpgate_request_duration_seconds",
-			Help:    "Time from a client request to the agent's response, by method.",
+			Help:    "Time from a client request to the agent's response, by method and agent.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
-		}, []string{"method"}),
-		FirstUpdate: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"method", "agent"}),
+		firstUpdate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "acpgate_prompt_first_update_seconds",
 			Help:    "Time from session/prompt to the first session/update of the turn.",
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}),
-		Spawns: prometheus.NewCounter(prometheus.CounterOpts{
+		}, []string{"agent"}),
+		spawns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_spawns_total", Help: "Agent processes started.",
-		}),
-		Recycled: prometheus.NewCounterVec(prometheus.CounterOpts{
+		}, []string{"agent"}),
+		recycled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_recycled_total", Help: "Agent processes retired by the pool's recycling limits, by reason: sessions (pool.recycle_after_sessions) or age (pool.recycle_after). A retired process takes no new sessions and stops when its last one ends.",
-		}, []string{"reason"}),
-		FsServed: prometheus.NewCounterVec(prometheus.CounterOpts{
+		}, []string{"reason", "agent"}),
+		fsServed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_fs_standin_total", Help: "Agent fs/read_text_file and fs/write_text_file requests the gateway served itself from the tenant root, for a client that did not offer file access, by method and result (ok, error).",
-		}, []string{"method", "result"}),
-		Exits: prometheus.NewCounterVec(prometheus.CounterOpts{
+		}, []string{"method", "result", "agent"}),
+		exits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_exits_total", Help: "Agent processes that ended, by reason: stopped (by the gateway), exited (on their own, status 0), failed (non-zero status), killed (signal), init_failed.",
-		}, []string{"reason"}),
-		SpawnDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"reason", "agent"}),
+		spawnDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "acpgate_agent_spawn_duration_seconds", Help: "Time from starting an agent process to its initialize answer.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
-		}),
-		InitializeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"agent"}),
+		initializeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "acpgate_agent_initialize_duration_seconds", Help: "Time the agent took to answer the gateway's initialize.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-		}),
-		PoolWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"agent"}),
+		poolWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "acpgate_pool_wait_seconds", Help: "Time a request waited for an agent process.",
 			Buckets: []float64{.0001, .001, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}),
-		Denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+		}, []string{"agent"}),
+		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_policy_denials_total", Help: "Requests refused by the capability policy or tenant rules, by reason.",
-		}, []string{"tenant", "reason"}),
-		AgentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+		}, []string{"tenant", "reason", "agent"}),
+		agentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id, request_timeout: the agent did not answer in time, client_timeout: the client did not answer an agent request within timeouts.client_request).",
-		}, []string{"kind"}),
+		}, []string{"kind", "agent"}),
 		Detached: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "acpgate_connections_detached", Help: "Connections whose socket ended without a clean close, kept for a resume or a take-over until sessions.detach_timeout.",
 		}),
 		Resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result: ok, refused (unknown, expired, another tenant's token, or messages no longer kept).",
+			Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result: ok, refused (unknown, expired, another tenant's or agent's token, or messages no longer kept).",
 		}, []string{"result"}),
 		Takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_takeovers_total", Help: "Sessions of a detached connection taken over by session/load or session/resume from another connection, by the turn found: running, ended (while detached), idle (the load went to the agent).",
 		}, []string{"turn"}),
 		replayBytesDesc:   prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil),
-		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state.", []string{"state"}, nil),
+		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state and agent.", []string{"state", "agent"}, nil),
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
-			"Sessions per agent process (a histogram over the live processes).", nil, nil),
+			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
-	// Exported at 0 from the start, so rates and alerts see the first one.
 	atZero(m.Resumes, "ok", "refused")
 	atZero(m.Takeovers, "running", "ended", "idle")
-	atZero(m.Recycled, "sessions", "age")
-	reg.MustRegister(m.SessionsActive, m.SessionsTotal, m.Messages, m.MessageBytes, m.RequestDuration,
-		m.FirstUpdate, m.Spawns, m.Recycled, m.FsServed, m.Detached, m.Resumes, m.Takeovers, m.Exits, m.SpawnDuration, m.InitializeDuration, m.PoolWait, m.Denials,
-		m.AgentProtocolErrors, m)
+	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
+		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.exits, m.spawnDuration,
+		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m)
 	return m
 }
 
@@ -129,8 +181,8 @@ func atZero(v *prometheus.CounterVec, values ...string) {
 	}
 }
 
-// Describe and Collect export the pool's live state (process states and the
-// sessions-per-process histogram) at scrape time.
+// Describe and Collect export each pool's live state (process states and
+// the sessions-per-process histogram) at scrape time.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.processStatesDesc
 	ch <- m.sessionsPerProcDesc
@@ -138,16 +190,23 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	if m.pool == nil {
+	if m.relay == nil {
 		return
 	}
+	for _, ag := range m.relay.agentList() {
+		m.collectPool(ch, ag.name, ag.pool)
+	}
+	ch <- prometheus.MustNewConstMetric(m.replayBytesDesc, prometheus.GaugeValue, float64(m.relay.replayBytes()))
+}
+
+func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, pool *Pool) {
 	counts := map[procState]int{}
 	buckets := []float64{0, 1, 2, 4, 8, 16, 32, 64, 128}
 	cum := make(map[float64]uint64, len(buckets))
 	var n uint64
 	var sum float64
-	m.pool.mu.Lock()
-	for _, a := range m.pool.procs {
+	pool.mu.Lock()
+	for _, a := range pool.procs {
 		a.mu.Lock()
 		counts[a.state]++
 		k := len(a.sessions)
@@ -160,14 +219,11 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	m.pool.mu.Unlock()
+	pool.mu.Unlock()
 	for _, st := range []procState{procStarting, procReady, procStopping} {
-		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(counts[st]), st.String())
+		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(counts[st]), st.String(), agent)
 	}
-	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, n, sum, cum)
-	if m.relay != nil {
-		ch <- prometheus.MustNewConstMetric(m.replayBytesDesc, prometheus.GaugeValue, float64(m.relay.replayBytes()))
-	}
+	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, n, sum, cum, agent)
 }
 
 // nopMetrics is used when the relay is built without a registry.
@@ -194,7 +250,7 @@ type msgCounters struct{ msgs, bytes prometheus.Counter }
 
 // message counts one relayed message. The counters are resolved once per
 // direction and method: the hot path does one map load, no allocation.
-func (m *Metrics) message(dir, method string, n int) {
+func (m *agentMetrics) message(dir, method string, n int) {
 	d := 0
 	if dir == dirAgentToClient {
 		d = 1

@@ -3,6 +3,7 @@ package proxy
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,10 +45,10 @@ type PoolConfig struct {
 	// started for tenants (SetTenants), the most recently active first.
 	TenantBound bool
 
-	tenantNames []string // the configured tenants, for SetTenants at start
-	mapPaths    bool     // some tenant maps paths: locate path fields in agent output
-	fileAccess  *[2]bool // what processes are told of fs read, write; nil = both
-	metrics     *Metrics // never nil once the pool runs
+	tenantNames []string      // the configured tenants, for SetTenants at start
+	mapPaths    bool          // some tenant maps paths: locate path fields in agent output
+	fileAccess  *[2]bool      // what processes are told of fs read, write; nil = both
+	metrics     *agentMetrics // never nil once the pool runs
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -110,7 +111,8 @@ type Pool struct {
 	fsRead, fsWrite bool
 	// inits caches the newest initialize answer per kind told (tenant
 	// cleared), so that a client's initialize is answered at once.
-	inits map[Profile]agentInit
+	inits      map[Profile]agentInit
+	newestInit agentInit // the newest of them (/v1/agents)
 	// tenants (configured order) and lastUse (a sequence number per
 	// tenant) choose whom warm processes are started for when TenantBound.
 	tenants []string
@@ -123,7 +125,7 @@ type Pool struct {
 func NewPool(cfg PoolConfig, log *slog.Logger) *Pool {
 	cfg.setDefaults()
 	if cfg.metrics == nil {
-		cfg.metrics = nopMetrics()
+		cfg.metrics = nopMetrics().forAgent(DefaultAgent)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: log, ctx: ctx, stop: stop, kick: make(chan struct{}, 1), notify: make(chan struct{}),
@@ -244,6 +246,24 @@ func (p *Pool) cachedInit(prof Profile) (agentInit, bool) {
 		}
 	}
 	return agentInit{}, false
+}
+
+// info is the agentInfo and protocol version of the newest initialize
+// answer (nil, 0 before any).
+func (p *Pool) info() (json.RawMessage, int) {
+	p.mu.Lock()
+	in := p.newestInit
+	p.mu.Unlock()
+	if in.result == nil {
+		return nil, 0
+	}
+	var r struct {
+		AgentInfo json.RawMessage `json:"agentInfo"`
+	}
+	if json.Unmarshal(in.result, &r) != nil || len(r.AgentInfo) == 0 || string(r.AgentInfo) == "null" {
+		return nil, in.version
+	}
+	return r.AgentInfo, in.version
 }
 
 // acquire returns a ready process that serves a client of profile prof.
@@ -416,7 +436,7 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 		pool:     p,
 		id:       p.nextID,
 		prof:     told,
-		log:      p.log.With("agent", p.nextID),
+		log:      p.log.With("process", p.nextID),
 		writeQ:   make(chan []byte, 256),
 		exited:   make(chan struct{}),
 		stopCh:   make(chan struct{}),
@@ -491,10 +511,11 @@ func (p *Pool) bringUp(a *agentProc, tenant string) {
 		k := a.prof.kind()
 		k.Tenant = ""
 		p.inits[k] = a.init
+		p.newestInit = a.init
 	}
 	p.mu.Unlock()
 	if err != nil {
-		p.log.Error("agent failed to start", "agent", a.id, "err", err)
+		p.log.Error("agent failed to start", "process", a.id, "err", err)
 	} else {
 		a.mu.Lock()
 		if a.state == procStarting {

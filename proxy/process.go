@@ -547,7 +547,7 @@ func (p *agentProc) failRoutes() {
 	for _, s := range sessions {
 		s.lost = true
 		if s.owner != nil {
-			s.owner.ten.event("lost")
+			s.owner.ten.event(s.owner.ag.metrics, "lost")
 		}
 	}
 	p.reserved = 0

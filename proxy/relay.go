@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -14,7 +15,10 @@ import (
 
 // Config configures a Relay.
 type Config struct {
-	Pool PoolConfig
+	// Agents are the named agents, each with a pool of its own; none = one
+	// agent named DefaultAgent with Pool.
+	Agents []AgentSpec
+	Pool   PoolConfig
 	// ClientCaps caps what agents may be told about clients (and so what
 	// they may ask of them): a client's own capabilities are intersected
 	// with it.
@@ -67,7 +71,6 @@ func newLimiter(perSecond float64, burst int) *rate.Limiter {
 // Relay multiplexes client connections onto the agent pool. It is the ACP
 // core: it knows nothing of HTTP or WebSockets.
 type Relay struct {
-	pool    *Pool
 	metrics *Metrics
 	sealer  *Sealer
 	log     *slog.Logger
@@ -79,9 +82,14 @@ type Relay struct {
 	cancel  context.CancelFunc
 	resume  SessionsConfig
 
-	mu        sync.Mutex // guards conns, tenants and resumable
+	mu        sync.Mutex // guards conns, tenants, resumable and agents
 	conns     map[*Conn]struct{}
-	resumable map[string]*Conn // by resume token
+	resumable map[string]*Conn  // by resume token
+	agents    map[string]*agent // by name, until removed
+	first     string            // the first agent configured (Pool)
+	tenantCfg []TenantConfig    // as configured, for agents added later
+
+	mapPaths bool // some tenant maps paths (set at start: a reload cannot turn it on)
 }
 
 // NewRelay starts the agent pool. Close stops it.
@@ -98,6 +106,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		metrics = nopMetrics()
 	}
 	tenants := map[string]*tenant{}
+	mapPaths := false
 	if len(cfg.Tenants) == 0 {
 		cfg.Tenants = []TenantConfig{{}}
 	}
@@ -107,24 +116,18 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 			return nil, err
 		}
 		t.limiter = newLimiter(cfg.Limits.TenantMessagesPerSecond, cfg.Limits.TenantMessageBurst)
-		if t.mapper.Load() != nil {
-			cfg.Pool.mapPaths = true
-		}
+		mapPaths = mapPaths || t.mapper.Load() != nil
 		tenants[tc.Name] = t
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cfg.Pool.metrics = metrics
-	cfg.Pool.fileAccess = fileAccess(cfg.ClientCaps, cfg.Tenants)
-	cfg.Pool.TenantBound = cfg.Pool.TenantBound && cfg.IsolateTenants
-	cfg.Pool.tenantNames = tenantNames(cfg.Tenants)
-	pool := NewPool(cfg.Pool, log)
+	if len(cfg.Agents) == 0 {
+		cfg.Agents = []AgentSpec{{Name: DefaultAgent, Pool: cfg.Pool}}
+	}
 	if cfg.Sessions.DetachTimeout > 0 && cfg.Sessions.ReplayBufferBytes <= 0 {
 		cfg.Sessions.ReplayBufferBytes = 8 << 20
 	}
-	metrics.pool = pool
+	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{
 		metrics:   metrics,
-		pool:      pool,
 		sealer:    sealer,
 		log:       log,
 		caps:      cfg.ClientCaps,
@@ -136,39 +139,65 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		conns:     map[*Conn]struct{}{},
 		resumable: map[string]*Conn{},
 		resume:    cfg.Sessions,
+		agents:    map[string]*agent{},
+		first:     cfg.Agents[0].Name,
+		tenantCfg: cfg.Tenants,
+		mapPaths:  mapPaths,
+	}
+	for _, spec := range cfg.Agents {
+		if err := r.AddAgent(spec); err != nil {
+			_ = r.Close(context.Background())
+			return nil, err
+		}
 	}
 	metrics.relay = r
 	return r, nil
 }
 
-// fileAccess is what agent processes are told about file access: read and
-// write as far as the deployment and any tenant's policy allow them.
-func fileAccess(caps Profile, tenants []TenantConfig) *[2]bool {
+// fileAccess is what an agent's processes are told about file access: read
+// and write as far as the deployment and the policy of any tenant that may
+// use the agent allow them.
+func fileAccess(caps Profile, tenants []TenantConfig, agent string) *[2]bool {
 	var fa [2]bool
 	for _, tc := range tenants {
-		read, write, _ := tc.policy().ClientCaps()
+		if !tc.mayUse(agent) {
+			continue
+		}
+		read, write, _ := tc.policyFor(agent).ClientCaps()
 		fa[0] = fa[0] || read && caps.FsRead
 		fa[1] = fa[1] || write && caps.FsWrite
 	}
 	return &fa
 }
 
-// Pool returns the agent pool.
-func (r *Relay) Pool() *Pool { return r.pool }
+// Pool returns the pool of the first agent configured (tests and
+// single-agent callers); see AgentPool.
+func (r *Relay) Pool() *Pool { return r.AgentPool(r.first) }
 
 // NewConn registers a client connection of a configured tenant. The caller
 // feeds it the client's messages with Handle and calls Close when the
 // client is gone.
 func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
+	name := info.Agent
+	if name == "" {
+		name = r.first
+	}
 	r.mu.Lock()
 	ten := r.tenants[info.Tenant]
+	ag := r.agents[name]
 	r.mu.Unlock()
 	if ten == nil {
 		return nil, fmt.Errorf("unknown tenant %q", info.Tenant)
 	}
+	if ag == nil || ag.retired.Load() {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownAgent, name)
+	}
+	if !ten.mayUse(name) {
+		return nil, fmt.Errorf("%w: tenant %q, agent %q", ErrAgentNotAllowed, info.Tenant, name)
+	}
 	log := info.Log
 	if log == nil {
-		log = r.log.With("conn", info.ID)
+		log = r.log.With("conn", info.ID, "agent", name)
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	c := &Conn{
@@ -176,6 +205,8 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		id:         info.ID,
 		tenant:     info.Tenant,
 		ten:        ten,
+		ag:         ag,
+		scope:      sealScope(info.Tenant, name),
 		log:        log,
 		onEnd:      info.OnEnd,
 		ctx:        ctx,
@@ -258,7 +289,7 @@ func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 		return Profile{}, err
 	}
 	p = p.Intersect(r.caps)
-	_, _, terminal := c.ten.policy().ClientCaps()
+	_, _, terminal := c.ten.policy(c.ag.name).ClientCaps()
 	p.Terminal = p.Terminal && terminal
 	if r.isolate {
 		p.Tenant = c.tenant
@@ -266,12 +297,19 @@ func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 	return p, nil
 }
 
-// runningPrompts lists the client prompts agents are still working on.
-func (r *Relay) runningPrompts() []*outReq {
+// runningPrompts lists the client prompts agents are still working on: the
+// named agent's, or every agent's ("").
+func (r *Relay) runningPrompts(agent string) []*outReq {
 	var out []*outReq
-	r.pool.mu.Lock()
-	procs := append([]*agentProc(nil), r.pool.procs...)
-	r.pool.mu.Unlock()
+	var procs []*agentProc
+	for _, ag := range r.agentList() {
+		if agent != "" && ag.name != agent {
+			continue
+		}
+		ag.pool.mu.Lock()
+		procs = append(procs, ag.pool.procs...)
+		ag.pool.mu.Unlock()
+	}
 	for _, p := range procs {
 		p.mu.Lock()
 		for _, req := range p.pending {
@@ -285,29 +323,38 @@ func (r *Relay) runningPrompts() []*outReq {
 }
 
 // PromptsInFlight counts the prompts agents are still working on.
-func (r *Relay) PromptsInFlight() int { return len(r.runningPrompts()) }
+func (r *Relay) PromptsInFlight() int { return len(r.runningPrompts("")) }
+
+// AgentPromptsInFlight counts the prompts the named agent is still working on.
+func (r *Relay) AgentPromptsInFlight(agent string) int { return len(r.runningPrompts(agent)) }
 
 // CancelPrompts sends session/cancel for every running prompt (a drain that
 // ran out of grace) and waits up to wait for the agents to answer them, so
 // that clients get their stopReason "cancelled".
-func (r *Relay) CancelPrompts(wait time.Duration) {
-	running := r.runningPrompts()
+func (r *Relay) CancelPrompts(wait time.Duration) { r.cancelPrompts("", wait) }
+
+// CancelAgentPrompts is CancelPrompts for the named agent's prompts.
+func (r *Relay) CancelAgentPrompts(agent string, wait time.Duration) { r.cancelPrompts(agent, wait) }
+
+func (r *Relay) cancelPrompts(agent string, wait time.Duration) {
+	running := r.runningPrompts(agent)
 	for _, req := range running {
 		req.p.notify(mSessionCancel, sessionIDObject(req.sess.AgentID))
 	}
 	if len(running) > 0 {
-		r.log.Info("cancelled running prompts", "count", len(running))
+		r.log.Info("cancelled running prompts", "count", len(running), "agent", agent)
 	}
 	deadline := time.Now().Add(wait)
-	for r.PromptsInFlight() > 0 && time.Now().Before(deadline) {
+	for len(r.runningPrompts(agent)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-func tenantNames(cfgs []TenantConfig) []string {
+// tenantNames lists the named tenants that may use the agent.
+func tenantNames(cfgs []TenantConfig, agent string) []string {
 	var names []string
 	for _, c := range cfgs {
-		if c.Name != "" {
+		if c.Name != "" && c.mayUse(agent) {
 			names = append(names, c.Name)
 		}
 	}
@@ -325,16 +372,19 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 		if err != nil {
 			return err
 		}
-		if m != nil && !r.pool.cfg.mapPaths {
+		if m != nil && !r.mapPaths {
 			return fmt.Errorf("tenant %q: path mapping cannot be turned on by a reload; restart the gateway", c.Name)
 		}
 		mappers[i] = m
 	}
-	fa := fileAccess(r.caps, cfgs)
-	r.pool.SetFileAccess(fa[0], fa[1])
-	r.pool.SetTenants(tenantNames(cfgs))
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.tenantCfg = cfgs
+	for _, ag := range r.agents {
+		fa := fileAccess(r.caps, cfgs, ag.name)
+		ag.pool.SetFileAccess(fa[0], fa[1])
+		ag.pool.SetTenants(tenantNames(cfgs, ag.name))
+	}
 	for i, c := range cfgs {
 		if t := r.tenants[c.Name]; t != nil {
 			t.update(c, mappers[i])
@@ -350,5 +400,11 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 // Close cancels waiting requests and stops every agent process.
 func (r *Relay) Close(ctx context.Context) error {
 	r.cancel()
-	return r.pool.Close(ctx)
+	var errs []error
+	for _, ag := range r.agentList() {
+		if err := ag.pool.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("agent %q: %w", ag.name, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -298,9 +298,9 @@ func TestTerminalSplitNeverStarves(t *testing.T) {
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("client %d (%s) waited %s", i, caps, d)
 		}
-		r.pool.mu.Lock()
-		told := r.pool.procs[0].prof
-		r.pool.mu.Unlock()
+		r.Pool().mu.Lock()
+		told := r.Pool().procs[0].prof
+		r.Pool().mu.Unlock()
 		if want := strings.Contains(caps, "terminal"); told.Terminal != want {
 			t.Fatalf("client %d (%s) got a process told terminal=%v", i, caps, told.Terminal)
 		}
@@ -308,7 +308,7 @@ func TestTerminalSplitNeverStarves(t *testing.T) {
 		// Once the session/close is answered the process is unused, and
 		// the next client's kind replaces it.
 		waitFor(t, "the process to become unused", func() bool {
-			a := r.pool.procs[0]
+			a := r.Pool().procs[0]
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			return a.unusedLocked()
@@ -399,9 +399,9 @@ func TestAgentThatCannotStart(t *testing.T) {
 			if m.Error == nil || !strings.Contains(m.Error.Message, "the agent is failing to start") {
 				t.Fatalf("initialize against a failing agent: %s", m.raw)
 			}
-			r.pool.mu.Lock()
-			last := fmt.Sprint(r.pool.lastErr)
-			r.pool.mu.Unlock()
+			r.Pool().mu.Lock()
+			last := fmt.Sprint(r.Pool().lastErr)
+			r.Pool().mu.Unlock()
 			if !strings.Contains(last, tc.want) {
 				t.Fatalf("the pool's last error %q lacks %q", last, tc.want)
 			}

@@ -145,17 +145,17 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			return
 		}
 		created = p.addSession(c, sid, req.cwd)
-		c.ten.event("created")
+		c.ten.event(c.ag.metrics, "created")
 		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: created.quotedID})
 	case req.attach != nil:
-		c.ten.event("loaded")
+		c.ten.event(c.ag.metrics, "loaded")
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
 		// The client closed (or deleted) it: the session and its quota slot are free.
 		p.dropSession(req.sess)
 		c.detach(req.sess)
-		c.ten.event("closed")
+		c.ten.event(c.ag.metrics, "closed")
 		p.pool.changed()
 	}
 	jsonrpc.SortEdits(edits)
@@ -213,7 +213,7 @@ func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edi
 			continue
 		}
 		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
-			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.tenant, sid))})
+			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.scope, sid))})
 		if mapper != nil {
 			edits = append(edits, jsonrpc.Edit{Start: cwdField.Start, End: cwdField.End, Repl: jsonrpc.AppendQuote(nil, clientCwd)})
 			for _, pf := range dirs {
@@ -313,7 +313,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	isReq := m.Kind == jsonrpc.KindRequest
 	standIn, err := r.allowAgent(conn, m.Method)
 	if err != nil {
-		conn.ten.denied("agent_method")
+		conn.ten.denied(conn.ag.metrics, "agent_method")
 		if !isReq {
 			p.log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
 			return
@@ -327,7 +327,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
 		p.log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
-		conn.ten.denied("path_outside_root")
+		conn.ten.denied(conn.ag.metrics, "path_outside_root")
 		msg := "params." + outside + ": outside the workspace of this session; the gateway refused it"
 		p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n'))
 		return
@@ -399,7 +399,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 func (r *agentReader) allowAgent(conn *Conn, method string) (standIn bool, err error) {
 	if method != mFsRead && method != mFsWrite && !strings.HasPrefix(method, "terminal/") {
 		// The hot path (session/update) takes no lock here.
-		return false, conn.ten.policy().AllowAgentMethod(method)
+		return false, conn.ten.policy(conn.ag.name).AllowAgentMethod(method)
 	}
 	told := r.p.profile()
 	if method == mFsRead || method == mFsWrite {
@@ -409,9 +409,9 @@ func (r *agentReader) allowAgent(conn *Conn, method string) (standIn bool, err e
 		conn.mu.Lock()
 		offered := method == mFsRead && conn.prof.FsRead || method == mFsWrite && conn.prof.FsWrite
 		conn.mu.Unlock()
-		return !offered || conn.ten.policy().AllowAgentMethod(method) != nil, nil
+		return !offered || conn.ten.policy(conn.ag.name).AllowAgentMethod(method) != nil, nil
 	}
-	if err := conn.ten.policy().AllowAgentMethod(method); err != nil {
+	if err := conn.ten.policy(conn.ag.name).AllowAgentMethod(method); err != nil {
 		return false, err
 	}
 	if !told.Terminal {
@@ -450,7 +450,7 @@ func (p *agentProc) answerForClient(agentID []byte, method string, code int, why
 // working directory as the agent got it. The process retires once it has
 // been given pool.recycle_after_sessions sessions.
 func (p *agentProc) addSession(c *Conn, agentSID, cwd string) *Session {
-	gwID := c.relay.sealer.Seal(c.tenant, agentSID)
+	gwID := c.relay.sealer.Seal(c.scope, agentSID)
 	s := &Session{
 		GatewayID: gwID,
 		quotedID:  jsonrpc.AppendQuote(nil, gwID),

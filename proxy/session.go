@@ -21,7 +21,7 @@ import (
 // tenant holds that session and a turn ran while it was detached. It
 // reports whether it answered m.
 func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
-	s, p := c.relay.pool.heldSession(agentSID)
+	s, p := c.ag.pool.heldSession(agentSID)
 	if s == nil {
 		return false
 	}
@@ -79,7 +79,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	}
 	owner.detach(s)
 	c.attach(s)
-	c.ten.event("loaded")
+	c.ten.event(c.ag.metrics, "loaded")
 	for _, in := range owner.takeAgentReqs(s) {
 		c.adopt(in)
 	}

@@ -13,9 +13,9 @@ import (
 
 // Sealer turns an agent's own session ID into the opaque ID a client sees
 // and back. IDs are sealed with AES-256-GCM under a key derived from the
-// gateway's session key; the tenant is authenticated data, so an ID opens
-// only for the tenant it was issued to. The nonce is derived from the tenant
-// and the agent session ID (a synthetic IV), so the same session always has
+// gateway's session key; the scope (the tenant and the agent, sealScope) is
+// authenticated data, so an ID opens only for the tenant and the agent it
+// was issued for. The nonce is derived from the scope and the agent session ID (a synthetic IV), so the same session always has
 // the same client-visible ID without the gateway keeping a table: IDs survive
 // gateway restarts and work on every replica that shares the key.
 type Sealer struct {
@@ -75,23 +75,34 @@ func NewRandomSealer() *Sealer {
 	return s
 }
 
-func aad(tenant string) []byte {
-	return append([]byte{sealVersion}, tenant...)
+func aad(scope string) []byte {
+	return append([]byte{sealVersion}, scope...)
 }
 
-// Seal returns the client-visible ID of agentSID for tenant.
-func (s *Sealer) Seal(tenant, agentSID string) string { return s.keys[0].seal(tenant, agentSID) }
+// sealScope is what a session ID is bound to: the tenant, and the agent
+// unless it is the one named DefaultAgent, so that the IDs a single-agent
+// gateway issued open unchanged once its agent: block is named "default"
+// among several. Neither name holds a NUL (both are validated names).
+func sealScope(tenant, agent string) string {
+	if agent == DefaultAgent {
+		return tenant
+	}
+	return tenant + "\x00" + agent
+}
 
-func (k sealKey) seal(tenant, agentSID string) string {
+// Seal returns the client-visible ID of agentSID in scope (sealScope).
+func (s *Sealer) Seal(scope, agentSID string) string { return s.keys[0].seal(scope, agentSID) }
+
+func (k sealKey) seal(scope, agentSID string) string {
 	h := hmac.New(sha256.New, k.macKey)
-	h.Write([]byte(tenant))
+	h.Write([]byte(scope))
 	h.Write([]byte{0})
 	h.Write([]byte(agentSID))
 	nonce := h.Sum(nil)[:k.aead.NonceSize()]
 	buf := make([]byte, 0, 1+len(nonce)+len(agentSID)+k.aead.Overhead())
 	buf = append(buf, sealVersion)
 	buf = append(buf, nonce...)
-	buf = k.aead.Seal(buf, nonce, []byte(agentSID), aad(tenant))
+	buf = k.aead.Seal(buf, nonce, []byte(agentSID), aad(scope))
 	return b64.EncodeToString(buf)
 }
 
@@ -101,10 +112,11 @@ var errBadSessionID = errors.New("unknown session")
 // about 3 KB seals within it).
 const maxSessionIDLen = 4096
 
-// Open returns the agent session ID sealed in id, if id was issued to tenant
-// under one of the keys. Every failure is the same error: a caller cannot
-// tell a forged ID from another tenant's or one that never existed.
-func (s *Sealer) Open(tenant, id string) (string, error) {
+// Open returns the agent session ID sealed in id, if id was issued in scope
+// (sealScope) under one of the keys. Every failure is the same error: a
+// caller cannot tell a forged ID from another tenant's or another agent's,
+// or one that never existed.
+func (s *Sealer) Open(scope, id string) (string, error) {
 	if len(id) > maxSessionIDLen {
 		return "", errBadSessionID
 	}
@@ -117,10 +129,10 @@ func (s *Sealer) Open(tenant, id string) (string, error) {
 		if len(raw) < 1+ns+k.aead.Overhead() {
 			return "", errBadSessionID
 		}
-		if plain, err := k.aead.Open(nil, raw[1:1+ns], raw[1+ns:], aad(tenant)); err == nil {
+		if plain, err := k.aead.Open(nil, raw[1:1+ns], raw[1+ns:], aad(scope)); err == nil {
 			// Only the canonical spelling opens: the base64 decoder skips
 			// \r and \n, which would give one session several IDs.
-			if k.seal(tenant, string(plain)) != id {
+			if k.seal(scope, string(plain)) != id {
 				return "", errBadSessionID
 			}
 			return string(plain), nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -24,6 +25,11 @@ type TenantConfig struct {
 	MaxSessions       int // 0 = no cap
 	// Policy says what the tenant's clients may do; nil = policy.Default().
 	Policy *policy.Policy
+	// AgentPolicies is the tenant's policy with a named agent, where it
+	// differs from Policy (an agent's own policy keys).
+	AgentPolicies map[string]*policy.Policy
+	// Agents lists the agents the tenant may use; nil = every agent.
+	Agents []string
 }
 
 func (c TenantConfig) policy() *policy.Policy {
@@ -34,6 +40,19 @@ func (c TenantConfig) policy() *policy.Policy {
 	return &p
 }
 
+// policyFor is the tenant's policy with the named agent.
+func (c TenantConfig) policyFor(agent string) *policy.Policy {
+	if p := c.AgentPolicies[agent]; p != nil {
+		return p
+	}
+	return c.policy()
+}
+
+// mayUse reports whether the tenant may use the named agent.
+func (c TenantConfig) mayUse(agent string) bool {
+	return c.Agents == nil || slices.Contains(c.Agents, agent)
+}
+
 // tenant is a tenant's live state.
 type tenant struct {
 	name    string
@@ -41,8 +60,8 @@ type tenant struct {
 	metrics *Metrics
 	mapper  atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
 
-	limiter *rate.Limiter                 // all of the tenant's connections; nil = none
-	pol     atomic.Pointer[policy.Policy] // never nil; swapped on reload
+	limiter *rate.Limiter                // all of the tenant's connections; nil = none
+	conf    atomic.Pointer[TenantConfig] // policies and agents; never nil; swapped on reload
 
 	mu          sync.Mutex
 	maxSessions int
@@ -63,7 +82,7 @@ func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {
 func makeTenant(c TenantConfig, mapper *pathmap.Mapper, m *Metrics) *tenant {
 	t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: m, label: m.tenants.Label(c.Name)}
 	t.mapper.Store(mapper)
-	t.pol.Store(c.policy())
+	t.conf.Store(&c)
 	return t
 }
 
@@ -85,11 +104,14 @@ func (t *tenant) update(c TenantConfig, mapper *pathmap.Mapper) {
 	t.maxSessions = c.MaxSessions
 	t.mu.Unlock()
 	t.mapper.Store(mapper)
-	t.pol.Store(c.policy())
+	t.conf.Store(&c)
 }
 
-// policy returns the tenant's current policy.
-func (t *tenant) policy() *policy.Policy { return t.pol.Load() }
+// policy returns the tenant's current policy with the named agent.
+func (t *tenant) policy(agent string) *policy.Policy { return t.conf.Load().policyFor(agent) }
+
+// mayUse reports whether the tenant may (now) use the named agent.
+func (t *tenant) mayUse(agent string) bool { return t.conf.Load().mayUse(agent) }
 
 // errQuota is the JSON-RPC error code for a tenant over its session quota.
 const codeQuota = -32005
@@ -112,18 +134,23 @@ func (t *tenant) unreserve() {
 	t.mu.Unlock()
 }
 
-func (t *tenant) added(n int) {
+// added counts n sessions (negative: ended) of the tenant with an agent.
+func (t *tenant) added(am *agentMetrics, n int) {
 	t.mu.Lock()
 	t.sessions += n
 	t.mu.Unlock()
-	t.metrics.SessionsActive.WithLabelValues(t.label).Add(float64(n))
+	am.SessionsActive.WithLabelValues(t.label).Add(float64(n))
 }
 
 // event counts a session event (created, loaded, closed, lost).
-func (t *tenant) event(e string) { t.metrics.SessionsTotal.WithLabelValues(t.label, e).Inc() }
+func (t *tenant) event(am *agentMetrics, e string) {
+	am.SessionsTotal.WithLabelValues(t.label, e).Inc()
+}
 
 // denied counts a refusal by reason.
-func (t *tenant) denied(reason string) { t.metrics.Denials.WithLabelValues(t.label, reason).Inc() }
+func (t *tenant) denied(am *agentMetrics, reason string) {
+	am.Denials.WithLabelValues(t.label, reason).Inc()
+}
 
 // pathError is a client path the tenant may not use.
 type pathError struct {
