@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/auth"
+	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -56,6 +57,7 @@ type httpConn struct {
 	s        *Server
 	id       string
 	tenant   string
+	agent    string
 	log      *slog.Logger
 	conn     *proxy.Conn
 	maxBytes int // what its streams may buffer together (limits.send_queue_bytes)
@@ -274,8 +276,8 @@ func (h *httpConn) end(why, label string) {
 	h.s.mu.Unlock()
 	h.log.Info("connection closed", "reason", why, "duration", time.Since(h.start).Round(time.Millisecond))
 	if opened {
-		h.s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http").Dec()
-		h.s.metrics.connsTotal.WithLabelValues(h.tenantLabel, label, "http").Inc()
+		h.s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http", h.agent).Dec()
+		h.s.metrics.connsTotal.WithLabelValues(h.tenantLabel, label, "http", h.agent).Inc()
 	}
 	h.conn.SocketEnded(h, true)
 }
@@ -306,9 +308,17 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 	return id.Tenant, true
 }
 
+// authenticateAgent is authenticate, then routeAgent.
+func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (tenant, agent string, ok bool) {
+	if tenant, ok = s.authenticate(w, r); ok {
+		agent, ok = s.routeAgent(w, r, tenant)
+	}
+	return tenant, agent, ok
+}
+
 // lookup finds the tenant's connection named by Acp-Connection-Id; another
-// tenant's gets the same 404 as an unknown one.
-func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant string) *httpConn {
+// tenant's, or another agent's, gets the same 404 as an unknown one.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant, agent string) *httpConn {
 	id := r.Header.Get(ConnectionIDHeader)
 	if id == "" {
 		plain(w, http.StatusBadRequest, "Missing Acp-Connection-Id")
@@ -317,7 +327,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant string) *
 	s.mu.Lock()
 	h := s.httpConns[id]
 	s.mu.Unlock()
-	if h == nil || h.tenant != tenant {
+	if h == nil || h.tenant != tenant || h.agent != agent {
 		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
 		return nil
 	}
@@ -337,7 +347,7 @@ func sessionHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
 
 // handleHTTPPost takes one client message.
 func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := s.authenticate(w, r)
+	tenant, agent, ok := s.authenticateAgent(w, r)
 	if !ok {
 		return
 	}
@@ -381,13 +391,13 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	connID := r.Header.Get(ConnectionIDHeader)
 	switch {
 	case isInit && connID == "":
-		s.httpInitialize(w, r, tenant, trimmed, &e)
+		s.httpInitialize(w, r, tenant, agent, trimmed, &e)
 		return
 	case isInit:
 		plain(w, http.StatusBadRequest, "Initialize not allowed on existing connection")
 		return
 	}
-	h := s.lookup(w, r, tenant)
+	h := s.lookup(w, r, tenant, agent)
 	if h == nil {
 		return
 	}
@@ -449,7 +459,7 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 }
 
 // httpInitialize opens a connection: the initialize answer is the body.
-func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant string, msg []byte, e *envelope) {
+func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant, agent string, msg []byte, e *envelope) {
 	if string(e.ID) == "null" {
 		plain(w, http.StatusBadRequest, "Initialize request must include an ID")
 		return
@@ -462,15 +472,15 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 	}
 	cfg := s.config()
 	id := newConnID()
-	log := s.log.With("conn", id, "transport", "http")
+	log := s.log.With("conn", id, "transport", "http", "agent", agent)
 	if s.authn != nil {
 		log = log.With("tenant", tenant)
 	}
-	h := &httpConn{s: s, id: id, tenant: tenant, log: log, maxBytes: cfg.Limits.SendQueueBytes,
+	h := &httpConn{s: s, id: id, tenant: tenant, agent: agent, log: log, maxBytes: cfg.Limits.SendQueueBytes,
 		history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{}, replyTo: map[string]string{},
 		askedOn: map[string]string{}, initID: e.ID, initReply: make(chan []byte, 1), lastUse: time.Now(),
 		done: make(chan struct{}), start: time.Now(), tenantLabel: s.metrics.tenants.Label(tenant)}
-	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: log, NoResume: true, OnEnd: func() {
+	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Agent: agent, Log: log, NoResume: true, OnEnd: func() {
 		s.releaseTenant(tenant)
 		go h.end("ended", "other")
 	}}, h)
@@ -493,14 +503,18 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 	log.Debug("connection opened", "remote", r.RemoteAddr)
 	reply := h.initReply // Send clears the field once it has answered
 	conn.HandleFrom(h, msg)
-	wait := time.NewTimer(cfg.Pool.AcquireTimeout.D() + cfg.Agent.InitTimeout.D())
+	ac := cfg.AgentNamed(agent)
+	if ac == nil { // removed by a reload meanwhile
+		ac = &config.NamedAgent{Agent: cfg.Agent, Pool: cfg.Pool}
+	}
+	wait := time.NewTimer(ac.Pool.AcquireTimeout.D() + ac.InitTimeout.D())
 	defer wait.Stop()
 	select {
 	case reply := <-reply:
 		h.mu.Lock()
 		if !h.ended {
 			h.opened = true
-			s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http").Inc()
+			s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http", h.agent).Inc()
 		}
 		h.mu.Unlock()
 		w.Header().Set(ConnectionIDHeader, id)
@@ -520,11 +534,11 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant s
 
 // handleHTTPDelete ends a connection, as a WebSocket close 1000 would.
 func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := s.authenticate(w, r)
+	tenant, agent, ok := s.authenticateAgent(w, r)
 	if !ok {
 		return
 	}
-	h := s.lookup(w, r, tenant)
+	h := s.lookup(w, r, tenant, agent)
 	if h == nil {
 		return
 	}
@@ -540,7 +554,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return
 	}
-	tenant, ok := s.authenticate(w, r) // an anonymous request learns nothing else
+	tenant, agent, ok := s.authenticateAgent(w, r) // an anonymous request learns nothing else
 	if !ok {
 		return
 	}
@@ -548,7 +562,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusNotAcceptable, "Not Acceptable")
 		return
 	}
-	h := s.lookup(w, r, tenant)
+	h := s.lookup(w, r, tenant, agent)
 	if h == nil {
 		return
 	}

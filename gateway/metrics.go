@@ -13,8 +13,8 @@ import (
 // own on the same registry).
 type metrics struct {
 	tenants         *proxy.TenantLabels
-	connsOpen       *prometheus.GaugeVec   // tenant, transport
-	connsTotal      *prometheus.CounterVec // tenant, reason, transport
+	connsOpen       *prometheus.GaugeVec   // tenant, transport, agent
+	connsTotal      *prometheus.CounterVec // tenant, reason, transport, agent
 	authFailures    *prometheus.CounterVec // reason
 	slowDisconnects prometheus.Counter
 	reloads         *prometheus.CounterVec // result
@@ -25,11 +25,11 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 		authFailures: authFailures,
 		tenants:      relay.Tenants(),
 		connsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "acpgate_connections_open", Help: "Open client connections, by transport (websocket, http).",
-		}, []string{"tenant", "transport"}),
+			Name: "acpgate_connections_open", Help: "Open client connections, by transport (websocket, http) and agent.",
+		}, []string{"tenant", "transport", "agent"}),
 		connsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_connections_total", Help: "Client connections that ended, by close reason and transport (websocket, http).",
-		}, []string{"tenant", "reason", "transport"}),
+			Name: "acpgate_connections_total", Help: "Client connections that ended, by close reason, transport (websocket, http) and agent.",
+		}, []string{"tenant", "reason", "transport", "agent"}),
 		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed (1008) because the client read slower than its agent wrote.",
 		}),

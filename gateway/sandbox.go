@@ -21,8 +21,7 @@ import (
 // acpgate supervise applies before it starts the agent.
 type launcher struct {
 	log  *slog.Logger
-	abi  int    // Landlock ABI; 0: the kernel has none (mode auto)
-	exe  string // the agent's program, resolved: always readable and executable
+	abi  int // Landlock ABI; 0: the kernel has none (mode auto)
 	user *sandbox.User
 	cfg  atomic.Pointer[config.Config]
 	seq  atomic.Int64
@@ -31,7 +30,7 @@ type launcher struct {
 // newLauncher returns nil when the sandbox is off. With mode required and
 // no Landlock it refuses; with mode auto it logs an error and confines
 // what it can without Landlock.
-func newLauncher(cfg *config.Config, agentCmd, supervisor []string, log *slog.Logger) (*launcher, error) {
+func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*launcher, error) {
 	mode := cfg.SandboxMode()
 	if mode == "off" {
 		return nil, nil
@@ -66,14 +65,6 @@ func newLauncher(cfg *config.Config, agentCmd, supervisor []string, log *slog.Lo
 	if l.user != nil && os.Geteuid() != 0 {
 		return nil, fmt.Errorf("sandbox.user %q needs the gateway to run as root", cfg.Sandbox.User)
 	}
-	if p, err := exec.LookPath(agentCmd[0]); err == nil {
-		if r, err := filepath.EvalSymlinks(p); err == nil {
-			p = r
-		}
-		if p, err = filepath.Abs(p); err == nil {
-			l.exe = p
-		}
-	}
 	if err := os.MkdirAll(cfg.Sandbox.Home, 0o711); err != nil {
 		return nil, fmt.Errorf("sandbox.home: %w (set sandbox.home to a directory the gateway may create)", err)
 	}
@@ -89,9 +80,28 @@ func newLauncher(cfg *config.Config, agentCmd, supervisor []string, log *slog.Lo
 // update takes a reloaded configuration (tenants and their paths).
 func (l *launcher) update(cfg *config.Config) { l.cfg.Store(cfg) }
 
-// Launch is proxy.AgentConfig.Launch.
-func (l *launcher) Launch(tenant string) (proxy.Launch, error) {
+// forAgent is proxy.AgentConfig.Launch for the named agent, which runs
+// cmd: its program is always readable and executable.
+func (l *launcher) forAgent(name string, cmd []string) func(string) (proxy.Launch, error) {
+	exe := ""
+	if p, err := exec.LookPath(cmd[0]); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		if p, err = filepath.Abs(p); err == nil {
+			exe = p
+		}
+	}
+	return func(tenant string) (proxy.Launch, error) { return l.launch(name, exe, tenant) }
+}
+
+// launch says how a process of the named agent starts for tenant.
+func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 	cfg := l.cfg.Load()
+	agent := cfg.AgentNamed(agentName)
+	if agent == nil {
+		return proxy.Launch{}, fmt.Errorf("agent %q is no longer configured", agentName)
+	}
 	var t *config.Tenant
 	for i := range cfg.Tenants {
 		if cfg.Tenants[i].Name == tenant {
@@ -124,16 +134,16 @@ func (l *launcher) Launch(tenant string) (proxy.Launch, error) {
 		}
 	}
 	var env []string
-	for _, k := range cfg.Agent.InheritEnv {
+	for _, k := range agent.InheritEnv {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
 	}
-	env = append(proxy.AppendEnv(env, cfg.Agent.Env), "HOME="+home, "TMPDIR="+tmp)
+	env = append(proxy.AppendEnv(env, agent.Env), "HOME="+home, "TMPDIR="+tmp)
 
-	ro, rw := cfg.SandboxPaths(t)
-	if l.exe != "" {
-		ro = append(ro, l.exe)
+	ro, rw := cfg.SandboxPaths(t, agent)
+	if exe != "" {
+		ro = append(ro, exe)
 	}
 	lim := cfg.Sandbox.Limits
 	spec := &sandbox.Spec{
@@ -163,7 +173,7 @@ func (l *launcher) Launch(tenant string) (proxy.Launch, error) {
 		launch.Dir = t.Root
 	}
 	if cg := cfg.Sandbox.Cgroup; cg != "" {
-		c, err := sandbox.NewCgroup(cg, fmt.Sprintf("agent-%s-%d-%d", orDefault(name), os.Getpid(), l.seq.Add(1)),
+		c, err := sandbox.NewCgroup(cg, fmt.Sprintf("agent-%s-%s-%d-%d", orDefault(name), agentName, os.Getpid(), l.seq.Add(1)),
 			int64(lim.Memory), int64(lim.Processes))
 		if err != nil {
 			return proxy.Launch{}, err

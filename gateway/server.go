@@ -24,22 +24,26 @@ import (
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/web"
 )
 
 // Options configures a Server.
 type Options struct {
 	Config *config.Config
-	// AgentCommand is the agent argv to run (the config's, or the built-in
-	// demo agent's); Supervisor the argv prefix of acpgate's supervisor.
-	AgentCommand []string
-	Supervisor   []string
-	Version      string
-	Logger       *slog.Logger
+	// DemoAgent is the argv run for an agent configured without a command
+	// (the built-in demo agent).
+	DemoAgent []string
+	// Supervisor returns the argv prefix of acpgate's supervisor for an
+	// agent with that stop grace; nil: agents are started directly.
+	Supervisor func(stopGrace time.Duration) []string
+	Version    string
+	Logger     *slog.Logger
 }
 
 // Server is a running gateway.
 type Server struct {
+	opts     Options
 	cfg      *config.Config
 	log      *slog.Logger
 	relay    *proxy.Relay
@@ -57,8 +61,13 @@ type Server struct {
 	httpConns   map[string]*httpConn // Streamable-HTTP connections by ID
 	stopJanitor context.CancelFunc   // ends httpJanitor
 	janitorDone chan struct{}
-	tenantConns map[string]int // open connections per tenant
-	wg          sync.WaitGroup // one per WebSocket connection
+	tenantConns map[string]int      // open connections per tenant
+	wg          sync.WaitGroup      // one per WebSocket connection
+	draining    map[string]struct{} // agents a reload removed, until drained
+
+	agentDrains sync.WaitGroup     // one per removed agent being drained
+	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
+	stopDrains  context.CancelFunc // cancels drainCtx
 }
 
 // Reload applies a new configuration's tenants, tokens and policy without
@@ -83,7 +92,18 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
 	if changed := restartOnlyChanges(cur, next); len(changed) > 0 {
-		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots) and policy reload", strings.Join(changed, ", "))
+		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents), policy, "+
+			"agents added or removed and default_agent reload", strings.Join(changed, ", "))
+	}
+	added, removed, restart := agentChanges(cur, next)
+	if len(restart) > 0 {
+		return fmt.Errorf("agents %s: settings other than policy need a restart (or remove the agent, reload, and add it again)",
+			strings.Join(restart, ", "))
+	}
+	for _, name := range added {
+		if s.retiring(name) {
+			return fmt.Errorf("agent %q is still draining after its removal; reload again once it has stopped", name)
+		}
 	}
 	if s.authn != nil {
 		if err := s.authn.UpdateTenants(authTenants(next)); err != nil {
@@ -102,18 +122,22 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
+	if err := s.applyAgents(cur, next, added, removed); err != nil {
+		return err
+	}
 	return nil
 }
 
 // restartOnlyChanges names (by YAML key) the top-level settings that differ
-// between cur and next, other than tenants and policy, which reload. A new
-// setting is covered without being listed here.
+// between cur and next, other than tenants, policy, agents and
+// default_agent, which reload (agentChanges says which agents' changes
+// need a restart). A new setting is covered without being listed here.
 func restartOnlyChanges(cur, next *config.Config) []string {
 	var changed []string
 	a, b := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	for i := range a.NumField() {
 		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
-		if key == "tenants" || key == "policy" {
+		if key == "tenants" || key == "policy" || key == "agents" || key == "default_agent" {
 			continue
 		}
 		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
@@ -138,15 +162,29 @@ func (s *Server) ReloadFailed() { s.metrics.reloads.WithLabelValues("failure").I
 // relayTenants is the relay's view of the configured tenants (one
 // anonymous tenant with the global policy when none are configured).
 func relayTenants(cfg *config.Config) []proxy.TenantConfig {
+	agentPolicies := func(t *config.Tenant) map[string]*policy.Policy {
+		m := map[string]*policy.Policy{}
+		for _, a := range cfg.AgentList() {
+			var pol policy.Policy
+			if t == nil {
+				pol = cfg.AgentPolicy(a.Name)
+			} else {
+				pol = cfg.TenantAgentPolicy(t, a.Name)
+			}
+			m[a.Name] = &pol
+		}
+		return m
+	}
 	if len(cfg.Tenants) == 0 {
 		pol := cfg.GlobalPolicy()
-		return []proxy.TenantConfig{{Policy: &pol}}
+		return []proxy.TenantConfig{{Policy: &pol, AgentPolicies: agentPolicies(nil)}}
 	}
 	var out []proxy.TenantConfig
 	for i := range cfg.Tenants {
 		t := &cfg.Tenants[i]
 		pol := cfg.TenantPolicy(t)
-		out = append(out, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions, Policy: &pol})
+		out = append(out, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions,
+			Policy: &pol, AgentPolicies: agentPolicies(t), Agents: t.Agents})
 	}
 	return out
 }
@@ -193,9 +231,6 @@ func New(opts Options) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if len(opts.AgentCommand) == 0 {
-		return nil, errors.New("no agent command")
-	}
 	sealer, err := newSealer(cfg, log)
 	if err != nil {
 		return nil, err
@@ -212,43 +247,35 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	launch, err := newLauncher(cfg, opts.AgentCommand, opts.Supervisor, log)
-	if err != nil {
+	fail := func(err error) (*Server, error) {
 		if authn != nil {
 			authn.Close()
 		}
 		return nil, err
 	}
-	var launchFn func(string) (proxy.Launch, error)
-	if launch != nil {
-		launchFn = launch.Launch
+	var sup []string
+	if opts.Supervisor != nil {
+		sup = opts.Supervisor(0)
+	}
+	launch, err := newLauncher(cfg, sup, log)
+	if err != nil {
+		return fail(err)
+	}
+	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg,
+		httpConns: map[string]*httpConn{}, janitorDone: make(chan struct{}), draining: map[string]struct{}{}}
+	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
+	var agents []proxy.AgentSpec
+	for _, a := range cfg.AgentList() {
+		spec, err := s.agentSpec(cfg, a)
+		if err != nil {
+			s.stopDrains()
+			return fail(err)
+		}
+		agents = append(agents, spec)
 	}
 	relay, err := proxy.NewRelay(proxy.Config{
 		Metrics: relayMetrics,
-		Pool: proxy.PoolConfig{
-			Agent: proxy.AgentConfig{
-				Command:     opts.AgentCommand,
-				Env:         cfg.Agent.Env,
-				Dir:         cfg.Agent.Dir,
-				Supervisor:  opts.Supervisor,
-				StopGrace:   cfg.Agent.StopGrace.D(),
-				InitTimeout: cfg.Agent.InitTimeout.D(),
-				Launch:      launchFn,
-			},
-			TenantBound:           launch != nil,
-			MinIdle:               cfg.Pool.MinIdle,
-			MaxProcesses:          cfg.Pool.MaxProcesses,
-			MaxSessionsPerProcess: cfg.Pool.MaxSessionsPerProcess,
-			MaxMessageBytes:       cfg.Limits.MaxMessageBytes,
-			AcquireTimeout:        cfg.Pool.AcquireTimeout.D(),
-			IdleTimeout:           cfg.Pool.IdleTimeout.D(),
-			RecycleAfterSessions:  cfg.Pool.RecycleAfterSessions,
-			RecycleAfter:          cfg.Pool.RecycleAfter.D(),
-			ClientRequestTimeout:  cfg.Timeouts.ClientRequest.D(),
-			ClientVersion:         opts.Version,
-			RequestTimeout:        cfg.Timeouts.Request.D(),
-			PromptTimeout:         cfg.Timeouts.Prompt.D(),
-		},
+		Agents:  agents,
 		Limits: proxy.Limits{
 			MaxPendingRequests:      cfg.Limits.MaxPendingRequests,
 			MessagesPerSecond:       cfg.Limits.MessagesPerSecond,
@@ -263,35 +290,36 @@ func New(opts Options) (*Server, error) {
 			DetachTimeout:     cfg.Sessions.DetachTimeout.D(),
 			ReplayBufferBytes: cfg.Sessions.ReplayBufferBytes,
 		},
-		IsolateTenants: cfg.AuthEnabled() && cfg.Pool.Isolation == "tenant",
+		IsolateTenants: cfg.AuthEnabled(),
 	}, log)
 	if err != nil {
-		if authn != nil {
-			authn.Close()
-		}
-		return nil, err
+		s.stopDrains()
+		return fail(err)
 	}
-	s := &Server{cfg: cfg, log: log, relay: relay, authn: authn, launch: launch, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg,
-		httpConns: map[string]*httpConn{}, janitorDone: make(chan struct{})}
+	s.relay = relay
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := chi.NewRouter()
-	// /acp: a WebSocket upgrade, or Streamable HTTP (POST a message, GET
-	// an event stream, DELETE the connection).
-	r.Get("/acp", func(w http.ResponseWriter, r *http.Request) {
-		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-			s.handleACP(w, r)
-			return
-		}
-		s.handleSSE(w, r)
-	})
-	r.Post("/acp", s.handleHTTPPost)
-	r.Delete("/acp", s.handleHTTPDelete)
-	for _, m := range []string{http.MethodHead, http.MethodPut, http.MethodPatch, http.MethodOptions} {
-		r.MethodFunc(m, "/acp", func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Allow", "GET, POST, DELETE")
-			plain(w, http.StatusMethodNotAllowed, "Method Not Allowed")
+	// /acp (the default agent) and /acp/{agent}: a WebSocket upgrade, or
+	// Streamable HTTP (POST a message, GET an event stream, DELETE the
+	// connection).
+	for _, path := range []string{"/acp", "/acp/{agent}"} {
+		r.Get(path, func(w http.ResponseWriter, r *http.Request) {
+			if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+				s.handleACP(w, r)
+				return
+			}
+			s.handleSSE(w, r)
 		})
+		r.Post(path, s.handleHTTPPost)
+		r.Delete(path, s.handleHTTPDelete)
+		for _, m := range []string{http.MethodHead, http.MethodPut, http.MethodPatch, http.MethodOptions} {
+			r.MethodFunc(m, path, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Allow", "GET, POST, DELETE")
+				plain(w, http.StatusMethodNotAllowed, "Method Not Allowed")
+			})
+		}
 	}
+	r.Get("/v1/agents", s.handleAgents)
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
 	}
@@ -350,8 +378,9 @@ func (s *Server) ready() string {
 		return "draining"
 	case !s.started.Load():
 		return "starting"
-	case !s.relay.Pool().Ready():
-		return "no agent ready"
+	}
+	if ok, name := s.relay.AgentsReady(); !ok {
+		return fmt.Sprintf("agent %q has no process ready", name)
 	}
 	return ""
 }
@@ -367,6 +396,7 @@ func (s *Server) MetricsHandler() http.Handler {
 // process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.notReady.Store(true)
+	defer s.stopDrains()
 	if d := s.config().ShutdownDelay.D(); d > 0 {
 		s.log.Info("not ready; still accepting while load balancers catch up", "shutdown_delay", d)
 		select {
@@ -418,6 +448,8 @@ wait:
 	}
 	s.stopJanitor()
 	<-s.janitorDone
+	s.stopDrains() // removed agents still draining stop now, with the rest
+	s.agentDrains.Wait()
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr

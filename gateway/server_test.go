@@ -101,10 +101,10 @@ func newTestServer(t *testing.T, mutate func(*config.Config)) *testServer {
 	}
 	logs := &syncBuffer{}
 	s, err := New(Options{
-		Config:       cfg,
-		AgentCommand: []string{exe, "-test.run=^$"},
-		Version:      "test",
-		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Config:    cfg,
+		DemoAgent: []string{exe, "-test.run=^$"},
+		Version:   "test",
+		Logger:    slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)

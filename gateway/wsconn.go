@@ -101,6 +101,10 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		}
 		accept.InsecureSkipVerify = true // the origin was checked by Upgrade
 	}
+	agent, ok := s.routeAgent(w, r, tenant)
+	if !ok {
+		return
+	}
 	// A resume continues a connection of the tenant's on this socket; it
 	// holds its tenant slot already. Every refusal looks the same.
 	var resumed *proxy.Conn
@@ -110,7 +114,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			n = -1 // refused, and counted, like any bad resume
 		}
-		if resumed, err = s.relay.Resume(tenant, q.Get("resume"), n); err != nil {
+		if resumed, err = s.relay.Resume(tenant, agent, q.Get("resume"), n); err != nil {
 			s.log.Info("resume refused", "remote", r.RemoteAddr)
 			writeJSONError(w, http.StatusNotFound, "resume_refused", err.Error())
 			return
@@ -142,7 +146,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	limits := cfg.Limits
 	ws.SetReadLimit(int64(limits.MaxMessageBytes))
 	ctx, cancel := context.WithCancel(context.Background())
-	log := s.log.With("conn", id)
+	log := s.log.With("conn", id, "agent", agent)
 	if s.authn != nil {
 		log = log.With("tenant", tenant)
 	}
@@ -166,7 +170,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		// The tenant slot is held until the connection ends, which may be
 		// after this socket (a detached connection still counts).
 		release := func() { s.releaseTenant(tenant) }
-		c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Log: c.log, OnEnd: release}, c)
+		c.conn, err = s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Agent: agent, Log: c.log, OnEnd: release}, c)
 		if err != nil {
 			cancel()
 			release()
@@ -187,7 +191,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	c.tenantLabel = s.metrics.tenants.Label(tenant)
-	s.metrics.connsOpen.WithLabelValues(c.tenantLabel, "websocket").Inc()
+	s.metrics.connsOpen.WithLabelValues(c.tenantLabel, "websocket", c.conn.Agent()).Inc()
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", ws.Subprotocol(), "resumed", resumed != nil)
 	if resumed != nil {
 		if err := resumed.Attach(c, received); err != nil {
@@ -242,7 +246,7 @@ const frameQueueBytes = 1 << 20
 // run is the connection's reader; the connection ends when it returns.
 func (c *wsConn) run() {
 	defer c.s.wg.Done()
-	defer c.s.metrics.connsOpen.WithLabelValues(c.tenantLabel, "websocket").Dec()
+	defer c.s.metrics.connsOpen.WithLabelValues(c.tenantLabel, "websocket", c.conn.Agent()).Dec()
 	// Writes carry no context (see writeLoop): closing the connection is
 	// what unblocks them when the connection ends.
 	stopClose := context.AfterFunc(c.ctx, func() { _ = c.ws.CloseNow() })
@@ -269,7 +273,7 @@ func (c *wsConn) run() {
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
 	c.s.mu.Unlock()
-	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, label, "websocket").Inc()
+	c.s.metrics.connsTotal.WithLabelValues(c.tenantLabel, label, "websocket", c.conn.Agent()).Inc()
 	c.log.Info("connection closed",
 		"duration", time.Since(c.start).Round(time.Millisecond),
 		"msgs_in", c.msgsIn.Load(), "msgs_out", c.msgsOut.Load(),

@@ -25,6 +25,9 @@ var (
 type AgentSpec struct {
 	Name string
 	Pool PoolConfig
+	// SharedTenants lets tenants share the agent's processes even where
+	// the relay isolates tenants (pool isolation "shared").
+	SharedTenants bool
 }
 
 // agent is a named agent's live state: its pool and its metrics view. A
@@ -33,6 +36,7 @@ type agent struct {
 	name    string
 	pool    *Pool
 	metrics *agentMetrics
+	isolate bool // two tenants never share a process of this agent
 	// retired: removed by a reload; no new connection, the pool closes
 	// once its connections are drained (CloseAgent).
 	retired atomic.Bool
@@ -51,9 +55,10 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	cfg := spec.Pool
 	cfg.mapPaths = r.mapPaths
 	cfg.fileAccess = fileAccess(r.caps, r.tenantCfg, spec.Name)
-	cfg.TenantBound = cfg.TenantBound && r.isolate
+	isolate := r.isolate && !spec.SharedTenants
+	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.tenantNames = tenantNames(r.tenantCfg, spec.Name)
-	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name)}
+	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name), isolate: isolate}
 	cfg.metrics = ag.metrics
 	ag.pool = NewPool(cfg, r.log.With("agent", spec.Name))
 	r.agents[spec.Name] = ag

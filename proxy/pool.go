@@ -654,8 +654,14 @@ func (p *Pool) maintainLocked(now time.Time) {
 		a.stop(p.cfg.Agent.StopGrace)
 	}
 	// Warming waits while a client waits for capacity: the client's
-	// process comes first.
-	for ; idle < p.cfg.MinIdle && len(p.procs) < p.cfg.MaxProcesses && !now.Before(p.retryAt) && p.waiters == 0; idle++ {
+	// process comes first. A pool without min_idle that has never had a
+	// process start still starts one, so that readiness tells whether the
+	// agent can start at all; it is then stopped when idle like any other.
+	want := p.cfg.MinIdle
+	if want == 0 && !p.everOK && len(p.procs) == 0 {
+		want = 1
+	}
+	for ; idle < want && len(p.procs) < p.cfg.MaxProcesses && !now.Before(p.retryAt) && p.waiters == 0; idle++ {
 		if _, err := p.spawnLocked(base); err != nil {
 			break
 		}

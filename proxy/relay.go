@@ -291,7 +291,7 @@ func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 	p = p.Intersect(r.caps)
 	_, _, terminal := c.ten.policy(c.ag.name).ClientCaps()
 	p.Terminal = p.Terminal && terminal
-	if r.isolate {
+	if c.ag.isolate {
 		p.Tenant = c.tenant
 	}
 	return p, nil

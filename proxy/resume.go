@@ -48,11 +48,11 @@ func newResumeToken() string {
 // maxTokenBytes bounds what Resume looks up.
 const maxTokenBytes = 64
 
-// Resume finds the connection a client of tenant resumes with token, having
-// received received messages on it. The connection stops its detach timer;
+// Resume finds the connection of agent a client of tenant resumes with
+// token, having received received messages on it. The connection stops its detach timer;
 // the caller then attaches the new socket (Attach) or gives up
 // (AbortResume). Every failure is ErrResumeRefused.
-func (r *Relay) Resume(tenant, token string, received int64) (*Conn, error) {
+func (r *Relay) Resume(tenant, agent, token string, received int64) (*Conn, error) {
 	if token == "" || len(token) > maxTokenBytes {
 		r.metrics.Resumes.WithLabelValues("refused").Inc()
 		return nil, ErrResumeRefused
@@ -60,7 +60,8 @@ func (r *Relay) Resume(tenant, token string, received int64) (*Conn, error) {
 	r.mu.Lock()
 	c := r.resumable[token]
 	r.mu.Unlock()
-	if c == nil || subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 || !c.reserveResume(received) {
+	if c == nil || subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 ||
+		agent != "" && c.ag.name != agent || !c.reserveResume(received) {
 		r.metrics.Resumes.WithLabelValues("refused").Inc()
 		return nil, ErrResumeRefused
 	}

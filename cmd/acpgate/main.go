@@ -123,15 +123,12 @@ func serve(args []string, stderr io.Writer) int {
 		log.Error("cannot find the acpgate executable", "err", err)
 		return 1
 	}
-	agentCmd := cfg.Agent.Command
-	if len(agentCmd) == 0 {
-		agentCmd = []string{exe, "demo-agent"}
-	}
 	srv, err := gateway.New(gateway.Options{
-		Config:       cfg,
-		AgentCommand: agentCmd,
-		Supervisor: []string{exe, "supervise", "--grace", cfg.Agent.StopGrace.D().String(),
-			"--parent-pid", strconv.Itoa(os.Getpid()), "--"},
+		Config:    cfg,
+		DemoAgent: []string{exe, "demo-agent"},
+		Supervisor: func(grace time.Duration) []string {
+			return []string{exe, "supervise", "--grace", grace.String(), "--parent-pid", strconv.Itoa(os.Getpid()), "--"}
+		},
 		Version: buildVersion(),
 		Logger:  log,
 	})
@@ -192,9 +189,10 @@ serve:
 			break serve
 		}
 	}
-	// Reloads cannot change these, so the startup values hold.
+	// Reloads cannot change these, so the startup values hold (an agent
+	// added by a reload has its own stop grace: the longest counts).
 	ctx, cancel := context.WithTimeout(context.Background(),
-		cfg.ShutdownDelay.D()+cfg.ShutdownGrace.D()+cfg.Agent.StopGrace.D()+5*time.Second)
+		cfg.ShutdownDelay.D()+cfg.ShutdownGrace.D()+srv.MaxStopGrace()+5*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- srv.Shutdown(ctx) }()
@@ -304,6 +302,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		t := &cfg.Tenants[i]
 		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
 	}
+	describeAgents(stdout, cfg)
 	describeSandbox(stdout, cfg)
 	return 0
 }
@@ -326,17 +325,62 @@ func describeSandbox(w io.Writer, cfg *config.Config) {
 	} else {
 		fmt.Fprintf(w, "; on this host: Landlock ABI %d (%s)\n", abi, sandbox.Features(abi, cfg.Sandbox.Network.Restrict))
 	}
-	show := func(who string, t *config.Tenant) {
-		ro, rw := cfg.SandboxPaths(t)
+	show := func(who string, t *config.Tenant, a config.AgentEntry) {
+		ro, rw := cfg.SandboxPaths(t, a.NamedAgent)
+		if len(cfg.Agents) > 0 {
+			who += fmt.Sprintf(", agent %q", a.Name)
+		}
 		fmt.Fprintf(w, "  %s: HOME %s\n    read-write: %s\n    read-only:  %s (and the agent's program)\n",
 			who, cfg.SandboxHome(tenantName(t)), strings.Join(rw, " "), strings.Join(ro[len(sandbox.SystemReadOnly):], " "))
 	}
 	fmt.Fprintf(w, "  every agent reads: %s\n", strings.Join(sandbox.SystemReadOnly, " "))
-	if len(cfg.Tenants) == 0 {
-		show("agents", nil)
+	for _, a := range cfg.AgentList() {
+		if len(cfg.Tenants) == 0 {
+			show("agents", nil, a)
+		}
+		for i := range cfg.Tenants {
+			if cfg.Tenants[i].MayUse(a.Name) {
+				show(fmt.Sprintf("tenant %q", cfg.Tenants[i].Name), &cfg.Tenants[i], a)
+			}
+		}
 	}
-	for i := range cfg.Tenants {
-		show(fmt.Sprintf("tenant %q", cfg.Tenants[i].Name), &cfg.Tenants[i])
+}
+
+// describeAgents lists the agents, who may use each, and the policy of
+// those with policy keys of their own.
+func describeAgents(w io.Writer, cfg *config.Config) {
+	def := cfg.DefaultAgentOf()
+	fmt.Fprintln(w, "\nagents:")
+	for _, a := range cfg.AgentList() {
+		cmd := strings.Join(a.Command, " ")
+		if cmd == "" {
+			cmd = "(the built-in demo agent)"
+		}
+		path := "/acp/" + a.Name
+		if a.Name == def {
+			path = "/acp and " + path
+		}
+		var who []string
+		for i := range cfg.Tenants {
+			if cfg.Tenants[i].MayUse(a.Name) {
+				who = append(who, cfg.Tenants[i].Name)
+			}
+		}
+		fmt.Fprintf(w, "  %s: %s at %s; pool max_processes %d, min_idle %d", a.Name, cmd, path, a.Pool.MaxProcesses, a.Pool.MinIdle)
+		if len(cfg.Tenants) > 0 {
+			fmt.Fprintf(w, "; tenants: %s", strings.Join(who, ", "))
+		}
+		fmt.Fprintln(w)
+		if cfg.Agents[a.Name] != nil && cfg.Agents[a.Name].Policy != (config.PolicyYAML{}) {
+			for i := range cfg.Tenants {
+				if t := &cfg.Tenants[i]; t.MayUse(a.Name) {
+					fmt.Fprintf(w, "\n  effective policy of tenant %q with agent %q:\n%s", t.Name, a.Name, indent(indent(cfg.TenantAgentPolicy(t, a.Name).Describe())))
+				}
+			}
+			if len(cfg.Tenants) == 0 {
+				fmt.Fprintf(w, "\n  effective policy with agent %q:\n%s", a.Name, indent(indent(cfg.AgentPolicy(a.Name).Describe())))
+			}
+		}
 	}
 }
 

@@ -11,10 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,14 +37,22 @@ type Config struct {
 	// clients before the listener closes (0 = close at once).
 	ShutdownDelay Duration `yaml:"shutdown_delay"`
 
-	Agent     Agent     `yaml:"agent"`
-	Sandbox   Sandbox   `yaml:"sandbox"`
-	Pool      Pool      `yaml:"pool"`
-	Sessions  Sessions  `yaml:"sessions"`
-	Limits    Limits    `yaml:"limits"`
-	Timeouts  Timeouts  `yaml:"timeouts"`
-	WebSocket WebSocket `yaml:"websocket"`
-	Log       Log       `yaml:"log"`
+	// Agent is the one agent (named "default") when Agents is empty; with
+	// Agents, its settings other than command are every named agent's
+	// defaults.
+	Agent Agent `yaml:"agent"`
+	// Agents are named agents, each with a pool of its own, served at
+	// /acp/<name>; DefaultAgent is the one /acp serves (required with more
+	// than one).
+	Agents       map[string]*NamedAgent `yaml:"agents"`
+	DefaultAgent string                 `yaml:"default_agent"`
+	Sandbox      Sandbox                `yaml:"sandbox"`
+	Pool         Pool                   `yaml:"pool"`
+	Sessions     Sessions               `yaml:"sessions"`
+	Limits       Limits                 `yaml:"limits"`
+	Timeouts     Timeouts               `yaml:"timeouts"`
+	WebSocket    WebSocket              `yaml:"websocket"`
+	Log          Log                    `yaml:"log"`
 	// Observability configures metrics.
 	Observability Observability `yaml:"observability"`
 
@@ -76,6 +86,14 @@ type Tenant struct {
 	Policy PolicyYAML `yaml:"policy"`
 	// Sandbox adds paths this tenant's agents may read or write.
 	Sandbox TenantSandbox `yaml:"sandbox"`
+	// Agents lists the named agents the tenant may use (unset: all of
+	// them).
+	Agents []string `yaml:"agents"`
+}
+
+// MayUse reports whether the tenant may use the named agent.
+func (t *Tenant) MayUse(agent string) bool {
+	return t.Agents == nil || slices.Contains(t.Agents, agent)
 }
 
 // Auth configures who may connect.
@@ -116,6 +134,79 @@ type Agent struct {
 	StopGrace Duration `yaml:"stop_grace"`
 	// InitTimeout bounds the agent's answer to initialize.
 	InitTimeout Duration `yaml:"init_timeout"`
+}
+
+// NamedAgent is one entry of agents: an agent's settings, its pool (the
+// top-level pool with these keys laid over it), its policy keys (laid over
+// the global policy, under each tenant's own) and the paths its processes
+// may use besides every agent's (its install directory).
+type NamedAgent struct {
+	Agent   `yaml:",inline"`
+	Pool    Pool          `yaml:"pool"`
+	Policy  PolicyYAML    `yaml:"policy"`
+	Sandbox TenantSandbox `yaml:"sandbox"`
+}
+
+// DefaultAgentName is the name of the agent a single agent: block
+// configures.
+const DefaultAgentName = "default"
+
+// AgentEntry is one agent of the effective list (AgentList).
+type AgentEntry struct {
+	Name string
+	*NamedAgent
+}
+
+// AgentList is the agents the gateway serves, in name order: the named
+// agents, or the one agent: block, named "default".
+func (c *Config) AgentList() []AgentEntry {
+	if len(c.Agents) == 0 {
+		return []AgentEntry{{Name: DefaultAgentName, NamedAgent: &NamedAgent{Agent: c.Agent, Pool: c.Pool}}}
+	}
+	out := make([]AgentEntry, 0, len(c.Agents))
+	for _, name := range slices.Sorted(maps.Keys(c.Agents)) {
+		out = append(out, AgentEntry{Name: name, NamedAgent: c.Agents[name]})
+	}
+	return out
+}
+
+// AgentNamed returns the named agent's settings, or nil.
+func (c *Config) AgentNamed(name string) *NamedAgent {
+	for _, a := range c.AgentList() {
+		if a.Name == name {
+			return a.NamedAgent
+		}
+	}
+	return nil
+}
+
+// DefaultAgentOf is the agent /acp serves: default_agent, or the only one.
+func (c *Config) DefaultAgentOf() string {
+	if c.DefaultAgent != "" {
+		return c.DefaultAgent
+	}
+	if l := c.AgentList(); len(l) == 1 {
+		return l[0].Name
+	}
+	return ""
+}
+
+// resolveAgents lays each named agent's keys over its defaults: the
+// agent: block's settings (not its command) and the top-level pool. The
+// strict decode has already reported unknown keys and bad values.
+func (c *Config) resolveAgents(root *yaml.Node) {
+	for name := range c.Agents {
+		n := find(root, "agents", name)
+		if n == nil {
+			continue
+		}
+		na := &NamedAgent{Agent: c.Agent, Pool: c.Pool}
+		na.Command = nil
+		na.Env = maps.Clone(c.Agent.Env)
+		na.InheritEnv = slices.Clone(c.Agent.InheritEnv)
+		_ = n.Decode(na)
+		c.Agents[name] = na
+	}
 }
 
 // Pool sizes the agent pool.
@@ -354,6 +445,9 @@ func parse(name, file string, data []byte, overlay func(*Config) error) (*Config
 			return nil, err
 		}
 	}
+	if len(cerr.Problems) == 0 {
+		cfg.resolveAgents(&root)
+	}
 	cerr.Problems = append(cerr.Problems, cfg.validate(&root)...)
 	if len(cerr.Problems) == 0 && file != "" {
 		cerr.Problems = append(cerr.Problems, cfg.sandboxExposures(&root, file)...)
@@ -426,48 +520,14 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	if c.ShutdownDelay < 0 {
 		add("shutdown_delay", "must not be negative")
 	}
-	for i, a := range c.Agent.Command {
-		if a == "" && i == 0 {
-			add("agent.command", "the program name is empty")
-		}
-	}
-	for k := range c.Agent.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			add("agent.env", "%q is not a valid environment variable name", k)
-		}
-	}
-	if c.Agent.StopGrace <= 0 {
-		add("agent.stop_grace", "must be positive")
-	}
-	if c.Agent.InitTimeout <= 0 {
-		add("agent.init_timeout", "must be positive")
-	}
-	if c.Pool.MaxProcesses < 1 {
-		add("pool.max_processes", "must be at least 1, is %d", c.Pool.MaxProcesses)
-	}
-	if c.Pool.MinIdle < 0 || c.Pool.MinIdle > c.Pool.MaxProcesses {
-		add("pool.min_idle", "must be from 0 to max_processes (%d), is %d", c.Pool.MaxProcesses, c.Pool.MinIdle)
-	}
-	if c.Pool.MaxSessionsPerProcess < 1 {
-		add("pool.max_sessions_per_process", "must be at least 1, is %d", c.Pool.MaxSessionsPerProcess)
-	}
-	if c.Pool.AcquireTimeout <= 0 {
-		add("pool.acquire_timeout", "must be positive")
-	}
-	if c.Pool.IdleTimeout <= 0 {
-		add("pool.idle_timeout", "must be positive")
-	}
+	ps = append(ps, validateAgent(root, "agent", &c.Agent)...)
+	ps = append(ps, validatePool(root, "pool", &c.Pool)...)
+	ps = append(ps, c.validateAgents(root)...)
 	if c.Sessions.DetachTimeout < 0 {
 		add("sessions.detach_timeout", "must not be negative (0 = end a connection with its socket)")
 	}
 	if c.Sessions.ReplayBufferBytes < 64<<10 || c.Sessions.ReplayBufferBytes > 1<<30 {
 		add("sessions.replay_buffer_bytes", "must be from 65536 to 1073741824, is %d", c.Sessions.ReplayBufferBytes)
-	}
-	if c.Pool.RecycleAfterSessions < 0 {
-		add("pool.recycle_after_sessions", "must not be negative (0 = never), is %d", c.Pool.RecycleAfterSessions)
-	}
-	if c.Pool.RecycleAfter < 0 {
-		add("pool.recycle_after", "must not be negative (0 = never)")
 	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", c.Limits.MaxMessageBytes)
@@ -504,11 +564,6 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 			add("observability.metrics_listen", "%q is not host:port: %v", ml, err)
 		}
 	}
-	switch c.Pool.Isolation {
-	case "tenant", "shared":
-	default:
-		add("pool.isolation", "%q is not tenant or shared", c.Pool.Isolation)
-	}
 	ps = append(ps, c.validateTenants(root)...)
 	if sp := c.validateSandbox(root); len(sp) > 0 {
 		ps = append(ps, sp...)
@@ -519,8 +574,10 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		add("policy", "%v", err)
 	}
 	for i := range c.Tenants {
-		if err := c.TenantPolicy(&c.Tenants[i]).Validate(); err != nil {
-			add("tenants", "tenants[%d].policy: %v", i, err)
+		for _, a := range c.AgentList() {
+			if err := c.TenantAgentPolicy(&c.Tenants[i], a.Name).Validate(); err != nil {
+				add("tenants", "tenants[%d].policy (with agent %q): %v", i, a.Name, err)
+			}
 		}
 	}
 	switch c.Log.Level {
@@ -534,6 +591,124 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		add("log.format", "%q is not text or json", c.Log.Format)
 	}
 	return ps
+}
+
+// validateAgent checks an agent's settings (at path: agent, or
+// agents.<name>).
+func validateAgent(root *yaml.Node, path string, a *Agent) []Problem {
+	var ps []Problem
+	add := func(key, format string, args ...any) {
+		ps = append(ps, problemAt(root, path+"."+key, format, args...))
+	}
+	if len(a.Command) > 0 && a.Command[0] == "" {
+		add("command", "the program name is empty")
+	}
+	for k := range a.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			add("env", "%q is not a valid environment variable name", k)
+		}
+	}
+	for _, k := range a.InheritEnv {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			add("inherit_env", "%q is not a valid environment variable name", k)
+		}
+	}
+	if a.StopGrace <= 0 {
+		add("stop_grace", "must be positive")
+	}
+	if a.InitTimeout <= 0 {
+		add("init_timeout", "must be positive")
+	}
+	return ps
+}
+
+// validatePool checks a pool's settings (at path: pool, or
+// agents.<name>.pool).
+func validatePool(root *yaml.Node, path string, p *Pool) []Problem {
+	var ps []Problem
+	add := func(key, format string, args ...any) {
+		ps = append(ps, problemAt(root, path+"."+key, format, args...))
+	}
+	if p.MaxProcesses < 1 {
+		add("max_processes", "must be at least 1, is %d", p.MaxProcesses)
+	}
+	if p.MinIdle < 0 || p.MinIdle > p.MaxProcesses {
+		add("min_idle", "must be from 0 to max_processes (%d), is %d", p.MaxProcesses, p.MinIdle)
+	}
+	if p.MaxSessionsPerProcess < 1 {
+		add("max_sessions_per_process", "must be at least 1, is %d", p.MaxSessionsPerProcess)
+	}
+	if p.AcquireTimeout <= 0 {
+		add("acquire_timeout", "must be positive")
+	}
+	if p.IdleTimeout <= 0 {
+		add("idle_timeout", "must be positive")
+	}
+	if p.RecycleAfterSessions < 0 {
+		add("recycle_after_sessions", "must not be negative (0 = never), is %d", p.RecycleAfterSessions)
+	}
+	if p.RecycleAfter < 0 {
+		add("recycle_after", "must not be negative (0 = never)")
+	}
+	switch p.Isolation {
+	case "tenant", "shared":
+	default:
+		add("isolation", "%q is not tenant or shared", p.Isolation)
+	}
+	return ps
+}
+
+// agentName is a name that fits in a URL path segment and a metrics label.
+var agentName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
+
+// validateAgents checks agents:, default_agent and the tenants' agents
+// lists.
+func (c *Config) validateAgents(root *yaml.Node) []Problem {
+	var ps []Problem
+	add := func(path, format string, args ...any) { ps = append(ps, problemAt(root, path, format, args...)) }
+	if len(c.Agents) > 0 && len(c.Agent.Command) > 0 {
+		add("agent.command", "is set and so is agents:; with named agents, give each its command under agents.<name>.command "+
+			"(agent: then only holds the defaults of the other settings)")
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Agents)) {
+		a := c.Agents[name]
+		if !agentName.MatchString(name) {
+			add("agents", "%q is not an agent name: 1-63 letters, digits, '_' or '-', starting with a letter or digit", name)
+			continue
+		}
+		if a == nil {
+			add("agents."+name, "has no settings (an agent with no command runs the built-in demo agent: write {} for that)")
+			continue
+		}
+		ps = append(ps, validateAgent(root, "agents."+name, &a.Agent)...)
+		ps = append(ps, validatePool(root, "agents."+name+".pool", &a.Pool)...)
+		if err := c.AgentPolicy(name).Validate(); err != nil {
+			add("agents."+name+".policy", "%v", err)
+		}
+	}
+	switch def := c.DefaultAgent; {
+	case def != "" && c.AgentNamed(def) == nil:
+		add("default_agent", "%q is not a configured agent (agents: %s)", def, strings.Join(c.agentNames(), ", "))
+	case def == "" && len(c.Agents) > 1:
+		add("agents", "several agents and no default_agent: name the one /acp serves (the others are at /acp/<name>)")
+	}
+	for i := range c.Tenants {
+		for _, name := range c.Tenants[i].Agents {
+			if c.AgentNamed(name) == nil {
+				ps = append(ps, problemAt(root, "tenants", "tenants[%d].agents: %q is not a configured agent (agents: %s)",
+					i, name, strings.Join(c.agentNames(), ", ")))
+			}
+		}
+	}
+	return ps
+}
+
+func (c *Config) agentNames() []string {
+	var out []string
+	for _, a := range c.AgentList() {
+		out = append(out, a.Name)
+	}
+	return out
 }
 
 var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)

@@ -79,3 +79,20 @@ func (c *Config) GlobalPolicy() policy.Policy { return c.Policy.apply(policy.Def
 
 // TenantPolicy is the global policy with the tenant's keys laid over it.
 func (c *Config) TenantPolicy(t *Tenant) policy.Policy { return t.Policy.apply(c.GlobalPolicy()) }
+
+// AgentPolicy is the global policy with the named agent's keys laid over
+// it (what clients without tenants get with that agent).
+func (c *Config) AgentPolicy(agent string) policy.Policy {
+	p := c.GlobalPolicy()
+	if a := c.Agents[agent]; a != nil {
+		p = a.Policy.apply(p)
+	}
+	return p
+}
+
+// TenantAgentPolicy is a tenant's policy with an agent: the global policy,
+// the agent's keys over it, the tenant's keys over those. A tenant's own
+// keys are the most specific and win.
+func (c *Config) TenantAgentPolicy(t *Tenant, agent string) policy.Policy {
+	return t.Policy.apply(c.AgentPolicy(agent))
+}

@@ -154,13 +154,18 @@ func (c *Config) SandboxHome(tenant string) string {
 	return filepath.Join(c.Sandbox.Home, tenant)
 }
 
-// SandboxPaths lists what the agents of tenant t (nil: no tenants) may
-// read and execute, and what they may also write: the system directories,
-// sandbox.read_only and read_write, the tenant's own additions, its root
-// and its private home. Devices are not listed.
-func (c *Config) SandboxPaths(t *Tenant) (ro, rw []string) {
+// SandboxPaths lists what the processes of agent a (nil: no named agents)
+// of tenant t (nil: no tenants) may read and execute, and what they may
+// also write: the system directories, sandbox.read_only and read_write, the
+// agent's and the tenant's own additions, the tenant's root and its
+// private home. Devices are not listed.
+func (c *Config) SandboxPaths(t *Tenant, a *NamedAgent) (ro, rw []string) {
 	ro = append(append(ro, sandbox.SystemReadOnly...), c.Sandbox.ReadOnly...)
 	rw = append(rw, c.Sandbox.ReadWrite...)
+	if a != nil {
+		ro = append(ro, a.Sandbox.ReadOnly...)
+		rw = append(rw, a.Sandbox.ReadWrite...)
+	}
 	name := ""
 	if t != nil {
 		name = t.Name
@@ -180,11 +185,6 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	case "", "auto", "required", "off":
 	default:
 		add("sandbox.mode", "%q is not auto, required or off", sb.Mode)
-	}
-	for _, k := range c.Agent.InheritEnv {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			add("agent.inherit_env", "%q is not a valid environment variable name", k)
-		}
 	}
 	if c.SandboxMode() == "off" {
 		return ps
@@ -228,12 +228,24 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	if sb.Cgroup != "" && !filepath.IsAbs(sb.Cgroup) {
 		add("sandbox.cgroup", "%q must be an absolute path (a cgroup v2 directory delegated to the gateway)", sb.Cgroup)
 	}
-	if len(c.Tenants) > 1 && c.Pool.Isolation == "shared" {
-		add("pool.isolation", "shared with the sandbox on and %d tenants: one agent process cannot be confined to two tenants' roots "+
-			"(use isolation: tenant, or sandbox.mode: off for a trusted single organisation)", len(c.Tenants))
-	}
-	if c.Agent.Dir != "" && len(c.Tenants) > 0 {
-		add("agent.dir", "with the sandbox on, each agent starts in its tenant's root; remove agent.dir")
+	for _, a := range c.AgentList() {
+		at := "agent"
+		if len(c.Agents) > 0 {
+			at = "agents." + a.Name
+			abs(at+".sandbox.read_only", a.Sandbox.ReadOnly)
+			abs(at+".sandbox.read_write", a.Sandbox.ReadWrite)
+		}
+		pool := at + ".pool"
+		if len(c.Agents) == 0 {
+			pool = "pool"
+		}
+		if len(c.Tenants) > 1 && a.Pool.Isolation == "shared" {
+			add(pool+".isolation", "shared with the sandbox on and %d tenants: one agent process cannot be confined to two tenants' roots "+
+				"(use isolation: tenant, or sandbox.mode: off for a trusted single organisation)", len(c.Tenants))
+		}
+		if a.Dir != "" && len(c.Tenants) > 0 {
+			add(at+".dir", "with the sandbox on, each agent starts in its tenant's root; remove %s.dir", at)
+		}
 	}
 	return ps
 }
@@ -278,13 +290,18 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 		paths []string // read-only and read-write alike: what it may read
 	}
 	var views []view
-	if len(c.Tenants) == 0 {
-		ro, rw := c.SandboxPaths(nil)
-		views = append(views, view{"agents", nil, append(ro, rw...)})
-	}
-	for i := range c.Tenants {
-		ro, rw := c.SandboxPaths(&c.Tenants[i])
-		views = append(views, view{fmt.Sprintf("tenant %q's agents", c.Tenants[i].Name), &c.Tenants[i], append(ro, rw...)})
+	for _, a := range c.AgentList() {
+		if len(c.Tenants) == 0 {
+			ro, rw := c.SandboxPaths(nil, a.NamedAgent)
+			views = append(views, view{fmt.Sprintf("agent %q", a.Name), nil, append(ro, rw...)})
+		}
+		for i := range c.Tenants {
+			if !c.Tenants[i].MayUse(a.Name) {
+				continue
+			}
+			ro, rw := c.SandboxPaths(&c.Tenants[i], a.NamedAgent)
+			views = append(views, view{fmt.Sprintf("tenant %q's agent %q", c.Tenants[i].Name, a.Name), &c.Tenants[i], append(ro, rw...)})
+		}
 	}
 	homes := sandbox.Resolve(c.Sandbox.Home)
 	// readableBy names who may read file and through which path, or "".

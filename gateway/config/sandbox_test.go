@@ -87,7 +87,7 @@ func TestSandboxProblems(t *testing.T) {
 func TestSandboxPathsOfATenant(t *testing.T) {
 	y, dir := sandboxTenants(t, "session.key", "homes")
 	cfg := mustParse(t, y+"agent: {inherit_env: [PATH]}\n")
-	ro, rw := cfg.SandboxPaths(&cfg.Tenants[0])
+	ro, rw := cfg.SandboxPaths(&cfg.Tenants[0], nil)
 	if !slices.Contains(ro, "/usr") || !slices.Contains(rw, filepath.Join(dir, "a")) || !slices.Contains(rw, filepath.Join(dir, "homes", "a")) {
 		t.Errorf("tenant a: ro %v rw %v", ro, rw)
 	}

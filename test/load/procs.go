@@ -485,16 +485,18 @@ func (h *harness) startInProcGateway(o gwConfig) (*inProcGateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	var supervisor []string
+	var supervisor func(time.Duration) []string
 	if h.gatewayBin != "" { // as the binary runs agents
-		supervisor = []string{h.gatewayBin, "supervise", "--grace", cfg.Agent.StopGrace.D().String(), "--"}
+		supervisor = func(grace time.Duration) []string {
+			return []string{h.gatewayBin, "supervise", "--grace", grace.String(), "--"}
+		}
 	}
 	srv, err := gateway.New(gateway.Options{
-		Config:       cfg,
-		AgentCommand: cfg.Agent.Command,
-		Supervisor:   supervisor,
-		Version:      "load",
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Config:     cfg,
+		DemoAgent:  cfg.Agent.Command,
+		Supervisor: supervisor,
+		Version:    "load",
+		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		return nil, err
