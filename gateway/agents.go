@@ -174,10 +174,8 @@ func agentChanges(cur, next *config.Config) (added, removed, restart []string) {
 	return added, removed, restart
 }
 
-// applyAgents adds the agents a reload added (their pools start) and
-// retires the ones it removed: they take no new connection and are
-// drained in the background as a shutdown drains the gateway.
-func (s *Server) applyAgents(cur, next *config.Config, added, removed []string) error {
+// addAgents starts the pools of the agents a reload added.
+func (s *Server) addAgents(next *config.Config, added []string) error {
 	for _, name := range added {
 		spec, err := s.agentSpec(next, config.AgentEntry{Name: name, NamedAgent: next.AgentNamed(name)})
 		if err == nil {
@@ -188,6 +186,13 @@ func (s *Server) applyAgents(cur, next *config.Config, added, removed []string) 
 		}
 		s.log.Info("agent added", "agent", name)
 	}
+	return nil
+}
+
+// retireAgents retires the agents a reload removed: they take no new
+// connection and are drained in the background as a shutdown drains the
+// gateway.
+func (s *Server) retireAgents(cur *config.Config, removed []string) {
 	for _, name := range removed {
 		s.relay.RetireAgent(name)
 		s.mu.Lock()
@@ -200,7 +205,6 @@ func (s *Server) applyAgents(cur, next *config.Config, added, removed []string) 
 			s.drainAgent(name, stopGrace)
 		}()
 	}
-	return nil
 }
 
 // drainAgent ends a removed agent as Shutdown ends the gateway: running

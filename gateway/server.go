@@ -119,12 +119,15 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	if s.launch != nil {
 		s.launch.update(next)
 	}
+	// Added agents run before they are routed to; removed ones are no
+	// longer routed to before they retire.
+	if err := s.addAgents(next, added); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
-	if err := s.applyAgents(cur, next, added, removed); err != nil {
-		return err
-	}
+	s.retireAgents(cur, removed)
 	return nil
 }
 

@@ -1,0 +1,147 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/policy"
+)
+
+// twoAgents is a relay with agents "a" and "b" (both the demo agent, each
+// with its own state), the tenants given (none: the anonymous one).
+func twoAgents(t *testing.T, tenants []TenantConfig) *Relay {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := func(name string) AgentSpec {
+		return AgentSpec{Name: name, Pool: PoolConfig{
+			Agent: AgentConfig{
+				Command:   []string{exe, "-test.run=^$"},
+				Env:       map[string]string{"ACPGATE_TEST_AGENT": "demo", "ACPGATE_TEST_STATE": t.TempDir()},
+				StopGrace: 2 * time.Second,
+			},
+			MaxProcesses:   1,
+			AcquireTimeout: 10 * time.Second,
+		}}
+	}
+	if tenants == nil {
+		pol := policy.Default()
+		tenants = []TenantConfig{{Policy: &pol}}
+	}
+	r, err := NewRelay(Config{Agents: []AgentSpec{spec("a"), spec("b")}, ClientCaps: AllCapabilities, Tenants: tenants},
+		slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := r.Close(ctx); err != nil {
+			t.Errorf("close relay: %v", err)
+		}
+	})
+	return r
+}
+
+func agentConn(t *testing.T, r *Relay, tenant, agent string) *testConn {
+	t.Helper()
+	s := &sink{ch: make(chan []byte, 1000)}
+	c, err := r.NewConn(ConnInfo{ID: agent + "-conn", Tenant: tenant, Agent: agent}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testConn{t: t, c: c, s: s}
+	t.Cleanup(tc.c.Close)
+	return tc
+}
+
+// A session ID is bound to the agent that issued it: the other agent (of
+// the same tenant) answers it as unknown, and each agent has processes of
+// its own.
+func TestSessionIDBoundToAgent(t *testing.T) {
+	r := twoAgents(t, nil)
+	a, b := agentConn(t, r, "", "a"), agentConn(t, r, "", "b")
+	a.init(fsCaps)
+	b.init(fsCaps)
+	sid := a.newSession("1")
+	for _, method := range []string{"session/load", "session/prompt"} {
+		b.send(`{"jsonrpc":"2.0","id":2,"method":"` + method + `","params":{"sessionId":"` + sid +
+			`","cwd":"/tmp","mcpServers":[],"prompt":[{"type":"text","text":"hi"}]}}`)
+		if m := b.await("2", nil); m.Error == nil || m.Error.Code != -32002 {
+			t.Errorf("%s of agent a's session on agent b: %s, want -32002", method, m.raw)
+		}
+	}
+	if a.c.Agent() != "a" || b.c.Agent() != "b" {
+		t.Errorf("Agent() = %q, %q", a.c.Agent(), b.c.Agent())
+	}
+	if r.AgentPool("a") == r.AgentPool("b") || r.AgentPool("a").Stats().Sessions != 1 || r.AgentPool("b").Stats().Sessions != 0 {
+		t.Errorf("pools: a %+v, b %+v; want the session on a's own pool", r.AgentPool("a").Stats(), r.AgentPool("b").Stats())
+	}
+}
+
+// The scope of the agent named "default" is the tenant alone, so the IDs a
+// single-agent gateway issued open unchanged; any other agent's differ.
+func TestSealScope(t *testing.T) {
+	s := NewRandomSealer()
+	id := s.Seal("acme", "agent-sid")
+	if got, err := s.Open(sealScope("acme", DefaultAgent), id); err != nil || got != "agent-sid" {
+		t.Errorf("default agent: Open = %q, %v", got, err)
+	}
+	if _, err := s.Open(sealScope("acme", "codex"), id); err == nil {
+		t.Error("an ID of the default agent opened for agent codex")
+	}
+	other := s.Seal(sealScope("acme", "codex"), "agent-sid")
+	if other == id {
+		t.Error("two agents' IDs for one session are the same")
+	}
+	if _, err := s.Open(sealScope("acme", "claude"), other); err == nil {
+		t.Error("agent codex's ID opened for agent claude")
+	}
+}
+
+// A tenant's agents list is enforced by the relay too, unknown and retired
+// agents take no connection, and CloseAgent ends a retired agent's
+// connections and forgets it.
+func TestAgentAdmission(t *testing.T) {
+	pol := policy.Default()
+	r := twoAgents(t, []TenantConfig{{Name: "acme", Policy: &pol, Agents: []string{"b"}}, {Name: "zeta", Policy: &pol}})
+	sk := &sink{ch: make(chan []byte, 10)}
+	if _, err := r.NewConn(ConnInfo{ID: "x", Tenant: "acme", Agent: "a"}, sk); !errors.Is(err, ErrAgentNotAllowed) {
+		t.Errorf("acme on a: %v, want ErrAgentNotAllowed", err)
+	}
+	if _, err := r.NewConn(ConnInfo{ID: "x", Tenant: "acme", Agent: "nope"}, sk); !errors.Is(err, ErrUnknownAgent) {
+		t.Errorf("unknown agent: %v, want ErrUnknownAgent", err)
+	}
+	z := agentConn(t, r, "zeta", "a")
+	z.init(fsCaps)
+	z.newSession("1")
+	if !r.RetireAgent("a") {
+		t.Fatal("RetireAgent(a) = false")
+	}
+	if _, err := r.NewConn(ConnInfo{ID: "y", Tenant: "zeta", Agent: "a"}, sk); !errors.Is(err, ErrUnknownAgent) {
+		t.Errorf("retired agent: %v, want ErrUnknownAgent", err)
+	}
+	if _, ok := r.AgentStatus("a"); ok {
+		t.Error("AgentStatus reports a retired agent")
+	}
+	if n := r.AgentConns("a"); n != 1 {
+		t.Errorf("AgentConns(a) = %d, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.CloseAgent(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if r.AgentPool("a") != nil || r.AgentConns("a") != 0 {
+		t.Error("agent a outlived CloseAgent")
+	}
+	if st, ok := r.AgentStatus("b"); !ok || st.Name != "b" {
+		t.Errorf("agent b: %+v %v", st, ok)
+	}
+}
