@@ -383,7 +383,10 @@ func (s *Server) ready() string {
 		return "starting"
 	}
 	if ok, name := s.relay.AgentsReady(); !ok {
-		return fmt.Sprintf("agent %q has no process ready", name)
+		if len(s.config().Agents) == 0 {
+			return "no agent ready"
+		}
+		return fmt.Sprintf("no agent ready: agent %q has no process ready", name)
 	}
 	return ""
 }

@@ -260,11 +260,12 @@ func loadConfig(f serveFlags, stderr io.Writer) (*config.Config, error) {
 }
 
 // ignoredEnv: ACPGATE_* variables that are not settings but are expected:
-// the demo agent's, the test runner's, and the service links Kubernetes
+// the demo agent's, the test runners', and the service links Kubernetes
 // injects for a Service named acpgate.
 func ignoredEnv(name string) bool {
 	return strings.HasPrefix(name, "ACPGATE_DEMO_") || strings.HasPrefix(name, "ACPGATE_PORT") ||
-		strings.HasPrefix(name, "ACPGATE_SERVICE_") || strings.HasPrefix(name, "ACPGATE_REQUIRE_")
+		strings.HasPrefix(name, "ACPGATE_SERVICE_") || strings.HasPrefix(name, "ACPGATE_REQUIRE_") ||
+		strings.HasPrefix(name, "ACPGATE_E2E_")
 }
 
 func newLogger(c config.Log, w io.Writer) *slog.Logger {

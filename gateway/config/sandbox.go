@@ -291,16 +291,22 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 	}
 	var views []view
 	for _, a := range c.AgentList() {
+		// With one agent: "agents", "tenant X's agents"; with named ones,
+		// which agent.
+		agents, suffix := "agents", "agents"
+		if len(c.Agents) > 0 {
+			agents, suffix = fmt.Sprintf("agent %q", a.Name), fmt.Sprintf("agent %q", a.Name)
+		}
 		if len(c.Tenants) == 0 {
 			ro, rw := c.SandboxPaths(nil, a.NamedAgent)
-			views = append(views, view{fmt.Sprintf("agent %q", a.Name), nil, append(ro, rw...)})
+			views = append(views, view{agents, nil, append(ro, rw...)})
 		}
 		for i := range c.Tenants {
 			if !c.Tenants[i].MayUse(a.Name) {
 				continue
 			}
 			ro, rw := c.SandboxPaths(&c.Tenants[i], a.NamedAgent)
-			views = append(views, view{fmt.Sprintf("tenant %q's agent %q", c.Tenants[i].Name, a.Name), &c.Tenants[i], append(ro, rw...)})
+			views = append(views, view{fmt.Sprintf("tenant %q's %s", c.Tenants[i].Name, suffix), &c.Tenants[i], append(ro, rw...)})
 		}
 	}
 	homes := sandbox.Resolve(c.Sandbox.Home)

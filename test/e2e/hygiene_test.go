@@ -313,9 +313,9 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 		deadline := time.Now().Add(timeout)
 		for {
 			m := g.metrics(t)
-			ready := m[`acpgate_agent_processes{state="ready"}`]
-			starting := m[`acpgate_agent_processes{state="starting"}`]
-			stopping := m[`acpgate_agent_processes{state="stopping"}`]
+			ready := m[`acpgate_agent_processes{agent="default",state="ready"}`]
+			starting := m[`acpgate_agent_processes{agent="default",state="starting"}`]
+			stopping := m[`acpgate_agent_processes{agent="default",state="stopping"}`]
 			open, sessions := 0.0, 0.0
 			for k, v := range m {
 				if strings.HasPrefix(k, "acpgate_connections_open") {

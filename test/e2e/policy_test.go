@@ -115,7 +115,7 @@ func agentBoundMessages(t *testing.T, g *gateway) float64 {
 	body := httpGetBody(t, "http://"+g.addr+"/metrics")
 	var sum float64
 	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, `acpgate_messages_total{direction="client_to_agent"`) {
+		if strings.HasPrefix(line, `acpgate_messages_total{agent="default",direction="client_to_agent"`) {
 			f := strings.Fields(line)
 			var v float64
 			_ = json.Unmarshal([]byte(f[len(f)-1]), &v)

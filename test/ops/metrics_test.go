@@ -238,7 +238,7 @@ func metricsGateway(t *testing.T) string {
 	var text string
 	for {
 		text = g.metrics(t)
-		if sample(text, "acpgate_connections_total", `reason="client_closed",tenant="alpha",transport="websocket"`) >= 1 &&
+		if sample(text, "acpgate_connections_total", `agent="default",reason="client_closed",tenant="alpha",transport="websocket"`) >= 1 &&
 			strings.Contains(text, "acpgate_agent_exits_total{") {
 			break
 		}
