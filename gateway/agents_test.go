@@ -72,4 +72,11 @@ func TestReloadAgents(t *testing.T) {
 		t.Errorf("/v1/agents after the reload: %s", body)
 	}
 	waitFor(t, 20*time.Second, "ready with agents a and c", func() bool { code, _ := ts.get("/readyz"); return code == 200 })
+	_, body = ts.get("/metrics")
+	for _, want := range []string{`acpgate_drains_in_progress{kind="agent"} 0`, `acpgate_drains_in_progress{kind="gateway"} 0`,
+		`acpgate_agent_processes{agent="c",state="ready"}`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(body, "acpgate_drains"))
+		}
+	}
 }

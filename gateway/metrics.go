@@ -53,7 +53,26 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 		}
 		return 0
 	})
-	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready,
+	// Drains in progress, to watch a rollout: this gateway's own (SIGTERM
+	// received, 1 until it exits) and removed agents' (SIGHUP).
+	drainGateway := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "acpgate_drains_in_progress", Help: "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs).",
+		ConstLabels: prometheus.Labels{"kind": "gateway"},
+	}, func() float64 {
+		if s.notReady.Load() || s.drain.Load() {
+			return 1
+		}
+		return 0
+	})
+	drainAgents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "acpgate_drains_in_progress", Help: "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs).",
+		ConstLabels: prometheus.Labels{"kind": "agent"},
+	}, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return float64(len(s.draining))
+	})
+	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready, drainGateway, drainAgents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/acpgate/acpgate/proxy/policy"
 )
@@ -143,5 +146,36 @@ func TestAgentAdmission(t *testing.T) {
 	}
 	if st, ok := r.AgentStatus("b"); !ok || st.Name != "b" {
 		t.Errorf("agent b: %+v %v", st, ok)
+	}
+}
+
+// A resume token names the gateway process that issued it: another
+// process refuses it as another replica's, and one of its own that it does
+// not hold as unknown.
+func TestResumeRefusalReasons(t *testing.T) {
+	a, b := twoAgents(t, nil), twoAgents(t, nil)
+	a.resume = SessionsConfig{DetachTimeout: time.Minute, ReplayBufferBytes: 1 << 20}
+	c := agentConn(t, a, "", "a")
+	if c.c.token == "" || !strings.HasPrefix(c.c.token, a.Instance()+".") {
+		t.Fatalf("token %q does not start with the instance %q", c.c.token, a.Instance())
+	}
+	if _, err := b.Resume("", "a", c.c.token, 0); err == nil {
+		t.Fatal("another relay resumed a token it never issued")
+	}
+	if _, err := a.Resume("", "a", a.Instance()+".nope", 0); err == nil {
+		t.Fatal("a forged token resumed")
+	}
+	if _, err := a.Resume("", "b", c.c.token, 0); err == nil {
+		t.Fatal("agent a's connection resumed on agent b")
+	}
+	for _, tc := range []struct {
+		r      *Relay
+		reason string
+	}{{b, refusedOtherReplica}, {a, refusedUnknown}, {a, refusedMismatch}} {
+		var m dto.Metric
+		if err := tc.r.metrics.Resumes.WithLabelValues("refused", tc.reason).Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			v := m.GetCounter().GetValue()
+			t.Errorf("refused{reason=%q} = %g (%v), want 1", tc.reason, v, err)
+		}
 	}
 }

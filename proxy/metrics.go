@@ -36,7 +36,7 @@ type Metrics struct {
 	agentProtocolErrors *prometheus.CounterVec
 
 	Detached  prometheus.Gauge
-	Resumes   *prometheus.CounterVec // result: ok, refused
+	Resumes   *prometheus.CounterVec // result: ok, refused; reason (refusedOtherReplica…)
 	Takeovers *prometheus.CounterVec // turn: running, ended, idle
 
 	relay               *Relay
@@ -156,8 +156,8 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 			Name: "acpgate_connections_detached", Help: "Connections whose socket ended without a clean close, kept for a resume or a take-over until sessions.detach_timeout.",
 		}),
 		Resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result: ok, refused (unknown, expired, another tenant's or agent's token, or messages no longer kept).",
-		}, []string{"result"}),
+			Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result (ok, refused) and why refused: other_replica (a token of another gateway process: another replica, or this one before a restart), unknown (never issued here, ended, or expired), mismatch (another tenant's or agent's connection), not_kept (messages the client lacks are no longer kept).",
+		}, []string{"result", "reason"}),
 		Takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_takeovers_total", Help: "Sessions of a detached connection taken over by session/load or session/resume from another connection, by the turn found: running, ended (while detached), idle (the load went to the agent).",
 		}, []string{"turn"}),
@@ -166,7 +166,9 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
-	atZero(m.Resumes, "ok", "refused")
+	for _, lv := range [][2]string{{"ok", ""}, {"refused", refusedOtherReplica}, {"refused", refusedUnknown}, {"refused", refusedMismatch}, {"refused", refusedNotKept}} {
+		m.Resumes.WithLabelValues(lv[0], lv[1])
+	}
 	atZero(m.Takeovers, "running", "ended", "idle")
 	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
 		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.exits, m.spawnDuration,

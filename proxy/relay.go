@@ -89,7 +89,8 @@ type Relay struct {
 	first     string            // the first agent configured (Pool)
 	tenantCfg []TenantConfig    // as configured, for agents added later
 
-	mapPaths bool // some tenant maps paths (set at start: a reload cannot turn it on)
+	mapPaths bool   // some tenant maps paths (set at start: a reload cannot turn it on)
+	instance string // this process's name in resume tokens
 }
 
 // NewRelay starts the agent pool. Close stops it.
@@ -143,6 +144,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		first:     cfg.Agents[0].Name,
 		tenantCfg: cfg.Tenants,
 		mapPaths:  mapPaths,
+		instance:  newInstanceID(),
 	}
 	for _, spec := range cfg.Agents {
 		if err := r.AddAgent(spec); err != nil {
@@ -222,7 +224,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.out.sink = sink
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
 		c.out.limit = r.resume.ReplayBufferBytes
-		c.token = newResumeToken()
+		c.token = r.newResumeToken()
 	}
 	r.mu.Lock()
 	r.conns[c] = struct{}{}

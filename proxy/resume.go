@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -38,12 +39,40 @@ const MethodResumed = "_acpgate/resumed"
 // turn it found running has ended.
 const methodTurnEnded = "_acpgate/turn_ended"
 
-// newResumeToken returns an unguessable token (192 bits).
-func newResumeToken() string {
+// newResumeToken returns an unguessable token (192 bits) that names the
+// gateway process that issued it: "<instance>.<random>". The instance only
+// classifies a refusal (another replica's token, or one from before a
+// restart); it grants nothing.
+func (r *Relay) newResumeToken() string {
 	var b [24]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return r.instance + "." + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// newInstanceID names a gateway process in its resume tokens (48 random
+// bits, 8 characters).
+func newInstanceID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
+
+// Reasons a resume is refused, for acpgate_resumes_total{reason}; the
+// client is told the same in every case.
+const (
+	refusedOtherReplica = "other_replica" // issued by another gateway process: another replica, or before a restart
+	refusedUnknown      = "unknown"       // not a token this process holds (never issued, ended, or malformed)
+	refusedMismatch     = "mismatch"      // another tenant's or another agent's connection
+	refusedNotKept      = "not_kept"      // the messages the client lacks are no longer kept, or the connection closed
+)
+
+// refused counts a refused resume.
+func (r *Relay) refused(reason string) {
+	r.metrics.Resumes.WithLabelValues("refused", reason).Inc()
+}
+
+// Instance is this gateway process's name in its resume tokens.
+func (r *Relay) Instance() string { return r.instance }
 
 // maxTokenBytes bounds what Resume looks up.
 const maxTokenBytes = 64
@@ -54,15 +83,25 @@ const maxTokenBytes = 64
 // (AbortResume). Every failure is ErrResumeRefused.
 func (r *Relay) Resume(tenant, agent, token string, received int64) (*Conn, error) {
 	if token == "" || len(token) > maxTokenBytes {
-		r.metrics.Resumes.WithLabelValues("refused").Inc()
+		r.refused(refusedUnknown)
 		return nil, ErrResumeRefused
 	}
 	r.mu.Lock()
 	c := r.resumable[token]
 	r.mu.Unlock()
-	if c == nil || subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 ||
-		agent != "" && c.ag.name != agent || !c.reserveResume(received) {
-		r.metrics.Resumes.WithLabelValues("refused").Inc()
+	switch {
+	case c == nil:
+		if inst, _, ok := strings.Cut(token, "."); ok && inst != r.instance && len(inst) == len(r.instance) {
+			r.refused(refusedOtherReplica)
+		} else {
+			r.refused(refusedUnknown)
+		}
+		return nil, ErrResumeRefused
+	case subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 || agent != "" && c.ag.name != agent:
+		r.refused(refusedMismatch)
+		return nil, ErrResumeRefused
+	case !c.reserveResume(received):
+		r.refused(refusedNotKept)
 		return nil, ErrResumeRefused
 	}
 	return c, nil
@@ -104,7 +143,7 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 	if !c.out.canResumeLocked(received) {
 		c.out.mu.Unlock()
 		c.mu.Unlock()
-		c.relay.metrics.Resumes.WithLabelValues("refused").Inc()
+		c.relay.refused(refusedNotKept)
 		return ErrResumeRefused
 	}
 	old := c.out.sink
@@ -123,7 +162,7 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()
 	}
-	c.relay.metrics.Resumes.WithLabelValues("ok").Inc()
+	c.relay.metrics.Resumes.WithLabelValues("ok", "").Inc()
 	c.log.Info("connection resumed", "client_received", received, "gateway_received", n, "superseded", old != nil)
 	return nil
 }
