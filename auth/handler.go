@@ -57,6 +57,32 @@ func (a *Authenticator) serveTickets(w http.ResponseWriter, r *http.Request) {
 	}{ticket, expires.UTC().Format(time.RFC3339)})
 }
 
+// CORS applies the tickets endpoint's CORS rules to another JSON endpoint
+// that authenticates like /acp (GET /v1/agents): an allowed cross origin
+// gets Access-Control-Allow-Origin, and a preflight is answered (204, or
+// 403 for an origin not allowed), in which case CORS returns true and the
+// caller is done.
+func (a *Authenticator) CORS(w http.ResponseWriter, r *http.Request, methods string) bool {
+	h := w.Header()
+	if origin, ok := a.isAllowedCrossOrigin(r); ok {
+		h.Set("Access-Control-Allow-Origin", origin)
+	}
+	h.Add("Vary", "Origin")
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	if err := a.checkOrigin(r); err != nil {
+		a.logFailure(r, err)
+		WriteError(w, err)
+		return true
+	}
+	h.Set("Access-Control-Allow-Methods", methods)
+	h.Set("Access-Control-Allow-Headers", "Authorization")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
+}
+
 func (a *Authenticator) preflight(w http.ResponseWriter, r *http.Request) {
 	if err := a.checkOrigin(r); err != nil {
 		a.logFailure(r, err)

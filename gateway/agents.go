@@ -114,8 +114,18 @@ type agentJSON struct {
 }
 
 // handleAgents lists the agents the caller's tenant may use, with what
-// their newest initialize answer said of them.
+// their newest initialize answer said of them. It authenticates as /acp
+// does (a ticket is spent by it: list with the token); a page on an
+// allowed origin may read it (CORS).
 func (s *Server) handleAgents(w http.ResponseWriter, r *http.Request) {
+	if s.authn != nil && s.authn.CORS(w, r, "GET") {
+		return
+	}
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+		return
+	}
 	tenant, ok := s.authenticate(w, r)
 	if !ok {
 		return

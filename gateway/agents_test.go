@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"io"
 	"maps"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -78,5 +80,44 @@ func TestReloadAgents(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(body, "acpgate_drains"))
 		}
+	}
+}
+
+// GET /v1/agents lists the tenant's agents; a page on an allowed origin
+// may read it, and its preflight is answered.
+func TestAgentsListCORS(t *testing.T) {
+	ts := startServer(t, func(c *config.Config) {
+		withTenant(t)(c)
+		withAgents(t, "a", "a", "b")(c)
+		c.Tenants[0].Agents = []string{"b"}
+		c.Auth.AllowedOrigins = []string{"https://ide.example.com"}
+	})
+	defer ts.shutdown()
+	req, _ := http.NewRequest(http.MethodOptions, "http://"+ts.addr+"/v1/agents", nil)
+	req.Header.Set("Origin", "https://ide.example.com")
+	req.Header.Set("Access-Control-Request-Method", "GET")
+	resp, err := ts.http.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("Access-Control-Allow-Origin") != "https://ide.example.com" {
+		t.Errorf("preflight: %d, allow-origin %q", resp.StatusCode, resp.Header.Get("Access-Control-Allow-Origin"))
+	}
+	req, _ = http.NewRequest(http.MethodGet, "http://"+ts.addr+"/v1/agents", nil)
+	req.Header.Set("Origin", "https://ide.example.com")
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err = ts.http.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "https://ide.example.com" ||
+		!strings.Contains(string(body), `"name":"b"`) || strings.Contains(string(body), `"name":"a"`) {
+		t.Errorf("GET: %d, allow-origin %q, %s (want only agent b)", resp.StatusCode, resp.Header.Get("Access-Control-Allow-Origin"), body)
+	}
+	if code, _ := ts.get("/v1/agents"); code != http.StatusUnauthorized {
+		t.Errorf("without a token: %d, want 401", code)
 	}
 }

@@ -322,7 +322,7 @@ func New(opts Options) (*Server, error) {
 			})
 		}
 	}
-	r.Get("/v1/agents", s.handleAgents)
+	r.HandleFunc("/v1/agents", s.handleAgents)
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
 	}

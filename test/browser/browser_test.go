@@ -146,9 +146,18 @@ func (l *lockedBuffer) String() string {
 }
 
 // startGateway runs `acpgate serve --config FILE --log-format json` and
-// waits for its "listening" log line. listen, if set, overrides the
-// config's address (used to restart on the same port).
+// waits for its "listening" log line, then for /readyz. listen, if set,
+// overrides the config's address (used to restart on the same port).
 func startGateway(t *testing.T, bin, config string, env []string, log *lockedBuffer, listen string) *gateway {
+	t.Helper()
+	g := launchGateway(t, bin, config, env, log, listen)
+	waitReady(t, "http://"+g.addr)
+	return g
+}
+
+// launchGateway is startGateway without the wait for /readyz, for a
+// gateway with an agent that never becomes ready.
+func launchGateway(t *testing.T, bin, config string, env []string, log *lockedBuffer, listen string) *gateway {
 	t.Helper()
 	g := &gateway{t: t, bin: bin, config: config, env: env, log: log, done: make(chan struct{})}
 	args := []string{"serve", "--config", config, "--log-format", "json"}
@@ -189,7 +198,6 @@ func startGateway(t *testing.T, bin, config string, env []string, log *lockedBuf
 		g.kill()
 		t.Fatalf("no \"listening\" line from the gateway within %v:\n%s", startLimit, log)
 	}
-	waitReady(t, "http://"+g.addr)
 	return g
 }
 

@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -20,10 +20,18 @@
 //         upgrades: it falls back to HTTP, takes a turn with a permission
 //         card, loads a session, ends its connection (DELETE) when it is
 //         reloaded, and falls back again
+// agents  a gateway with the agents demo (default), second (fakeagent) and
+//         broken (never ready): the picker lists them, a turn with demo,
+//         second picked with the keyboard and a turn with it, a reload
+//         keeps the pick, switching back finds demo's session, ?agent=,
+//         /v1/agents answering 404 (an older gateway) means /acp and no
+//         picker; then through a proxy that refuses WebSockets: the
+//         fallback to Streamable HTTP goes to the picked agent too
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
 //   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
+//   ACPGATE_FALLBACK_URL     the gateway behind a proxy refusing upgrades (agents scenario)
 //   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
 //
 // The script asks the harness to act (stop, kill or start the gateway; cut,
@@ -39,7 +47,7 @@ import { createInterface } from "node:readline";
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -848,6 +856,144 @@ async function fallbackScenario() {
   });
 }
 
+// -- several agents --------------------------------------------------------------
+
+// A gateway with three agents: demo (the built-in demo agent, the default),
+// second (test/fakeagent: agentInfo.name "fakeagent", one-chunk replies, no
+// session list) and broken (never ready). At the end the script tells the
+// harness how many prompts it sent each agent, which the gateway's metrics
+// must match.
+async function agentsScenario() {
+  const sent = { demo: 0, second: 0 };
+  const demoPrompt = "hello demo agent, the default one";
+  const secondPrompt = "hello second agent";
+  const picker = page.locator("#agent");
+  const sendTo = async (agent, text) => {
+    await send(text);
+    sent[agent]++;
+    check((await lastAgentText()).trim() === `You said: ${text}`, `reply: ${JSON.stringify(await lastAgentText())}`);
+    check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "end_turn", "the turn did not end with end_turn");
+  };
+  // Connected to /acp/<agent> (over a WebSocket, unless via says otherwise),
+  // the header naming badge.
+  const connectedTo = async (agent, badge, via = "WebSocket") => {
+    await page.waitForFunction((re) => document.getElementById("conn-state").dataset.state === "connected"
+      && new RegExp(re).test(document.getElementById("conn-detail").textContent), `/acp/${agent} · ${via}`, { timeout: 20000 });
+    check((await picker.inputValue()) === agent, `the picker shows ${await picker.inputValue()}, connected to ${agent}`);
+    await page.waitForFunction((b) => document.getElementById("agent-badge").textContent.includes(b), badge);
+    check((await page.locator("#agent-info").innerText()).includes(`/acp/${agent}`), "the agent panel does not say where the agent is");
+  };
+
+  await run("the page lists the agents", async () => {
+    await page.goto(baseUrl);
+    await connectedTo("demo", "acpgate-demo-agent");
+    check(await page.locator("#agent-field").isVisible(), "no agent picker");
+    const labels = await picker.evaluate((el) => [...el.labels].map((l) => l.textContent.trim()));
+    check(labels.includes("Agent"), `the picker's labels: ${labels}`);
+    const opts = await page.locator("#agent option").evaluateAll((os) => os.map((o) => ({ value: o.value, text: o.textContent, ready: o.dataset.ready })));
+    check(JSON.stringify(opts.map((o) => o.value)) === JSON.stringify(["broken", "demo", "second"]), `options: ${JSON.stringify(opts)}`);
+    const by = Object.fromEntries(opts.map((o) => [o.value, o]));
+    check(by.demo.text.includes("acpgate-demo-agent") && by.demo.text.includes("(default)") && !by.demo.text.includes("not ready"), `demo: ${by.demo.text}`);
+    check(by.second.text.includes("fakeagent") && !by.second.text.includes("default") && !by.second.text.includes("not ready"), `second: ${by.second.text}`);
+    check(by.broken.text.includes("not ready") && by.broken.ready === "false", `broken: ${by.broken.text}`);
+    check(wsUrls.length === 1 && new URL(wsUrls[0]).pathname === "/acp/demo", `WebSocket URLs: ${wsUrls}`);
+    const unlabeled = await page.evaluate(() => [...document.querySelectorAll("input, textarea, select")]
+      .filter((el) => !(el.labels?.length || el.getAttribute("aria-label") || el.getAttribute("aria-labelledby")))
+      .map((el) => el.id || el.outerHTML));
+    check(unlabeled.length === 0, `unlabeled controls: ${unlabeled}`);
+  });
+
+  await run("a turn with the default agent", async () => {
+    await sendTo("demo", demoPrompt);
+    await page.waitForSelector('#session-list [aria-current="true"]');
+  });
+
+  await run("pick the second agent with the keyboard", async () => {
+    const n = wsUrls.length;
+    await picker.focus();
+    await page.keyboard.press("ArrowDown"); // broken, demo, second: demo -> second
+    await connectedTo("second", "fakeagent");
+    check(await picker.evaluate((el) => el === document.activeElement), "the picker lost the focus");
+    check(wsUrls.length === n + 1 && new URL(wsUrls[n]).pathname === "/acp/second", `WebSocket URLs: ${wsUrls.slice(n)}`);
+    check(await page.locator("#transcript .msg").count() === 0, "the demo agent's conversation is still shown");
+    check((await page.locator("#session-title").textContent()) === "New conversation", "the demo agent's session is still open");
+    check((await page.evaluate(() => localStorage.getItem("acpgate.agent"))) === '"second"', "the pick is not remembered");
+    await shot("11-agents");
+  });
+
+  await run("a turn with the second agent", async () => {
+    await sendTo("second", secondPrompt);
+    check((await page.locator("#agent-badge").innerText()).includes("fakeagent"), "the header does not name the second agent");
+    const list = await page.locator("#session-list").innerText();
+    check(list.includes("does not list sessions") && !list.includes(demoPrompt.slice(0, 20)), `the second agent's session list: ${list}`);
+  });
+
+  await run("a reload keeps the pick and resumes its connection", async () => {
+    const n = wsUrls.length;
+    await page.reload();
+    await connectedTo("second", "fakeagent");
+    check(wsUrls.length === n + 1 && new URL(wsUrls[n]).pathname === "/acp/second" && new URL(wsUrls[n]).searchParams.has("resume"),
+      `after the reload: ${wsUrls.slice(n).map((u) => new URL(u).pathname)}`);
+    check((await page.locator("#conn-detail").innerText()).includes("resumed the connection from before the reload"), "no resume note");
+    await sendTo("second", "after the reload, still the second agent");
+  });
+
+  await run("switch back: sessions belong to their agent", async () => {
+    await picker.selectOption("demo");
+    await connectedTo("demo", "acpgate-demo-agent");
+    const item = page.locator("#session-list .session-item", { hasText: demoPrompt.slice(0, 30) }).first();
+    await item.waitFor();
+    check(!(await page.locator("#session-list").innerText()).includes(secondPrompt), "the second agent's session is in the demo agent's list");
+    await item.getByRole("button", { name: /^Load/ }).click();
+    await page.waitForFunction(() => /Session loaded/.test(document.getElementById("transcript").innerText));
+    check((await page.locator("#transcript .msg.user").first().innerText()).trim() === demoPrompt, "the demo session's history was not replayed");
+    await sendTo("demo", "back with the demo agent");
+  });
+
+  await run("?agent= in the address picks one, and follows a pick", async () => {
+    const u = new URL(baseUrl);
+    u.searchParams.set("agent", "second");
+    await page.goto(u.href);
+    await connectedTo("second", "fakeagent");
+    await picker.selectOption("demo");
+    await connectedTo("demo", "acpgate-demo-agent");
+    check(new URL(page.url()).searchParams.get("agent") === "demo", `the address after the pick: ${page.url()}`);
+  });
+
+  await run("an older gateway (GET /v1/agents 404): /acp, no picker", async () => {
+    await page.route("**/v1/agents", (r) => r.fulfill({ status: 404, contentType: "text/plain", body: "404 page not found\n" }));
+    const n = wsUrls.length;
+    await page.reload();
+    await page.waitForFunction(() => document.getElementById("conn-state").dataset.state === "connected"
+      && / · WebSocket/.test(document.getElementById("conn-detail").textContent), null, { timeout: 20000 });
+    check(!(await page.locator("#agent-field").isVisible()), "a picker without an agent list");
+    check(wsUrls.length === n + 1 && new URL(wsUrls[n]).pathname === "/acp", `after the reload: ${wsUrls.slice(n).map((u) => new URL(u).pathname)}`);
+    check(!(await page.locator("#agent-info").innerText()).includes("/acp/"), "the agent panel names an agent endpoint");
+    await sendTo("demo", "hello the default agent at /acp"); // /acp is default_agent: demo
+    await page.unroute("**/v1/agents");
+  });
+
+  await run("the HTTP fallback goes to the picked agent", async () => {
+    const u = new URL(process.env.ACPGATE_FALLBACK_URL || baseUrl);
+    u.searchParams.set("agent", "second"); // another origin (the proxy's port): nothing remembered there
+    const paths = [];
+    page.on("request", (r) => {
+      const p = new URL(r.url()).pathname;
+      if (p === "/acp" || p.startsWith("/acp/")) paths.push(`${r.method()} ${p}`);
+    });
+    await page.goto(u.href);
+    await connectedTo("second", "fakeagent", "Streamable HTTP \\(the WebSocket was refused\\)");
+    await sendTo("second", "hello second agent over Streamable HTTP");
+    await page.locator("#disconnect-btn").click();
+    await waitState("disconnected");
+    for (let i = 0; i < 50 && !paths.includes("DELETE /acp/second"); i++) await page.waitForTimeout(100);
+    for (const want of ["POST /acp/second", "GET /acp/second", "DELETE /acp/second"]) check(paths.includes(want), `no ${want}: ${[...new Set(paths)]}`);
+    check(paths.every((p) => p.endsWith("/acp/second")), `a request to another agent: ${[...new Set(paths)]}`);
+  });
+
+  await harness(`prompts demo=${sent.demo} second=${sent.second}`);
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
@@ -856,6 +1002,7 @@ try {
   else if (scenario === "resume") await resumeScenario();
   else if (scenario === "http") await httpScenario();
   else if (scenario === "fallback") await fallbackScenario();
+  else if (scenario === "agents") await agentsScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);

@@ -3,7 +3,8 @@
 //
 // This module has no dependencies and no DOM code, so it can be copied into
 // any browser front end (or Node >= 22, which has a global WebSocket). It
-// speaks JSON-RPC 2.0 over one of two transports, both on acpgate's /acp:
+// speaks JSON-RPC 2.0 over one of two transports, both on acpgate's /acp
+// (the default agent) or /acp/<agent> (a named one, opts.agent):
 //
 //   "websocket" (the default)  one message per WebSocket text frame, as
 //                              acpgate and the ACP remote-transport RFD expect
@@ -14,11 +15,14 @@
 //
 // The pieces, from the bottom up:
 //
-//   gatewayUrl(url, {ticket})     the /acp WebSocket URL; a one-time ticket goes in the query
-//   gatewayHttpUrl(url)           the /acp URL for Streamable HTTP (http or https)
+//   gatewayUrl(url, {ticket, agent})  the /acp WebSocket URL; a one-time ticket goes in the query
+//   gatewayHttpUrl(url, {agent})  the /acp URL for Streamable HTTP (http or https)
+//   agentUrl(url, agent)          /acp -> /acp/<agent> (URL-encoded); no agent: url as it is
+//   listAgents(url, opts)         GET /v1/agents: the agents these credentials may use
 //   subprotocols(token)           ["acp"] or ["acp", "acp.bearer.<token>"]
 //   AcpConnection.open(url, opts) opens the socket; resolves once it is open
-//                                 (opts.transport: "websocket" or "http")
+//                                 (opts.transport: "websocket" or "http";
+//                                 opts.agent: a named agent, at /acp/<agent>)
 //     .request(method, params)    a request; resolves with result, rejects with AcpError
 //     .notify(method, params)     a notification (no answer)
 //     .handle(method, fn)         answers the agent's requests (fs/*, permission…)
@@ -41,6 +45,18 @@
 //     ({ outcome: { outcome: "selected", optionId: p.options[0].optionId } }));
 //   const { sessionId } = await acp.newSession("/workspace");
 //   const { stopReason } = await acp.prompt(sessionId, [{ type: "text", text: "hello" }]);
+//
+// Several agents behind one gateway: /acp is the default agent, /acp/<name>
+// a named one, and GET /v1/agents (same credentials) lists the ones this
+// caller may use. Pick one and pass its name; sessions belong to an agent,
+// so switching agents means a new connection:
+//
+//   const agents = await listAgents(location.origin + "/acp", { token });
+//   // [{name, agentInfo: {name, title, version} | null, protocolVersion, ready, default}]
+//   const conn = await AcpConnection.open(location.origin + "/acp", { token, agent: "second" });
+//
+// listAgents rejects with a ConnectError whose status is 404 when the
+// gateway predates named agents: then use /acp (no agent) as before.
 //
 // Authentication with acpgate (a browser cannot set headers on a WebSocket):
 //   - a bearer token goes in the subprotocol list, next to "acp". The gateway
@@ -192,11 +208,25 @@ export class ConnectError extends Error {
 }
 
 /**
- * The WebSocket URL: a relative or http(s) URL becomes ws(s), and a ticket
- * is added as ?ticket=. Tokens never go here; see subprotocols().
+ * The URL of a named agent: "/<agent>" (URL-encoded) added to the path of
+ * url, the gateway's /acp URL (any scheme): ws://h/acp -> ws://h/acp/second.
+ * Without an agent, url unchanged (/acp is the gateway's default agent).
  */
-export function gatewayUrl(url, { ticket = "" } = {}) {
+export function agentUrl(url, agent = "") {
+  if (agent === "" || agent === null || agent === undefined) return url;
+  if (typeof agent !== "string") throw new TypeError("the agent name must be a string");
   const u = new URL(url, globalThis.location?.href);
+  u.pathname = u.pathname.replace(/\/+$/, "") + "/" + encodeURIComponent(agent);
+  return u.href;
+}
+
+/**
+ * The WebSocket URL: a relative or http(s) URL becomes ws(s), a named
+ * agent is added to the path (see agentUrl), and a ticket is added as
+ * ?ticket=. Tokens never go here; see subprotocols().
+ */
+export function gatewayUrl(url, { ticket = "", agent = "" } = {}) {
+  const u = new URL(agentUrl(url, agent), globalThis.location?.href);
   if (u.protocol === "http:") u.protocol = "ws:";
   if (u.protocol === "https:") u.protocol = "wss:";
   if (u.protocol !== "ws:" && u.protocol !== "wss:") {
@@ -207,11 +237,12 @@ export function gatewayUrl(url, { ticket = "" } = {}) {
 }
 
 /**
- * The Streamable HTTP URL: a relative or ws(s) URL becomes http(s). Tickets
- * are added per request (see "Streamable HTTP" above), tokens never.
+ * The Streamable HTTP URL: a relative or ws(s) URL becomes http(s), and a
+ * named agent is added to the path (see agentUrl). Tickets are added per
+ * request (see "Streamable HTTP" above), tokens never.
  */
-export function gatewayHttpUrl(url) {
-  const u = new URL(url, globalThis.location?.href);
+export function gatewayHttpUrl(url, { agent = "" } = {}) {
+  const u = new URL(agentUrl(url, agent), globalThis.location?.href);
   if (u.protocol === "ws:") u.protocol = "http:";
   if (u.protocol === "wss:") u.protocol = "https:";
   if (u.protocol !== "http:" && u.protocol !== "https:") {
@@ -272,6 +303,88 @@ export async function probeGateway(url) {
 }
 
 /**
+ * The URL of GET /v1/agents for a gateway's /acp URL (or an agent's
+ * /acp/<agent>; any scheme): next to /acp, so a gateway behind a path
+ * prefix is found too (wss://h/gw/acp -> https://h/gw/v1/agents); at the
+ * root otherwise.
+ */
+export function agentsUrl(url) {
+  const u = new URL(gatewayHttpUrl(url));
+  u.search = "";
+  u.hash = "";
+  const m = /^(.*)\/acp(\/[^/]*)?\/?$/.exec(u.pathname);
+  u.pathname = (m ? m[1] : "") + "/v1/agents";
+  return u.href;
+}
+
+/**
+ * The agents a gateway serves to these credentials: GET /v1/agents, with
+ * the same credentials a connection takes (opts: {token, ticket,
+ * getTicket, timeoutMs, signal}: a token goes in an Authorization: Bearer
+ * header; without one, a ticket, or a new one from getTicket, goes in the
+ * query and is spent). url is the gateway's /acp URL (ws(s) or http(s)).
+ *
+ * Resolves with the list, in the gateway's order: [{name, agentInfo:
+ * {name, title, version} | null (the agent has not started yet),
+ * protocolVersion, ready, default}]; connect to one with
+ * AcpConnection.open(url, {agent: name}). Rejects with a ConnectError
+ * (opened: false) whose status is the HTTP status that refused the list
+ * (404: a gateway without named agents, where /acp is the only agent; 401
+ * or 403: the credentials), 0 when the gateway cannot be reached (or,
+ * from another origin, does not allow this page to read it), and whose
+ * reason is the gateway's message.
+ */
+export async function listAgents(url, { token = "", ticket = "", getTicket = null, timeoutMs = 15000, signal } = {}) {
+  const u = new URL(agentsUrl(url));
+  const headers = { Accept: "application/json" };
+  if (token) {
+    if (!/^[\x21-\x7e]+$/.test(token)) throw new TypeError("the token contains characters an Authorization header cannot carry");
+    headers.Authorization = "Bearer " + token;
+  } else {
+    const t = ticket || (getTicket ? await getTicket() : "");
+    if (t) u.searchParams.set("ticket", t);
+  }
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), timeoutMs);
+  const abort = () => ctl.abort();
+  signal?.addEventListener("abort", abort, { once: true });
+  let res;
+  let text = "";
+  try {
+    res = await fetch(u, { headers, signal: ctl.signal, cache: "no-store" });
+    text = await res.text();
+  } catch (err) {
+    const why = ctl.signal.aborted ? (signal?.aborted ? "aborted" : "no answer in time") : String(err?.message ?? err);
+    throw new ConnectError(`cannot list the agents at ${u.origin}${u.pathname}: ${why}`, { reason: why, status: 0 });
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", abort);
+  }
+  if (!res.ok) {
+    const why = errorBodyText(text) || res.statusText;
+    throw new ConnectError(`the gateway refused the agent list (HTTP ${res.status}): ${why}`, { code: res.status === 401 || res.status === 403 ? 1008 : 1006, reason: why, status: res.status });
+  }
+  let body = null;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    // not JSON: handled below
+  }
+  if (!Array.isArray(body?.agents)) {
+    throw new ConnectError("the gateway's agent list is not {\"agents\": [...]}", { reason: "not an agent list", status: res.status });
+  }
+  return body.agents
+    .filter((a) => typeof a?.name === "string" && a.name)
+    .map((a) => ({
+      name: a.name,
+      agentInfo: a.agentInfo !== null && typeof a.agentInfo === "object" && !Array.isArray(a.agentInfo) ? a.agentInfo : null,
+      protocolVersion: Number.isInteger(a.protocolVersion) ? a.protocolVersion : 0,
+      ready: a.ready === true,
+      default: a.default === true,
+    }));
+}
+
+/**
  * A JSON-RPC 2.0 connection to an ACP agent through acpgate. It usually
  * lives on one WebSocket; when that socket drops and the gateway keeps the
  * connection, it moves to a new socket (see "Resuming" above) without the
@@ -286,8 +399,12 @@ export class AcpConnection {
    * .resumedAtOpen is true). Rejects with ConnectError if the socket closes
    * first (refused upgrade, unreachable host). Over HTTP it resolves at
    * once: initialize is the handshake.
-   * opts: {transport, token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs}
+   * opts: {transport, agent, token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs}
    *   transport  "websocket" (the default) or "http" (Streamable HTTP)
+   *   agent      the name of one of the gateway's agents (see listAgents):
+   *              the connection is to url + "/<agent>" (/acp/<agent>),
+   *              resumes included; "" (the default): url itself, /acp
+   *              being the gateway's default agent
    *   getTicket  async () => a new one-time ticket, for reconnects (over
    *              HTTP: for every request after the first)
    *   timeoutMs  how long opening a socket (over HTTP: a POST other than
@@ -312,10 +429,13 @@ export class AcpConnection {
   #key;
   #link = null; // the HttpLink, with transport "http"
 
-  constructor(url, { transport = "websocket", token = "", ticket = "", getTicket = null, timeoutMs = 15000, resume = true, storage = defaultStorage(), probe = probeGateway, resumeForMs = 300000 } = {}) {
+  constructor(url, { transport = "websocket", agent = "", token = "", ticket = "", getTicket = null, timeoutMs = 15000, resume = true, storage = defaultStorage(), probe = probeGateway, resumeForMs = 300000 } = {}) {
     if (transport !== "websocket" && transport !== "http") throw new TypeError(`unknown transport: ${transport}`);
     this.transport = transport;
-    this.url = transport === "http" ? gatewayHttpUrl(url) : gatewayUrl(url);
+    this.agent = agent ?? ""; // the named agent, "" for the gateway's default (/acp)
+    // The agent's URL; resumes, event streams and the resume state saved
+    // for a reload (keyed by this URL) all stay with it.
+    this.url = transport === "http" ? gatewayHttpUrl(url, { agent: this.agent }) : gatewayUrl(url, { agent: this.agent });
     this.#opts = { token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs };
     this.#key = "acp.resume:" + this.url;
     if (transport === "websocket") {

@@ -12,8 +12,17 @@
 // reloaded. ?transport=http or
 // ?transport=websocket in the page's address forces one. The connection
 // detail line says which one is in use.
+//
+// Agents: a gateway may serve several agents (/acp/<name>; /acp is its
+// default). Before connecting, the page asks GET /v1/agents (with the
+// token, if any) and, when there are several, shows a picker; the default
+// is preselected, a pick is remembered (localStorage, and ?agent=<name> in
+// the page's address, which also selects one). Another pick connects anew:
+// sessions belong to their agent. Without the list (an older gateway
+// answers 404, or the only credential is a single-use ticket) the page
+// connects to /acp as before, or to ?agent= when it cannot ask.
 
-import { AcpConnection, AcpClient, AcpError, ConnectError, ErrorCode, backoff, gatewayUrl } from "./acp.js";
+import { AcpConnection, AcpClient, AcpError, ConnectError, ErrorCode, agentsUrl, backoff, gatewayUrl, listAgents } from "./acp.js";
 import { Transcript } from "./transcript.js";
 import { VirtualFiles, FilePanel, normalizePath } from "./files.js";
 import { h, clear, replace, relativeTime } from "./dom.js";
@@ -25,6 +34,8 @@ const CLIENT_CAPABILITIES = { fs: { readTextFile: true, writeTextFile: true }, t
 
 // The transport forced by the page's address (?transport=http|websocket), if any.
 const FORCED_TRANSPORT = ["http", "websocket"].find((t) => t === new URLSearchParams(location.search).get("transport")) ?? null;
+// The agent the page's address asks for (?agent=<name>), if any.
+const QUERY_AGENT = new URLSearchParams(location.search).get("agent") || "";
 
 const $ = (id) => document.getElementById(id);
 const PROMPT_HINT = "Enter sends · Shift+Enter new line · Esc cancels";
@@ -35,6 +46,8 @@ const els = {
   agentBadge: $("agent-badge"),
   connectForm: $("connect-form"),
   url: $("url"),
+  agentField: $("agent-field"),
+  agent: $("agent"),
   auth: $("auth"),
   token: $("token"),
   ticket: $("ticket"),
@@ -95,6 +108,11 @@ const app = {
   connDetail: "", // the "connected" detail line
   connectSeq: 0,
   httpFallback: "", // the URL for which a refused WebSocket fell back to HTTP
+  agents: null, // GET /v1/agents: [{name, agentInfo, ready, default…}], or null when unknown
+  agentsListed: false, // the page asked for the list (false: it could not, e.g. a ticket alone)
+  pickedAgent: "", // the agent the user picked on this page
+  agent: "", // the agent of the connection ("" = /acp, the gateway's default)
+  epoch: 0, // bumped when the user switches agents: late answers of the old connection are dropped
 };
 
 // ---------------------------------------------------------------------------
@@ -202,9 +220,19 @@ async function connect({ reconnect = false } = {}) {
   if (ticket) els.ticket.value = "";
   app.usedTicket = !!ticket;
 
+  // Which agent: asked for again on every connect but a reconnect, which
+  // goes back to the agent it lost.
+  if (!reconnect) {
+    await refreshAgents(url, { token, ticket });
+    if (seq !== app.connectSeq) return;
+  }
+  const agent = reconnect ? app.agent : targetAgent();
+  app.agent = agent;
+  if (!reconnect && agent) setState("connecting", `Opening ${gatewayUrl(url, { agent })}`);
+
   // A WebSocket first, unless HTTP is forced or already took over for this URL.
   let transport = FORCED_TRANSPORT ?? (app.httpFallback === url ? "http" : "websocket");
-  const opts = { ...(ticket ? { ticket } : { token }), probe };
+  const opts = { ...(ticket ? { ticket } : { token }), agent, probe };
   let conn;
   try {
     conn = await AcpConnection.open(url, { ...opts, transport });
@@ -242,6 +270,7 @@ async function connect({ reconnect = false } = {}) {
   try {
     await acp.initialize(CLIENT_CAPABILITIES, CLIENT_INFO);
   } catch (err) {
+    if (seq !== app.connectSeq) return; // abandoned (another agent was picked)
     if (conn.transport === "http" && err instanceof ConnectError && !err.opened) {
       // Over HTTP the initialize POST is the handshake: refused (its status
       // and message can be read), or nothing answers.
@@ -256,6 +285,10 @@ async function connect({ reconnect = false } = {}) {
     setState("failed", `initialize failed: ${errText(err)}`);
     app.wantConnected = false;
     conn.close(1000, "initialize failed");
+    return;
+  }
+  if (seq !== app.connectSeq || app.conn !== conn) {
+    conn.close();
     return;
   }
   conn.onClose((c) => onClosed(conn, c));
@@ -273,7 +306,118 @@ async function connect({ reconnect = false } = {}) {
   if (reconnect && app.session) await restoreSession();
   else if (!app.session) showEmpty();
   refreshSessions();
-  if (!reconnect) els.prompt.focus();
+  if (!reconnect && document.activeElement !== els.agent) els.prompt.focus();
+  // The agent has started now: its entry in the picker may say more.
+  if (app.agents?.length > 1 && !reconnect) refreshAgents(url, { token, ticket });
+}
+
+// ---------------------------------------------------------------------------
+// Agents (GET /v1/agents)
+
+// Asks the gateway at url which agents it serves, and shows them. Not with
+// a ticket alone (it is single-use, and the connection needs it), nor on
+// another origin (the page's Content-Security-Policy allows no fetch
+// there): then what is shown stays. A gateway without the list (404, an
+// older one), or one that refuses it, leaves no list: the page uses /acp.
+async function refreshAgents(url, { token, ticket }) {
+  let same = false;
+  try {
+    same = new URL(agentsUrl(url)).origin === location.origin;
+  } catch {
+    // not a URL: connect() says so
+  }
+  if ((ticket && !token) || !same) {
+    app.agentsListed = false;
+    return;
+  }
+  let agents = null;
+  try {
+    agents = await listAgents(url, { token, timeoutMs: 5000 });
+  } catch (err) {
+    // 404: an older gateway. A refusal (401, 403) or a token a header
+    // cannot carry: connecting says why.
+    if (err instanceof ConnectError && ![401, 403, 404].includes(err.status)) console.info("acpgate: no agent list:", errText(err));
+  }
+  app.agents = agents;
+  app.agentsListed = true;
+  renderAgentPicker();
+}
+
+// The picker's choice: the user's pick on this page, else the agent the
+// page is connected to, ?agent= in the address, the one remembered, the
+// gateway's default, the first.
+function renderAgentPicker() {
+  const list = app.agents ?? [];
+  const names = list.map((a) => a.name);
+  const want = [app.pickedAgent, app.conn ? app.agent : "", QUERY_AGENT, store.get("agent"), list.find((a) => a.default)?.name, names[0]]
+    .find((n) => n && names.includes(n)) ?? "";
+  clear(els.agent);
+  for (const a of list) {
+    els.agent.appendChild(h("option", { value: a.name, dataset: { ready: String(a.ready) } }, agentLabel(a)));
+  }
+  els.agent.value = want;
+  // One agent (or none): nothing to pick.
+  els.agentField.hidden = list.length < 2;
+}
+
+// "second · Claude Code 1.2 (default) · not ready": the gateway's name for
+// the agent, then what the agent calls itself, once it has started.
+function agentLabel(a) {
+  const info = a.agentInfo ?? {};
+  const own = String(info.title || info.name || "");
+  let label = a.name;
+  if (own && own !== a.name) label += ` · ${own}`;
+  if (own && info.version) label += ` ${info.version}`;
+  if (a.default) label += " (default)";
+  if (!a.ready) label += " · not ready";
+  return label;
+}
+
+// The agent to connect to: the picker's, or "" for /acp when the list has
+// only the gateway's default agent (as before agents had names) or is
+// unknown (then ?agent= from the address, if the page could not ask).
+function targetAgent() {
+  const list = app.agents;
+  if (!list) return app.agentsListed ? "" : QUERY_AGENT;
+  if (!list.length || (list.length === 1 && list[0].default)) return "";
+  return els.agent.value || list[0].name;
+}
+
+// Remembers a pick: in localStorage, and in ?agent= if the address has it.
+function rememberAgent(name) {
+  store.set("agent", name);
+  const u = new URL(location.href);
+  if (u.searchParams.has("agent")) {
+    u.searchParams.set("agent", name);
+    history.replaceState(history.state, "", u.href);
+  }
+}
+
+// Another agent was picked. Its sessions are not this one's: the page
+// leaves the open session and ends the connection; unless the user had
+// disconnected, it connects to the new agent.
+function switchAgent() {
+  const conn = app.conn;
+  const again = app.wantConnected || !!conn;
+  app.epoch++;
+  app.connectSeq++; // abandon a connect() in progress
+  clearTimeout(app.timer);
+  app.attempt = 0;
+  app.conn = null;
+  app.acp = null;
+  app.running = null;
+  app.loading = false;
+  transcript.cancelPermissions("You switched to another agent.");
+  conn?.close(1000, "switched to another agent");
+  app.session = null;
+  transcript.clear();
+  setTitle("");
+  els.sessionMeta.textContent = "";
+  els.promptHint.textContent = PROMPT_HINT;
+  refreshSessions();
+  showEmpty();
+  if (again) connect();
+  else updateControls();
 }
 
 // Opening failed: the WebSocket upgrade, or over HTTP the initialize POST.
@@ -454,6 +598,7 @@ function renderAgent(init) {
   replace(els.agentInfo,
     h("dl", { class: "kv" },
       h("dt", {}, "Agent"), h("dd", {}, agentName(init)),
+      app.agent ? [h("dt", {}, "Endpoint"), h("dd", {}, h("code", {}, `/acp/${app.agent}`))] : null,
       h("dt", {}, "Version"), h("dd", {}, String(info.version ?? "—")),
       h("dt", {}, "Protocol"), h("dd", {}, `ACP v${init?.protocolVersion}`)),
     group("Sessions", [
@@ -511,25 +656,30 @@ async function newSession() {
   store.set("cwd", cwd);
   app.loading = true;
   updateControls();
+  const epoch = app.epoch;
   try {
     const res = await app.acp.newSession(cwd);
+    if (epoch !== app.epoch) return false; // another agent was picked meanwhile
     app.session = { id: res.sessionId, cwd, title: "" };
-    store.set("lastSession", { id: res.sessionId, cwd });
+    store.set("lastSession", { id: res.sessionId, cwd, agent: app.agent });
     transcript.clear();
     setTitle("");
     els.sessionMeta.textContent = cwd;
     showEmpty();
     return true;
   } catch (err) {
+    if (epoch !== app.epoch) return false;
     els.cwdError.hidden = false;
     els.cwdError.textContent = `Could not start a session in ${cwd}: ${errText(err)}`;
     els.cwd.setAttribute("aria-invalid", "true");
     announce(els.cwdError.textContent);
     return false;
   } finally {
-    app.loading = false;
-    updateControls();
-    refreshSessions();
+    if (epoch === app.epoch) {
+      app.loading = false;
+      updateControls();
+      refreshSessions();
+    }
   }
 }
 
@@ -542,20 +692,25 @@ async function loadSession(id, cwd, { title = "", reason = "Session loaded: hist
   transcript.clear();
   setTitle(title);
   els.sessionMeta.textContent = cwd;
+  const epoch = app.epoch;
   try {
     // The agent replays the history as session/update notifications, which
     // arrive (and render) before this response.
     await app.acp.loadSession(id, cwd);
+    if (epoch !== app.epoch) return; // another agent was picked meanwhile
     transcript.notice(reason, "divider");
-    store.set("lastSession", { id, cwd });
+    store.set("lastSession", { id, cwd, agent: app.agent });
     announce(`Session ${title || ""} loaded`);
   } catch (err) {
+    if (epoch !== app.epoch) return;
     transcript.notice(`Could not load the session: ${errText(err)}`, "error");
     app.session = err instanceof AcpError ? null : previous;
   } finally {
-    app.loading = false;
-    updateControls();
-    refreshSessions();
+    if (epoch === app.epoch) {
+      app.loading = false;
+      updateControls();
+      refreshSessions();
+    }
   }
 }
 
@@ -581,7 +736,7 @@ async function refreshSessions() {
   } else {
     note = "This agent does not list sessions (no sessionCapabilities.list).";
     const last = store.get("lastSession");
-    if (last?.id) sessions = [{ sessionId: last.id, cwd: last.cwd, title: "Last session" }];
+    if (last?.id && (last.agent ?? "") === app.agent) sessions = [{ sessionId: last.id, cwd: last.cwd, title: "Last session" }];
   }
   if (seq !== listSeq) return;
   clear(list);
@@ -611,13 +766,16 @@ async function refreshSessions() {
 }
 
 async function resumeSession(s) {
+  const epoch = app.epoch;
   try {
     await app.acp.resumeSession(s.sessionId, s.cwd);
+    if (epoch !== app.epoch) return;
     app.session = { id: s.sessionId, cwd: s.cwd, title: s.title ?? "" };
     transcript.clear();
     setTitle(s.title ?? "");
     transcript.notice("Session resumed (session/resume does not replay the history).", "divider");
   } catch (err) {
+    if (epoch !== app.epoch) return;
     transcript.notice(`Could not resume the session: ${errText(err)}`, "error");
   }
   refreshSessions();
@@ -644,15 +802,18 @@ async function sendPrompt(text = els.prompt.value) {
   const started = performance.now();
   app.running = { started };
   updateControls();
+  const epoch = app.epoch;
   try {
     const res = await app.acp.prompt(session.id, [{ type: "text", text }]);
+    if (epoch !== app.epoch) return; // another agent was picked: this turn's page is gone
     transcript.endTurn(String(res?.stopReason ?? "end_turn"), performance.now() - started);
   } catch (err) {
+    if (epoch !== app.epoch) return;
     const lost = err instanceof ConnectError;
     transcript.notice(lost ? `The connection closed during the turn: ${errText(err)}` : `The prompt failed: ${errText(err)}`, "error");
     transcript.endTurn("error", performance.now() - started);
   } finally {
-    app.running = null;
+    if (epoch === app.epoch) app.running = null;
     els.promptHint.textContent = PROMPT_HINT;
     updateControls();
     if (!document.activeElement || document.activeElement === document.body || document.activeElement === els.cancelBtn) els.prompt.focus();
@@ -785,6 +946,13 @@ els.connectForm.addEventListener("submit", (ev) => {
   connect();
 });
 els.disconnectBtn.addEventListener("click", disconnect);
+// A native <select>: the keyboard picks as well as the mouse, and each
+// change is a pick (a new connection; a quick run of them ends with the last).
+els.agent.addEventListener("change", () => {
+  app.pickedAgent = els.agent.value;
+  rememberAgent(els.agent.value);
+  if (!app.conn || targetAgent() !== app.agent) switchAgent();
+});
 els.newSessionForm.addEventListener("submit", (ev) => {
   ev.preventDefault();
   newSession().then((ok) => ok && els.prompt.focus());
