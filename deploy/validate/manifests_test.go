@@ -272,15 +272,25 @@ func one[T any](t *testing.T, kind string, m map[string]T) T {
 	panic("unreachable")
 }
 
+// agentConfig is the part of an agent's settings (agent:, or one of
+// agents:) the manifests depend on.
+type agentConfig struct {
+	StopGrace  string   `json:"stop_grace"`
+	InheritEnv []string `json:"inherit_env"`
+	Sandbox    struct {
+		ReadOnly  []string `json:"read_only"`
+		ReadWrite []string `json:"read_write"`
+	} `json:"sandbox"`
+}
+
 // gatewayConfig is the part of acpgate.yaml the manifests depend on.
 // (acpgate check-config, run by test/ops, validates the whole file.)
 type gatewayConfig struct {
-	Listen        string `json:"listen"`
-	ShutdownGrace string `json:"shutdown_grace"`
-	Agent         struct {
-		StopGrace string `json:"stop_grace"`
-	} `json:"agent"`
-	WebSocket struct {
+	Listen        string                 `json:"listen"`
+	ShutdownGrace string                 `json:"shutdown_grace"`
+	Agent         agentConfig            `json:"agent"`
+	Agents        map[string]agentConfig `json:"agents"`
+	WebSocket     struct {
 		PingInterval string `json:"ping_interval"`
 	} `json:"websocket"`
 	Observability struct {
@@ -297,6 +307,26 @@ type gatewayConfig struct {
 	} `json:"sandbox"`
 	SessionKeyFile  string   `json:"session_key_file"`
 	SessionKeyFiles []string `json:"session_key_files"`
+}
+
+// agents lists the agents the gateway runs, each with its effective
+// settings: the named agents (their unset keys from agent:), or agent:
+// alone, named "default".
+func (c *gatewayConfig) agents() map[string]agentConfig {
+	if len(c.Agents) == 0 {
+		return map[string]agentConfig{"default": c.Agent}
+	}
+	out := map[string]agentConfig{}
+	for name, a := range c.Agents {
+		if a.StopGrace == "" {
+			a.StopGrace = c.Agent.StopGrace
+		}
+		if a.InheritEnv == nil {
+			a.InheritEnv = c.Agent.InheritEnv
+		}
+		out[name] = a
+	}
+	return out
 }
 
 // within reports whether path is dir or below it.
@@ -521,10 +551,42 @@ func TestDeployment(t *testing.T) {
 	}
 
 	// Shutdown: the kubelet's SIGKILL must come after the gateway's own
-	// bound on a drain (shutdown_grace + agent.stop_grace + 5s).
-	bound := duration(t, "shutdown_grace", cfg.ShutdownGrace, "30s") + duration(t, "agent.stop_grace", cfg.Agent.StopGrace, "5s") + 5*time.Second
+	// bound on a drain (shutdown_grace + the longest stop_grace + 5s).
+	agents := cfg.agents()
+	var stopGrace time.Duration
+	for name, a := range agents {
+		stopGrace = max(stopGrace, duration(t, "agents."+name+".stop_grace", a.StopGrace, "5s"))
+	}
+	bound := duration(t, "shutdown_grace", cfg.ShutdownGrace, "30s") + stopGrace + 5*time.Second
 	if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= bound {
 		t.Errorf("terminationGracePeriodSeconds must exceed shutdown_grace + stop_grace + 5s = %s", bound)
+	}
+
+	// Agents' environment: a sandboxed agent (the sandbox is on by default
+	// with tenants) gets only the variables its inherit_env names. Each one
+	// an agent names beyond the usual ones must be set in the container,
+	// and each variable the container takes from a Secret (an API key) must
+	// reach some agent.
+	sandboxOn := cfg.Sandbox.Mode != "off" && (cfg.Sandbox.Mode != "" || len(cfg.Tenants) > 0)
+	if sandboxOn {
+		container := map[string]bool{}
+		for _, e := range c.Env {
+			container[e.Name] = true
+		}
+		inherited := map[string]bool{}
+		for name, a := range agents {
+			for _, v := range a.InheritEnv {
+				inherited[v] = true
+				if !container[v] && !slices.Contains([]string{"PATH", "LANG", "LC_ALL", "TZ", "TERM"}, v) {
+					t.Errorf("agent %s: inherit_env names %s, which the container does not set", name, v)
+				}
+			}
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && !inherited[e.Name] {
+				t.Errorf("env %s comes from a Secret but no agent's inherit_env names it: a sandboxed agent never sees it", e.Name)
+			}
+		}
 	}
 	if lc := c.Lifecycle; lc != nil && lc.PreStop != nil && lc.PreStop.Exec != nil {
 		t.Errorf("a preStop exec hook cannot run in the distroless image (no shell)")
@@ -605,7 +667,7 @@ func TestDeployment(t *testing.T) {
 	// root file system and lie outside every tenant root; no ConfigMap or
 	// Secret volume may lie where agents can read (check-config checks the
 	// key files it names, this every mounted secret).
-	if mode := cfg.Sandbox.Mode; mode != "off" && (mode != "" || len(cfg.Tenants) > 0) {
+	if sandboxOn {
 		home := cfg.Sandbox.Home
 		if home == "" {
 			home = "/var/lib/acpgate/homes" // the gateway's default
@@ -616,6 +678,9 @@ func TestDeployment(t *testing.T) {
 			t.Errorf("sandbox.home %s is on volume %q, which is not writable storage", home, vm.Name)
 		}
 		agentPaths := append(append([]string{home}, cfg.Sandbox.ReadOnly...), cfg.Sandbox.ReadWrite...)
+		for _, a := range agents {
+			agentPaths = append(append(agentPaths, a.Sandbox.ReadOnly...), a.Sandbox.ReadWrite...)
+		}
 		for _, tn := range cfg.Tenants {
 			if within(home, tn.Root) || within(tn.Root, home) {
 				t.Errorf("sandbox.home %s and tenant root %s overlap", home, tn.Root)
