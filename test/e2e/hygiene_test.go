@@ -490,7 +490,14 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 	}
 	// A kill can land on a process the pool is stopping as idle at that
 	// moment: that one is logged as "agent stopped", with the SIGKILL status.
-	exits := g.countLogs("agent exited", "", "") + g.countLogs("agent stopped", "exit", "exit status 137")
+	// The last kill's exit may still be on its way into the log: wait.
+	exits := 0
+	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		exits = g.countLogs("agent exited", "", "") + g.countLogs("agent stopped", "exit", "exit status 137")
+		if exits >= int(kills.Load()) || time.Now().After(wait) {
+			break
+		}
+	}
 	if exits < int(kills.Load()) {
 		t.Errorf("%d agent kills, %d \"agent exited\" (or killed while stopping) records", kills.Load(), exits)
 	}
