@@ -121,6 +121,23 @@ async function expectAgentText(substr, timeout = 15000) {
   await page.waitForFunction((s) => [...document.querySelectorAll("#transcript .msg.agent")].some((m) => m.innerText.includes(s)), substr, { timeout });
 }
 
+// After a refused resume: acp.js connected anew and loaded the session
+// (the page's note; the history replayed before it, once).
+const RELOADED = "could not be resumed: connected anew, and the session was loaded again (history replayed";
+async function waitReloaded(timeout = 15000) {
+  await page.waitForFunction((s) => document.getElementById("transcript").innerText.includes(s), RELOADED, { timeout });
+  const text = await page.locator("#transcript").innerText();
+  check(text.split(RELOADED).length === 2, `the session was loaded ${text.split(RELOADED).length - 1} times: ${JSON.stringify(text.slice(-400))}`);
+  check(!/Reconnected: history replayed/.test(text), "the page loaded the session itself too");
+}
+
+// The user's message `prompt` and its echo are in the transcript exactly once.
+async function checkReplayedOnce(prompt) {
+  const users = (await page.locator("#transcript .msg.user").allInnerTexts()).filter((u) => u.trim() === prompt).length;
+  const replies = (await page.locator("#transcript .msg.agent").allInnerTexts()).filter((a) => a.includes(`You said: ${prompt}`)).length;
+  check(users === 1 && replies === 1, `"${prompt}" is in the transcript ${users} times and its reply ${replies} times, want once each`);
+}
+
 async function run(name, fn) {
   step = name;
   log(`step: ${name}`);
@@ -185,6 +202,96 @@ async function mainScenario() {
     check(J(r.lists) === J([2, 1, 2, 3]), `lists: ${J(r.lists)}`);
     check(J(r.inline) === J([1, 1, 1, "a <b> c", "snake_case_name, em, strong, del, a <b> c, *not em*"]), `inline: ${J(r.inline)}`);
     check(J(r.blocks) === J([1, 1, "six", 1]), `blocks: ${J(r.blocks)}`);
+  });
+
+  await run("acp.js connects anew after a refused resume (AcpClient, fake connections)", async () => {
+    const r = await page.evaluate(async () => {
+      const { AcpClient, AcpError, ConnectError } = await import("/acp.js");
+      // A stand-in for AcpConnection: what AcpClient uses of it.
+      let made = 0;
+      class FakeConn {
+        constructor(caps, { canReopen = true, failLoad = "", reopenFails = 0 } = {}, log = []) {
+          Object.assign(this, { caps, canReopen, failLoad, reopenFails, log, n: ++made });
+          this.closed = null;
+          this.closeListeners = new Set();
+          this.handlers = new Map();
+          this.listeners = new Map();
+          this.onProtocolError = () => {};
+          this.resumedAtOpen = false;
+        }
+        saveInit() {}
+        onClose(fn) {
+          this.closeListeners.add(fn);
+        }
+        on(method, fn) {
+          if (!this.listeners.has(method)) this.listeners.set(method, new Set());
+          this.listeners.get(method).add(fn);
+        }
+        async request(method, params) {
+          this.log.push(`${this.n} ${method}${params.sessionId ? " " + params.sessionId : ""}`);
+          if (this.closed) throw new ConnectError("closed", { opened: true });
+          if (method === "initialize") return { protocolVersion: 1, agentCapabilities: this.caps };
+          if (method === "session/new") return { sessionId: `s${this.log.length}` };
+          if (method === "session/load" && params.sessionId === this.failLoad) throw new AcpError(-32002, "no such session");
+          if (method === "session/load") for (const fn of this.listeners.get("session/update") ?? []) fn({ sessionId: params.sessionId, update: { replay: true } });
+          return {};
+        }
+        close(code = 1000) {
+          this.end({ code, reason: "", wasClean: true });
+        }
+        end(c) {
+          if (this.closed) return;
+          this.closed = { resumeRefused: false, ...c };
+          for (const fn of this.closeListeners) fn(this.closed);
+        }
+        async reopen() {
+          if (this.reopenFails-- > 0) throw new ConnectError("unreachable");
+          return new FakeConn(this.caps, { failLoad: this.failLoad }, this.log);
+        }
+      }
+      const refused = { code: 1006, reason: "", wasClean: false, resumeRefused: true };
+      // Runs a client to the end of a reconnect: the events, and what was sent.
+      async function scenario(caps, opts = {}, clientOpts = {}) {
+        const log = [];
+        const conn = new FakeConn(caps, opts, log);
+        let seenByPage = null;
+        conn.onClose((c) => (seenByPage = { ...c })); // before the client: it still sees reconnecting
+        const acp = new AcpClient(conn, clientOpts);
+        const events = [];
+        const replayed = [];
+        conn.on("session/update", (p) => replayed.push(p.sessionId));
+        acp.onReconnect((ev) => events.push(ev.state + (ev.sessionId ? " " + ev.sessionId : "") + (ev.method ? " " + ev.method : "") + (ev.error?.reason ? " " + ev.error.reason : "")));
+        await acp.initialize({});
+        const a = (await acp.newSession("/a")).sessionId;
+        const b = (await acp.newSession("/b")).sessionId;
+        const c = (await acp.newSession("/c")).sessionId;
+        acp.forgetSession(c);
+        conn.end(refused);
+        for (let i = 0; i < 100 && !/^(done|failed)/.test(events.at(-1) ?? "") && (events.length || acp.reconnecting); i++) await new Promise((r) => setTimeout(r, 20));
+        return { a, b, events, log, replayed, seenByPage, reconnecting: acp.reconnecting, renewed: acp.conn !== conn, sessions: [...acp.sessions.keys()] };
+      }
+      return {
+        load: await scenario({ loadSession: true }),
+        resume: await scenario({ sessionCapabilities: { resume: {} } }, { reopenFails: 1 }),
+        none: await scenario({}),
+        failLoad: await scenario({ loadSession: true }, { failLoad: "s3" }),
+        off: await scenario({ loadSession: true }, {}, { reconnect: false }),
+        ticket: await scenario({ loadSession: true }, { canReopen: false }),
+        unreachable: await scenario({ loadSession: true }, { reopenFails: 9 }, { reconnectAttempts: 2 }),
+      };
+    });
+    const J = JSON.stringify;
+    const { load, resume, none, failLoad, off, ticket, unreachable } = r;
+    check(J(load.events) === J(["reconnecting", "reconnected", "restoring s2 session/load", "restored s2 session/load", "restoring s3 session/load", "restored s3 session/load", "done"]), `load: events ${J(load.events)}`);
+    check(J(load.log.slice(4)) === J(["2 initialize", "2 session/load s2", "2 session/load s3"]), `load: requests ${J(load.log)}`);
+    check(J(load.replayed) === J(["s2", "s3"]) && load.renewed && !load.reconnecting, `load: replay ${J(load.replayed)}, a new connection: ${load.renewed}`);
+    check(load.seenByPage?.resumeRefused === true && load.seenByPage?.reconnecting === true, `load: the page's onClose got ${J(load.seenByPage)}`);
+    check(J(resume.events) === J(["reconnecting", "reconnected", "restoring s2 session/resume", "restored s2 session/resume", "restoring s3 session/resume", "restored s3 session/resume", "done"]), `resume: events ${J(resume.events)}`);
+    check(J(none.events) === J(["reconnecting", "reconnected", "lost s2", "lost s3", "done"]) && none.sessions.length === 0, `no load, no resume: events ${J(none.events)}, sessions ${J(none.sessions)}`);
+    check(J(failLoad.events) === J(["reconnecting", "reconnected", "restoring s2 session/load", "restored s2 session/load", "restoring s3 session/load", "lost s3 session/load", "done"]) && J(failLoad.sessions) === J(["s2"]), `a refused load: events ${J(failLoad.events)}, sessions ${J(failLoad.sessions)}`);
+    check(off.events.length === 0 && off.seenByPage?.reconnecting === undefined && !off.renewed, `reconnect: false: events ${J(off.events)}, close ${J(off.seenByPage)}`);
+    check(J(ticket.events) === J(["failed ticket spent"]) && ticket.seenByPage?.reconnecting === undefined && !ticket.renewed, `a spent ticket: events ${J(ticket.events)}, close ${J(ticket.seenByPage)}`);
+    check(J(unreachable.events) === J(["reconnecting", "failed"]) && !unreachable.reconnecting, `unreachable: events ${J(unreachable.events)}`);
   });
 
   await run("unknown session/update kinds are ignored", async () => {
@@ -357,10 +464,12 @@ async function mainScenario() {
     await shot("06-reconnecting");
     await harness("start");
     await waitState("connected", 30000);
-    // initialize + session/load of the open session: the history is replayed.
-    await page.waitForFunction(() => /Reconnected: history replayed/.test(document.getElementById("transcript").innerText), null, { timeout: 15000 });
+    // The restarted gateway refuses the resume: acp.js connects anew,
+    // initializes and loads the open session (the history is replayed).
+    await waitReloaded();
     await expectAgentText(`You said: ${firstPrompt}`);
     check((await page.locator("#transcript .msg.user").first().innerText()).trim() === firstPrompt, "replayed history does not start with the first prompt");
+    await checkReplayedOnce(firstPrompt);
     await send("after the restart");
     await expectAgentText("You said: after the restart");
   });
@@ -372,8 +481,10 @@ async function mainScenario() {
     check(detail.includes("code 1006"), `reconnecting detail: ${detail}`);
     await harness("start");
     await waitState("connected", 30000);
-    await page.waitForFunction(() => /Reconnected: history replayed/.test(document.getElementById("transcript").innerText), null, { timeout: 15000 });
+    await waitReloaded();
     await expectAgentText("You said: after the restart");
+    await checkReplayedOnce(firstPrompt);
+    await checkReplayedOnce("after the restart");
   });
 
   await run("reload the page and load the session", async () => {

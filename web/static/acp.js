@@ -31,7 +31,14 @@
 //                                 (or event stream) is resumed
 //     .onClose(fn)                the connection is over (no resume possible)
 //     .close()                    closes the socket (1000: the gateway forgets the connection)
-//   AcpClient                     typed wrappers for the v1 methods
+//     .reopen()                   a new connection to the same agent, same options
+//                                 (a ticket: a new one from getTicket; .canReopen)
+//   AcpClient(conn, opts)         typed wrappers for the v1 methods; keeps the open
+//                                 sessions (.sessions) and, after a refused resume,
+//                                 connects anew and loads them (opts.reconnect, on by default)
+//     .onReconnect(fn)            "reconnecting", "reconnected", "restoring", "restored",
+//                                 "lost", "done" / "failed" (see "Connecting anew" below)
+//     .close()                    closes the connection, and stops a reconnect
 //   backoff(attempt)              the delay before reconnect attempt N
 //   EventStreamParser             text/event-stream parsing, as the "http" transport reads it
 //
@@ -95,7 +102,8 @@
 //      if the gateway answers, the resume was refused; if not, it is away and
 //      acp.js tries again. On refusal the connection ends (onClose with
 //      resumeRefused: true, pending requests rejected): open a new one,
-//      initialize, and session/load your session.
+//      initialize, and session/load your session. AcpClient does that for
+//      you (see "Connecting anew" below).
 //   5. Accepted: the first message on the new socket is
 //        {"jsonrpc":"2.0","method":"_acpgate/resumed","params":{"received":m}}
 //      m being how many client messages the gateway had. The client sends
@@ -111,6 +119,56 @@
 //      the drop, sends the agent's pending requests again with new ids, and
 //      when a running turn ends later, the notification
 //        _acpgate/turn_ended {"sessionId", "stopReason"}.
+//
+// Connecting anew (AcpClient, opts.reconnect: true by default). A refused
+// resume (over HTTP: the gateway no longer has the connection, 404) means
+// the gateway, or behind a balancer the replica that held the connection,
+// lost it: it died or restarted, or kept it for less than the drop lasted.
+// The conversation is not lost with it when the agent can load sessions
+// (the replicas share the session key and the agent's session store), so
+// AcpClient, which saw every session/new, session/load and session/resume
+// go by (with their cwd and mcpServers), brings the sessions back itself:
+//
+//   1. the old connection's onClose listeners get the close with
+//      resumeRefused: true and reconnecting: true (a page that reconnects
+//      on its own leaves this one to AcpClient); onReconnect gets
+//      {state: "reconnecting", close, sessions}.
+//   2. conn.reopen(): the same URL and agent, transport and options; the
+//      token, or a new ticket from getTicket. With only a ticket, spent by
+//      the first connection, it cannot: onReconnect gets {state: "failed",
+//      error} with error.reason "ticket spent", and nothing else happens.
+//      Then initialize with the arguments the first one had (and
+//      authenticate, if the client did). Up to opts.reconnectAttempts (3)
+//      tries with backoff, then {state: "failed", close, error}.
+//   3. {state: "reconnected", conn, previous, init}: acp.conn is the new
+//      connection, with the old one's handle() and on() handlers (pending
+//      requests of the old one were rejected; a turn that ran is over).
+//   4. for each session, in the order they were opened: session/load if
+//      the agent advertises loadSession, else session/resume if it has
+//      sessionCapabilities.resume, else {state: "lost"}. Before each:
+//      {state: "restoring", sessionId, method}; the history comes as
+//      session/update before {state: "restored", sessionId, method,
+//      result} (or "lost", with the error), and replaces the page's stale
+//      view. Unless the gateway still kept the old connection and took the
+//      session over from it (see 6 above: result._meta.acpgate.turn is
+//      set): then only the updates since the drop come, after "restored".
+//   5. {state: "done", restored, lost}.
+//
+// A page that shows one conversation at a time calls forgetSession() on
+// the ones it leaves, so that only the open one is loaded again:
+//
+//   const acp = new AcpClient(conn); // or new AcpClient(conn, {reconnect: false})
+//   const closed = (c) => c.reconnecting || showClosed(c); // reconnecting: AcpClient goes on
+//   conn.onClose(closed);
+//   acp.onReconnect((ev) => {
+//     if (ev.state === "reconnected") ev.conn.onClose(closed);
+//     if (ev.state === "restoring" && ev.method === "session/load") view.clear();
+//     if (ev.state === "restored") view.note("The connection was lost and could not be resumed; the session was loaded again.");
+//     if (ev.state === "failed" && ev.close.reconnecting) showClosed(ev.close);
+//   });
+//
+// (web/static/app.js clears its view at the replay's first session/update
+// instead, which also keeps it whole after a take-over.)
 //
 // acp.js does not resume after a close 1008 "superseded": another client
 // (a duplicated tab has the same sessionStorage) resumed the connection, and
@@ -159,16 +217,16 @@
 //     rejected with a ConnectError instead. When the gateway no longer has
 //     the connection, or the events after Last-Event-ID (404), the
 //     connection ends with resumeRefused: true (open a new one and
-//     session/load). A reloaded page starts a new connection: only a
-//     WebSocket connection resumes across a reload.
+//     session/load, as AcpClient does). A reloaded page starts a new
+//     connection: only a WebSocket connection resumes across a reload.
 //   - close() with 1000 (the default) sends DELETE /acp: the gateway ends the
 //     connection.
 //   - order is kept within a stream, not across streams: the answer to
 //     session/load comes on the connection's stream, the history it replays
 //     on the session's, and the two race. acp.js holds that answer (and the
 //     connection's stream behind it) until the session's stream has been
-//     quiet for 50 ms (2 s at most), so the replay comes first, as over a
-//     WebSocket.
+//     quiet for 50 ms (500 ms when nothing came on it since the load was
+//     sent; 2 s at most), so the replay comes first, as over a WebSocket.
 
 /** The ACP protocol version this client speaks. */
 export const PROTOCOL_VERSION = 1;
@@ -423,6 +481,7 @@ export class AcpConnection {
   }
 
   #opts;
+  #base; // the url given to open, before the agent was added (for reopen)
   #ticketUsed = false;
   #closing = false; // close() was called
   #rc = null; // while resuming: {attempt, since, close, timer, dialing}
@@ -437,6 +496,7 @@ export class AcpConnection {
     // for a reload (keyed by this URL) all stay with it.
     this.url = transport === "http" ? gatewayHttpUrl(url, { agent: this.agent }) : gatewayUrl(url, { agent: this.agent });
     this.#opts = { token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs };
+    this.#base = url;
     this.#key = "acp.resume:" + this.url;
     if (transport === "websocket") {
       subprotocols(token); // throws early on a token a subprotocol cannot carry
@@ -663,6 +723,31 @@ export class AcpConnection {
     }
   }
 
+  /**
+   * Whether reopen() can open another connection with these credentials:
+   * false when the only one was a single-use ticket (opts.ticket without
+   * opts.getTicket), which this connection spent.
+   */
+  get canReopen() {
+    return !this.#opts.ticket || !!this.#opts.getTicket;
+  }
+
+  /**
+   * Opens a new connection to the same agent with the same options (the
+   * transport, the token, getTicket for a new ticket, the timeouts…): what
+   * to do when this one ended with resumeRefused. AcpClient does it for
+   * you (see AcpClient, "reconnect"). The new connection has a new resume
+   * token and counters, and needs initialize. Rejects with a ConnectError
+   * (opened: false, code 1008, reason "ticket spent") when canReopen is
+   * false, and as AcpConnection.open does otherwise.
+   */
+  reopen() {
+    if (!this.canReopen) {
+      return Promise.reject(new ConnectError("the connection was opened with a single-use ticket and no getTicket: a new connection needs a new ticket", { code: 1008, reason: "ticket spent" }));
+    }
+    return AcpConnection.open(this.#base, { ...this.#opts, ticket: "", transport: this.transport, agent: this.agent });
+  }
+
   /** While resuming: skip the backoff and try now ("Reconnect now", back online). */
   reconnectNow() {
     if (this.#link) return this.#link.reconnectNow();
@@ -776,7 +861,9 @@ export class AcpConnection {
    * Called once with {code, reason, wasClean, resumeRefused} when the
    * connection is over: closed by close(), or the socket dropped and could
    * not be resumed (resumeRefused: true; open a new connection and load the
-   * session). code is the close that lost the socket. Over HTTP code is
+   * session; with reconnecting: true too when the AcpClient on this
+   * connection does that, see AcpClient.onReconnect). code is the close
+   * that lost the socket. Over HTTP code is
    * the one a WebSocket would have had (1006 for a lost or forgotten
    * connection, 1008 for a refused credential), reason says what happened,
    * and status is the HTTP status that ended it, if one did.
@@ -942,6 +1029,7 @@ export class AcpConnection {
 
 const SESSION_STREAMS = 3; // session event streams open at once (see "Streamable HTTP")
 const SETTLE_QUIET = 50; // ms without events on a session's stream before its session/load answer…
+const SETTLE_FIRST = 500; // …(as long when nothing came on it since the load was sent)…
 const SETTLE_MAX = 2000; // …or this long at most
 
 /**
@@ -1125,6 +1213,7 @@ class HttpLink {
       } catch {
         return; // the connection ended: pending requests have failed with it
       }
+      if (isRequest && msg.method === "session/load") st.loadAt = Date.now(); // see #settle
     }
     if (this.#ended) return;
     let r = await this.#post(msg, session);
@@ -1319,14 +1408,19 @@ class HttpLink {
   }
 
   // Waits until a session's stream has been quiet for SETTLE_QUIET ms (at
-  // most SETTLE_MAX): what the gateway queued on it has then arrived.
+  // most SETTLE_MAX): what the gateway queued on it has then arrived. When
+  // nothing has come on it since the load was sent, the replay may still
+  // be on its way (the streams are separate connections, and a loaded
+  // replica can be slow to write one of them): it waits SETTLE_FIRST for
+  // the first event. Only a load with no history to replay pays that.
   async #settle(name) {
     const st = this.#streams.get(name);
     const start = Date.now();
     while (st?.state === "open" && !this.#ended && Date.now() - start < SETTLE_MAX) {
+      const wait = st.heard >= (st.loadAt ?? start) ? SETTLE_QUIET : SETTLE_FIRST;
       const quiet = Date.now() - Math.max(st.heard, start);
-      if (quiet >= SETTLE_QUIET) return;
-      await new Promise((resolve) => setTimeout(resolve, SETTLE_QUIET - quiet));
+      if (quiet >= wait) return;
+      await new Promise((resolve) => setTimeout(resolve, wait - quiet));
     }
   }
 
@@ -1417,35 +1511,74 @@ class HttpLink {
  * Typed wrappers for the ACP v1 client-to-agent methods (PROTOCOL.md §3.1).
  * Each returns the method's result. Check the capabilities from initialize
  * before calling a gated method (loadSession, sessionCapabilities.list, …).
+ *
+ * It also keeps track of the sessions open on the connection (from the
+ * results of newSession, loadSession and resumeSession, with their cwd and
+ * mcpServers; closeSession and forgetSession drop one), and when the
+ * connection ends because its resume was refused (resumeRefused: the
+ * gateway, or the replica that held the connection, died or restarted), it
+ * opens a new connection and brings them back: see "reconnect" below and
+ * onReconnect.
  */
 export class AcpClient {
-  constructor(conn) {
-    this.conn = conn;
-    this.init = null; // the initialize result
+  #reconnect;
+  #attempts;
+  #initArgs = null; // [clientCapabilities, clientInfo] once initialize succeeded
+  #authMethod = null; // the methodId of the last authenticate that succeeded
+  #listeners = new Set(); // onReconnect
+  #rc = null; // while reconnecting: {cancelled}
+  #closed = false; // close() was called
+
+  /**
+   * opts: {reconnect, reconnectAttempts}
+   *   reconnect          true (the default): when the connection ends with
+   *                      resumeRefused, open a new one to the same URL and
+   *                      agent with the same options (conn.reopen()),
+   *                      initialize it as before (and authenticate, if this
+   *                      client did), and bring back every session it had
+   *                      open: session/load when the agent has loadSession
+   *                      (the history is replayed as session/update), else
+   *                      session/resume, else the session is lost. Events
+   *                      go to onReconnect. false: the connection just ends
+   *                      (onClose with resumeRefused: true), as before.
+   *   reconnectAttempts  how many times to try opening and initializing the
+   *                      new connection, with backoff between (default 3)
+   */
+  constructor(conn, { reconnect = true, reconnectAttempts = 3 } = {}) {
+    this.conn = conn; // the current connection: a new one after a reconnect
+    this.init = null; // the initialize result (of the current connection)
+    this.sessions = new Map(); // sessionId -> {sessionId, cwd, mcpServers}: what a reconnect brings back
+    this.#reconnect = reconnect !== false;
+    this.#attempts = Math.max(1, Math.floor(Number(reconnectAttempts)) || 1);
+    this.#watch(conn);
   }
 
   /**
    * initialize: must be the first request on a connection. On a connection
    * that resumed this tab's connection after a reload (conn.resumedAtOpen),
    * the gateway already has it: this returns the saved result instead.
+   * A reconnect initializes the new connection with the same arguments.
    */
   async initialize(clientCapabilities = {}, clientInfo = { name: "acp.js", version: "1" }) {
-    if (this.conn.resumedAtOpen && this.conn.savedInit) {
-      this.init = this.conn.savedInit;
-      return this.init;
-    }
-    this.init = await this.conn.request("initialize", {
+    this.init = await this.#initialize(this.conn, clientCapabilities, clientInfo);
+    this.#initArgs = [clientCapabilities, clientInfo];
+    return this.init;
+  }
+
+  async #initialize(conn, clientCapabilities, clientInfo) {
+    if (conn.resumedAtOpen && conn.savedInit) return conn.savedInit;
+    const init = await conn.request("initialize", {
       protocolVersion: PROTOCOL_VERSION,
       clientCapabilities,
       clientInfo,
     });
-    if (this.init?.protocolVersion !== PROTOCOL_VERSION) {
+    if (init?.protocolVersion !== PROTOCOL_VERSION) {
       // The agent answered with a version we do not speak: the spec says close.
-      this.conn.close(1000, "unsupported protocol version");
-      throw new AcpError(ErrorCode.INVALID_REQUEST, `the agent speaks ACP v${this.init?.protocolVersion}, this client v${PROTOCOL_VERSION}`);
+      conn.close(1000, "unsupported protocol version");
+      throw new AcpError(ErrorCode.INVALID_REQUEST, `the agent speaks ACP v${init?.protocolVersion}, this client v${PROTOCOL_VERSION}`);
     }
-    this.conn.saveInit(this.init);
-    return this.init;
+    conn.saveInit(init);
+    return init;
   }
 
   get capabilities() {
@@ -1470,18 +1603,26 @@ export class AcpClient {
     return AcpClient.supported(this.capabilities.sessionCapabilities?.close);
   }
 
-  authenticate(methodId) {
-    return this.conn.request("authenticate", { methodId });
+  async authenticate(methodId) {
+    const result = await this.conn.request("authenticate", { methodId });
+    this.#authMethod = methodId;
+    return result;
   }
-  newSession(cwd, mcpServers = []) {
-    return this.conn.request("session/new", { cwd, mcpServers });
+  async newSession(cwd, mcpServers = []) {
+    const result = await this.conn.request("session/new", { cwd, mcpServers });
+    this.#track(result?.sessionId, cwd, mcpServers);
+    return result;
   }
   /** Replays the history as session/update notifications, then resolves. */
-  loadSession(sessionId, cwd, mcpServers = []) {
-    return this.conn.request("session/load", { sessionId, cwd, mcpServers });
+  async loadSession(sessionId, cwd, mcpServers = []) {
+    const result = await this.conn.request("session/load", { sessionId, cwd, mcpServers });
+    this.#track(sessionId, cwd, mcpServers);
+    return result;
   }
-  resumeSession(sessionId, cwd, mcpServers = []) {
-    return this.conn.request("session/resume", { sessionId, cwd, mcpServers });
+  async resumeSession(sessionId, cwd, mcpServers = []) {
+    const result = await this.conn.request("session/resume", { sessionId, cwd, mcpServers });
+    this.#track(sessionId, cwd, mcpServers);
+    return result;
   }
   listSessions({ cwd, cursor } = {}) {
     const params = {};
@@ -1489,8 +1630,17 @@ export class AcpClient {
     if (cursor) params.cursor = cursor;
     return this.conn.request("session/list", params);
   }
-  closeSession(sessionId) {
-    return this.conn.request("session/close", { sessionId });
+  async closeSession(sessionId) {
+    const result = await this.conn.request("session/close", { sessionId });
+    this.sessions.delete(sessionId);
+    return result;
+  }
+  /**
+   * Stops tracking a session: a reconnect will not bring it back (for a
+   * page that left it for another one). The agent is not told.
+   */
+  forgetSession(sessionId) {
+    this.sessions.delete(sessionId);
   }
   /** Resolves with {stopReason} when the turn ends; updates stream meanwhile. */
   prompt(sessionId, prompt) {
@@ -1499,5 +1649,185 @@ export class AcpClient {
   /** Asks the agent to stop the turn; the prompt then resolves with stopReason "cancelled". */
   cancel(sessionId) {
     this.conn.notify("session/cancel", { sessionId });
+  }
+
+  // The most recently opened last: a reconnect restores them in this order.
+  #track(sessionId, cwd, mcpServers) {
+    if (typeof sessionId !== "string" || !sessionId) return;
+    this.sessions.delete(sessionId);
+    this.sessions.set(sessionId, { sessionId, cwd, mcpServers: Array.isArray(mcpServers) ? mcpServers : [] });
+  }
+
+  // -- reconnecting after a refused resume --------------------------------------
+
+  /** Whether a new connection is being opened, initialized or its sessions loaded. */
+  get reconnecting() {
+    return !!this.#rc;
+  }
+
+  /**
+   * Called as a refused resume is handled (opts.reconnect), with one of:
+   *   {state: "reconnecting", close, sessions}  the connection ended with
+   *       resumeRefused (close, as onClose has it, now with reconnecting:
+   *       true); a new one is being opened. sessions: the IDs to bring back
+   *   {state: "reconnected", conn, previous, init}  the new connection is
+   *       open and initialized; this.conn is now conn. It answers the
+   *       agent's requests and notifications with the old one's handlers
+   *       and listeners (handle, on: the same maps, so earlier unsubscribe
+   *       functions still work) and onProtocolError; onLink and onClose
+   *       are per connection: subscribe to conn's here
+   *   {state: "restoring", sessionId, cwd, method}  method ("session/load"
+   *       or "session/resume") is being sent for the session. After
+   *       session/load the agent replays the session's history as
+   *       session/update, before "restored": it replaces the stale view
+   *   {state: "restored", sessionId, cwd, method, result}  the session is
+   *       back (its history replayed, for session/load; but when
+   *       result._meta.acpgate.turn is set, the gateway took the session
+   *       over from the old connection, which it still kept, and only the
+   *       updates since the drop follow)
+   *   {state: "lost", sessionId, cwd, method, error}  it could not be
+   *       brought back: the agent has neither loadSession nor
+   *       sessionCapabilities.resume (method ""), or refused it (error:
+   *       the AcpError; a ConnectError if the request could not be sent).
+   *       It is no longer tracked
+   *   {state: "done", restored, lost}  every session was tried (IDs)
+   *   {state: "failed", close, error}  no new connection: opening or
+   *       initializing it failed reconnectAttempts times (error, the last
+   *       reason), or it cannot be opened because the only credential was
+   *       a spent single-use ticket (no getTicket; error.reason "ticket
+   *       spent"; then close has no reconnecting: true and no
+   *       "reconnecting" came first). The client is over, as its
+   *       connection is
+   * If the new connection itself ends while its sessions are loaded, the
+   * rest is not tried (no "done"): its onClose says so, and when that is a
+   * refused resume again, the cycle starts over with "reconnecting".
+   * Returns an unsubscribe function.
+   */
+  onReconnect(fn) {
+    this.#listeners.add(fn);
+    return () => this.#listeners.delete(fn);
+  }
+
+  /**
+   * Closes the connection (conn.close) and stops a reconnect in progress
+   * (a connection it opened is closed at once); no reconnect after this.
+   */
+  close(code = 1000, reason = "") {
+    this.#closed = true;
+    if (this.#rc) this.#rc.cancelled = true;
+    this.#rc = null;
+    this.conn.close(code, reason);
+  }
+
+  #emit(ev) {
+    for (const fn of this.#listeners) {
+      try {
+        fn(ev);
+      } catch (err) {
+        this.conn.onProtocolError?.(err);
+      }
+    }
+  }
+
+  // Listens for the end of conn. Our listener goes before any other, so
+  // that the close every onClose listener of the page gets already says
+  // reconnecting: true.
+  #watch(conn) {
+    if (conn.closed) return;
+    const fn = (c) => this.#onClose(conn, c);
+    conn.closeListeners = new Set([fn, ...conn.closeListeners]);
+  }
+
+  #onClose(conn, close) {
+    if (conn !== this.conn || !close.resumeRefused || !this.#reconnect || this.#closed || !this.#initArgs) return;
+    if (!conn.canReopen) {
+      this.#emit({ state: "failed", close, error: new ConnectError("the connection could not be resumed, and it was opened with a single-use ticket and no getTicket: a new connection needs a new ticket", { code: 1008, reason: "ticket spent" }) });
+      return;
+    }
+    close.reconnecting = true;
+    this.#renew(conn, close);
+  }
+
+  async #renew(old, close) {
+    const rc = { cancelled: false };
+    this.#rc = rc;
+    this.#emit({ state: "reconnecting", close, sessions: [...this.sessions.keys()] });
+    const over = () => rc.cancelled || this.#rc !== rc;
+    let conn = null;
+    let error = null;
+    for (let attempt = 1; attempt <= this.#attempts && !conn; attempt++) {
+      if (attempt > 1) {
+        await new Promise((resolve) => setTimeout(resolve, backoff(attempt - 1)));
+        if (over()) return;
+      }
+      let c;
+      try {
+        c = await old.reopen();
+      } catch (err) {
+        if (over()) return;
+        error = err;
+        if (err instanceof TypeError) break; // a credential or URL that cannot work
+        continue;
+      }
+      if (over()) return c.close(1000, "client closed");
+      // The new connection answers the agent as the old one did.
+      c.handlers = old.handlers;
+      c.listeners = old.listeners;
+      c.onProtocolError = old.onProtocolError;
+      let init;
+      try {
+        init = await this.#initialize(c, ...this.#initArgs);
+        if (this.#authMethod !== null) await c.request("authenticate", { methodId: this.#authMethod });
+      } catch (err) {
+        c.close(1000, "initialize failed");
+        if (over()) return;
+        error = err;
+        if (err instanceof AcpError) break; // the agent's answer: another try gets the same
+        continue;
+      }
+      if (over()) return c.close(1000, "client closed");
+      conn = c;
+      this.init = init;
+    }
+    if (!conn) {
+      this.#rc = null;
+      this.#emit({ state: "failed", close, error });
+      return;
+    }
+    this.conn = conn;
+    this.#watch(conn);
+    this.#emit({ state: "reconnected", conn, previous: old, init: this.init });
+
+    const restored = [];
+    const lost = [];
+    const gone = () => over() || this.conn !== conn || !!conn.closed;
+    for (const s of [...this.sessions.values()]) {
+      if (gone()) break;
+      if (this.sessions.get(s.sessionId) !== s) continue; // forgotten or opened again meanwhile
+      const { sessionId, cwd, mcpServers } = s;
+      const method = this.canLoad() ? "session/load" : this.canResume() ? "session/resume" : "";
+      if (!method) {
+        this.sessions.delete(sessionId);
+        lost.push(sessionId);
+        this.#emit({ state: "lost", sessionId, cwd, method, error: new AcpError(ErrorCode.METHOD_NOT_FOUND, "the agent can neither load nor resume sessions (no loadSession, no sessionCapabilities.resume)") });
+        continue;
+      }
+      this.#emit({ state: "restoring", sessionId, cwd, method });
+      try {
+        const result = await conn.request(method, { sessionId, cwd, mcpServers });
+        if (gone()) break;
+        restored.push(sessionId);
+        this.#emit({ state: "restored", sessionId, cwd, method, result });
+      } catch (err) {
+        if (gone()) break;
+        if (this.sessions.get(sessionId) === s) this.sessions.delete(sessionId);
+        lost.push(sessionId);
+        this.#emit({ state: "lost", sessionId, cwd, method, error: err });
+      }
+    }
+    if (this.#rc !== rc) return; // closed, or a newer reconnect took over
+    this.#rc = null;
+    if (this.conn !== conn || conn.closed) return; // it ended meanwhile: its onClose says so
+    this.#emit({ state: "done", restored, lost });
   }
 }

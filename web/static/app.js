@@ -3,7 +3,16 @@
 // the page together: connect, initialize, sessions, prompts, permission
 // requests, cancellation, and reconnecting after a drop: acp.js resumes a
 // dropped connection when the gateway kept it (the turn goes on, nothing is
-// reloaded); when it cannot, the page connects anew and loads the session.
+// reloaded). When the gateway refuses the resume (it, or behind a balancer
+// the replica that held the connection, died or restarted), acp.js's
+// AcpClient connects anew by itself and loads the open session: the page
+// follows its onReconnect events, drops the stale conversation when the
+// replay starts and renders the replayed history, with a note that the
+// connection was lost and could not be resumed. The page keeps only the
+// open session tracked (forgetSession), so only that one is loaded again.
+// When connecting anew fails too, or the connection ended some other way,
+// the page reconnects with backoff itself and loads the session
+// (restoreSession); the two never both run for one drop.
 //
 // Transport: a WebSocket, or Streamable HTTP (POSTs and event streams on the
 // same /acp) when connecting finds that a WebSocket cannot be opened to a
@@ -106,6 +115,9 @@ const app = {
   loading: false,
   lastClose: null, // {code, reason} of the close that lost the connection
   connDetail: "", // the "connected" detail line
+  credential: "", // " · ticket", " · bearer token" or "": for the detail line
+  renewing: false, // acp.js (AcpClient) is connecting anew after a refused resume
+  replacing: null, // {sessionId}: acp.js is loading the open session again; its replay replaces the view
   connectSeq: 0,
   httpFallback: "", // the URL for which a refused WebSocket fell back to HTTP
   agents: null, // GET /v1/agents: [{name, agentInfo, ready, default…}], or null when unknown
@@ -266,7 +278,10 @@ async function connect({ reconnect = false } = {}) {
   wireHandlers(conn);
   conn.onLink((ev) => onLink(conn, ev));
 
+  // reconnect (the default): after a refused resume, acp.js connects anew
+  // and loads the open session (onReconnect below).
   const acp = new AcpClient(conn);
+  acp.onReconnect((ev) => onReconnect(acp, ev));
   try {
     await acp.initialize(CLIENT_CAPABILITIES, CLIENT_INFO);
   } catch (err) {
@@ -294,12 +309,9 @@ async function connect({ reconnect = false } = {}) {
   conn.onClose((c) => onClosed(conn, c));
   app.acp = acp;
   app.attempt = 0;
-  const fellBack = transport === "http" && !FORCED_TRANSPORT;
-  if (fellBack) app.httpFallback = url;
-  const via = transport === "http"
-    ? `Streamable HTTP${fellBack ? " (the WebSocket was refused)" : ""}`
-    : `WebSocket, subprotocol ${conn.protocol || "(none)"}`;
-  app.connDetail = `${conn.url} · ${via}${ticket ? " · ticket" : token ? " · bearer token" : ""}`;
+  if (transport === "http" && !FORCED_TRANSPORT) app.httpFallback = url;
+  app.credential = ticket ? " · ticket" : token ? " · bearer token" : "";
+  app.connDetail = connDetail(conn);
   setState("connected", app.connDetail + (conn.resumedAtOpen ? " · resumed the connection from before the reload" : ""));
   renderAgent(acp.init);
   announce(`Connected to ${agentName(acp.init)}`);
@@ -309,6 +321,14 @@ async function connect({ reconnect = false } = {}) {
   if (!reconnect && document.activeElement !== els.agent) els.prompt.focus();
   // The agent has started now: its entry in the picker may say more.
   if (app.agents?.length > 1 && !reconnect) refreshAgents(url, { token, ticket });
+}
+
+// The "connected" detail line: the URL, the transport, the credential.
+function connDetail(conn) {
+  const via = conn.transport === "http"
+    ? `Streamable HTTP${FORCED_TRANSPORT ? "" : " (the WebSocket was refused)"}`
+    : `WebSocket, subprotocol ${conn.protocol || "(none)"}`;
+  return `${conn.url} · ${via}${app.credential}`;
 }
 
 // ---------------------------------------------------------------------------
@@ -399,15 +419,19 @@ function rememberAgent(name) {
 function switchAgent() {
   const conn = app.conn;
   const again = app.wantConnected || !!conn;
+  const acp = app.acp;
   app.epoch++;
   app.connectSeq++; // abandon a connect() in progress
   clearTimeout(app.timer);
   app.attempt = 0;
   app.conn = null;
   app.acp = null;
+  app.renewing = false;
+  app.replacing = null;
   app.running = null;
   app.loading = false;
   transcript.cancelPermissions("You switched to another agent.");
+  acp?.close(1000, "switched to another agent"); // stops its connecting anew too
   conn?.close(1000, "switched to another agent");
   app.session = null;
   transcript.clear();
@@ -495,6 +519,9 @@ function onLink(conn, ev) {
 
 function onClosed(conn, c) {
   if (app.conn !== conn) return;
+  // A refused resume that acp.js handles: it connects anew and loads the
+  // session (onReconnect "reconnecting" has said so already).
+  if (c.reconnecting && app.renewing) return;
   app.conn = null;
   app.acp = null;
   app.lastClose = c;
@@ -535,8 +562,125 @@ function disconnect() {
   app.connectSeq++; // abandon a connect() in progress
   clearTimeout(app.timer);
   app.attempt = 0;
-  if (app.conn) app.conn.close(1000, "client disconnected");
+  const acp = app.acp;
+  if (app.renewing) {
+    // acp.js is connecting anew: stop it (no close event comes: the old
+    // connection is over already).
+    app.renewing = false;
+    app.replacing = null;
+    app.conn = null;
+    app.acp = null;
+    app.loading = false;
+    acp?.close(1000, "client disconnected");
+    setState("disconnected", `Closed: ${closeText(app.lastClose)}`);
+    refreshSessions();
+    return;
+  }
+  if (acp) acp.close(1000, "client disconnected");
+  else if (app.conn) app.conn.close(1000, "client disconnected");
   else setState("disconnected", "");
+}
+
+// What acp.js (AcpClient) reports while it connects anew after a refused
+// resume and loads the open session again (see acp.js, "Connecting anew").
+function onReconnect(acp, ev) {
+  if (app.acp !== acp) return; // an abandoned client
+  const mine = app.session && ev.sessionId === app.session.id;
+  switch (ev.state) {
+    case "reconnecting":
+      app.renewing = true;
+      app.lastClose = ev.close;
+      app.loading = false;
+      app.replacing = null;
+      transcript.cancelPermissions("The connection closed.");
+      setState("reconnecting", `Connection lost: ${closeText(ev.close)}. The gateway could not resume it: connecting anew${app.session ? " to load the session again" : ""}.`);
+      els.promptHint.textContent = "Reconnecting… the conversation is loaded again once connected";
+      break;
+    case "reconnected": {
+      const conn = ev.conn;
+      app.renewing = false;
+      app.conn = conn;
+      conn.onLink((e) => onLink(conn, e));
+      conn.onClose((c) => onClosed(conn, c));
+      app.attempt = 0;
+      app.connDetail = connDetail(conn);
+      els.promptHint.textContent = PROMPT_HINT;
+      setState("connected", `${app.connDetail} · connected anew after ${closeText(app.lastClose)}: the connection could not be resumed`);
+      renderAgent(ev.init);
+      if (!app.session) {
+        showEmpty();
+        refreshSessions();
+      }
+      break;
+    }
+    case "restoring":
+      if (!mine) break;
+      app.loading = true;
+      // session/load replays the history, which replaces what the page
+      // shows (it may end with a turn the drop cut short): the view is
+      // cleared when the replay starts (wireHandlers).
+      if (ev.method === "session/load") app.replacing = { sessionId: ev.sessionId };
+      updateControls();
+      break;
+    case "restored":
+      if (!mine) break;
+      app.loading = false;
+      if (app.replacing) {
+        app.replacing = null;
+        // Nothing was replayed. The gateway took the session over from
+        // the old connection, which it still kept: the updates since the
+        // drop follow this answer, after what the page shows. Otherwise the
+        // agent has no history for it.
+        if (!ev.result?._meta?.acpgate?.turn) replaceView();
+      }
+      transcript.notice(ev.method === "session/load"
+        ? "The connection was lost and could not be resumed: connected anew, and the session was loaded again (history replayed with session/load)."
+        : "The connection was lost and could not be resumed: connected anew, and the session was resumed (session/resume, no replay).", "divider");
+      announce("The connection was lost and could not be resumed; the session was loaded again.");
+      updateControls();
+      break;
+    case "lost":
+      if (!mine) break;
+      app.loading = false;
+      app.replacing = null;
+      transcript.notice(ev.method
+        ? `The connection was lost and could not be resumed, and the session could not be loaded again: ${errText(ev.error)}`
+        : "The connection was lost and could not be resumed, and this agent cannot load sessions (no loadSession): start a new session to go on.", ev.method ? "error" : "warn");
+      app.session = null;
+      updateControls();
+      break;
+    case "done":
+      refreshSessions();
+      break;
+    case "failed":
+      // Not after "reconnecting" (a spent ticket): onClosed says so.
+      if (!app.renewing) break;
+      app.renewing = false;
+      app.replacing = null;
+      app.conn = null;
+      app.acp = null;
+      app.loading = false;
+      if (!app.wantConnected) {
+        setState("disconnected", `Closed: ${closeText(ev.close)}`);
+        break;
+      }
+      // The page's own reconnect, with backoff: connect() then loads the
+      // session (restoreSession).
+      scheduleReconnect(`Connecting anew failed: ${errText(ev.error)}. `);
+      break;
+  }
+}
+
+// The replay of a session acp.js loads again starts: it replaces the view.
+function replaceView() {
+  transcript.clear();
+  setTitle(app.session?.title ?? "");
+}
+
+// acp.js loads again, after a refused resume, every session it saw opened
+// on the connection: the page shows one, so only that one stays tracked.
+function trackOnly(id) {
+  for (const sid of [...(app.acp?.sessions.keys() ?? [])]) if (sid !== id) app.acp.forgetSession(sid);
 }
 
 // After a reconnect: bring the open session back on the new connection.
@@ -562,7 +706,12 @@ async function restoreSession() {
 // The agent's requests and notifications.
 function wireHandlers(conn) {
   conn.on("session/update", (p) => {
-    if (app.session && p.sessionId === app.session.id) transcript.update(p.update);
+    if (!app.session || p.sessionId !== app.session.id) return;
+    if (app.replacing?.sessionId === p.sessionId) {
+      app.replacing = null;
+      replaceView();
+    }
+    transcript.update(p.update);
   });
   conn.handle("session/request_permission", (p, { signal }) => {
     if (!app.session || p.sessionId !== app.session.id) return { outcome: { outcome: "cancelled" } };
@@ -661,6 +810,7 @@ async function newSession() {
     const res = await app.acp.newSession(cwd);
     if (epoch !== app.epoch) return false; // another agent was picked meanwhile
     app.session = { id: res.sessionId, cwd, title: "" };
+    trackOnly(res.sessionId);
     store.set("lastSession", { id: res.sessionId, cwd, agent: app.agent });
     transcript.clear();
     setTitle("");
@@ -699,12 +849,14 @@ async function loadSession(id, cwd, { title = "", reason = "Session loaded: hist
     await app.acp.loadSession(id, cwd);
     if (epoch !== app.epoch) return; // another agent was picked meanwhile
     transcript.notice(reason, "divider");
+    trackOnly(id);
     store.set("lastSession", { id, cwd, agent: app.agent });
     announce(`Session ${title || ""} loaded`);
   } catch (err) {
     if (epoch !== app.epoch) return;
     transcript.notice(`Could not load the session: ${errText(err)}`, "error");
     app.session = err instanceof AcpError ? null : previous;
+    trackOnly(app.session?.id);
   } finally {
     if (epoch === app.epoch) {
       app.loading = false;
@@ -771,6 +923,7 @@ async function resumeSession(s) {
     await app.acp.resumeSession(s.sessionId, s.cwd);
     if (epoch !== app.epoch) return;
     app.session = { id: s.sessionId, cwd: s.cwd, title: s.title ?? "" };
+    trackOnly(s.sessionId);
     transcript.clear();
     setTitle(s.title ?? "");
     transcript.notice("Session resumed (session/resume does not replay the history).", "divider");
@@ -983,7 +1136,7 @@ els.filesToggle.addEventListener("click", () => toggleFiles(els.filesPanel.hidde
 // connection is not resumed across a reload: end it now (DELETE) rather than
 // leave its agent to the gateway's idle timeout.
 window.addEventListener("pagehide", () => {
-  if (app.conn?.transport === "http") app.conn.close(1000, "the page went away");
+  if (app.conn?.transport === "http") (app.acp ?? app.conn).close(1000, "the page went away");
 });
 window.addEventListener("online", () => {
   if (app.state === "reconnecting") connect({ reconnect: true }); // or resume now
