@@ -74,6 +74,8 @@ type httpConn struct {
 	replyTo   map[string]string     // a client request's raw id → the stream of its response
 	askedOn   map[string]string     // an agent request's raw id → the stream it went on
 	buffered  int                   // bytes queued on all streams
+	writing   int                   // receivers writing events they took from a queue
+	wrote     time.Time             // when a receiver last finished writing events
 	kept      int                   // bytes kept on all streams for Last-Event-ID
 	initID    []byte                // the initialize request in flight, if any
 	initReply chan []byte
@@ -645,17 +647,30 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 			close(h.room)
 			h.room = nil
 		}
+		ended := h.ended
+		if len(events) > 0 {
+			h.writing++
+		}
 		h.mu.Unlock()
 		if len(events) > 0 {
-			if !s.writeSSE(rc, w, buf, writeTimeout) {
+			ok := s.writeSSE(rc, w, buf, writeTimeout)
+			h.mu.Lock()
+			h.writing--
+			h.wrote = time.Now()
+			h.mu.Unlock()
+			if !ok {
 				return
 			}
 			continue
 		}
+		if ended {
+			// What was queued before the connection ended has gone out,
+			// as a WebSocket's queue goes before its close frame.
+			return
+		}
 		select {
 		case <-st.wake:
 		case <-h.done:
-			return
 		case <-r.Context().Done():
 			return
 		case <-keepAlive.C:
@@ -774,14 +789,59 @@ func (s *Server) endIdleHTTP(idle time.Duration) {
 
 // endAllHTTP ends every HTTP connection (drain).
 func (s *Server) endAllHTTP() {
+	for _, h := range s.allHTTP() {
+		h.end("shutdown", "shutdown")
+	}
+}
+
+func (s *Server) allHTTP() []*httpConn {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	conns := make([]*httpConn, 0, len(s.httpConns))
 	for _, h := range s.httpConns {
 		conns = append(conns, h)
 	}
-	s.mu.Unlock()
-	for _, h := range conns {
-		h.end("shutdown", "shutdown")
+	return conns
+}
+
+// httpQuiet is how long a drain lets an HTTP connection's last events
+// travel before it ends the connection's streams (see flushHTTP): longer
+// than the 200 ms a proxy's kernel may hold the end of a partial response
+// it forwards with MSG_MORE (HAProxy without option http-no-delay).
+const httpQuiet = 300 * time.Millisecond
+
+// flushHTTP waits, up to wait, until every HTTP connection has written what
+// its streams with a receiver hold and has then been quiet for httpQuiet.
+// A drain ends the connections after that: a client's streams are separate
+// requests, so the end of one (the connection stream, which the SDK takes
+// for the end of the connection, failing what it still waits for) could
+// otherwise reach the client before the last events of another (a session
+// stream's answer to the last prompt).
+func (s *Server) flushHTTP(ctx context.Context, wait time.Duration) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		flushed := true
+		for _, h := range s.allHTTP() {
+			h.mu.Lock()
+			flushed = flushed && h.writing == 0 && time.Since(h.wrote) >= httpQuiet
+			for _, st := range h.streams {
+				flushed = flushed && (!st.receiver || len(st.queue) == 0)
+			}
+			h.mu.Unlock()
+		}
+		if flushed {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/acpgate/acpgate/gateway/config"
 )
 
 // httpClient speaks the Streamable-HTTP transport by hand.
@@ -348,5 +350,71 @@ func BenchmarkRouteFacts(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		h.routeFacts(msg)
+	}
+}
+
+// A drain delivers a Streamable-HTTP prompt's last answer before it ends the
+// connection: a turn cancelled when shutdown_grace runs out gets its
+// "cancelled" answer on its session stream, and the connection stream (whose
+// end the SDK takes for the end of the connection) ends only after that
+// answer has gone out and the connection has been quiet for httpQuiet.
+func TestHTTPDrainDeliversTheLastAnswer(t *testing.T) {
+	ts := startServer(t, func(c *config.Config) { c.ShutdownGrace = config.Duration(300 * time.Millisecond) })
+	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	events, stop, _ := c.sse("", "")
+	defer stop()
+	if st, b := c.post(nil, `{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}`); st != 202 {
+		t.Fatalf("session/new: %d %q", st, b)
+	}
+	_, m := next(t, events)
+	res, _ := m["result"].(map[string]any)
+	sid, _ := res["sessionId"].(string)
+	if sid == "" {
+		t.Fatalf("session/new answer %v", m)
+	}
+	sess, stopSess, _ := c.sse(sid, "")
+	defer stopSess()
+	prompt := `{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"slow"}]}}`
+	if st, b := c.post(map[string]string{sessionIDHeader: sid}, prompt); st != 202 {
+		t.Fatalf("prompt: %d %q", st, b)
+	}
+	next(t, sess)    // the turn runs
+	var ta time.Time // when the session stream brought the answer
+	sessEnd, connEnd := make(chan struct{}), make(chan time.Time, 1)
+	go func() {
+		defer close(sessEnd)
+		for ev := range sess {
+			if strings.Contains(ev, `"id":3,"result":{"stopReason":"cancelled"}`) {
+				ta = time.Now()
+			}
+		}
+	}()
+	go func() {
+		for range events {
+		}
+		connEnd <- time.Now()
+	}()
+	ts.shutdown()
+	select {
+	case <-sessEnd:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session stream did not end with the drain")
+	}
+	if ta.IsZero() {
+		t.Fatal(`the session stream ended without the prompt's answer {"stopReason":"cancelled"}`)
+	}
+	var tc time.Time
+	select {
+	case tc = <-connEnd:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection stream did not end with the drain")
+	}
+	// The client's own delays only shorten what it sees of httpQuiet.
+	if d := tc.Sub(ta); d < httpQuiet/3 {
+		t.Errorf("the connection stream ended %s after the last answer arrived; want about %s", d, httpQuiet)
 	}
 }

@@ -445,6 +445,7 @@ wait:
 	case <-done:
 	case <-ctx.Done():
 	}
+	s.flushHTTP(ctx, time.Second) // within the 5 s the shutdown bound leaves past the grace
 	s.endAllHTTP()
 	var err error
 	select {

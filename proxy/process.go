@@ -117,6 +117,7 @@ type agentProc struct {
 	exitErr    error
 	nextID     int64
 	pending    map[int64]*outReq   // client→agent requests in flight, by agent-side id
+	answering  int                 // prompt answers taken from pending, not yet delivered to their client
 	inbound    map[string]*inReq   // agent→client requests in flight, by the agent's raw id
 	sessions   map[string]*Session // live sessions by the agent's own session ID
 	reserved   int                 // session slots promised to session/new, load, resume in flight

@@ -324,11 +324,32 @@ func (r *Relay) runningPrompts(agent string) []*outReq {
 	return out
 }
 
-// PromptsInFlight counts the prompts agents are still working on.
-func (r *Relay) PromptsInFlight() int { return len(r.runningPrompts("")) }
+// promptsInFlight counts the agent's prompts ("" = every agent's) that are
+// running or whose answers are on their way to their clients.
+func (r *Relay) promptsInFlight(agent string) int {
+	n := len(r.runningPrompts(agent))
+	for _, ag := range r.agentList() {
+		if agent != "" && ag.name != agent {
+			continue
+		}
+		ag.pool.mu.Lock()
+		procs := append([]*agentProc(nil), ag.pool.procs...)
+		ag.pool.mu.Unlock()
+		for _, p := range procs {
+			p.mu.Lock()
+			n += p.answering
+			p.mu.Unlock()
+		}
+	}
+	return n
+}
+
+// PromptsInFlight counts the prompts agents are still working on, answers
+// not yet handed to their clients included.
+func (r *Relay) PromptsInFlight() int { return r.promptsInFlight("") }
 
 // AgentPromptsInFlight counts the prompts the named agent is still working on.
-func (r *Relay) AgentPromptsInFlight(agent string) int { return len(r.runningPrompts(agent)) }
+func (r *Relay) AgentPromptsInFlight(agent string) int { return r.promptsInFlight(agent) }
 
 // CancelPrompts sends session/cancel for every running prompt (a drain that
 // ran out of grace) and waits up to wait for the agents to answer them, so
@@ -347,7 +368,7 @@ func (r *Relay) cancelPrompts(agent string, wait time.Duration) {
 		r.log.Info("cancelled running prompts", "count", len(running), "agent", agent)
 	}
 	deadline := time.Now().Add(wait)
-	for len(r.runningPrompts(agent)) > 0 && time.Now().Before(deadline) {
+	for r.promptsInFlight(agent) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -94,7 +94,20 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	if req != nil && req.reserved {
 		p.reserved--
 	}
+	// A prompt still counts as running (a drain waits for it) until its
+	// answer is in its client's queue.
+	answering := req != nil && req.method == mSessionPrompt && req.conn != nil && req.sess != nil
+	if answering {
+		p.answering++
+	}
 	p.mu.Unlock()
+	if answering {
+		defer func() {
+			p.mu.Lock()
+			p.answering--
+			p.mu.Unlock()
+		}()
+	}
 	if req == nil {
 		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("unknown_id").Inc()
 		p.log.Warn("agent answered an id the gateway never sent or already answered; dropped", "id", id)
