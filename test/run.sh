@@ -6,16 +6,17 @@
 #
 #   ACPGATE_FUZZTIME   how long each fuzz target runs (default 5s; 0 skips)
 #
-# ACPGATE_REQUIRE_INTEROP, _OPS and _BROWSER make the interop, ops and browser
-# tests fail, rather than skip, when node/npm, prometheus/promtool or
-# chromium are missing (.ci/run installs them).
+# ACPGATE_REQUIRE_INTEROP, _OPS, _BROWSER and _SCALE make the interop, ops,
+# browser and scale-out tests fail, rather than skip, when node/npm,
+# prometheus/promtool, chromium or haproxy are missing (.ci/run installs
+# them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "system packages (Debian): node, npm, chromium, prometheus"
+step "system packages (Debian): node, npm, chromium, prometheus, haproxy"
 export DEBIAN_FRONTEND=noninteractive
 apt_updated=
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -34,6 +35,9 @@ need_pkg promtool --no-install-recommends prometheus
 # test/browser drives Debian's chromium with playwright-core (no browser
 # download).
 need_pkg chromium --no-install-recommends chromium
+# test/scale puts two gateways behind HAProxy (Debian's 2.6; its service is
+# never started, the test runs the binary).
+need_pkg haproxy --no-install-recommends haproxy
 
 step "npm dependencies for the interop and browser tests"
 (cd test/interop && npm ci --no-audit --no-fund --loglevel=error)
@@ -52,7 +56,7 @@ step "staticcheck"
 go tool staticcheck ./...
 
 step "go test -race"
-ACPGATE_REQUIRE_INTEROP=1 ACPGATE_REQUIRE_OPS=1 ACPGATE_REQUIRE_BROWSER=1 go test -race -count=1 -timeout 25m ./...
+ACPGATE_REQUIRE_INTEROP=1 ACPGATE_REQUIRE_OPS=1 ACPGATE_REQUIRE_BROWSER=1 ACPGATE_REQUIRE_SCALE=1 go test -race -count=1 -timeout 25m ./...
 
 step "deploy/validate: Kubernetes manifests against the API types (its own module)"
 (cd deploy/validate && go vet ./... && go test -count=1 ./...)
