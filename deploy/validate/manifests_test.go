@@ -288,6 +288,7 @@ type agentConfig struct {
 type gatewayConfig struct {
 	Listen        string                 `json:"listen"`
 	ShutdownGrace string                 `json:"shutdown_grace"`
+	ShutdownDelay string                 `json:"shutdown_delay"`
 	Agent         agentConfig            `json:"agent"`
 	Agents        map[string]agentConfig `json:"agents"`
 	WebSocket     struct {
@@ -551,15 +552,27 @@ func TestDeployment(t *testing.T) {
 	}
 
 	// Shutdown: the kubelet's SIGKILL must come after the gateway's own
-	// bound on a drain (shutdown_grace + the longest stop_grace + 5s).
+	// bound on a drain (shutdown_delay + shutdown_grace + the longest
+	// stop_grace + 5s).
 	agents := cfg.agents()
 	var stopGrace time.Duration
 	for name, a := range agents {
 		stopGrace = max(stopGrace, duration(t, "agents."+name+".stop_grace", a.StopGrace, "5s"))
 	}
-	bound := duration(t, "shutdown_grace", cfg.ShutdownGrace, "30s") + stopGrace + 5*time.Second
+	delay := duration(t, "shutdown_delay", cfg.ShutdownDelay, "0s")
+	bound := delay + duration(t, "shutdown_grace", cfg.ShutdownGrace, "30s") + stopGrace + 5*time.Second
 	if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= bound {
-		t.Errorf("terminationGracePeriodSeconds must exceed shutdown_grace + stop_grace + 5s = %s", bound)
+		t.Errorf("terminationGracePeriodSeconds must exceed shutdown_delay + shutdown_grace + stop_grace + 5s = %s", bound)
+	}
+	// Rollout: while the gateway is not ready but still accepting
+	// (shutdown_delay), the readiness probe must fail enough times for the
+	// endpoint to be removed, so that no new client meets a closed port.
+	if rp := c.ReadinessProbe; rp != nil {
+		need := time.Duration(rp.PeriodSeconds*max(rp.FailureThreshold, 1)) * time.Second
+		if delay < need {
+			t.Errorf("shutdown_delay %s is shorter than the readiness probe's periodSeconds × failureThreshold = %s: "+
+				"the endpoint would still be listed when the listener closes", delay, need)
+		}
 	}
 
 	// Agents' environment: a sandboxed agent (the sandbox is on by default
