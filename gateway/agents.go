@@ -184,14 +184,21 @@ func agentChanges(cur, next *config.Config) (added, removed, restart []string) {
 	return added, removed, restart
 }
 
-// addAgents starts the pools of the agents a reload added.
+// addAgents starts the pools of the agents a reload added; if one fails,
+// those it added are stopped again.
 func (s *Server) addAgents(next *config.Config, added []string) error {
-	for _, name := range added {
+	for i, name := range added {
 		spec, err := s.agentSpec(next, config.AgentEntry{Name: name, NamedAgent: next.AgentNamed(name)})
 		if err == nil {
 			err = s.relay.AddAgent(spec)
 		}
 		if err != nil {
+			for _, undo := range added[:i] {
+				s.relay.RetireAgent(undo)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+next.AgentNamed(undo).StopGrace.D())
+				_ = s.relay.CloseAgent(ctx, undo)
+				cancel()
+			}
 			return fmt.Errorf("add agent %q: %w", name, err)
 		}
 		s.log.Info("agent added", "agent", name)
@@ -250,6 +257,9 @@ wait:
 		}
 	}
 	s.mu.Unlock()
+	// As at shutdown: what the streams hold goes out before the
+	// connections end, so no stream's end overtakes another's last answer.
+	s.flushHTTP(s.drainCtx, name, time.Second)
 	for _, h := range https {
 		h.end("agent removed", "going_away")
 	}

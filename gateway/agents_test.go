@@ -121,3 +121,46 @@ func TestAgentsListCORS(t *testing.T) {
 		t.Errorf("without a token: %d, want 401", code)
 	}
 }
+
+// An agent a reload adds does not hold readiness until it has had a
+// process ready: a broken one leaves the replica serving the others. And
+// a Streamable HTTP connection opened on /acp keeps its agent when a
+// reload changes default_agent.
+func TestReloadKeepsServing(t *testing.T) {
+	ts := startServer(t, withAgents(t, "a", "a", "b"))
+	defer ts.shutdown()
+	ts.waitReady()
+	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 || !strings.Contains(body, `"result"`) {
+		t.Fatalf("initialize on /acp: %d %s", resp.StatusCode, body)
+	}
+	cur := ts.s.config()
+	next := *cur
+	next.Agents = cloneAgents(cur)
+	broken := *next.Agents["a"]
+	broken.Command = []string{"/nonexistent/agent"}
+	next.Agents["broken"] = &broken
+	next.DefaultAgent = "b"
+	if err := ts.s.Reload(&next); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the broken agent's first start to fail", func() bool {
+		st, ok := ts.s.relay.AgentStatus("broken")
+		return ok && !st.Ready
+	})
+	if code, body := ts.get("/readyz"); code != 200 {
+		t.Errorf("/readyz with a broken agent added by a reload: %d %q, want 200", code, body)
+	}
+	// The connection opened on /acp (agent a) is still a's.
+	code, body := c.post(nil, `{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}`)
+	if code != http.StatusAccepted && code != http.StatusOK {
+		t.Errorf("POST on /acp after default_agent changed: %d %s", code, body)
+	}
+	ts.s.mu.Lock()
+	h := ts.s.httpConns[c.conn]
+	ts.s.mu.Unlock()
+	if h == nil || h.agent != "a" {
+		t.Errorf("the connection's agent changed: %+v", h)
+	}
+}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/auth"
+	"github.com/go-chi/chi/v5"
+
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -310,11 +312,23 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 	return id.Tenant, true
 }
 
-// authenticateAgent is authenticate, then routeAgent.
+// authenticateAgent is authenticate, then routeAgent. A request of an open
+// connection (Acp-Connection-Id) keeps its connection's agent: on /acp
+// after a reload changed default_agent, and on the path of an agent a
+// reload removed while it drains (its turns may still need the client).
 func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (tenant, agent string, ok bool) {
-	if tenant, ok = s.authenticate(w, r); ok {
-		agent, ok = s.routeAgent(w, r, tenant)
+	if tenant, ok = s.authenticate(w, r); !ok {
+		return "", "", false
 	}
+	if id := r.Header.Get(ConnectionIDHeader); id != "" {
+		s.mu.Lock()
+		h := s.httpConns[id]
+		s.mu.Unlock()
+		if p := chi.URLParam(r, "agent"); h != nil && h.tenant == tenant && (p == "" || p == h.agent) {
+			return tenant, h.agent, true
+		}
+	}
+	agent, ok = s.routeAgent(w, r, tenant)
 	return tenant, agent, ok
 }
 
@@ -810,14 +824,15 @@ func (s *Server) allHTTP() []*httpConn {
 // it forwards with MSG_MORE (HAProxy without option http-no-delay).
 const httpQuiet = 300 * time.Millisecond
 
-// flushHTTP waits, up to wait, until every HTTP connection has written what
+// flushHTTP waits, up to wait, until every HTTP connection (of agent, or
+// all: "") has written what
 // its streams with a receiver hold and has then been quiet for httpQuiet.
 // A drain ends the connections after that: a client's streams are separate
 // requests, so the end of one (the connection stream, which the SDK takes
 // for the end of the connection, failing what it still waits for) could
 // otherwise reach the client before the last events of another (a session
 // stream's answer to the last prompt).
-func (s *Server) flushHTTP(ctx context.Context, wait time.Duration) {
+func (s *Server) flushHTTP(ctx context.Context, agent string, wait time.Duration) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -825,6 +840,9 @@ func (s *Server) flushHTTP(ctx context.Context, wait time.Duration) {
 	for {
 		flushed := true
 		for _, h := range s.allHTTP() {
+			if agent != "" && h.agent != agent {
+				continue
+			}
 			h.mu.Lock()
 			flushed = flushed && h.writing == 0 && time.Since(h.wrote) >= httpQuiet
 			for _, st := range h.streams {

@@ -120,8 +120,16 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		s.launch.update(next)
 	}
 	// Added agents run before they are routed to; removed ones are no
-	// longer routed to before they retire.
+	// longer routed to before they retire. An agent that cannot be added
+	// undoes the whole reload.
 	if err := s.addAgents(next, added); err != nil {
+		if s.launch != nil {
+			s.launch.update(cur)
+		}
+		_ = s.relay.UpdateTenants(relayTenants(cur))
+		if s.authn != nil {
+			_ = s.authn.UpdateTenants(authTenants(cur))
+		}
 		return err
 	}
 	s.mu.Lock()
@@ -445,7 +453,7 @@ wait:
 	case <-done:
 	case <-ctx.Done():
 	}
-	s.flushHTTP(ctx, time.Second) // within the 5 s the shutdown bound leaves past the grace
+	s.flushHTTP(ctx, "", time.Second) // within the 5 s the shutdown bound leaves past the grace
 	s.endAllHTTP()
 	var err error
 	select {

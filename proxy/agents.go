@@ -37,6 +37,11 @@ type agent struct {
 	pool    *Pool
 	metrics *agentMetrics
 	isolate bool // two tenants never share a process of this agent
+	// gatesReady: readiness waits for this agent. Agents configured at
+	// start do; one a reload added does once its pool has had a process
+	// ready, so that adding an agent never takes a ready replica (and every
+	// replica reloaded alike) out of service while it starts.
+	gatesReady bool
 	// retired: removed by a reload; no new connection, the pool closes
 	// once its connections are drained (CloseAgent).
 	retired atomic.Bool
@@ -119,11 +124,15 @@ func (r *Relay) AgentStatus(name string) (AgentStatus, bool) {
 	return st, true
 }
 
-// AgentsReady reports whether every agent's pool can produce a process;
-// if not, it names the first that cannot.
+// AgentsReady reports whether every agent's pool can produce a process
+// (an agent added by a reload counts once it has had a process ready); if
+// not, it names the first that cannot.
 func (r *Relay) AgentsReady() (bool, string) {
 	for _, ag := range r.agentList() {
-		if !ag.retired.Load() && !ag.pool.Ready() {
+		if ag.retired.Load() || !ag.gatesReady && !ag.pool.everReady() {
+			continue
+		}
+		if !ag.pool.Ready() {
 			return false, ag.name
 		}
 	}
@@ -134,12 +143,12 @@ func (r *Relay) AgentsReady() (bool, string) {
 // removed it). Its connections carry on until CloseAgent.
 func (r *Relay) RetireAgent(name string) bool {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	ag := r.agents[name]
-	r.mu.Unlock()
 	if ag == nil {
 		return false
 	}
-	ag.retired.Store(true)
+	ag.retired.Store(true) // under r.mu: NewConn checks it there before registering
 	return true
 }
 

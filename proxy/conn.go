@@ -49,7 +49,8 @@ type ConnInfo struct {
 	NoResume bool
 }
 
-// Lock order in proxy: Pool.mu before agentProc.mu; Conn.mu before
+// Lock order in proxy: Relay.mu before Pool.mu (AddAgent, UpdateTenants);
+// Pool.mu before agentProc.mu; Conn.mu before
 // Conn.out.mu; a take-over holds the detached owner's out.mu, then the new
 // owner's, then agentProc.mu; a Sink's own lock comes last (the outbox calls
 // Send and Supersede with out.mu held). Conn.handleMu, held while a client

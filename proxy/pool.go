@@ -782,6 +782,13 @@ func (p *Pool) Ready() bool {
 	return p.everOK && p.fails == 0
 }
 
+// everReady reports whether a process of the pool has ever been ready.
+func (p *Pool) everReady() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.everOK
+}
+
 // Stats is a snapshot of the pool.
 type Stats struct {
 	Processes, Ready, Sessions int

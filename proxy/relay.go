@@ -151,6 +151,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 			_ = r.Close(context.Background())
 			return nil, err
 		}
+		r.agents[spec.Name].gatesReady = true
 	}
 	metrics.relay = r
 	return r, nil
@@ -227,6 +228,11 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		c.token = r.newResumeToken()
 	}
 	r.mu.Lock()
+	if ag.retired.Load() || r.agents[name] != ag { // retired meanwhile: CloseAgent would miss it
+		r.mu.Unlock()
+		cancel()
+		return nil, fmt.Errorf("%w: %q", ErrUnknownAgent, name)
+	}
 	r.conns[c] = struct{}{}
 	if c.token != "" {
 		r.resumable[c.token] = c
