@@ -1005,6 +1005,10 @@ func TestCleanCloseCancelsAtOnce(t *testing.T) {
 	if closeErr != nil {
 		t.Errorf("close with 1000: %v (%s)", closeErr, closedText(r.c))
 	}
+	// The close frame is echoed as it is read; the gateway ends the
+	// connection right after, and logs it: a resume sent in between would
+	// still find it (a loaded machine showed that window once).
+	g.waitLog(t, "connection closed", "conn", r.connID, 5*time.Second)
 	wantResumeRefused(t, g, nil, resumePath(r.token, strconv.Itoa(n)), "the token of a connection the client closed with 1000")
 	endedAt, reply := waitTurnStored(t, g, agentID, 1, 10*time.Second)
 	if d := endedAt.Sub(closedAt); d > 1500*time.Millisecond {
