@@ -38,14 +38,19 @@ func TestBrowserHTTP(t *testing.T) {
 	const good = "http-good-token"
 	sum := sha256.Sum256([]byte(good))
 	config := filepath.Join(dir, "acpgate.yaml")
+	// Chunks 40 ms apart (the demo agent's default is 15 ms): a loaded CI
+	// machine once delivered a whole 15 ms reply in one read, and the page
+	// rightly rendered it at once; the test is about streaming.
 	writeFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
 shutdown_grace: 2s
+agent:
+  command: [%q, "demo-agent", "--chunk-delay", "40ms"]
 tenants:
   - name: t1
     tokens_sha256: [%q]
     root: %q
     virtual_root: /workspace
-`, hex.EncodeToString(sum[:]), root), 0o644)
+`, bin, hex.EncodeToString(sum[:]), root), 0o644)
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
 	log := &lockedBuffer{}
