@@ -196,7 +196,9 @@ func (s *Server) addAgents(next *config.Config, added []string) error {
 			for _, undo := range added[:i] {
 				s.relay.RetireAgent(undo)
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+next.AgentNamed(undo).StopGrace.D())
-				_ = s.relay.CloseAgent(ctx, undo)
+				if cerr := s.relay.CloseAgent(ctx, undo); cerr != nil {
+					s.log.Warn("undoing a reload: stopping an added agent", "agent", undo, "err", cerr)
+				}
 				cancel()
 			}
 			return fmt.Errorf("add agent %q: %w", name, err)
@@ -230,20 +232,8 @@ func (s *Server) retireAgents(cur *config.Config, removed []string) {
 func (s *Server) drainAgent(name string, stopGrace time.Duration) {
 	cfg := s.config()
 	log := s.log.With("agent", name)
-	grace := cfg.ShutdownGrace.D()
-	log.Info("agent removed: draining", "prompts", s.relay.AgentPromptsInFlight(name), "grace", grace)
-	deadline := time.Now().Add(grace)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-wait:
-	for s.relay.AgentPromptsInFlight(name) > 0 && time.Now().Before(deadline) {
-		select {
-		case <-s.drainCtx.Done():
-			break wait
-		case <-tick.C:
-		}
-	}
-	s.relay.CancelAgentPrompts(name, 2*time.Second)
+	log.Info("agent removed: draining")
+	s.finishPrompts(s.drainCtx, name, cfg.ShutdownGrace.D())
 	s.mu.Lock()
 	var https []*httpConn
 	for c := range s.conns {

@@ -56,7 +56,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 	// Drains in progress, to watch a rollout: this gateway's own (SIGTERM
 	// received, 1 until it exits) and removed agents' (SIGHUP).
 	drainGateway := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "acpgate_drains_in_progress", Help: "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs).",
+		Name: "acpgate_drains_in_progress", Help: drainsHelp,
 		ConstLabels: prometheus.Labels{"kind": "gateway"},
 	}, func() float64 {
 		if s.notReady.Load() || s.drain.Load() {
@@ -65,7 +65,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 		return 0
 	})
 	drainAgents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "acpgate_drains_in_progress", Help: "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs).",
+		Name: "acpgate_drains_in_progress", Help: drainsHelp,
 		ConstLabels: prometheus.Labels{"kind": "agent"},
 	}, func() float64 {
 		s.mu.Lock()
@@ -76,6 +76,8 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+const drainsHelp = "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs)."
 
 // queuedMessages sums the send queues of every open connection.
 func (s *Server) queuedMessages() float64 {

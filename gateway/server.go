@@ -423,25 +423,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// which end with their connections below.
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
-	graceD := s.config().ShutdownGrace.D()
-	grace := time.NewTimer(graceD)
-	defer grace.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	if n := s.relay.PromptsInFlight(); n > 0 {
-		s.log.Info("letting running prompts finish", "prompts", n, "grace", graceD)
-	}
-wait:
-	for s.relay.PromptsInFlight() > 0 {
-		select {
-		case <-grace.C:
-			break wait
-		case <-ctx.Done():
-			break wait
-		case <-tick.C:
-		}
-	}
-	s.relay.CancelPrompts(2 * time.Second)
+	s.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
 	s.mu.Lock()
 	for c := range s.conns {
 		c.goingAway()
@@ -473,6 +455,33 @@ wait:
 		s.authn.Close()
 	}
 	return err
+}
+
+// finishPrompts lets the running prompts of agent ("" = every agent) finish
+// for up to grace, or until ctx ends, then cancels those left (a drain).
+func (s *Server) finishPrompts(ctx context.Context, agent string, grace time.Duration) {
+	log := s.log
+	if agent != "" {
+		log = log.With("agent", agent)
+	}
+	if n := s.relay.PromptsInFlight(agent); n > 0 {
+		log.Info("letting running prompts finish", "prompts", n, "grace", grace)
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for s.relay.PromptsInFlight(agent) > 0 {
+		select {
+		case <-timer.C:
+			s.relay.CancelPrompts(agent, 2*time.Second)
+			return
+		case <-ctx.Done():
+			s.relay.CancelPrompts(agent, 2*time.Second)
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // sockets is the number of open client sockets.

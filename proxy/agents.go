@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 )
 
@@ -78,15 +79,7 @@ func (r *Relay) agentList() []*agent {
 	for _, ag := range r.agents {
 		out = append(out, ag)
 	}
-	slices.SortFunc(out, func(a, b *agent) int {
-		switch {
-		case a.name < b.name:
-			return -1
-		case a.name > b.name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *agent) int { return strings.Compare(a.name, b.name) })
 	return out
 }
 

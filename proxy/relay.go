@@ -305,35 +305,10 @@ func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
 	return p, nil
 }
 
-// runningPrompts lists the client prompts agents are still working on: the
-// named agent's, or every agent's ("").
-func (r *Relay) runningPrompts(agent string) []*outReq {
-	var out []*outReq
-	var procs []*agentProc
-	for _, ag := range r.agentList() {
-		if agent != "" && ag.name != agent {
-			continue
-		}
-		ag.pool.mu.Lock()
-		procs = append(procs, ag.pool.procs...)
-		ag.pool.mu.Unlock()
-	}
-	for _, p := range procs {
-		p.mu.Lock()
-		for _, req := range p.pending {
-			if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
-				out = append(out, req)
-			}
-		}
-		p.mu.Unlock()
-	}
-	return out
-}
-
-// promptsInFlight counts the agent's prompts ("" = every agent's) that are
-// running or whose answers are on their way to their clients.
-func (r *Relay) promptsInFlight(agent string) int {
-	n := len(r.runningPrompts(agent))
+// runningPrompts lists the client prompts the agent ("" = every agent) is
+// still working on, and counts the prompt answers taken from them but not
+// yet handed to their clients.
+func (r *Relay) runningPrompts(agent string) (running []*outReq, answering int) {
 	for _, ag := range r.agentList() {
 		if agent != "" && ag.name != agent {
 			continue
@@ -343,30 +318,31 @@ func (r *Relay) promptsInFlight(agent string) int {
 		ag.pool.mu.Unlock()
 		for _, p := range procs {
 			p.mu.Lock()
-			n += p.answering
+			for _, req := range p.pending {
+				if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+					running = append(running, req)
+				}
+			}
+			answering += p.answering
 			p.mu.Unlock()
 		}
 	}
-	return n
+	return running, answering
 }
 
-// PromptsInFlight counts the prompts agents are still working on, answers
-// not yet handed to their clients included.
-func (r *Relay) PromptsInFlight() int { return r.promptsInFlight("") }
+// PromptsInFlight counts the prompts the agent ("" = every agent) is still
+// working on, answers not yet handed to their clients included.
+func (r *Relay) PromptsInFlight(agent string) int {
+	running, answering := r.runningPrompts(agent)
+	return len(running) + answering
+}
 
-// AgentPromptsInFlight counts the prompts the named agent is still working on.
-func (r *Relay) AgentPromptsInFlight(agent string) int { return r.promptsInFlight(agent) }
-
-// CancelPrompts sends session/cancel for every running prompt (a drain that
-// ran out of grace) and waits up to wait for the agents to answer them, so
-// that clients get their stopReason "cancelled".
-func (r *Relay) CancelPrompts(wait time.Duration) { r.cancelPrompts("", wait) }
-
-// CancelAgentPrompts is CancelPrompts for the named agent's prompts.
-func (r *Relay) CancelAgentPrompts(agent string, wait time.Duration) { r.cancelPrompts(agent, wait) }
-
-func (r *Relay) cancelPrompts(agent string, wait time.Duration) {
-	running := r.runningPrompts(agent)
+// CancelPrompts sends session/cancel for every prompt the agent ("" =
+// every agent) is running (a drain that ran out of grace) and waits up to
+// wait for the agents to answer them, so that clients get their stopReason
+// "cancelled".
+func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
+	running, _ := r.runningPrompts(agent)
 	for _, req := range running {
 		req.p.notify(mSessionCancel, sessionIDObject(req.sess.AgentID))
 	}
@@ -374,7 +350,7 @@ func (r *Relay) cancelPrompts(agent string, wait time.Duration) {
 		r.log.Info("cancelled running prompts", "count", len(running), "agent", agent)
 	}
 	deadline := time.Now().Add(wait)
-	for r.promptsInFlight(agent) > 0 && time.Now().Before(deadline) {
+	for r.PromptsInFlight(agent) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }

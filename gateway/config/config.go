@@ -170,14 +170,16 @@ func (c *Config) AgentList() []AgentEntry {
 	return out
 }
 
-// AgentNamed returns the named agent's settings, or nil.
+// AgentNamed returns the named agent's settings, or nil (a map lookup:
+// it runs for every request to /acp).
 func (c *Config) AgentNamed(name string) *NamedAgent {
-	for _, a := range c.AgentList() {
-		if a.Name == name {
-			return a.NamedAgent
+	if len(c.Agents) == 0 {
+		if name != DefaultAgentName {
+			return nil
 		}
+		return &NamedAgent{Agent: c.Agent, Pool: c.Pool}
 	}
-	return nil
+	return c.Agents[name]
 }
 
 // DefaultAgentOf is the agent /acp serves: default_agent, or the only one.
@@ -185,8 +187,13 @@ func (c *Config) DefaultAgentOf() string {
 	if c.DefaultAgent != "" {
 		return c.DefaultAgent
 	}
-	if l := c.AgentList(); len(l) == 1 {
-		return l[0].Name
+	switch len(c.Agents) {
+	case 0:
+		return DefaultAgentName
+	case 1:
+		for name := range c.Agents {
+			return name
+		}
 	}
 	return ""
 }
