@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -676,34 +675,7 @@ func TestAgentsNoProcessOutlives(t *testing.T) {
 			}
 			procs = proctree.Descendants(g.cmd.Process.Pid)
 			t.Logf("before %v: %v", sig, procs)
-			g.stop(sig)
-			if sig == syscall.SIGTERM {
-				var ee interface{ ExitCode() int }
-				if g.exitErr != nil && (!errors.As(g.exitErr, &ee) || ee.ExitCode() != 0) {
-					t.Fatalf("gateway exit after SIGTERM: %v", g.exitErr)
-				}
-			}
-			deadline = time.Now().Add(15 * time.Second)
-			for {
-				var left []string
-				for pid, cmd := range procs {
-					var ws syscall.WaitStatus
-					_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // reap adopted orphans
-					if proctree.Alive(pid) {
-						left = append(left, fmt.Sprintf("%d %s", pid, cmd))
-					}
-				}
-				if len(left) == 0 {
-					return
-				}
-				if time.Now().After(deadline) {
-					for pid := range procs {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-					t.Fatalf("processes outlived the gateway (%v): %v", sig, left)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			stopAndWaitGone(t, g, sig, procs, 15*time.Second)
 		})
 	}
 }

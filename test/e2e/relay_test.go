@@ -494,34 +494,7 @@ func TestNoAgentOutlivesGateway(t *testing.T) {
 			if tc.stubborn && countPrefix(procs, "sleep 600") < 2 {
 				t.Fatalf("the stubborn agent's grandchild is missing: %v", procs)
 			}
-			g.stop(tc.sig)
-			if tc.sig == syscall.SIGTERM {
-				var ee interface{ ExitCode() int }
-				if g.exitErr != nil && (!errors.As(g.exitErr, &ee) || ee.ExitCode() != 0) {
-					t.Fatalf("gateway exit after SIGTERM: %v", g.exitErr)
-				}
-			}
-			deadline = time.Now().Add(10 * time.Second)
-			for {
-				var left []string
-				for pid, cmd := range procs {
-					var ws syscall.WaitStatus
-					_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // reap adopted orphans
-					if proctree.Alive(pid) {
-						left = append(left, fmt.Sprintf("%d %s", pid, cmd))
-					}
-				}
-				if len(left) == 0 {
-					return
-				}
-				if time.Now().After(deadline) {
-					for pid := range procs {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-					t.Fatalf("processes outlived the gateway: %v", left)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			stopAndWaitGone(t, g, tc.sig, procs, 10*time.Second)
 		})
 	}
 }
@@ -564,5 +537,40 @@ func TestGatewayAsPID1(t *testing.T) {
 	sid := c.newSession(t.TempDir())
 	if m := c.call("session/prompt", textPrompt(sid, "hello from pid 1"), turn); stopReason(t, m) != "end_turn" {
 		t.Fatalf("prompt: %s", m.Raw)
+	}
+}
+
+// stopAndWaitGone signals the gateway, checks a SIGTERM exits 0, then waits
+// up to timeout for every process of procs (pid → command) to be gone,
+// reaping the orphans it adopted; what is left is killed and reported.
+func stopAndWaitGone(t *testing.T, g *gateway, sig syscall.Signal, procs map[int]string, timeout time.Duration) {
+	t.Helper()
+	g.stop(sig)
+	if sig == syscall.SIGTERM {
+		var ee interface{ ExitCode() int }
+		if g.exitErr != nil && (!errors.As(g.exitErr, &ee) || ee.ExitCode() != 0) {
+			t.Fatalf("gateway exit after SIGTERM: %v", g.exitErr)
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []string
+		for pid, cmd := range procs {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // reap adopted orphans
+			if proctree.Alive(pid) {
+				left = append(left, fmt.Sprintf("%d %s", pid, cmd))
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for pid := range procs {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			t.Fatalf("processes outlived the gateway (%v): %v", sig, left)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
