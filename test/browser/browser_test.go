@@ -304,21 +304,8 @@ func TestBrowserTenantToken(t *testing.T) {
 	node := requirePrereqs(t)
 	bin := binary(t)
 	dir := t.TempDir()
-	root := filepath.Join(dir, "t1")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	const good = "good-token"
-	sum := sha256.Sum256([]byte(good))
-	config := filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
-shutdown_grace: 2s
-tenants:
-  - name: t1
-    tokens_sha256: [%q]
-    root: %q
-    virtual_root: /workspace
-`, hex.EncodeToString(sum[:]), root), 0o644)
+	config := tenantConfig(t, dir, good, "")
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
 	log := &lockedBuffer{}
@@ -429,4 +416,26 @@ func tail(s string, n int) string {
 		lines = append([]string{fmt.Sprintf("… %d earlier lines", len(lines)-n)}, lines[len(lines)-n:]...)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// tenantConfig writes dir/acpgate.yaml: a gateway with one tenant, t1, whose
+// token is token and whose root (dir/t1, created) clients see as
+// /workspace, with extra YAML before the tenants. It returns the file.
+func tenantConfig(t *testing.T, dir, token, extra string) string {
+	t.Helper()
+	root := filepath.Join(dir, "t1")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(token))
+	config := filepath.Join(dir, "acpgate.yaml")
+	writeFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
+shutdown_grace: 2s
+%stenants:
+  - name: t1
+    tokens_sha256: [%q]
+    root: %q
+    virtual_root: /workspace
+`, extra, hex.EncodeToString(sum[:]), root), 0o644)
+	return config
 }

@@ -3,8 +3,6 @@
 package browser
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,26 +28,11 @@ func TestBrowserHTTP(t *testing.T) {
 	node := requirePrereqs(t)
 	bin := binary(t)
 	dir := t.TempDir()
-	root := filepath.Join(dir, "t1")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	const good = "http-good-token"
-	sum := sha256.Sum256([]byte(good))
-	config := filepath.Join(dir, "acpgate.yaml")
 	// Chunks 40 ms apart (the demo agent's default is 15 ms): a loaded CI
 	// machine once delivered a whole 15 ms reply in one read, and the page
 	// rightly rendered it at once; the test is about streaming.
-	writeFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
-shutdown_grace: 2s
-agent:
-  command: [%q, "demo-agent", "--chunk-delay", "40ms"]
-tenants:
-  - name: t1
-    tokens_sha256: [%q]
-    root: %q
-    virtual_root: /workspace
-`, bin, hex.EncodeToString(sum[:]), root), 0o644)
+	config := tenantConfig(t, dir, good, fmt.Sprintf("agent:\n  command: [%q, \"demo-agent\", \"--chunk-delay\", \"40ms\"]\n", bin))
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
 	log := &lockedBuffer{}
