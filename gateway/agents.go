@@ -58,10 +58,12 @@ func (s *Server) agentSpec(cfg *config.Config, a config.AgentEntry) (proxy.Agent
 			IdleTimeout:           p.IdleTimeout.D(),
 			RecycleAfterSessions:  p.RecycleAfterSessions,
 			RecycleAfter:          p.RecycleAfter.D(),
-			ClientRequestTimeout:  cfg.Timeouts.ClientRequest.D(),
 			ClientVersion:         s.opts.Version,
-			RequestTimeout:        cfg.Timeouts.Request.D(),
-			PromptTimeout:         cfg.Timeouts.Prompt.D(),
+		},
+		Timeouts: proxy.Timeouts{
+			ClientRequest: cfg.Timeouts.ClientRequest.D(),
+			Request:       cfg.Timeouts.Request.D(),
+			Prompt:        cfg.Timeouts.Prompt.D(),
 		},
 	}, nil
 }

@@ -7,7 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
 // DefaultAgent is the name of the agent of a relay configured without named
@@ -21,23 +25,51 @@ var (
 	ErrAgentNotAllowed = errors.New("agent not allowed for this tenant")
 )
 
-// AgentSpec is one named agent: the command its pool runs, and the pool's
-// limits.
+// AgentSpec is one named agent: the command its pool runs, the pool's
+// limits, and how long the relay lets its requests wait.
 type AgentSpec struct {
-	Name string
-	Pool PoolConfig
+	Name     string
+	Pool     PoolConfig
+	Timeouts Timeouts
 	// SharedTenants lets tenants share the agent's processes even where
 	// the relay isolates tenants (pool isolation "shared").
 	SharedTenants bool
 }
 
-// agent is a named agent's live state: its pool and its metrics view. A
-// connection belongs to one agent for its whole life.
+// Timeouts bound how long the relay lets requests wait; 0 = no limit.
+type Timeouts struct {
+	// ClientRequest bounds how long an agent→client request (a
+	// permission, fs, elicitation) waits for the client; then the gateway
+	// answers it in the client's place.
+	ClientRequest time.Duration
+	// Request and Prompt bound how long a client request waits for its
+	// agent; then the gateway answers it with an error (and cancels the
+	// turn, for a prompt).
+	Request, Prompt time.Duration
+}
+
+// PoolConfig, AgentConfig and Launch configure an agent's pool (package
+// pool).
+type (
+	PoolConfig  = pool.Config
+	AgentConfig = pool.AgentConfig
+	Launch      = pool.Launch
+)
+
+// AppendEnv appends vars to env as "K=V", sorted by name.
+func AppendEnv(env []string, vars map[string]string) []string { return pool.AppendEnv(env, vars) }
+
+// agent is a named agent's live state: its pool, its processes' links and
+// its metrics view. A connection belongs to one agent for its whole life.
 type agent struct {
-	name    string
-	pool    *Pool
-	metrics *agentMetrics
-	isolate bool // two tenants never share a process of this agent
+	// Static after AddAgent.
+	name     string
+	pool     *pool.Pool
+	cfg      *pool.Config // the pool's, defaults applied
+	timeouts Timeouts
+	mapPaths bool // some tenant maps paths: locate path fields in agent output
+	metrics  *agentMetrics
+	isolate  bool // two tenants never share a process of this agent
 	// gatesReady: readiness waits for this agent. Agents configured at
 	// start do; one a reload added does once its pool has had a process
 	// ready, so that adding an agent never takes a ready replica (and every
@@ -46,6 +78,44 @@ type agent struct {
 	// retired: removed by a reload; no new connection, the pool closes
 	// once its connections are drained (CloseAgent).
 	retired atomic.Bool
+
+	mu    sync.Mutex
+	links map[*pool.Process]*procLink // the live processes' links
+}
+
+// link returns the link of one of the agent's processes.
+func (ag *agent) link(p *pool.Process) *procLink {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	return ag.links[p]
+}
+
+// linkList is a snapshot of the agent's links.
+func (ag *agent) linkList() []*procLink {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	out := make([]*procLink, 0, len(ag.links))
+	for _, l := range ag.links {
+		out = append(out, l)
+	}
+	return out
+}
+
+// placeSession finds the process for a session/load or session/resume: the
+// one that still serves the session if there is one (even a retiring one:
+// the session is already there), otherwise any process with room. It
+// returns a session slot on it.
+func (ag *agent) placeSession(ctx context.Context, prof Profile, agentSID string) (*pool.Lease, error) {
+	want := prof.Kind()
+	for _, l := range ag.linkList() {
+		if s, _ := l.session([]byte(agentSID)); s == nil || !l.p.Profile().Serves(want) {
+			continue
+		}
+		if lease, ok := l.p.HoldSession(); ok {
+			return lease, nil
+		}
+	}
+	return ag.pool.Acquire(ctx, prof, true)
 }
 
 // AddAgent starts a named agent's pool. A name in use is an error.
@@ -59,14 +129,16 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 		return errors.New("agent: a name is required")
 	}
 	cfg := spec.Pool
-	cfg.mapPaths = r.mapPaths
-	cfg.fileAccess = fileAccess(r.caps, r.tenantCfg, spec.Name)
+	cfg.FileAccess = fileAccess(r.caps, r.tenantCfg, spec.Name)
 	isolate := r.isolate && !spec.SharedTenants
 	cfg.TenantBound = cfg.TenantBound && isolate
-	cfg.tenantNames = tenantNames(r.tenantCfg, spec.Name)
-	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name), isolate: isolate}
-	cfg.metrics = ag.metrics
-	ag.pool = NewPool(cfg, r.log.With("agent", spec.Name))
+	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
+	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name), isolate: isolate,
+		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}}
+	cfg.Metrics = ag.metrics.poolMetrics()
+	cfg.NewHandler = ag.newLink
+	ag.pool = pool.New(cfg, r.log.With("agent", spec.Name))
+	ag.cfg = ag.pool.Config()
 	r.agents[spec.Name] = ag
 	return nil
 }
@@ -84,7 +156,7 @@ func (r *Relay) agentList() []*agent {
 }
 
 // AgentPool returns the named agent's pool (nil: no such agent).
-func (r *Relay) AgentPool(name string) *Pool {
+func (r *Relay) AgentPool(name string) *pool.Pool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ag := r.agents[name]; ag != nil {
@@ -113,7 +185,7 @@ func (r *Relay) AgentStatus(name string) (AgentStatus, bool) {
 		return AgentStatus{}, false
 	}
 	st := AgentStatus{Name: name, Ready: ag.pool.Ready()}
-	st.AgentInfo, st.ProtocolVersion = ag.pool.info()
+	st.AgentInfo, st.ProtocolVersion = ag.pool.Info()
 	return st, true
 }
 
@@ -122,7 +194,7 @@ func (r *Relay) AgentStatus(name string) (AgentStatus, bool) {
 // not, it names the first that cannot.
 func (r *Relay) AgentsReady() (bool, string) {
 	for _, ag := range r.agentList() {
-		if ag.retired.Load() || !ag.gatesReady && !ag.pool.everReady() {
+		if ag.retired.Load() || !ag.gatesReady && !ag.pool.EverReady() {
 			continue
 		}
 		if !ag.pool.Ready() {

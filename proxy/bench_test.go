@@ -9,6 +9,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
 type discardSink struct{ n int }
@@ -24,18 +25,18 @@ func benchRoute(b *testing.B, textLen, replay int) {
 	metrics := nopMetrics()
 	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: metrics}
 	am := metrics.forAgent(DefaultAgent)
-	pool := &Pool{cfg: PoolConfig{metrics: am}, log: r.log, notify: make(chan struct{}), kick: make(chan struct{}, 1)}
-	p := &agentProc{pool: pool, log: r.log, pending: map[int64]*outReq{}, inbound: map[string]*inReq{}, sessions: map[string]*Session{}}
+	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procLink{}}
+	l := ag.newLink(nil).(*procLink) // the hot path never reaches the process
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
-	c.ag = &agent{name: DefaultAgent, pool: pool, metrics: am}
+	c.ag = ag
 	c.out.limit = replay
 	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
-	p.addSession(c, agentSID, "")
+	l.addSession(c, agentSID, "", nil)
 	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + agentSID +
 		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` +
 		strings.Repeat("lorem ipsum ", textLen/12) + `"}}}}`)
-	rd := newAgentReader(p)
+	rd := l.reader
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -14,11 +14,12 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
-// Sink carries messages to one client over one socket. The gateway
-// implements it over a WebSocket. A connection's sink changes when the
-// client resumes on a new socket (Conn.Attach).
+// Sink carries messages to one client: the gateway implements it over a
+// WebSocket and over Streamable HTTP's event streams. A connection's sink
+// changes when the client resumes on a new socket (Conn.Attach).
 type Sink interface {
 	// Send queues msg (the sink owns it from now on). With wait false it
 	// never blocks: when the client has fallen too far behind, the sink
@@ -49,17 +50,13 @@ type ConnInfo struct {
 	NoResume bool
 }
 
-// Lock order in proxy: Relay.mu before Pool.mu (AddAgent, UpdateTenants);
-// Pool.mu before agentProc.mu; Conn.mu before
-// Conn.out.mu; a take-over holds the detached owner's out.mu, then the new
-// owner's, then agentProc.mu; a Sink's own lock comes last (the outbox calls
-// Send and Supersede with out.mu held). Conn.handleMu, held while a client
-// message is handled, comes before all of them.
-
-// Conn is one client connection multiplexed onto the pool. Handle is called
-// by one goroutine at a time (the connection's reader); the agent side
-// delivers to the Sink from the processes' goroutines.
+// Conn is one client connection multiplexed onto the pool (lock order: see
+// the package doc). Handle and HandleFrom may be called from several
+// goroutines (an old socket's last frame and a resumed socket's first):
+// they take turns under handleMu. The agent side delivers to the Sink from
+// the processes' goroutines.
 type Conn struct {
+	seq    uint64 // the order the relay made it in (lockOutboxes)
 	relay  *Relay
 	id     string
 	tenant string
@@ -79,8 +76,8 @@ type Conn struct {
 	edits    []jsonrpc.Edit
 	resolve  jsonrpc.Resolver
 
-	limiter *rate.Limiter // the connection's message rate; nil = none
-	logLim  *logLimiter   // bounds what one client can make the gateway log
+	limiter *rate.Limiter    // the connection's message rate; nil = none
+	logLim  *pool.LogLimiter // bounds what one client can make the gateway log
 
 	// Static after construction.
 	token string // the resume token ("" = resume off); never logged
@@ -94,9 +91,9 @@ type Conn struct {
 	mu          sync.Mutex
 	initialized bool
 	closed      bool
-	prof        Profile          // what the client offered, within what the deployment allows
-	caps        policy.AgentCaps // what the agent advertised
-	home        *agentProc
+	prof        Profile             // what the client offered, within what the deployment allows
+	caps        policy.AgentCaps    // what the agent advertised
+	home        *pool.Lease         // the process of the connection's session-less requests
 	sessions    map[string]*Session // by gateway session ID
 	clientReqs  map[string]*outReq  // client requests in flight, by the client's raw id
 	agentReqs   map[int64]*inReq    // agent requests waiting for this client, by connection-side id
@@ -129,10 +126,7 @@ func (c *Conn) deliverFor(msg []byte, sess *Session, wait bool) {
 		// Detached: a take-over may have moved sess since the agent reader
 		// looked its owner up. The owner changes under this lock, so the
 		// check holds until the message is kept.
-		sess.proc.mu.Lock()
-		owner := sess.owner
-		sess.proc.mu.Unlock()
-		if owner != nil && owner != c {
+		if owner := sess.Owner(); owner != nil && owner != c {
 			o.mu.Unlock()
 			owner.deliverFor(msg, sess, wait)
 			return
@@ -157,10 +151,11 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 // counts.
 func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 	c.handleMu.Lock() // counted and handled in one order, whichever socket
-	defer c.handleMu.Unlock()
 	if c.countFrom(sink) {
 		jsonrpc.Messages(frame, c.handleLocked)
 	}
+	c.handleMu.Unlock()
+	c.endIfEmpty() // a take-over may have emptied it meanwhile
 }
 
 // countFrom counts a client message from sink's socket and reports whether
@@ -180,9 +175,10 @@ func (c *Conn) countFrom(sink Sink) bool {
 // Handle processes one frame from the client, as HandleFrom does.
 func (c *Conn) Handle(frame []byte) {
 	c.handleMu.Lock()
-	defer c.handleMu.Unlock()
 	c.recv.Add(1)
 	jsonrpc.Messages(frame, c.handleLocked)
+	c.handleMu.Unlock()
+	c.endIfEmpty() // a take-over may have emptied it meanwhile
 }
 
 // handleLocked processes one client message (c.handleMu held).
@@ -258,7 +254,7 @@ func (c *Conn) allow(m *jsonrpc.Message) bool {
 	c.ten.denied(c.ag.metrics, "rate_limited")
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, codeBusy, why, nil)
-	} else if c.logLim.allow() {
+	} else if c.logLim.Allow() {
 		c.log.Info("notification dropped", "method", m.Method, "why", why)
 	}
 	return false
@@ -272,16 +268,16 @@ const maxFreeCancelBytes = 4 << 10
 // why, without host details (argv, agent stderr), which only go to the log.
 func clientReason(err error) string {
 	switch {
-	case errors.Is(err, errAgentFailing):
+	case errors.Is(err, pool.ErrFailing):
 		return "the agent is failing to start; try again shortly"
-	case errors.Is(err, ErrAgentExited):
+	case errors.Is(err, pool.ErrAgentExited):
 		return "the agent process exited"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "the agent did not take the request in time"
-	case errors.Is(err, errPoolClosed):
-		return errPoolClosed.Error()
+	case errors.Is(err, pool.ErrClosed):
+		return pool.ErrClosed.Error()
 	}
-	var busy *poolBusyError
+	var busy *pool.BusyError
 	if errors.As(err, &busy) {
 		return busy.Error()
 	}
@@ -292,13 +288,6 @@ func (c *Conn) pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.clientReqs)
-}
-
-// Initialized reports whether the client has completed initialize.
-func (c *Conn) Initialized() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.initialized
 }
 
 // Busy reports whether requests are in flight either way (a running prompt
@@ -320,11 +309,11 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		return
 	}
 	c.initArrived.Store(true)
-	var home *agentProc
-	init, ok := c.ag.pool.cachedInit(prof)
+	var home *pool.Lease
+	init, ok := c.ag.pool.CachedInit(prof)
 	if !ok {
-		ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
-		home, err = c.ag.pool.acquire(ctx, prof, false)
+		ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
+		home, err = c.ag.pool.Acquire(ctx, prof, false)
 		cancel()
 		if err != nil {
 			c.initArrived.Store(false)
@@ -332,27 +321,25 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 			return
 		}
-		init = home.init
+		init = home.Process().Init()
 	}
-	result, err := policy.FilterInitialize(init.result, *c.ten.policy(c.ag.name))
+	result, err := policy.FilterInitialize(init.Result, *c.ten.policy(c.ag.name))
 	if err == nil && c.token != "" {
 		result = withResumeToken(result, c.token)
 	}
 	c.mu.Lock()
 	if c.closed || err != nil {
 		c.mu.Unlock()
-		if home != nil {
-			home.releaseHome()
-		}
+		home.Release()
 		if err != nil {
 			c.log.Error("the agent's initialize result cannot be filtered; refusing", "err", err)
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
 		}
 		return
 	}
-	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.caps
+	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.Caps
 	c.mu.Unlock()
-	c.log.Debug("initialized", "protocol_version", init.version, "cached", home == nil)
+	c.log.Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }
 
@@ -360,212 +347,6 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 // (answered or still waiting for a first agent process): the handshake
 // timeout no longer applies.
 func (c *Conn) HandshakeDone() bool { return c.initArrived.Load() }
-
-// handleCall routes a client request or notification to an agent process.
-func (c *Conn) handleCall(m *jsonrpc.Message) {
-	isReq := m.Kind == jsonrpc.KindRequest
-	if isReq {
-		c.mu.Lock()
-		dup := c.clientReqs[string(m.ID)] != nil
-		c.mu.Unlock()
-		if dup {
-			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
-			return
-		}
-	}
-	edits := c.edits[:0]
-	if m.Method == mCancelRequest {
-		c.forwardCancelRequest(m)
-		return
-	}
-	if !c.checkPolicy(m) {
-		return
-	}
-	// Paths are checked before anything is reserved or taken over.
-	edits, pathErr := c.ten.mapToAgent(m, edits)
-	if pathErr != nil {
-		c.ten.denied(c.ag.metrics, "path_outside_root")
-		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
-		if isReq {
-			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
-		}
-		return
-	}
-	var (
-		p       *agentProc
-		sess    *Session
-		attach  *Session
-		reserve bool
-		quota   bool // holds a tenant session slot until answered
-		err     error
-	)
-	// Every early return below gives back what was taken.
-	release := func() {
-		if quota {
-			c.ten.unreserve()
-		}
-		if reserve {
-			p.unreserve()
-		}
-		if attach != nil {
-			p.dropSession(attach)
-			c.detach(attach)
-		}
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
-	defer cancel()
-	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-		gwID, isStr := m.String(f)
-		if !isStr {
-			if isReq {
-				c.replyError(m.ID, jsonrpc.CodeInvalidParams, "sessionId must be a string", nil)
-			}
-			return
-		}
-		c.mu.Lock()
-		sess = c.sessions[gwID]
-		prof := c.prof
-		c.mu.Unlock()
-		live := sess != nil && !sess.isLost()
-		var agentSID string
-		switch {
-		case attachesSession(m.Method):
-			agentSID, err = c.relay.sealer.Open(c.scope, gwID)
-			if err != nil {
-				c.notFound(m, gwID, false)
-				return
-			}
-			if !live && isReq && c.takeOver(m, agentSID) {
-				return
-			}
-			// A lost session this connection holds is still counted, and
-			// so is one another connection of the tenant holds: loading it
-			// moves it here ("the newest load wins").
-			counted := sess != nil || !live && c.ag.pool.heldByTenant(agentSID, c.tenant)
-			if !live && isReq && !counted && !c.reserveQuota(m) {
-				return
-			}
-			quota = !live && isReq && !counted
-			if live {
-				p = sess.proc
-			} else {
-				p, err = c.ag.pool.placeSession(ctx, prof, agentSID)
-				reserve = err == nil
-			}
-			if err == nil && isReq && !live {
-				attach = p.addSession(c, agentSID, sessionCwd(m))
-				c.attach(attach)
-			}
-		case !live && m.Method == mSessionDelete:
-			agentSID, err = c.relay.sealer.Open(c.scope, gwID)
-			if err != nil {
-				c.notFound(m, gwID, false)
-				return
-			}
-			p, err = c.homeProc(ctx)
-		case !live && sess != nil && m.Method == mSessionClose:
-			// Its agent died: closing it only has to forget it here.
-			c.detach(sess)
-			c.ten.event(c.ag.metrics, "closed")
-			if isReq {
-				c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
-			}
-			return
-		case !live:
-			c.notFound(m, gwID, sess != nil)
-			return
-		default:
-			agentSID, p = sess.AgentID, sess.proc
-			if createsSession(m.Method) && isReq {
-				// session/fork (or any session-creating request naming a
-				// session) makes a new session on the same process: it
-				// takes a tenant slot and a process slot like session/new.
-				if !c.reserveQuota(m) {
-					return
-				}
-				quota = true
-				if !p.tryReserveSlot() {
-					release()
-					c.replyError(m.ID, codeBusy, "the agent process of this session is full; try again later", nil)
-					return
-				}
-				reserve = true
-			}
-		}
-		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)})
-	} else if createsSession(m.Method) {
-		if isReq && !c.reserveQuota(m) {
-			return
-		}
-		quota = isReq
-		c.mu.Lock()
-		prof := c.prof
-		c.mu.Unlock()
-		p, err = c.ag.pool.acquire(ctx, prof, true)
-		reserve = err == nil
-	} else {
-		p, err = c.homeProc(ctx)
-	}
-	if err != nil {
-		release()
-		c.log.Warn("no agent for request", "method", m.Method, "err", err)
-		if isReq {
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
-		}
-		return
-	}
-	var req *outReq
-	if isReq {
-		req = &outReq{
-			conn:     c,
-			clientID: append([]byte(nil), m.ID...),
-			method:   m.Method,
-			sess:     sess,
-			attach:   attach,
-			cwd:      createdCwd(m),
-			reserved: reserve,
-			start:    time.Now(),
-		}
-		req.quota.Store(quota)
-		if !c.trackClientReq(req) { // the connection closed meanwhile
-			req.quota.Store(false)
-			release()
-			return
-		}
-		if !p.track(req) {
-			c.forgetClientReq(req) // gives back the quota slot
-			quota = false
-			release()
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
-			return
-		}
-		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
-	} else {
-		release() // a notification creates nothing
-	}
-	jsonrpc.SortEdits(edits)
-	c.edits = edits
-	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
-	if sess != nil && m.Method == mSessionPrompt {
-		sess.promptStart.Store(time.Now().UnixNano())
-	}
-	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
-	err = p.send(ctx, out)
-	if err != nil && req == nil {
-		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
-	}
-	if err != nil && req != nil {
-		// Answer only if no one else did (the agent's death answers all).
-		if p.untrack(req) {
-			c.forgetClientReq(req)
-			if attach != nil {
-				p.dropSession(attach)
-				c.detach(attach)
-			}
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
-		}
-	}
-}
 
 // sessionCwd is the cwd a session/new, load, resume or fork asks for, as
 // the client sent it ("" if none).
@@ -634,9 +415,10 @@ func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
 }
 
 // reserveQuota holds one of the tenant's session slots for m, or answers m
-// with the quota error.
-func (c *Conn) reserveQuota(m *jsonrpc.Message) bool {
-	ok, max := c.ten.tryReserve()
+// with the quota error. A session that moves from another of the tenant's
+// connections (move) is already counted: its slot is held past the cap.
+func (c *Conn) reserveQuota(m *jsonrpc.Message, move bool) bool {
+	ok, max := c.ten.tryReserve(move)
 	if ok {
 		return true
 	}
@@ -647,10 +429,11 @@ func (c *Conn) reserveQuota(m *jsonrpc.Message) bool {
 	return false
 }
 
-func (s *Session) isLost() bool {
-	s.proc.mu.Lock()
-	defer s.proc.mu.Unlock()
-	return s.lost
+// profile is what the client offered, within what the deployment allows.
+func (c *Conn) profile() Profile {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.prof
 }
 
 // notFound answers a request for a session this connection does not hold.
@@ -686,7 +469,7 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 		}
 		return // already answered: nothing to cancel
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	agentID := strconv.AppendInt(nil, req.agentID, 10)
 	var out []byte
@@ -700,7 +483,7 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 	} else {
 		out = jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
 	}
-	if err := req.p.send(ctx, append(out, '\n')); err != nil {
+	if err := req.link.p.Send(ctx, append(out, '\n')); err != nil {
 		c.log.Debug("$/cancel_request not passed on: the agent process is gone or not reading", "err", err)
 	}
 }
@@ -713,7 +496,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	delete(c.agentReqs, id)
 	c.mu.Unlock()
 	if !ok || in == nil {
-		if c.logLim.allow() {
+		if c.logLim.Allow() {
 			c.log.Warn("client answered a request id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		}
 		return
@@ -725,39 +508,47 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.ag.metrics.message(dirClientToAgent, in.method, len(out))
-	ctx, cancel := context.WithTimeout(c.ctx, c.ag.pool.cfg.AcquireTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := in.proc.send(ctx, append(out, '\n')); err != nil {
+	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
 		c.log.Debug("answer for an exited agent dropped", "err", err)
 	}
 }
 
+// errConnClosed: the connection has ended; nothing more is taken for it.
+var errConnClosed = errors.New("the client has disconnected")
+
 // homeProc returns the process that serves the connection's requests that
-// name no session, acquiring a new one if the first has died.
-func (c *Conn) homeProc(ctx context.Context) (*agentProc, error) {
+// name no session, acquiring a new one if the first has died or retires.
+func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 	c.mu.Lock()
 	home, prof := c.home, c.prof
 	c.mu.Unlock()
-	if home != nil && home.alive() && !home.isRetiring() {
-		return home, nil
+	if p := home.Process(); p != nil && p.Alive() && !p.Retiring() {
+		return c.ag.link(p), nil
 	}
-	p, err := c.ag.pool.acquire(ctx, prof, false)
+	lease, err := c.ag.pool.Acquire(ctx, prof, false)
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		p.releaseHome()
-		return nil, errors.New("connection closed")
+		lease.Release()
+		return nil, errConnClosed
 	}
 	old := c.home
-	c.home = p
+	c.home = lease
 	c.mu.Unlock()
-	if old != nil {
-		old.releaseHome()
-	}
-	return p, nil
+	old.Release()
+	return c.ag.link(lease.Process()), nil
+}
+
+// inFlight reports whether a request with the client's raw id is in flight.
+func (c *Conn) inFlight(id []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.clientReqs[string(id)] != nil
 }
 
 func (c *Conn) trackClientReq(r *outReq) bool {
@@ -770,58 +561,42 @@ func (c *Conn) trackClientReq(r *outReq) bool {
 	return true
 }
 
-// forgetClientReq ends a client request, whichever way it ended.
+// forgetClientReq removes a client request that has ended.
 func (c *Conn) forgetClientReq(r *outReq) {
 	c.mu.Lock()
 	if c.clientReqs[string(r.clientID)] == r {
 		delete(c.clientReqs, string(r.clientID))
 	}
 	c.mu.Unlock()
-	if r.quota.CompareAndSwap(true, false) {
-		c.ten.unreserve()
-	}
 }
 
 // trackAgentReq registers an agent request (about sess, if any) for this
 // client and returns it, with the id the client sees.
-func (c *Conn) trackAgentReq(p *agentProc, agentID []byte, method string, sess *Session) (*inReq, int64, error) {
-	// Only this process's reader adds to p.inbound, so the check holds.
-	p.mu.Lock()
-	dup := p.inbound[string(agentID)] != nil
-	p.mu.Unlock()
+func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *Session) (*inReq, int64, error) {
+	// Only this process's reader adds to l.inbound, so the check holds.
+	l.mu.Lock()
+	dup := l.inbound[string(agentID)] != nil
+	l.mu.Unlock()
 	if dup {
 		return nil, 0, errDuplicateAgentID
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, 0, errClientGone
+		return nil, 0, errConnClosed
 	}
 	c.nextID++
 	id := c.nextID
-	in := &inReq{proc: p, agentID: append([]byte(nil), agentID...), conn: c, connID: c.nextID, method: method, start: time.Now(), sess: sess}
-	c.agentReqs[in.connID] = in
+	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, connID: id, method: method, start: time.Now(), sess: sess}
+	c.agentReqs[id] = in
 	c.mu.Unlock()
-	p.mu.Lock()
-	p.inbound[string(in.agentID)] = in
-	p.mu.Unlock()
+	l.mu.Lock()
+	l.inbound[string(in.agentID)] = in
+	l.mu.Unlock()
 	return in, id, nil
 }
 
-// forget removes in from its process's table of requests to the client,
-// unless another request has taken its id since.
-func (in *inReq) forget() {
-	in.proc.mu.Lock()
-	if in.proc.inbound[string(in.agentID)] == in {
-		delete(in.proc.inbound, string(in.agentID))
-	}
-	in.proc.mu.Unlock()
-}
-
-var (
-	errDuplicateAgentID = errors.New("request id is already in flight")
-	errClientGone       = errors.New("the client has disconnected")
-)
+var errDuplicateAgentID = errors.New("request id is already in flight")
 
 func (c *Conn) forgetAgentReq(id int64) {
 	c.mu.Lock()
@@ -843,10 +618,11 @@ func (c *Conn) attach(s *Session) {
 		return
 	}
 	c.mu.Unlock()
-	s.proc.endSession(s, c, false)
+	s.link.endSession(s, c, false)
 }
 
-// detach forgets s after another connection took it over.
+// detach forgets s: another connection took it over, it was closed, or its
+// load failed.
 func (c *Conn) detach(s *Session) {
 	c.mu.Lock()
 	had := c.sessions[s.GatewayID] == s
@@ -862,7 +638,7 @@ func (c *Conn) detach(s *Session) {
 // Close ends the connection: the client's running prompts are cancelled, the
 // agent's requests waiting for it are answered in its place, and its
 // sessions are closed on the agent where the agent supports session/close.
-// The agent processes stay in the pool.
+// The agent processes stay in the pool. Repeating it does nothing.
 func (c *Conn) Close() {
 	c.mu.Lock()
 	if c.closed {
@@ -882,13 +658,12 @@ func (c *Conn) Close() {
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()
 	}
-
 	for _, in := range agentReqs {
 		in.forget()
 		if !in.claim() {
 			continue
 		}
-		in.proc.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, "the client disconnected")
+		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, "the client disconnected")
 		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 	}
 	prompting := make(map[*Session]bool)
@@ -898,12 +673,10 @@ func (c *Conn) Close() {
 		}
 	}
 	for _, s := range sessions {
-		s.proc.endSession(s, c, prompting[s])
+		s.link.endSession(s, c, prompting[s])
 	}
 	c.ten.added(c.ag.metrics, -len(sessions))
-	if home != nil {
-		home.releaseHome()
-	}
+	home.Release()
 	c.relay.connClosed(c)
 	c.out.release()
 	if c.onEnd != nil {
@@ -911,30 +684,21 @@ func (c *Conn) Close() {
 	}
 }
 
-// endSession detaches s from its owner c: a running prompt is cancelled and
+// endSession ends c's ownership of s: a running prompt is cancelled and
 // the session is closed on the agent if the agent supports session/close.
-func (p *agentProc) endSession(s *Session, c *Conn, prompting bool) {
-	p.mu.Lock()
-	owned := s.owner == c && !s.lost
-	if owned {
-		c.ten.event(c.ag.metrics, "closed")
-		s.owner = nil
-		if p.sessions[s.AgentID] == s {
-			delete(p.sessions, s.AgentID)
-		}
-	}
-	p.mu.Unlock()
-	if !owned {
+func (l *procLink) endSession(s *Session, c *Conn, prompting bool) {
+	if !s.disown(c) {
 		return
 	}
+	c.ten.event(c.ag.metrics, "closed")
+	l.removeSession(s)
 	params := sessionIDObject(s.AgentID)
 	if prompting {
-		p.notify(mSessionCancel, params)
+		l.p.Notify(mSessionCancel, params)
 	}
-	if p.init.caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
-		p.fireAndForget(mSessionClose, params)
+	if l.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
+		l.fireAndForget(mSessionClose, params)
 	}
-	p.pool.changed()
 }
 
 // String describes the connection for logs.

@@ -129,7 +129,7 @@ func TestAgentReaderNeverBlocksOnAFullAgent(t *testing.T) {
 			n := runtime.Stack(buf, true)
 			var relevant []string
 			for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-				if strings.Contains(g, "proxy.(*agentProc).send") || strings.Contains(g, "proxy.(*agentProc).writeLoop") {
+				if strings.Contains(g, "pool.(*Process).Send") || strings.Contains(g, "pool.(*Process).writeLoop") {
 					relevant = append(relevant, g)
 				}
 			}
@@ -142,10 +142,7 @@ func TestAgentReaderNeverBlocksOnAFullAgent(t *testing.T) {
 			case <-time.After(3 * time.Second):
 				t.Errorf("Conn.Close (client disconnect) blocks too: the WebSocket handler goroutine would hang")
 			}
-			r.Pool().mu.Lock()
-			p := r.Pool().procs[0]
-			r.Pool().mu.Unlock()
-			p.kill()
+			r.Pool().Processes()[0].Stop()
 			return
 		}
 	}

@@ -52,7 +52,7 @@ func (e *fsError) Error() string { return e.msg }
 // called on the process's reader goroutine with the message as the agent
 // sent it; the file work runs on a goroutine of the pool's.
 func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
-	p := r.p
+	l := r.l
 	id := append([]byte(nil), m.ID...)
 	method := m.Method
 	var params fsParams
@@ -63,16 +63,14 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 	} else if sess != nil {
 		root = sess.cwd
 	}
-	p.fsSlots <- struct{}{}
-	p.pool.wg.Add(1)
-	go func() {
-		defer p.pool.wg.Done()
-		defer func() { <-p.fsSlots }()
+	l.fsSlots <- struct{}{}
+	l.p.Go(func() {
+		defer func() { <-l.fsSlots }()
 		var result []byte
 		if err != nil {
 			err = &fsError{jsonrpc.CodeInvalidParams, "invalid " + method + " params: " + err.Error()}
 		} else {
-			result, err = serveFs(method, root, &params, p.pool.cfg.MaxMessageBytes)
+			result, err = serveFs(method, root, &params, l.p.MaxMessageBytes())
 		}
 		outcome := "ok"
 		var out []byte
@@ -87,9 +85,9 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 		} else {
 			out = jsonrpc.AppendResult(nil, id, result)
 		}
-		p.pool.cfg.metrics.FsServed.WithLabelValues(method, outcome).Inc()
-		p.sendCtrl(append(out, '\n'))
-	}()
+		l.ag.metrics.FsServed.WithLabelValues(method, outcome).Inc()
+		l.p.SendCtrl(append(out, '\n'))
+	})
 }
 
 // serveFs performs one fs request under root and returns its result.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
 // Metrics are the relay's Prometheus metrics. Labels are bounded: methods
@@ -34,6 +36,7 @@ type Metrics struct {
 	poolWait            *prometheus.HistogramVec
 	denials             *prometheus.CounterVec
 	agentProtocolErrors *prometheus.CounterVec
+	doubleReleases      *prometheus.CounterVec
 
 	Detached  prometheus.Gauge
 	Resumes   *prometheus.CounterVec // result: ok, refused; reason (refusedOtherReplica…)
@@ -65,6 +68,7 @@ type agentMetrics struct {
 	PoolWait            prometheus.Observer
 	Denials             *prometheus.CounterVec // tenant, reason
 	AgentProtocolErrors *prometheus.CounterVec // kind
+	DoubleReleases      *prometheus.CounterVec // what
 	byMethod            [2]sync.Map            // direction → method label → *msgCounters
 }
 
@@ -89,10 +93,25 @@ func (m *Metrics) forAgent(name string) *agentMetrics {
 		PoolWait:            m.poolWait.WithLabelValues(name),
 		Denials:             m.denials.MustCurryWith(l),
 		AgentProtocolErrors: m.agentProtocolErrors.MustCurryWith(l),
+		DoubleReleases:      m.doubleReleases.MustCurryWith(l),
 	}
 	// Exported at 0 from the start, so rates and alerts see the first one.
 	atZero(am.Recycled, "sessions", "age")
 	return am
+}
+
+// poolMetrics is what the agent's pool records, from the agent's series.
+func (m *agentMetrics) poolMetrics() *pool.Metrics {
+	return &pool.Metrics{
+		Spawns:             m.Spawns,
+		Exits:              m.Exits,
+		SpawnDuration:      m.SpawnDuration,
+		InitializeDuration: m.InitializeDuration,
+		PoolWait:           m.PoolWait,
+		Recycled:           m.Recycled,
+		LineTooLong:        m.AgentProtocolErrors.WithLabelValues("line_too_long"),
+		DoubleReleases:     m.DoubleReleases,
+	}
 }
 
 // NewMetrics registers the relay's metrics on reg. tenantCap bounds the
@@ -152,6 +171,9 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		agentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id, request_timeout: the agent did not answer in time, client_timeout: the client did not answer an agent request within timeouts.client_request).",
 		}, []string{"kind", "agent"}),
+		doubleReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_double_releases_total", Help: "Holds given back twice (a bug, logged as an error; the second release changes nothing), by what: hold (a client request's tenant slot, process slot and session route), session, home, request (a process lease), or a *_count that would have gone below zero.",
+		}, []string{"what", "agent"}),
 		Detached: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "acpgate_connections_detached", Help: "Connections whose socket ended without a clean close, kept for a resume or a take-over until sessions.detach_timeout.",
 		}),
@@ -166,14 +188,20 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
+	m.register(reg)
+	return m
+}
+
+// register exports the metrics on reg, the bounded series at 0 from the
+// start so that rates and alerts see the first one.
+func (m *Metrics) register(reg prometheus.Registerer) {
 	for _, lv := range [][2]string{{"ok", ""}, {"refused", refusedOtherReplica}, {"refused", refusedUnknown}, {"refused", refusedMismatch}, {"refused", refusedNotKept}} {
 		m.Resumes.WithLabelValues(lv[0], lv[1])
 	}
 	atZero(m.Takeovers, "running", "ended", "idle")
 	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
 		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.exits, m.spawnDuration,
-		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m)
-	return m
+		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases, m)
 }
 
 // atZero creates the series of a one-label counter for each value.
@@ -201,19 +229,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.replayBytesDesc, prometheus.GaugeValue, float64(m.relay.replayBytes()))
 }
 
-func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, pool *Pool) {
-	counts := map[procState]int{}
+func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, p *pool.Pool) {
+	st := p.Stats()
 	buckets := []float64{0, 1, 2, 4, 8, 16, 32, 64, 128}
 	cum := make(map[float64]uint64, len(buckets))
-	var n uint64
 	var sum float64
-	pool.mu.Lock()
-	for _, a := range pool.procs {
-		a.mu.Lock()
-		counts[a.state]++
-		k := len(a.sessions)
-		a.mu.Unlock()
-		n++
+	for _, k := range st.PerProcess {
 		sum += float64(k)
 		for _, b := range buckets {
 			if float64(k) <= b {
@@ -221,11 +242,10 @@ func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, pool *P
 			}
 		}
 	}
-	pool.mu.Unlock()
-	for _, st := range []procState{procStarting, procReady, procStopping} {
-		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(counts[st]), st.String(), agent)
+	for _, state := range []pool.State{pool.Starting, pool.Ready, pool.Stopping} {
+		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(st.ByState[state]), state.String(), agent)
 	}
-	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, n, sum, cum, agent)
+	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, uint64(len(st.PerProcess)), sum, cum, agent)
 }
 
 // nopMetrics is used when the relay is built without a registry.

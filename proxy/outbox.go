@@ -111,7 +111,7 @@ func (o *outbox) keep(msg []byte, sess *Session) {
 // enough, and not so big that it wastes memory.
 func fits(c, n int) bool { return c >= n && c <= 2*n+1024 }
 
-// canResume reports whether every message after the first received is
+// canResumeLocked reports whether every message after the first received is
 // still kept (o.mu held).
 func (o *outbox) canResumeLocked(received int64) bool {
 	if o.limit == 0 || o.overflow || received < 0 || received > o.sent {

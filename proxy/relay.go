@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"time"
 
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/proxy/pathmap"
-	"log/slog"
-	"sync"
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
 // Config configures a Relay.
@@ -91,6 +94,11 @@ type Relay struct {
 
 	mapPaths bool   // some tenant maps paths (set at start: a reload cannot turn it on)
 	instance string // this process's name in resume tokens
+
+	connSeq atomic.Uint64 // numbers connections in the order they are made (lockOutboxes)
+
+	promptMu sync.Mutex
+	promptCh chan struct{} // closed and replaced whenever a prompt ends (WaitPrompts)
 }
 
 // NewRelay starts the agent pool. Close stops it.
@@ -145,6 +153,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		tenantCfg: cfg.Tenants,
 		mapPaths:  mapPaths,
 		instance:  newInstanceID(),
+		promptCh:  make(chan struct{}),
 	}
 	for _, spec := range cfg.Agents {
 		if err := r.AddAgent(spec); err != nil {
@@ -175,7 +184,7 @@ func fileAccess(caps Profile, tenants []TenantConfig, agent string) *[2]bool {
 
 // Pool returns the pool of the first agent configured (tests and
 // single-agent callers); see AgentPool.
-func (r *Relay) Pool() *Pool { return r.AgentPool(r.first) }
+func (r *Relay) Pool() *pool.Pool { return r.AgentPool(r.first) }
 
 // NewConn registers a client connection of a configured tenant. The caller
 // feeds it the client's messages with Handle and calls Close when the
@@ -204,6 +213,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	c := &Conn{
+		seq:        r.connSeq.Add(1),
 		relay:      r,
 		id:         info.ID,
 		tenant:     info.Tenant,
@@ -221,7 +231,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.sc.Methods = knownMethods
 	c.resolve = c.specFor
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
-	c.logLim = newLogLimiter(20, time.Second)
+	c.logLim = pool.NewLogLimiter(20, time.Second)
 	c.out.sink = sink
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
 		c.out.limit = r.resume.ReplayBufferBytes
@@ -313,18 +323,10 @@ func (r *Relay) runningPrompts(agent string) (running []*outReq, answering int) 
 		if agent != "" && ag.name != agent {
 			continue
 		}
-		ag.pool.mu.Lock()
-		procs := append([]*agentProc(nil), ag.pool.procs...)
-		ag.pool.mu.Unlock()
-		for _, p := range procs {
-			p.mu.Lock()
-			for _, req := range p.pending {
-				if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
-					running = append(running, req)
-				}
-			}
-			answering += p.answering
-			p.mu.Unlock()
+		for _, l := range ag.linkList() {
+			var n int
+			running, n = l.runningPrompts(running)
+			answering += n
 		}
 	}
 	return running, answering
@@ -337,6 +339,32 @@ func (r *Relay) PromptsInFlight(agent string) int {
 	return len(running) + answering
 }
 
+// promptsChanged wakes WaitPrompts: a prompt has ended.
+func (r *Relay) promptsChanged() {
+	r.promptMu.Lock()
+	close(r.promptCh)
+	r.promptCh = make(chan struct{})
+	r.promptMu.Unlock()
+}
+
+// WaitPrompts waits until the agent ("" = every agent) has no prompt in
+// flight (PromptsInFlight), or ctx ends. Each prompt's end wakes it.
+func (r *Relay) WaitPrompts(ctx context.Context, agent string) error {
+	for {
+		r.promptMu.Lock()
+		ch := r.promptCh
+		r.promptMu.Unlock()
+		if r.PromptsInFlight(agent) == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // CancelPrompts sends session/cancel for every prompt the agent ("" =
 // every agent) is running (a drain that ran out of grace) and waits up to
 // wait for the agents to answer them, so that clients get their stopReason
@@ -344,15 +372,14 @@ func (r *Relay) PromptsInFlight(agent string) int {
 func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
 	running, _ := r.runningPrompts(agent)
 	for _, req := range running {
-		req.p.notify(mSessionCancel, sessionIDObject(req.sess.AgentID))
+		req.link.p.Notify(mSessionCancel, sessionIDObject(req.sess.AgentID))
 	}
 	if len(running) > 0 {
 		r.log.Info("cancelled running prompts", "count", len(running), "agent", agent)
 	}
-	deadline := time.Now().Add(wait)
-	for r.PromptsInFlight(agent) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_ = r.WaitPrompts(ctx, agent)
 }
 
 // tenantNames lists the named tenants that may use the agent.

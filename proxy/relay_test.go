@@ -16,6 +16,7 @@ import (
 
 	"github.com/acpgate/acpgate/demoagent"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
 // The test binary doubles as the agent: with ACPGATE_TEST_AGENT set it runs
@@ -298,9 +299,7 @@ func TestTerminalSplitNeverStarves(t *testing.T) {
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("client %d (%s) waited %s", i, caps, d)
 		}
-		r.Pool().mu.Lock()
-		told := r.Pool().procs[0].prof
-		r.Pool().mu.Unlock()
+		told := r.Pool().Processes()[0].Profile()
 		if want := strings.Contains(caps, "terminal"); told.Terminal != want {
 			t.Fatalf("client %d (%s) got a process told terminal=%v", i, caps, told.Terminal)
 		}
@@ -308,10 +307,8 @@ func TestTerminalSplitNeverStarves(t *testing.T) {
 		// Once the session/close is answered the process is unused, and
 		// the next client's kind replaces it.
 		waitFor(t, "the process to become unused", func() bool {
-			a := r.Pool().procs[0]
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			return a.unusedLocked()
+			st := r.Pool().Stats()
+			return st.Sessions == 0 && st.Reserved == 0 && st.Requests == 0
 		})
 	}
 }
@@ -399,9 +396,7 @@ func TestAgentThatCannotStart(t *testing.T) {
 			if m.Error == nil || !strings.Contains(m.Error.Message, "the agent is failing to start") {
 				t.Fatalf("initialize against a failing agent: %s", m.raw)
 			}
-			r.Pool().mu.Lock()
-			last := fmt.Sprint(r.Pool().lastErr)
-			r.Pool().mu.Unlock()
+			last := fmt.Sprint(r.Pool().LastError())
 			if !strings.Contains(last, tc.want) {
 				t.Fatalf("the pool's last error %q lacks %q", last, tc.want)
 			}
@@ -534,9 +529,9 @@ func TestTenantBoundPool(t *testing.T) {
 			},
 		},
 		MinIdle: 1, MaxProcesses: 4, AcquireTimeout: 10 * time.Second, MaxMessageBytes: 1 << 20,
-		TenantBound: true, tenantNames: []string{"a", "b"},
+		TenantBound: true, Tenants: []string{"a", "b"},
 	}
-	p := NewPool(cfg, slog.New(slog.DiscardHandler))
+	p := pool.New(cfg, slog.New(slog.DiscardHandler))
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -552,11 +547,12 @@ func TestTenantBoundPool(t *testing.T) {
 		t.Errorf("warm launches %v, want one for the first configured tenant", launched)
 	}
 	mu.Unlock()
-	b, err := p.acquire(ctx, Profile{Tenant: "b", Version: 1}, true)
+	b, err := p.Acquire(ctx, Profile{Tenant: "b", Version: 1}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := b.profile().Tenant; got != "b" {
+	defer b.Release()
+	if got := b.Process().Profile().Tenant; got != "b" {
 		t.Fatalf("tenant b was given a process of tenant %q", got)
 	}
 	mu.Lock()
@@ -565,14 +561,4 @@ func TestTenantBoundPool(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// The warm choice: the most recently active tenant without an idle
-	// process.
-	q := &Pool{tenants: []string{"a", "b", "c"}, lastUse: map[string]uint64{"b": 2, "c": 1}}
-	if got := q.warmTenantLocked(); got != "b" {
-		t.Errorf("warm tenant %q, want b (the most recently active)", got)
-	}
-	q.procs = []*agentProc{{prof: Profile{Tenant: "b"}, state: procReady, sessions: map[string]*Session{}}}
-	if got := q.warmTenantLocked(); got != "c" {
-		t.Errorf("warm tenant %q, want c (b has an idle process)", got)
-	}
 }

@@ -13,22 +13,22 @@ import (
 // agentReader routes the messages one agent process writes. It runs on the
 // process's read goroutine only, so it reuses its scanner and buffers.
 type agentReader struct {
-	p       *agentProc
+	l       *procLink
 	sc      jsonrpc.Scanner
 	msg     jsonrpc.Message
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
 }
 
-func newAgentReader(p *agentProc) *agentReader {
-	r := &agentReader{p: p}
+func newAgentReader(l *procLink) *agentReader {
+	r := &agentReader{l: l}
 	r.sc.Methods = knownMethods
 	r.resolve = r.specFor
 	return r
 }
 
 func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
-	paths := r.p.pool.cfg.mapPaths
+	paths := r.l.ag.mapPaths
 	if m.Kind != jsonrpc.KindResponse {
 		return paramsSpec(m.Method, paths)
 	}
@@ -36,9 +36,9 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if !ok {
 		return nil
 	}
-	r.p.mu.Lock()
-	req := r.p.pending[id]
-	r.p.mu.Unlock()
+	r.l.mu.Lock()
+	req := r.l.pending[id]
+	r.l.mu.Unlock()
 	if req == nil {
 		return nil
 	}
@@ -62,12 +62,11 @@ func parseAgentID(raw []byte) (int64, bool) {
 }
 
 func (r *agentReader) handle(line []byte) {
-	p := r.p
 	if err := r.sc.Scan(line, &r.msg, r.resolve); err != nil {
 		// An agent that writes non-JSON to stdout breaks the protocol, but
 		// one bad line must not take down every session on the process.
-		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("invalid_json").Inc()
-		p.log.Warn("agent wrote an invalid message; skipped", "err", err, "bytes", len(line))
+		r.l.ag.metrics.AgentProtocolErrors.WithLabelValues("invalid_json").Inc()
+		r.l.p.Log().Warn("agent wrote an invalid message; skipped", "err", err, "bytes", len(line))
 		return
 	}
 	m := &r.msg
@@ -79,106 +78,125 @@ func (r *agentReader) handle(line []byte) {
 	}
 }
 
+// protocolError counts and logs agent output the gateway could not relay.
+func (r *agentReader) protocolError(kind, msg string, args ...any) {
+	r.l.ag.metrics.AgentProtocolErrors.WithLabelValues(kind).Inc()
+	r.l.p.Log().Warn(msg, args...)
+}
+
 // handleResponse delivers an agent's answer to the client that asked.
 func (r *agentReader) handleResponse(m *jsonrpc.Message) {
-	p := r.p
+	l := r.l
 	id, ok := parseAgentID(m.ID)
 	if !ok {
-		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("unknown_id").Inc()
-		p.log.Warn("agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
+		r.protocolError("unknown_id", "agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		return
 	}
-	p.mu.Lock()
-	req := p.pending[id]
-	delete(p.pending, id)
-	if req != nil && req.reserved {
-		p.reserved--
-	}
-	// A prompt still counts as running (a drain waits for it) until its
-	// answer is in its client's queue.
-	answering := req != nil && req.method == mSessionPrompt && req.conn != nil && req.sess != nil
-	if answering {
-		p.answering++
-	}
-	p.mu.Unlock()
-	if answering {
-		defer func() {
-			p.mu.Lock()
-			p.answering--
-			p.mu.Unlock()
-		}()
-	}
+	req := l.takeAnswered(id)
 	if req == nil {
-		p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("unknown_id").Inc()
-		p.log.Warn("agent answered an id the gateway never sent or already answered; dropped", "id", id)
+		r.protocolError("unknown_id", "agent answered an id the gateway never sent or already answered; dropped", "id", id)
 		return
 	}
-	metrics := p.pool.cfg.metrics
-	metrics.RequestDuration.WithLabelValues(methodLabel(req.method)).Observe(since(req.start))
-	if req.internal != nil {
-		req.internal <- append([]byte(nil), m.Raw...)
-		return
+	if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+		// A prompt still counts as running (a drain waits for it) until
+		// its answer is in its client's queue.
+		defer l.answered(req.conn.relay)
 	}
+	l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)).Observe(since(req.start))
 	c := req.conn
 	if c == nil {
-		// The gateway's own request (session/close), answer not needed;
-		// the process may have become unused.
-		p.pool.changed()
+		return // the gateway's own request (session/close): answer not needed
+	}
+	edits, created, ok := r.answerEdits(m, req)
+	if created != nil {
+		c.attach(created) // counted before the request's tenant slot is given back
+	}
+	req.end()
+	if req.method == mSessionPrompt && req.sess != nil {
+		promptEnded(req, m) // after end: a detached owner left with nothing ends
+	}
+	if !ok {
 		return
 	}
-	c.forgetClientReq(req)
-	if req.method == mSessionPrompt && req.sess != nil {
-		p.promptEnded(req, m)
+	jsonrpc.SortEdits(edits)
+	r.edits = edits
+	out := c.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
+	l.ag.metrics.message(dirAgentToClient, req.method, len(out))
+	c.deliver(out)
+}
+
+// takeAnswered takes the request an answer is for out of the table; a
+// prompt's answer counts as running until it is delivered (answered).
+func (l *procLink) takeAnswered(id int64) *outReq {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	req := l.pending[id]
+	delete(l.pending, id)
+	if req != nil && req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+		l.answering++
 	}
-	edits := append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
-	var created *Session
+	return req
+}
+
+// answered ends what takeAnswered counted.
+func (l *procLink) answered(r *Relay) {
+	l.mu.Lock()
+	l.answering--
+	l.mu.Unlock()
+	r.promptsChanged()
+}
+
+// answerEdits settles what the answer means for the request's session and
+// returns the edits that make the answer the client's. created is a new
+// session to attach once the answer is ready. ok false: the client has been
+// answered otherwise.
+func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []jsonrpc.Edit, created *Session, ok bool) {
+	c := req.conn
+	edits = append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
 	switch {
 	case m.IsError:
 		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 			edits = append(edits, r.errorSessionEdit(m, f, req))
 		}
-		if req.attach != nil {
-			p.dropSession(req.attach)
-			c.detach(req.attach)
-		}
-		if req.attach != nil || createsSession(req.method) {
-			p.pool.changed() // the reserved slot was given back above
-		}
 	case createsSession(req.method):
-		f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
-		sid, isStr := "", false
-		if ok {
-			sid, isStr = m.String(f)
+		e, s, ok := r.created(m, req)
+		if !ok {
+			return nil, nil, false
 		}
-		if !isStr || sid == "" {
-			p.pool.changed() // the reserved slot was given back above
-			p.log.Warn("agent answered a session-creating request without a sessionId", "method", req.method)
-			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
-				"the agent answered "+req.method+" without a sessionId", nil))
-			return
-		}
-		created = p.addSession(c, sid, req.cwd)
-		c.ten.event(c.ag.metrics, "created")
-		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: created.quotedID})
-	case req.attach != nil:
+		edits, created = append(edits, e), s
+	case req.hold.attach != nil:
+		req.hold.keepAttach()
 		c.ten.event(c.ag.metrics, "loaded")
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
 		// The client closed (or deleted) it: the session and its quota slot are free.
-		p.dropSession(req.sess)
+		r.l.removeSession(req.sess)
+		req.sess.drop()
 		c.detach(req.sess)
 		c.ten.event(c.ag.metrics, "closed")
-		p.pool.changed()
 	}
-	jsonrpc.SortEdits(edits)
-	r.edits = edits
-	out := c.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
-	if created != nil {
-		c.attach(created)
+	return edits, created, true
+}
+
+// created registers the session a session-creating request made; it takes
+// the request's process slot. Without a sessionId the client gets an error.
+func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *Session, bool) {
+	c := req.conn
+	f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
+	sid, isStr := "", false
+	if ok {
+		sid, isStr = m.String(f)
 	}
-	metrics.message(dirAgentToClient, req.method, len(out))
-	c.deliver(out)
+	if !isStr || sid == "" {
+		r.l.p.Log().Warn("agent answered a session-creating request without a sessionId", "method", req.method)
+		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
+			"the agent answered "+req.method+" without a sessionId", nil))
+		return jsonrpc.Edit{}, nil, false
+	}
+	s := r.l.addSession(c, sid, req.cwd, req.hold.takeSlot())
+	c.ten.event(c.ag.metrics, "created")
+	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }
 
 // listEdits rewrites every session in a session/list result for c and drops
@@ -250,157 +268,200 @@ func (r *agentReader) errorSessionEdit(m *jsonrpc.Message, f jsonrpc.Field, req 
 	case !ok:
 	case req.sess != nil && sid == req.sess.AgentID:
 		repl = req.sess.quotedID
-	case req.attach != nil && sid == req.attach.AgentID:
-		repl = req.attach.quotedID
+	case req.hold != nil && req.hold.attach != nil && sid == req.hold.attach.AgentID:
+		repl = req.hold.attach.quotedID
 	}
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: repl}
 }
 
 // handleCall routes an agent's request or notification to the client that
-// owns the session (or the request) it is about.
+// owns the session (or the request) it is about: it finds the recipient,
+// applies the tenant's policy and root, then forwards it.
 func (r *agentReader) handleCall(m *jsonrpc.Message) {
-	p := r.p
-	var (
-		conn  *Conn
-		sess  *Session
-		solo  bool // the session is the process's only one
-		edits = r.edits[:0]
-	)
-	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-		sid, _ := m.RawString(f)
-		p.mu.Lock()
-		sess = p.sessions[string(sid)] // no allocation for a map index
-		if sess != nil {
-			conn = sess.owner
-		}
-		solo = len(p.sessions) == 1
-		p.mu.Unlock()
-		if conn == nil {
-			r.orphan(m, "no client holds session "+strconv.Quote(truncate(string(sid), 64)))
-			return
-		}
-		edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: sess.quotedID})
-		if t := sess.promptStart.Load(); t != 0 && m.Method == mSessionUpdate && sess.promptStart.CompareAndSwap(t, 0) {
-			p.pool.cfg.metrics.FirstUpdate.Observe(time.Since(time.Unix(0, t)).Seconds())
-		}
-	}
-	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok {
-		raw := m.Bytes(f)
-		switch m.Method {
-		case mCancelRequest:
-			// The agent withdraws one of its own requests to a client.
-			p.mu.Lock()
-			in := p.inbound[string(raw)]
-			var connID int64
-			if in != nil {
-				conn, connID = in.conn, in.connID
-			}
-			p.mu.Unlock()
-			if in == nil {
-				return // already answered
-			}
-			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, connID, 10)})
-		default:
-			// Request-scoped elicitation: requestId is a client request the
-			// agent is still working on.
-			id, ok := parseAgentID(raw)
-			p.mu.Lock()
-			req := p.pending[id]
-			p.mu.Unlock()
-			if !ok || req == nil || req.conn == nil {
-				r.orphan(m, "the request it refers to is not in flight")
-				return
-			}
-			if conn != nil && conn != req.conn {
-				r.orphan(m, "session and request belong to different clients")
-				return
-			}
-			conn = req.conn
-			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: req.clientID})
-		}
-	}
-	if conn == nil {
-		r.orphan(m, "it names no session")
+	rc, ok := r.recipient(m, r.edits[:0])
+	if !ok {
 		return
 	}
-	isReq := m.Kind == jsonrpc.KindRequest
+	edits, ok := r.gate(m, rc)
+	if !ok {
+		return
+	}
+	if m.Kind == jsonrpc.KindRequest {
+		r.forwardRequest(m, rc, edits)
+		return
+	}
+	out := r.splice(m, rc.conn, edits)
+	// A notification about a session is kept with it for a take-over.
+	// Backpressure only when no other client's session shares the process.
+	rc.conn.deliverFor(out, rc.sess, rc.solo)
+}
+
+// recipient is who an agent message goes to, and the edits so far.
+type recipient struct {
+	conn  *Conn
+	sess  *Session
+	solo  bool // the session is the process's only one
+	edits []jsonrpc.Edit
+}
+
+// recipient finds the client of m by its sessionId and requestId. A
+// message no client can take is orphaned.
+func (r *agentReader) recipient(m *jsonrpc.Message, edits []jsonrpc.Edit) (recipient, bool) {
+	rc := recipient{edits: edits}
+	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+		sid, _ := m.RawString(f)
+		var n int
+		rc.sess, n = r.l.session(sid)
+		rc.solo = n == 1
+		if rc.sess != nil {
+			rc.conn = rc.sess.Owner()
+		}
+		if rc.conn == nil {
+			r.orphan(m, "no client holds session "+strconv.Quote(truncate(string(sid), 64)))
+			return rc, false
+		}
+		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: rc.sess.quotedID})
+		if t := rc.sess.promptStart.Load(); t != 0 && m.Method == mSessionUpdate && rc.sess.promptStart.CompareAndSwap(t, 0) {
+			r.l.ag.metrics.FirstUpdate.Observe(time.Since(time.Unix(0, t)).Seconds())
+		}
+	}
+	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok && !r.requestRecipient(m, f, &rc) {
+		return rc, false
+	}
+	if rc.conn == nil {
+		r.orphan(m, "it names no session")
+		return rc, false
+	}
+	return rc, true
+}
+
+// requestRecipient resolves params.requestId: the agent withdrawing one of
+// its own requests to a client ($/cancel_request), or request-scoped
+// elicitation about a client request the agent is still working on.
+func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *recipient) bool {
+	raw := m.Bytes(f)
+	l := r.l
+	if m.Method == mCancelRequest {
+		l.mu.Lock()
+		in := l.inbound[string(raw)]
+		var connID int64
+		if in != nil {
+			rc.conn, connID = in.conn, in.connID
+		}
+		l.mu.Unlock()
+		if in == nil {
+			return false // already answered
+		}
+		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, connID, 10)})
+		return true
+	}
+	id, ok := parseAgentID(raw)
+	l.mu.Lock()
+	req := l.pending[id]
+	l.mu.Unlock()
+	switch {
+	case !ok || req == nil || req.conn == nil:
+		r.orphan(m, "the request it refers to is not in flight")
+		return false
+	case rc.conn != nil && rc.conn != req.conn:
+		r.orphan(m, "session and request belong to different clients")
+		return false
+	}
+	rc.conn = req.conn
+	rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: req.clientID})
+	return true
+}
+
+// gate applies the tenant's policy and root to an agent message: a method
+// the client may not be sent, or a request to act on a path outside the
+// root, is refused to the agent; a file request the gateway stands in for
+// is served. ok reports whether m goes on to the client.
+func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Edit, ok bool) {
+	conn, isReq, log := rc.conn, m.Kind == jsonrpc.KindRequest, r.l.p.Log()
 	standIn, err := r.allowAgent(conn, m.Method)
 	if err != nil {
 		conn.ten.denied(conn.ag.metrics, "agent_method")
 		if !isReq {
-			p.log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
-			return
+			log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
+			return nil, false
 		}
-		p.log.Info("agent request refused by policy", "method", m.Method, "err", err)
-		p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeMethodNotFound, err.Error(), nil), '\n'))
-		return
+		log.Info("agent request refused by policy", "method", m.Method, "err", err)
+		r.refuse(m, jsonrpc.CodeMethodNotFound, err.Error())
+		return nil, false
 	}
-	edits, outside := conn.ten.mapToClient(m, edits, isReq && confinedRequest(m.Method))
+	edits, outside := conn.ten.mapToClient(m, rc.edits, isReq && confinedRequest(m.Method))
 	if outside != "" {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
-		p.log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
+		log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
 		conn.ten.denied(conn.ag.metrics, "path_outside_root")
-		msg := "params." + outside + ": outside the workspace of this session; the gateway refused it"
-		p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidParams, msg, nil), '\n'))
-		return
+		r.refuse(m, jsonrpc.CodeInvalidParams, "params."+outside+": outside the workspace of this session; the gateway refused it")
+		return nil, false
 	}
 	if standIn {
 		if isReq {
-			r.standInFs(conn, sess, m)
+			r.standInFs(conn, rc.sess, m)
 		}
-		return
+		return nil, false
 	}
-	var in *inReq
-	if isReq {
-		var err error
-		var connID int64
-		in, connID, err = conn.trackAgentReq(p, m.ID, m.Method, sess)
-		if errors.Is(err, errDuplicateAgentID) {
-			// Two requests with one id: the client's answer could not be
-			// told apart. The second is refused; the first goes on.
-			p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("duplicate_id").Inc()
-			p.log.Warn("agent reused the id of a request still in flight; refused", "method", m.Method)
-			p.sendCtrl(append(jsonrpc.AppendError(nil, m.ID, jsonrpc.CodeInvalidRequest,
-				"request id "+truncate(string(m.ID), 64)+" is already in flight", nil), '\n'))
-			return
-		}
-		if err != nil {
-			r.orphan(m, err.Error())
-			return
-		}
-		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
-	}
+	return edits, true
+}
+
+// refuse answers an agent request with an error in the client's place.
+func (r *agentReader) refuse(m *jsonrpc.Message, code int, msg string) {
+	r.l.p.SendCtrl(append(jsonrpc.AppendError(nil, m.ID, code, msg, nil), '\n'))
+}
+
+// splice makes the message the client gets.
+func (r *agentReader) splice(m *jsonrpc.Message, conn *Conn, edits []jsonrpc.Edit) []byte {
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
 	out := conn.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
-	p.pool.cfg.metrics.message(dirAgentToClient, m.Method, len(out))
-	if in != nil {
-		kept := append([]byte(nil), out...) // a take-over sends it again
-		p.mu.Lock()
-		in.msg = kept
-		to := in.pendingTo
-		in.pendingTo = nil
-		var owner *Conn
-		if sess != nil && sess.owner != nil && sess.owner != conn {
-			owner = sess.owner
-		}
-		p.mu.Unlock()
-		switch { // taken over meanwhile: the new owner gets it, with an id of its own
-		case to != nil:
-			jsonrpc.PutBuffer(out)
-			to.adopt(in)
-		case owner != nil:
-			jsonrpc.PutBuffer(out)
-			conn.handOver(in, owner)
-		default:
-			conn.deliver(out)
-		}
+	r.l.ag.metrics.message(dirAgentToClient, m.Method, len(out))
+	return out
+}
+
+// forwardRequest tracks an agent request for its client, with an id of the
+// client's, and sends it. A session taken over meanwhile sends it to the
+// new owner.
+func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []jsonrpc.Edit) {
+	l, conn := r.l, rc.conn
+	in, connID, err := conn.trackAgentReq(l, m.ID, m.Method, rc.sess)
+	if errors.Is(err, errDuplicateAgentID) {
+		// Two requests with one id: the client's answer could not be
+		// told apart. The second is refused; the first goes on.
+		r.protocolError("duplicate_id", "agent reused the id of a request still in flight; refused", "method", m.Method)
+		r.refuse(m, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight")
 		return
 	}
-	// A notification about a session is kept with it for a take-over.
-	// Backpressure only when no other client's session shares the process.
-	conn.deliverFor(out, sess, solo)
+	if err != nil {
+		r.orphan(m, err.Error())
+		return
+	}
+	edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
+	out := r.splice(m, conn, edits)
+	kept := append([]byte(nil), out...) // a take-over sends it again
+	l.mu.Lock()
+	in.msg = kept
+	to := in.pendingTo
+	in.pendingTo = nil
+	l.mu.Unlock()
+	var owner *Conn
+	if rc.sess != nil {
+		if o := rc.sess.Owner(); o != nil && o != conn {
+			owner = o
+		}
+	}
+	switch { // taken over meanwhile: the new owner gets it, with an id of its own
+	case to != nil:
+		jsonrpc.PutBuffer(out)
+		to.adopt(in)
+	case owner != nil:
+		jsonrpc.PutBuffer(out)
+		conn.handOver(in, owner)
+	default:
+		conn.deliver(out)
+	}
 }
 
 // allowAgent decides whether an agent may send method to conn: the tenant's
@@ -414,7 +475,7 @@ func (r *agentReader) allowAgent(conn *Conn, method string) (standIn bool, err e
 		// The hot path (session/update) takes no lock here.
 		return false, conn.ten.policy(conn.ag.name).AllowAgentMethod(method)
 	}
-	told := r.p.profile()
+	told := r.l.p.Profile()
 	if method == mFsRead || method == mFsWrite {
 		if method == mFsRead && !told.FsRead || method == mFsWrite && !told.FsWrite {
 			return false, fmt.Errorf("%s needs a client capability this agent process was not told of", method)
@@ -437,67 +498,11 @@ func (r *agentReader) allowAgent(conn *Conn, method string) (standIn bool, err e
 // on the client's behalf so the agent never waits forever; a notification is
 // dropped.
 func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
-	p := r.p
-	p.pool.cfg.metrics.AgentProtocolErrors.WithLabelValues("no_recipient").Inc()
+	r.l.ag.metrics.AgentProtocolErrors.WithLabelValues("no_recipient").Inc()
 	if m.Kind != jsonrpc.KindRequest {
-		p.log.Debug("agent notification has no recipient; dropped", "method", m.Method, "why", why)
+		r.l.p.Log().Debug("agent notification has no recipient; dropped", "method", m.Method, "why", why)
 		return
 	}
-	p.log.Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
-	p.answerForClient(m.ID, m.Method, jsonrpc.CodeRequestCancelled, "no client to answer: "+why)
-}
-
-// answerForClient answers an agent→client request in the client's place:
-// a permission request is cancelled, anything else gets error code.
-func (p *agentProc) answerForClient(agentID []byte, method string, code int, why string) {
-	var out []byte
-	if method == mRequestPerm {
-		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
-	} else {
-		out = jsonrpc.AppendError(nil, agentID, code, why, nil)
-	}
-	p.sendCtrl(append(out, '\n'))
-}
-
-// addSession registers a session the agent now serves for c; cwd is its
-// working directory as the agent got it. The process retires once it has
-// been given pool.recycle_after_sessions sessions.
-func (p *agentProc) addSession(c *Conn, agentSID, cwd string) *Session {
-	gwID := c.relay.sealer.Seal(c.scope, agentSID)
-	s := &Session{
-		GatewayID: gwID,
-		quotedID:  jsonrpc.AppendQuote(nil, gwID),
-		AgentID:   agentSID,
-		cwd:       cwd,
-		proc:      p,
-		owner:     c,
-	}
-	p.mu.Lock()
-	if old := p.sessions[agentSID]; old != nil && old.owner != nil && old.owner != c {
-		// Another connection held it (a reconnect before the old
-		// connection timed out): the newest load wins.
-		prev := old.owner
-		old.owner = nil
-		p.mu.Unlock()
-		prev.detach(old)
-		p.mu.Lock()
-	}
-	p.sessions[agentSID] = s
-	p.served++
-	due := p.pool.cfg.RecycleAfterSessions > 0 && p.served >= p.pool.cfg.RecycleAfterSessions
-	p.mu.Unlock()
-	if due {
-		p.retire("sessions")
-	}
-	return s
-}
-
-// dropSession forgets a session whose load or resume failed.
-func (p *agentProc) dropSession(s *Session) {
-	p.mu.Lock()
-	if p.sessions[s.AgentID] == s {
-		delete(p.sessions, s.AgentID)
-	}
-	s.owner = nil
-	p.mu.Unlock()
+	r.l.p.Log().Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
+	r.l.answerForClient(m.ID, m.Method, jsonrpc.CodeRequestCancelled, "no client to answer: "+why)
 }

@@ -1,247 +1,158 @@
 package proxy
 
 import (
-	"encoding/json"
-	"strconv"
+	"sync"
+	"sync/atomic"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/pool"
 )
 
-// A session's owner can change: a connection that loads (or resumes) a
-// session held by a detached connection of its tenant takes it over. When a
-// turn ran while the owner was detached, the agent is not asked to load a
-// session it is running: the gateway answers the load itself, delivers the
-// session's updates since the detach, and sends the agent's pending
-// requests about it again, with the new connection's ids. Otherwise the
-// load goes to the agent as any load does ("the newest load wins",
-// addSession).
+// Session is one ACP session as the gateway routes it: the one place that
+// says who owns it. Its owner changes only through its methods (a load by
+// another connection, a take-over, the owner's end, the agent's death),
+// each under the session's lock; the agent's reader loads the owner without
+// any lock.
+type Session struct {
+	// Static after construction.
+	GatewayID string    // what the client sees
+	quotedID  []byte    // GatewayID as a JSON string, spliced into every update
+	AgentID   string    // the agent's own ID
+	cwd       string    // its cwd as the client asked for it (the fs stand-in's root without a tenant root)
+	link      *procLink // the process that serves it
 
-// takeOver serves m, a session/load or session/resume request for the
-// agent's session agentSID, as a take-over if a detached connection of c's
-// tenant holds that session and a turn ran while it was detached. It
-// reports whether it answered m.
-func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
-	s, p := c.ag.pool.heldSession(agentSID)
-	if s == nil {
+	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
+
+	// owner is the connection the session's messages go to; nil once it
+	// has none (ended, replaced, lost). Written under mu only.
+	owner atomic.Pointer[Conn]
+
+	mu   sync.Mutex
+	lost bool // the agent process died
+	// endedDetached and stopReason: a turn ended while its owner had no
+	// socket, and how; a take-over reports it.
+	endedDetached bool
+	stopReason    string
+	// slot is the process's session slot the session holds until it ends.
+	slot *pool.Lease
+}
+
+// newSession makes a session of the link's process owned by c, holding
+// slot.
+func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
+	gwID := c.relay.sealer.Seal(c.scope, agentSID)
+	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, slot: slot}
+	s.owner.Store(c)
+	return s
+}
+
+// Owner is the connection the session's messages go to (nil: none).
+func (s *Session) Owner() *Conn { return s.owner.Load() }
+
+// disown ends c's ownership; false if c did not own it (or it was lost).
+// The session's slot is given back.
+func (s *Session) disown(c *Conn) bool {
+	s.mu.Lock()
+	owned := s.owner.Load() == c && !s.lost
+	var slot *pool.Lease
+	if owned {
+		s.owner.Store(nil)
+		slot = s.takeSlotLocked()
+	}
+	s.mu.Unlock()
+	slot.Release()
+	return owned
+}
+
+// drop ends the session whoever owns it (a failed load, a newer load of the
+// same session) and returns the owner it had.
+func (s *Session) drop() *Conn {
+	s.mu.Lock()
+	owner := s.owner.Swap(nil)
+	slot := s.takeSlotLocked()
+	s.mu.Unlock()
+	slot.Release()
+	return owner
+}
+
+// markLost records that the agent process died; it returns the owner.
+func (s *Session) markLost() *Conn {
+	s.mu.Lock()
+	s.lost = true
+	slot := s.takeSlotLocked()
+	owner := s.owner.Load()
+	s.mu.Unlock()
+	slot.Release()
+	return owner
+}
+
+// takeSlotLocked removes the slot, to be released once (s.mu held).
+func (s *Session) takeSlotLocked() *pool.Lease {
+	slot := s.slot
+	s.slot = nil
+	return slot
+}
+
+// moveOwner makes to the owner if from still owns the session and it is
+// not lost: a take-over. A turn that ended while detached is forgotten.
+func (s *Session) moveOwner(from, to *Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owner.Load() != from || s.lost {
 		return false
 	}
-	p.mu.Lock()
-	owner, running := s.owner, p.promptRunningLocked(s)
-	ended, stop := s.endedDetached, s.stopReason
-	p.mu.Unlock()
-	if owner == nil || owner == c || owner.tenant != c.tenant || !owner.Detached() {
-		return false
-	}
-	turn := "idle"
-	switch {
-	case running:
-		turn = "running"
-	case ended:
-		turn = "ended"
-	}
-	if turn == "idle" {
-		c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
-		return false // the agent replays it; addSession moves the owner
-	}
-	meta := map[string]any{"turn": turn}
-	if turn == "ended" {
-		meta["stopReason"] = stop
-	}
-	result, _ := json.Marshal(map[string]any{"_meta": map[string]any{"acpgate": meta}})
-	// The owner changes with both outboxes held, so that the session's
-	// messages reach c after the answer and the buffered ones, in order.
-	// (Conn.mu comes before Conn.out.mu, as in SocketEnded and Attach.)
-	owner.mu.Lock()
-	since := owner.detachSeq
-	owner.mu.Unlock()
-	owner.out.mu.Lock()
-	buffered := owner.out.sinceLocked(s, since)
-	c.out.mu.Lock()
-	p.mu.Lock()
-	moved := s.owner == owner && !s.lost && owner.out.sink == nil // still detached
-	if moved {
-		s.owner, s.endedDetached, s.stopReason = c, false, ""
-	}
-	p.mu.Unlock()
-	if moved {
-		c.out.deliverLocked(jsonrpc.AppendResult(nil, m.ID, result), nil, false)
-		for _, b := range buffered {
-			c.out.deliverLocked(b, s, false)
-		}
-	}
-	c.out.mu.Unlock()
-	owner.out.mu.Unlock()
-	if !moved {
-		for _, b := range buffered {
-			jsonrpc.PutBuffer(b)
-		}
-		return false
-	}
-	owner.detach(s)
-	c.attach(s)
-	c.ten.event(c.ag.metrics, "loaded")
-	for _, in := range owner.takeAgentReqs(s) {
-		c.adopt(in)
-	}
-	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
-	c.log.Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
-	owner.endIfEmpty()
+	s.owner.Store(to)
+	s.endedDetached, s.stopReason = false, ""
 	return true
 }
 
-// endIfEmpty ends a detached connection left with nothing to resume: no
-// session and no request in flight either way (its sessions were all taken
-// over). Its tenant connection slot is free at once.
-func (c *Conn) endIfEmpty() {
-	c.mu.Lock()
-	empty := c.detached && !c.closed && len(c.sessions) == 0 && len(c.clientReqs) == 0 && len(c.agentReqs) == 0
-	c.mu.Unlock()
-	if empty {
-		c.log.Info("every session of the detached connection was taken over; ending it")
-		c.Close()
-	}
+// isLost reports whether the session's agent process died.
+func (s *Session) isLost() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lost
 }
 
-// heldSession finds the process that serves the agent's session sid.
-func (p *Pool) heldSession(sid string) (*Session, *agentProc) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, a := range p.procs {
-		a.mu.Lock()
-		s := a.sessions[sid]
-		a.mu.Unlock()
-		if s != nil {
-			return s, a
+// endedWhileDetached records that a turn ended while the owner had no
+// socket.
+func (s *Session) endedWhileDetached(stopReason string) {
+	s.mu.Lock()
+	s.endedDetached, s.stopReason = true, stopReason
+	s.mu.Unlock()
+}
+
+// turnState says what a take-over finds: the owner, whether a turn ended
+// while detached, and how.
+func (s *Session) turnState() (owner *Conn, ended bool, stopReason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.owner.Load(), s.endedDetached, s.stopReason
+}
+
+// addSession registers a session the agent now serves for c; cwd is its
+// working directory as the agent got it; it holds slot, committed now.
+// Another connection that held the same agent session loses it: the
+// newest load wins.
+func (l *procLink) addSession(c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
+	s := newSession(l, c, agentSID, cwd, slot)
+	slot.Commit()
+	l.mu.Lock()
+	old, _ := l.setSessionLocked(agentSID, s, anySession)
+	l.mu.Unlock()
+	if old != nil {
+		if prev := old.drop(); prev != nil && prev != c {
+			prev.detach(old)
 		}
 	}
-	return nil, nil
+	return s
 }
 
-// heldByTenant reports whether a connection of tenant holds the agent's
-// session sid.
-func (p *Pool) heldByTenant(sid, tenant string) bool {
-	s, a := p.heldSession(sid)
-	if s == nil {
-		return false
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return s.owner != nil && s.owner.tenant == tenant
+// removeSession forgets s (closed, failed to load, or ended).
+func (l *procLink) removeSession(s *Session) {
+	l.mu.Lock()
+	l.setSessionLocked(s.AgentID, nil, s)
+	l.mu.Unlock()
 }
 
-// promptRunningLocked reports whether a prompt of s is in flight (p.mu
-// held).
-func (p *agentProc) promptRunningLocked(s *Session) bool {
-	for _, r := range p.pending {
-		if r.method == mSessionPrompt && r.sess == s {
-			return true
-		}
-	}
-	return false
-}
-
-// takeAgentReqs removes and returns the agent requests about s waiting for
-// c.
-func (c *Conn) takeAgentReqs(s *Session) []*inReq {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []*inReq
-	for id, in := range c.agentReqs {
-		if in.sess == s {
-			delete(c.agentReqs, id)
-			out = append(out, in)
-		}
-	}
-	return out
-}
-
-// handOver passes in, an agent request that reached c after a take-over
-// moved its session to owner, to the new owner, unless the take-over has
-// taken it from c already (then that take-over sends it).
-func (c *Conn) handOver(in *inReq, owner *Conn) {
-	in.proc.mu.Lock()
-	id := in.connID
-	in.proc.mu.Unlock()
-	c.mu.Lock()
-	mine := c.agentReqs[id] == in
-	if mine {
-		delete(c.agentReqs, id)
-	}
-	c.mu.Unlock()
-	if mine {
-		owner.adopt(in)
-	}
-}
-
-// adopt makes in, an agent request taken over from another connection,
-// c's: it gets an id of c's and is sent again.
-func (c *Conn) adopt(in *inReq) {
-	in.proc.mu.Lock()
-	msg := in.msg
-	if msg == nil {
-		// The agent reader has not sent it yet: it adopts it here once it
-		// has (see agentReader.handleCall).
-		in.pendingTo = c
-	}
-	in.proc.mu.Unlock()
-	if msg == nil {
-		return
-	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return
-	}
-	c.nextID++
-	id := c.nextID
-	c.agentReqs[id] = in
-	c.mu.Unlock()
-	in.proc.mu.Lock()
-	in.conn, in.connID = c, id
-	in.proc.mu.Unlock()
-	if in.answered.Load() {
-		return
-	}
-	var sc jsonrpc.Scanner
-	var m jsonrpc.Message
-	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
-		return
-	}
-	out := jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
-	c.deliver(out)
-}
-
-// promptEnded notes the end of a prompt turn of req.sess, answered by m:
-// for a session whose owner is detached it is kept for a take-over; for a
-// session taken over meanwhile the new owner is told.
-func (p *agentProc) promptEnded(req *outReq, m *jsonrpc.Message) {
-	s := req.sess
-	p.mu.Lock()
-	owner := s.owner
-	p.mu.Unlock()
-	if owner == nil || owner == req.conn && !owner.Detached() {
-		return // the usual case: the client that asked reads the answer
-	}
-	var res struct {
-		StopReason string `json:"stopReason"`
-	}
-	if !m.IsError {
-		_ = json.Unmarshal(m.Payload, &res) // a stopReason only: one small struct
-	}
-	if owner == req.conn { // ended while its owner is detached
-		p.mu.Lock()
-		s.endedDetached, s.stopReason = true, res.StopReason
-		p.mu.Unlock()
-		return
-	}
-	// Taken over while the turn ran: the new owner hears of its end.
-	params := []byte(`{"sessionId":` + string(s.quotedID))
-	if m.IsError {
-		params = append(append(params, `,"error":`...), m.Payload...)
-	} else {
-		params = append(append(params, `,"stopReason":`...), strconv.Quote(res.StopReason)...)
-	}
-	params = append(params, '}')
-	owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
-	req.conn.endIfEmpty()
-}
+// truncate shortens s to n bytes for a log line, marking the cut.
+func truncate(s string, n int) string { return pool.Truncate(s, n) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -113,25 +114,37 @@ func (t *tenant) policy(agent string) *policy.Policy { return t.conf.Load().poli
 // mayUse reports whether the tenant may (now) use the named agent.
 func (t *tenant) mayUse(agent string) bool { return t.conf.Load().mayUse(agent) }
 
-// errQuota is the JSON-RPC error code for a tenant over its session quota.
+// codeQuota is the JSON-RPC error code for a tenant over its session quota.
 const codeQuota = -32005
 
-// tryReserve holds a session slot for a request that may add a session.
-// tryReserve holds a session slot; it returns the limit in force too.
-func (t *tenant) tryReserve() (bool, int) {
+// tryReserve holds a session slot for a request that may add a session,
+// and returns the limit in force too. A move (a session another of the
+// tenant's connections holds, loaded here) is already counted: its slot is
+// held past the cap, so that the holder ending before the move never lets
+// another session in over the quota.
+func (t *tenant) tryReserve(move bool) (bool, int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.maxSessions > 0 && t.sessions+t.pending >= t.maxSessions {
+	if !move && t.maxSessions > 0 && t.sessions+t.pending >= t.maxSessions {
 		return false, t.maxSessions
 	}
 	t.pending++
 	return true, t.maxSessions
 }
 
-func (t *tenant) unreserve() {
+// unreserve gives back a slot tryReserve held. One more than was held is a
+// bug: logged, counted, and ignored.
+func (t *tenant) unreserve(am *agentMetrics, log *slog.Logger) {
 	t.mu.Lock()
-	t.pending--
+	ok := t.pending > 0
+	if ok {
+		t.pending--
+	}
 	t.mu.Unlock()
+	if !ok {
+		am.DoubleReleases.WithLabelValues("tenant_slot").Inc()
+		log.Error("a tenant session slot was given back twice; ignored", "tenant", t.name)
+	}
 }
 
 // added counts n sessions (negative: ended) of the tenant with an agent.
@@ -194,8 +207,7 @@ func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc
 }
 
 // mapToClient rewrites the path and file URI fields of an agent message
-// (fields with parent >= minParent only; -2 = all) from the host root to the
-// virtual root. Host paths outside the root are redacted, except in a
+// from the host root to the virtual root. Host paths outside the root are redacted, except in a
 // request that asks the client to act on the file: then outside is
 // returned as the label of the offending field, and nothing is edited.
 func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined bool) ([]jsonrpc.Edit, string) {

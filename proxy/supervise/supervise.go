@@ -53,10 +53,23 @@ func Run(argv []string, grace time.Duration, parentPID int) int {
 		fmt.Fprintf(os.Stderr, "acpgate supervise: the gateway (pid %d) is gone; not starting the agent\n", parentPID)
 		return 1
 	}
+	agent, code := startAgent(argv)
+	if agent == nil {
+		return code
+	}
+	// Nothing of the gateway's is needed any more; the agent has its copies.
+	os.Stdin.Close()
+	os.Stdout.Close()
+	return wait(agent.Pid, sigs, grace)
+}
+
+// startAgent confines itself if the gateway asked for a sandbox, then
+// starts the agent. On failure it returns nil and the exit code to use.
+func startAgent(argv []string) (*os.Process, int) {
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "acpgate supervise: %v\n", err)
-		return 127
+		return nil, 127
 	}
 	env := os.Environ()
 	if v, ok := os.LookupEnv(sandbox.EnvVar); ok {
@@ -64,7 +77,7 @@ func Run(argv []string, grace time.Duration, parentPID int) int {
 		spec, err := sandbox.Decode(v)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "acpgate supervise: %v; not starting the agent\n", err)
-			return 126
+			return nil, 126
 		}
 		// This goroutine's thread is confined and starts the agent; it is
 		// never unlocked, so no other goroutine runs on it.
@@ -72,7 +85,7 @@ func Run(argv []string, grace time.Duration, parentPID int) int {
 		did, err := sandbox.Confine(spec)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "acpgate supervise: sandbox: %v; not starting the agent\n", err)
-			return 126
+			return nil, 126
 		}
 		fmt.Fprintf(os.Stderr, "acpgate supervise: sandbox: %s\n", did)
 	}
@@ -83,12 +96,15 @@ func Run(argv []string, grace time.Duration, parentPID int) int {
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "acpgate supervise: start %q: %v\n", argv[0], err)
-		return 127
+		return nil, 127
 	}
-	// Nothing of the gateway's is needed any more; the agent has its copies.
-	os.Stdin.Close()
-	os.Stdout.Close()
+	return agent, 0
+}
 
+// wait reaps every child until none is left and returns the agent's exit
+// code. When the agent exits its descendants are killed; a signal passes
+// SIGTERM on to them, and SIGKILL after grace.
+func wait(agentPID int, sigs <-chan os.Signal, grace time.Duration) int {
 	type exit struct {
 		pid    int
 		status syscall.WaitStatus
@@ -120,7 +136,7 @@ func Run(argv []string, grace time.Duration, parentPID int) int {
 				}
 				return code
 			}
-			if e.pid == agent.Pid {
+			if e.pid == agentPID {
 				code = exitCode(e.status)
 				// The agent is gone: whatever it left behind goes too.
 				signalDescendants(syscall.SIGKILL)

@@ -1,0 +1,74 @@
+// Package proxy is acpgate's ACP core: it multiplexes client connections
+// onto pooled agent processes. It knows nothing of HTTP or WebSockets: a
+// transport feeds a Conn the client's frames and gives it a Sink to send
+// through.
+//
+// # The parts and who owns what
+//
+//   - Relay: the registry. It owns the agents (by name), the tenants, the
+//     open connections and the resume tokens, under Relay.mu.
+//   - agent: one named agent. It owns its pool (package pool, which runs and
+//     chooses the processes and knows nothing of messages) and the procLink
+//     of each live process.
+//   - procLink: the relay's side of one process, the pool.Handler the pool
+//     hands the agent's lines, ticks and exit to. It owns the routes of the
+//     messages that cross the process: client requests in flight (pending,
+//     by the agent-side id), agent requests waiting for a client (inbound),
+//     and the process's sessions by the agent's own session ID, in a
+//     copy-on-write map the agent's reader reads without a lock.
+//   - Session: one ACP session, the one place that says who owns it. Its
+//     owner (an atomic pointer the reader loads per message) changes only
+//     through its methods, under its own lock: a load by another connection
+//     (the newest load wins), a take-over of a detached connection's
+//     session, the owner's end, the agent's death. It holds its process
+//     session slot (a pool.Lease) until it ends.
+//   - Conn: one client connection. It owns what it was sent (its outbox:
+//     numbered, kept for a resume), its sessions by the ID it sees, its
+//     requests in flight either way, and its home process lease.
+//   - hold: what handling one client request takes (a tenant slot, a
+//     process slot, the request's count on its process, a load's session
+//     route), made in one place, carried by the outReq and released once,
+//     whichever way the request ends. A second release is logged and
+//     counted (acpgate_double_releases_total).
+//
+// # Lock order
+//
+// Outer before inner; no lock is held while a lock earlier in a line is
+// taken:
+//
+//	Conn.handleMu → Conn.mu → Conn.out.mu → Session.mu
+//	                          Conn.out.mu → the Sink's own lock
+//	Relay.mu → pool.Pool.mu → pool.Process.mu
+//
+// A take-over holds two outboxes at once, always in the order their
+// connections were made (Conn.seq), so two connections taking each other's
+// sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu and
+// Relay.promptMu are leaves: nothing else is taken while one is held, and a
+// lease is released with no lock held.
+//
+// # How a client message travels
+//
+// The transport calls Conn.HandleFrom with a frame. Under handleMu the
+// frame's messages are scanned one at a time (jsonrpc.Scanner, no copy)
+// and checked: rate limits, the initialize handshake, the tenant's policy,
+// paths under the tenant's root. handleCall then lets one small handler per
+// class of message choose the process and take the request's hold: a
+// message about a live session goes to its process; a load or resume to
+// the process that serves the session (or is taken over from a detached
+// connection); session/new to a process with room; anything else to the
+// connection's home process. send tracks the request with the connection
+// and the procLink, splices the edits in (the sealed session ID opened, the
+// id renumbered, paths mapped) and queues the line on the process.
+//
+// # How an agent line travels
+//
+// The process's read goroutine hands each line to its procLink. The
+// agentReader scans it. An answer takes its request from pending, settles
+// what it means for the session (created, loaded, closed, listed), ends the
+// request (its hold released) and is delivered to the client that asked.
+// A request or notification finds its recipient by the session's owner (or
+// the request it is about), passes the tenant's policy and root (or is
+// served by the file stand-in), and is delivered: the Conn's outbox numbers
+// it, keeps it for a resume, and hands it to the Sink, whose bounded queue
+// decides what a slow client costs.
+package proxy

@@ -1,0 +1,263 @@
+package proxy
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/pool"
+)
+
+// procLink is the relay's side of one agent process: the routes of the
+// messages that cross it. The pool calls it (pool.Handler) with the lines
+// the agent writes, once a second to expire what waited too long, and once
+// when the process has exited.
+type procLink struct {
+	// Static after construction.
+	p       *pool.Process
+	ag      *agent
+	fsSlots chan struct{} // file requests the gateway serves in a client's place, in flight
+
+	// Owned by the process's read goroutine (Line).
+	reader *agentReader
+
+	// sessions maps the agent's own session IDs to the live sessions: a
+	// copy-on-write map, so the reader finds a session without a lock.
+	// Written under mu.
+	sessions atomic.Pointer[map[string]*Session]
+
+	mu        sync.Mutex
+	pending   map[int64]*outReq // client→agent requests in flight, by agent-side id
+	inbound   map[string]*inReq // agent→client requests in flight, by the agent's raw id
+	answering int               // prompt answers taken from pending, not yet delivered to their client
+	dead      bool              // the process has exited: nothing more is tracked
+}
+
+// newLink makes the link of a process the agent's pool has just created.
+func (ag *agent) newLink(p *pool.Process) pool.Handler {
+	l := &procLink{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
+		pending: map[int64]*outReq{}, inbound: map[string]*inReq{}}
+	empty := map[string]*Session{}
+	l.sessions.Store(&empty)
+	l.reader = newAgentReader(l)
+	ag.mu.Lock()
+	ag.links[p] = l
+	ag.mu.Unlock()
+	return l
+}
+
+func (l *procLink) String() string { return l.p.String() }
+
+// Line routes one line the agent wrote (pool.Handler).
+func (l *procLink) Line(line []byte) { l.reader.handle(line) }
+
+// Tick expires the requests that waited too long either way (pool.Handler).
+func (l *procLink) Tick(now time.Time) {
+	l.expireRequests(now, l.ag.timeouts.Request, l.ag.timeouts.Prompt)
+	l.expireInbound(now, l.ag.timeouts.ClientRequest)
+}
+
+// Exited fails every route through the process (pool.Handler).
+func (l *procLink) Exited(reason error) {
+	l.failRoutes(reason)
+	l.ag.mu.Lock()
+	delete(l.ag.links, l.p)
+	l.ag.mu.Unlock()
+}
+
+// session finds the live session of the agent's session ID sid.
+func (l *procLink) session(sid []byte) (s *Session, count int) {
+	m := *l.sessions.Load()
+	return m[string(sid)], len(m) // no allocation for a map index
+}
+
+// setSession publishes the session map with sid → s (nil: removed), unless
+// the entry is not old (l.mu held). It returns the session it replaced.
+func (l *procLink) setSessionLocked(sid string, s, old *Session) (replaced *Session, ok bool) {
+	cur := *l.sessions.Load()
+	if prev := cur[sid]; prev != old && old != anySession {
+		return nil, false
+	}
+	next := make(map[string]*Session, len(cur)+1)
+	for k, v := range cur {
+		next[k] = v
+	}
+	replaced = cur[sid]
+	if s == nil {
+		delete(next, sid)
+	} else {
+		next[sid] = s
+	}
+	l.sessions.Store(&next)
+	return replaced, true
+}
+
+// anySession, as the old session of setSessionLocked, replaces whatever is there.
+var anySession = &Session{}
+
+// track registers a client request the process is about to receive and
+// assigns its agent-side id; false once the process has exited.
+func (l *procLink) track(r *outReq) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead {
+		return false
+	}
+	r.agentID, r.link = l.p.NextID(), l
+	l.pending[r.agentID] = r
+	return true
+}
+
+// untrack removes r if it is still in flight; false if someone else took it
+// (answered, expired, or failed by the agent's death).
+func (l *procLink) untrack(r *outReq) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending[r.agentID] != r {
+		return false
+	}
+	delete(l.pending, r.agentID)
+	return true
+}
+
+// fireAndForget sends a request of the gateway's own whose answer nobody
+// waits for.
+func (l *procLink) fireAndForget(method string, params []byte) {
+	l.mu.Lock()
+	if l.dead {
+		l.mu.Unlock()
+		return
+	}
+	id := l.p.NextID()
+	l.pending[id] = &outReq{agentID: id, link: l, method: method, start: time.Now()}
+	l.mu.Unlock()
+	l.p.SendCtrl(append(jsonrpc.AppendRequest(nil, strconv.AppendInt(nil, id, 10), method, params), '\n'))
+}
+
+// answerForClient answers an agent→client request in the client's place:
+// a permission request is cancelled, anything else gets error code.
+func (l *procLink) answerForClient(agentID []byte, method string, code int, why string) {
+	var out []byte
+	if method == mRequestPerm {
+		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
+	} else {
+		out = jsonrpc.AppendError(nil, agentID, code, why, nil)
+	}
+	l.p.SendCtrl(append(out, '\n'))
+}
+
+// failRoutes answers every request still in flight through the dead
+// process and marks its sessions lost.
+func (l *procLink) failRoutes(reason error) {
+	l.mu.Lock()
+	l.dead = true
+	pending, inbound := l.pending, l.inbound
+	l.pending, l.inbound = map[int64]*outReq{}, map[string]*inReq{}
+	sessions := *l.sessions.Load()
+	empty := map[string]*Session{}
+	l.sessions.Store(&empty)
+	l.mu.Unlock()
+	for _, s := range sessions {
+		if owner := s.markLost(); owner != nil {
+			owner.ten.event(owner.ag.metrics, "lost")
+		}
+	}
+	msg := fmt.Sprintf("the agent process exited (%v) before answering", reason)
+	for _, r := range pending {
+		if r.conn != nil {
+			r.end()
+			r.conn.deliver(jsonrpc.AppendError(nil, r.clientID, jsonrpc.CodeInternalError, msg, nil))
+		}
+	}
+	for _, in := range inbound {
+		c, id := in.route()
+		c.forgetAgentReq(id)
+	}
+}
+
+// expireInbound answers, in the client's place, the agent's requests a
+// client has left unanswered for longer than limit: a permission request is
+// cancelled, anything else gets -32603. The client hears nothing more of it;
+// a late answer is dropped.
+func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
+	if limit <= 0 {
+		return
+	}
+	var expired []*inReq
+	l.mu.Lock()
+	for id, in := range l.inbound {
+		if now.Sub(in.start) >= limit && in.claim() {
+			delete(l.inbound, id)
+			expired = append(expired, in)
+		}
+	}
+	l.mu.Unlock()
+	for _, in := range expired {
+		c, id := in.route()
+		c.forgetAgentReq(id)
+		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
+		c.log.Info("the client did not answer an agent request in time; answered in its place",
+			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
+		l.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
+			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))
+	}
+}
+
+// expireRequests answers the client requests an agent has sat on too long.
+func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.Duration) {
+	var expired []*outReq
+	l.mu.Lock()
+	for id, r := range l.pending {
+		limit := reqTimeout
+		if r.method == mSessionPrompt {
+			limit = promptTimeout
+		}
+		if limit <= 0 || now.Sub(r.start) < limit {
+			continue
+		}
+		delete(l.pending, id)
+		expired = append(expired, r)
+	}
+	l.mu.Unlock()
+	for _, r := range expired {
+		l.ag.metrics.AgentProtocolErrors.WithLabelValues("request_timeout").Inc()
+		if r.conn == nil {
+			continue // the gateway's own fire-and-forget request
+		}
+		l.p.Log().Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
+		if r.method == mSessionPrompt && r.sess != nil {
+			l.p.Notify(mSessionCancel, sessionIDObject(r.sess.AgentID))
+		}
+		r.end()
+		r.conn.replyError(r.clientID, jsonrpc.CodeInternalError,
+			fmt.Sprintf("the agent did not answer %s within %s", r.method, now.Sub(r.start).Round(time.Second)), nil)
+	}
+}
+
+// runningPrompts appends the client prompts in flight through the process
+// and counts the prompt answers taken but not yet delivered.
+func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, req := range l.pending {
+		if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+			running = append(running, req)
+		}
+	}
+	return running, l.answering
+}
+
+// promptRunning reports whether a prompt of s is in flight.
+func (l *procLink) promptRunning(s *Session) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.pending {
+		if r.method == mSessionPrompt && r.sess == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,227 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/pool"
+)
+
+// syncBuffer is a log destination tests read while the relay writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A request's hold is given back once: a second release changes nothing,
+// and is counted and logged as the bug it is.
+func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
+	var logs syncBuffer
+	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
+	c := r.newConnForBench(nil)
+	c.log = r.log
+	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	c.ten.maxSessions = 1
+	if ok, _ := c.ten.tryReserve(false); !ok {
+		t.Fatal("the tenant's only slot was refused")
+	}
+	h := &hold{conn: c, quota: true}
+	h.release()
+	h.release()
+	if c.ten.pending != 0 {
+		t.Fatalf("tenant slots pending = %d after one hold was released twice, want 0", c.ten.pending)
+	}
+	if got := counterValue(c.ag.metrics.DoubleReleases.WithLabelValues("hold")); got != 1 {
+		t.Errorf("acpgate_double_releases_total{what=hold} = %v, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "released twice") {
+		t.Errorf("no error logged for the double release: %q", logs.String())
+	}
+	// The tenant slot itself is guarded too.
+	c.ten.unreserve(c.ag.metrics, c.log)
+	if got := counterValue(c.ag.metrics.DoubleReleases.WithLabelValues("tenant_slot")); got != 1 || c.ten.pending != 0 {
+		t.Errorf("a slot given back that was never held: counted %v, pending %d; want 1, 0", got, c.ten.pending)
+	}
+}
+
+// detachedPair is two detached connections of one tenant, each holding a
+// session whose turn ended while it was detached: each may take the other's
+// over with a session/load.
+func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session) {
+	mk := func(id string, seq uint64) *Conn {
+		c := r.newConnForBench(nil) // no sink: detached
+		c.id, c.seq, c.ag, c.log = id, seq, ag, r.log
+		c.ten = r.tenants[""]
+		c.detached, c.initialized = true, true
+		return c
+	}
+	a, b = mk("a", 1), mk("b", 2)
+	sa = l.addSession(a, "sess-a", "/tmp", nil)
+	a.attach(sa)
+	sb = l.addSession(b, "sess-b", "/tmp", nil)
+	b.attach(sb)
+	sa.endedWhileDetached("end_turn")
+	sb.endedWhileDetached("end_turn")
+	return a, b, sa, sb
+}
+
+// loadMsg is a session/load request for gwID, scanned as a connection
+// scans it.
+func loadMsg(t testing.TB, c *Conn, id int, gwID string) *jsonrpc.Message {
+	var sc jsonrpc.Scanner
+	sc.Methods = knownMethods
+	m := new(jsonrpc.Message)
+	frame := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/load","params":{"sessionId":%q,"cwd":"/tmp","mcpServers":[]}}`, id, gwID)
+	if err := sc.Scan([]byte(frame), m, c.resolve); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Two detached connections taking each other's sessions over at the same
+// instant neither deadlock nor lose a session: each ends up with the
+// other's, counted once.
+func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
+	rounds := 1000
+	if testing.Short() {
+		rounds = 100
+	}
+	pol := policy.Default()
+	for i := range rounds {
+		r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: nopMetrics()}
+		ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
+		r.tenants = map[string]*tenant{"": ten}
+		r.conns = map[*Conn]struct{}{}
+		ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+		l := ag.newLink(nil).(*procLink) // take-overs never reach the process
+		a, b, sa, sb := detachedPair(r, ag, l)
+		ma, mb := loadMsg(t, a, 1, sb.GatewayID), loadMsg(t, b, 1, sa.GatewayID)
+		var wg sync.WaitGroup
+		var tookA, tookB bool
+		wg.Add(2)
+		// Each handles its load as its reader does (Conn.handleLocked,
+		// then HandleFrom's check), both at once.
+		var ready sync.WaitGroup
+		ready.Add(2)
+		start := make(chan struct{})
+		takeOver := func(c *Conn, m *jsonrpc.Message, agentSID string, took *bool) {
+			defer wg.Done()
+			c.handleMu.Lock()
+			ready.Done()
+			<-start
+			*took = c.takeOver(m, agentSID)
+			c.handleMu.Unlock()
+			c.endIfEmpty()
+		}
+		go takeOver(a, ma, sb.AgentID, &tookA)
+		go takeOver(b, mb, sa.AgentID, &tookB)
+		ready.Wait()
+		close(start)
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the two take-overs deadlocked", i)
+		}
+		if !tookA || !tookB {
+			t.Fatalf("round %d: take-overs a=%v b=%v, want both", i, tookA, tookB)
+		}
+		if sa.Owner() != b || sb.Owner() != a {
+			t.Fatalf("round %d: session a owned by %v, b by %v; want swapped", i, sa.Owner(), sb.Owner())
+		}
+		if a.sessions[sb.GatewayID] != sb || b.sessions[sa.GatewayID] != sa || len(a.sessions) != 1 || len(b.sessions) != 1 {
+			t.Fatalf("round %d: a holds %v, b holds %v", i, a.sessions, b.sessions)
+		}
+		if ten.sessions != 2 {
+			t.Fatalf("round %d: the tenant counts %d sessions, want 2", i, ten.sessions)
+		}
+		a.out.release()
+		b.out.release()
+	}
+}
+
+// max_sessions holds when the holder of a session ends while another
+// connection's load of it is on its way: the load's slot is held from its
+// quota check on, so no other session takes the one the holder gave back.
+func TestQuotaHeldWhileHolderEndsDuringLoad(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	pol := policy.Default()
+	if err := r.UpdateTenants([]TenantConfig{{Policy: &pol, MaxSessions: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := newTestConn(t, r, "a"), newTestConn(t, r, "b"), newTestConn(t, r, "c")
+	a.init(`{}`)
+	b.init(`{}`)
+	c.init(`{}`)
+	sid := a.newSession("1")
+	agentSID, err := r.sealer.Open(b.c.scope, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b's load of a's session passes its quota check (the session moves:
+	// it is already counted)...
+	m := loadMsg(t, b.c, 2, sid)
+	if !b.c.ag.heldByTenant(agentSID, "") || !b.c.reserveQuota(m, true) {
+		t.Fatal("the load of a session the tenant holds was refused")
+	}
+	h := &hold{conn: b.c, quota: true}
+	// ...then a ends before the session has moved.
+	a.c.Close()
+	// Another client's new session must not take the slot on its way.
+	c.send(`{"jsonrpc":"2.0","id":3,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}`)
+	if got := c.await("3", nil); got.Error == nil || got.Error.Code != codeQuota {
+		t.Fatalf("session/new while a load holds the tenant's last slot: %s, want error %d", got.raw, codeQuota)
+	}
+	// The load goes on and completes.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rt, err := b.c.placeLoad(ctx, m, agentSID, nil, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := m.FieldOf(jsonrpc.FieldSessionID, -1)
+	b.c.send(ctx, m, rt, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}})
+	if got := b.await("2", nil); got.Error != nil {
+		t.Fatalf("session/load: %s", got.raw)
+	}
+	ten := r.tenants[""]
+	ten.mu.Lock()
+	sessions, pending := ten.sessions, ten.pending
+	ten.mu.Unlock()
+	if sessions != 1 || pending != 0 {
+		t.Fatalf("tenant holds %d sessions (%d slots pending), want 1 (max_sessions 1) and 0", sessions, pending)
+	}
+}
+
+// counterValue reads a counter.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,286 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// errAnswered: the handler has answered the client itself (an error, a
+// take-over, a lost session closed); nothing is sent to an agent.
+var errAnswered = errors.New("answered by the gateway")
+
+// routed is where a client message goes and what handling it took.
+type routed struct {
+	link *procLink
+	sess *Session // the session the message is about, if any
+	h    *hold
+}
+
+// handleCall routes a client request or notification to an agent process:
+// it checks the message, lets one handler per class of message choose the
+// process and take what the request holds, then sends it.
+func (c *Conn) handleCall(m *jsonrpc.Message) {
+	isReq := m.Kind == jsonrpc.KindRequest
+	if isReq && c.inFlight(m.ID) {
+		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
+		return
+	}
+	if m.Method == mCancelRequest {
+		c.forwardCancelRequest(m)
+		return
+	}
+	if !c.checkPolicy(m) {
+		return
+	}
+	// Paths are checked before anything is reserved or taken over.
+	edits, pathErr := c.ten.mapToAgent(m, c.edits[:0])
+	if pathErr != nil {
+		c.ten.denied(c.ag.metrics, "path_outside_root")
+		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
+		if isReq {
+			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
+	defer cancel()
+	rt, edits, err := c.route(ctx, m, edits)
+	switch {
+	case errors.Is(err, errAnswered):
+		return
+	case err != nil:
+		c.log.Warn("no agent for request", "method", m.Method, "err", err)
+		if isReq {
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
+		}
+		return
+	}
+	c.send(ctx, m, rt, edits)
+}
+
+// route chooses the handler for the class of m: about a session, creating
+// one, or neither (the connection's home process).
+func (c *Conn) route(ctx context.Context, m *jsonrpc.Message, edits []jsonrpc.Edit) (*routed, []jsonrpc.Edit, error) {
+	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+		rt, agentSID, err := c.routeSession(ctx, m, f)
+		if err != nil {
+			return nil, edits, err
+		}
+		return rt, append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}), nil
+	}
+	if createsSession(m.Method) {
+		rt, err := c.routeCreate(ctx, m)
+		return rt, edits, err
+	}
+	rt, err := c.routeHome(ctx)
+	return rt, edits, err
+}
+
+// routeSession routes a message that names a session: a load or resume, a
+// delete, a close of a lost session, or anything for a live one.
+func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.Field) (*routed, string, error) {
+	gwID, isStr := m.String(f)
+	if !isStr {
+		if m.Kind == jsonrpc.KindRequest {
+			c.replyError(m.ID, jsonrpc.CodeInvalidParams, "params.sessionId must be a string", nil)
+		}
+		return nil, "", errAnswered
+	}
+	c.mu.Lock()
+	sess := c.sessions[gwID]
+	c.mu.Unlock()
+	live := sess != nil && !sess.isLost()
+	switch {
+	case attachesSession(m.Method):
+		return c.routeAttach(ctx, m, gwID, sess, live)
+	case !live && m.Method == mSessionDelete:
+		agentSID, err := c.relay.sealer.Open(c.scope, gwID)
+		if err != nil {
+			c.notFound(m, gwID, false)
+			return nil, "", errAnswered
+		}
+		rt, err := c.routeHome(ctx)
+		return rt, agentSID, err
+	case !live && sess != nil && m.Method == mSessionClose:
+		c.closeLost(m, sess)
+		return nil, "", errAnswered
+	case !live:
+		c.notFound(m, gwID, sess != nil)
+		return nil, "", errAnswered
+	}
+	rt, err := c.routeLive(m, sess)
+	return rt, sess.AgentID, err
+}
+
+// routeAttach routes a session/load or session/resume. A live session of
+// this connection's goes to its process; else a detached connection's
+// session may be taken over, or the load goes to the process that still
+// serves the session (or any with room), and the session is routed to this
+// connection from now on, before the agent replays its history.
+func (c *Conn) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string, sess *Session, live bool) (*routed, string, error) {
+	agentSID, err := c.relay.sealer.Open(c.scope, gwID)
+	if err != nil {
+		c.notFound(m, gwID, false)
+		return nil, "", errAnswered
+	}
+	if live {
+		return &routed{link: sess.link, sess: sess, h: &hold{conn: c}}, agentSID, nil
+	}
+	isReq := m.Kind == jsonrpc.KindRequest
+	if isReq && c.takeOver(m, agentSID) {
+		return nil, "", errAnswered
+	}
+	h := &hold{conn: c}
+	// A lost session this connection holds is still counted. One another
+	// connection of the tenant holds moves here ("the newest load wins"):
+	// its slot is reserved past the cap, so that the holder ending
+	// meanwhile never lets another session in over the quota.
+	if isReq && sess == nil {
+		if !c.reserveQuota(m, c.ag.heldByTenant(agentSID, c.tenant)) {
+			return nil, "", errAnswered
+		}
+		h.quota = true
+	}
+	rt, err := c.placeLoad(ctx, m, agentSID, sess, h)
+	return rt, agentSID, err
+}
+
+// placeLoad finds the process for a load and, for a request, routes the
+// session to c from now on. h holds what the load took so far.
+func (c *Conn) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID string, sess *Session, h *hold) (*routed, error) {
+	lease, err := c.ag.placeSession(ctx, c.profile(), agentSID)
+	if err != nil {
+		h.release()
+		return nil, err
+	}
+	h.slot = lease
+	l := c.ag.link(lease.Process())
+	if m.Kind == jsonrpc.KindRequest {
+		h.attach = l.addSession(c, agentSID, sessionCwd(m), h.takeSlot())
+		c.attach(h.attach)
+	}
+	return &routed{link: l, sess: sess, h: h}, nil
+}
+
+// routeLive routes a message for a live session to its process. A
+// session-creating request naming a session (session/fork) makes a new
+// session on the same process: it takes a tenant slot and a process slot
+// like session/new.
+func (c *Conn) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
+	h := &hold{conn: c}
+	if createsSession(m.Method) && m.Kind == jsonrpc.KindRequest {
+		if !c.reserveQuota(m, false) {
+			return nil, errAnswered
+		}
+		h.quota = true
+		slot, ok := sess.link.p.TryHoldSession()
+		if !ok {
+			h.release()
+			c.replyError(m.ID, codeBusy, "the agent process of this session is full; try again later", nil)
+			return nil, errAnswered
+		}
+		h.slot = slot
+	}
+	return &routed{link: sess.link, sess: sess, h: h}, nil
+}
+
+// routeCreate routes session/new (and the like) to a process with room,
+// holding a tenant slot and a process slot until the agent answers.
+func (c *Conn) routeCreate(ctx context.Context, m *jsonrpc.Message) (*routed, error) {
+	h := &hold{conn: c}
+	if m.Kind == jsonrpc.KindRequest {
+		if !c.reserveQuota(m, false) {
+			return nil, errAnswered
+		}
+		h.quota = true
+	}
+	lease, err := c.ag.pool.Acquire(ctx, c.profile(), true)
+	if err != nil {
+		h.release()
+		return nil, err
+	}
+	h.slot = lease
+	return &routed{link: c.ag.link(lease.Process()), h: h}, nil
+}
+
+// routeHome routes a message that names no session to the connection's
+// home process.
+func (c *Conn) routeHome(ctx context.Context) (*routed, error) {
+	l, err := c.homeProc(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &routed{link: l, h: &hold{conn: c}}, nil
+}
+
+// closeLost answers session/close for a session whose agent died: closing
+// it only has to forget it here.
+func (c *Conn) closeLost(m *jsonrpc.Message, sess *Session) {
+	c.detach(sess)
+	c.ten.event(c.ag.metrics, "closed")
+	if m.Kind == jsonrpc.KindRequest {
+		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
+	}
+}
+
+// send tracks a request (its hold goes with it) and passes the message to
+// its process with the edits spliced in. A notification holds nothing.
+func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits []jsonrpc.Edit) {
+	var req *outReq
+	if m.Kind == jsonrpc.KindRequest {
+		req = c.track(m, rt)
+		if req == nil {
+			return
+		}
+		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
+	} else {
+		rt.h.release()
+	}
+	jsonrpc.SortEdits(edits)
+	c.edits = edits
+	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
+	if rt.sess != nil && m.Method == mSessionPrompt {
+		rt.sess.promptStart.Store(time.Now().UnixNano())
+	}
+	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
+	err := rt.link.p.Send(ctx, out)
+	switch {
+	case err == nil:
+	case req == nil:
+		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
+	case rt.link.untrack(req): // answer only if no one else did (the agent's death answers all)
+		req.end()
+		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+	}
+}
+
+// track registers a request with the connection and its process. It
+// answers and returns nil when either has ended meanwhile.
+func (c *Conn) track(m *jsonrpc.Message, rt *routed) *outReq {
+	req := &outReq{
+		conn:     c,
+		clientID: append([]byte(nil), m.ID...),
+		method:   m.Method,
+		sess:     rt.sess,
+		cwd:      createdCwd(m),
+		start:    time.Now(),
+		hold:     rt.h,
+	}
+	var ok bool
+	if rt.h.request, ok = rt.link.p.HoldRequest(); !ok || !rt.link.track(req) {
+		rt.h.release()
+		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+		return nil
+	}
+	if !c.trackClientReq(req) { // the connection closed meanwhile
+		if rt.link.untrack(req) {
+			req.hold.release()
+		}
+		return nil
+	}
+	return req
+}

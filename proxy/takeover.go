@@ -1,0 +1,247 @@
+package proxy
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// A session's owner can change: a connection that loads (or resumes) a
+// session held by a detached connection of its tenant takes it over. When a
+// turn ran while the owner was detached, the agent is not asked to load a
+// session it is running: the gateway answers the load itself, delivers the
+// session's updates since the detach, and sends the agent's pending
+// requests about it again, with the new connection's ids. Otherwise the
+// load goes to the agent as any load does ("the newest load wins",
+// addSession).
+
+// takeOver serves m, a session/load or session/resume request for the
+// agent's session agentSID, as a take-over if a detached connection of c's
+// tenant holds that session and a turn ran while it was detached. It
+// reports whether it answered m.
+func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
+	s := c.ag.heldSession(agentSID)
+	if s == nil {
+		return false
+	}
+	owner, ended, stop := s.turnState()
+	running := s.link.promptRunning(s)
+	if owner == nil || owner == c || owner.tenant != c.tenant || !owner.Detached() {
+		return false
+	}
+	turn := "idle"
+	switch {
+	case running:
+		turn = "running"
+	case ended:
+		turn = "ended"
+	}
+	if turn == "idle" {
+		c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
+		return false // the agent replays it; addSession moves the owner
+	}
+	meta := map[string]any{"turn": turn}
+	if turn == "ended" {
+		meta["stopReason"] = stop
+	}
+	result, _ := json.Marshal(map[string]any{"_meta": map[string]any{"acpgate": meta}})
+	if !c.moveSession(s, owner, jsonrpc.AppendResult(nil, m.ID, result)) {
+		return false
+	}
+	owner.detach(s)
+	c.attach(s)
+	c.ten.event(c.ag.metrics, "loaded")
+	for _, in := range owner.takeAgentReqs(s) {
+		c.adopt(in)
+	}
+	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
+	c.log.Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
+	owner.endIfEmpty()
+	return true
+}
+
+// moveSession makes c the owner of s, held by the detached connection
+// owner, and delivers answer, then what owner kept of s since it detached.
+// The owner changes with both outboxes held, so that the session's
+// messages reach c after those, in order. The outboxes are locked in the
+// order of their connections (lockOutboxes): two connections taking each
+// other's sessions over at once cannot deadlock.
+func (c *Conn) moveSession(s *Session, owner *Conn, answer []byte) bool {
+	owner.mu.Lock()
+	since := owner.detachSeq
+	owner.mu.Unlock()
+	unlock := lockOutboxes(owner, c)
+	buffered := owner.out.sinceLocked(s, since)
+	moved := owner.out.sink == nil && s.moveOwner(owner, c) // still detached
+	if moved {
+		c.out.deliverLocked(answer, nil, false)
+		for _, b := range buffered {
+			c.out.deliverLocked(b, s, false)
+		}
+	}
+	unlock()
+	if !moved {
+		for _, b := range buffered {
+			jsonrpc.PutBuffer(b)
+		}
+	}
+	return moved
+}
+
+// lockOutboxes locks the outboxes of two connections in the order they
+// were made and returns the unlock.
+func lockOutboxes(a, b *Conn) (unlock func()) {
+	if b.seq < a.seq {
+		a, b = b, a
+	}
+	a.out.mu.Lock()
+	b.out.mu.Lock()
+	return func() {
+		b.out.mu.Unlock()
+		a.out.mu.Unlock()
+	}
+}
+
+// endIfEmpty ends a detached connection left with nothing to resume: no
+// session and no request in flight either way (its sessions were all taken
+// over). Its tenant connection slot is free at once.
+//
+// A connection handling a message (a socket that dropped while its last
+// message was handled) is left alone: its own take-over may be about to
+// give it a session. It checks again when it is done (HandleFrom).
+func (c *Conn) endIfEmpty() {
+	if !c.handleMu.TryLock() {
+		return
+	}
+	defer c.handleMu.Unlock()
+	c.mu.Lock()
+	empty := c.detached && !c.closed && len(c.sessions) == 0 && len(c.clientReqs) == 0 && len(c.agentReqs) == 0
+	c.mu.Unlock()
+	if empty {
+		c.log.Info("every session of the detached connection was taken over; ending it")
+		c.Close()
+	}
+}
+
+// heldSession finds the live session of the agent's session ID sid on any
+// of the agent's processes.
+func (ag *agent) heldSession(sid string) *Session {
+	for _, l := range ag.linkList() {
+		if s, _ := l.session([]byte(sid)); s != nil {
+			return s
+		}
+	}
+	return nil
+}
+
+// heldByTenant reports whether a connection of tenant holds the agent's
+// session sid.
+func (ag *agent) heldByTenant(sid, tenant string) bool {
+	s := ag.heldSession(sid)
+	if s == nil {
+		return false
+	}
+	owner := s.Owner()
+	return owner != nil && owner.tenant == tenant
+}
+
+// takeAgentReqs removes and returns the agent requests about s waiting for
+// c.
+func (c *Conn) takeAgentReqs(s *Session) []*inReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*inReq
+	for id, in := range c.agentReqs {
+		if in.sess == s {
+			delete(c.agentReqs, id)
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// handOver passes in, an agent request that reached c after a take-over
+// moved its session to owner, to the new owner, unless the take-over has
+// taken it from c already (then that take-over sends it).
+func (c *Conn) handOver(in *inReq, owner *Conn) {
+	_, id := in.route()
+	c.mu.Lock()
+	mine := c.agentReqs[id] == in
+	if mine {
+		delete(c.agentReqs, id)
+	}
+	c.mu.Unlock()
+	if mine {
+		owner.adopt(in)
+	}
+}
+
+// adopt makes in, an agent request taken over from another connection,
+// c's: it gets an id of c's and is sent again.
+func (c *Conn) adopt(in *inReq) {
+	in.link.mu.Lock()
+	msg := in.msg
+	if msg == nil {
+		// The agent reader has not sent it yet: it adopts it here once it
+		// has (see agentReader.handleCall).
+		in.pendingTo = c
+	}
+	in.link.mu.Unlock()
+	if msg == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.nextID++
+	id := c.nextID
+	c.agentReqs[id] = in
+	c.mu.Unlock()
+	in.link.mu.Lock()
+	in.conn, in.connID = c, id
+	in.link.mu.Unlock()
+	if in.answered.Load() {
+		return
+	}
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
+		return
+	}
+	out := jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
+	c.deliver(out)
+}
+
+// promptEnded notes the end of a prompt turn of req.sess, answered by m:
+// for a session whose owner is detached it is kept for a take-over; for a
+// session taken over meanwhile the new owner is told.
+func promptEnded(req *outReq, m *jsonrpc.Message) {
+	s := req.sess
+	owner := s.Owner()
+	if owner == nil || owner == req.conn && !owner.Detached() {
+		return // the usual case: the client that asked reads the answer
+	}
+	var res struct {
+		StopReason string `json:"stopReason"`
+	}
+	if !m.IsError {
+		_ = json.Unmarshal(m.Payload, &res) // a stopReason only: one small struct
+	}
+	if owner == req.conn { // ended while its owner is detached
+		s.endedWhileDetached(res.StopReason)
+		return
+	}
+	// Taken over while the turn ran: the new owner hears of its end.
+	params := []byte(`{"sessionId":` + string(s.quotedID))
+	if m.IsError {
+		params = append(append(params, `,"error":`...), m.Payload...)
+	} else {
+		params = append(append(params, `,"stopReason":`...), strconv.Quote(res.StopReason)...)
+	}
+	params = append(params, '}')
+	owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
+	req.conn.endIfEmpty()
+}
