@@ -48,6 +48,7 @@ type wsConn struct {
 	tenantLabel string
 
 	maxMsgs, maxBytes int
+	keepsSent         bool // the connection keeps what it sends: Send borrows messages, never pools them
 
 	bg sync.WaitGroup // writer, frame handler and timer runs
 
@@ -179,6 +180,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	c.keepsSent = c.conn.KeepsSent()
 	s.mu.Lock()
 	if s.drain.Load() {
 		s.mu.Unlock()
@@ -429,7 +431,7 @@ func (c *wsConn) Send(msg []byte, wait bool) bool {
 	}
 	if c.closing || c.done || c.ctx.Err() != nil {
 		c.mu.Unlock()
-		jsonrpc.PutBuffer(msg) // the sink owns msg: refused, it goes back to the pool
+		c.giveBack(msg) // refused: it goes back to the pool, unless borrowed
 		return false
 	}
 	if full() {
@@ -437,13 +439,13 @@ func (c *wsConn) Send(msg []byte, wait bool) bool {
 		c.closing = true
 		c.closeCode, c.closeReason, c.closeLabel = websocket.StatusPolicyViolation, "client too slow: send queue full", "slow_client"
 		for i, m := range c.q {
-			jsonrpc.PutBuffer(m)
+			c.giveBack(m)
 			c.q[i] = nil
 		}
 		c.q, c.qBytes = c.q[:0], 0
 		c.startWriterLocked()
 		c.mu.Unlock()
-		jsonrpc.PutBuffer(msg)
+		c.giveBack(msg)
 		c.s.metrics.slowDisconnects.Inc()
 		c.log.Warn("closing slow client", "queued_msgs", queued, "queued_bytes", bytes)
 		return false
@@ -545,6 +547,15 @@ func (c *wsConn) writeLoop() {
 	}
 }
 
+// giveBack returns a message the socket is done with to the buffer pool,
+// unless the connection keeps it for a resume (proxy.Sink.Send): then the
+// relay's outbox owns it.
+func (c *wsConn) giveBack(msg []byte) {
+	if !c.keepsSent {
+		jsonrpc.PutBuffer(msg)
+	}
+}
+
 func (c *wsConn) writeBatch(batch [][]byte) error {
 	c.nc.cork()
 	for i, msg := range batch {
@@ -556,7 +567,7 @@ func (c *wsConn) writeBatch(batch [][]byte) error {
 		c.msgsOut.Add(1)
 		c.bytesOut.Add(int64(len(msg)))
 		c.lastWrite.Store(now) // progress: the cork flushes as it fills
-		jsonrpc.PutBuffer(msg)
+		c.giveBack(msg)
 		batch[i] = nil
 	}
 	return c.nc.uncork()

@@ -21,7 +21,10 @@ import (
 // WebSocket and over Streamable HTTP's event streams. A connection's sink
 // changes when the client resumes on a new socket (Conn.Attach).
 type Sink interface {
-	// Send queues msg (the sink owns it from now on). With wait false it
+	// Send queues msg. The sink owns msg from now on (it may give it back
+	// to jsonrpc's buffer pool once written), unless the connection keeps
+	// what it sends for a resume (Conn.KeepsSent): then the sink only
+	// borrows msg and must neither change nor pool it. With wait false it
 	// never blocks: when the client has fallen too far behind, the sink
 	// closes its socket and returns false (the connection then detaches and
 	// keeps the messages for a resume). With wait true it may wait, up to
@@ -81,6 +84,7 @@ type Conn struct {
 
 	// Static after construction.
 	token string // the resume token ("" = resume off); never logged
+	keeps bool   // the outbox keeps what it sends: sinks borrow messages (Sink.Send)
 	onEnd func()
 
 	out  outbox       // what the client is sent, numbered, kept for a resume
@@ -110,6 +114,11 @@ func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	}
 	return paramsSpec(m.Method, true)
 }
+
+// KeepsSent reports whether the connection keeps what it sends for a
+// resume: its sinks borrow the messages they are sent and must not pool
+// them (Sink.Send).
+func (c *Conn) KeepsSent() bool { return c.keeps }
 
 // ID returns the connection ID.
 func (c *Conn) ID() string { return c.id }

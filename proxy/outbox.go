@@ -9,7 +9,7 @@ import (
 // outbox is everything a connection sends its client, in order and
 // numbered from 1 (the client counts what it receives the same way). While
 // a socket is attached a message is handed to its sink at once. The outbox
-// also keeps a copy of the most recent messages, up to limit bytes, so that
+// also keeps the most recent messages, up to limit bytes, so that
 // a client whose socket died can resume from the last message it received,
 // even if messages were in flight when the socket died. A message the
 // client is known to have read (the socket answered a ping sent after it:
@@ -18,6 +18,14 @@ import (
 // attached (detached) messages are only kept; one that would have to be
 // dropped before any socket got it ends the connection (overflow), since it
 // could no longer be resumed exactly.
+//
+// A kept message is the very buffer the sink was handed, not a copy: while
+// the outbox keeps messages (limit > 0, Conn.KeepsSent) the sink only
+// borrows them and never gives them back to the buffer pool. The outbox
+// gives a buffer back once the client is known to have read it (so the
+// sink has written it), unless a superseded sink may still hold it
+// (shared); one it drops for room, or at the end, is left to the garbage
+// collector, since a sink may still be writing it.
 //
 // The outbox decides nothing about the socket's own queue: the sink does
 // (Sink.Send).
@@ -32,16 +40,17 @@ type outbox struct {
 	// The current sink's first numbered message is sinkBase+1, after
 	// sinkExtra messages of its own (the _acpgate/resumed notification).
 	sinkBase, sinkExtra int64
+	shared              int64 // kept messages up to this one may be held by a superseded sink: never pooled
 	kept                []outEntry
 	first               int // kept[first:] are live (the rest are spent slots)
-	bytes               int // capacity of the kept copies
+	bytes               int // capacity of the kept buffers
 	overflow            bool
 }
 
 // outEntry is one kept message.
 type outEntry struct {
 	seq  int64
-	data []byte   // a pooled copy
+	data []byte   // the buffer the sink was handed
 	sess *Session // the session it is about, if any (take-over)
 }
 
@@ -58,10 +67,12 @@ func (o *outbox) deliver(msg []byte, sess *Session, wait bool) (overflow bool) {
 func (o *outbox) deliverLocked(msg []byte, sess *Session, wait bool) (overflow bool) {
 	o.sent++
 	if o.limit > 0 {
-		o.keep(msg, sess)
+		msg = o.keep(msg, sess)
 	}
 	if o.sink == nil {
-		jsonrpc.PutBuffer(msg)
+		if o.limit == 0 {
+			jsonrpc.PutBuffer(msg)
+		}
 		return o.overflow
 	}
 	o.handed = o.sent
@@ -69,46 +80,40 @@ func (o *outbox) deliverLocked(msg []byte, sess *Session, wait bool) (overflow b
 	return false
 }
 
-// keep copies msg into the replay buffer and drops the oldest copies past
-// the limit (o.mu held).
-func (o *outbox) keep(msg []byte, sess *Session) {
-	// Make room first; the buffer of a copy dropped for it is reused when
-	// its size fits (a stream's messages are alike: no pool round trip).
-	var c []byte
-	need := max(len(msg), 512)
-	for o.bytes+need > o.limit && o.first < len(o.kept) {
+// keep keeps msg in the replay buffer and drops the oldest messages past
+// the limit (o.mu held). A dropped buffer is not pooled: the sink may not
+// have written it yet. It returns the buffer to send: msg itself, or, when
+// msg sits in a pooled buffer much bigger than it (which would pin memory
+// and count against the limit), a copy that fits; no one else holds msg
+// yet, so it goes back to the pool.
+func (o *outbox) keep(msg []byte, sess *Session) []byte {
+	if !fits(cap(msg), len(msg)) {
+		c := append(make([]byte, 0, len(msg)), msg...)
+		jsonrpc.PutBuffer(msg)
+		msg = c
+	}
+	size := max(cap(msg), 512)
+	for o.bytes+size > o.limit && o.first < len(o.kept) {
 		e := &o.kept[o.first]
 		if e.seq > o.handed {
 			o.overflow = true // no socket ever got it: resume is no longer exact
 		}
-		o.bytes -= cap(e.data)
-		if c == nil && fits(cap(e.data), len(msg)) {
-			c = e.data[:0]
-		} else {
-			jsonrpc.PutBuffer(e.data)
-		}
+		o.bytes -= max(cap(e.data), 512)
 		*e = outEntry{}
 		o.first++
 	}
-	if c == nil {
-		if c = jsonrpc.GetBuffer(len(msg)); !fits(cap(c), len(msg)) {
-			// A big pooled buffer would pin memory and count against the limit.
-			jsonrpc.PutBuffer(c)
-			c = make([]byte, 0, len(msg))
-		}
-	}
-	c = append(c, msg...)
-	o.kept = append(o.kept, outEntry{seq: o.sent, data: c, sess: sess})
-	o.bytes += cap(c)
+	o.kept = append(o.kept, outEntry{seq: o.sent, data: msg, sess: sess})
+	o.bytes += size
 	if o.first > 64 && o.first*2 > len(o.kept) { // compact the spent slots
 		n := copy(o.kept, o.kept[o.first:])
 		clear(o.kept[n:])
 		o.kept, o.first = o.kept[:n], 0
 	}
+	return msg
 }
 
-// fits reports whether a buffer of capacity c suits a copy of n bytes: big
-// enough, and not so big that it wastes memory.
+// fits reports whether a buffer of capacity c suits a message of n bytes:
+// big enough, and not so big that it wastes memory.
 func fits(c, n int) bool { return c >= n && c <= 2*n+1024 }
 
 // canResumeLocked reports whether every message after the first received is
@@ -127,11 +132,12 @@ func (o *outbox) canResumeLocked(received int64) bool {
 // (o.mu held).
 func (o *outbox) replayLocked(sink Sink, received int64) {
 	o.sinkBase, o.sinkExtra = received, 1
+	o.shared = o.sent // the old sink may still be writing any of them
 	for i := o.first; i < len(o.kept); i++ {
 		if e := &o.kept[i]; e.seq > received {
 			// May wait for room: a replay can hold more messages than a
 			// send queue takes at once, and this client is reading.
-			sink.Send(append(jsonrpc.GetBuffer(len(e.data)), e.data...), true)
+			sink.Send(e.data, true)
 		}
 	}
 	o.handed = o.sent
@@ -159,8 +165,10 @@ func (o *outbox) ackLocked(written int64) {
 	o.acked = acked
 	for o.first < len(o.kept) && o.kept[o.first].seq <= acked {
 		e := &o.kept[o.first]
-		o.bytes -= cap(e.data)
-		jsonrpc.PutBuffer(e.data)
+		o.bytes -= max(cap(e.data), 512)
+		if e.seq > o.shared { // written by the current sink, and read
+			jsonrpc.PutBuffer(e.data)
+		}
 		*e = outEntry{}
 		o.first++
 	}
@@ -176,13 +184,11 @@ func (o *outbox) keptBytes() int {
 	return o.bytes
 }
 
-// release gives every kept copy back.
+// release forgets every kept message; the buffers are left to the garbage
+// collector, since a sink may still be writing them.
 func (o *outbox) release() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for i := o.first; i < len(o.kept); i++ {
-		jsonrpc.PutBuffer(o.kept[i].data)
-	}
 	o.kept, o.first, o.bytes, o.sink = nil, 0, 0, nil
 	o.limit = 0 // the connection has ended: nothing more is kept
 }

@@ -236,6 +236,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
 		c.out.limit = r.resume.ReplayBufferBytes
 		c.token = r.newResumeToken()
+		c.keeps = true
 	}
 	r.mu.Lock()
 	if ag.retired.Load() || r.agents[name] != ag { // retired meanwhile: CloseAgent would miss it

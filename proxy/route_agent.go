@@ -377,9 +377,10 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 // root, is refused to the agent; a file request the gateway stands in for
 // is served. ok reports whether m goes on to the client.
 func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Edit, ok bool) {
-	conn, isReq, log := rc.conn, m.Kind == jsonrpc.KindRequest, r.l.p.Log()
+	conn, isReq := rc.conn, m.Kind == jsonrpc.KindRequest
 	standIn, err := r.allowAgent(conn, m.Method)
 	if err != nil {
+		log := r.l.p.Log()
 		conn.ten.denied(conn.ag.metrics, "agent_method")
 		if !isReq {
 			log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
@@ -393,7 +394,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 	if outside != "" {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
-		log.Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
+		r.l.p.Log().Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
 		conn.ten.denied(conn.ag.metrics, "path_outside_root")
 		r.refuse(m, jsonrpc.CodeInvalidParams, "params."+outside+": outside the workspace of this session; the gateway refused it")
 		return nil, false
