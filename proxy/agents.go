@@ -83,12 +83,9 @@ type agent struct {
 	links map[*pool.Process]*procLink // the live processes' links
 }
 
-// link returns the link of one of the agent's processes.
-func (ag *agent) link(p *pool.Process) *procLink {
-	ag.mu.Lock()
-	defer ag.mu.Unlock()
-	return ag.links[p]
-}
+// link returns the link of one of the agent's processes (its handler,
+// made by newLink), even once it has exited.
+func (ag *agent) link(p *pool.Process) *procLink { return p.Handler().(*procLink) }
 
 // linkList is a snapshot of the agent's links.
 func (ag *agent) linkList() []*procLink {

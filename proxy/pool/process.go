@@ -111,6 +111,9 @@ func (a *Process) Alive() bool { return a.State() == Ready }
 // Retiring reports whether the process takes no new sessions.
 func (a *Process) Retiring() bool { return a.retiring.Load() }
 
+// Handler is the process's handler (Config.NewHandler).
+func (a *Process) Handler() Handler { return a.handler }
+
 // Init is the agent's answer to the pool's initialize (zero before Ready).
 func (a *Process) Init() Init { return a.init }
 
