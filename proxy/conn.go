@@ -36,6 +36,25 @@ type Sink interface {
 	Supersede()
 }
 
+// FactSink is a Sink that routes a message by what the relay already knows
+// of it instead of scanning it again (Streamable HTTP picks the stream an
+// event goes to by the answer's id, or the call's method and session).
+// SendScanned is Send with those facts: id is the client's raw id of an
+// answer (nil for a call), method a call's method, sessionID the session
+// ID the client sees ("" for none).
+type FactSink interface {
+	SendScanned(msg, id []byte, method, sessionID string, wait bool) bool
+}
+
+// Facts are what the relay knows of a message it delivers (FactSink).
+type Facts struct {
+	ID        []byte
+	Method    string
+	SessionID string
+}
+
+func (f Facts) known() bool { return f.ID != nil || f.Method != "" }
+
 // ConnInfo identifies a client connection.
 type ConnInfo struct {
 	ID     string // connection ID (the Acp-Connection-Id header)
@@ -124,11 +143,12 @@ func (c *Conn) KeepsSent() bool { return c.keeps }
 func (c *Conn) ID() string { return c.id }
 
 // deliver sends a message to the client.
-func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, false) }
+func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, Facts{}, false) }
 
 // deliverFor sends a message about session sess (nil: none) to the client;
-// wait allows backpressure (see Sink.Send).
-func (c *Conn) deliverFor(msg []byte, sess *Session, wait bool) {
+// f is what the relay knows of it (FactSink); wait allows backpressure
+// (see Sink.Send).
+func (c *Conn) deliverFor(msg []byte, sess *Session, f Facts, wait bool) {
 	o := &c.out
 	o.mu.Lock()
 	if sess != nil && o.sink == nil {
@@ -137,11 +157,11 @@ func (c *Conn) deliverFor(msg []byte, sess *Session, wait bool) {
 		// check holds until the message is kept.
 		if owner := sess.Owner(); owner != nil && owner != c {
 			o.mu.Unlock()
-			owner.deliverFor(msg, sess, wait)
+			owner.deliverFor(msg, sess, f, wait)
 			return
 		}
 	}
-	overflow := o.deliverLocked(msg, sess, wait)
+	overflow := o.deliverLocked(msg, sess, f, wait)
 	o.mu.Unlock()
 	if overflow {
 		c.overflowed()

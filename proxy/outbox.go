@@ -61,10 +61,12 @@ type outEntry struct {
 func (o *outbox) deliver(msg []byte, sess *Session, wait bool) (overflow bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.deliverLocked(msg, sess, wait)
+	return o.deliverLocked(msg, sess, Facts{}, wait)
 }
 
-func (o *outbox) deliverLocked(msg []byte, sess *Session, wait bool) (overflow bool) {
+// deliverLocked is deliver with o.mu held; f is what the relay knows of msg
+// (zero: nothing), for a sink that routes by it (FactSink).
+func (o *outbox) deliverLocked(msg []byte, sess *Session, f Facts, wait bool) (overflow bool) {
 	o.sent++
 	if o.limit > 0 {
 		msg = o.keep(msg, sess)
@@ -76,7 +78,11 @@ func (o *outbox) deliverLocked(msg []byte, sess *Session, wait bool) (overflow b
 		return o.overflow
 	}
 	o.handed = o.sent
-	o.sink.Send(msg, wait)
+	if fs, ok := o.sink.(FactSink); ok && f.known() {
+		fs.SendScanned(msg, f.ID, f.Method, f.SessionID, wait)
+	} else {
+		o.sink.Send(msg, wait)
+	}
 	return false
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -224,4 +225,66 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// factSink is a sink that routes by the relay's facts (FactSink): it
+// records them next to each message.
+type factSink struct {
+	sink
+	mu    sync.Mutex
+	facts map[string]Facts // by message
+}
+
+func (s *factSink) SendScanned(msg, id []byte, method, sessionID string, wait bool) bool {
+	s.mu.Lock()
+	s.facts[string(msg)] = Facts{ID: append([]byte(nil), id...), Method: method, SessionID: sessionID}
+	s.mu.Unlock()
+	return s.Send(msg, wait)
+}
+
+// A sink that routes by facts gets, with each answer and each session
+// update, what a scan of the message would find: the answer's id, the
+// update's method and the session ID the client sees.
+func TestFactSinkGetsWhatAScanFinds(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	s := &factSink{sink: sink{ch: make(chan []byte, 1000)}, facts: map[string]Facts{}}
+	c, err := r.NewConn(ConnInfo{ID: "facts"}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testConn{t: t, c: c, s: &s.sink}
+	t.Cleanup(c.Close)
+	tc.init(`{}`)
+	sid := tc.newSession("1")
+	tc.send(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"hello"}]}}`)
+	updates := 0
+	tc.await("2", func(m msg) {
+		if m.Method == "session/update" {
+			updates++
+		}
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	answers, scanned := 0, 0
+	for raw, f := range s.facts {
+		var m msg
+		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+			t.Fatal(err)
+		}
+		var p struct {
+			SessionID string `json:"sessionId"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		switch {
+		case m.Method == "" && string(f.ID) == string(m.ID) && f.Method == "":
+			answers++
+		case m.Method != "" && f.ID == nil && f.Method == m.Method && f.SessionID == p.SessionID && p.SessionID == sid:
+			scanned++
+		default:
+			t.Errorf("facts %+v for %s", f, raw)
+		}
+	}
+	if answers < 2 || scanned != updates || updates == 0 {
+		t.Errorf("facts for %d answers and %d of %d updates", answers, scanned, updates)
+	}
 }

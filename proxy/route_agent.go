@@ -122,7 +122,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	r.edits = edits
 	out := c.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	l.ag.metrics.message(dirAgentToClient, req.method, len(out))
-	c.deliver(out)
+	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
 }
 
 // takeAnswered takes the request an answer is for out of the table; a
@@ -293,7 +293,11 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	out := r.splice(m, rc.conn, edits)
 	// A notification about a session is kept with it for a take-over.
 	// Backpressure only when no other client's session shares the process.
-	rc.conn.deliverFor(out, rc.sess, rc.solo)
+	f := Facts{Method: m.Method}
+	if rc.sess != nil {
+		f.SessionID = rc.sess.GatewayID
+	}
+	rc.conn.deliverFor(out, rc.sess, f, rc.solo)
 }
 
 // recipient is who an agent message goes to, and the edits so far.

@@ -75,9 +75,9 @@ func (c *Conn) moveSession(s *Session, owner *Conn, answer []byte) bool {
 	buffered := owner.out.sinceLocked(s, since)
 	moved := owner.out.sink == nil && s.moveOwner(owner, c) // still detached
 	if moved {
-		c.out.deliverLocked(answer, nil, false)
+		c.out.deliverLocked(answer, nil, Facts{}, false)
 		for _, b := range buffered {
-			c.out.deliverLocked(b, s, false)
+			c.out.deliverLocked(b, s, Facts{}, false)
 		}
 	}
 	unlock()
