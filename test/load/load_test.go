@@ -20,7 +20,11 @@ func TestQuick(t *testing.T) {
 	for _, scenario := range []string{"stream", "fanin", "idle", "setup"} {
 		t.Run(scenario, func(t *testing.T) {
 			out := filepath.Join(dir, scenario+".json")
-			cmd := exec.Command(loadBin, "-scenario", scenario, "-quick", "-out", out, "-gateway-bin", gwBin, "-timeout", "2m")
+			args := []string{"-scenario", scenario, "-quick", "-out", out, "-gateway-bin", gwBin, "-timeout", "2m"}
+			if scenario == "stream" {
+				args = append(args, "-resume-off") // the default and resume off, side by side
+			}
+			cmd := exec.Command(loadBin, args...)
 			cmd.Dir = dir
 			output, err := cmd.CombinedOutput()
 			if err != nil {
@@ -40,6 +44,12 @@ func TestQuick(t *testing.T) {
 			switch scenario {
 			case "stream":
 				checkStream(t, res.Stream, "gateway")
+				checkStream(t, res.Stream, "gateway"+resumeOffName)
+				for _, c := range res.Stream.Cases {
+					if c.ResumeOnVsOff <= 0 {
+						t.Errorf("stream %d B: no resume on ÷ off ratio", c.Size)
+					}
+				}
 			case "fanin":
 				checkFanin(t, res.Fanin)
 			case "idle":

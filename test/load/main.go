@@ -121,7 +121,10 @@ type harness struct {
 	gatewayBin string // the acpgate binary
 	// More acpgate builds to compare in the stream scenario (-gateway-bin
 	// A,B,...: the first is "gateway", the others "gateway <file name>").
-	otherBins  []string
+	otherBins []string
+	// resumeOff adds, in the stream scenario, the gateway with resume off
+	// (sessions.detach_timeout 0: no replay buffer) next to the default.
+	resumeOff  bool
 	websocketd string // "" when not installed
 	tmp        string
 	c          counts
@@ -192,6 +195,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	p99Target := fs.Duration("p99-target", 0, "fanin: the p99 a rate search step must stay under (default 5ms)")
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
 	transport := fs.String("transport", "ws", "stream and fanin: the gateway paths' client transport: ws (WebSocket), http (Streamable HTTP: POST, SSE) or both")
+	resumeOff := fs.Bool("resume-off", false, "stream: also measure the gateway with resume off (sessions.detach_timeout: 0, no replay buffer) side by side with the default, over WebSocket")
 	httpClient := fs.String("http-client", "lean", "fanin over HTTP: how clients POST: lean (each writes its POSTs on a keep-alive connection and reads the answers itself) or nethttp (Go's http.Client)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -294,6 +298,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	}
 	bins := strings.Split(*gatewayBin, ",")
 	h.gatewayBin, h.otherBins = bins[0], bins[1:]
+	h.resumeOff = *resumeOff
 	if h.gatewayBin == "" {
 		h.gatewayBin = filepath.Join(h.tmp, "acpgate")
 		fmt.Fprintln(stderr, "load: building ./cmd/acpgate")

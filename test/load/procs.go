@@ -348,6 +348,7 @@ type gwConfig struct {
 	minIdle, maxProcs, perProc int
 	queueMsgs, queueBytes      int
 	noRateLimit                bool // limits.messages_per_second: 0 (capacity runs)
+	noResume                   bool // sessions.detach_timeout: 0 (no replay buffer)
 }
 
 // gatewayYAML is the configuration file the gateway runs with: the load
@@ -375,6 +376,9 @@ limits:
 `, listen, h.exe, o.minIdle, o.maxProcs, o.perProc, o.queueMsgs, o.queueBytes)
 	if o.noRateLimit && !h.noRateKey {
 		b.WriteString("  messages_per_second: 0\n")
+	}
+	if o.noResume {
+		b.WriteString("sessions: {detach_timeout: 0s}\n")
 	}
 	b.WriteString("log: {level: warn}\n")
 	if !h.noPolicyKey {

@@ -233,6 +233,10 @@ type streamCase struct {
 	// websocketd.
 	HTTPVsWS         float64 `json:"gateway_http_vs_ws,omitempty"`
 	HTTPVsWebsocketd float64 `json:"gateway_http_vs_websocketd,omitempty"`
+	// With -resume-off: the gateway as configured out of the box (resume
+	// on, every message kept for a resume) over the same gateway with
+	// resume off, both over a WebSocket.
+	ResumeOnVsOff float64 `json:"gateway_resume_on_vs_off,omitempty"`
 	// Peak RSS (VmHWM) of the gateway and websocketd processes after this
 	// case (cumulative over the cases run so far): what queueing costs.
 	GatewayPeakRSS    int64          `json:"gateway_peak_rss_bytes"`
@@ -292,13 +296,24 @@ func (h *harness) runStream() (*streamResult, error) {
 	}
 	defer gw.stop()
 	var others []*server
+	var otherNames []string
 	for _, bin := range h.otherBins {
 		g, err := h.startGatewayBin(bin, cfg, true)
 		if err != nil {
 			return nil, err
 		}
 		defer g.stop()
-		others = append(others, g)
+		others, otherNames = append(others, g), append(otherNames, "gateway "+filepath.Base(bin))
+	}
+	if h.resumeOff {
+		off := cfg
+		off.noResume = true
+		g, err := h.startGateway(off, true)
+		if err != nil {
+			return nil, err
+		}
+		defer g.stop()
+		others, otherNames = append(others, g), append(otherNames, "gateway"+resumeOffName)
 	}
 	var wsd *server
 	if h.websocketd != "" {
@@ -346,9 +361,7 @@ func (h *harness) runStream() (*streamResult, error) {
 		// "gateway (HTTP)" is the same gateway over Streamable HTTP.
 		gws := []*server{gw}
 		names := []string{"gateway"}
-		for i, g := range others {
-			gws, names = append(gws, g), append(names, "gateway "+filepath.Base(h.otherBins[i]))
-		}
+		gws, names = append(gws, others...), append(names, otherNames...)
 		for i, g := range gws {
 			if h.uses("ws") {
 				targets = append(targets, target{path: names[i], mode: "ws", url: g.url, sub: "acp", srv: g})
@@ -394,6 +407,9 @@ func (h *harness) runStream() (*streamResult, error) {
 		if g, w := byName["gateway"+httpSuffix], byName["websocketd"]; g != nil && w != nil && w.MsgsPerSec > 0 {
 			c.HTTPVsWebsocketd = g.MsgsPerSec / w.MsgsPerSec
 		}
+		if on, off := byName["gateway"], byName["gateway"+resumeOffName]; on != nil && off != nil && off.MsgsPerSec > 0 {
+			c.ResumeOnVsOff = on.MsgsPerSec / off.MsgsPerSec
+		}
 		if h.profile != "" && h.uses("ws") {
 			p, err := h.profileStream(cfg, c, "ws")
 			if err != nil {
@@ -414,6 +430,10 @@ func (h *harness) runStream() (*streamResult, error) {
 	}
 	return res, nil
 }
+
+// resumeOffName names the gateway with resume off among the compared ones
+// (-resume-off): "gateway (resume off)".
+const resumeOffName = " (resume off)"
 
 func (p *streamPath) aggregate() {
 	var rate, mb, first, srv, cli, agt []float64
@@ -613,6 +633,9 @@ func (r *streamResult) print(w io.Writer) {
 		}
 		fmt.Fprintf(tw, "\tgateway ÷ direct\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsDirect))
 		fmt.Fprintf(tw, "\tgateway ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsWebsocketd))
+		if c.ResumeOnVsOff != 0 {
+			fmt.Fprintf(tw, "\tgateway ÷ gateway%s\t%s\t\t\t\t\t\t\t\n", resumeOffName, fmtRatio(c.ResumeOnVsOff))
+		}
 		if c.HTTPVsWS != 0 || c.HTTPVsWebsocketd != 0 {
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ gateway (WebSocket)\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWS))
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWebsocketd))
