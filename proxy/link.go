@@ -249,15 +249,3 @@ func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
 	}
 	return running, l.answering
 }
-
-// promptRunning reports whether a prompt of s is in flight.
-func (l *procLink) promptRunning(s *Session) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.pending {
-		if r.method == mSessionPrompt && r.sess == s {
-			return true
-		}
-	}
-	return false
-}

@@ -72,17 +72,22 @@ type outReq struct {
 	sess     *Session // the session the request is about, if any
 	cwd      string   // session/new and the like: the cwd the client asked for
 	start    time.Time
-	hold     *hold // nil for the gateway's own requests
+	hold     *hold       // nil for the gateway's own requests
+	ended    atomic.Bool // end has run (Session.promptStarted)
 }
 
 // end finishes a request that has been taken from its process's table:
 // the connection forgets it and its hold is released.
 func (r *outReq) end() {
+	r.ended.Store(true)
 	if r.conn != nil {
 		r.conn.forgetClientReq(r)
 	}
 	r.hold.release()
 	if r.method == mSessionPrompt && r.conn != nil {
+		if r.sess != nil {
+			r.sess.promptDone(r)
+		}
 		r.conn.relay.promptsChanged()
 	}
 }

@@ -33,6 +33,8 @@ type Session struct {
 	// socket, and how; a take-over reports it.
 	endedDetached bool
 	stopReason    string
+	// prompt is the session's turn in flight (nil: none).
+	prompt *outReq
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
 }
@@ -121,12 +123,31 @@ func (s *Session) endedWhileDetached(stopReason string) {
 	s.mu.Unlock()
 }
 
-// turnState says what a take-over finds: the owner, whether a turn ended
-// while detached, and how.
-func (s *Session) turnState() (owner *Conn, ended bool, stopReason string) {
+// turnState says what a take-over finds: the owner, whether a turn is
+// running, whether one ended while detached, and how.
+func (s *Session) turnState() (owner *Conn, running, ended bool, stopReason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.owner.Load(), s.endedDetached, s.stopReason
+	return s.owner.Load(), s.prompt != nil, s.endedDetached, s.stopReason
+}
+
+// promptStarted records the session's turn in flight, unless it has ended
+// already (the agent died as it was sent).
+func (s *Session) promptStarted(r *outReq) {
+	s.mu.Lock()
+	if !r.ended.Load() {
+		s.prompt = r
+	}
+	s.mu.Unlock()
+}
+
+// promptDone forgets r, the session's turn, once it has ended.
+func (s *Session) promptDone(r *outReq) {
+	s.mu.Lock()
+	if s.prompt == r {
+		s.prompt = nil
+	}
+	s.mu.Unlock()
 }
 
 // addSession registers a session the agent now serves for c; cwd is its

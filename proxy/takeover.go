@@ -25,8 +25,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	if s == nil {
 		return false
 	}
-	owner, ended, stop := s.turnState()
-	running := s.link.promptRunning(s)
+	owner, running, ended, stop := s.turnState()
 	if owner == nil || owner == c || owner.tenant != c.tenant || !owner.Detached() {
 		return false
 	}
