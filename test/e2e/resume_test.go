@@ -89,7 +89,7 @@ func newRconnVia(t *testing.T, g *gateway, addr string, header http.Header) *rco
 		t.Fatalf("the 101 response has no Acp-Connection-Id")
 	}
 	r := &rconn{t: t, g: g, header: header, c: c, tcp: tcp, connID: c.ConnID}
-	r.Resumable = &acpclient.Resumable{T: t, Socket: func() *acpclient.Conn { return r.c.Conn }}
+	r.Resumable = acpclient.NewResumable(t, "", func() *acpclient.Conn { return r.c.Conn })
 	return r
 }
 

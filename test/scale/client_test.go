@@ -97,7 +97,7 @@ func (c *cluster) connect(t *testing.T, name, cookie string) *acpClient {
 		t.Fatalf("%s: dial through the balancer: %v (%s)", name, err, respText(resp))
 	}
 	cl := &acpClient{t: t, c: c, name: name, cookie: cookie, s: s, connID: resp.Header.Get("Acp-Connection-Id")}
-	cl.Resumable = &acpclient.Resumable{T: t, Name: name, Socket: func() *acpclient.Conn { return cl.s.Conn }}
+	cl.Resumable = acpclient.NewResumable(t, name, func() *acpclient.Conn { return cl.s.Conn })
 	if cl.connID == "" {
 		t.Fatalf("%s: the 101 has no Acp-Connection-Id", name)
 	}

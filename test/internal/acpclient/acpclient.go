@@ -1,8 +1,10 @@
 // Package acpclient is the raw JSON-RPC over WebSocket client the test
-// harnesses share: it dials the gateway's /acp, reads every text frame into
-// a channel of decoded messages on a goroutine of its own, and writes
-// frames as given. It never fails a test itself (worker goroutines use it
-// too); callers decide what an error means.
+// harnesses share. A Conn dials the gateway's /acp, reads every text frame
+// into a channel of decoded messages on a goroutine of its own, and writes
+// frames as given; it never fails a test (worker goroutines use it too).
+// Client (one socket) and Resumable (a connection across sockets, resumed
+// exactly) are for the test's own goroutine and fail the test instead of
+// returning errors.
 package acpclient
 
 import (

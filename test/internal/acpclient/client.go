@@ -9,12 +9,58 @@ import (
 	"github.com/coder/websocket"
 )
 
-// Client is a Conn for the test's own goroutine: its methods fail the test
-// instead of returning errors. It numbers its requests 1, 2, 3, …
-type Client struct {
-	*Conn
+// Sender writes JSON-RPC messages for the test's goroutine, numbering its
+// requests 1, 2, 3, …; a failed write fails the test.
+type Sender struct {
 	T      testing.TB
 	NextID int // the id of the last request sent
+
+	write func(frame string) error
+}
+
+// SendRaw sends s as one text frame.
+func (s *Sender) SendRaw(frame string) {
+	s.T.Helper()
+	if err := s.write(frame); err != nil {
+		s.T.Fatalf("write: %v", err)
+	}
+}
+
+// Send sends v as JSON.
+func (s *Sender) Send(v any) {
+	s.T.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	s.SendRaw(string(b))
+}
+
+// Request sends a request and returns its id.
+func (s *Sender) Request(method string, params any) int {
+	s.T.Helper()
+	s.NextID++
+	s.Send(Request(s.NextID, method, params))
+	return s.NextID
+}
+
+// Notify sends a notification.
+func (s *Sender) Notify(method string, params any) {
+	s.T.Helper()
+	s.Send(Notification(method, params))
+}
+
+// Respond answers the agent's request id with result.
+func (s *Sender) Respond(id json.RawMessage, result any) {
+	s.T.Helper()
+	s.Send(Response(id, result))
+}
+
+// Client is a Conn for the test's own goroutine: its methods fail the test
+// instead of returning errors.
+type Client struct {
+	*Conn
+	Sender
 }
 
 // DialClient dials url as Dial does and closes the connection when the test
@@ -29,45 +75,9 @@ func DialClient(t testing.TB, url string, header http.Header, protos []string) (
 		return nil, resp, err
 	}
 	t.Cleanup(conn.Close)
-	return &Client{Conn: conn, T: t}, resp, nil
-}
-
-// SendRaw sends s as one text frame.
-func (c *Client) SendRaw(s string) {
-	c.T.Helper()
-	if err := c.WS.Write(c.Ctx(), websocket.MessageText, []byte(s)); err != nil {
-		c.T.Fatalf("write: %v", err)
-	}
-}
-
-// Send sends v as JSON.
-func (c *Client) Send(v any) {
-	c.T.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		c.T.Fatal(err)
-	}
-	c.SendRaw(string(b))
-}
-
-// Request sends a request and returns its id.
-func (c *Client) Request(method string, params any) int {
-	c.T.Helper()
-	c.NextID++
-	c.Send(Request(c.NextID, method, params))
-	return c.NextID
-}
-
-// Notify sends a notification.
-func (c *Client) Notify(method string, params any) {
-	c.T.Helper()
-	c.Send(Notification(method, params))
-}
-
-// Respond answers the agent's request id with result.
-func (c *Client) Respond(id json.RawMessage, result any) {
-	c.T.Helper()
-	c.Send(Response(id, result))
+	return &Client{Conn: conn, Sender: Sender{T: t, write: func(frame string) error {
+		return conn.WS.Write(conn.Ctx(), websocket.MessageText, []byte(frame))
+	}}}, resp, nil
 }
 
 // Next returns the next message, failing the test after timeout or when

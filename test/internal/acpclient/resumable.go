@@ -2,6 +2,7 @@ package acpclient
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strconv"
 	"testing"
@@ -14,12 +15,24 @@ import (
 // resume exactly (GET /acp?resume=TOKEN&received=N) and re-send what the
 // gateway did not receive.
 type Resumable struct {
-	T      testing.TB
+	Sender
 	Name   string       // prefixes its failure messages ("" = none)
 	Socket func() *Conn // the current socket, which the caller keeps
 	Got    int          // messages received, _acpgate/resumed excepted
 	Frames []string     // every text frame sent, in order
-	NextID int          // the id of the last request sent
+}
+
+// NewResumable is a Resumable on the sockets socket returns.
+func NewResumable(t testing.TB, name string, socket func() *Conn) *Resumable {
+	r := &Resumable{Name: name, Socket: socket}
+	r.Sender = Sender{T: t, write: func(frame string) error {
+		r.Frames = append(r.Frames, frame)
+		if err := r.Socket().Write([]byte(frame)); err != nil {
+			return fmt.Errorf("%v (the socket: %v)", err, r.Socket().Err())
+		}
+		return nil
+	}}
+	return r
 }
 
 func (r *Resumable) fatalf(format string, args ...any) {
@@ -28,45 +41,6 @@ func (r *Resumable) fatalf(format string, args ...any) {
 		format = r.Name + ": " + format
 	}
 	r.T.Fatalf(format, args...)
-}
-
-// SendRaw sends s as one text frame and keeps it.
-func (r *Resumable) SendRaw(s string) {
-	r.T.Helper()
-	r.Frames = append(r.Frames, s)
-	if err := r.Socket().Write([]byte(s)); err != nil {
-		r.fatalf("write: %v (the socket: %v)", err, r.Socket().Err())
-	}
-}
-
-// Send sends v as JSON.
-func (r *Resumable) Send(v any) {
-	r.T.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		r.T.Fatal(err)
-	}
-	r.SendRaw(string(b))
-}
-
-// Request sends a request and returns its id.
-func (r *Resumable) Request(method string, params any) int {
-	r.T.Helper()
-	r.NextID++
-	r.Send(Request(r.NextID, method, params))
-	return r.NextID
-}
-
-// Notify sends a notification.
-func (r *Resumable) Notify(method string, params any) {
-	r.T.Helper()
-	r.Send(Notification(method, params))
-}
-
-// Respond answers the agent's request id with result.
-func (r *Resumable) Respond(id json.RawMessage, result any) {
-	r.T.Helper()
-	r.Send(Response(id, result))
 }
 
 // Next returns the next message of the current socket and counts it
