@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // TestBrowserPicksAgent: a gateway with three named agents (issue #16):
@@ -38,13 +39,11 @@ func TestBrowserPicksAgent(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
 	fake := filepath.Join(dir, "fakeagent")
-	build := exec.Command("go", "build", "-o", fake, "./test/fakeagent")
-	build.Dir = filepath.Join("..", "..")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./test/fakeagent: %v\n%s", err, out)
+	if err := harness.BuildFakeAgent(fake); err != nil {
+		t.Fatal(err)
 	}
 	config := filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
+	harness.WriteFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
 shutdown_grace: 2s
 agents:
   demo: {}
@@ -57,12 +56,12 @@ default_agent: demo
 `, fake, fake), 0o644)
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
-	log := &lockedBuffer{}
+	log := &harness.SyncBuffer{}
 	gw := launchGateway(t, bin, config, env, log, "") // /readyz stays 503: broken never starts
 	defer gw.stop()
-	base := "http://" + gw.addr
+	base := "http://" + gw.Addr
 	waitAgents(t, base, "demo", "second")
-	px := startNoUpgradeProxy(t, gw.addr)
+	px := startNoUpgradeProxy(t, gw.Addr)
 	defer px.close()
 
 	var sent map[string]int // agent -> prompts the script sent it

@@ -13,18 +13,14 @@
 package browser
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,9 +28,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
-	"github.com/acpgate/acpgate/test/internal/gwlog"
+	"github.com/acpgate/acpgate/test/internal/chromium"
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 const (
@@ -56,25 +51,7 @@ var (
 // browser, node or the npm packages are missing. It returns node's path.
 func requirePrereqs(t *testing.T) string {
 	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...)
-		if os.Getenv(requireEnv) == "1" {
-			t.Fatalf("%s (%s=1, so this is a failure)", msg, requireEnv)
-		}
-		t.Skipf("%s; skipping (set %s=1 to make this a failure)", msg, requireEnv)
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		missing("browser: %s is missing (apt-get install -y chromium)", chromiumPath)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("browser: node is not on PATH")
-	}
-	if _, err := os.Stat(filepath.Join("node_modules", "playwright-core", "package.json")); err != nil {
-		missing("browser: test/browser/node_modules/playwright-core is missing (cd test/browser && npm ci)")
-	}
-	return node
+	return chromium.Require(t, "node_modules", requireEnv)
 }
 
 // binary builds ./cmd/acpgate once into a temp dir.
@@ -86,12 +63,7 @@ func binary(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		gateBin = filepath.Join(dir, "acpgate")
-		cmd := exec.Command("go", "build", "-o", gateBin, "./cmd/acpgate")
-		cmd.Dir = filepath.Join("..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/acpgate: %v\n%s", err, out)
-		}
+		gateBin, buildErr = harness.Build(dir, false)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -100,105 +72,40 @@ func binary(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
-			code = 1
+	harness.Main(m, func() {
+		if gateBin != "" {
+			os.RemoveAll(filepath.Dir(gateBin))
 		}
-	}
-	if gateBin != "" {
-		os.RemoveAll(filepath.Dir(gateBin))
-	}
-	os.Exit(code)
+	})
 }
 
 // ---------------------------------------------------------------------------
 // Gateway process
 
-type gateway struct {
-	t      *testing.T
-	bin    string
-	config string
-	env    []string
-	addr   string // host:port it listens on
-
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type gateway struct{ *harness.Gateway }
 
 // startGateway runs `acpgate serve --config FILE --log-format json` and
 // waits for its "listening" log line, then for /readyz. listen, if set,
 // overrides the config's address (used to restart on the same port).
-func startGateway(t *testing.T, bin, config string, env []string, log *lockedBuffer, listen string) *gateway {
+func startGateway(t *testing.T, bin, config string, env []string, log *harness.SyncBuffer, listen string) *gateway {
 	t.Helper()
 	g := launchGateway(t, bin, config, env, log, listen)
-	waitReady(t, "http://"+g.addr)
+	waitReady(t, "http://"+g.Addr)
 	return g
 }
 
 // launchGateway is startGateway without the wait for /readyz, for a
 // gateway with an agent that never becomes ready.
-func launchGateway(t *testing.T, bin, config string, env []string, log *lockedBuffer, listen string) *gateway {
+func launchGateway(t *testing.T, bin, config string, env []string, log *harness.SyncBuffer, listen string) *gateway {
 	t.Helper()
-	g := &gateway{t: t, bin: bin, config: config, env: env, log: log, done: make(chan struct{})}
-	args := []string{"serve", "--config", config, "--log-format", "json"}
+	args := []string{bin, "serve", "--config", config, "--log-format", "json"}
 	if listen != "" {
 		args = append(args, "--listen", listen)
 	}
-	g.cmd = exec.Command(bin, args...)
 	// With tenants the sandbox is on: agents' private homes go to a
 	// temporary directory.
-	g.cmd.Env = append(append(os.Environ(), "ACPGATE_SANDBOX_HOME="+filepath.Join(t.TempDir(), "homes")), env...)
-	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stderr, err := g.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addrCh := make(chan string, 1)
-	go func() {
-		defer close(g.done)
-		gwlog.Read(stderr, func(rec map[string]any, line []byte) {
-			fmt.Fprintf(log, "%s\n", line)
-			if addr, ok := rec["addr"].(string); ok && rec["msg"] == "listening" {
-				select {
-				case addrCh <- addr:
-				default:
-				}
-			}
-		})
-		_ = g.cmd.Wait()
-	}()
-	select {
-	case g.addr = <-addrCh:
-	case <-g.done:
-		t.Fatalf("the gateway exited before listening:\n%s", log)
-	case <-time.After(startLimit):
-		g.kill()
-		t.Fatalf("no \"listening\" line from the gateway within %v:\n%s", startLimit, log)
-	}
-	return g
+	env = append(append(os.Environ(), "ACPGATE_SANDBOX_HOME="+filepath.Join(t.TempDir(), "homes")), env...)
+	return &gateway{harness.Start(t, harness.Options{Argv: args, Env: env, Setpgid: true, Listen: startLimit, Stop: stopLimit, Log: log})}
 }
 
 // waitReady polls /readyz until the pool has an initialized agent.
@@ -220,31 +127,13 @@ func waitReady(t *testing.T, base string) {
 }
 
 // stop sends SIGTERM and waits; SIGKILL to the process group after stopLimit.
-func (g *gateway) stop() {
-	select {
-	case <-g.done:
-		return
-	default:
-	}
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-	case <-time.After(stopLimit):
-		g.t.Errorf("the gateway did not stop within %v of SIGTERM", stopLimit)
-		g.kill()
-		<-g.done
-	}
-}
+func (g *gateway) stop() { g.Stop(syscall.SIGTERM) }
 
 // crash kills the gateway alone with SIGKILL, as a crash or a network cut
 // would end its connections; its agents' supervisors clean up after it.
 func (g *gateway) crash() {
-	_ = g.cmd.Process.Signal(syscall.SIGKILL)
-	<-g.done
-}
-
-func (g *gateway) kill() {
-	_ = syscall.Kill(-g.cmd.Process.Pid, syscall.SIGKILL)
+	_ = g.Cmd.Process.Signal(syscall.SIGKILL)
+	<-g.Done()
 }
 
 // ---------------------------------------------------------------------------
@@ -261,15 +150,15 @@ func TestBrowserClient(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	keyFile := filepath.Join(dir, "session.key")
-	writeFile(t, keyFile, hex.EncodeToString(key)+"\n", 0o600)
+	harness.WriteFile(t, keyFile, hex.EncodeToString(key)+"\n", 0o600)
 	config := filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, config, fmt.Sprintf("listen: 127.0.0.1:0\nshutdown_grace: 2s\nsession_key_file: %s\n", keyFile), 0o644)
+	harness.WriteFile(t, config, fmt.Sprintf("listen: 127.0.0.1:0\nshutdown_grace: 2s\nsession_key_file: %s\n", keyFile), 0o644)
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
-	log := &lockedBuffer{}
+	log := &harness.SyncBuffer{}
 	gw := startGateway(t, bin, config, env, log, "")
 	defer func() { gw.stop() }()
-	addr := gw.addr
+	addr := gw.Addr
 
 	// The script stops the gateway (SIGTERM: a restart, 1001) or kills it
 	// (SIGKILL: a dropped connection, 1006), checks that the page keeps
@@ -308,11 +197,11 @@ func TestBrowserTenantToken(t *testing.T) {
 	config := tenantConfig(t, dir, good, "")
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
-	log := &lockedBuffer{}
+	log := &harness.SyncBuffer{}
 	gw := startGateway(t, bin, config, env, log, "")
 	defer gw.stop()
 
-	runScript(t, node, "http://"+gw.addr+"/", "tenant", []string{"ACPGATE_GOOD_TOKEN=" + good}, nil, log)
+	runScript(t, node, "http://"+gw.Addr+"/", "tenant", []string{"ACPGATE_GOOD_TOKEN=" + good}, nil, log)
 
 	gw.stop()
 	saveLog(t, "tenant-gateway.log", log)
@@ -325,88 +214,34 @@ func TestBrowserTenantToken(t *testing.T) {
 
 // runScript runs e2e.mjs and relays its "@@harness ACTION" requests to
 // onAction, answering "ok" on its stdin.
-func runScript(t *testing.T, node, url, scenario string, env []string, onAction func(string) error, gwLog *lockedBuffer) {
+func runScript(t *testing.T, node, url, scenario string, env []string, onAction func(string) error, gwLog *harness.SyncBuffer) {
 	t.Helper()
 	outDir, err := filepath.Abs(filepath.Join("..", "out", "browser"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), scriptLimit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "e2e.mjs", url, scenario)
-	cmd.Env = append(append(os.Environ(), "ACPGATE_BROWSER_OUT="+outDir, "ACPGATE_CHROMIUM="+chromiumPath), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// On timeout, kill node and the browser it started.
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var actionErr error
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		line := sc.Text()
-		action, ok := strings.CutPrefix(line, "@@harness ")
-		if !ok {
-			t.Log(line)
-			continue
-		}
-		t.Logf("harness: %s", action)
-		reply := "ok"
-		if onAction == nil {
-			actionErr = errors.New("this scenario takes no harness actions")
-		} else if err := onAction(action); err != nil {
-			actionErr = err
-		}
-		if actionErr != nil {
-			reply = "error"
-		}
-		if _, err := io.WriteString(stdin, reply+"\n"); err != nil {
-			t.Errorf("writing to the script: %v", err)
-		}
-	}
-	_ = stdin.Close()
-	err = cmd.Wait()
+	res := chromium.Run(t, ctx, chromium.Script{Node: node, Args: []string{"e2e.mjs", url, scenario}, Env: env, OutDir: outDir, OnAction: onAction})
 	if ctx.Err() != nil {
 		t.Errorf("e2e.mjs %s did not finish within %v", scenario, scriptLimit)
 	}
-	if actionErr != nil {
-		t.Errorf("harness action: %v", actionErr)
+	if res.ActionErr != nil {
+		t.Errorf("harness action: %v", res.ActionErr)
 	}
-	if err != nil || t.Failed() {
+	if res.Err != nil || t.Failed() {
 		t.Errorf("e2e.mjs %s: %v after %v\n--- script stderr ---\n%s\n--- gateway log ---\n%s",
-			scenario, err, time.Since(start).Round(time.Millisecond), stderr.String(), tail(gwLog.String(), 60))
+			scenario, res.Err, res.Took, res.Stderr, tail(gwLog.String(), 60))
 		return
 	}
-	t.Logf("e2e.mjs %s passed in %v; screenshots in %s", scenario, time.Since(start).Round(time.Millisecond), outDir)
+	t.Logf("e2e.mjs %s passed in %v; screenshots in %s", scenario, res.Took, outDir)
 }
 
 // saveLog keeps the gateway's log next to the screenshots.
-func saveLog(t *testing.T, name string, log *lockedBuffer) {
+func saveLog(t *testing.T, name string, log *harness.SyncBuffer) {
 	path := filepath.Join("..", "out", "browser", name)
 	if err := os.WriteFile(path, []byte(log.String()), 0o644); err != nil {
 		t.Logf("saving the gateway log: %v", err)
-	}
-}
-
-func writeFile(t *testing.T, path, content string, mode os.FileMode) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), mode); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -429,7 +264,7 @@ func tenantConfig(t *testing.T, dir, token, extra string) string {
 	}
 	sum := sha256.Sum256([]byte(token))
 	config := filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
+	harness.WriteFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
 shutdown_grace: 2s
 %stenants:
   - name: t1

@@ -38,11 +38,10 @@
 // hold or release the proxy) by printing "@@harness <action>" and waits for
 // a line on stdin. It exits 0 on success.
 
-import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createInterface } from "node:readline";
+import { Failure, check, harness, launch, log } from "../internal/chromium/launch.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
@@ -52,30 +51,9 @@ if (!baseUrl) {
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
 mkdirSync(outDir, { recursive: true });
-const executablePath = process.env.ACPGATE_CHROMIUM || "/usr/bin/chromium";
-
-const t0 = Date.now();
-const log = (...a) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s]`, ...a);
-
-class Failure extends Error {}
-function check(cond, msg) {
-  if (!cond) throw new Failure(msg);
-}
-
-// -- harness requests (stdin/stdout) -----------------------------------------
-const stdinLines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
-async function harness(action) {
-  console.log(`@@harness ${action}`);
-  const { value, done } = await stdinLines.next();
-  check(!done && value.trim() === "ok", `harness ${action}: got ${done ? "EOF" : JSON.stringify(value)}`);
-}
 
 // -- browser -----------------------------------------------------------------
-const browser = await chromium.launch({
-  executablePath,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 const context = await browser.newContext({ viewport: { width: 1366, height: 768 }, colorScheme: "light", reducedMotion: "reduce" });
 const page = await context.newPage();
 page.setDefaultTimeout(15000);

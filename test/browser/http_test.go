@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // TestBrowserHTTP: the page on Streamable HTTP (?transport=http) against a
@@ -35,10 +37,10 @@ func TestBrowserHTTP(t *testing.T) {
 	config := tenantConfig(t, dir, good, fmt.Sprintf("agent:\n  command: [%q, \"demo-agent\", \"--chunk-delay\", \"40ms\"]\n", bin))
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
-	log := &lockedBuffer{}
+	log := &harness.SyncBuffer{}
 	gw := startGateway(t, bin, config, env, log, "")
 	defer gw.stop()
-	px := startCutProxy(t, gw.addr)
+	px := startCutProxy(t, gw.Addr)
 	defer px.close()
 
 	start := time.Now()
@@ -96,13 +98,13 @@ func TestBrowserHTTPFallback(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
+	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
-	log := &lockedBuffer{}
+	log := &harness.SyncBuffer{}
 	gw := startGateway(t, bin, config, env, log, "")
 	defer gw.stop()
-	px := startNoUpgradeProxy(t, gw.addr)
+	px := startNoUpgradeProxy(t, gw.Addr)
 	defer px.close()
 
 	start := time.Now()

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // TestBrowserResume: the page keeps its conversation when the socket drops
@@ -30,13 +32,13 @@ func TestBrowserResume(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
+	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
 	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
 
-	log := &lockedBuffer{}
+	log := &harness.SyncBuffer{}
 	gw := startGateway(t, bin, config, env, log, "")
 	defer gw.stop()
-	px := startCutProxy(t, gw.addr)
+	px := startCutProxy(t, gw.Addr)
 	defer px.close()
 
 	var actions []string

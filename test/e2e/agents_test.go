@@ -88,10 +88,8 @@ func dialAgent(t *testing.T, g *gateway, path, token string) (*client, string) {
 // connAgent is the agent the gateway logged for connection id.
 func (g *gateway) connAgent(t *testing.T, id string) string {
 	t.Helper()
-	g.waitLog(t, "connection opened", "conn", id, 10*time.Second)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, r := range g.logs {
+	g.WaitLog(t, "connection opened", "conn", id, 10*time.Second)
+	for _, r := range g.Logs() {
 		if r["msg"] == "connection opened" && r["conn"] == id {
 			s, _ := r["agent"].(string)
 			return s
@@ -106,7 +104,7 @@ func httpDo(t *testing.T, g *gateway, method, path, token, body string, hdr map[
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, method, "http://"+g.addr+path, strings.NewReader(body))
+	r, err := http.NewRequestWithContext(ctx, method, "http://"+g.Addr+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +131,7 @@ func httpDo(t *testing.T, g *gateway, method, path, token, body string, hdr map[
 // returned channel is closed when the gateway ends the stream.
 func openStream(t *testing.T, ctx context.Context, g *gateway, path, token, conn string) <-chan struct{} {
 	t.Helper()
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.addr+path, nil)
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.Addr+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +334,7 @@ func TestAgents(t *testing.T) {
 			if info != infos[tc.agent] {
 				t.Errorf("%s: initialize says agentInfo.name %q, want %q (agent %s)", tc.path, info, infos[tc.agent], tc.agent)
 			}
-			if got := g.connAgent(t, c.connID); got != tc.agent {
+			if got := g.connAgent(t, c.ConnID); got != tc.agent {
 				t.Errorf("%s: the gateway put the connection on agent %q, want %q", tc.path, got, tc.agent)
 			}
 			sid := c.newSession(vroot)
@@ -344,7 +342,7 @@ func TestAgents(t *testing.T) {
 			if got := promptOK(t, c, sid, text); got != "You said: "+text {
 				t.Errorf("%s: the turn streamed %q", tc.path, got)
 			}
-			c.close()
+			c.Close()
 		}
 		// Each agent ran processes of its own command.
 		if len(g.agentProcs(fakeAgentBin(t))) == 0 || len(g.agentProcs(demo2Flag)) == 0 {
@@ -370,7 +368,7 @@ func TestAgents(t *testing.T) {
 
 	t.Run("unknown agent 404, forbidden agent 403, before any upgrade", func(t *testing.T) {
 		refusedBefore, _ := metricValue(g.metrics(t), "acpgate_auth_failures_total", `reason="agent_not_allowed"`)
-		opened := g.countLogs("connection opened", "", "")
+		opened := g.CountLogs("connection opened", "", "")
 		// WebSocket: an HTTP answer instead of 101.
 		refused(t, g, "/acp/nope", bearer(acmeTok), []string{"acp"}, 404, "unknown_agent", acmeTok)
 		refused(t, g, "/acp/nope", bearer(globexTok), []string{"acp"}, 404, "unknown_agent", globexTok)
@@ -401,7 +399,7 @@ func TestAgents(t *testing.T) {
 				t.Errorf("%s /acp/nope without credentials: %d %q, want 401", m, resp.StatusCode, b)
 			}
 		}
-		if n := g.countLogs("connection opened", "", ""); n != opened {
+		if n := g.CountLogs("connection opened", "", ""); n != opened {
 			t.Errorf("%d connections were opened by refused requests", n-opened)
 		}
 		if v, _ := metricValue(g.metrics(t), "acpgate_auth_failures_total", `reason="agent_not_allowed"`); v-refusedBefore != 5 {
@@ -413,7 +411,7 @@ func TestAgents(t *testing.T) {
 			if info != "acpgate-demo-agent" {
 				t.Errorf("globex at %s: agentInfo %q", path, info)
 			}
-			c.close()
+			c.Close()
 		}
 		resp, body := httpDo(t, g, http.MethodPost, "/acp", globexTok, httpInit, nil)
 		if resp.StatusCode != 200 || resp.Header.Get("Acp-Connection-Id") == "" {
@@ -460,11 +458,11 @@ func TestAgents(t *testing.T) {
 			{"demo's session on fake", fake, sid},
 			{"fake's session on demo", demo, fakeSID},
 		} {
-			m := tc.c.call("session/prompt", textPrompt(tc.sid, "hijack"), turn)
-			wantError(t, m, -32002, strconv.Itoa(tc.c.nextID), "session not found")
+			m := tc.c.Call("session/prompt", textPrompt(tc.sid, "hijack"), turn)
+			wantError(t, m, -32002, strconv.Itoa(tc.c.NextID), "session not found")
 			if tc.c != fake { // the fake agent cannot load sessions
-				m = tc.c.call("session/load", loadParams(tc.sid), turn)
-				wantError(t, m, -32002, strconv.Itoa(tc.c.nextID), "session not found")
+				m = tc.c.Call("session/load", loadParams(tc.sid), turn)
+				wantError(t, m, -32002, strconv.Itoa(tc.c.NextID), "session not found")
 			}
 			if t.Failed() {
 				t.Fatalf("%s was not refused", tc.name)
@@ -480,7 +478,7 @@ func TestAgents(t *testing.T) {
 		for _, tc := range []struct{ path, sid, turn string }{{"/acp", sid, "still mine"}, {"/acp/demo2", sid2, "still mine too"}} {
 			c, _ := dialAgent(t, g, tc.path, acmeTok)
 			replay, got := collectText(t, tc.sid)
-			m := c.await(c.request("session/load", loadParams(tc.sid)), turn, replay)
+			m := c.Await(c.Request("session/load", loadParams(tc.sid)), turn, replay)
 			if m.Error != nil {
 				t.Fatalf("session/load of its own agent's session at %s: %s", tc.path, m.Raw)
 			}
@@ -488,7 +486,7 @@ func TestAgents(t *testing.T) {
 				t.Errorf("the load at %s replayed %q", tc.path, got.String())
 			}
 			promptOK(t, c, tc.sid, "loaded at "+tc.path)
-			c.close()
+			c.Close()
 		}
 	})
 
@@ -507,7 +505,7 @@ func TestAgents(t *testing.T) {
 			t.Fatalf("no _meta.acpgate.resumeToken in the initialize result: %s", b)
 		}
 		sid := c.newSession(vroot)
-		c.kill() // no close frame: the connection is kept for a resume
+		c.Kill() // no close frame: the connection is kept for a resume
 		q := "?resume=" + url.QueryEscape(meta.Acpgate.ResumeToken) + "&received=2"
 		for _, path := range []string{"/acp/demo", "/acp", "/acp/fake"} {
 			wantResumeRefused(t, g, bearer(acmeTok), path+q, "demo2's token at "+path)
@@ -517,25 +515,25 @@ func TestAgents(t *testing.T) {
 		if err != nil {
 			t.Fatalf("resume at /acp/demo2 after the refusals: %v (%s)", err, respText(resp))
 		}
-		if m := r.next(10 * time.Second); m.Method != "_acpgate/resumed" {
+		if m := r.Next(10 * time.Second); m.Method != "_acpgate/resumed" {
 			t.Fatalf("resume: the first message is %s", m.Raw)
 		}
 		if got := promptOK(t, r, sid, "resumed on demo2"); got != "You said: resumed on demo2" {
 			t.Errorf("a turn after the resume streamed %q", got)
 		}
-		r.close()
+		r.Close()
 	})
 
 	t.Run("an agent's policy keys apply to it alone", func(t *testing.T) {
 		for _, path := range []string{"/acp/demo", "/acp/demo2"} {
 			c, _ := dialAgent(t, g, path, acmeTok)
 			echoOK(t, c)
-			c.close()
+			c.Close()
 		}
 		c, _ := dialAgent(t, g, "/acp/fake", acmeTok)
-		m := c.call("_demo/echo", map[string]any{"k": "v"}, turn)
-		wantError(t, m, -32601, strconv.Itoa(c.nextID), `"_demo/echo" is not allowed by the gateway policy`)
-		c.close()
+		m := c.Call("_demo/echo", map[string]any{"k": "v"}, turn)
+		wantError(t, m, -32601, strconv.Itoa(c.NextID), `"_demo/echo" is not allowed by the gateway policy`)
+		c.Close()
 	})
 
 	t.Run("metrics carry every agent's series", func(t *testing.T) {
@@ -605,7 +603,7 @@ func TestAgentsPoolLimitsIndependent(t *testing.T) {
 	roomy, _ := dialAgent(t, g, "/acp", "")
 
 	start := time.Now()
-	wait := waiter.request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
+	wait := waiter.Request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
 	// demo is untouched by tight's limits: sessions and a turn while
 	// tight's session/new waits.
 	var sids []string
@@ -615,7 +613,7 @@ func TestAgentsPoolLimitsIndependent(t *testing.T) {
 	echoTurn(t, roomy, sids[2], "demo has room", turn)
 	roomyTook := time.Since(start)
 	select {
-	case m := <-waiter.in:
+	case m := <-waiter.In:
 		t.Fatalf("tight's second session was answered while demo worked (after %s): %s", time.Since(start), m.Raw)
 	default:
 	}
@@ -661,8 +659,8 @@ func TestAgentsNoProcessOutlives(t *testing.T) {
 			cwd := t.TempDir()
 			d, _ := dialAgent(t, g, "/acp/demo", "")
 			sid := d.newSession(cwd)
-			d.request("session/prompt", textPrompt(sid, "slow"))
-			d.next(turn) // the prompt is running
+			d.Request("session/prompt", textPrompt(sid, "slow"))
+			d.Next(turn) // the prompt is running
 			f, _ := dialAgent(t, g, "/acp/fake", "")
 			echoTurn(t, f, f.newSession(cwd), "fake is here", turn)
 			var procs map[int]string
@@ -673,7 +671,7 @@ func TestAgentsNoProcessOutlives(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			procs = proctree.Descendants(g.cmd.Process.Pid)
+			procs = proctree.Descendants(g.Cmd.Process.Pid)
 			t.Logf("before %v: %v", sig, procs)
 			stopAndWaitGone(t, g, sig, procs, 15*time.Second)
 		})
@@ -694,14 +692,14 @@ func TestAgentsReload(t *testing.T) {
 	extra := fmt.Sprintf("shutdown_grace: %s\npool: {min_idle: 1}\n", grace) + policyAllowDemo
 	before := "  demo: {}\n" + demoAgentWith("old", oldFlag)
 	g := startGateway(t, gwOpts{config: e.agentsConfig(before, map[string][]string{"globex": {"demo"}}, extra)})
-	cfgPath := g.cmd.Args[slices.Index(g.cmd.Args, "--config")+1]
+	cfgPath := g.Cmd.Args[slices.Index(g.Cmd.Args, "--config")+1]
 	waitReady(t, g, 60*time.Second)
 	acmeTok, globexTok := e.tokens["acme"], e.tokens["globex"]
 	reload := func(t *testing.T, cfg, want string) {
 		t.Helper()
 		writeFile(t, cfgPath, []byte(cfg))
-		n := g.countLogs(want, "", "")
-		if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		n := g.CountLogs(want, "", "")
+		if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
 		g.waitMoreLogs(t, want, n, 20*time.Second)
@@ -710,8 +708,8 @@ func TestAgentsReload(t *testing.T) {
 	byst := newBystander(t, "demo-bystander", dialToken(t, g, acmeTok), vroot)
 	victim, _ := dialAgent(t, g, "/acp/old", acmeTok)
 	vsid := victim.newSession(vroot)
-	prompt := victim.request("session/prompt", textPrompt(vsid, "slow"))
-	if m := victim.next(turn); m.Method != "session/update" {
+	prompt := victim.Request("session/prompt", textPrompt(vsid, "slow"))
+	if m := victim.Next(turn); m.Method != "session/update" {
 		t.Fatalf("the slow prompt on old: %s", m.Raw)
 	}
 	// A Streamable-HTTP connection to old, with its event stream open.
@@ -729,8 +727,8 @@ func TestAgentsReload(t *testing.T) {
 	}
 	refused(t, g, "/acp/third", bearer(acmeTok), []string{"acp"}, 404, "unknown_agent")
 	// What the prompt streamed so far is not counted below.
-	for len(victim.in) > 0 {
-		if m := <-victim.in; m.Method != "session/update" {
+	for len(victim.In) > 0 {
+		if m := <-victim.In; m.Method != "session/update" {
 			t.Fatalf("the slow prompt on old: %s", m.Raw)
 		}
 	}
@@ -763,7 +761,7 @@ func TestAgentsReload(t *testing.T) {
 				if !answered {
 					ticks++
 				}
-			case m.isResponseTo(prompt):
+			case m.IsResponseTo(prompt):
 				answered = true
 				if r := stopReason(t, m); r != "cancelled" && r != "end_turn" {
 					t.Errorf("the running prompt ended with %q, want cancelled (or end_turn)", r)
@@ -786,7 +784,7 @@ func TestAgentsReload(t *testing.T) {
 	})
 
 	t.Run("the removed agent's processes stop", func(t *testing.T) {
-		g.waitLog(t, "agent removed: drained", "agent", "old", 20*time.Second)
+		g.WaitLog(t, "agent removed: drained", "agent", "old", 20*time.Second)
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			var left []int
@@ -811,8 +809,8 @@ func TestAgentsReload(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Errorf("the event stream of the removed agent's HTTP connection is still open")
 		}
-		g.waitLog(t, "connection closed", "conn", httpVictim, 10*time.Second)
-		if g.countLogs("connection closed", "reason", "agent removed") == 0 {
+		g.WaitLog(t, "connection closed", "conn", httpVictim, 10*time.Second)
+		if g.CountLogs("connection closed", "reason", "agent removed") == 0 {
 			t.Errorf("no HTTP connection closed for the reason \"agent removed\"")
 		}
 		m := g.metrics(t)
@@ -840,7 +838,7 @@ func TestAgentsReload(t *testing.T) {
 			if got := promptOK(t, c, sid, "hello third"); got != "You said: hello third" {
 				t.Errorf("/acp/third: %q", got)
 			}
-			c.close()
+			c.Close()
 		}
 		infos := map[string]string{"demo": "acpgate-demo-agent", "third": "fakeagent"}
 		waitAgentsListed(t, g, acmeTok, "demo", []string{"demo", "third"}, infos)
@@ -861,7 +859,7 @@ func TestAgentsReload(t *testing.T) {
 		changed := "  demo: {}\n" + fmt.Sprintf("  third: {command: [%q, demo-agent], stop_grace: 1s}\n", binPath)
 		reload(t, e.agentsConfig(changed, map[string][]string{"globex": {"demo"}}, extra),
 			"configuration reload refused; keeping the running configuration")
-		if !strings.Contains(g.logText(), "agents third: settings other than policy need a restart") {
+		if !strings.Contains(g.LogText(), "agents third: settings other than policy need a restart") {
 			t.Errorf("the refusal does not name the agent and the reason")
 		}
 		if v, _ := metricValue(g.metrics(t), "acpgate_config_reloads_total", `result="failure"`); v != 1 {
@@ -872,7 +870,7 @@ func TestAgentsReload(t *testing.T) {
 			if info != "fakeagent" {
 				t.Errorf("after the refused reload /acp/third is %q, want the running fakeagent", info)
 			}
-			c.close()
+			c.Close()
 		}
 	})
 
@@ -883,9 +881,9 @@ func TestAgentsReload(t *testing.T) {
 		reload(t, e.agentsConfig(noExt, map[string][]string{"globex": {"demo", "third"}}, extra), "configuration reloaded")
 		fresh, _ := dialAgent(t, g, "/acp/third", acmeTok)
 		for _, c := range []*client{open, fresh} {
-			m := c.call("_demo/echo", map[string]any{"k": "v"}, turn)
-			wantError(t, m, -32601, strconv.Itoa(c.nextID), `"_demo/echo" is not allowed by the gateway policy`)
-			c.close()
+			m := c.Call("_demo/echo", map[string]any{"k": "v"}, turn)
+			wantError(t, m, -32601, strconv.Itoa(c.NextID), `"_demo/echo" is not allowed by the gateway policy`)
+			c.Close()
 		}
 		byst.check(t) // demo's policy is unchanged: its echo passes
 		after = noExt
@@ -902,7 +900,7 @@ func TestAgentsReload(t *testing.T) {
 		if len(g.agentProcs(oldFlag)) == 0 {
 			t.Errorf("no process of the re-added agent")
 		}
-		c.close()
+		c.Close()
 		refused(t, g, "/acp/old", bearer(globexTok), []string{"acp"}, 403, "agent_not_allowed")
 		byst.check(t)
 	})
@@ -922,13 +920,13 @@ func TestAgentsReadiness(t *testing.T) {
 		return s + "default_agent: demo\n"
 	}
 	g := startGateway(t, gwOpts{config: cfg(true)})
-	cfgPath := g.cmd.Args[slices.Index(g.cmd.Args, "--config")+1]
-	g.waitLog(t, "agent ready", "agent", "demo", 30*time.Second)
-	g.waitLog(t, "agent stderr", "agent", "broken", 30*time.Second) // it has tried
+	cfgPath := g.Cmd.Args[slices.Index(g.Cmd.Args, "--config")+1]
+	g.WaitLog(t, "agent ready", "agent", "demo", 30*time.Second)
+	g.WaitLog(t, "agent stderr", "agent", "broken", 30*time.Second) // it has tried
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	readyz := func() (int, string) {
 		t.Helper()
-		resp, err := hc.Get("http://" + g.addr + "/readyz")
+		resp, err := hc.Get("http://" + g.Addr + "/readyz")
 		if err != nil {
 			t.Fatalf("GET /readyz: %v", err)
 		}
@@ -956,16 +954,16 @@ func TestAgentsReadiness(t *testing.T) {
 	// The other agent serves meanwhile.
 	c, _ := dialAgent(t, g, "/acp", "")
 	echoTurn(t, c, c.newSession(t.TempDir()), "demo serves", turn)
-	c.close()
+	c.Close()
 
 	writeFile(t, cfgPath, []byte(cfg(false)))
-	n := g.countLogs("configuration reloaded", "", "")
-	if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	n := g.CountLogs("configuration reloaded", "", "")
+	if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	g.waitMoreLogs(t, "configuration reloaded", n, 20*time.Second)
 	waitReady(t, g, 20*time.Second)
-	g.waitLog(t, "agent removed: drained", "agent", "broken", 20*time.Second)
+	g.WaitLog(t, "agent removed: drained", "agent", "broken", 20*time.Second)
 	if code, body := readyz(); code != 200 {
 		t.Fatalf("/readyz once the broken agent is removed: %d %q", code, body)
 	}
@@ -998,7 +996,7 @@ func TestAgentsSandboxPaths(t *testing.T) {
 		if a.OK != tc.ok || tc.ok && a.Data != "the tools agent's own" {
 			t.Errorf("agent %s reading %s: %+v, want ok %v", tc.agent, file, a, tc.ok)
 		}
-		c.close()
+		c.Close()
 	}
 }
 
@@ -1011,18 +1009,18 @@ func TestAgentsFromSingleAgent(t *testing.T) {
 	e := newIsoEnv(t)
 	single := e.config(e.keyFile, nil)
 	g := startGateway(t, gwOpts{config: single})
-	cfgPath := g.cmd.Args[slices.Index(g.cmd.Args, "--config")+1]
+	cfgPath := g.Cmd.Args[slices.Index(g.Cmd.Args, "--config")+1]
 	tok := e.tokens["acme"]
 	c := dialToken(t, g, tok)
 	sid := c.newSession(vroot)
 	promptOK(t, c, sid, "before the reload")
-	c.close()
+	c.Close()
 	refused(t, g, "/acp/fake", bearer(tok), []string{"acp"}, 404, "unknown_agent")
 
 	named := single + fmt.Sprintf("agents:\n  default: {}\n  fake: {command: [%q], stop_grace: 1s}\ndefault_agent: default\n", fakeAgentBin(t))
 	writeFile(t, cfgPath, []byte(named))
-	n := g.countLogs("configuration reloaded", "", "")
-	if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	n := g.CountLogs("configuration reloaded", "", "")
+	if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	g.waitMoreLogs(t, "configuration reloaded", n, 20*time.Second)
@@ -1030,18 +1028,18 @@ func TestAgentsFromSingleAgent(t *testing.T) {
 	for _, path := range []string{"/acp", "/acp/default"} {
 		c, _ := dialAgent(t, g, path, tok)
 		replay, got := collectText(t, sid)
-		m := c.await(c.request("session/load", loadParams(sid)), turn, replay)
+		m := c.Await(c.Request("session/load", loadParams(sid)), turn, replay)
 		if m.Error != nil || !strings.Contains(got.String(), "You said: before the reload") {
 			t.Fatalf("session/load at %s of a session from before the reload: %s (replayed %q)", path, m.Raw, got.String())
 		}
-		c.close()
+		c.Close()
 	}
 	f, info := dialAgent(t, g, "/acp/fake", tok)
 	if info != "fakeagent" {
 		t.Errorf("/acp/fake: agentInfo %q", info)
 	}
-	m := f.call("session/prompt", textPrompt(sid, "hijack"), turn)
-	wantError(t, m, -32002, strconv.Itoa(f.nextID), "session not found")
+	m := f.Call("session/prompt", textPrompt(sid, "hijack"), turn)
+	wantError(t, m, -32002, strconv.Itoa(f.NextID), "session not found")
 	echoTurn(t, f, f.newSession(vroot), "fake added", turn)
 	waitAgentsListed(t, g, tok, "default", []string{"default", "fake"}, map[string]string{"default": "acpgate-demo-agent", "fake": "fakeagent"})
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/acpgate/acpgate/test/internal/proctree"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +15,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 // The hostile suite throws malformed, oversized, out-of-order and abusive
@@ -47,10 +48,7 @@ func fakeAgentBin(t *testing.T) string {
 	t.Helper()
 	fakeOnce.Do(func() {
 		fakePath = filepath.Join(filepath.Dir(binPath), "fakeagent")
-		out, err := exec.Command("go", "build", "-o", fakePath, "github.com/acpgate/acpgate/test/fakeagent").CombinedOutput()
-		if err != nil {
-			fakeErr = fmt.Errorf("build fakeagent: %v\n%s", err, out)
-		}
+		fakeErr = harness.BuildFakeAgent(fakePath)
 	})
 	if fakeErr != nil {
 		t.Fatal(fakeErr)
@@ -67,7 +65,7 @@ func fakeAgentConfig(t *testing.T, mode string) string {
 // gateway whose command line contains substr.
 func (g *gateway) agentProcs(substr string) []int {
 	var pids []int
-	for pid, cmd := range proctree.Descendants(g.cmd.Process.Pid) {
+	for pid, cmd := range proctree.Descendants(g.Cmd.Process.Pid) {
 		if strings.Contains(cmd, substr) && !strings.Contains(cmd, "supervise") {
 			pids = append(pids, pid)
 		}
@@ -96,18 +94,18 @@ func newBystander(t *testing.T, name string, c *client, cwd string) *bystander {
 // that it still completes an echo round trip and a prompt turn.
 func (b *bystander) check(t *testing.T) {
 	t.Helper()
-	b.c.t = t // the client reports to the running (sub)test
+	b.c.T = t // the client reports to the running (sub)test
 	select {
-	case m, ok := <-b.c.in:
+	case m, ok := <-b.c.In:
 		if !ok {
-			t.Fatalf("bystander %s: connection closed: %v", b.name, b.c.err())
+			t.Fatalf("bystander %s: connection closed: %v", b.name, b.c.Err())
 		}
 		t.Errorf("bystander %s received a message nobody asked for: %.300s", b.name, m.Raw)
 	default:
 	}
 	b.n++
 	nonce := fmt.Sprintf("%s-%d-%d", b.name, b.n, time.Now().UnixNano())
-	m := b.c.call("_demo/echo", map[string]any{"nonce": nonce}, turn)
+	m := b.c.Call("_demo/echo", map[string]any{"nonce": nonce}, turn)
 	var res struct {
 		Nonce string `json:"nonce"`
 	}
@@ -116,7 +114,7 @@ func (b *bystander) check(t *testing.T) {
 	}
 	text := fmt.Sprintf("%s is still here (%d)", b.name, b.n)
 	onUpdate, got := collectText(t, b.sid)
-	m = b.c.await(b.c.request("session/prompt", textPrompt(b.sid, text)), turn, onUpdate)
+	m = b.c.Await(b.c.Request("session/prompt", textPrompt(b.sid, text)), turn, onUpdate)
 	if r := stopReason(t, m); r != "end_turn" {
 		t.Fatalf("bystander %s: stopReason %q", b.name, r)
 	}
@@ -161,7 +159,7 @@ func wantError(t *testing.T, m rpcMsg, code int, id, substr string) {
 func echoOK(t *testing.T, c *client) {
 	t.Helper()
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	m := c.call("_demo/echo", map[string]any{"still": nonce}, turn)
+	m := c.Call("_demo/echo", map[string]any{"still": nonce}, turn)
 	var res struct {
 		Still string `json:"still"`
 	}
@@ -174,9 +172,9 @@ func echoOK(t *testing.T, c *client) {
 func quiet(t *testing.T, c *client, d time.Duration) {
 	t.Helper()
 	select {
-	case m, ok := <-c.in:
+	case m, ok := <-c.In:
 		if !ok {
-			t.Fatalf("connection closed: %v", c.err())
+			t.Fatalf("connection closed: %v", c.Err())
 		}
 		t.Fatalf("unexpected message: %.300s", m.Raw)
 	case <-time.After(d):
@@ -191,9 +189,9 @@ func closedWith(t *testing.T, c *client, timeout time.Duration) (websocket.Statu
 	deadline := time.After(timeout)
 	for {
 		select {
-		case m, ok := <-c.in:
+		case m, ok := <-c.In:
 			if !ok {
-				return websocket.CloseStatus(c.err()), msgs
+				return websocket.CloseStatus(c.Err()), msgs
 			}
 			msgs = append(msgs, m)
 		case <-deadline:
@@ -207,7 +205,7 @@ func (g *gateway) waitMoreLogs(t *testing.T, msg string, before int, timeout tim
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		if n := g.countLogs(msg, "", ""); n > before {
+		if n := g.CountLogs(msg, "", ""); n > before {
 			return n
 		}
 		if time.Now().After(deadline) {
@@ -301,8 +299,8 @@ websocket: {write_timeout: 20s}
 		hostile(t, fc.name, bys, func(t *testing.T) {
 			c, sid := hostileClient(t)
 			frame := strings.NewReplacer("{SID}", sid, "{VICTIM}", victimAgentSID).Replace(fc.frame)
-			c.sendRaw(frame)
-			wantError(t, c.next(turn), fc.code, fc.id, fc.msg)
+			c.SendRaw(frame)
+			wantError(t, c.Next(turn), fc.code, fc.id, fc.msg)
 			echoOK(t, c) // exactly one answer, and the connection lives on
 			quiet(t, victim, 0)
 		})
@@ -310,10 +308,10 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "transport/binary frame with invalid UTF-8", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
-		if err := c.ws.Write(c.ctx, websocket.MessageBinary, []byte("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"_demo/echo\",\"params\":\"\xff\"}\n")); err != nil {
+		if err := c.WS.Write(c.Ctx(), websocket.MessageBinary, []byte("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"_demo/echo\",\"params\":\"\xff\"}\n")); err != nil {
 			t.Fatal(err)
 		}
-		wantError(t, c.next(turn), -32700, "null", "invalid UTF-8")
+		wantError(t, c.Next(turn), -32700, "null", "invalid UTF-8")
 		echoOK(t, c)
 	})
 
@@ -323,12 +321,12 @@ websocket: {write_timeout: 20s}
 			`{"jsonrpc":"2.0","id":"a","method":"_demo/echo","params":{"n":2}}` + "\n" + // a duplicate id, still in flight or not
 			"not json\n" +
 			`{"jsonrpc":"2.0","id":"b","method":"_demo/echo","params":{"n":3}}` + "\n"
-		if err := c.ws.Write(c.ctx, websocket.MessageBinary, []byte(frame)); err != nil {
+		if err := c.WS.Write(c.Ctx(), websocket.MessageBinary, []byte(frame)); err != nil {
 			t.Fatal(err)
 		}
 		var parse, ok int
 		for range 4 {
-			m := c.next(turn)
+			m := c.Next(turn)
 			switch {
 			case m.Error != nil && m.Error.Code == -32700:
 				parse++
@@ -349,8 +347,8 @@ websocket: {write_timeout: 20s}
 	hostile(t, "json-rpc/1,000-level nesting inside an extension method's params is relayed intact", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
 		params := `{"deep":` + nested(1000) + `}`
-		c.sendRaw(`{"jsonrpc":"2.0","id":"deep","method":"_demo/echo","params":` + params + `}`)
-		m := c.next(turn)
+		c.SendRaw(`{"jsonrpc":"2.0","id":"deep","method":"_demo/echo","params":` + params + `}`)
+		m := c.Next(turn)
 		if string(m.ID) != `"deep"` || m.Error != nil || string(m.Result) != params {
 			t.Fatalf("echo of 1,000 nested arrays: %.300s", m.Raw)
 		}
@@ -359,8 +357,8 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "json-rpc/escaped member names \\u0069d and \\u0070arams are id and params", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
-		c.sendRaw(`{"jsonrpc":"2.0","\u0069d":"esc","\u006dethod":"_demo/echo","\u0070arams":{"k":"v"}}`)
-		m := c.next(turn)
+		c.SendRaw(`{"jsonrpc":"2.0","\u0069d":"esc","\u006dethod":"_demo/echo","\u0070arams":{"k":"v"}}`)
+		m := c.Next(turn)
 		if string(m.ID) != `"esc"` || m.Error != nil || string(m.Result) != `{"k":"v"}` {
 			t.Fatalf("got %s, want the echo of {\"k\":\"v\"} for id \"esc\"", m.Raw)
 		}
@@ -370,8 +368,8 @@ websocket: {write_timeout: 20s}
 	hostile(t, "json-rpc/id of exactly 256 bytes is accepted", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
 		id := `"` + strings.Repeat("i", 254) + `"`
-		c.sendRaw(`{"jsonrpc":"2.0","id":` + id + `,"method":"_demo/echo","params":{"ok":1}}`)
-		m := c.next(turn)
+		c.SendRaw(`{"jsonrpc":"2.0","id":` + id + `,"method":"_demo/echo","params":{"ok":1}}`)
+		m := c.Next(turn)
 		if string(m.ID) != id || m.Error != nil || string(m.Result) != `{"ok":1}` {
 			t.Fatalf("got %.400s", m.Raw)
 		}
@@ -379,21 +377,21 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "json-rpc/duplicate in-flight request id", bys, func(t *testing.T) {
 		c, sid := hostileClient(t)
-		c.sendRaw(`{"jsonrpc":"2.0","id":"dup","method":"session/prompt","params":` + mustJSON(t, textPrompt(sid, "slow please")) + `}`)
-		if m := c.next(turn); m.Method != "session/update" {
+		c.SendRaw(`{"jsonrpc":"2.0","id":"dup","method":"session/prompt","params":` + mustJSON(t, textPrompt(sid, "slow please")) + `}`)
+		if m := c.Next(turn); m.Method != "session/update" {
 			t.Fatalf("want the prompt running, got %s", m.Raw)
 		}
-		c.sendRaw(`{"jsonrpc":"2.0","id":"dup","method":"_demo/echo","params":{}}`)
+		c.SendRaw(`{"jsonrpc":"2.0","id":"dup","method":"_demo/echo","params":{}}`)
 		var got *rpcMsg
 		for got == nil {
-			if m := c.next(turn); m.Method == "" {
+			if m := c.Next(turn); m.Method == "" {
 				got = &m
 			}
 		}
 		wantError(t, *got, -32600, `"dup"`, "already in flight")
-		c.notify("session/cancel", map[string]string{"sessionId": sid})
+		c.Notify("session/cancel", map[string]string{"sessionId": sid})
 		for {
-			m := c.next(turn)
+			m := c.Next(turn)
 			if string(m.ID) == `"dup"` {
 				if r := stopReason(t, m); r != "cancelled" {
 					t.Fatalf("the original prompt: stopReason %q", r)
@@ -406,11 +404,11 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "json-rpc/response to an id the gateway never sent is dropped", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
-		before := g.countLogs("client answered a request id the gateway never sent; dropped", "", "")
+		before := g.CountLogs("client answered a request id the gateway never sent; dropped", "", "")
 		for _, id := range []string{`1`, `987654321`, `"never"`, `-5`, `null`} {
-			c.sendRaw(`{"jsonrpc":"2.0","id":` + id + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
+			c.SendRaw(`{"jsonrpc":"2.0","id":` + id + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
 		}
-		c.sendRaw(`{"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"stray"}}`)
+		c.SendRaw(`{"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"stray"}}`)
 		g.waitMoreLogs(t, "client answered a request id the gateway never sent; dropped", before+5, 5*time.Second)
 		echoOK(t, c) // nothing was answered, the connection lives
 		quiet(t, victim, 0)
@@ -418,15 +416,15 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "json-rpc/response sent twice", bys, func(t *testing.T) {
 		c, sid := hostileClient(t)
-		before := g.countLogs("client answered a request id the gateway never sent; dropped", "", "")
+		before := g.CountLogs("client answered a request id the gateway never sent; dropped", "", "")
 		answers := 0
 		onUpdate, text := collectText(t, sid)
-		m := c.await(c.request("session/prompt", textPrompt(sid, "ask my permission")), turn, func(m rpcMsg) {
+		m := c.Await(c.Request("session/prompt", textPrompt(sid, "ask my permission")), turn, func(m rpcMsg) {
 			if m.Method == "session/request_permission" {
 				answers++
 				allow := map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}}
-				c.respond(m.ID, allow)
-				c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "reject"}})
+				c.Respond(m.ID, allow)
+				c.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "reject"}})
 				return
 			}
 			onUpdate(m)
@@ -444,18 +442,18 @@ websocket: {write_timeout: 20s}
 	hostile(t, "acp/request before initialize", bys, func(t *testing.T) {
 		c := dial(t, g)
 		for i, method := range []string{"session/new", "_demo/echo", "session/prompt", "session/list"} {
-			c.sendRaw(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":%q,"params":{"cwd":%q,"mcpServers":[]}}`, 200+i, method, cwd))
-			wantError(t, c.next(turn), -32600, strconv.Itoa(200+i), "the first request must be initialize")
+			c.SendRaw(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":%q,"params":{"cwd":%q,"mcpServers":[]}}`, 200+i, method, cwd))
+			wantError(t, c.Next(turn), -32600, strconv.Itoa(200+i), "the first request must be initialize")
 		}
-		c.notify("session/cancel", map[string]string{"sessionId": "x"}) // a notification gets no answer
+		c.Notify("session/cancel", map[string]string{"sessionId": "x"}) // a notification gets no answer
 		c.initialize()
 		echoOK(t, c)
 	})
 
 	hostile(t, "acp/second initialize", bys, func(t *testing.T) {
 		c, sid := hostileClient(t)
-		c.sendRaw(`{"jsonrpc":"2.0","id":"again","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}`)
-		wantError(t, c.next(turn), -32600, `"again"`, "already initialized")
+		c.SendRaw(`{"jsonrpc":"2.0","id":"again","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}`)
+		wantError(t, c.Next(turn), -32600, `"again"`, "already initialized")
 		if got := promptOK(t, c, sid, "after a second initialize"); got != "You said: after a second initialize" {
 			t.Fatalf("prompt after a second initialize: %q", got)
 		}
@@ -463,30 +461,30 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "acp/initialize with protocolVersion as a string", bys, func(t *testing.T) {
 		c := dial(t, g)
-		c.sendRaw(`{"jsonrpc":"2.0","id":"v","method":"initialize","params":{"protocolVersion":"1","clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`)
-		wantError(t, c.next(turn), -32602, `"v"`, "protocolVersion must be an integer")
-		c.sendRaw(`{"jsonrpc":"2.0","id":"v2","method":"initialize","params":"1"}`)
-		wantError(t, c.next(turn), -32600, `"v2"`, `"params" must be an object`)
+		c.SendRaw(`{"jsonrpc":"2.0","id":"v","method":"initialize","params":{"protocolVersion":"1","clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`)
+		wantError(t, c.Next(turn), -32602, `"v"`, "protocolVersion must be an integer")
+		c.SendRaw(`{"jsonrpc":"2.0","id":"v2","method":"initialize","params":"1"}`)
+		wantError(t, c.Next(turn), -32600, `"v2"`, `"params" must be an object`)
 		c.initialize() // the connection is not spoiled
 		echoOK(t, c)
 	})
 
 	hostile(t, "acp/$/cancel_request notification for an unknown id", bys, func(t *testing.T) {
 		c, sid := hostileClient(t)
-		id := c.request("session/prompt", textPrompt(sid, "slow please"))
+		id := c.Request("session/prompt", textPrompt(sid, "slow please"))
 		ticks := 0
 		for ticks < 2 {
-			if m := c.next(turn); m.Method == "session/update" && parseUpdate(t, m).Update.Kind == "agent_message_chunk" {
+			if m := c.Next(turn); m.Method == "session/update" && parseUpdate(t, m).Update.Kind == "agent_message_chunk" {
 				ticks++
 			}
 		}
 		for _, rid := range []string{`424242`, `"nope"`, `null`, `{"a":1}`, strconv.Itoa(id + 1)} {
-			c.sendRaw(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":` + rid + `}}`)
+			c.SendRaw(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":` + rid + `}}`)
 		}
 		// The running prompt is not cancelled: it keeps ticking.
 		for ticks < 5 {
-			m := c.next(turn)
-			if m.isResponseTo(id) {
+			m := c.Next(turn)
+			if m.IsResponseTo(id) {
 				t.Fatalf("a cancel for another id ended the prompt: %s", m.Raw)
 			}
 			if m.Method != "session/update" {
@@ -494,8 +492,8 @@ websocket: {write_timeout: 20s}
 			}
 			ticks++
 		}
-		c.notify("session/cancel", map[string]string{"sessionId": sid})
-		if r := stopReason(t, c.await(id, turn, func(rpcMsg) {})); r != "cancelled" {
+		c.Notify("session/cancel", map[string]string{"sessionId": sid})
+		if r := stopReason(t, c.Await(id, turn, func(rpcMsg) {})); r != "cancelled" {
 			t.Fatalf("stopReason %q", r)
 		}
 		echoOK(t, c)
@@ -503,21 +501,21 @@ websocket: {write_timeout: 20s}
 
 	hostile(t, "acp/$/cancel_request as a request cancels and is answered", bys, func(t *testing.T) {
 		c, sid := hostileClient(t)
-		id := c.request("session/prompt", textPrompt(sid, "slow please"))
-		if m := c.next(turn); m.Method != "session/update" {
+		id := c.Request("session/prompt", textPrompt(sid, "slow please"))
+		if m := c.Next(turn); m.Method != "session/update" {
 			t.Fatalf("want the prompt running: %s", m.Raw)
 		}
-		c.sendRaw(fmt.Sprintf(`{"jsonrpc":"2.0","id":"cr","method":"$/cancel_request","params":{"requestId":%d}}`, id))
+		c.SendRaw(fmt.Sprintf(`{"jsonrpc":"2.0","id":"cr","method":"$/cancel_request","params":{"requestId":%d}}`, id))
 		var cancelAnswer, promptAnswer *rpcMsg
 		for cancelAnswer == nil || promptAnswer == nil {
-			m := c.next(turn)
+			m := c.Next(turn)
 			switch {
 			case string(m.ID) == `"cr"`:
 				if cancelAnswer != nil {
 					t.Fatalf("two answers to $/cancel_request: %s", m.Raw)
 				}
 				cancelAnswer = &m
-			case m.isResponseTo(id):
+			case m.IsResponseTo(id):
 				promptAnswer = &m
 			}
 		}
@@ -535,9 +533,9 @@ websocket: {write_timeout: 20s}
 	// request too.
 	hostile(t, "acp/$/cancel_request as a request for an unknown id must be answered", bys, func(t *testing.T) {
 		c, _ := hostileClient(t)
-		c.sendRaw(`{"jsonrpc":"2.0","id":"cr-unknown","method":"$/cancel_request","params":{"requestId":424242}}`)
+		c.SendRaw(`{"jsonrpc":"2.0","id":"cr-unknown","method":"$/cancel_request","params":{"requestId":424242}}`)
 		select {
-		case m := <-c.in:
+		case m := <-c.In:
 			if string(m.ID) != `"cr-unknown"` || m.Method != "" {
 				t.Fatalf("unexpected message: %s", m.Raw)
 			}
@@ -552,23 +550,23 @@ websocket: {write_timeout: 20s}
 		v := dial(t, g)
 		v.initialize()
 		vsid, vagent, _ := newSessionAgentID(t, g, v, cwd)
-		id := v.request("session/prompt", textPrompt(vsid, "slow please"))
-		if m := v.next(turn); m.Method != "session/update" {
+		id := v.Request("session/prompt", textPrompt(vsid, "slow please"))
+		if m := v.Next(turn); m.Method != "session/update" {
 			t.Fatalf("want the victim's prompt running: %s", m.Raw)
 		}
 		c, _ := hostileClient(t)
 		for _, s := range []string{vsid, vagent, flip(vsid)} {
-			c.notify("session/cancel", map[string]string{"sessionId": s})
+			c.Notify("session/cancel", map[string]string{"sessionId": s})
 		}
 		echoOK(t, c) // the notifications were handled
 		for ticks := 0; ticks < 5; ticks++ {
-			m := v.next(turn)
-			if m.isResponseTo(id) {
+			m := v.Next(turn)
+			if m.IsResponseTo(id) {
 				t.Fatalf("another connection's session/cancel ended the victim's prompt: %s", m.Raw)
 			}
 		}
-		v.notify("session/cancel", map[string]string{"sessionId": vsid})
-		if r := stopReason(t, v.await(id, turn, func(rpcMsg) {})); r != "cancelled" {
+		v.Notify("session/cancel", map[string]string{"sessionId": vsid})
+		if r := stopReason(t, v.Await(id, turn, func(rpcMsg) {})); r != "cancelled" {
 			t.Fatalf("the victim's own cancel: %q", r)
 		}
 	})
@@ -581,20 +579,20 @@ websocket: {write_timeout: 20s}
 		c, sid := hostileClient(t)
 		frame := `{"jsonrpc":"2.0","id":"cv","method":"session/prompt","params":{"sessionId":"` + sid + `","SESSIONID":"` + victimAgentSID +
 			`","prompt":[{"type":"text","text":"injected by another connection"}]}}`
-		c.sendRaw(frame)
+		c.SendRaw(frame)
 		var answer rpcMsg
 		for answer.Raw == nil {
-			if m := c.next(turn); m.Method == "" {
+			if m := c.Next(turn); m.Method == "" {
 				answer = m
 			}
 		}
 		t.Logf("the hostile client's answer: %s", answer.Raw)
 		select {
-		case m := <-victim.in:
+		case m := <-victim.In:
 			var rest []string
 			for more := true; more; {
 				select {
-				case x := <-victim.in:
+				case x := <-victim.In:
 					rest = append(rest, string(x.Raw))
 				case <-time.After(500 * time.Millisecond):
 					more = false
@@ -616,8 +614,8 @@ websocket: {write_timeout: 20s}
 		if len(frame) != limit {
 			t.Fatalf("frame of %d bytes", len(frame))
 		}
-		c.sendRaw(frame)
-		m := c.next(turn)
+		c.SendRaw(frame)
+		m := c.Next(turn)
 		var res struct {
 			Pad string `json:"pad"`
 		}
@@ -631,10 +629,10 @@ websocket: {write_timeout: 20s}
 		c, _ := hostileClient(t)
 		head, tail := `{"jsonrpc":"2.0","id":"over","method":"_demo/echo","params":{"pad":"`, `"}}`
 		frame := head + strings.Repeat("p", limit+1-len(head)-len(tail)) + tail
-		_ = c.ws.Write(c.ctx, websocket.MessageText, []byte(frame))
+		_ = c.WS.Write(c.Ctx(), websocket.MessageText, []byte(frame))
 		st, msgs := closedWith(t, c, turn)
 		if st != websocket.StatusMessageTooBig || len(msgs) != 0 {
-			t.Fatalf("a frame of limit+1 bytes: close status %v (%v), messages %d; want 1009 and none", st, c.err(), len(msgs))
+			t.Fatalf("a frame of limit+1 bytes: close status %v (%v), messages %d; want 1009 and none", st, c.Err(), len(msgs))
 		}
 		quiet(t, victim, 0)
 	})
@@ -646,7 +644,7 @@ websocket: {write_timeout: 20s}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-		ws, _, err := websocket.Dial(ctx, "ws://"+g.addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
+		ws, _, err := websocket.Dial(ctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -656,11 +654,11 @@ websocket: {write_timeout: 20s}
 		if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
 			t.Fatal(err)
 		}
-		before := g.countLogs("closing slow client", "", "")
+		before := g.CountLogs("closing slow client", "", "")
 		pad := strings.Repeat("s", 60_000)
 		sent := 0
 		start := time.Now()
-		for g.countLogs("closing slow client", "", "") == before {
+		for g.CountLogs("closing slow client", "", "") == before {
 			if sent >= 2000 || time.Since(start) > 40*time.Second {
 				t.Fatalf("no slow-client close after %d echo requests of 60 kB in %s", sent, time.Since(start).Round(time.Millisecond))
 			}
@@ -730,12 +728,12 @@ timeouts: {request: 1s}
 
 	hostile(t, "agent/hang: the request gets the timeout error", bys, func(t *testing.T) {
 		c := hostileClient(t)
-		before := g.countLogs("agent did not answer in time; answered for it", "", "")
+		before := g.CountLogs("agent did not answer in time; answered for it", "", "")
 		start := time.Now()
-		id := c.request("_fake/hang", map[string]any{})
+		id := c.Request("_fake/hang", map[string]any{})
 		// While the agent sits on the request, it serves everybody else.
 		by.check(t)
-		m := c.await(id, 10*time.Second, nil)
+		m := c.Await(id, 10*time.Second, nil)
 		wantError(t, m, -32603, strconv.Itoa(id), "the agent did not answer _fake/hang within")
 		// The answer is due 1-2 s after the request (the pool checks every
 		// second); the bystander's check above may delay reading it.
@@ -751,13 +749,13 @@ timeouts: {request: 1s}
 		const n, maxPending = 300, 256
 		start := time.Now()
 		for i := 0; i < n; i++ {
-			c.request("_fake/hang", map[string]any{"i": i})
+			c.Request("_fake/hang", map[string]any{"i": i})
 		}
 		burst := time.Since(start)
 		busy, timedOut := 0, 0
 		seen := map[string]int{}
 		for len(seen) < n {
-			m := c.next(15 * time.Second)
+			m := c.Next(15 * time.Second)
 			seen[string(m.ID)]++
 			switch {
 			case m.Error != nil && m.Error.Code == -32006 && strings.Contains(m.Error.Message, "too many requests in flight: at most 256"):
@@ -786,9 +784,9 @@ timeouts: {request: 1s}
 
 	hostile(t, "agent/writes garbage lines", bys, func(t *testing.T) {
 		c := hostileClient(t)
-		invalid := g.countLogs("agent wrote an invalid message; skipped", "", "")
-		orphans := g.countLogs("agent request has no recipient; answered by the gateway", "", "")
-		m := c.call("_fake/garbage", map[string]any{}, turn)
+		invalid := g.CountLogs("agent wrote an invalid message; skipped", "", "")
+		orphans := g.CountLogs("agent request has no recipient; answered by the gateway", "", "")
+		m := c.Call("_fake/garbage", map[string]any{}, turn)
 		if m.Error != nil || string(m.Result) != `{"ok":true}` {
 			t.Fatalf("answer after the garbage: %s", m.Raw)
 		}
@@ -800,8 +798,8 @@ timeouts: {request: 1s}
 
 	hostile(t, "agent/writes a line over the limit", bys, func(t *testing.T) {
 		c := hostileClient(t)
-		before := g.countLogs("agent sent a line over the message limit; skipped", "", "")
-		m := c.call("_fake/huge-line", map[string]any{"bytes": 4 * limit}, turn)
+		before := g.CountLogs("agent sent a line over the message limit; skipped", "", "")
+		m := c.Call("_fake/huge-line", map[string]any{"bytes": 4 * limit}, turn)
 		if m.Error != nil || string(m.Result) != `{"ok":true}` {
 			t.Fatalf("answer after the huge line: %s", m.Raw)
 		}
@@ -811,17 +809,17 @@ timeouts: {request: 1s}
 
 	hostile(t, "agent/answers with a line over the limit: the request gets the timeout error", bys, func(t *testing.T) {
 		c := hostileClient(t)
-		before := g.countLogs("agent sent a line over the message limit; skipped", "", "")
-		id := c.request("_fake/huge-answer", map[string]any{"bytes": 2 * limit})
-		wantError(t, c.await(id, 10*time.Second, nil), -32603, strconv.Itoa(id), "the agent did not answer _fake/huge-answer within")
+		before := g.CountLogs("agent sent a line over the message limit; skipped", "", "")
+		id := c.Request("_fake/huge-answer", map[string]any{"bytes": 2 * limit})
+		wantError(t, c.Await(id, 10*time.Second, nil), -32603, strconv.Itoa(id), "the agent did not answer _fake/huge-answer within")
 		g.waitMoreLogs(t, "agent sent a line over the message limit; skipped", before, 5*time.Second)
 		echoOK(t, c)
 	})
 
 	hostile(t, "agent/answers twice", bys, func(t *testing.T) {
 		c := hostileClient(t)
-		before := g.countLogs("agent answered an id the gateway never sent or already answered; dropped", "", "")
-		m := c.call("_fake/double", map[string]any{}, turn)
+		before := g.CountLogs("agent answered an id the gateway never sent or already answered; dropped", "", "")
+		m := c.Call("_fake/double", map[string]any{}, turn)
 		if m.Error != nil || string(m.Result) != `{"n":1}` {
 			t.Fatalf("first answer: %s", m.Raw)
 		}
@@ -831,9 +829,9 @@ timeouts: {request: 1s}
 
 	hostile(t, "agent/answers ids it was never sent", bys, func(t *testing.T) {
 		c := hostileClient(t)
-		never := g.countLogs("agent answered an id the gateway never sent; dropped", "", "")
-		notPending := g.countLogs("agent answered an id the gateway never sent or already answered; dropped", "", "")
-		m := c.call("_fake/unknown-id", map[string]any{}, turn)
+		never := g.CountLogs("agent answered an id the gateway never sent; dropped", "", "")
+		notPending := g.CountLogs("agent answered an id the gateway never sent or already answered; dropped", "", "")
+		m := c.Call("_fake/unknown-id", map[string]any{}, turn)
 		if m.Error != nil || string(m.Result) != `{"ok":true}` {
 			t.Fatalf("answer: %s", m.Raw)
 		}
@@ -847,16 +845,16 @@ timeouts: {request: 1s}
 	hostile(t, "agent/two requests with one id: the second is refused", bys, func(t *testing.T) {
 		c := hostileClient(t)
 		sid := c.newSession(cwd)
-		before := g.countLogs("agent reused the id of a request still in flight; refused", "", "")
+		before := g.CountLogs("agent reused the id of a request still in flight; refused", "", "")
 		asked := 0
-		m := c.await(c.request("session/prompt", textPrompt(sid, "duplicate request ids")), turn, func(m rpcMsg) {
+		m := c.Await(c.Request("session/prompt", textPrompt(sid, "duplicate request ids")), turn, func(m rpcMsg) {
 			if m.Method == "session/request_permission" {
 				asked++
 				// Answer only once the gateway has seen the second request:
 				// answered, the first would no longer be in flight and its id
 				// would be free to reuse.
 				g.waitMoreLogs(t, "agent reused the id of a request still in flight; refused", before, 5*time.Second)
-				c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+				c.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 			}
 		})
 		if r := stopReason(t, m); r != "end_turn" || asked != 1 {
@@ -868,7 +866,7 @@ timeouts: {request: 1s}
 	hostile(t, "agent/floods stderr", bys, func(t *testing.T) {
 		c := hostileClient(t)
 		const lines = 20000
-		m := c.call("_fake/stderr-flood", map[string]any{"lines": lines}, turn)
+		m := c.Call("_fake/stderr-flood", map[string]any{"lines": lines}, turn)
 		if m.Error != nil || string(m.Result) != fmt.Sprintf(`{"lines":%d}`, lines) {
 			t.Fatalf("answer: %s", m.Raw)
 		}
@@ -902,10 +900,10 @@ timeouts: {request: 1s}
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := startGateway(t, gwOpts{config: fakeAgentConfig(t, tc.mode) + "pool: {min_idle: 1, max_processes: 1, acquire_timeout: 20s}\n"})
-			g.waitLog(t, "agent failed to start", "", "", 15*time.Second)
+			g.WaitLog(t, "agent failed to start", "", "", 15*time.Second)
 			hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 			get := func(path string) (int, string) {
-				resp, err := hc.Get("http://" + g.addr + path)
+				resp, err := hc.Get("http://" + g.Addr + path)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -921,26 +919,26 @@ timeouts: {request: 1s}
 			}
 			for _, c := range []*client{dial(t, g), dial(t, g)} {
 				start := time.Now()
-				m := c.call("initialize", map[string]any{"protocolVersion": 1, "clientCapabilities": map[string]any{}}, turn)
-				wantError(t, m, -32603, strconv.Itoa(c.nextID), "no agent available")
+				m := c.Call("initialize", map[string]any{"protocolVersion": 1, "clientCapabilities": map[string]any{}}, turn)
+				wantError(t, m, -32603, strconv.Itoa(c.NextID), "no agent available")
 				t.Logf("initialize answered after %s: %s", time.Since(start).Round(time.Millisecond), m.Raw)
 				// The client is told the agent fails to start, without host
 				// details; the reason itself goes to the gateway's log.
 				if !strings.Contains(m.Error.Message, "failing to start") {
 					t.Errorf("the error does not say the agent fails: %q", m.Error.Message)
 				}
-				if !strings.Contains(g.logText(), tc.why) {
+				if !strings.Contains(g.LogText(), tc.why) {
 					t.Errorf("the gateway log does not say why (%q)", tc.why)
 				}
 				if d := time.Since(start); d > 10*time.Second {
 					t.Errorf("the error took %s (acquire_timeout is 20s): want it at once", d)
 				}
 				// The connection lives and says the same again.
-				m = c.call("session/new", map[string]any{"cwd": "/tmp", "mcpServers": []any{}}, turn)
-				wantError(t, m, -32600, strconv.Itoa(c.nextID), "not initialized")
+				m = c.Call("session/new", map[string]any{"cwd": "/tmp", "mcpServers": []any{}}, turn)
+				wantError(t, m, -32600, strconv.Itoa(c.NextID), "not initialized")
 			}
 			if tc.mode == "exit-before-init" {
-				if lines := g.agentLines("exiting before initialize"); len(lines) == 0 && !strings.Contains(g.logText(), "exiting before initialize") {
+				if lines := g.agentLines("exiting before initialize"); len(lines) == 0 && !strings.Contains(g.LogText(), "exiting before initialize") {
 					t.Errorf("the agent's last words are not in the gateway log")
 				}
 			}
@@ -980,19 +978,19 @@ limits: {messages_per_second: 5, message_burst: 10}
 		c := dial(t, g)
 		c.initialize()
 		sid := c.newSession(cwd)
-		pid := c.request("session/prompt", textPrompt(sid, "slow please"))
+		pid := c.Request("session/prompt", textPrompt(sid, "slow please"))
 		// 3 of the 10 tokens are spent; 20 more requests at once.
-		first := c.nextID + 1
+		first := c.NextID + 1
 		burstStart := time.Now()
 		for i := 0; i < 20; i++ {
-			c.request("_demo/echo", map[string]any{"i": i})
+			c.Request("_demo/echo", map[string]any{"i": i})
 		}
 		// The bucket holds 10 and refills 5 a second while the burst is
 		// being sent.
 		maxOK := 10 + int(5*time.Since(burstStart).Seconds()) + 1
 		ok, limited := 0, 0
 		for got := 0; got < 20; {
-			m := c.next(turn)
+			m := c.Next(turn)
 			if m.Method == "session/update" {
 				continue
 			}
@@ -1015,8 +1013,8 @@ limits: {messages_per_second: 5, message_burst: 10}
 		}
 		t.Logf("%d of 20 answered, %d refused with -32006", ok, limited)
 		// The bucket is empty, yet the cancellation passes.
-		c.notify("session/cancel", map[string]string{"sessionId": sid})
-		if r := stopReason(t, c.await(pid, 5*time.Second, func(rpcMsg) {})); r != "cancelled" {
+		c.Notify("session/cancel", map[string]string{"sessionId": sid})
+		if r := stopReason(t, c.Await(pid, 5*time.Second, func(rpcMsg) {})); r != "cancelled" {
 			t.Fatalf("stopReason %q: session/cancel did not pass the rate limit", r)
 		}
 		time.Sleep(1500 * time.Millisecond) // refill
@@ -1028,7 +1026,7 @@ limits: {messages_per_second: 5, message_burst: 10}
 		start := time.Now()
 		st, msgs := closedWith(t, c, 10*time.Second)
 		if st != websocket.StatusPolicyViolation || len(msgs) != 0 {
-			t.Fatalf("close status %v (%v) after %d messages, want 1008", st, c.err(), len(msgs))
+			t.Fatalf("close status %v (%v) after %d messages, want 1008", st, c.Err(), len(msgs))
 		}
 		if d := time.Since(start); d < 900*time.Millisecond || d > 5*time.Second {
 			t.Errorf("closed after %s; timeouts.handshake is 1s", d)
@@ -1041,13 +1039,13 @@ limits: {messages_per_second: 5, message_burst: 10}
 		// Requests other than initialize for the first 600 ms: each is
 		// refused, none counts as the handshake.
 		for i := 1; time.Since(start) < 600*time.Millisecond; i++ {
-			c.sendRaw(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/new","params":{"cwd":%q,"mcpServers":[]}}`, i, cwd))
-			wantError(t, c.next(turn), -32600, strconv.Itoa(i), "must be initialize")
+			c.SendRaw(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/new","params":{"cwd":%q,"mcpServers":[]}}`, i, cwd))
+			wantError(t, c.Next(turn), -32600, strconv.Itoa(i), "must be initialize")
 			time.Sleep(150 * time.Millisecond)
 		}
 		st, msgs := closedWith(t, c, 10*time.Second)
 		if st != websocket.StatusPolicyViolation || len(msgs) != 0 {
-			t.Fatalf("close status %v (%v) after %d more messages, want 1008", st, c.err(), len(msgs))
+			t.Fatalf("close status %v (%v) after %d more messages, want 1008", st, c.Err(), len(msgs))
 		}
 		if d := time.Since(start); d > 5*time.Second {
 			t.Errorf("closed after %s", d)
@@ -1061,10 +1059,10 @@ limits: {messages_per_second: 5, message_burst: 10}
 		busy := dial(t, g)
 		busy.initialize()
 		sid := busy.newSession(cwd)
-		pid := busy.request("session/prompt", textPrompt(sid, "ask my permission"))
+		pid := busy.Request("session/prompt", textPrompt(sid, "ask my permission"))
 		var perm rpcMsg
 		for perm.Raw == nil {
-			if m := busy.next(turn); m.Method == "session/request_permission" {
+			if m := busy.Next(turn); m.Method == "session/request_permission" {
 				perm = m
 			}
 		}
@@ -1072,23 +1070,23 @@ limits: {messages_per_second: 5, message_burst: 10}
 		// the idle timeout, but a prompt is running.
 		st, _ := closedWith(t, idle, 10*time.Second)
 		if st != websocket.StatusGoingAway {
-			t.Fatalf("idle connection: close status %v (%v), want 1001", st, idle.err())
+			t.Fatalf("idle connection: close status %v (%v), want 1001", st, idle.Err())
 		}
 		if d := time.Since(idleSince); d < 1500*time.Millisecond {
 			t.Errorf("idle connection closed after %s; timeouts.idle is 2s", d)
 		}
 		time.Sleep(2500 * time.Millisecond)
-		if busy.err() != nil {
-			t.Fatalf("the connection was closed while its prompt ran: %v", busy.err())
+		if busy.Err() != nil {
+			t.Fatalf("the connection was closed while its prompt ran: %v", busy.Err())
 		}
-		busy.respond(perm.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
-		if r := stopReason(t, busy.await(pid, turn, func(rpcMsg) {})); r != "end_turn" {
+		busy.Respond(perm.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+		if r := stopReason(t, busy.Await(pid, turn, func(rpcMsg) {})); r != "end_turn" {
 			t.Fatalf("stopReason %q", r)
 		}
 		// Once the turn is over, it idles out too.
 		st, _ = closedWith(t, busy, 10*time.Second)
 		if st != websocket.StatusGoingAway {
-			t.Fatalf("after the prompt: close status %v (%v), want 1001", st, busy.err())
+			t.Fatalf("after the prompt: close status %v (%v), want 1001", st, busy.Err())
 		}
 	})
 }
@@ -1104,8 +1102,8 @@ type streamer struct {
 
 func (s *streamer) start(t *testing.T) {
 	t.Helper()
-	s.c.t = t
-	s.prompt = s.c.request("session/prompt", textPrompt(s.sid, "slow please"))
+	s.c.T = t
+	s.prompt = s.c.Request("session/prompt", textPrompt(s.sid, "slow please"))
 	s.ticks = 0
 }
 
@@ -1113,7 +1111,7 @@ func (s *streamer) start(t *testing.T) {
 // session); it returns false when m is the answer that ends the prompt.
 func (s *streamer) handle(t *testing.T, m rpcMsg) bool {
 	t.Helper()
-	if m.isResponseTo(s.prompt) {
+	if m.IsResponseTo(s.prompt) {
 		return false
 	}
 	if m.Method != "session/update" {
@@ -1135,12 +1133,12 @@ func (s *streamer) handle(t *testing.T, m rpcMsg) bool {
 // check asserts the stream goes on and an echo round trip works meanwhile.
 func (s *streamer) check(t *testing.T) {
 	t.Helper()
-	s.c.t = t
+	s.c.T = t
 	before := s.ticks
-	id := s.c.request("_demo/echo", map[string]any{"alive": true})
+	id := s.c.Request("_demo/echo", map[string]any{"alive": true})
 	for {
-		m := s.c.next(turn)
-		if m.isResponseTo(id) {
+		m := s.c.Next(turn)
+		if m.IsResponseTo(id) {
 			if m.Error != nil {
 				t.Fatalf("streaming bystander: echo: %s", m.Raw)
 			}
@@ -1151,7 +1149,7 @@ func (s *streamer) check(t *testing.T) {
 		}
 	}
 	for s.ticks < before+2 {
-		if !s.handle(t, s.c.next(turn)) {
+		if !s.handle(t, s.c.Next(turn)) {
 			t.Fatalf("streaming bystander: the prompt ended")
 		}
 	}
@@ -1159,10 +1157,10 @@ func (s *streamer) check(t *testing.T) {
 
 func (s *streamer) stop(t *testing.T) {
 	t.Helper()
-	s.c.t = t
-	s.c.notify("session/cancel", map[string]string{"sessionId": s.sid})
+	s.c.T = t
+	s.c.Notify("session/cancel", map[string]string{"sessionId": s.sid})
 	for {
-		m := s.c.next(turn)
+		m := s.c.Next(turn)
 		if !s.handle(t, m) {
 			if r := stopReason(t, m); r != "cancelled" {
 				t.Fatalf("streaming bystander: stopReason %q", r)
@@ -1213,11 +1211,11 @@ func TestHostileTenants(t *testing.T) {
 
 	hostile(t, "tenancy/another tenant's session ID: -32002", bys, func(t *testing.T) {
 		c := dialToken(t, g, globexTok)
-		m := c.call("session/prompt", textPrompt(acme.sid, "hijack"), turn)
-		wantError(t, m, -32002, strconv.Itoa(c.nextID), "session not found")
-		m = c.call("session/load", map[string]any{"sessionId": acme.sid, "cwd": vroot, "mcpServers": []any{}}, turn)
-		wantError(t, m, -32002, strconv.Itoa(c.nextID), "session not found")
-		c.notify("session/cancel", map[string]string{"sessionId": acme.sid})
+		m := c.Call("session/prompt", textPrompt(acme.sid, "hijack"), turn)
+		wantError(t, m, -32002, strconv.Itoa(c.NextID), "session not found")
+		m = c.Call("session/load", map[string]any{"sessionId": acme.sid, "cwd": vroot, "mcpServers": []any{}}, turn)
+		wantError(t, m, -32002, strconv.Itoa(c.NextID), "session not found")
+		c.Notify("session/cancel", map[string]string{"sessionId": acme.sid})
 		echoOK(t, c)
 	})
 
@@ -1241,10 +1239,10 @@ func TestHostileTenants(t *testing.T) {
 		}
 		frame := `{"jsonrpc":"2.0","id":"cv","method":"session/prompt","params":{"sessionId":"` + own + `","SESSIONID":"` + acmeAgent +
 			`","prompt":[{"type":"text","text":"injected"}]}}`
-		c.sendRaw(frame)
+		c.SendRaw(frame)
 		var answer rpcMsg
 		for answer.Raw == nil {
-			if m := c.next(turn); m.Method == "" {
+			if m := c.Next(turn); m.Method == "" {
 				answer = m
 			}
 		}
@@ -1260,7 +1258,7 @@ func TestHostileTenants(t *testing.T) {
 		if data.SessionID != "" && data.SessionID != own {
 			// A gateway ID the client was never given: try it.
 			var replay strings.Builder
-			m := c.await(c.request("session/load", map[string]any{"sessionId": data.SessionID, "cwd": vroot, "mcpServers": []any{}}), turn, func(m rpcMsg) {
+			m := c.Await(c.Request("session/load", map[string]any{"sessionId": data.SessionID, "cwd": vroot, "mcpServers": []any{}}), turn, func(m rpcMsg) {
 				replay.WriteString(parseUpdate(t, m).text())
 			})
 			if m.Error == nil || strings.Contains(replay.String(), acme.name) {
@@ -1303,8 +1301,8 @@ func TestHostileTenants(t *testing.T) {
 			sid := c.newSession(vroot)
 			before := len(stateFiles(t, g.stateDir))
 			method, params := p.params(c, sid)
-			m := c.call(method, params, turn)
-			wantError(t, m, -32602, strconv.Itoa(c.nextID), p.msg[0])
+			m := c.Call(method, params, turn)
+			wantError(t, m, -32602, strconv.Itoa(c.NextID), p.msg[0])
 			for _, s := range p.msg[1:] {
 				if !strings.Contains(m.Error.Message, s) {
 					t.Errorf("message %q does not say %q", m.Error.Message, s)
@@ -1325,7 +1323,7 @@ func TestHostileTenants(t *testing.T) {
 	}
 
 	t.Run("no credential in the log", func(t *testing.T) {
-		logs := g.logText()
+		logs := g.LogText()
 		for _, s := range []string{acmeTok, globexTok} {
 			if strings.Contains(logs, s) {
 				t.Errorf("a token appears in the gateway log: %.12s…", s)
@@ -1353,13 +1351,13 @@ func TestHostileResume(t *testing.T) {
 	victim.initialize()
 	vsid := victim.newSession(vroot)
 	quiet(t, victim.c, 300*time.Millisecond)
-	n := victim.got
+	n := victim.Got
 	victim.resetDetached()
 
 	// A connection the client ended with 1000.
 	ended := newRconn(t, g, bearer(acmeTok))
 	ended.initialize()
-	endedN := ended.got
+	endedN := ended.Got
 	closeClean(t, ended.c)
 
 	var (
@@ -1384,7 +1382,7 @@ func TestHostileResume(t *testing.T) {
 
 	hostile(t, "resume/forged token", bys, func(t *testing.T) {
 		refuse(t, bearer(acmeTok), flip(victim.token), recv, "the victim's token with one character changed")
-		refuse(t, bearer(acmeTok), randomHex(t, len(victim.token)/2+1)[:len(victim.token)], recv, "a random token of the right length")
+		refuse(t, bearer(acmeTok), harness.RandomHex(t, len(victim.token)/2+1)[:len(victim.token)], recv, "a random token of the right length")
 		refuse(t, bearer(acmeTok), victim.token[:len(victim.token)-1], recv, "the victim's token less its last character")
 		refuse(t, bearer(acmeTok), victim.token+"A", recv, "the victim's token with a character appended")
 		refuse(t, bearer(acmeTok), strings.ToUpper(victim.token), recv, "the victim's token in upper case")
@@ -1409,8 +1407,8 @@ func TestHostileResume(t *testing.T) {
 	hostile(t, "resume/another tenant loads the detached session", bys, func(t *testing.T) {
 		c := dialToken(t, g, globexTok)
 		for _, method := range []string{"session/load", "session/resume"} {
-			m := c.call(method, map[string]any{"sessionId": vsid, "cwd": vroot, "mcpServers": []any{}}, turn)
-			wantError(t, m, -32002, strconv.Itoa(c.nextID), "session not found")
+			m := c.Call(method, map[string]any{"sessionId": vsid, "cwd": vroot, "mcpServers": []any{}}, turn)
+			wantError(t, m, -32002, strconv.Itoa(c.NextID), "session not found")
 		}
 		echoOK(t, c)
 	})
@@ -1427,22 +1425,22 @@ func TestHostileResume(t *testing.T) {
 	// None of it disturbed the victim: it resumes exactly and carries on.
 	t.Run("the victim resumes", func(t *testing.T) {
 		victim.t = t
-		if m := victim.resume(n); m != len(victim.frames) {
-			t.Errorf("_acpgate/resumed says the gateway received %d messages; the victim sent %d", m, len(victim.frames))
+		if m := victim.resume(n); m != len(victim.Frames) {
+			t.Errorf("_acpgate/resumed says the gateway received %d messages; the victim sent %d", m, len(victim.Frames))
 		}
 		quiet(t, victim.c, 200*time.Millisecond)
 		c := victim.c
-		c.nextID = victim.nextID
+		c.NextID = victim.NextID
 		if got := promptOK(t, c, vsid, "the victim is back"); got != "You said: the victim is back" {
 			t.Fatalf("the victim's prompt after the resume: %q", got)
 		}
-		closed := g.countLogs("connection closed", "conn", c.connID)
+		closed := g.CountLogs("connection closed", "conn", c.ConnID)
 		closeClean(t, c)
 		// Its token dies with it, once the gateway has handled the close
 		// (the close handshake completes before that).
-		for deadline := time.Now().Add(5 * time.Second); g.countLogs("connection closed", "conn", c.connID) == closed; {
+		for deadline := time.Now().Add(5 * time.Second); g.CountLogs("connection closed", "conn", c.ConnID) == closed; {
 			if time.Now().After(deadline) {
-				t.Fatalf("the gateway did not log the close of %s", c.connID)
+				t.Fatalf("the gateway did not log the close of %s", c.ConnID)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

@@ -32,7 +32,7 @@ func (p *httpPeer) req(method, body string, hdr map[string]string) (*http.Respon
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r, _ := http.NewRequestWithContext(ctx, method, "http://"+p.g.addr+"/acp", strings.NewReader(body))
+	r, _ := http.NewRequestWithContext(ctx, method, "http://"+p.g.Addr+"/acp", strings.NewReader(body))
 	if p.token != "" {
 		r.Header.Set("Authorization", "Bearer "+p.token)
 	}
@@ -66,7 +66,7 @@ func (p *httpPeer) initialize() {
 // stream opens an event stream and hands back its data lines.
 func (p *httpPeer) stream(ctx context.Context, session string) (*http.Response, <-chan string) {
 	p.t.Helper()
-	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.g.addr+"/acp", nil)
+	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.g.Addr+"/acp", nil)
 	r.Header.Set("Authorization", "Bearer "+p.token)
 	r.Header.Set("Accept", "text/event-stream")
 	r.Header.Set("Acp-Connection-Id", p.conn)
@@ -185,7 +185,7 @@ func TestHostileHTTP(t *testing.T) {
 		slow.initialize()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.addr+"/acp", nil)
+		r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.Addr+"/acp", nil)
 		r.Header.Set("Authorization", "Bearer "+slow.token)
 		r.Header.Set("Accept", "text/event-stream")
 		r.Header.Set("Acp-Connection-Id", slow.conn)
@@ -206,7 +206,7 @@ func TestHostileHTTP(t *testing.T) {
 		if !ended {
 			t.Fatal("a connection whose receiver never reads was still open after 100 MB of answers")
 		}
-		g.waitLog(t, "connection closed", "conn", slow.conn, 10*time.Second)
+		g.WaitLog(t, "connection closed", "conn", slow.conn, 10*time.Second)
 		echo(acme)
 	})
 	t.Run("DELETE ends the connection", func(t *testing.T) {

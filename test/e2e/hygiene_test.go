@@ -3,11 +3,9 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -19,8 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
+	"github.com/acpgate/acpgate/test/internal/acpclient"
+	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
@@ -30,15 +29,8 @@ import (
 // failing the test, so that worker goroutines can use it (t.Fatal must only
 // be called from the test's own goroutine).
 type wsClient struct {
-	ws     *websocket.Conn
-	ctx    context.Context
-	cancel context.CancelFunc
-	in     chan rpcMsg
-	done   chan struct{}
+	*acpclient.Conn
 	nextID int
-
-	mu      sync.Mutex
-	readErr error
 }
 
 var errClosed = errors.New("connection closed")
@@ -47,73 +39,35 @@ var errClosed = errors.New("connection closed")
 const invalidJSON = "<invalid JSON>"
 
 func wsDial(addr string, header http.Header) (*wsClient, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
-	defer dcancel()
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	ws, _, err := websocket.Dial(dctx, "ws://"+addr+"/acp", &websocket.DialOptions{HTTPClient: hc, HTTPHeader: header, Subprotocols: []string{"acp"}})
+	conn, _, err := acpclient.Dial("ws://"+addr+"/acp", acpclient.Options{Header: header, Subprotocols: []string{"acp"},
+		Timeout: 15 * time.Second, Buffer: 4096,
+		BadJSON: func(m *rpcMsg, _ error) bool { m.Method = invalidJSON; return true }})
 	if err != nil {
-		cancel()
 		return nil, err
 	}
-	ws.SetReadLimit(64 << 20)
-	c := &wsClient{ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 4096), done: make(chan struct{})}
-	go readMessages(ctx, ws, c.in, c.done, func(err error) {
-		c.mu.Lock()
-		c.readErr = err
-		c.mu.Unlock()
-	}, func(m *rpcMsg, _ error) bool { m.Method = invalidJSON; return true })
-	return c, nil
+	return &wsClient{Conn: conn}, nil
 }
 
-func (c *wsClient) err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.readErr
-}
+func (c *wsClient) Send(v any) error { return c.WriteJSON(v, 15*time.Second) }
 
-// close ends the connection with a close handshake.
-func (c *wsClient) close() {
-	_ = c.ws.Close(websocket.StatusNormalClosure, "")
-	c.cancel()
-	<-c.done
-}
-
-// kill drops the TCP connection without a close handshake.
-func (c *wsClient) kill() {
-	_ = c.ws.CloseNow()
-	c.cancel()
-	<-c.done
-}
-
-func (c *wsClient) send(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
-	defer cancel()
-	return c.ws.Write(ctx, websocket.MessageText, b)
-}
-
-func (c *wsClient) request(method string, params any) (int, error) {
+func (c *wsClient) Request(method string, params any) (int, error) {
 	c.nextID++
-	return c.nextID, c.send(map[string]any{"jsonrpc": "2.0", "id": c.nextID, "method": method, "params": params})
+	return c.nextID, c.Send(acpclient.Request(c.nextID, method, params))
 }
 
-func (c *wsClient) notify(method string, params any) error {
-	return c.send(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+func (c *wsClient) Notify(method string, params any) error {
+	return c.Send(acpclient.Notification(method, params))
 }
 
-func (c *wsClient) respond(id json.RawMessage, result any) error {
-	return c.send(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
+func (c *wsClient) Respond(id json.RawMessage, result any) error {
+	return c.Send(acpclient.Response(id, result))
 }
 
-func (c *wsClient) next(timeout time.Duration) (rpcMsg, error) {
+func (c *wsClient) Next(timeout time.Duration) (rpcMsg, error) {
 	select {
-	case m, ok := <-c.in:
+	case m, ok := <-c.In:
 		if !ok {
-			return rpcMsg{}, fmt.Errorf("%w: %v", errClosed, c.err())
+			return rpcMsg{}, fmt.Errorf("%w: %v", errClosed, c.Err())
 		}
 		if m.Method == invalidJSON { // every caller fails on it, whatever it waits for
 			return m, fmt.Errorf("the gateway sent invalid JSON: %.300s", m.Raw)
@@ -126,14 +80,14 @@ func (c *wsClient) next(timeout time.Duration) (rpcMsg, error) {
 
 // await reads until the response to id, passing everything else to other
 // (nil: anything but session/update is an error).
-func (c *wsClient) await(id int, timeout time.Duration, other func(rpcMsg) error) (rpcMsg, error) {
+func (c *wsClient) Await(id int, timeout time.Duration, other func(rpcMsg) error) (rpcMsg, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		m, err := c.next(time.Until(deadline))
+		m, err := c.Next(time.Until(deadline))
 		if err != nil {
 			return m, fmt.Errorf("waiting for the answer to %d: %w", id, err)
 		}
-		if m.isResponseTo(id) {
+		if m.IsResponseTo(id) {
 			return m, nil
 		}
 		if other != nil {
@@ -146,16 +100,16 @@ func (c *wsClient) await(id int, timeout time.Duration, other func(rpcMsg) error
 	}
 }
 
-func (c *wsClient) call(method string, params any, timeout time.Duration) (rpcMsg, error) {
-	id, err := c.request(method, params)
+func (c *wsClient) Call(method string, params any, timeout time.Duration) (rpcMsg, error) {
+	id, err := c.Request(method, params)
 	if err != nil {
 		return rpcMsg{}, err
 	}
-	return c.await(id, timeout, nil)
+	return c.Await(id, timeout, nil)
 }
 
 func (c *wsClient) initialize() error {
-	m, err := c.call("initialize", map[string]any{
+	m, err := c.Call("initialize", map[string]any{
 		"protocolVersion":    1,
 		"clientCapabilities": map[string]any{"fs": map[string]bool{"readTextFile": true, "writeTextFile": true}},
 		"clientInfo":         map[string]string{"name": "e2e-load", "version": "0"},
@@ -170,7 +124,7 @@ func (c *wsClient) initialize() error {
 }
 
 func (c *wsClient) newSession(cwd string) (string, error) {
-	m, err := c.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second)
+	m, err := c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second)
 	if err != nil {
 		return "", err
 	}
@@ -236,29 +190,7 @@ func rssKB(pid int) int {
 // name, and labelled ones by their full "name{labels}".
 func (g *gateway) metrics(t *testing.T) map[string]float64 {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	defer hc.CloseIdleConnections()
-	resp, err := hc.Get("http://" + g.addr + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
+	return metricscrape.Parse(metricsText(t, g))
 }
 
 // ---------------------------------------------------------------------------
@@ -294,7 +226,7 @@ func TestHygieneConnectionChurn(t *testing.T) {
 		minIdle  = 2
 		killEach = 100
 	)
-	marker := "E2E_HYGIENE_MARKER=" + randomHex(t, 8)
+	marker := "E2E_HYGIENE_MARKER=" + harness.RandomHex(t, 8)
 	name, value, _ := strings.Cut(marker, "=")
 	g := startGateway(t, gwOpts{config: fmt.Sprintf(`agent: {env: {%s: %q}, stop_grace: 1s}
 pool: {min_idle: %d, max_processes: 4, max_sessions_per_process: 16, idle_timeout: 2s}
@@ -302,7 +234,7 @@ limits: {messages_per_second: 0}
 shutdown_grace: 2s
 sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are churned
 `, name, value, minIdle)})
-	gwPID := g.cmd.Process.Pid
+	gwPID := g.Cmd.Process.Pid
 	cwd := t.TempDir()
 
 	// settled waits until the pool is back to min_idle ready processes and
@@ -340,7 +272,7 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 	}
 
 	// Warm up: one full cycle, so that lazily started parts exist.
-	warm, err := wsDial(g.addr, nil)
+	warm, err := wsDial(g.Addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,10 +283,10 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := warm.call("session/prompt", textPrompt(sid, "warm up"), turn); err != nil {
+	if _, err := warm.Call("session/prompt", textPrompt(sid, "warm up"), turn); err != nil {
 		t.Fatal(err)
 	}
-	warm.close()
+	warm.Close()
 	baseFDs, baseGoroutines := settled(t, 30*time.Second)
 	t.Logf("baseline: %d fds, %d goroutines, %d agent processes", baseFDs, baseGoroutines, len(g.agentPIDs()))
 
@@ -377,17 +309,17 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 			strings.Contains(m.Error.Message, "load the session again") || strings.Contains(m.Error.Message, "no agent available"))
 	}
 	cycle := func(n int, rng *rand.Rand) {
-		c, err := wsDial(g.addr, nil)
+		c, err := wsDial(g.Addr, nil)
 		if err != nil {
 			fail("cycle %d: dial: %v", n, err)
 			return
 		}
-		defer c.kill() // after close, a no-op
+		defer c.Kill() // after close, a no-op
 		if err := c.initialize(); err != nil {
 			fail("cycle %d: %v", n, err)
 			return
 		}
-		m, err := c.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, turn)
+		m, err := c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, turn)
 		if err != nil {
 			fail("cycle %d: session/new: %v", n, err)
 			return
@@ -406,11 +338,11 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 		sid := res.SessionID
 		if rng.IntN(10) == 0 {
 			// Drop the TCP connection in the middle of a streaming prompt.
-			if _, err := c.request("session/prompt", textPrompt(sid, "slow please")); err != nil {
+			if _, err := c.Request("session/prompt", textPrompt(sid, "slow please")); err != nil {
 				fail("cycle %d: %v", n, err)
 				return
 			}
-			m, err := c.next(turn)
+			m, err := c.Next(turn)
 			if err != nil {
 				fail("cycle %d: slow prompt: %v", n, err)
 				return
@@ -418,18 +350,18 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 			if m.Method != "session/update" && !agentError(m) {
 				fail("cycle %d: slow prompt: %.300s", n, m.Raw)
 			}
-			c.kill()
+			c.Kill()
 			dropped.Add(1)
 			return
 		}
 		text := fmt.Sprintf("cycle %d %s", n, strings.Repeat("x", rng.IntN(24)))
 		var got strings.Builder
-		id, err := c.request("session/prompt", textPrompt(sid, text))
+		id, err := c.Request("session/prompt", textPrompt(sid, text))
 		if err != nil {
 			fail("cycle %d: %v", n, err)
 			return
 		}
-		m, err = c.await(id, turn, func(m rpcMsg) error {
+		m, err = c.Await(id, turn, func(m rpcMsg) error {
 			s, _, err := chunkText(m, sid)
 			got.WriteString(s)
 			return err
@@ -446,7 +378,7 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 		default:
 			ok.Add(1)
 		}
-		c.close()
+		c.Close()
 	}
 
 	start := time.Now()
@@ -493,7 +425,7 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 	// The last kill's exit may still be on its way into the log: wait.
 	exits := 0
 	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		exits = g.countLogs("agent exited", "", "") + g.countLogs("agent stopped", "exit", "exit status 137")
+		exits = g.CountLogs("agent exited", "", "") + g.CountLogs("agent stopped", "exit", "exit status 137")
 		if exits >= int(kills.Load()) || time.Now().After(wait) {
 			break
 		}
@@ -548,7 +480,7 @@ sessions: {detach_timeout: 1s} # dropped clients detach, then end: both are chur
 	}
 
 	// And when the gateway stops, every agent-side process goes with it.
-	g.stop(syscall.SIGTERM)
+	g.Stop(syscall.SIGTERM)
 	deadline = time.Now().Add(15 * time.Second)
 	for {
 		left := proctree.WithEnv(marker)

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The isolation suite runs two tenants, acme and globex, on one gateway and
@@ -49,15 +51,6 @@ type isoEnv struct {
 	hsSecret []byte
 	hsFile   string
 	jwksFile string
-}
-
-func randomHex(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }
 
 func writeFile(t *testing.T, path string, data []byte) {
@@ -98,17 +91,17 @@ func newIsoEnv(t *testing.T) *isoEnv {
 			t.Fatal(err)
 		}
 		e.roots[name], e.real[name] = root, real
-		e.tokens[name] = name + "-" + randomHex(t, 24)
+		e.tokens[name] = name + "-" + harness.RandomHex(t, 24)
 	}
 	e.keyFile = filepath.Join(e.dir, "session.key")
-	writeFile(t, e.keyFile, []byte(randomHex(t, 32)+"\n"))
+	writeFile(t, e.keyFile, []byte(harness.RandomHex(t, 32)+"\n"))
 	return e
 }
 
 // withJWT writes an HS256 secret and a JWKS holding the test RSA key.
 func (e *isoEnv) withJWT(t *testing.T) {
 	t.Helper()
-	e.hsSecret = []byte(randomHex(t, 32)) // 64 bytes
+	e.hsSecret = []byte(harness.RandomHex(t, 32)) // 64 bytes
 	e.hsFile = filepath.Join(e.dir, "hs256.secret")
 	writeFile(t, e.hsFile, e.hsSecret)
 	pub := testRSAKey(t).PublicKey
@@ -177,7 +170,7 @@ func refused(t *testing.T, g *gateway, path string, h http.Header, protos []stri
 	t.Helper()
 	c, resp, err := dialWith(t, g, path, h, protos)
 	if err == nil {
-		c.close()
+		c.Close()
 		t.Fatalf("the upgrade succeeded; want %d %s", status, reason)
 	}
 	if resp == nil {
@@ -212,9 +205,9 @@ func assertQuiet(t *testing.T, c *client, who string, d time.Duration) {
 	defer timer.Stop()
 	for {
 		select {
-		case m, ok := <-c.in:
+		case m, ok := <-c.In:
 			if !ok {
-				t.Errorf("%s: connection closed: %v", who, c.err())
+				t.Errorf("%s: connection closed: %v", who, c.Err())
 				return
 			}
 			t.Errorf("%s received a message during another tenant's case: %s", who, m.Raw)
@@ -228,7 +221,7 @@ func assertQuiet(t *testing.T, c *client, who string, d time.Duration) {
 func promptOK(t *testing.T, c *client, sid, text string) string {
 	t.Helper()
 	onUpdate, got := collectText(t, sid)
-	m := c.await(c.request("session/prompt", textPrompt(sid, text)), turn, onUpdate)
+	m := c.Await(c.Request("session/prompt", textPrompt(sid, text)), turn, onUpdate)
 	if r := stopReason(t, m); r != "end_turn" {
 		t.Fatalf("stopReason %q: %s", r, m.Raw)
 	}
@@ -238,7 +231,7 @@ func promptOK(t *testing.T, c *client, sid, text string) string {
 // listSessions returns the session/list result entries of c.
 func listSessions(t *testing.T, c *client, params any) ([]map[string]any, rpcMsg) {
 	t.Helper()
-	m := c.call("session/list", params, turn)
+	m := c.Call("session/list", params, turn)
 	if m.Error != nil {
 		t.Fatalf("session/list: %s", m.Raw)
 	}
@@ -262,10 +255,8 @@ func listedIDs(entries []map[string]any) []string {
 
 // agentLines returns the agent's stderr lines the gateway logged.
 func (g *gateway) agentLines(substr string) []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	var out []string
-	for _, r := range g.logs {
+	for _, r := range g.Logs() {
 		if line, _ := r["line"].(string); r["msg"] == "agent stderr" && strings.Contains(line, substr) {
 			out = append(out, line)
 		}
@@ -453,7 +444,7 @@ func TestIsolationAuth(t *testing.T) {
 		refused(t, g, "/acp", http.Header{"Authorization": {"Basic YWNtZTpzZWNyZXQ="}}, []string{"acp"}, 401, "missing_token")
 	})
 	run("wrong token", func(t *testing.T) {
-		wrong := "acme-" + randomHex(t, 24)
+		wrong := "acme-" + harness.RandomHex(t, 24)
 		refused(t, g, "/acp", bearer(wrong), []string{"acp"}, 401, "invalid_token", wrong)
 		refused(t, g, "/acp", nil, []string{"acp", " acp.bearer." + wrong}, 401, "invalid_token", wrong)
 	})
@@ -479,8 +470,8 @@ func TestIsolationAuth(t *testing.T) {
 				}
 			}
 		}
-		if c.ws.Subprotocol() != "acp" {
-			t.Fatalf("subprotocol %q", c.ws.Subprotocol())
+		if c.WS.Subprotocol() != "acp" {
+			t.Fatalf("subprotocol %q", c.WS.Subprotocol())
 		}
 		c.initialize()
 		mustBe(t, c, "acme")
@@ -497,7 +488,7 @@ func TestIsolationAuth(t *testing.T) {
 	})
 	run("same origin", func(t *testing.T) {
 		h := bearer(globexTok)
-		h.Set("Origin", "http://"+g.addr)
+		h.Set("Origin", "http://"+g.Addr)
 		c, resp, err := dialWith(t, g, "/acp", h, []string{"acp"})
 		if err != nil {
 			t.Fatalf("same-origin upgrade refused: %v (%s)", err, respText(resp))
@@ -573,7 +564,7 @@ func TestIsolationAuth(t *testing.T) {
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	postTicket := func(t *testing.T, h http.Header) (*http.Response, []byte) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, "http://"+g.addr+"/v1/tickets", nil)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+g.Addr+"/v1/tickets", nil)
 		for k, v := range h {
 			req.Header[k] = v
 		}
@@ -635,7 +626,7 @@ func TestIsolationAuth(t *testing.T) {
 		if resp.StatusCode != 401 || !strings.Contains(string(body), `"missing_token"`) {
 			t.Fatalf("POST /v1/tickets without a token: %d %s", resp.StatusCode, body)
 		}
-		wrong := "globex-" + randomHex(t, 24)
+		wrong := "globex-" + harness.RandomHex(t, 24)
 		resp, body = postTicket(t, bearer(wrong))
 		if resp.StatusCode != 401 || !strings.Contains(string(body), `"invalid_token"`) || strings.Contains(string(body), wrong) {
 			t.Fatalf("POST /v1/tickets with a wrong token: %d %s", resp.StatusCode, body)
@@ -646,7 +637,7 @@ func TestIsolationAuth(t *testing.T) {
 		}
 	})
 	run("unknown ticket", func(t *testing.T) {
-		fake := base64.RawURLEncoding.EncodeToString([]byte(randomHex(t, 16))[:32])
+		fake := base64.RawURLEncoding.EncodeToString([]byte(harness.RandomHex(t, 16))[:32])
 		refused(t, g, "/acp?ticket="+fake, nil, []string{"acp"}, 401, "invalid_token", fake)
 	})
 	run("ticket plus bearer", func(t *testing.T) {
@@ -663,10 +654,10 @@ func TestIsolationAuth(t *testing.T) {
 			t.Errorf("%s bystander after the auth cases: %q", n, got)
 		}
 	}
-	if g.countLogs("authentication failed", "", "") == 0 {
+	if g.CountLogs("authentication failed", "", "") == 0 {
 		t.Errorf("no authentication failure was logged")
 	}
-	logs := g.logText()
+	logs := g.LogText()
 	for _, s := range secrets {
 		if strings.Contains(logs, s) {
 			t.Errorf("a credential appears in the gateway log: %.12s…", s)
@@ -702,9 +693,7 @@ func TestIsolationTenancy(t *testing.T) {
 		// The agent process that logged each session's creation.
 		procOf := func(agentID string) string {
 			g.waitAgentLine(t, "session "+agentID+" created", 5*time.Second)
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			for _, r := range g.logs {
+			for _, r := range g.Logs() {
 				if line, _ := r["line"].(string); r["msg"] == "agent stderr" && strings.Contains(line, "session "+agentID+" created") {
 					return fmt.Sprint(r["agent"], "/", r["agent_pid"])
 				}
@@ -723,7 +712,7 @@ func TestIsolationTenancy(t *testing.T) {
 		a, b := pair(t)
 		promptOK(t, a.c, a.sid, "acme-secret-marker")
 		randomID := "no-such-session"
-		forged := base64.RawURLEncoding.EncodeToString([]byte(randomHex(t, len(a.sid)))[:len(a.sid)*3/4])
+		forged := base64.RawURLEncoding.EncodeToString([]byte(harness.RandomHex(t, len(a.sid)))[:len(a.sid)*3/4])
 		ids := []struct{ name, id string }{
 			{"never existed", randomID},
 			{"forged", forged},
@@ -755,13 +744,13 @@ func TestIsolationTenancy(t *testing.T) {
 		// session/cancel is a notification: it must have no effect on
 		// acme's running prompt, whichever ID globex uses.
 		t.Run("session/cancel", func(t *testing.T) {
-			id := a.c.request("session/prompt", textPrompt(a.sid, "slow please"))
+			id := a.c.Request("session/prompt", textPrompt(a.sid, "slow please"))
 			ticks := 0
 			waitTicks := func(n int) {
 				t.Helper()
 				for ticks < n {
-					m := a.c.next(turn)
-					if m.isResponseTo(id) {
+					m := a.c.Next(turn)
+					if m.IsResponseTo(id) {
 						t.Fatalf("acme's prompt ended early (after %d ticks): %s", ticks, m.Raw)
 					}
 					if u := parseUpdate(t, m); u.Update.Kind == "agent_message_chunk" {
@@ -771,17 +760,17 @@ func TestIsolationTenancy(t *testing.T) {
 			}
 			waitTicks(1)
 			for _, x := range ids {
-				b.c.notify("session/cancel", map[string]any{"sessionId": x.id})
+				b.c.Notify("session/cancel", map[string]any{"sessionId": x.id})
 			}
 			// A round trip on globex's connection: its notifications
 			// have been handled.
-			if m := b.c.call("session/prompt", textPrompt(randomID, "x"), turn); m.Error == nil || m.Error.Code != -32002 {
+			if m := b.c.Call("session/prompt", textPrompt(randomID, "x"), turn); m.Error == nil || m.Error.Code != -32002 {
 				t.Fatalf("prompt on an unknown session: %s", m.Raw)
 			}
 			assertQuiet(t, b.c, "globex", 0)
 			waitTicks(ticks + 4) // still ticking, 100 ms apart
-			a.c.notify("session/cancel", map[string]any{"sessionId": a.sid})
-			m := a.c.await(id, turn, func(rpcMsg) {})
+			a.c.Notify("session/cancel", map[string]any{"sessionId": a.sid})
+			m := a.c.Await(id, turn, func(rpcMsg) {})
 			if r := stopReason(t, m); r != "cancelled" {
 				t.Fatalf("acme's own cancel: stopReason %q", r)
 			}
@@ -798,7 +787,7 @@ func TestIsolationTenancy(t *testing.T) {
 					wantCode, wantMsg = -32601, `method "session/delete" is not allowed by the gateway policy`
 				}
 				for i, x := range ids {
-					m := b.c.call(mt.method, mt.params(x.id), turn)
+					m := b.c.Call(mt.method, mt.params(x.id), turn)
 					if m.Error == nil || m.Error.Code != wantCode {
 						t.Errorf("%s with %s: %s, want %d", mt.method, x.name, m.Raw, wantCode)
 						continue
@@ -839,7 +828,7 @@ func TestIsolationTenancy(t *testing.T) {
 		// Positive control: the ID globex was refused is a live, valid ID
 		// for acme itself, on another connection.
 		a2 := dialToken(t, g, env.tokens["acme"])
-		m := a2.await(a2.request("session/load", map[string]any{"sessionId": a.sid, "cwd": vroot, "mcpServers": []any{}}), turn, func(rpcMsg) {})
+		m := a2.Await(a2.Request("session/load", map[string]any{"sessionId": a.sid, "cwd": vroot, "mcpServers": []any{}}), turn, func(rpcMsg) {})
 		if m.Error != nil {
 			t.Fatalf("acme loading its own session on a second connection: %s", m.Raw)
 		}
@@ -893,7 +882,7 @@ func TestIsolationTenancy(t *testing.T) {
 		// Asking for the other tenant's host root, or escaping the
 		// workspace, is refused rather than filtered.
 		for _, cwd := range []string{env.real["acme"], env.roots["acme"], vroot + "/../acme", "/"} {
-			m := b.c.call("session/list", map[string]any{"cwd": cwd}, turn)
+			m := b.c.Call("session/list", map[string]any{"cwd": cwd}, turn)
 			if m.Error == nil || m.Error.Code != -32602 || !strings.HasPrefix(m.Error.Message, "params.cwd") {
 				t.Errorf("globex listing cwd %q: %s", cwd, m.Raw)
 			}
@@ -966,8 +955,8 @@ func TestIsolationTenancy(t *testing.T) {
 					params = map[string]any{"sessionId": a.sid, "cwd": r.value, "mcpServers": []any{}}
 				}
 				nBefore := len(stateFiles(t, g.stateDir))
-				refusedBefore := g.countLogs("refused a path outside the tenant root", "", "")
-				m := a.c.call(r.method, params, turn)
+				refusedBefore := g.CountLogs("refused a path outside the tenant root", "", "")
+				m := a.c.Call(r.method, params, turn)
 				if m.Error == nil || m.Error.Code != -32602 {
 					t.Fatalf("%s: %s, want -32602", r.name, m.Raw)
 				}
@@ -984,22 +973,22 @@ func TestIsolationTenancy(t *testing.T) {
 					t.Errorf("the agent created a session anyway (%d -> %d)", nBefore, n)
 				}
 				deadline := time.Now().Add(2 * time.Second)
-				for g.countLogs("refused a path outside the tenant root", "", "") == refusedBefore && time.Now().Before(deadline) {
+				for g.CountLogs("refused a path outside the tenant root", "", "") == refusedBefore && time.Now().Before(deadline) {
 					time.Sleep(10 * time.Millisecond)
 				}
-				if g.countLogs("refused a path outside the tenant root", "", "") == refusedBefore {
+				if g.CountLogs("refused a path outside the tenant root", "", "") == refusedBefore {
 					t.Errorf("the refusal was not logged")
 				}
 			})
 		}
 		// Exact wording of the README example.
-		m := a.c.call("session/new", map[string]any{"cwd": "/workspace/../etc", "mcpServers": []any{}}, turn)
+		m := a.c.Call("session/new", map[string]any{"cwd": "/workspace/../etc", "mcpServers": []any{}}, turn)
 		if want := `params.cwd: "/workspace/../etc": path is outside the workspace "/workspace"`; m.Error == nil || m.Error.Message != want {
 			t.Errorf("got %s, want message %q", m.Raw, want)
 		}
 		// Prompt resources through the symlink or with an encoded slash.
 		for _, uri := range []string{"file:///workspace/secret-link.txt", "file:///workspace/link/secret.txt", "file:///workspace/..%2F..%2Fetc/passwd", "file:///etc/passwd"} {
-			m := a.c.call("session/prompt", map[string]any{"sessionId": a.sid, "prompt": []any{
+			m := a.c.Call("session/prompt", map[string]any{"sessionId": a.sid, "prompt": []any{
 				map[string]any{"type": "text", "text": "look"},
 				map[string]any{"type": "resource_link", "uri": uri, "name": "x"},
 			}}, turn)
@@ -1017,7 +1006,7 @@ func TestIsolationTenancy(t *testing.T) {
 	runPrompt := func(t *testing.T, c *client, sid, text string, answer func(m rpcMsg)) (rpcMsg, []rpcMsg) {
 		t.Helper()
 		var seen []rpcMsg
-		m := c.await(c.request("session/prompt", textPrompt(sid, text)), turn, func(m rpcMsg) {
+		m := c.Await(c.Request("session/prompt", textPrompt(sid, text)), turn, func(m rpcMsg) {
 			seen = append(seen, m)
 			if len(m.ID) > 0 && m.Method != "" { // an agent request
 				answer(m)
@@ -1093,7 +1082,7 @@ func TestIsolationTenancy(t *testing.T) {
 		m, msgs := runPrompt(t, a.c, a.sid, "read notes.txt", func(m rpcMsg) {
 			if m.Method == "fs/read_text_file" {
 				fsReqs = append(fsReqs, m)
-				a.c.respond(m.ID, map[string]string{"content": "the notes\n"})
+				a.c.Respond(m.ID, map[string]string{"content": "the notes\n"})
 				return
 			}
 			t.Errorf("unexpected agent request: %s", m.Raw)
@@ -1101,7 +1090,7 @@ func TestIsolationTenancy(t *testing.T) {
 		if r := stopReason(t, m); r != "end_turn" {
 			t.Fatalf("stopReason %q", r)
 		}
-		if len(fsReqs) != 1 || fsReqs[0].param("path") != vroot+"/notes.txt" || fsReqs[0].param("sessionId") != a.sid {
+		if len(fsReqs) != 1 || fsReqs[0].Param("path") != vroot+"/notes.txt" || fsReqs[0].Param("sessionId") != a.sid {
 			var raws []string
 			for _, r := range fsReqs {
 				raws = append(raws, string(r.Raw))
@@ -1143,7 +1132,7 @@ func TestIsolationTenancy(t *testing.T) {
 		a, b := pair(t)
 		m, msgs := runPrompt(t, a.c, a.sid, "read /workspace/notes.txt", func(m rpcMsg) {
 			t.Errorf("the client was asked: %s", m.Raw)
-			a.c.respond(m.ID, map[string]string{"content": "x"})
+			a.c.Respond(m.ID, map[string]string{"content": "x"})
 		})
 		if r := stopReason(t, m); r != "end_turn" {
 			t.Fatalf("stopReason %q", r)
@@ -1173,10 +1162,10 @@ func TestIsolationTenancy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := pair(t)
-			refusedBefore := g.countLogs("agent asked for a path outside the tenant root; refused", "", "")
+			refusedBefore := g.CountLogs("agent asked for a path outside the tenant root; refused", "", "")
 			m, msgs := runPrompt(t, a.c, a.sid, tc.prompt, func(m rpcMsg) {
 				t.Errorf("the client received an agent request for a file outside its root: %s", m.Raw)
-				a.c.respond(m.ID, map[string]string{"content": "x"})
+				a.c.Respond(m.ID, map[string]string{"content": "x"})
 			})
 			if r := stopReason(t, m); r != "end_turn" {
 				t.Fatalf("stopReason %q", r)
@@ -1196,8 +1185,8 @@ func TestIsolationTenancy(t *testing.T) {
 			if structural, _ := hostLeaks(msgs); len(structural) > 0 {
 				t.Errorf("host paths reached the client in protocol path fields:\n%s", strings.Join(structural, "\n"))
 			}
-			g.waitLog(t, "agent asked for a path outside the tenant root; refused", "tenant", "acme", 2*time.Second)
-			if g.countLogs("agent asked for a path outside the tenant root; refused", "", "") <= refusedBefore {
+			g.WaitLog(t, "agent asked for a path outside the tenant root; refused", "tenant", "acme", 2*time.Second)
+			if g.CountLogs("agent asked for a path outside the tenant root; refused", "", "") <= refusedBefore {
 				t.Errorf("the refusal was not logged")
 			}
 			assertQuiet(t, b.c, "globex", quietSpell)
@@ -1210,10 +1199,10 @@ func TestIsolationTenancy(t *testing.T) {
 		m, msgs := runPrompt(t, a.c, a.sid, "write "+target+" pwned", func(m rpcMsg) {
 			switch m.Method {
 			case "session/request_permission":
-				a.c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+				a.c.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 			default:
 				t.Errorf("the client received %s", m.Raw)
-				a.c.respond(m.ID, map[string]any{})
+				a.c.Respond(m.ID, map[string]any{})
 			}
 		})
 		if r := stopReason(t, m); r != "end_turn" {
@@ -1244,7 +1233,7 @@ func TestIsolationQuotas(t *testing.T) {
 		a2.newSession(vroot)
 		before := len(stateFiles(t, g.stateDir))
 		for _, c := range []*client{a1, a2} {
-			m := c.call("session/new", map[string]any{"cwd": vroot, "mcpServers": []any{}}, turn)
+			m := c.Call("session/new", map[string]any{"cwd": vroot, "mcpServers": []any{}}, turn)
 			if m.Error == nil || m.Error.Code != -32005 {
 				t.Fatalf("third session: %s, want -32005", m.Raw)
 			}
@@ -1264,11 +1253,11 @@ func TestIsolationQuotas(t *testing.T) {
 		// The quota error says "close one first": a closed session must
 		// give its slot back without closing the connection.
 		t.Run("session/close frees a slot", func(t *testing.T) {
-			a1.t = t // the client reports to this subtest
-			if m := a1.call("session/close", map[string]any{"sessionId": s1}, turn); m.Error != nil {
+			a1.T = t // the client reports to this subtest
+			if m := a1.Call("session/close", map[string]any{"sessionId": s1}, turn); m.Error != nil {
 				t.Fatalf("session/close: %s", m.Raw)
 			}
-			if m := a1.call("session/new", map[string]any{"cwd": vroot, "mcpServers": []any{}}, turn); m.Error != nil {
+			if m := a1.Call("session/new", map[string]any{"cwd": vroot, "mcpServers": []any{}}, turn); m.Error != nil {
 				t.Errorf("session/new after closing one of the 2 sessions: %s", m.Raw)
 			}
 		})
@@ -1286,7 +1275,7 @@ func TestIsolationQuotas(t *testing.T) {
 		b3 := dialToken(t, g, env.tokens["globex"])
 		b3.newSession(vroot)
 		// A connection that leaves frees its slot.
-		a2.close()
+		a2.Close()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			c, _, err := dialWith(t, g, "/acp", bearer(acme), []string{"acp"})
@@ -1319,10 +1308,10 @@ func TestIsolationRestart(t *testing.T) {
 	if got := promptOK(t, a, sid, "remember me across restarts"); got != "You said: remember me across restarts" {
 		t.Fatalf("reply %q", got)
 	}
-	a.close()
-	g1.stop(syscall.SIGTERM)
-	if g1.exitErr != nil {
-		t.Fatalf("gateway exit after SIGTERM: %v", g1.exitErr)
+	a.Close()
+	g1.Stop(syscall.SIGTERM)
+	if g1.ExitErr() != nil {
+		t.Fatalf("gateway exit after SIGTERM: %v", g1.ExitErr())
 	}
 
 	loadParams := map[string]any{"sessionId": sid, "cwd": vroot, "mcpServers": []any{}}
@@ -1330,12 +1319,12 @@ func TestIsolationRestart(t *testing.T) {
 		g2 := startGateway(t, gwOpts{config: cfg, stateDir: stateDir})
 		// The other tenant cannot open it after the restart either.
 		b := dialToken(t, g2, env.tokens["globex"])
-		if m := b.call("session/load", loadParams, turn); m.Error == nil || m.Error.Code != -32002 {
+		if m := b.Call("session/load", loadParams, turn); m.Error == nil || m.Error.Code != -32002 {
 			t.Fatalf("globex loading acme's ID after the restart: %s", m.Raw)
 		}
 		a := dialToken(t, g2, env.tokens["acme"])
 		var replay strings.Builder
-		m := a.await(a.request("session/load", loadParams), turn, func(m rpcMsg) {
+		m := a.Await(a.Request("session/load", loadParams), turn, func(m rpcMsg) {
 			u := parseUpdate(t, m)
 			if u.SessionID != sid {
 				t.Fatalf("replay names session %q, want %q", u.SessionID, sid)
@@ -1352,20 +1341,20 @@ func TestIsolationRestart(t *testing.T) {
 			t.Fatalf("prompt after the reload: %q", got)
 		}
 		assertQuiet(t, b, "globex", 0)
-		a.close()
-		g2.stop(syscall.SIGTERM)
+		a.Close()
+		g2.Stop(syscall.SIGTERM)
 	})
 	t.Run("different key", func(t *testing.T) {
 		other := filepath.Join(env.dir, "other.key")
-		writeFile(t, other, []byte(randomHex(t, 32)))
+		writeFile(t, other, []byte(harness.RandomHex(t, 32)))
 		g3 := startGateway(t, gwOpts{config: env.config(other, nil), stateDir: stateDir})
 		a := dialToken(t, g3, env.tokens["acme"])
-		m := a.call("session/load", loadParams, turn)
+		m := a.Call("session/load", loadParams, turn)
 		if m.Error == nil || m.Error.Code != -32002 {
 			t.Fatalf("session/load under another key: %s, want -32002", m.Raw)
 		}
 		got, _ := errorShape(t, m)
-		ref := a.call("session/load", map[string]any{"sessionId": "no-such-session", "cwd": vroot, "mcpServers": []any{}}, turn)
+		ref := a.Call("session/load", map[string]any{"sessionId": "no-such-session", "cwd": vroot, "mcpServers": []any{}}, turn)
 		if want, _ := errorShape(t, ref); got != want {
 			t.Fatalf("an old ID answers %s, a never-existing one %s", got, want)
 		}

@@ -39,7 +39,7 @@ func TestPolicyEnforced(t *testing.T) {
 	sid := c.newSession(cwd)
 
 	sentBefore := agentBoundMessages(t, g)
-	createdBefore := g.countLogs("agent stderr", "", "")
+	createdBefore := g.CountLogs("agent stderr", "", "")
 	cases := []struct {
 		name    string
 		method  string
@@ -71,7 +71,7 @@ func TestPolicyEnforced(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := c.call(tc.method, tc.params, turn)
+			m := c.Call(tc.method, tc.params, turn)
 			if m.Error == nil || m.Error.Code != tc.code || !strings.Contains(m.Error.Message, tc.message) {
 				t.Fatalf("got %s, want code %d and %q", m.Raw, tc.code, tc.message)
 			}
@@ -83,7 +83,7 @@ func TestPolicyEnforced(t *testing.T) {
 		})
 	}
 	// An allowed http MCP server passes (the agent advertises http).
-	m := c.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{
+	m := c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{
 		map[string]any{"type": "http", "name": "ok", "url": "https://mcp.example.com/mcp", "headers": []any{}}}}, turn)
 	if m.Error != nil {
 		t.Fatalf("an allowed http MCP server was refused: %s", m.Raw)
@@ -94,17 +94,17 @@ func TestPolicyEnforced(t *testing.T) {
 	if sentAfter-sentBefore != 1 {
 		t.Errorf("client messages relayed to the agent during the refused cases: %v (want only the allowed session/new)", sentAfter-sentBefore)
 	}
-	if n := g.countLogs("agent stderr", "", ""); n-createdBefore > 1 {
+	if n := g.CountLogs("agent stderr", "", ""); n-createdBefore > 1 {
 		t.Logf("agent stderr lines during the cases: %d", n-createdBefore)
 	}
 	// Nothing the gateway logged repeats the secrets either.
 	for _, secret := range []string{"hunter2", "s3cr3t", "Bearer abc"} {
-		if strings.Contains(g.logText(), secret) {
+		if strings.Contains(g.LogText(), secret) {
 			t.Errorf("the gateway log contains %q", secret)
 		}
 	}
 	// The connection is fine.
-	if got := stopReason(t, c.call("session/prompt", textPrompt(sid, "still fine"), turn)); got != "end_turn" {
+	if got := stopReason(t, c.Call("session/prompt", textPrompt(sid, "still fine"), turn)); got != "end_turn" {
 		t.Fatalf("prompt after the refusals: %s", got)
 	}
 }
@@ -112,7 +112,7 @@ func TestPolicyEnforced(t *testing.T) {
 // agentBoundMessages sums acpgate_messages_total{direction="client_to_agent"}.
 func agentBoundMessages(t *testing.T, g *gateway) float64 {
 	t.Helper()
-	body := httpGetBody(t, "http://"+g.addr+"/metrics")
+	body := httpGetBody(t, "http://"+g.Addr+"/metrics")
 	var sum float64
 	for _, line := range strings.Split(body, "\n") {
 		if strings.HasPrefix(line, `acpgate_messages_total{agent="default",direction="client_to_agent"`) {

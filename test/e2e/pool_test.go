@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The pool suite checks the shared pool: clients with different fs
@@ -67,7 +69,7 @@ func left(t *testing.T, ctx context.Context, max time.Duration, what string) tim
 
 // closedText describes why c's connection ended.
 func closedText(c *client) string {
-	err := c.err()
+	err := c.Err()
 	var ce websocket.CloseError
 	if errors.As(err, &ce) {
 		return fmt.Sprintf("the gateway closed the connection with %d (%s), reason %q", int(ce.Code), ce.Code, ce.Reason)
@@ -85,11 +87,11 @@ func waitFor(t *testing.T, c *client, what string, id int, timeout time.Duration
 	defer timer.Stop()
 	for {
 		select {
-		case m, ok := <-c.in:
+		case m, ok := <-c.In:
 			if !ok {
 				t.Fatalf("%s: no answer; %s", what, closedText(c))
 			}
-			if m.isResponseTo(id) {
+			if m.IsResponseTo(id) {
 				return m
 			}
 			if other != nil {
@@ -108,7 +110,7 @@ func waitFor(t *testing.T, c *client, what string, id int, timeout time.Duration
 func initializeAs(t *testing.T, c *client, p fsProfile, timeout time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	id := c.request("initialize", map[string]any{
+	id := c.Request("initialize", map[string]any{
 		"protocolVersion":    1,
 		"clientCapabilities": p.caps(),
 		"clientInfo":         map[string]string{"name": "e2e-pool-" + p.name, "version": "0"},
@@ -132,7 +134,7 @@ func initializeAs(t *testing.T, c *client, p fsProfile, timeout time.Duration) t
 func openSession(t *testing.T, c *client, cwd string, timeout time.Duration) string {
 	t.Helper()
 	start := time.Now()
-	id := c.request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
+	id := c.Request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
 	m := waitFor(t, c, "session/new", id, timeout, nil)
 	if m.Error != nil {
 		t.Fatalf("session/new answered with an error after %s: %s", time.Since(start).Round(time.Millisecond), m.Raw)
@@ -151,7 +153,7 @@ func openSession(t *testing.T, c *client, cwd string, timeout time.Duration) str
 func echoTurn(t *testing.T, c *client, sid, text string, timeout time.Duration) {
 	t.Helper()
 	onUpdate, got := collectText(t, sid)
-	m := waitFor(t, c, "session/prompt (echo)", c.request("session/prompt", textPrompt(sid, text)), timeout, onUpdate)
+	m := waitFor(t, c, "session/prompt (echo)", c.Request("session/prompt", textPrompt(sid, text)), timeout, onUpdate)
 	if m.Error != nil {
 		t.Fatalf("echo prompt failed: %s", m.Raw)
 	}
@@ -168,20 +170,18 @@ func echoTurn(t *testing.T, c *client, sid, text string, timeout time.Duration) 
 func closeClean(t *testing.T, c *client) {
 	t.Helper()
 	select {
-	case m, ok := <-c.in:
+	case m, ok := <-c.In:
 		if !ok {
 			t.Fatalf("before the client closed: %s", closedText(c))
 		}
 		t.Errorf("unexpected message before close: %s", m.Raw)
 	default:
 	}
-	err := c.ws.Close(websocket.StatusNormalClosure, "")
-	c.cancel()
-	<-c.done
+	err := c.CloseWith(websocket.StatusNormalClosure, "")
 	if err != nil {
 		t.Fatalf("close with 1000: %v (%s)", err, closedText(c))
 	}
-	if s := websocket.CloseStatus(c.err()); s != -1 && s != websocket.StatusNormalClosure {
+	if s := websocket.CloseStatus(c.Err()); s != -1 && s != websocket.StatusNormalClosure {
 		t.Fatalf("close with 1000: the gateway answered %d", int(s))
 	}
 }
@@ -223,7 +223,7 @@ func waitReady(t *testing.T, g *gateway, timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for {
 		last := ""
-		resp, err := hc.Get("http://" + g.addr + "/readyz")
+		resp, err := hc.Get("http://" + g.Addr + "/readyz")
 		if err != nil {
 			last = err.Error()
 		} else {
@@ -319,18 +319,18 @@ func TestPoolMixedProfilesConcurrent(t *testing.T) {
 			fail := func(format string, a ...any) {
 				errs[i] = fmt.Errorf("client %02d (%s): "+format, append([]any{i, p.name}, a...)...)
 			}
-			c, err := wsDial(g.addr, nil)
+			c, err := wsDial(g.Addr, nil)
 			if err != nil {
 				fail("dial: %v", err)
 				return
 			}
-			defer c.kill() // after close below: a no-op
+			defer c.Kill() // after close below: a no-op
 			step := func(what, method string, params any) (rpcMsg, bool) {
-				m, err := c.call(method, params, time.Until(deadline))
+				m, err := c.Call(method, params, time.Until(deadline))
 				switch {
 				case errors.Is(err, errClosed):
 					var ce websocket.CloseError
-					if errors.As(c.err(), &ce) {
+					if errors.As(c.Err(), &ce) {
 						fail("%s: the gateway closed the connection with %d %q", what, int(ce.Code), ce.Reason)
 					} else {
 						fail("%s: %v", what, err)
@@ -373,13 +373,13 @@ func TestPoolMixedProfilesConcurrent(t *testing.T) {
 				return
 			}
 			text := fmt.Sprintf("concurrent echo from client %d", i)
-			id, err := c.request("session/prompt", textPrompt(res.SessionID, text))
+			id, err := c.Request("session/prompt", textPrompt(res.SessionID, text))
 			if err != nil {
 				fail("send the prompt: %v", err)
 				return
 			}
 			var got strings.Builder
-			m, err = c.await(id, time.Until(deadline), func(m rpcMsg) error {
+			m, err = c.Await(id, time.Until(deadline), func(m rpcMsg) error {
 				s, isChunk, err := chunkText(m, res.SessionID)
 				if err != nil {
 					return err
@@ -405,7 +405,7 @@ func TestPoolMixedProfilesConcurrent(t *testing.T) {
 				fail("prompt streamed %q, want %q", got.String(), want)
 				return
 			}
-			if err := c.ws.Close(websocket.StatusNormalClosure, ""); err != nil {
+			if err := c.WS.Close(websocket.StatusNormalClosure, ""); err != nil {
 				fail("close with 1000: %v", err)
 			}
 		}()
@@ -453,7 +453,7 @@ func TestGatewayServesFsForClientWithout(t *testing.T) {
 	if err := os.Mkdir(outside, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	token := "acme-" + randomHex(t, 24)
+	token := "acme-" + harness.RandomHex(t, 24)
 	sum := sha256.Sum256([]byte(token))
 	g := startGateway(t, gwOpts{config: fmt.Sprintf(`pool: {min_idle: 1}
 tenants:
@@ -463,7 +463,7 @@ tenants:
     virtual_root: %s
 `, hex.EncodeToString(sum[:]), root, vroot)})
 
-	firstLine := "pool-e2e notes " + randomHex(t, 6)
+	firstLine := "pool-e2e notes " + harness.RandomHex(t, 6)
 	writeFile(t, filepath.Join(root, "notes.txt"), []byte(firstLine+"\nthe second line\n"))
 
 	// session opens a connection without fs and a session in /workspace.
@@ -481,7 +481,7 @@ tenants:
 	prompt := func(t *testing.T, c *client, sid, text string) (stop, reply string, permissions int) {
 		t.Helper()
 		var b strings.Builder
-		m := waitFor(t, c, "session/prompt "+text, c.request("session/prompt", textPrompt(sid, text)), left(t, ctx, turn, "the prompt"), func(m rpcMsg) {
+		m := waitFor(t, c, "session/prompt "+text, c.Request("session/prompt", textPrompt(sid, text)), left(t, ctx, turn, "the prompt"), func(m rpcMsg) {
 			switch m.Method {
 			case "session/update":
 				u := parseUpdate(t, m)
@@ -493,14 +493,14 @@ tenants:
 				}
 			case "session/request_permission":
 				permissions++
-				c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+				c.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 			case "fs/read_text_file", "fs/write_text_file":
 				t.Errorf("a client without fs capabilities received %s: %s", m.Method, m.Raw)
-				c.send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "no fs here"}})
+				c.Send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "no fs here"}})
 			default:
 				t.Errorf("unexpected message: %s", m.Raw)
 				if m.Method != "" && len(m.ID) > 0 {
-					c.send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "unexpected"}})
+					c.Send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "unexpected"}})
 				}
 			}
 		})
@@ -696,7 +696,7 @@ func TestClientRequestTimeout(t *testing.T) {
 		toolState = map[string]string{}
 		cancels   int
 	)
-	id := c.request("session/prompt", textPrompt(sid, "ask me for permission"))
+	id := c.Request("session/prompt", textPrompt(sid, "ask me for permission"))
 	m := waitFor(t, c, "session/prompt (permission, unanswered)", id, left(t, ctx, 10*time.Second, "the prompt"), func(m rpcMsg) {
 		switch m.Method {
 		case "session/request_permission":
@@ -705,7 +705,7 @@ func TestClientRequestTimeout(t *testing.T) {
 				return
 			}
 			perm, askedAt = &m, time.Now()
-			if m.param("sessionId") != sid {
+			if m.Param("sessionId") != sid {
 				t.Errorf("permission request for the wrong session: %s", m.Raw)
 			}
 			// Never answered.
@@ -759,7 +759,7 @@ func TestClientRequestTimeout(t *testing.T) {
 	t.Logf("turn cancelled %s after the unanswered permission request (%d $/cancel_request to the client)", waited.Round(time.Millisecond), cancels)
 
 	// The client answers late: the connection carries on.
-	c.respond(perm.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+	c.Respond(perm.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 	echoTurn(t, c, sid, "still here after the late answer", left(t, ctx, 20*time.Second, "the prompt after the late answer"))
 	closeClean(t, c)
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/acpgate/acpgate/test/internal/proctree"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
+
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 const turn = 20 * time.Second
@@ -22,20 +23,20 @@ const turn = 20 * time.Second
 func TestHandshake(t *testing.T) {
 	g := startGateway(t, gwOpts{})
 	c := dial(t, g)
-	if id, err := uuid.Parse(c.connID); err != nil || id.Version() != 4 || id.String() != c.connID {
-		t.Fatalf("101 response's Acp-Connection-Id %q is not a version 4 UUID in canonical form", c.connID)
+	if id, err := uuid.Parse(c.ConnID); err != nil || id.Version() != 4 || id.String() != c.ConnID {
+		t.Fatalf("101 response's Acp-Connection-Id %q is not a version 4 UUID in canonical form", c.ConnID)
 	}
-	if c.ws.Subprotocol() != "acp" {
-		t.Fatalf("subprotocol %q, want acp", c.ws.Subprotocol())
+	if c.WS.Subprotocol() != "acp" {
+		t.Fatalf("subprotocol %q, want acp", c.WS.Subprotocol())
 	}
 	// Anything before initialize is refused, and the connection lives on.
-	m := c.call("session/new", map[string]any{"cwd": "/tmp", "mcpServers": []any{}}, turn)
+	m := c.Call("session/new", map[string]any{"cwd": "/tmp", "mcpServers": []any{}}, turn)
 	if m.Error == nil || m.Error.Code != -32600 || !strings.Contains(m.Error.Message, "initialize") {
 		t.Fatalf("request before initialize: %s", m.Raw)
 	}
 	// The client asks for a version the agent does not speak: it gets the
 	// agent's.
-	m = c.call("initialize", map[string]any{"protocolVersion": 7, "clientCapabilities": map[string]any{}}, turn)
+	m = c.Call("initialize", map[string]any{"protocolVersion": 7, "clientCapabilities": map[string]any{}}, turn)
 	var res struct {
 		ProtocolVersion int `json:"protocolVersion"`
 		AgentInfo       struct {
@@ -45,7 +46,7 @@ func TestHandshake(t *testing.T) {
 	if err := json.Unmarshal(m.Result, &res); err != nil || res.ProtocolVersion != 1 || res.AgentInfo.Name != "acpgate-demo-agent" {
 		t.Fatalf("initialize result: %s", m.Raw)
 	}
-	m = c.call("initialize", map[string]any{"protocolVersion": 1}, turn)
+	m = c.Call("initialize", map[string]any{"protocolVersion": 1}, turn)
 	if m.Error == nil || m.Error.Code != -32600 {
 		t.Fatalf("second initialize: %s", m.Raw)
 	}
@@ -62,7 +63,7 @@ func TestPromptTurnStreams(t *testing.T) {
 	}
 	var chunks int
 	onUpdate, text := collectText(t, sid)
-	m := c.await(c.request("session/prompt", textPrompt(sid, "hello gateway, stream this back")), turn, func(m rpcMsg) {
+	m := c.Await(c.Request("session/prompt", textPrompt(sid, "hello gateway, stream this back")), turn, func(m rpcMsg) {
 		onUpdate(m)
 		if parseUpdate(t, m).Update.Kind == "agent_message_chunk" {
 			chunks++
@@ -88,13 +89,13 @@ func TestFsReadRequest(t *testing.T) {
 	path := filepath.Join(cwd, "notes.txt")
 	var asked bool
 	onUpdate, text := collectText(t, sid)
-	m := c.await(c.request("session/prompt", textPrompt(sid, "read "+path)), turn, func(m rpcMsg) {
+	m := c.Await(c.Request("session/prompt", textPrompt(sid, "read "+path)), turn, func(m rpcMsg) {
 		if m.Method == "fs/read_text_file" {
-			if m.param("sessionId") != sid || m.param("path") != path {
+			if m.Param("sessionId") != sid || m.Param("path") != path {
 				t.Fatalf("fs/read_text_file names the wrong session or path: %s", m.Raw)
 			}
 			asked = true
-			c.respond(m.ID, map[string]string{"content": "the first line\nthe second line\n"})
+			c.Respond(m.ID, map[string]string{"content": "the first line\nthe second line\n"})
 			return
 		}
 		onUpdate(m)
@@ -118,20 +119,20 @@ func TestPermissionRequest(t *testing.T) {
 			path := filepath.Join(cwd, choice+".txt")
 			var permitted, wrote bool
 			onUpdate, text := collectText(t, sid)
-			m := c.await(c.request("session/prompt", textPrompt(sid, "write "+path+" hello file")), turn, func(m rpcMsg) {
+			m := c.Await(c.Request("session/prompt", textPrompt(sid, "write "+path+" hello file")), turn, func(m rpcMsg) {
 				switch m.Method {
 				case "session/request_permission":
-					if m.param("sessionId") != sid {
+					if m.Param("sessionId") != sid {
 						t.Fatalf("permission request for the wrong session: %s", m.Raw)
 					}
 					permitted = true
-					c.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": choice}})
+					c.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": choice}})
 				case "fs/write_text_file":
 					wrote = true
-					if m.param("path") != path || !strings.Contains(m.param("content"), "hello file") {
+					if m.Param("path") != path || !strings.Contains(m.Param("content"), "hello file") {
 						t.Fatalf("write request: %s", m.Raw)
 					}
-					c.respond(m.ID, map[string]any{})
+					c.Respond(m.ID, map[string]any{})
 				default:
 					onUpdate(m)
 				}
@@ -154,16 +155,16 @@ func TestCancel(t *testing.T) {
 	c := dial(t, g)
 	c.initialize()
 	sid := c.newSession(t.TempDir())
-	id := c.request("session/prompt", textPrompt(sid, "a slow one please"))
+	id := c.Request("session/prompt", textPrompt(sid, "a slow one please"))
 	ticks := 0
 	var cancelledAt time.Time
-	m := c.await(id, turn, func(m rpcMsg) {
+	m := c.Await(id, turn, func(m rpcMsg) {
 		if parseUpdate(t, m).Update.Kind == "agent_message_chunk" {
 			ticks++
 		}
 		if ticks == 2 && cancelledAt.IsZero() {
 			cancelledAt = time.Now()
-			c.notify("session/cancel", map[string]string{"sessionId": sid})
+			c.Notify("session/cancel", map[string]string{"sessionId": sid})
 		}
 	})
 	if r := stopReason(t, m); r != "cancelled" {
@@ -174,12 +175,12 @@ func TestCancel(t *testing.T) {
 	}
 	// $/cancel_request on the prompt's request id works too: the gateway
 	// translates the id.
-	id = c.request("session/prompt", textPrompt(sid, "another long one"))
+	id = c.Request("session/prompt", textPrompt(sid, "another long one"))
 	ticks = 0
-	m = c.await(id, turn, func(m rpcMsg) {
+	m = c.Await(id, turn, func(m rpcMsg) {
 		ticks++
 		if ticks == 2 {
-			c.notify("$/cancel_request", map[string]int{"requestId": id})
+			c.Notify("$/cancel_request", map[string]int{"requestId": id})
 		}
 	})
 	if r := stopReason(t, m); r != "cancelled" {
@@ -193,22 +194,22 @@ func TestSessionLoadReplaysHistory(t *testing.T) {
 	a := dial(t, g)
 	a.initialize()
 	sid := a.newSession(cwd)
-	m := a.call("session/prompt", textPrompt(sid, "remember me"), turn)
+	m := a.Call("session/prompt", textPrompt(sid, "remember me"), turn)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatal(string(m.Raw))
 	}
-	a.close()
+	a.Close()
 
 	b := dial(t, g)
 	b.initialize()
 	// An ID that the gateway never issued is not found.
-	m = b.call("session/load", map[string]any{"sessionId": "bogus", "cwd": cwd, "mcpServers": []any{}}, turn)
+	m = b.Call("session/load", map[string]any{"sessionId": "bogus", "cwd": cwd, "mcpServers": []any{}}, turn)
 	if m.Error == nil || m.Error.Code != -32002 {
 		t.Fatalf("load of a bogus session: %s", m.Raw)
 	}
 	var kinds []string
 	var replay strings.Builder
-	m = b.await(b.request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(m rpcMsg) {
+	m = b.Await(b.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(m rpcMsg) {
 		u := parseUpdate(t, m)
 		if u.SessionID != sid {
 			t.Fatalf("replayed update names session %q, want %q", u.SessionID, sid)
@@ -224,7 +225,7 @@ func TestSessionLoadReplaysHistory(t *testing.T) {
 		t.Fatalf("replay before the response: kinds %v, text %q", kinds, replay.String())
 	}
 	// The loaded session is usable.
-	m = b.call("session/prompt", textPrompt(sid, "again"), turn)
+	m = b.Call("session/prompt", textPrompt(sid, "again"), turn)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatal(string(m.Raw))
 	}
@@ -242,7 +243,7 @@ func TestTwoClientsShareOneAgentWithoutCrossTalk(t *testing.T) {
 		t.Fatalf("want both clients on one agent process, have %v", pids)
 	}
 	// Client 1 cannot touch client 0's session.
-	m := clients[1].call("session/prompt", textPrompt(sids[0], "hijack"), turn)
+	m := clients[1].Call("session/prompt", textPrompt(sids[0], "hijack"), turn)
 	if m.Error == nil || m.Error.Code != -32002 {
 		t.Fatalf("prompt on another client's session: %s", m.Raw)
 	}
@@ -254,15 +255,15 @@ func TestTwoClientsShareOneAgentWithoutCrossTalk(t *testing.T) {
 			defer wg.Done()
 			for round := 0; round < 3; round++ {
 				want := fmt.Sprintf("client %d round %d", i, round)
-				id := c.request("session/prompt", textPrompt(sids[i], want))
+				id := c.Request("session/prompt", textPrompt(sids[i], want))
 				var got strings.Builder
 				for {
-					m, ok := <-c.in
+					m, ok := <-c.In
 					if !ok {
 						errs <- fmt.Errorf("client %d: connection closed", i)
 						return
 					}
-					if m.isResponseTo(id) {
+					if m.IsResponseTo(id) {
 						break
 					}
 					var u update
@@ -287,7 +288,7 @@ func TestTwoClientsShareOneAgentWithoutCrossTalk(t *testing.T) {
 	}
 	// A client that leaves does not take the process with it.
 	pid := g.agentPIDs()
-	clients[0].close()
+	clients[0].Close()
 	c := dial(t, g)
 	c.initialize()
 	c.newSession(t.TempDir())
@@ -305,9 +306,9 @@ func TestAgentKilledMidPrompt(t *testing.T) {
 	other := dial(t, g) // a bystander with no session on the dying process
 	other.initialize()
 
-	id := c.request("session/prompt", textPrompt(sid, "slow please"))
+	id := c.Request("session/prompt", textPrompt(sid, "slow please"))
 	var killedAt time.Time
-	m := c.await(id, turn, func(m rpcMsg) {
+	m := c.Await(id, turn, func(m rpcMsg) {
 		if killedAt.IsZero() {
 			pids := g.agentPIDs()
 			for _, pid := range pids {
@@ -322,15 +323,15 @@ func TestAgentKilledMidPrompt(t *testing.T) {
 	if d := time.Since(killedAt); d > time.Second {
 		t.Fatalf("the error took %s, want under a second", d)
 	}
-	m = c.call("session/prompt", textPrompt(sid, "hello?"), turn)
+	m = c.Call("session/prompt", textPrompt(sid, "hello?"), turn)
 	if m.Error == nil || m.Error.Code != -32002 || !strings.Contains(m.Error.Message, "load the session again") {
 		t.Fatalf("prompt on a session of a dead agent: %s", m.Raw)
 	}
-	m = c.await(c.request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
+	m = c.Await(c.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
 	if m.Error != nil {
 		t.Fatalf("reload after the agent died: %s", m.Raw)
 	}
-	m = c.call("session/prompt", textPrompt(sid, "back again"), turn)
+	m = c.Call("session/prompt", textPrompt(sid, "back again"), turn)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatalf("prompt after reload: %s", m.Raw)
 	}
@@ -345,30 +346,30 @@ func TestClientKilledMidPermissionRequest(t *testing.T) {
 	a := dial(t, g)
 	a.initialize()
 	sid := a.newSession(cwd)
-	id := a.request("session/prompt", textPrompt(sid, "ask my permission"))
+	id := a.Request("session/prompt", textPrompt(sid, "ask my permission"))
 	for {
-		m := a.next(turn)
+		m := a.Next(turn)
 		if m.Method == "session/request_permission" {
 			break
 		}
-		if m.isResponseTo(id) {
+		if m.IsResponseTo(id) {
 			t.Fatalf("prompt ended before asking: %s", m.Raw)
 		}
 	}
-	a.kill()
+	a.Kill()
 	// The gateway answers the permission request in the client's place
 	// (cancelled), which ends the agent's turn.
-	g.waitLog(t, "answered an agent request for a disconnected client", "method", "session/request_permission", 10*time.Second)
+	g.WaitLog(t, "answered an agent request for a disconnected client", "method", "session/request_permission", 10*time.Second)
 
 	b := dial(t, g)
 	b.initialize()
-	m := b.await(b.request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
+	m := b.Await(b.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
 	if m.Error != nil {
 		t.Fatalf("load: %s", m.Raw)
 	}
 	// Had the agent's turn been left waiting, this prompt would be refused
 	// as "a prompt is already running".
-	m = b.call("session/prompt", textPrompt(sid, "hello"), turn)
+	m = b.Call("session/prompt", textPrompt(sid, "hello"), turn)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatalf("prompt after the other client died: %s", m.Raw)
 	}
@@ -401,21 +402,21 @@ func TestMalformedInput(t *testing.T) {
 		{"object id", `{"jsonrpc":"2.0","id":{"a":1},"method":"session/list"}`, -32600, "null"},
 	}
 	for _, tc := range cases {
-		c.sendRaw(tc.frame)
-		m := c.next(turn)
+		c.SendRaw(tc.frame)
+		m := c.Next(turn)
 		if m.Error == nil || m.Error.Code != tc.code || string(m.ID) != tc.id {
 			t.Errorf("%s: got %s, want code %d id %s", tc.name, m.Raw, tc.code, tc.id)
 		}
 	}
-	if err := c.ws.Write(c.ctx, websocket.MessageBinary, []byte(`{"jsonrpc":"2.0","id":10,"method":"session/list"}`)); err != nil {
+	if err := c.WS.Write(c.Ctx(), websocket.MessageBinary, []byte(`{"jsonrpc":"2.0","id":10,"method":"session/list"}`)); err != nil {
 		t.Fatal(err)
 	}
 	// A binary frame is taken as text (use-acp sends its ndjson that way).
-	if m := c.next(turn); m.Error != nil || string(m.ID) != "10" {
+	if m := c.Next(turn); m.Error != nil || string(m.ID) != "10" {
 		t.Errorf("session/list in a binary frame: %s", m.Raw)
 	}
 	// The connection lives on.
-	m := c.call("session/prompt", textPrompt(sid, "still here"), turn)
+	m := c.Call("session/prompt", textPrompt(sid, "still here"), turn)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatal(string(m.Raw))
 	}
@@ -428,11 +429,11 @@ func TestOversizedFrameClosesWith1009(t *testing.T) {
 	bystander := dial(t, g)
 	bystander.initialize()
 	big := `{"jsonrpc":"2.0","id":99,"method":"_x","params":{"pad":"` + strings.Repeat("a", 100000) + `"}}`
-	_ = c.ws.Write(c.ctx, websocket.MessageText, []byte(big))
-	for range c.in {
+	_ = c.WS.Write(c.Ctx(), websocket.MessageText, []byte(big))
+	for range c.In {
 	}
-	if st := websocket.CloseStatus(c.err()); st != websocket.StatusMessageTooBig {
-		t.Fatalf("close status %v (%v), want 1009", st, c.err())
+	if st := websocket.CloseStatus(c.Err()); st != websocket.StatusMessageTooBig {
+		t.Fatalf("close status %v (%v), want 1009", st, c.Err())
 	}
 	bystander.newSession(t.TempDir())
 }
@@ -468,13 +469,13 @@ func TestNoAgentOutlivesGateway(t *testing.T) {
 				c := dial(t, g)
 				c.initialize()
 				sid := c.newSession(t.TempDir())
-				c.request("session/prompt", textPrompt(sid, "slow"))
-				c.next(turn) // the prompt is running
+				c.Request("session/prompt", textPrompt(sid, "slow"))
+				c.Next(turn) // the prompt is running
 			}
 			var procs map[int]string
 			deadline := time.Now().Add(10 * time.Second)
 			for {
-				procs = proctree.Descendants(g.cmd.Process.Pid)
+				procs = proctree.Descendants(g.Cmd.Process.Pid)
 				n := 0
 				for _, cmd := range procs {
 					if strings.Contains(cmd, "supervise") {
@@ -521,13 +522,13 @@ func TestGatewayAsPID1(t *testing.T) {
 	// unshare ignores SIGTERM while it waits: stop the gateway itself (the
 	// harness's cleanup then finds unshare exiting).
 	t.Cleanup(func() {
-		for pid, cmd := range proctree.Descendants(g.cmd.Process.Pid) {
+		for pid, cmd := range proctree.Descendants(g.Cmd.Process.Pid) {
 			if strings.Contains(cmd, " serve ") {
 				_ = syscall.Kill(pid, syscall.SIGTERM)
 			}
 		}
 		select {
-		case <-g.done:
+		case <-g.Done():
 		case <-time.After(15 * time.Second):
 			t.Error("the gateway did not stop on SIGTERM as PID 1")
 		}
@@ -535,7 +536,7 @@ func TestGatewayAsPID1(t *testing.T) {
 	c := dial(t, g)
 	c.initialize()
 	sid := c.newSession(t.TempDir())
-	if m := c.call("session/prompt", textPrompt(sid, "hello from pid 1"), turn); stopReason(t, m) != "end_turn" {
+	if m := c.Call("session/prompt", textPrompt(sid, "hello from pid 1"), turn); stopReason(t, m) != "end_turn" {
 		t.Fatalf("prompt: %s", m.Raw)
 	}
 }
@@ -545,11 +546,11 @@ func TestGatewayAsPID1(t *testing.T) {
 // reaping the orphans it adopted; what is left is killed and reported.
 func stopAndWaitGone(t *testing.T, g *gateway, sig syscall.Signal, procs map[int]string, timeout time.Duration) {
 	t.Helper()
-	g.stop(sig)
+	g.Stop(sig)
 	if sig == syscall.SIGTERM {
 		var ee interface{ ExitCode() int }
-		if g.exitErr != nil && (!errors.As(g.exitErr, &ee) || ee.ExitCode() != 0) {
-			t.Fatalf("gateway exit after SIGTERM: %v", g.exitErr)
+		if g.ExitErr() != nil && (!errors.As(g.ExitErr(), &ee) || ee.ExitCode() != 0) {
+			t.Fatalf("gateway exit after SIGTERM: %v", g.ExitErr())
 		}
 	}
 	deadline := time.Now().Add(timeout)

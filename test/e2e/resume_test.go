@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,6 +20,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/test/internal/acpclient"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
 // The resume suite checks that sessions outlive connections: a connection
@@ -43,6 +45,8 @@ const resumeConfig = "shutdown_grace: 3s\npool: {min_idle: 1, max_processes: 1}\
 // sockets) and keeps the text frames it sent, so that it can resume exactly.
 // Only the test's goroutine may use it.
 type rconn struct {
+	*acpclient.Resumable // on socket c
+
 	t      *testing.T
 	g      *gateway
 	header http.Header  // credentials, sent on every socket
@@ -50,9 +54,6 @@ type rconn struct {
 	tcp    *net.TCPConn // its TCP connection
 	connID string       // Acp-Connection-Id of the first socket
 	token  string       // result._meta.acpgate.resumeToken of initialize
-	got    int          // messages received, _acpgate/resumed excepted
-	frames []string     // every text frame sent, in order
-	nextID int
 	resets int
 }
 
@@ -60,57 +61,20 @@ type rconn struct {
 // the socket's TCP connection, so that the test can reset it.
 func dialTCP(t *testing.T, addr, path string, header http.Header) (*client, *net.TCPConn, *http.Response, error) {
 	t.Helper()
-	var (
-		mu  sync.Mutex
-		tcp *net.TCPConn
-	)
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			mu.Lock()
-			tcp, _ = conn.(*net.TCPConn)
-			mu.Unlock()
-		}
-		return conn, err
-	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer dcancel()
-	ws, resp, err := websocket.Dial(dctx, "ws://"+addr+path, &websocket.DialOptions{
-		HTTPClient:   &http.Client{Transport: tr},
-		HTTPHeader:   header,
-		Subprotocols: []string{"acp"},
-	})
+	c, resp, err := acpclient.DialClient(t, "ws://"+addr+path, header, []string{"acp"})
 	if err != nil {
-		cancel()
-		tr.CloseIdleConnections()
 		return nil, nil, resp, err
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if tcp == nil {
-		ws.CloseNow()
-		cancel()
+	if c.TCP == nil {
 		t.Fatalf("the WebSocket does not run on a *net.TCPConn")
 	}
-	ws.SetReadLimit(64 << 20)
-	c := &client{t: t, ws: ws, ctx: ctx, cancel: cancel, in: make(chan rpcMsg, 100000), connID: resp.Header.Get("Acp-Connection-Id"), done: make(chan struct{})}
-	go readMessages(ctx, ws, c.in, c.done, func(err error) {
-		c.mu.Lock()
-		c.readErr = err
-		c.mu.Unlock()
-	}, func(m *rpcMsg, err error) bool {
-		t.Errorf("gateway sent invalid JSON: %v: %s", err, m.Raw)
-		return false
-	})
-	t.Cleanup(c.close)
-	return c, tcp, resp, nil
+	return &client{c}, c.TCP, resp, nil
 }
 
 // newRconn opens the first socket of a connection.
 func newRconn(t *testing.T, g *gateway, header http.Header) *rconn {
 	t.Helper()
-	return newRconnVia(t, g, g.addr, header)
+	return newRconnVia(t, g, g.Addr, header)
 }
 
 // newRconnVia opens the first socket of a connection through addr (a relay
@@ -121,112 +85,34 @@ func newRconnVia(t *testing.T, g *gateway, addr string, header http.Header) *rco
 	if err != nil {
 		t.Fatalf("dial: %v (%s)", err, respText(resp))
 	}
-	if c.connID == "" {
+	if c.ConnID == "" {
 		t.Fatalf("the 101 response has no Acp-Connection-Id")
 	}
-	return &rconn{t: t, g: g, header: header, c: c, tcp: tcp, connID: c.connID}
-}
-
-func (r *rconn) sendRaw(s string) {
-	r.t.Helper()
-	r.frames = append(r.frames, s)
-	if err := r.c.ws.Write(r.c.ctx, websocket.MessageText, []byte(s)); err != nil {
-		r.t.Fatalf("write: %v (%s)", err, closedText(r.c))
-	}
-}
-
-func (r *rconn) send(v any) {
-	r.t.Helper()
-	r.sendRaw(mustJSON(r.t, v))
-}
-
-func (r *rconn) request(method string, params any) int {
-	r.t.Helper()
-	r.nextID++
-	r.send(map[string]any{"jsonrpc": "2.0", "id": r.nextID, "method": method, "params": params})
-	return r.nextID
-}
-
-func (r *rconn) notify(method string, params any) {
-	r.t.Helper()
-	r.send(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
-}
-
-func (r *rconn) respond(id json.RawMessage, result any) {
-	r.t.Helper()
-	r.send(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
-}
-
-// next returns the next message of the current socket and counts it. An
-// _acpgate/resumed anywhere but first on a resumed socket fails the test.
-func (r *rconn) next(what string, timeout time.Duration) rpcMsg {
-	r.t.Helper()
-	select {
-	case m, ok := <-r.c.in:
-		if !ok {
-			r.t.Fatalf("%s: %s (after %d messages received)", what, closedText(r.c), r.got)
-		}
-		if m.Method == "_acpgate/resumed" {
-			r.t.Fatalf("%s: _acpgate/resumed in the middle of the stream: %s", what, m.Raw)
-		}
-		r.got++
-		return m
-	case <-time.After(timeout):
-		r.t.Fatalf("%s: nothing within %s (the gateway stayed silent; %d messages received so far)", what, timeout, r.got)
-	}
-	return rpcMsg{}
-}
-
-// await reads until the response to id, passing every other message to
-// other (nil: only session/update is expected).
-func (r *rconn) await(what string, id int, timeout time.Duration, other func(rpcMsg)) rpcMsg {
-	r.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			r.t.Fatalf("%s: no answer within %s", what, timeout)
-		}
-		m := r.next(what, left)
-		if m.isResponseTo(id) {
-			return m
-		}
-		if other != nil {
-			other(m)
-		} else if m.Method != "session/update" {
-			r.t.Fatalf("%s: unexpected message while waiting for the answer: %.500s", what, m.Raw)
-		}
-	}
+	r := &rconn{t: t, g: g, header: header, c: c, tcp: tcp, connID: c.ConnID}
+	r.Resumable = acpclient.NewResumable(t, "", func() *acpclient.Conn { return r.c.Conn })
+	return r
 }
 
 // initialize initializes the connection and takes its resume token.
 func (r *rconn) initialize() {
 	r.t.Helper()
-	id := r.request("initialize", map[string]any{
+	id := r.Request("initialize", map[string]any{
 		"protocolVersion":    1,
 		"clientCapabilities": fsBoth.caps(),
 		"clientInfo":         map[string]string{"name": "e2e-resume", "version": "0"},
 	})
-	m := r.await("initialize", id, 30*time.Second, nil)
+	m := r.Await("initialize", id, 30*time.Second, nil)
 	if m.Error != nil {
 		r.t.Fatalf("initialize: %s", m.Raw)
 	}
-	var res struct {
-		Meta struct {
-			Acpgate struct {
-				ResumeToken string `json:"resumeToken"`
-			} `json:"acpgate"`
-		} `json:"_meta"`
-	}
-	if err := json.Unmarshal(m.Result, &res); err != nil || res.Meta.Acpgate.ResumeToken == "" {
+	if r.token = acpclient.ResumeToken(m); r.token == "" {
 		r.t.Fatalf("the initialize result has no _meta.acpgate.resumeToken: %s", m.Raw)
 	}
-	r.token = res.Meta.Acpgate.ResumeToken
 }
 
 func (r *rconn) newSession(cwd string) string {
 	r.t.Helper()
-	m := r.await("session/new", r.request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}), 30*time.Second, nil)
+	m := r.Await("session/new", r.Request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}), 30*time.Second, nil)
 	var res struct {
 		SessionID string `json:"sessionId"`
 	}
@@ -257,15 +143,9 @@ func (r *rconn) newSessionAgentID(cwd string) (sid, agentID string) {
 // loss does.
 func (r *rconn) reset() {
 	r.t.Helper()
-	if err := r.tcp.SetLinger(0); err != nil {
-		r.t.Fatalf("SetLinger(0): %v", err)
+	if err := r.c.Reset(); err != nil {
+		r.t.Fatalf("reset the TCP connection: %v", err)
 	}
-	if err := r.tcp.Close(); err != nil {
-		r.t.Fatalf("close the TCP connection: %v", err)
-	}
-	r.c.cancel()
-	<-r.c.done
-	r.c.ws.CloseNow()
 	r.resets++
 }
 
@@ -296,50 +176,22 @@ func (tt *turnTally) add(t *testing.T, m rpcMsg, what string) {
 	}
 }
 
-// resumePath is the resume URL for token and received.
-func resumePath(token, received string) string {
-	return "/acp?resume=" + url.QueryEscape(token) + "&received=" + url.QueryEscape(received)
-}
+var resumePath = acpclient.ResumePath
 
 // resume opens a new socket for the connection, having received n
 // messages. It checks the 101 and the _acpgate/resumed notification, re-sends
 // the frames the gateway had not received, and returns the gateway's count.
 func (r *rconn) resume(n int) int {
 	r.t.Helper()
-	c, tcp, resp, err := dialTCP(r.t, r.g.addr, resumePath(r.token, strconv.Itoa(n)), r.header)
+	c, tcp, resp, err := dialTCP(r.t, r.g.Addr, resumePath(r.token, strconv.Itoa(n)), r.header)
 	if err != nil {
-		r.t.Fatalf("resume with received=%d (%d frames sent): refused: %v (%s)", n, len(r.frames), err, respText(resp))
+		r.t.Fatalf("resume with received=%d (%d frames sent): refused: %v (%s)", n, len(r.Frames), err, respText(resp))
 	}
-	if c.connID != r.connID {
-		r.t.Errorf("the resumed socket's Acp-Connection-Id is %q, the connection's %q", c.connID, r.connID)
+	if c.ConnID != r.connID {
+		r.t.Errorf("the resumed socket's Acp-Connection-Id is %q, the connection's %q", c.ConnID, r.connID)
 	}
 	r.c, r.tcp = c, tcp
-	var first rpcMsg
-	select {
-	case m, ok := <-c.in:
-		if !ok {
-			r.t.Fatalf("resume: the socket ended before _acpgate/resumed: %s", closedText(c))
-		}
-		first = m
-	case <-time.After(10 * time.Second):
-		r.t.Fatalf("resume: no _acpgate/resumed within 10 s")
-	}
-	var p struct {
-		Received *json.Number `json:"received"`
-	}
-	if first.Method != "_acpgate/resumed" || len(first.ID) != 0 || json.Unmarshal(first.Params, &p) != nil || p.Received == nil {
-		r.t.Fatalf("resume: the first message is %.500s; want the notification _acpgate/resumed with params.received", first.Raw)
-	}
-	m, err := strconv.Atoi(p.Received.String())
-	if err != nil || m < 0 || m > len(r.frames) {
-		r.t.Fatalf("resume: _acpgate/resumed says the gateway received %s messages; the client sent %d: %s", p.Received, len(r.frames), first.Raw)
-	}
-	for _, f := range r.frames[m:] {
-		if err := c.ws.Write(c.ctx, websocket.MessageText, []byte(f)); err != nil {
-			r.t.Fatalf("resume: re-send: %v", err)
-		}
-	}
-	return m
+	return r.Resumed(c.Conn)
 }
 
 // resumeRefusal dials a resume and returns the refusal's status and body;
@@ -350,11 +202,11 @@ func resumeRefusal(t *testing.T, g *gateway, header http.Header, path string) (i
 	if err == nil {
 		var first string
 		select {
-		case m := <-c.in:
+		case m := <-c.In:
 			first = string(m.Raw)
 		case <-time.After(time.Second):
 		}
-		c.close()
+		c.Close()
 		t.Fatalf("GET %.120s was upgraded (first message %.300s); want 404 resume_refused before the upgrade", path, first)
 	}
 	if resp == nil {
@@ -541,17 +393,17 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	// About 300 chunks of 8 characters, 15 ms apart: 4-5 s of streaming.
 	text := echoText(2400)
 	want := "You said: " + text
-	id := r.request("session/prompt", textPrompt(sid, text))
+	id := r.Request("session/prompt", textPrompt(sid, text))
 	tally := &turnTally{sid: sid}
 	onUpdate := func(m rpcMsg) { t.Helper(); tally.add(t, m, "unexpected message during the turn") }
 	for chunks := 0; chunks < 10; chunks++ {
-		m := r.next("the streamed turn before the reset", left(t, ctx, turn, "the turn's first chunks"))
-		if m.isResponseTo(id) {
+		m := r.Next("the streamed turn before the reset", left(t, ctx, turn, "the turn's first chunks"))
+		if m.IsResponseTo(id) {
 			t.Fatalf("the turn ended after %d chunks: %s", chunks, m.Raw)
 		}
 		onUpdate(m)
 	}
-	sent, n := len(r.frames), r.got
+	sent, n := len(r.Frames), r.Got
 	r.reset()
 	// The agent streams on while no socket is there.
 	time.Sleep(500 * time.Millisecond)
@@ -559,7 +411,7 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	if m != sent {
 		t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d, all answered before the reset", m, sent)
 	}
-	resp := r.await("the prompt after the resume", id, left(t, ctx, turn, "the rest of the turn"), onUpdate)
+	resp := r.Await("the prompt after the resume", id, left(t, ctx, turn, "the rest of the turn"), onUpdate)
 	if got := tally.text.String(); got != want {
 		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got, want))
 	}
@@ -575,7 +427,7 @@ func TestResumeAfterTCPReset(t *testing.T) {
 
 	// The resumed connection is an ordinary one.
 	c := r.c
-	c.nextID = r.nextID
+	c.NextID = r.NextID
 	echoTurn(t, c, sid, "after the resume", left(t, ctx, turn, "a prompt after the resume"))
 	closeClean(t, c)
 }
@@ -593,14 +445,14 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 	r.initialize()
 	sid := r.newSession(t.TempDir())
 	// A notification (there is no turn to cancel) and a request.
-	r.notify("session/cancel", map[string]string{"sessionId": sid})
+	r.Notify("session/cancel", map[string]string{"sessionId": sid})
 	echo := func(nonce string) rpcMsg {
-		return r.await("_demo/echo", r.request("_demo/echo", map[string]string{"nonce": nonce}), left(t, ctx, turn, "an echo"), nil)
+		return r.Await("_demo/echo", r.Request("_demo/echo", map[string]string{"nonce": nonce}), left(t, ctx, turn, "an echo"), nil)
 	}
 	if m := echo("before"); m.Error != nil || string(m.Result) != `{"nonce":"before"}` {
 		t.Fatalf("echo: %s", m.Raw)
 	}
-	sent, n := len(r.frames), r.got
+	sent, n := len(r.Frames), r.Got
 	r.reset()
 	if m := r.resume(n); m != sent {
 		t.Fatalf("_acpgate/resumed says the gateway received %d messages; the client sent %d (initialize, session/new, a notification, an echo), all before the reset", m, sent)
@@ -610,9 +462,9 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 	resent := 0
 	for round := range 6 {
 		nonce := fmt.Sprintf("round-%d", round)
-		id := r.request("_demo/echo", map[string]string{"nonce": nonce})
-		answered := len(r.frames) - 1 // every frame before this one was answered
-		sent, n := len(r.frames), r.got
+		id := r.Request("_demo/echo", map[string]string{"nonce": nonce})
+		answered := len(r.Frames) - 1 // every frame before this one was answered
+		sent, n := len(r.Frames), r.Got
 		r.reset()
 		m := r.resume(n)
 		if m < answered || m > sent {
@@ -621,7 +473,7 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 		if m < sent {
 			resent++
 		}
-		a := r.await(fmt.Sprintf("round %d: the echo sent before the reset", round), id, left(t, ctx, turn, "the echo"), nil)
+		a := r.Await(fmt.Sprintf("round %d: the echo sent before the reset", round), id, left(t, ctx, turn, "the echo"), nil)
 		if a.Error != nil && strings.Contains(a.Error.Message, "already in flight") && m < sent {
 			t.Fatalf("GATEWAY BUG (exactly-once): round %d: %s\n_acpgate/resumed said the gateway had received %d of the client's %d messages, "+
 				"so the client re-sent the last one; but the gateway had read it on the old socket too and was handling it", round, a.Raw, m, sent)
@@ -631,11 +483,11 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 		}
 		// Exactly one answer.
 		select {
-		case dup, ok := <-r.c.in:
+		case dup, ok := <-r.c.In:
 			if !ok {
 				t.Fatalf("round %d: %s", round, closedText(r.c))
 			}
-			if dup.isResponseTo(id) && m < sent {
+			if dup.IsResponseTo(id) && m < sent {
 				t.Fatalf("GATEWAY BUG (exactly-once): request %d was answered twice: %s\n"+
 					"_acpgate/resumed said the gateway had received %d of the client's %d messages, so the client re-sent the last one, "+
 					"yet the gateway also handled the copy it had read on the old socket (see \"connection resumed\" gateway_received=%d, "+
@@ -652,22 +504,22 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 	// never got it. The gateway's count says so, and the client re-sends it.
 	for round := range 2 {
 		nonce := fmt.Sprintf("lost-%d", round)
-		r.nextID++
-		id := r.nextID
-		r.frames = append(r.frames, mustJSON(t, map[string]any{"jsonrpc": "2.0", "id": id, "method": "_demo/echo", "params": map[string]string{"nonce": nonce}}))
-		sent, n := len(r.frames), r.got
+		r.NextID++
+		id := r.NextID
+		r.Frames = append(r.Frames, mustJSON(t, map[string]any{"jsonrpc": "2.0", "id": id, "method": "_demo/echo", "params": map[string]string{"nonce": nonce}}))
+		sent, n := len(r.Frames), r.Got
 		r.reset()
 		if m := r.resume(n); m != sent-1 {
 			t.Fatalf("lost request %d: _acpgate/resumed says the gateway received %d messages; it got %d of the %d the client counts as sent", round, m, sent-1, sent)
 		}
-		a := r.await(fmt.Sprintf("the lost request %d, re-sent", round), id, left(t, ctx, turn, "the echo"), nil)
+		a := r.Await(fmt.Sprintf("the lost request %d, re-sent", round), id, left(t, ctx, turn, "the echo"), nil)
 		if a.Error != nil || string(a.Result) != mustJSON(t, map[string]string{"nonce": nonce}) {
 			t.Fatalf("lost request %d: %s", round, a.Raw)
 		}
 		quiet(t, r.c, 200*time.Millisecond)
 	}
 	c := r.c
-	c.nextID = r.nextID
+	c.NextID = r.NextID
 	echoTurn(t, c, sid, "after nine resumes", left(t, ctx, turn, "a prompt after the resumes"))
 	closeClean(t, c)
 }
@@ -676,16 +528,16 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 // agent's session/request_permission, which it returns.
 func promptUntilPermission(t *testing.T, r *rconn, sid string) (prompt int, perm rpcMsg) {
 	t.Helper()
-	prompt = r.request("session/prompt", textPrompt(sid, "ask my permission"))
+	prompt = r.Request("session/prompt", textPrompt(sid, "ask my permission"))
 	for {
-		m := r.next("the permission turn", turn)
+		m := r.Next("the permission turn", turn)
 		switch {
 		case m.Method == "session/request_permission":
-			if m.param("sessionId") != sid {
+			if m.Param("sessionId") != sid {
 				t.Fatalf("permission request for another session: %s", m.Raw)
 			}
 			return prompt, m
-		case m.isResponseTo(prompt):
+		case m.IsResponseTo(prompt):
 			t.Fatalf("the prompt ended before asking for permission: %s", m.Raw)
 		case m.Method != "session/update":
 			t.Fatalf("unexpected message: %.500s", m.Raw)
@@ -710,7 +562,7 @@ func takeOver(t *testing.T, g *gateway, header http.Header, sid, cwd string) (*c
 	}
 	initializeAs(t, b, fsBoth, 30*time.Second)
 	var before []rpcMsg
-	id := b.request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}})
+	id := b.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}})
 	m := waitFor(t, b, "session/load of the detached connection's session", id, turn, func(m rpcMsg) { before = append(before, m) })
 	if m.Error != nil {
 		t.Fatalf("session/load of the detached connection's session: %s", m.Raw)
@@ -776,7 +628,7 @@ func takeOverRunningPermission(t *testing.T, g *gateway, header http.Header, cwd
 	deadline := time.Now().Add(turn)
 read:
 	for {
-		m := b.next(time.Until(deadline))
+		m := b.Next(time.Until(deadline))
 		switch m.Method {
 		case "session/update":
 			u := parseUpdate(t, m)
@@ -808,7 +660,7 @@ read:
 			}
 			t.Logf("A's permission request had id %s, B's has id %s", permA.ID, m.ID)
 			permB = &m
-			b.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+			b.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 		case "_acpgate/turn_ended":
 			if permB == nil {
 				t.Fatalf("the turn ended before the permission request reached B: %s", m.Raw)
@@ -849,8 +701,8 @@ func takeOverEnded(t *testing.T, g *gateway, cwd string) {
 	sid, agentID := a.newSessionAgentID(cwd)
 	text := echoText(400) // 50 chunks, about 0.75 s
 	want := "You said: " + text
-	id := a.request("session/prompt", textPrompt(sid, text))
-	if m := a.next("the echo turn", turn); m.isResponseTo(id) || m.Method != "session/update" {
+	id := a.Request("session/prompt", textPrompt(sid, text))
+	if m := a.Next("the echo turn", turn); m.IsResponseTo(id) || m.Method != "session/update" {
 		t.Fatalf("want the turn streaming: %s", m.Raw)
 	}
 	a.resetDetached()
@@ -867,20 +719,20 @@ func takeOverEnded(t *testing.T, g *gateway, cwd string) {
 	}
 	tally := &turnTally{sid: sid}
 	for tally.infos == 0 {
-		tally.add(t, b.next(5*time.Second), "after the load; want the turn's updates since the detach")
+		tally.add(t, b.Next(5*time.Second), "after the load; want the turn's updates since the detach")
 	}
 	if tail := tally.text.String(); tail == "" || !strings.HasSuffix(want, tail) {
 		t.Errorf("the updates since the detach carry %q; want a non-empty end of %q", tail, want)
 	}
 	select {
-	case m := <-b.in:
+	case m := <-b.In:
 		t.Errorf("after the buffered updates: %.500s (no turn runs, so no _acpgate/turn_ended)", m.Raw)
 	case <-time.After(300 * time.Millisecond):
 	}
 	// A's connection had nothing left (its only session taken over, no
 	// request in flight): it ended at once, so its token is refused and it
 	// no longer counts as detached.
-	wantResumeRefused(t, g, a.header, resumePath(a.token, strconv.Itoa(a.got)), "the token of a connection emptied by a take-over")
+	wantResumeRefused(t, g, a.header, resumePath(a.token, strconv.Itoa(a.Got)), "the token of a connection emptied by a take-over")
 	waitMetric(t, g, "acpgate_connections_detached", "", "0", 5*time.Second, func(v float64) bool { return v == 0 })
 	echoTurn(t, b, sid, "B owns the session now", turn)
 	closeClean(t, b)
@@ -894,7 +746,7 @@ func takeOverIdle(t *testing.T, g *gateway, cwd string) {
 	a.initialize()
 	sid := a.newSession(cwd)
 	onUpdate, _ := collectText(t, sid)
-	m := a.await("an echo turn", a.request("session/prompt", textPrompt(sid, "an idle detach")), turn, onUpdate)
+	m := a.Await("an echo turn", a.Request("session/prompt", textPrompt(sid, "an idle detach")), turn, onUpdate)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatalf("echo turn: %s", m.Raw)
 	}
@@ -938,12 +790,12 @@ func TestDetachTimeoutCancels(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid, agentID := r.newSessionAgentID(cwd)
-	r.request("session/prompt", textPrompt(sid, "slow please"))
+	r.Request("session/prompt", textPrompt(sid, "slow please"))
 	k := &ticker{t: t, sid: sid}
 	for k.ticks < 3 {
-		k.handle(r.next("the slow turn", turn))
+		k.handle(r.Next("the slow turn", turn))
 	}
-	n := r.got
+	n := r.Got
 	r.reset()
 	resetAt := time.Now()
 	waitDetached(t, g, 1)
@@ -973,7 +825,7 @@ func TestDetachTimeoutCancels(t *testing.T) {
 	// The session was freed: another connection loads and prompts it.
 	b := dial(t, g)
 	initializeAs(t, b, fsBoth, 30*time.Second)
-	m := b.await(b.request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
+	m := b.Await(b.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
 	if m.Error != nil {
 		t.Fatalf("session/load after the detach timeout: %s", m.Raw)
 	}
@@ -992,23 +844,22 @@ func TestCleanCloseCancelsAtOnce(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid, agentID := r.newSessionAgentID(t.TempDir())
-	r.request("session/prompt", textPrompt(sid, "slow please"))
+	r.Request("session/prompt", textPrompt(sid, "slow please"))
 	k := &ticker{t: t, sid: sid}
 	for k.ticks < 3 {
-		k.handle(r.next("the slow turn", turn))
+		k.handle(r.Next("the slow turn", turn))
 	}
-	n := r.got
-	closeErr := r.c.ws.Close(websocket.StatusNormalClosure, "")
+	n := r.Got
+	closeErr := r.c.WS.Close(websocket.StatusNormalClosure, "")
 	closedAt := time.Now()
-	r.c.cancel()
-	<-r.c.done
+	r.c.Kill() // waits for the reader
 	if closeErr != nil {
 		t.Errorf("close with 1000: %v (%s)", closeErr, closedText(r.c))
 	}
 	// The close frame is echoed as it is read; the gateway ends the
 	// connection right after, and logs it: a resume sent in between would
 	// still find it (a loaded machine showed that window once).
-	g.waitLog(t, "connection closed", "conn", r.connID, 5*time.Second)
+	g.WaitLog(t, "connection closed", "conn", r.connID, 5*time.Second)
 	wantResumeRefused(t, g, nil, resumePath(r.token, strconv.Itoa(n)), "the token of a connection the client closed with 1000")
 	endedAt, reply := waitTurnStored(t, g, agentID, 1, 10*time.Second)
 	if d := endedAt.Sub(closedAt); d > 1500*time.Millisecond {
@@ -1027,13 +878,13 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid := r.newSession(t.TempDir())
-	id := r.request("session/prompt", textPrompt(sid, "slow please"))
+	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
 	k := &ticker{t: t, sid: sid}
 	for k.ticks < 5 {
-		k.handle(r.next("the slow turn", turn))
+		k.handle(r.Next("the slow turn", turn))
 	}
-	old, sent := r.c, len(r.frames)
-	if m := r.resume(r.got); m != sent {
+	old, sent := r.c, len(r.Frames)
+	if m := r.resume(r.Got); m != sent {
 		t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
 	}
 	st, _ := closedWith(t, old, 10*time.Second)
@@ -1041,10 +892,10 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 		t.Errorf("the superseded socket: %s; want close 1008", closedText(old))
 	}
 	for before := k.ticks; k.ticks < before+5; {
-		k.handle(r.next("the slow turn on the new socket", turn))
+		k.handle(r.Next("the slow turn on the new socket", turn))
 	}
-	r.notify("session/cancel", map[string]string{"sessionId": sid})
-	m := r.await("the cancelled prompt", id, turn, k.handle)
+	r.Notify("session/cancel", map[string]string{"sessionId": sid})
+	m := r.Await("the cancelled prompt", id, turn, k.handle)
 	if s := stopReason(t, m); s != "cancelled" {
 		t.Fatalf("stopReason %q, want cancelled: %s", s, m.Raw)
 	}
@@ -1052,7 +903,7 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 		t.Errorf("%d session_info_update messages, want 1", k.infos)
 	}
 	c := r.c
-	c.nextID = r.nextID
+	c.NextID = r.NextID
 	echoTurn(t, c, sid, "on the new socket", turn)
 	closeClean(t, c)
 }
@@ -1083,11 +934,11 @@ func TestSlowReaderDoesNotDelayBystander(t *testing.T) {
 	setup := dial(t, g)
 	initializeAs(t, setup, fsBoth, 30*time.Second)
 	big := openSession(t, setup, cwd, turn)
-	pid := setup.request("session/prompt", textPrompt(big, "slow "+strings.Repeat("x", history)))
-	if m := setup.next(turn); m.Method != "session/update" {
+	pid := setup.Request("session/prompt", textPrompt(big, "slow "+strings.Repeat("x", history)))
+	if m := setup.Next(turn); m.Method != "session/update" {
 		t.Fatalf("want the slow turn running: %.300s", m.Raw)
 	}
-	setup.notify("session/cancel", map[string]string{"sessionId": big})
+	setup.Notify("session/cancel", map[string]string{"sessionId": big})
 	if r := stopReason(t, waitFor(t, setup, "the large prompt", pid, turn, func(rpcMsg) {})); r != "cancelled" {
 		t.Fatalf("the large prompt: stopReason %q", r)
 	}
@@ -1102,7 +953,7 @@ func TestSlowReaderDoesNotDelayBystander(t *testing.T) {
 	// history over and over and never reads again.
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, _, err := websocket.Dial(dctx, "ws://"+g.addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
+	ws, _, err := websocket.Dial(dctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
 	dcancel()
 	if err != nil {
 		t.Fatal(err)
@@ -1240,7 +1091,7 @@ func TestResumeMetrics(t *testing.T) {
 		r := newRconn(t, g, nil)
 		r.initialize()
 		r.newSession(cwd)
-		n := r.got
+		n := r.Got
 		r.reset()
 		waitDetached(t, g, 1)
 		if v, _ := metricWith(t, g, "acpgate_replay_buffer_bytes", ""); v <= 0 {
@@ -1294,17 +1145,11 @@ func TestResumeMetrics(t *testing.T) {
 // metricsText is the raw /metrics page.
 func metricsText(t *testing.T, g *gateway) string {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	resp, err := hc.Get("http://" + g.addr + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	_, body, err := metricscrape.Get(g.Addr)
 	if err != nil && !errors.Is(err, io.EOF) {
 		t.Fatalf("GET /metrics: %v", err)
 	}
-	return string(body)
+	return body
 }
 
 // --- more ways to lose a socket ---
@@ -1387,22 +1232,20 @@ func (b *blackhole) close() {
 // gateway wrote into the dead socket meanwhile is replayed on the resume.
 func TestResumeAfterPingTimeout(t *testing.T) {
 	g := startGateway(t, gwOpts{config: resumeConfig + "websocket: {ping_interval: 1s, ping_timeout: 1s}\n"})
-	bh := newBlackhole(t, g.addr)
+	bh := newBlackhole(t, g.Addr)
 	r := newRconnVia(t, g, bh.ln.Addr().String(), nil)
 	r.initialize()
 	sid := r.newSession(t.TempDir())
-	id := r.request("session/prompt", textPrompt(sid, "slow please"))
+	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
 	k := &ticker{t: t, sid: sid}
 	for k.ticks < 5 {
-		k.handle(r.next("the slow turn", turn))
+		k.handle(r.Next("the slow turn", turn))
 	}
-	sent, n := len(r.frames), r.got
+	sent, n := len(r.Frames), r.Got
 	before, _ := metricWith(t, g, "acpgate_connections_detached", "")
 	bh.frozen.Store(true)
 	frozenAt := time.Now()
-	r.c.ws.CloseNow() // the client gives up on its socket; nothing reaches the gateway
-	r.c.cancel()
-	<-r.c.done
+	r.c.Kill() // the client gives up on its socket; nothing reaches the gateway
 	waitMetric(t, g, "acpgate_connections_detached", "", fmt.Sprintf("> %g", before), 10*time.Second, func(v float64) bool { return v > before })
 	t.Logf("detached %s after the network went silent", time.Since(frozenAt).Round(time.Millisecond))
 	if m := r.resume(n); m != sent {
@@ -1410,14 +1253,14 @@ func TestResumeAfterPingTimeout(t *testing.T) {
 	}
 	// The ticks of the silent seconds, then live ones, in order.
 	for k.ticks < 50 {
-		k.handle(r.next("the slow turn after the resume", turn))
+		k.handle(r.Next("the slow turn after the resume", turn))
 	}
-	r.notify("session/cancel", map[string]string{"sessionId": sid})
-	if m := r.await("the cancelled prompt", id, turn, k.handle); stopReason(t, m) != "cancelled" {
+	r.Notify("session/cancel", map[string]string{"sessionId": sid})
+	if m := r.Await("the cancelled prompt", id, turn, k.handle); stopReason(t, m) != "cancelled" {
 		t.Fatalf("the prompt: %s; want stopReason cancelled", m.Raw)
 	}
 	c := r.c
-	c.nextID = r.nextID
+	c.NextID = r.NextID
 	closeClean(t, c)
 }
 
@@ -1431,17 +1274,15 @@ func TestResumeAfterNonNormalClose(t *testing.T) {
 			r := newRconn(t, g, nil)
 			r.initialize()
 			sid := r.newSession(cwd)
-			sent, n := len(r.frames), r.got
+			sent, n := len(r.Frames), r.Got
 			before, _ := metricWith(t, g, "acpgate_connections_detached", "")
-			_ = r.c.ws.Close(code, "the client goes")
-			r.c.cancel()
-			<-r.c.done
+			_ = r.c.CloseWith(code, "the client goes")
 			waitMetric(t, g, "acpgate_connections_detached", "", fmt.Sprintf("> %g", before), 5*time.Second, func(v float64) bool { return v > before })
 			if m := r.resume(n); m != sent {
 				t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
 			}
 			c := r.c
-			c.nextID = r.nextID
+			c.NextID = r.NextID
 			echoTurn(t, c, sid, "back after a close "+strconv.Itoa(int(code)), turn)
 			closeClean(t, c)
 		})
@@ -1458,19 +1299,19 @@ func TestResumeAnswersPendingPermission(t *testing.T) {
 	r.initialize()
 	sid := r.newSession(t.TempDir())
 	pid, perm := promptUntilPermission(t, r, sid)
-	sent, n := len(r.frames), r.got
+	sent, n := len(r.Frames), r.Got
 	r.resetDetached()
 	if m := r.resume(n - 1); m != sent {
 		t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
 	}
-	again := r.next("the replayed permission request", 5*time.Second)
+	again := r.Next("the replayed permission request", 5*time.Second)
 	if !bytes.Equal(again.Raw, perm.Raw) {
 		t.Fatalf("the first replayed message is\n  %s\nwant the permission request as first sent\n  %s", again.Raw, perm.Raw)
 	}
-	r.respond(again.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+	r.Respond(again.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 	var reply strings.Builder
 	completed := false
-	m := r.await("the prompt after the answer", pid, turn, func(m rpcMsg) {
+	m := r.Await("the prompt after the answer", pid, turn, func(m rpcMsg) {
 		if m.Method != "session/update" {
 			t.Fatalf("unexpected message: %.500s", m.Raw)
 		}
@@ -1485,7 +1326,7 @@ func TestResumeAnswersPendingPermission(t *testing.T) {
 		t.Fatalf("the prompt ended %s, tool call completed: %v, reply %q; want end_turn, true, \"Permission granted (allow).\"", m.Raw, completed, reply.String())
 	}
 	c := r.c
-	c.nextID = r.nextID
+	c.NextID = r.NextID
 	closeClean(t, c)
 }
 
@@ -1494,11 +1335,11 @@ func TestResumeAnswersPendingPermission(t *testing.T) {
 // to resume.
 func TestDetachTimeoutZero(t *testing.T) {
 	g := startGateway(t, gwOpts{config: resumeConfig + "sessions: {detach_timeout: 0s}\n"})
-	c, tcp, resp, err := dialTCP(t, g.addr, "/acp", nil)
+	c, tcp, resp, err := dialTCP(t, g.Addr, "/acp", nil)
 	if err != nil {
 		t.Fatalf("dial: %v (%s)", err, respText(resp))
 	}
-	id := c.request("initialize", map[string]any{"protocolVersion": 1, "clientCapabilities": fsBoth.caps()})
+	id := c.Request("initialize", map[string]any{"protocolVersion": 1, "clientCapabilities": fsBoth.caps()})
 	init := waitFor(t, c, "initialize", id, 30*time.Second, nil)
 	var res struct {
 		Meta struct {
@@ -1516,10 +1357,10 @@ func TestDetachTimeoutZero(t *testing.T) {
 			agentID = id
 		}
 	}
-	c.request("session/prompt", textPrompt(sid, "slow please"))
+	c.Request("session/prompt", textPrompt(sid, "slow please"))
 	k := &ticker{t: t, sid: sid}
 	for k.ticks < 3 {
-		k.handle(c.next(turn))
+		k.handle(c.Next(turn))
 	}
 	_ = tcp.SetLinger(0)
 	_ = tcp.Close()
@@ -1551,12 +1392,12 @@ func TestResumeReplayBufferOverflow(t *testing.T) {
 	// 90 kB of answers: the first messages fall out of the buffer.
 	for i := range 3 {
 		pad := strings.Repeat(strconv.Itoa(i), 30<<10)
-		m := r.await("_demo/echo", r.request("_demo/echo", map[string]string{"pad": pad}), turn, nil)
+		m := r.Await("_demo/echo", r.Request("_demo/echo", map[string]string{"pad": pad}), turn, nil)
 		if m.Error != nil {
 			t.Fatalf("echo: %.300s", m.Raw)
 		}
 	}
-	sent, n := len(r.frames), r.got
+	sent, n := len(r.Frames), r.Got
 	r.resetDetached()
 	wantResumeRefused(t, g, nil, resumePath(r.token, "0"), "received=0, whose messages the buffer no longer holds")
 	wantResumeRefused(t, g, nil, resumePath(r.token, "1"), "received=1, whose messages the buffer no longer holds")
@@ -1567,13 +1408,13 @@ func TestResumeReplayBufferOverflow(t *testing.T) {
 
 	// A turn that streams about 200 kB while detached.
 	text := echoText(8000)
-	r.request("session/prompt", textPrompt(sid, text))
+	r.Request("session/prompt", textPrompt(sid, text))
 	for i := 0; i < 5; i++ {
-		if m := r.next("the echo turn", turn); m.Method != "session/update" {
+		if m := r.Next("the echo turn", turn); m.Method != "session/update" {
 			t.Fatalf("want the turn streaming: %.300s", m.Raw)
 		}
 	}
-	n = r.got
+	n = r.Got
 	r.resetDetached()
 	resetAt := time.Now()
 	endedAt, reply := waitTurnStored(t, g, agentID, 1, 20*time.Second)
@@ -1598,11 +1439,11 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 	sid, agentID := r.newSessionAgentID(t.TempDir())
 
 	// Another client echoes 200 kB messages all along.
-	p, err := wsDial(g.addr, nil)
+	p, err := wsDial(g.Addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.kill()
+	defer p.Kill()
 	if err := p.initialize(); err != nil {
 		t.Fatal(err)
 	}
@@ -1621,7 +1462,7 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 				return
 			default:
 			}
-			m, err := p.call("_demo/echo", map[string]string{"pad": pad}, 20*time.Second)
+			m, err := p.Call("_demo/echo", map[string]string{"pad": pad}, 20*time.Second)
 			if err == nil && m.Error != nil {
 				err = fmt.Errorf("echo: %.300s", m.Raw)
 			}
@@ -1645,7 +1486,7 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 	// About 500 chunks of some 200 bytes: 7-8 s of streaming.
 	text := echoText(4000)
 	want := "You said: " + text
-	id := r.request("session/prompt", textPrompt(sid, text))
+	id := r.Request("session/prompt", textPrompt(sid, text))
 	var got strings.Builder
 	onUpdate := func(m rpcMsg) {
 		t.Helper()
@@ -1657,9 +1498,9 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 		}
 	}
 	for i := 0; i < 5; i++ {
-		onUpdate(r.next("the streamed turn", turn))
+		onUpdate(r.Next("the streamed turn", turn))
 	}
-	n := r.got
+	n := r.Got
 	r.resetDetached()
 	resetAt := time.Now()
 	endedAt, _ := waitTurnStored(t, g, agentID, 1, left(t, ctx, 30*time.Second, "the turn's end"))
@@ -1670,14 +1511,14 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 		t.Errorf("the other client: %v", pumpErr)
 	}
 	status, body := 0, ""
-	c, tcp, resp, err := dialTCP(t, g.addr, resumePath(r.token, strconv.Itoa(n)), nil)
+	c, tcp, resp, err := dialTCP(t, g.Addr, resumePath(r.token, strconv.Itoa(n)), nil)
 	if err != nil {
 		if resp != nil {
 			b, _ := io.ReadAll(resp.Body)
 			status, body = resp.StatusCode, string(b)
 		}
 		var overflowed []string
-		for _, l := range strings.Split(g.logText(), "\n") {
+		for _, l := range strings.Split(g.LogText(), "\n") {
 			if strings.Contains(l, "replay buffer full") {
 				overflowed = append(overflowed, l)
 			}
@@ -1688,18 +1529,18 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 	}
 	_ = tcp
 	r.c = c
-	first := r.c.next(5 * time.Second)
+	first := r.c.Next(5 * time.Second)
 	if first.Method != "_acpgate/resumed" {
 		t.Fatalf("first message %.300s", first.Raw)
 	}
-	m := r.await("the prompt after the resume", id, turn, onUpdate)
+	m := r.Await("the prompt after the resume", id, turn, onUpdate)
 	if got.String() != want {
 		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got.String(), want))
 	}
 	if stopReason(t, m) != "end_turn" {
 		t.Fatalf("the prompt: %s", m.Raw)
 	}
-	c.nextID = r.nextID
+	c.NextID = r.NextID
 	closeClean(t, c)
 }
 
@@ -1715,13 +1556,13 @@ func TestResumeSupersedeExactlyOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
 			r := newRconn(t, g, nil)
 			r.initialize()
-			first := r.nextID + 1
+			first := r.NextID + 1
 			pad := strings.Repeat("b", 2<<10)
 			for i := range burst {
-				r.request("_demo/echo", map[string]any{"i": i, "pad": pad})
+				r.Request("_demo/echo", map[string]any{"i": i, "pad": pad})
 			}
-			old, sent := r.c, len(r.frames)
-			m := r.resume(r.got)
+			old, sent := r.c, len(r.Frames)
+			m := r.resume(r.Got)
 			if m > sent {
 				t.Fatalf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
 			}
@@ -1730,7 +1571,7 @@ func TestResumeSupersedeExactlyOnce(t *testing.T) {
 			var dups []string
 			deadline := time.Now().Add(turn)
 			for len(answers) < burst {
-				a := r.next("the burst's answers", time.Until(deadline))
+				a := r.Next("the burst's answers", time.Until(deadline))
 				id, _ := strconv.Atoi(string(a.ID))
 				if a.Method != "" || id < first || id >= first+burst {
 					t.Fatalf("unexpected message: %.300s", a.Raw)
@@ -1741,7 +1582,7 @@ func TestResumeSupersedeExactlyOnce(t *testing.T) {
 			}
 			for more := true; more; {
 				select {
-				case a := <-r.c.in:
+				case a := <-r.c.In:
 					if answers[string(a.ID)]++; answers[string(a.ID)] > 1 {
 						dups = append(dups, string(a.Raw))
 					}
@@ -1758,7 +1599,7 @@ func TestResumeSupersedeExactlyOnce(t *testing.T) {
 					len(dups), dups[0], m, sent, sent-m)
 			}
 			c := r.c
-			c.nextID = r.nextID
+			c.NextID = r.NextID
 			closeClean(t, c)
 		})
 	}
@@ -1774,10 +1615,10 @@ func TestTakeoverRunningSlowTurn(t *testing.T) {
 	a := newRconn(t, g, nil)
 	a.initialize()
 	sid := a.newSession(cwd)
-	a.request("session/prompt", textPrompt(sid, "slow please"))
+	a.Request("session/prompt", textPrompt(sid, "slow please"))
 	ka := &ticker{t: t, sid: sid}
 	for ka.ticks < 3 {
-		ka.handle(a.next("A's slow turn", turn))
+		ka.handle(a.Next("A's slow turn", turn))
 	}
 	a.resetDetached()
 	time.Sleep(500 * time.Millisecond) // ticks while detached
@@ -1785,7 +1626,7 @@ func TestTakeoverRunningSlowTurn(t *testing.T) {
 	b := dial(t, g)
 	initializeAs(t, b, fsBoth, 30*time.Second)
 	var before []rpcMsg
-	m := waitFor(t, b, "session/resume of the detached connection's session", b.request("session/resume", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}),
+	m := waitFor(t, b, "session/resume of the detached connection's session", b.Request("session/resume", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}),
 		turn, func(m rpcMsg) { before = append(before, m) })
 	if len(before) > 0 {
 		t.Errorf("%d messages came before the answer, the first: %.300s", len(before), before[0].Raw)
@@ -1797,7 +1638,7 @@ func TestTakeoverRunningSlowTurn(t *testing.T) {
 	// consecutive.
 	firstTick, last := 0, 0
 	for last < firstTick+10 || firstTick == 0 {
-		m := b.next(turn)
+		m := b.Next(turn)
 		if m.Method != "session/update" {
 			t.Fatalf("after the take-over: %.300s; want the turn's updates", m.Raw)
 		}
@@ -1821,9 +1662,9 @@ func TestTakeoverRunningSlowTurn(t *testing.T) {
 		last = n
 	}
 	t.Logf("B's first tick was %d (A got 3 before its reset)", firstTick)
-	b.notify("session/cancel", map[string]string{"sessionId": sid})
+	b.Notify("session/cancel", map[string]string{"sessionId": sid})
 	for {
-		m := b.next(turn)
+		m := b.Next(turn)
 		if m.Method == "session/update" {
 			continue
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/sandbox"
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The sandbox suite runs two tenants whose agent (the fake agent's
@@ -39,7 +40,7 @@ type hostAnswer struct {
 // host asks the client's agent to act on the host.
 func host(t *testing.T, c *client, params map[string]any) hostAnswer {
 	t.Helper()
-	m := c.call("_fake/host", params, 30*time.Second)
+	m := c.Call("_fake/host", params, 30*time.Second)
 	if m.Error != nil {
 		t.Fatalf("_fake/host %v: %s", params, m.Raw)
 	}
@@ -83,7 +84,7 @@ func startSandboxed(t *testing.T, extra string, env ...string) *sandboxEnv {
 	cfg := fakeAgentConfig(t, "") + e.config(e.keyFile, nil) + extra
 	e.g = startGateway(t, gwOpts{config: cfg, env: append([]string{gatewaySecretEnv + "=hunter2"}, env...)})
 	e.homes = filepath.Join(e.g.stateDir, "homes")
-	e.cfgPath = e.g.cmd.Args[slices.Index(e.g.cmd.Args, "--config")+1]
+	e.cfgPath = e.g.Cmd.Args[slices.Index(e.g.Cmd.Args, "--config")+1]
 	return e
 }
 
@@ -93,7 +94,7 @@ func TestHostileSandbox(t *testing.T) {
 	abi := requireLandlock(t)
 	e := startSandboxed(t, policyAllowFake+"sandbox: {limits: {open_files: 256}}\n")
 	g := e.g
-	g.waitLog(t, "agent sandbox on", "", "", 5*time.Second)
+	g.WaitLog(t, "agent sandbox on", "", "", 5*time.Second)
 
 	clients := map[string]*client{}
 	pids := map[string]int{}
@@ -107,7 +108,7 @@ func TestHostileSandbox(t *testing.T) {
 	if pids["acme"] == pids["globex"] || pids["acme"] == 0 {
 		t.Fatalf("agent pids %v: the tenants must have agent processes of their own", pids)
 	}
-	if n := g.countLogs("agent started", "sandbox", "landlock v"+strconv.Itoa(abi)); n < 2 {
+	if n := g.CountLogs("agent started", "sandbox", "landlock v"+strconv.Itoa(abi)); n < 2 {
 		t.Errorf("%d agent starts logged with sandbox \"landlock v%d\", want at least 2", n, abi)
 	}
 
@@ -176,7 +177,7 @@ func TestHostileSandbox(t *testing.T) {
 		})
 
 		t.Run(name+"/cannot escape", func(t *testing.T) {
-			gw := g.cmd.Process.Pid
+			gw := g.Cmd.Process.Pid
 			denied := []struct {
 				what string
 				op   map[string]any
@@ -318,8 +319,8 @@ func TestSandboxNetwork(t *testing.T) {
 	} else {
 		t.Logf("unlisted port: %s", a.Err)
 	}
-	if a := host(t, c, map[string]any{"op": "dial", "path": e.g.addr}); a.OK {
-		t.Errorf("connected to the gateway's own port %s", e.g.addr)
+	if a := host(t, c, map[string]any{"op": "dial", "path": e.g.Addr}); a.OK {
+		t.Errorf("connected to the gateway's own port %s", e.g.Addr)
 	}
 }
 
@@ -332,12 +333,12 @@ func TestSandboxMemoryLimit(t *testing.T) {
 	// the limit sits well above what the agent uses at rest.
 	e := startSandboxed(t, policyAllowFake+"sandbox: {limits: {memory: 256MiB}}\n")
 	c := dialToken(t, e.g, e.tokens["acme"])
-	m := c.call("_fake/host", map[string]any{"op": "alloc", "mib": 1024}, 30*time.Second)
+	m := c.Call("_fake/host", map[string]any{"op": "alloc", "mib": 1024}, 30*time.Second)
 	if m.Error == nil {
 		t.Fatalf("1 GiB allocated under a 256 MiB limit: %s", m.Raw)
 	}
 	t.Logf("answer: %s", m.Raw)
-	e.g.waitLog(t, "agent exited", "", "", 10*time.Second)
+	e.g.WaitLog(t, "agent exited", "", "", 10*time.Second)
 	c2 := dialToken(t, e.g, e.tokens["acme"])
 	if a := host(t, c2, map[string]any{"op": "alloc", "mib": 8}); !a.OK {
 		t.Errorf("a small allocation after the crash failed: %s", a.Err)
@@ -371,11 +372,11 @@ func TestSandboxCgroup(t *testing.T) {
 	if !strings.Contains(cg.Data, "agent-acme-") {
 		t.Errorf("the agent is not in its own cgroup: %q", cg.Data)
 	}
-	m := c.call("_fake/host", map[string]any{"op": "alloc", "mib": 1024}, 30*time.Second)
+	m := c.Call("_fake/host", map[string]any{"op": "alloc", "mib": 1024}, 30*time.Second)
 	if m.Error == nil {
 		t.Fatalf("1 GiB allocated under a 128 MiB limit: %s", m.Raw)
 	}
-	e.g.waitLog(t, "agent exited", "", "", 10*time.Second)
+	e.g.WaitLog(t, "agent exited", "", "", 10*time.Second)
 }
 
 // TestSandboxRefusesExposingConfigs: check-config and start-up refuse a
@@ -385,7 +386,7 @@ func TestSandboxRefusesExposingConfigs(t *testing.T) {
 	e.withJWT(t)
 	homes := filepath.Join(e.dir, "homes")
 	inRoot := filepath.Join(e.roots["acme"], "session.key")
-	writeFile(t, inRoot, []byte(randomHex(t, 32)))
+	writeFile(t, inRoot, []byte(harness.RandomHex(t, 32)))
 	shared := filepath.Join(e.dir, "shared")
 	if err := os.Mkdir(shared, 0o755); err != nil {
 		t.Fatal(err)
@@ -486,14 +487,14 @@ func TestSandboxWithoutLandlock(t *testing.T) {
 	})
 	t.Run("auto starts with an error and stays ready", func(t *testing.T) {
 		e := startSandboxed(t, policyAllowFake, force)
-		e.g.waitLog(t, "agents run WITHOUT Landlock", "", "", 5*time.Second)
-		if n := e.g.countLogs("agents run WITHOUT Landlock", "level", "ERROR"); n != 1 {
+		e.g.WaitLog(t, "agents run WITHOUT Landlock", "", "", 5*time.Second)
+		if n := e.g.CountLogs("agents run WITHOUT Landlock", "level", "ERROR"); n != 1 {
 			t.Errorf("%d error-level lines about the missing Landlock, want 1", n)
 		}
 		hc := &http.Client{Timeout: 5 * time.Second}
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			resp, err := hc.Get("http://" + e.g.addr + "/readyz")
+			resp, err := hc.Get("http://" + e.g.Addr + "/readyz")
 			if err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == 200 {
@@ -514,7 +515,7 @@ func TestSandboxWithoutLandlock(t *testing.T) {
 		if !slices.Contains(st.Entries, "CapEff: 0000000000000000") || !slices.Contains(st.Entries, "NoNewPrivs: 1") {
 			t.Errorf("without Landlock the agent still runs without privileges: %v", st.Entries)
 		}
-		if n := e.g.countLogs("agent started", "sandbox", "no landlock"); n < 1 {
+		if n := e.g.CountLogs("agent started", "sandbox", "no landlock"); n < 1 {
 			t.Errorf("agent start not logged with sandbox \"no landlock\"")
 		}
 	})

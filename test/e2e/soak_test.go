@@ -57,7 +57,7 @@ limits: {messages_per_second: 1000, message_burst: 2000}
 sessions: {detach_timeout: 2s}
 websocket: {ping_interval: 1s}
 ` + hostilePolicy})
-	gwPID := g.cmd.Process.Pid
+	gwPID := g.Cmd.Process.Pid
 	cwd := t.TempDir()
 	deadline := time.Now().Add(duration)
 
@@ -74,7 +74,7 @@ websocket: {ping_interval: 1s}
 	}
 	stats := &soakStats{}
 	open := func(who string) (*soakConn, error) {
-		c, err := wsDial(g.addr, nil)
+		c, err := wsDial(g.Addr, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -91,7 +91,7 @@ websocket: {ping_interval: 1s}
 			err = fmt.Errorf("initialize: %s", m.Raw)
 		}
 		if err != nil {
-			c.kill()
+			c.Kill()
 			return nil, fmt.Errorf("%s: %w", who, err)
 		}
 		return k, nil
@@ -187,7 +187,7 @@ websocket: {ping_interval: 1s}
 			if err != nil {
 				return err
 			}
-			defer k.close()
+			defer k.Close()
 			sid, err := session(k)
 			if err != nil {
 				return err
@@ -286,13 +286,13 @@ websocket: {ping_interval: 1s}
 			switch m.Method {
 			case "session/request_permission":
 				asked++
-				return k.respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": choice}})
+				return k.Respond(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": choice}})
 			case "fs/write_text_file":
 				wrote++
-				if m.param("path") != path || !strings.Contains(m.param("content"), fmt.Sprintf("soak content %d", n)) {
+				if m.Param("path") != path || !strings.Contains(m.Param("content"), fmt.Sprintf("soak content %d", n)) {
 					return fmt.Errorf("fs/write_text_file %.300s", m.Raw)
 				}
-				return k.respond(m.ID, map[string]any{})
+				return k.Respond(m.ID, map[string]any{})
 			}
 			return nil
 		}, nil)
@@ -328,10 +328,10 @@ websocket: {ping_interval: 1s}
 				return nil
 			}
 			asked++
-			if m.param("path") != path || m.param("sessionId") != sid {
+			if m.Param("path") != path || m.Param("sessionId") != sid {
 				return fmt.Errorf("fs/read_text_file %.300s", m.Raw)
 			}
-			return k.respond(m.ID, map[string]string{"content": first + "\nsecond line\n"})
+			return k.Respond(m.ID, map[string]string{"content": first + "\nsecond line\n"})
 		}, nil)
 		if err != nil {
 			return err
@@ -367,9 +367,9 @@ websocket: {ping_interval: 1s}
 			if ticks == after {
 				stats.cancels.Add(1)
 				if viaRequestID {
-					return k.notify("$/cancel_request", map[string]int{"requestId": id})
+					return k.Notify("$/cancel_request", map[string]int{"requestId": id})
 				}
-				return k.notify("session/cancel", map[string]string{"sessionId": sid})
+				return k.Notify("session/cancel", map[string]string{"sessionId": sid})
 			}
 			return nil
 		}})
@@ -392,14 +392,14 @@ websocket: {ping_interval: 1s}
 			stats.reconnects.Add(1)
 			if sid == "" || n%10 == 0 {
 				if sid, err = session(k); err != nil {
-					k.kill()
+					k.Kill()
 					return err
 				}
 				last = ""
 			} else {
 				id, err := k.req("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}})
 				if err != nil {
-					k.kill()
+					k.Kill()
 					return err
 				}
 				var replay strings.Builder
@@ -412,11 +412,11 @@ websocket: {ping_interval: 1s}
 					return nil
 				}})
 				if err != nil {
-					k.kill()
+					k.Kill()
 					return err
 				}
 				if m.Error != nil || !strings.HasSuffix(replay.String(), last+"You said: "+last) {
-					k.kill()
+					k.Kill()
 					return fmt.Errorf("session/load: %.300s; the replay %q does not end with the last exchange %q", m.Raw, replay.String(), last)
 				}
 			}
@@ -432,9 +432,9 @@ websocket: {ping_interval: 1s}
 				err = k.finish()
 			}
 			if rng.IntN(2) == 0 {
-				k.close()
+				k.Close()
 			} else {
-				k.kill() // drop the TCP connection
+				k.Kill() // drop the TCP connection
 			}
 			if err != nil {
 				return err
@@ -536,7 +536,7 @@ type soakHandlers struct {
 
 // req sends a request and books it.
 func (k *soakConn) req(method string, params any) (int, error) {
-	id, err := k.request(method, params)
+	id, err := k.Request(method, params)
 	if err == nil {
 		k.sent[id] = true
 		k.stats.requests.Add(1)
@@ -563,7 +563,7 @@ func (k *soakConn) record(m rpcMsg) error {
 func (k *soakConn) waitFor(id int, h soakHandlers) (rpcMsg, error) {
 	stop := time.Now().Add(60 * time.Second)
 	for {
-		m, err := k.next(time.Until(stop))
+		m, err := k.Next(time.Until(stop))
 		if err != nil {
 			return m, fmt.Errorf("waiting for the answer to %d: %w", id, err)
 		}
@@ -571,7 +571,7 @@ func (k *soakConn) waitFor(id int, h soakHandlers) (rpcMsg, error) {
 			if err := k.record(m); err != nil {
 				return m, err
 			}
-			if m.isResponseTo(id) {
+			if m.IsResponseTo(id) {
 				return m, nil
 			}
 			if h.onResponse == nil {

@@ -34,7 +34,7 @@ func TestSDKHTTPClient(t *testing.T) {
 		work, hex.EncodeToString(sum[:]), h.mkdir("homes"))
 	g := h.startGatewayWith(t, cfg, "", home, work)
 	g.waitReady(t, readyLimit)
-	url := "http://" + g.addr + "/acp"
+	url := "http://" + g.Addr + "/acp"
 
 	r := h.runNode(t, home, work, runLimit, "http-client.mjs", "--timeout", msString(scriptTimeout), "--token", token, url, work)
 	if r.err != nil {
@@ -86,7 +86,7 @@ func TestSDKHTTPClient(t *testing.T) {
 	// The session made over HTTP loads over WebSocket too.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, "ws://"+g.addr+"/acp", &websocket.DialOptions{
+	ws, _, err := websocket.Dial(ctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{
 		Subprotocols: []string{"acp"}, HTTPHeader: http.Header{"Authorization": {"Bearer " + token}}})
 	if err != nil {
 		t.Fatal(err)

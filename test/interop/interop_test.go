@@ -39,6 +39,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	testharness "github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
@@ -78,17 +79,9 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(binDir)
-	gatewayBin = filepath.Join(binDir, "acpgate")
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "interop: no go tool on PATH:", err)
-		return 1
-	}
 	start := time.Now()
-	build := exec.Command(goTool, "build", "-o", gatewayBin, "./cmd/acpgate")
-	build.Dir = repoRoot
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "interop: go build ./cmd/acpgate: %v\n%s", err, out)
+	if gatewayBin, err = testharness.Build(binDir, false); err != nil {
+		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
 	if testing.Verbose() {
@@ -122,28 +115,9 @@ func requireNode(t *testing.T, modulePaths ...string) string {
 	t.Helper()
 	missing := func(format string, args ...any) {
 		t.Helper()
-		msg := fmt.Sprintf(format, args...)
-		if os.Getenv(requireEnv) == "1" {
-			t.Fatalf("%s (%s=1, so this is a failure)", msg, requireEnv)
-		}
-		t.Skipf("%s; skipping (set %s=1 to make this a failure)", msg, requireEnv)
+		testharness.Missing(t, fmt.Sprintf(format, args...), requireEnv)
 	}
-	nodeOnce.Do(func() {
-		nodeBin, nodeErr = exec.LookPath("node")
-		if nodeErr != nil {
-			return
-		}
-		out, err := exec.Command(nodeBin, "--version").Output()
-		if err != nil {
-			nodeErr = fmt.Errorf("node --version: %w", err)
-			return
-		}
-		v := strings.TrimSpace(string(out))
-		major, _ := strconv.Atoi(strings.SplitN(strings.TrimPrefix(v, "v"), ".", 2)[0])
-		if major < 20 {
-			nodeErr = fmt.Errorf("node %s is too old (need >= 20)", v)
-		}
-	})
+	nodeOnce.Do(func() { nodeBin, nodeErr = testharness.Node() })
 	if nodeErr != nil {
 		missing("interop: no usable node: %v", nodeErr)
 	}
@@ -269,23 +243,18 @@ func (h *harness) checkLeftovers() {
 // Gateway process
 
 type gateway struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	addr    string
-	start   time.Time
-	done    chan struct{} // closed when cmd.Wait returned
-	waitErr error
-	logs    *lineLog
+	*testharness.Gateway
+	start time.Time
+	logs  *lineLog
 
 	stopOnce sync.Once
 }
 
-// lineLog keeps the gateway's JSON log lines and reports the listen address.
+// lineLog keeps the gateway's output, a line at a time.
 type lineLog struct {
 	mu    sync.Mutex
 	buf   []byte
 	lines []string
-	addr  chan string
 }
 
 func (l *lineLog) Write(p []byte) (int, error) {
@@ -297,19 +266,8 @@ func (l *lineLog) Write(p []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		line := string(l.buf[:i])
+		l.lines = append(l.lines, string(l.buf[:i]))
 		l.buf = l.buf[i+1:]
-		l.lines = append(l.lines, line)
-		var rec struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
-		}
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-			select {
-			case l.addr <- rec.Addr:
-			default:
-			}
-		}
 	}
 	return len(p), nil
 }
@@ -355,36 +313,16 @@ func (h *harness) startGatewayWith(t *testing.T, config, agentCmdline, home, dir
 	if agentCmdline != "" {
 		args = append(args, "--agent", agentCmdline)
 	}
-	g := &gateway{t: t, done: make(chan struct{}), logs: &lineLog{addr: make(chan string, 1)}}
-	g.cmd = exec.Command(gatewayBin, args...)
-	g.cmd.Dir = dir
-	g.cmd.Env = h.environ(home)
-	g.cmd.Stdout = g.logs
-	g.cmd.Stderr = g.logs
-	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	g.cmd.WaitDelay = 10 * time.Second
-	g.start = time.Now()
-	if err := g.cmd.Start(); err != nil {
-		t.Fatalf("start gateway: %v", err)
-	}
-	go func() {
-		g.waitErr = g.cmd.Wait()
-		close(g.done)
-	}()
+	g := &gateway{start: time.Now(), logs: &lineLog{}}
+	g.Gateway = testharness.Start(t, testharness.Options{Argv: append([]string{gatewayBin}, args...), Env: h.environ(home), Dir: dir,
+		Setpgid: true, Stop: 30 * time.Second, Log: g.logs})
 	t.Cleanup(func() { g.stop(t) })
-	select {
-	case g.addr = <-g.logs.addr:
-	case <-g.done:
-		t.Fatalf("gateway exited before listening: %v\n%s", g.waitErr, strings.Join(g.logs.snapshot(), "\n"))
-	case <-time.After(20 * time.Second):
-		t.Fatalf("gateway did not log \"listening\" within 20s\n%s", strings.Join(g.logs.snapshot(), "\n"))
-	}
-	t.Logf("gateway pid %d listening on %s after %v (agent: %s)", g.cmd.Process.Pid, g.addr,
+	t.Logf("gateway pid %d listening on %s after %v (agent: %s)", g.Cmd.Process.Pid, g.Addr,
 		time.Since(g.start).Round(time.Millisecond), orDefault(agentCmdline, "built-in demo agent"))
 	return g
 }
 
-func (g *gateway) url() string { return "ws://" + g.addr + "/acp" }
+func (g *gateway) url() string { return "ws://" + g.Addr + "/acp" }
 
 // waitReady polls /readyz until the pool has an initialized agent.
 func (g *gateway) waitReady(t *testing.T, within time.Duration) {
@@ -393,7 +331,7 @@ func (g *gateway) waitReady(t *testing.T, within time.Duration) {
 	client := &http.Client{Timeout: 2 * time.Second}
 	last := ""
 	for time.Now().Before(deadline) {
-		resp, err := client.Get("http://" + g.addr + "/readyz")
+		resp, err := client.Get("http://" + g.Addr + "/readyz")
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -406,8 +344,8 @@ func (g *gateway) waitReady(t *testing.T, within time.Duration) {
 			last = err.Error()
 		}
 		select {
-		case <-g.done:
-			t.Fatalf("gateway exited while waiting for /readyz: %v", g.waitErr)
+		case <-g.Done():
+			t.Fatalf("gateway exited while waiting for /readyz: %v", g.ExitErr())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -419,18 +357,11 @@ func (g *gateway) waitReady(t *testing.T, within time.Duration) {
 func (g *gateway) stop(t *testing.T) {
 	g.stopOnce.Do(func() {
 		start := time.Now()
-		_ = g.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-g.done:
-			if g.waitErr != nil {
-				t.Errorf("gateway exit after SIGTERM: %v (want status 0)", g.waitErr)
-			} else {
-				t.Logf("gateway drained and exited 0 in %v after SIGTERM", time.Since(start).Round(time.Millisecond))
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("gateway did not exit within 30s of SIGTERM; killing its process group")
-			_ = syscall.Kill(-g.cmd.Process.Pid, syscall.SIGKILL)
-			<-g.done
+		g.Stop(syscall.SIGTERM)
+		if err := g.ExitErr(); err != nil {
+			t.Errorf("gateway exit after SIGTERM: %v (want status 0)", err)
+		} else {
+			t.Logf("gateway drained and exited 0 in %v after SIGTERM", time.Since(start).Round(time.Millisecond))
 		}
 		g.report(t)
 	})

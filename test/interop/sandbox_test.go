@@ -76,7 +76,7 @@ tenants:
 	}
 	// The agent process itself: confined, unprivileged, in its own home.
 	found := false
-	for pid, cmd := range proctree.Descendants(g.cmd.Process.Pid) {
+	for pid, cmd := range proctree.Descendants(g.Cmd.Process.Pid) {
 		if !strings.Contains(cmd, "claude-code-acp") || strings.Contains(cmd, "supervise") {
 			continue
 		}

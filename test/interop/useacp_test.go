@@ -29,7 +29,7 @@ func TestUseACPClient(t *testing.T) {
 	g.waitReady(t, readyLimit)
 
 	ticket := func() string {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+g.addr+"/v1/tickets", nil)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+g.Addr+"/v1/tickets", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 		if err != nil {

@@ -1118,7 +1118,7 @@ func TestHTTPWireMatchesReference(t *testing.T) {
 	g := h.startGatewayWith(t, allowAllPolicy, shellJoin(gatewayBin, "demo-agent", "--chunk-delay", "-1ms", "--state-dir", gwState), home, work)
 	g.waitReady(t, readyLimit)
 
-	sides := []*wireSide{newWireSide(t, "reference", refURL), newWireSide(t, "gateway", "http://"+g.addr+"/acp")}
+	sides := []*wireSide{newWireSide(t, "reference", refURL), newWireSide(t, "gateway", "http://"+g.Addr+"/acp")}
 	for _, s := range sides {
 		err := s.run(work)
 		s.close()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/acpgate/acpgate/gateway"
 	"github.com/acpgate/acpgate/gateway/config"
+	testharness "github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
@@ -173,13 +174,13 @@ type child struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	dec   *json.Decoder
-	errb  *lockedBuffer
+	errb  *testharness.SyncBuffer
 }
 
 // startChild runs the harness binary with args as a child (killed with
 // the harness).
 func (h *harness) startChild(args ...string) (*child, error) {
-	errb := &lockedBuffer{}
+	errb := &testharness.SyncBuffer{Max: 64 << 10}
 	cmd, stdin, stdout, err := startPiped(append([]string{h.exe}, args...), errb)
 	if err != nil {
 		return nil, err

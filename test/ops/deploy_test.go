@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/acpgate/acpgate/proxy/sandbox"
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The Kubernetes manifests themselves are decoded into the API types by the
@@ -76,7 +77,7 @@ func relocate(t *testing.T, name string, data []byte, dir string) (string, []str
 			if err := os.MkdirAll(filepath.Dir(n.Value), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			writeFile(t, n.Value, randomHex(t, 32)+"\n")
+			writeFile(t, n.Value, harness.RandomHex(t, 32)+"\n")
 		}
 	}
 	var walk func(n *yaml.Node)
@@ -226,7 +227,7 @@ func TestDeploymentAgainstGateway(t *testing.T) {
 		env = append(env, "ACPGATE_SANDBOX_MODE=auto")
 	}
 	g := startGateway(t, gwOpts{configPath: path, env: env})
-	if g.metricsAddr == "" {
+	if g.MetricsAddr() == "" {
 		t.Fatal("the ConfigMap's configuration serves no separate metrics listener")
 	}
 	probes := map[string]*probeSpec{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe}
@@ -241,7 +242,7 @@ func TestDeploymentAgainstGateway(t *testing.T) {
 		if p.HTTPGet.Port != "http" {
 			t.Errorf("%s probe: port %v, want the http port (the main listener)", name, p.HTTPGet.Port)
 		}
-		code, body, err := httpGet("http://" + g.addr + p.HTTPGet.Path)
+		code, body, err := httpGet("http://" + g.Addr + p.HTTPGet.Path)
 		t.Logf("%s probe GET %s -> %d %q", name, p.HTTPGet.Path, code, strings.TrimSpace(body))
 		if err != nil || code != http.StatusOK {
 			t.Errorf("%s probe GET %s: %d %v", name, p.HTTPGet.Path, code, err)
@@ -251,13 +252,13 @@ func TestDeploymentAgainstGateway(t *testing.T) {
 		if ep.Port != "metrics" {
 			t.Errorf("ServiceMonitor scrapes port %q, want metrics", ep.Port)
 		}
-		code, body, err := httpGet("http://" + g.metricsAddr + ep.Path)
+		code, body, err := httpGet("http://" + g.MetricsAddr() + ep.Path)
 		if err != nil || code != http.StatusOK || !strings.Contains(body, "# HELP acpgate_ready") {
 			t.Errorf("ServiceMonitor path %s on metrics_listen: %d %v", ep.Path, code, err)
 		}
 	}
 	// The Ingress routes the http port: /metrics must not be there.
-	if code, body, _ := httpGet("http://" + g.addr + "/metrics"); strings.Contains(body, "acpgate_") {
+	if code, body, _ := httpGet("http://" + g.Addr + "/metrics"); strings.Contains(body, "acpgate_") {
 		t.Errorf("/metrics is served on the main listener (%d) although metrics_listen is set", code)
 	}
 }

@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"github.com/acpgate/acpgate/test/internal/proctree"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,13 +11,17 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
+	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
 // agentTree returns the gateway's descendants (supervisors and agents),
 // failing if there are none.
 func agentTree(t *testing.T, g *gateway) map[int]string {
 	t.Helper()
-	procs := proctree.Descendants(g.cmd.Process.Pid)
+	procs := proctree.Descendants(g.Cmd.Process.Pid)
 	n := 0
 	for _, cmd := range procs {
 		if strings.Contains(cmd, "demo-agent") && !strings.Contains(cmd, "supervise") {
@@ -56,12 +59,12 @@ func waitGone(t *testing.T, procs map[int]string) {
 func waitExit(t *testing.T, g *gateway, timeout time.Duration) {
 	t.Helper()
 	select {
-	case <-g.done:
+	case <-g.Done():
 	case <-time.After(timeout):
 		t.Fatalf("gateway still running %s after SIGTERM", timeout)
 	}
-	if g.exitCode != 0 {
-		t.Fatalf("gateway exit status %d after a drain, want 0", g.exitCode)
+	if g.ExitCode() != 0 {
+		t.Fatalf("gateway exit status %d after a drain, want 0", g.ExitCode())
 	}
 }
 
@@ -71,21 +74,21 @@ func waitExit(t *testing.T, g *gateway, timeout time.Duration) {
 // leaves no agent process behind.
 func TestDrainLetsRunningPromptFinish(t *testing.T) {
 	g := startGateway(t, gwOpts{config: "shutdown_grace: 10s\nobservability:\n  metrics_listen: 127.0.0.1:0\n"})
-	c := mustDial(t, g.addr, "")
+	c := mustDial(t, g.Addr, "")
 	c.initialize()
-	sid := c.newSession(t.TempDir())
+	sid := c.NewSession(t.TempDir())
 	procs := agentTree(t, g)
 
 	// The echo streams 8 characters every 15 ms: 2010 characters ≈ 3.8 s,
 	// time enough for the checks below even on a loaded machine, and well
 	// within shutdown_grace.
 	text := strings.Repeat("0123456789", 200)
-	id := c.request("session/prompt", promptParams(sid, text))
+	id := c.Request("session/prompt", promptParams(sid, text))
 	var got strings.Builder
 	first := time.After(10 * time.Second)
 	for got.Len() == 0 {
 		select {
-		case m := <-c.in:
+		case m := <-c.In:
 			if s, ok := chunkText(m); ok {
 				got.WriteString(s)
 			}
@@ -93,15 +96,15 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 			t.Fatal("no chunk within 10 s")
 		}
 	}
-	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := g.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	g.waitLogs(t, "draining", 1, 5*time.Second)
+	g.WaitLogs(t, "draining", 1, 5*time.Second)
 
 	// During the drain: not ready, no new connection.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if sample(g.metrics(t), "acpgate_ready", "") == 0 {
+		if metricscrape.Sample(g.metrics(t), "acpgate_ready", "") == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -109,7 +112,7 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	code, body, err := httpGet("http://" + g.addr + "/readyz")
+	code, body, err := httpGet("http://" + g.Addr + "/readyz")
 	switch {
 	case err == nil && code == http.StatusServiceUnavailable:
 		t.Logf("/readyz during the drain: 503 %q", strings.TrimSpace(body))
@@ -120,8 +123,8 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 	default:
 		t.Errorf("/readyz during the drain: %d %q %v, want 503 or a refused connection", code, body, err)
 	}
-	if c2, resp, err := dial(t, g.addr, ""); err == nil {
-		c2.close()
+	if c2, resp, err := dial(t, g.Addr, ""); err == nil {
+		c2.Close()
 		t.Error("a new WebSocket was accepted during the drain")
 	} else {
 		status := 0
@@ -131,12 +134,12 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 		t.Logf("new WebSocket during the drain: refused (HTTP %d): %v", status, err)
 	}
 	select {
-	case <-g.done:
+	case <-g.Done():
 		t.Fatal("the gateway exited while a prompt was still streaming")
 	default:
 	}
 
-	m := c.await(id, 15*time.Second, func(m rpcMsg) {
+	m := c.Await(id, 15*time.Second, func(m rpcMsg) {
 		if s, ok := chunkText(m); ok {
 			got.WriteString(s)
 		}
@@ -147,7 +150,7 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 	if want := "You said: " + text; got.String() != want {
 		t.Errorf("streamed %d characters, want %d: %q", got.Len(), len(want), got.String())
 	}
-	if st := c.closeStatus(15 * time.Second); st != websocket.StatusGoingAway {
+	if st := c.CloseStatus(15 * time.Second); st != websocket.StatusGoingAway {
 		t.Errorf("close status %v, want 1001 going away", st)
 	}
 	waitExit(t, g, 20*time.Second)
@@ -158,17 +161,17 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 // cancelled at its end; the client gets stopReason "cancelled", then 1001.
 func TestDrainCancelsPromptsAtGrace(t *testing.T) {
 	g := startGateway(t, gwOpts{config: "shutdown_grace: 1s\n"})
-	c := mustDial(t, g.addr, "")
+	c := mustDial(t, g.Addr, "")
 	c.initialize()
-	sid := c.newSession(t.TempDir())
+	sid := c.NewSession(t.TempDir())
 	procs := agentTree(t, g)
 
-	id := c.request("session/prompt", promptParams(sid, "slow"))
+	id := c.Request("session/prompt", promptParams(sid, "slow"))
 	ticks := 0
 	first := time.After(10 * time.Second)
 	for ticks == 0 {
 		select {
-		case m := <-c.in:
+		case m := <-c.In:
 			if s, ok := chunkText(m); ok && strings.HasPrefix(s, "tick ") {
 				ticks++
 			}
@@ -177,10 +180,10 @@ func TestDrainCancelsPromptsAtGrace(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := g.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	m := c.await(id, 15*time.Second, func(m rpcMsg) {
+	m := c.Await(id, 15*time.Second, func(m rpcMsg) {
 		if _, ok := chunkText(m); ok {
 			ticks++
 		}
@@ -193,7 +196,7 @@ func TestDrainCancelsPromptsAtGrace(t *testing.T) {
 	if took < 900*time.Millisecond || took > 8*time.Second {
 		t.Errorf("the prompt ended %s after SIGTERM; want about shutdown_grace (1s)", took)
 	}
-	if st := c.closeStatus(15 * time.Second); st != websocket.StatusGoingAway {
+	if st := c.CloseStatus(15 * time.Second); st != websocket.StatusGoingAway {
 		t.Errorf("close status %v, want 1001 going away", st)
 	}
 	waitExit(t, g, 20*time.Second)
@@ -211,7 +214,7 @@ func TestSIGHUPReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tokA, tokB, tokC := "a-"+randomHex(t, 16), "b-"+randomHex(t, 16), "c-"+randomHex(t, 16)
+	tokA, tokB, tokC := "a-"+harness.RandomHex(t, 16), "b-"+harness.RandomHex(t, 16), "c-"+harness.RandomHex(t, 16)
 	alpha := tenant{name: "alpha", tokens: []string{tokA}, root: rootA}
 	beta := tenant{name: "beta", tokens: []string{tokB}, root: rootB}
 	g := startGateway(t, gwOpts{config: tenantsYAML(t, dir, alpha)})
@@ -219,15 +222,15 @@ func TestSIGHUPReload(t *testing.T) {
 	reload := func(cfg string) {
 		t.Helper()
 		writeFile(t, g.cfgPath, cfg)
-		if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
 	}
 	refused := func(tok string) {
 		t.Helper()
-		c, resp, err := dial(t, g.addr, tok)
+		c, resp, err := dial(t, g.Addr, tok)
 		if err == nil {
-			c.close()
+			c.Close()
 			t.Fatalf("token %s… was accepted", tok[:2])
 		}
 		if resp == nil || resp.StatusCode != http.StatusUnauthorized {
@@ -247,8 +250,8 @@ func TestSIGHUPReload(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			text := g.metrics(t)
-			s := sample(text, "acpgate_config_reloads_total", `result="success"`)
-			f := sample(text, "acpgate_config_reloads_total", `result="failure"`)
+			s := metricscrape.Sample(text, "acpgate_config_reloads_total", `result="success"`)
+			f := metricscrape.Sample(text, "acpgate_config_reloads_total", `result="failure"`)
 			if s == success && f == failure {
 				return
 			}
@@ -259,41 +262,41 @@ func TestSIGHUPReload(t *testing.T) {
 		}
 	}
 
-	cA := mustDial(t, g.addr, tokA)
+	cA := mustDial(t, g.Addr, tokA)
 	cA.initialize()
-	sidA := cA.newSession(rootA)
+	sidA := cA.NewSession(rootA)
 	roundTrip(cA, sidA, "before")
 	refused(tokB)
 
 	// Add tenant beta with token B.
 	reload(tenantsYAML(t, dir, alpha, beta))
-	g.waitLogs(t, "configuration reloaded", 1, 10*time.Second)
-	cB := mustDial(t, g.addr, tokB)
+	g.WaitLogs(t, "configuration reloaded", 1, 10*time.Second)
+	cB := mustDial(t, g.Addr, tokB)
 	cB.initialize()
-	roundTrip(cB, cB.newSession(rootB), "beta")
+	roundTrip(cB, cB.NewSession(rootB), "beta")
 	roundTrip(cA, sidA, "after the reload")
 
 	// An unknown key: refused, the running configuration stays.
 	reload(tenantsYAML(t, dir, alpha, beta) + "bogus_key: 1\n")
-	g.waitLogs(t, "configuration reload refused; keeping the running configuration", 1, 10*time.Second)
-	cB2 := mustDial(t, g.addr, tokB)
-	cB2.close()
+	g.WaitLogs(t, "configuration reload refused; keeping the running configuration", 1, 10*time.Second)
+	cB2 := mustDial(t, g.Addr, tokB)
+	cB2.Close()
 	wantReloads(1, 1)
 
 	// A setting that needs a restart: refused too.
 	reload("pool:\n  max_processes: 3\n" + tenantsYAML(t, dir, alpha, beta))
-	g.waitLogs(t, "configuration reload refused; keeping the running configuration", 2, 10*time.Second)
+	g.WaitLogs(t, "configuration reload refused; keeping the running configuration", 2, 10*time.Second)
 	wantReloads(1, 2)
 
 	// Rotate alpha's token: A is refused from now on, C accepted, and the
 	// connection opened with A lives on.
 	reload(tenantsYAML(t, dir, tenant{name: "alpha", tokens: []string{tokC}, root: rootA}, beta))
-	g.waitLogs(t, "configuration reloaded", 2, 10*time.Second)
+	g.WaitLogs(t, "configuration reloaded", 2, 10*time.Second)
 	refused(tokA)
-	cC := mustDial(t, g.addr, tokC)
+	cC := mustDial(t, g.Addr, tokC)
 	cC.initialize()
-	roundTrip(cC, cC.newSession(rootA), "token C")
+	roundTrip(cC, cC.NewSession(rootA), "token C")
 	roundTrip(cA, sidA, "after the rotation")
-	roundTrip(cB, cB.newSession(rootB), "beta again")
+	roundTrip(cB, cB.NewSession(rootB), "beta again")
 	wantReloads(2, 2)
 }

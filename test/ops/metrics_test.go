@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -18,18 +17,12 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
 const promtool = "/usr/bin/promtool"
-
-func randomHex(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
 
 func sha(s string) string {
 	h := sha256.Sum256([]byte(s))
@@ -60,7 +53,7 @@ func tenantsYAML(t *testing.T, keyDir string, ts ...tenant) string {
 	}
 	key := filepath.Join(keyDir, "session.key")
 	if _, err := os.Stat(key); err != nil {
-		writeFile(t, key, randomHex(t, 32)+"\n")
+		writeFile(t, key, harness.RandomHex(t, 32)+"\n")
 	}
 	fmt.Fprintf(&b, "session_key_file: %s\n", key)
 	return b.String()
@@ -198,47 +191,47 @@ func metricsGateway(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	tokA := "alpha-" + randomHex(t, 16)
+	tokA := "alpha-" + harness.RandomHex(t, 16)
 	cfg := "pool:\n  idle_timeout: 1s\n" + tenantsYAML(t, dir,
 		tenant{name: "alpha", tokens: []string{tokA}, root: rootA, extra: "max_sessions: 1"},
-		tenant{name: "beta", tokens: []string{"beta-" + randomHex(t, 16)}, root: rootB})
+		tenant{name: "beta", tokens: []string{"beta-" + harness.RandomHex(t, 16)}, root: rootB})
 	g := startGateway(t, gwOpts{config: cfg})
 
 	// Auth failures: no token, a wrong token.
 	for _, tok := range []string{"", "wrong-token"} {
-		if c, resp, err := dial(t, g.addr, tok); err == nil {
-			c.close()
+		if c, resp, err := dial(t, g.Addr, tok); err == nil {
+			c.Close()
 			t.Fatalf("dial with token %q was accepted", tok)
 		} else if resp == nil || resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("dial with token %q: %v, want 401", tok, err)
 		}
 	}
 	// Prompts, and a session over the tenant's quota (a policy denial).
-	c := mustDial(t, g.addr, tokA)
+	c := mustDial(t, g.Addr, tokA)
 	c.initialize()
-	sid := c.newSession(rootA)
+	sid := c.NewSession(rootA)
 	for i := 0; i < 3; i++ {
 		if reason, text := c.prompt(sid, "hello"); reason != "end_turn" || text != "You said: hello" {
 			t.Fatalf("prompt: %q %q", reason, text)
 		}
 	}
-	m := c.await(c.request("session/new", map[string]any{"cwd": rootA, "mcpServers": []any{}}), 30*time.Second, nil)
+	m := c.Await(c.Request("session/new", map[string]any{"cwd": rootA, "mcpServers": []any{}}), 30*time.Second, nil)
 	if m.Error == nil {
 		t.Fatalf("a second session/new over max_sessions 1 succeeded: %s", m.Raw)
 	}
-	c.close()
+	c.Close()
 	// A successful reload.
-	if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	g.waitLogs(t, "configuration reloaded", 1, 10*time.Second)
+	g.WaitLogs(t, "configuration reloaded", 1, 10*time.Second)
 
 	// Wait for the closed connection and the idle tenant process to show.
 	deadline := time.Now().Add(15 * time.Second)
 	var text string
 	for {
 		text = g.metrics(t)
-		if sample(text, "acpgate_connections_total", `agent="default",reason="client_closed",tenant="alpha",transport="websocket"`) >= 1 &&
+		if metricscrape.Sample(text, "acpgate_connections_total", `agent="default",reason="client_closed",tenant="alpha",transport="websocket"`) >= 1 &&
 			strings.Contains(text, "acpgate_agent_exits_total{") {
 			break
 		}

@@ -137,7 +137,7 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 	// operator may): the session's process retires and a new one is
 	// spawned, which the pool's counters must show.
 	g := startGateway(t, gwOpts{env: []string{"ACPGATE_POOL_RECYCLE_AFTER_SESSIONS=1"}})
-	prom := startPrometheus(t, g.addr)
+	prom := startPrometheus(t, g.Addr)
 	// One scrape before the traffic, so that rates see it happen.
 	deadline := time.Now().Add(30 * time.Second)
 	for len(query(t, prom, `up{job="acpgate"} == 1`)) == 0 {
@@ -147,18 +147,18 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	c := mustDial(t, g.addr, "")
+	c := mustDial(t, g.Addr, "")
 	c.initialize()
-	sid := c.newSession(t.TempDir())
+	sid := c.NewSession(t.TempDir())
 	for i := 0; i < 3; i++ {
 		if reason, text := c.prompt(sid, "hello"); reason != "end_turn" || text != "You said: hello" {
 			t.Fatalf("prompt %d: %q %q", i, reason, text)
 		}
 	}
-	c.close() // acpgate_connections_total counts ended connections
-	c2 := mustDial(t, g.addr, "")
+	c.Close() // acpgate_connections_total counts ended connections
+	c2 := mustDial(t, g.Addr, "")
 	c2.initialize()
-	defer c2.close()
+	defer c2.Close()
 
 	want := []string{
 		`acpgate_connections_open{job="acpgate"} or acpgate_connections_total{job="acpgate"}`,

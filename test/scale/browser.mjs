@@ -28,14 +28,12 @@
 //
 // It exits 0 on success.
 
-import { createRequire } from "node:module";
 import { mkdirSync } from "node:fs";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createInterface } from "node:readline";
+import { Failure, check, harness, launch, log } from "../internal/chromium/launch.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const { chromium } = createRequire(join(here, "..", "browser", "package.json"))("playwright-core");
 
 const [baseUrl, transport = "websocket"] = process.argv.slice(2);
 const token = process.env.ACPGATE_SCALE_TOKEN ?? "";
@@ -48,26 +46,7 @@ const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "scale
 mkdirSync(outDir, { recursive: true });
 const COOKIE = "ACPGATE_AFFINITY";
 
-const t0 = Date.now();
-const log = (...a) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s]`, ...a);
-
-class Failure extends Error {}
-function check(cond, msg) {
-  if (!cond) throw new Failure(msg);
-}
-
-const stdinLines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
-async function harness(action) {
-  console.log(`@@harness ${action}`);
-  const { value, done } = await stdinLines.next();
-  check(!done && value.trim() === "ok", `harness ${action}: got ${done ? "EOF" : JSON.stringify(value)}`);
-}
-
-const browser = await chromium.launch({
-  executablePath: process.env.ACPGATE_CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 const context = await browser.newContext({ viewport: { width: 1366, height: 768 }, colorScheme: "light", reducedMotion: "reduce" });
 const page = await context.newPage();
 page.setDefaultTimeout(20000);

@@ -1,8 +1,6 @@
 package scale
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,10 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/acpgate/acpgate/test/internal/chromium"
+	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
 // The web client through the balancer when its replica dies: browser.mjs
@@ -24,8 +24,7 @@ import (
 
 const (
 	browserRequireEnv = "ACPGATE_REQUIRE_BROWSER" // as test/browser: "1" makes a missing browser a failure
-	browserChromium   = "/usr/bin/chromium"
-	browserLimit      = 3 * time.Minute // the whole test, cluster included
+	browserLimit      = 3 * time.Minute           // the whole test, cluster included
 )
 
 // requireBrowserTools finds haproxy, node and the browser, skipping the
@@ -33,36 +32,16 @@ const (
 // ACPGATE_REQUIRE_SCALE=1). It returns node's path.
 func requireBrowserTools(t *testing.T) string {
 	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...)
-		for _, env := range []string{browserRequireEnv, requireEnv} {
-			if os.Getenv(env) == "1" {
-				t.Fatalf("%s (%s=1, so this is a failure)", msg, env)
-			}
-		}
-		t.Skipf("%s; skipping (set %s=1 or %s=1 to make this a failure)", msg, browserRequireEnv, requireEnv)
-	}
 	if haproxyBin == "" {
 		if p, err := exec.LookPath("haproxy"); err == nil {
 			haproxyBin = p
 		} else if _, err := os.Stat("/usr/sbin/haproxy"); err == nil {
 			haproxyBin = "/usr/sbin/haproxy" // Debian's, off a user's PATH
 		} else {
-			missing("haproxy is missing (install the Debian package haproxy)")
+			harness.Missing(t, "haproxy is missing (install the Debian package haproxy)", browserRequireEnv, requireEnv)
 		}
 	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is missing (install the Debian package nodejs)")
-	}
-	if _, err := os.Stat(browserChromium); err != nil {
-		missing("%s is missing (apt-get install -y chromium)", browserChromium)
-	}
-	if _, err := os.Stat(filepath.Join("..", "browser", "node_modules", "playwright-core", "package.json")); err != nil {
-		missing("test/browser/node_modules/playwright-core is missing (cd test/browser && npm ci)")
-	}
-	return node
+	return chromium.Require(t, filepath.Join("..", "browser", "node_modules"), browserRequireEnv, requireEnv)
 }
 
 // TestBrowserReplicaDies: the page, loaded through the balancer, is on one
@@ -246,21 +225,7 @@ func scrape(r *replica, name string, labels ...string) (float64, error) {
 	if code != http.StatusOK {
 		return 0, fmt.Errorf("replica %s /metrics: %d %.200s", r.name, code, body)
 	}
-	var sum float64
-	for line := range strings.SplitSeq(body, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		var v float64
-		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); ok && err == nil {
-			sum += v
-		}
-	}
-	return sum, nil
+	return metricscrape.Sum(body, name, labels...), nil
 }
 
 // runBrowserScript runs browser.mjs and relays its "@@harness ACTION"
@@ -272,76 +237,16 @@ func runBrowserScript(t *testing.T, ctx context.Context, node string, args, env 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, node, append([]string{"browser.mjs"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "ACPGATE_BROWSER_OUT="+outDir, "ACPGATE_CHROMIUM="+browserChromium), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var actionErr error
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		line := sc.Text()
-		action, ok := strings.CutPrefix(line, "@@harness ")
-		if !ok {
-			t.Log(line)
-			continue
-		}
-		t.Logf("harness: %s", action)
-		reply := "ok"
-		if err := onAction(action); err != nil {
-			actionErr = errors.Join(actionErr, fmt.Errorf("%s: %w", action, err))
-			reply = "error"
-		}
-		if _, err := io.WriteString(stdin, reply+"\n"); err != nil {
-			t.Errorf("writing to the script: %v", err)
-		}
-	}
-	_ = stdin.Close()
-	err = cmd.Wait()
+	res := chromium.Run(t, ctx, chromium.Script{Node: node, Args: append([]string{"browser.mjs"}, args...), Env: env, OutDir: outDir, OnAction: onAction})
 	if ctx.Err() != nil {
 		t.Errorf("browser.mjs did not finish in time (%v)", ctx.Err())
 	}
-	if actionErr != nil {
-		t.Errorf("harness action: %v", actionErr)
+	if res.ActionErr != nil {
+		t.Errorf("harness action: %v", res.ActionErr)
 	}
-	if err != nil || actionErr != nil {
-		t.Errorf("browser.mjs: %v after %v\n--- script stderr ---\n%s", err, time.Since(start).Round(time.Millisecond), stderr.String())
+	if res.Err != nil || res.ActionErr != nil {
+		t.Errorf("browser.mjs: %v after %v\n--- script stderr ---\n%s", res.Err, res.Took, res.Stderr)
 		return
 	}
-	t.Logf("browser.mjs passed in %v; screenshots in %s", time.Since(start).Round(time.Millisecond), outDir)
-}
-
-// syncBuffer is a bytes.Buffer safe for the writer goroutine exec starts.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	t.Logf("browser.mjs passed in %v; screenshots in %s", res.Took, outDir)
 }

@@ -2,7 +2,6 @@ package scale
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/csv"
 	"encoding/hex"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/test/internal/gwlog"
+	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
@@ -59,7 +60,7 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &cluster{t: t, dir: dir, root: filepath.Join(dir, "work"), homes: filepath.Join(dir, "homes"),
-		token: "scale-" + randomHex(t, 24), replicas: map[string]*replica{}}
+		token: "scale-" + harness.RandomHex(t, 24), replicas: map[string]*replica{}}
 	for _, d := range []string{c.root, filepath.Join(dir, "keys")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
@@ -71,7 +72,7 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 		t.Fatalf("acpgate keygen: %v", err)
 	}
 	keyFile := filepath.Join(dir, "keys", "session.key")
-	writeFile(t, keyFile, string(key), 0o600)
+	harness.WriteFile(t, keyFile, string(key), 0o600)
 	sum := sha256.Sum256([]byte(c.token))
 	cfg := fmt.Sprintf(`session_key_file: %q
 shutdown_delay: %s
@@ -88,7 +89,7 @@ tenants:
     root: %q
 `, keyFile, shutdownDelay, shutdownGrace, binPath, chunkDelay, agentStop, c.homes, tenantName, hex.EncodeToString(sum[:]), c.root)
 	c.cfgPath = filepath.Join(dir, "acpgate.yaml")
-	writeFile(t, c.cfgPath, cfg, 0o600)
+	harness.WriteFile(t, c.cfgPath, cfg, 0o600)
 	if out, err := exec.Command(binPath, "check-config", "--config", c.cfgPath).CombinedOutput(); err != nil {
 		t.Fatalf("acpgate check-config: %v\n%s", err, out)
 	}
@@ -96,7 +97,7 @@ tenants:
 	c.procs = newProcWatch()
 	t.Cleanup(c.procs.stop)
 	for _, name := range []string{"a", "b"} {
-		c.replicas[name] = &replica{c: c, name: name, addr: freeAddr(t)}
+		c.replicas[name] = &replica{c: c, name: name, addr: harness.FreeAddr(t)}
 	}
 	// Both replicas first, then the balancer, so that its first checks
 	// find them ready (it would also wait for them: rise 2).
@@ -306,24 +307,7 @@ func (r *replica) metric(t *testing.T, name string, labels ...string) float64 {
 	if code != http.StatusOK {
 		t.Fatalf("replica %s /metrics: %d %.200s", r.name, code, body)
 	}
-	var sum float64
-	for line := range strings.SplitSeq(body, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		if !ok {
-			continue
-		}
-		var v float64
-		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err == nil {
-			sum += v
-		}
-	}
-	return sum
+	return metricscrape.Sum(body, name, labels...)
 }
 
 // waitMetric polls until ok(the metric) holds and returns its value.
@@ -525,8 +509,8 @@ func startBalancer(t *testing.T, ctx context.Context, dir, a, b string) *balance
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	lb := &balancer{t: t, addr: freeAddr(t), statsAddr: freeAddr(t), cfg: filepath.Join(dir, "haproxy.cfg"), done: make(chan struct{})}
-	writeFile(t, lb.cfg, haproxyConfig(lb.addr, lb.statsAddr, a, b), 0o600)
+	lb := &balancer{t: t, addr: harness.FreeAddr(t), statsAddr: harness.FreeAddr(t), cfg: filepath.Join(dir, "haproxy.cfg"), done: make(chan struct{})}
+	harness.WriteFile(t, lb.cfg, haproxyConfig(lb.addr, lb.statsAddr, a, b), 0o600)
 	if out, err := exec.Command(haproxyBin, "-c", "-f", lb.cfg).CombinedOutput(); err != nil {
 		t.Fatalf("haproxy -c: %v\n%s", err, out)
 	}
@@ -764,33 +748,4 @@ func (w *procWatch) alive() (seen int, left []string) {
 		}
 	}
 	return len(w.seen), left
-}
-
-// --- helpers ---
-
-// freeAddr is a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func writeFile(t *testing.T, path, data string, mode os.FileMode) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(data), mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func randomHex(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }

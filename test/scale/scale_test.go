@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"go.uber.org/goleak"
 
+	"github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
@@ -43,17 +43,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
-			code = 1
+	harness.Main(m, func() {
+		if buildDir != "" {
+			os.RemoveAll(buildDir)
 		}
-	}
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	})
 }
 
 // requireTools finds haproxy, node (>= 20) and the SDK test/interop
@@ -63,11 +57,7 @@ func requireTools(t *testing.T) {
 	t.Helper()
 	missing := func(format string, args ...any) {
 		t.Helper()
-		msg := fmt.Sprintf(format, args...)
-		if os.Getenv(requireEnv) == "1" {
-			t.Fatalf("%s (%s=1, so this is a failure)", msg, requireEnv)
-		}
-		t.Skipf("%s; skipping (set %s=1 to make this a failure)", msg, requireEnv)
+		harness.Missing(t, fmt.Sprintf(format, args...), requireEnv)
 	}
 	var err error
 	if haproxyBin, err = exec.LookPath("haproxy"); err != nil {
@@ -77,13 +67,8 @@ func requireTools(t *testing.T) {
 		}
 		haproxyBin = "/usr/sbin/haproxy"
 	}
-	if nodeBin, err = exec.LookPath("node"); err != nil {
-		missing("node is missing (install the Debian package nodejs): %v", err)
-	}
-	out, err := exec.Command(nodeBin, "--version").Output()
-	v := strings.TrimSpace(string(out))
-	if major, _ := strconv.Atoi(strings.SplitN(strings.TrimPrefix(v, "v"), ".", 2)[0]); err != nil || major < 20 {
-		missing("node %q is unusable or too old (need >= 20): %v", v, err)
+	if nodeBin, err = harness.Node(); err != nil {
+		missing("node is missing or unusable (install the Debian package nodejs, >= 20): %v", err)
 	}
 	for _, f := range []string{"dist/v1/stable/acp.js", "dist/transports/http-stream.js"} {
 		if _, err := os.Stat(filepath.Join(sdkDir, f)); err != nil {
@@ -99,24 +84,18 @@ func buildGateway(t *testing.T) {
 	if binPath != "" {
 		return // built already
 	}
-	if bin := os.Getenv("ACPGATE_E2E_BIN"); bin != "" {
-		var err error
-		if binPath, err = filepath.Abs(bin); err != nil {
-			t.Fatalf("ACPGATE_E2E_BIN: %v", err)
+	var err error
+	if binPath, err = harness.Prebuilt(); err != nil || binPath != "" {
+		if err != nil {
+			t.Fatal(err)
 		}
 		return
 	}
-	dir, err := os.MkdirTemp("", "acpgate-scale-")
-	if err != nil {
+	if buildDir, err = os.MkdirTemp("", "acpgate-scale-"); err != nil {
 		t.Fatal(err)
 	}
-	buildDir, binPath = dir, filepath.Join(dir, "acpgate")
-	args := []string{"build", "-race", "-o", binPath, "github.com/acpgate/acpgate/cmd/acpgate"}
-	if os.Getenv("ACPGATE_E2E_NORACE") != "" {
-		args = append(args[:1], args[2:]...)
-	}
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("build acpgate: %v\n%s", err, out)
+	if binPath, err = harness.Build(buildDir, true); err != nil {
+		t.Fatalf("build acpgate: %v", err)
 	}
 }
 
@@ -227,16 +206,16 @@ func resumeThroughBalancer(t *testing.T, ctx context.Context, c *cluster) {
 	// About 100 chunks, chunkDelay apart: 3 s of streaming.
 	text := echoText("resume", 800)
 	want := "You said: " + text
-	id := cl.request("session/prompt", textPrompt(sid, text))
+	id := cl.Request("session/prompt", textPrompt(sid, text))
 	tally := &turnTally{t: t, sid: sid}
 	for tally.chunks < 10 {
-		m := cl.next("the turn before the drop", left(t, ctx, turnLimit))
-		if m.isResponseTo(id) {
+		m := cl.Next("the turn before the drop", left(t, ctx, turnLimit))
+		if m.IsResponseTo(id) {
 			t.Fatalf("the turn ended after %d chunks: %s", tally.chunks, m.Raw)
 		}
 		tally.add(m)
 	}
-	sent, n := len(cl.frames), cl.got
+	sent, n := len(cl.Frames), cl.Got
 	cl.s.reset(t)
 	// The replica sees its socket end without a close frame: the
 	// connection detaches and the turn runs on.
@@ -249,7 +228,7 @@ func resumeThroughBalancer(t *testing.T, ctx context.Context, c *cluster) {
 	if set := affinity(resp); set != "" {
 		t.Errorf("the resumed 101 sets the cookie again (%q): the client's cookie for %s should have been valid (insert indirect)", set, cl.cookie)
 	}
-	answer := cl.await("the rest of the turn after the resume", id, left(t, ctx, turnLimit), tally.add)
+	answer := cl.Await("the rest of the turn after the resume", id, left(t, ctx, turnLimit), tally.add)
 	tally.check(answer, want)
 	cl.quiet(300 * time.Millisecond)
 	t.Logf("resumed on replica %s after %d messages (%d chunks); the turn arrived whole (%d chunks)", cl.cookie, n, 10, tally.chunks)
@@ -271,7 +250,7 @@ func resumeThroughBalancer(t *testing.T, ctx context.Context, c *cluster) {
 func (cl *acpClient) quiet(d time.Duration) {
 	cl.t.Helper()
 	select {
-	case m, ok := <-cl.s.in:
+	case m, ok := <-cl.s.In:
 		if ok {
 			cl.t.Fatalf("%s: unexpected message after the turn (a duplicate?): %.300s", cl.name, m.Raw)
 		}
@@ -292,10 +271,10 @@ func rollingRestart(t *testing.T, ctx context.Context, c *cluster) {
 	// shutdown_grace, longer than the new clients below need.
 	text := echoText("drain", 2000)
 	want := "You said: " + text
-	id := long.request("session/prompt", textPrompt(sid, text))
+	id := long.Request("session/prompt", textPrompt(sid, text))
 	tally := &turnTally{t: t, sid: sid}
 	for tally.chunks < 3 {
-		tally.add(long.next("the long turn", left(t, ctx, turnLimit)))
+		tally.add(long.Next("the long turn", left(t, ctx, turnLimit)))
 	}
 	agents := xp.agentPIDs()
 	if len(agents) == 0 {
@@ -395,7 +374,7 @@ func rollingRestart(t *testing.T, ctx context.Context, c *cluster) {
 	}
 
 	// The running turn finishes on its socket, whole, within the grace.
-	answer := long.await("the turn on the draining replica", id, left(t, ctx, shutdownGrace+10*time.Second), tally.add)
+	answer := long.Await("the turn on the draining replica", id, left(t, ctx, shutdownGrace+10*time.Second), tally.add)
 	tally.check(answer, want)
 	if took := time.Since(sigAt); took > shutdownGrace {
 		t.Errorf("the turn ended %s after SIGTERM, beyond shutdown_grace (%s)", took, shutdownGrace)
@@ -403,15 +382,15 @@ func rollingRestart(t *testing.T, ctx context.Context, c *cluster) {
 	t.Logf("the turn on %s ended %s after SIGTERM (%d chunks)", victim, time.Since(sigAt).Round(time.Millisecond), tally.chunks)
 	// Then the replica closes the socket: 1001, going away.
 	select {
-	case <-long.s.done:
+	case <-long.s.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the socket on draining replica %s is still open 10 s after its last turn", victim)
 	}
-	for m := range long.s.in {
+	for m := range long.s.In {
 		t.Errorf("after the turn: %.300s", m.Raw)
 	}
-	if code := closeStatus(long.s.err()); code != websocket.StatusGoingAway {
-		t.Errorf("the draining replica's socket ended with %v (close code %d); want 1001", long.s.err(), code)
+	if code := closeStatus(long.s.Err()); code != websocket.StatusGoingAway {
+		t.Errorf("the draining replica's socket ended with %v (close code %d); want 1001", long.s.Err(), code)
 	}
 	select {
 	case <-xp.done:
@@ -466,11 +445,11 @@ func killedReplica(t *testing.T, ctx context.Context, c *cluster) {
 	first := "the turn before the kill"
 	cl.turn(sid, first, left(t, ctx, turnLimit))
 	text := echoText("killed", 1600)
-	id := cl.request("session/prompt", textPrompt(sid, text))
+	id := cl.Request("session/prompt", textPrompt(sid, text))
 	tally := &turnTally{t: t, sid: sid}
 	for tally.chunks < 5 {
-		m := cl.next("the turn before the kill", left(t, ctx, turnLimit))
-		if m.isResponseTo(id) {
+		m := cl.Next("the turn before the kill", left(t, ctx, turnLimit))
+		if m.IsResponseTo(id) {
 			t.Fatalf("the turn ended early: %s", m.Raw)
 		}
 		tally.add(m)
@@ -491,12 +470,12 @@ func killedReplica(t *testing.T, ctx context.Context, c *cluster) {
 	}
 	// The balancer ends the client's socket with the replica's.
 	select {
-	case <-cl.s.done:
+	case <-cl.s.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the client's socket is still open 10 s after its replica was killed")
 	}
-	for m := range cl.s.in {
-		cl.got++
+	for m := range cl.s.In {
+		cl.Got++
 		if m.Method != "session/update" {
 			t.Fatalf("before the socket ended: %.300s", m.Raw)
 		}
@@ -508,8 +487,8 @@ func killedReplica(t *testing.T, ctx context.Context, c *cluster) {
 	// connection another process issued.
 	h := c.header(k.name)
 	h.Set("X-Scale-Client", "d-ws-resume")
-	if s, resp, err := dialSocket(t, c.lb.addr, resumePath(cl.token, cl.got), h); err == nil {
-		s.closeWith(websocket.StatusNormalClosure)
+	if s, resp, err := dialSocket(t, c.lb.addr, resumePath(cl.token, cl.Got), h); err == nil {
+		s.Close()
 		t.Fatalf("the resume of a connection of the killed replica was upgraded (by %q)", affinity(resp))
 	} else {
 		if resp == nil {
@@ -545,7 +524,7 @@ func killedReplica(t *testing.T, ctx context.Context, c *cluster) {
 	}
 	nc.initialize()
 	var replay []update
-	m := nc.await("session/load", nc.request("session/load", map[string]any{"sessionId": sid, "cwd": c.root, "mcpServers": []any{}}),
+	m := nc.Await("session/load", nc.Request("session/load", map[string]any{"sessionId": sid, "cwd": c.root, "mcpServers": []any{}}),
 		left(t, ctx, turnLimit), func(m rpcMsg) {
 			u := parseUpdate(t, m)
 			if u.SessionID != sid {
