@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/acpgate/acpgate/internal/syncbuf"
 )
 
 func TestNewErrors(t *testing.T) {
@@ -117,7 +119,7 @@ func TestNoCredentialInLogs(t *testing.T) {
 	k := keys()
 	clock := newFakeClock()
 	now := clock.Now()
-	buf := &lockedBuffer{}
+	buf := &syncbuf.Buffer{}
 	a, err := New(Config{Tenants: baseTenants(), Clock: clock.Now, JWT: &JWTConfig{Issuer: testIss, Audience: testAud,
 		JWKSFile: writeFile(t, "jwks.json", defaultJWKS())}}, newLogger(buf))
 	if err != nil {

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/acpgate/acpgate/internal/syncbuf"
 )
 
 const (
@@ -396,7 +398,7 @@ func TestJWKSURL(t *testing.T) {
 	if !strings.HasPrefix(srv.URL, "http://127.0.0.1:") {
 		t.Fatalf("test server on %s", srv.URL)
 	}
-	buf := &lockedBuffer{}
+	buf := &syncbuf.Buffer{}
 	a, err := New(Config{Tenants: baseTenants(), JWT: &JWTConfig{Issuer: testIss, Audience: testAud, JWKSURL: srv.URL}}, newLogger(buf))
 	if err != nil {
 		t.Fatal(err)
@@ -436,7 +438,7 @@ func TestJWKSURLPeriodicRefreshAndClose(t *testing.T) {
 	minJWKSRefresh = 10 * time.Millisecond
 	k := keys()
 	srv := newJWKSServer(t, jwksJSON(rsaJWK(&k.rsa.PublicKey, "rsa1", "RS256")))
-	buf := &lockedBuffer{}
+	buf := &syncbuf.Buffer{}
 	a, err := New(Config{Tenants: baseTenants(), JWT: &JWTConfig{Issuer: testIss, Audience: testAud,
 		JWKSURL: srv.URL, JWKSRefreshInterval: 50 * time.Millisecond}}, newLogger(buf))
 	if err != nil {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,33 +13,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/acpgate/acpgate/internal/syncbuf"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
-// syncBuffer is a log destination tests read while the relay writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A request's hold is given back once: a second release changes nothing,
 // and is counted and logged as the bug it is.
 func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
 	c := r.newConnForBench(nil)
 	c.log = r.log

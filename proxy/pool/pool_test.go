@@ -2,7 +2,6 @@ package pool
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/internal/syncbuf"
 )
 
 // The test binary doubles as the agent: with POOL_TEST_AGENT set it
@@ -39,24 +40,6 @@ func TestMain(m *testing.M) {
 		fmt.Printf(`{"jsonrpc":"2.0","method":"echo","params":{"method":%q}}`+"\n", req.Method)
 	}
 	os.Exit(0)
-}
-
-// syncBuffer is a log destination tests read while the pool writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // recorder is a Handler that keeps what it is given.
@@ -87,7 +70,7 @@ func counter(c interface{ Write(*dto.Metric) error }) float64 {
 	return m.GetCounter().GetValue()
 }
 
-func testPool(t *testing.T, logs *syncBuffer, mutate func(*Config)) (*Pool, *sync.Map) {
+func testPool(t *testing.T, logs *syncbuf.Buffer, mutate func(*Config)) (*Pool, *sync.Map) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -112,9 +95,9 @@ func testPool(t *testing.T, logs *syncBuffer, mutate func(*Config)) (*Pool, *syn
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	var w *syncBuffer = logs
+	var w *syncbuf.Buffer = logs
 	if w == nil {
-		w = &syncBuffer{}
+		w = &syncbuf.Buffer{}
 	}
 	p := New(cfg, slog.New(slog.NewTextHandler(w, nil)))
 	t.Cleanup(func() {
@@ -141,7 +124,7 @@ func acquire(t *testing.T, p *Pool, forSession bool) *Lease {
 // A lease is released once: a second release changes no count, and is
 // logged and counted as the bug it is.
 func TestLeaseReleasedTwiceIsCountedAndLogged(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	p, _ := testPool(t, &logs, nil)
 	l := acquire(t, p, true)
 	if st := p.Stats(); st.Reserved != 1 {

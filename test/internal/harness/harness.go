@@ -5,7 +5,6 @@
 package harness
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -15,10 +14,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/internal/syncbuf"
 )
 
 // Main runs the tests, then, if they passed, fails the run on a leaked
@@ -135,25 +135,5 @@ func FreeAddr(t testing.TB) string {
 }
 
 // SyncBuffer is a bytes.Buffer that goroutines may write to while the test
-// reads it.
-type SyncBuffer struct {
-	Max int // when set, writes past this many bytes are dropped
-
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.Max > 0 && s.b.Len() > s.Max {
-		return len(p), nil
-	}
-	return s.b.Write(p)
-}
-
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// reads it (syncbuf.Buffer).
+type SyncBuffer = syncbuf.Buffer
