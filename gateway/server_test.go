@@ -230,10 +230,19 @@ func (ts *testServer) wsConns() []*wsConn {
 	ts.s.mu.Lock()
 	defer ts.s.mu.Unlock()
 	var out []*wsConn
-	for c := range ts.s.conns {
-		out = append(out, c)
+	for l := range ts.s.links {
+		if c, ok := l.t.(*wsConn); ok {
+			out = append(out, c)
+		}
 	}
 	return out
+}
+
+// sockets is the number of open client connections.
+func (s *Server) sockets() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.links)
 }
 
 // --- client ---
