@@ -288,8 +288,27 @@ func New(opts Options) (*Server, error) {
 		}
 		agents = append(agents, spec)
 	}
-	relay, err := proxy.NewRelay(proxy.Config{
-		Metrics: relayMetrics,
+	relay, err := proxy.NewRelay(relayConfig(cfg, relayMetrics, agents, sealer, tenants), log)
+	if err != nil {
+		s.stopDrains()
+		return fail(err)
+	}
+	s.relay = relay
+	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
+	r := s.routes(cfg, authn)
+	s.http = &http.Server{
+		Handler:           r,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// relayConfig is the relay's configuration.
+func relayConfig(cfg *config.Config, m *proxy.Metrics, agents []proxy.AgentSpec, sealer *proxy.Sealer,
+	tenants []proxy.TenantConfig) proxy.Config {
+	return proxy.Config{
+		Metrics: m,
 		Agents:  agents,
 		Limits: proxy.Limits{
 			MaxPendingRequests:      cfg.Limits.MaxPendingRequests,
@@ -306,13 +325,11 @@ func New(opts Options) (*Server, error) {
 			ReplayBufferBytes: cfg.Sessions.ReplayBufferBytes,
 		},
 		IsolateTenants: cfg.AuthEnabled(),
-	}, log)
-	if err != nil {
-		s.stopDrains()
-		return fail(err)
 	}
-	s.relay = relay
-	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
+}
+
+// routes is the gateway's HTTP surface.
+func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Handler {
 	r := chi.NewRouter()
 	// /acp (the default agent) and /acp/{agent}: a WebSocket upgrade, or
 	// Streamable HTTP (POST a message, GET an event stream, DELETE the
@@ -344,12 +361,7 @@ func New(opts Options) (*Server, error) {
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
 	r.Handle("/*", web.Handler())
-	s.http = &http.Server{
-		Handler:           r,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	return s, nil
+	return r
 }
 
 // Serve accepts connections on ln until Shutdown.
