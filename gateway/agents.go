@@ -236,7 +236,7 @@ func (s *Server) drainAgent(name string, stopGrace time.Duration) {
 	s.finishPrompts(s.drainCtx, name, cfg.ShutdownGrace.D())
 	links, _ := s.linksOf(name)
 	for _, l := range links {
-		l.goingAway("shutdown")
+		l.goingAway("agent removed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+stopGrace)
 	defer cancel()

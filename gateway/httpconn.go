@@ -76,6 +76,7 @@ type httpConn struct {
 	lastUse   time.Time // the last POST, or the last receiver leaving
 	sc        jsonrpc.Scanner
 	scanned   jsonrpc.Message
+	facts     msgFacts // what routeFacts read last
 }
 
 // sseStream is one SSE stream of a connection: its queued events, the
@@ -147,8 +148,12 @@ func (h *httpConn) routeFacts(msg []byte) (id []byte, method, sid string, hasSID
 // routeLocked implements transport: a response goes to the stream of its
 // request (the initialize answer to the initialize POST's body), anything
 // else to its session's stream, or the connection's.
-func (h *httpConn) routeLocked(msg []byte) (string, bool) {
-	id, method, sid, hasSID := h.routeFacts(msg)
+func (h *httpConn) routeLocked(msg []byte, f *msgFacts) (string, bool) {
+	if f == nil {
+		f = &h.facts
+		f.id, f.method, f.sid, f.hasSID = h.routeFacts(msg)
+	}
+	id, method, sid, hasSID := f.id, f.method, f.sid, f.hasSID
 	switch {
 	case method == "" && h.initReply != nil && bytes.Equal(id, h.initID):
 		h.initReply <- msg // the initialize POST's body, never SSE

@@ -69,9 +69,10 @@ type link struct {
 // transport is what a link's transport does its own way. Methods named
 // Locked run with link.mu held.
 type transport interface {
-	// routeLocked picks the queue of a message for the client; taken: the
+	// routeLocked picks the queue of a message for the client; facts, if
+	// not nil, are what the caller read of it already. taken: the
 	// transport delivered it another way and owns it.
-	routeLocked(msg []byte) (queue string, taken bool)
+	routeLocked(msg []byte, facts *msgFacts) (queue string, taken bool)
 	// pushLocked appends msg to queue and wakes its writer; false refuses
 	// it (the transport has decided a close).
 	pushLocked(queue string, msg []byte) bool
@@ -289,8 +290,9 @@ func (l *link) closeState() (reason, label string, closing bool) {
 	return l.closeReason, l.closeLabel, l.closing
 }
 
-// goingAway closes the connection for a drain.
-func (l *link) goingAway(label string) { l.closeWith("gateway shutting down", label) }
+// goingAway closes the connection for a drain (label shutdown): what is
+// queued goes out first.
+func (l *link) goingAway(reason string) { l.closeWith(reason, "shutdown") }
 
 // Supersede implements proxy.Sink: the client resumed on another socket.
 func (l *link) Supersede() { l.closeWith("superseded by a resumed connection", "superseded") }
@@ -307,14 +309,34 @@ const stallTimeout = time.Second
 // on instead, until they make none for stallTimeout; the relay asks for
 // that only when no other client shares the agent process, whose output is
 // held up meanwhile.
-func (l *link) Send(msg []byte, wait bool) bool {
+func (l *link) Send(msg []byte, wait bool) bool { return l.send(msg, nil, wait) }
+
+// msgFacts is what routing needs of a message: its raw id, its method and
+// params.sessionId, when that is a string.
+type msgFacts struct {
+	id     []byte
+	method string
+	sid    string
+	hasSID bool
+}
+
+// SendScanned is Send for a caller that has scanned msg already (the
+// relay): id is its raw JSON-RPC id (nil: none), method its method ("":
+// a response) and sessionID its params.sessionId ("": none). The HTTP
+// transport then routes msg without scanning it a second time; the relay
+// calls it instead of Send when its sink has it.
+func (l *link) SendScanned(msg, id []byte, method, sessionID string, wait bool) bool {
+	return l.send(msg, &msgFacts{id: id, method: method, sid: sessionID, hasSID: sessionID != ""}, wait)
+}
+
+func (l *link) send(msg []byte, facts *msgFacts, wait bool) bool {
 	l.mu.Lock()
 	if l.closing || l.done {
 		l.mu.Unlock()
 		jsonrpc.PutBuffer(msg)
 		return false
 	}
-	queue, taken := l.t.routeLocked(msg)
+	queue, taken := l.t.routeLocked(msg, facts)
 	if taken {
 		l.mu.Unlock()
 		l.s.wakeDrain()

@@ -114,3 +114,27 @@ func waitMetrics(t *testing.T, ts *testServer, what string, lines ...string) {
 	t.Fatalf("%s: not within 10s; want %q, have:\n%s", what, lines,
 		grepLines(body, "acpgate_connections_total")+"\n"+grepLines(body, "acpgate_slow_client"))
 }
+
+// SendScanned routes as Send does, without scanning: the relay passes
+// what it read of the message.
+func TestSendScannedRoutesLikeSend(t *testing.T) {
+	ts := startServer(t, nil)
+	hc := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := hc.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if hc.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	ts.s.mu.Lock()
+	h := ts.s.httpConns[hc.conn]
+	ts.s.mu.Unlock()
+	update := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{}}}`
+	if !h.Send([]byte(update), false) || !h.SendScanned([]byte(update), nil, "session/update", "s1", false) {
+		t.Fatal("refused")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.streams["s1"]
+	if st == nil || len(st.queue) != 2 || h.queued != 2 {
+		t.Fatalf("stream s1 %+v, %d queued; want both updates on it", st, h.queued)
+	}
+}

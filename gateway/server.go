@@ -375,9 +375,6 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Handler returns the HTTP handler (for tests that bring their own server).
-func (s *Server) Handler() http.Handler { return s.http.Handler }
-
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = w.Write([]byte("ok\n"))
@@ -439,7 +436,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
 	links, _ := s.linksOf("")
 	for _, l := range links {
-		l.goingAway("shutdown")
+		l.goingAway("gateway shutting down")
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }() // ends when the last link's serve returns

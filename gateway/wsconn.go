@@ -333,7 +333,7 @@ func closeCodeOf(label string) websocket.StatusCode {
 }
 
 // routeLocked implements transport: a WebSocket has one queue.
-func (c *wsConn) routeLocked([]byte) (string, bool) { return "", false }
+func (c *wsConn) routeLocked([]byte, *msgFacts) (string, bool) { return "", false }
 
 // pushLocked implements transport.
 func (c *wsConn) pushLocked(_ string, msg []byte) bool {
