@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
 // HTTP and WebSocket slow clients are cut and counted the same way: a
@@ -136,5 +137,41 @@ func TestSendScannedRoutesLikeSend(t *testing.T) {
 	st := h.streams["s1"]
 	if st == nil || len(st.queue) != 2 || h.queued != 2 {
 		t.Fatalf("stream s1 %+v, %d queued; want both updates on it", st, h.queued)
+	}
+}
+
+// What routing costs the HTTP sink per message, with its own scan (Send)
+// and with the relay's facts (SendScanned):
+//
+//	go test -run '^$' -bench HTTPSend -benchmem ./gateway/
+func BenchmarkHTTPSend(b *testing.B) {
+	sid := "ARfwi_FIkelQzhDujkhg-TUXZHvZjIQRwQ5nF80N2bqdStV2pTYgPVDmWnCPDkgiFUk"
+	for _, size := range []int{300, 20 << 10} {
+		text := strings.Repeat("lorem ipsum ", size/12)
+		msg := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + sid +
+			`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` + text + `"}}}}`)
+		for _, scanned := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%dB/scanned=%v", size, scanned), func(b *testing.B) {
+				h := &httpConn{history: 1 << 20, streams: map[string]*sseStream{}, gone: map[string]int64{},
+					replyTo: map[string]string{}, askedOn: map[string]string{}}
+				h.link = link{s: &Server{}, t: h, maxMsgs: 1 << 20, maxBytes: 1 << 30, closeReq: make(chan struct{})}
+				h.ctx, h.cancel = context.WithCancel(context.Background())
+				defer h.cancel()
+				st := h.stream(sid)
+				var buf []byte
+				b.SetBytes(int64(len(msg)))
+				b.ReportAllocs()
+				for b.Loop() {
+					m := append(jsonrpc.GetBuffer(len(msg)), msg...)
+					if scanned {
+						h.SendScanned(m, nil, "session/update", sid, false)
+					} else {
+						h.Send(m, false)
+					}
+					buf, _ = h.takeEvents(st, buf[:0])
+					h.writing--
+				}
+			})
+		}
 	}
 }
