@@ -52,8 +52,17 @@ func (s *Server) finishPrompts(ctx context.Context, agent string, grace time.Dur
 	if s.waitPrompts(ctx, agent, timer.C) {
 		return
 	}
-	s.relay.CancelPrompts(agent, 2*time.Second)
+	// Those left are cancelled; their clients get the stopReason
+	// "cancelled" if the agents answer within cancelWait (even when ctx
+	// has ended).
+	s.relay.CancelPrompts(agent, 0)
+	timer.Reset(cancelWait)
+	s.waitPrompts(context.WithoutCancel(ctx), agent, timer.C)
 }
+
+// cancelWait is how long a drain waits for the agents to answer the
+// session/cancel of the prompts it cancelled.
+const cancelWait = 2 * time.Second
 
 // waitPrompts waits until agent has no prompt in flight (true), or until
 // expired or ctx ends (false).
