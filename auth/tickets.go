@@ -53,12 +53,6 @@ func (s *ticketStore) purge(now time.Time, retain time.Duration) {
 	s.queue = s.queue[n:] // append reallocates without the dropped prefix
 }
 
-func (s *ticketStore) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.m)
-}
-
 // IssueTicket returns a one-time ticket for id's tenant, valid for the
 // configured TTL, for the query parameter ticket= of a WebSocket upgrade. It
 // fails with 403 unknown_tenant if the tenant is not configured (any more),

@@ -291,3 +291,10 @@ func TestWriteErrorNonAuth(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// len is the number of tickets the store holds.
+func (s *ticketStore) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}

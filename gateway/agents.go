@@ -236,30 +236,17 @@ func (s *Server) drainAgent(name string, stopGrace time.Duration) {
 	log := s.log.With("agent", name)
 	log.Info("agent removed: draining")
 	s.finishPrompts(s.drainCtx, name, cfg.ShutdownGrace.D())
-	s.mu.Lock()
-	var https []*httpConn
-	for c := range s.conns {
-		if c.conn.Agent() == name {
-			c.goingAway()
-		}
-	}
-	for _, h := range s.httpConns {
-		if h.agent == name {
-			https = append(https, h)
-		}
-	}
-	s.mu.Unlock()
-	// As at shutdown: what the streams hold goes out before the
-	// connections end, so no stream's end overtakes another's last answer.
-	s.flushHTTP(s.drainCtx, name, time.Second)
-	for _, h := range https {
-		h.end("agent removed", "going_away")
+	links, _ := s.linksOf(name)
+	for _, l := range links {
+		l.goingAway("agent removed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+stopGrace)
 	defer cancel()
-	for s.relay.AgentConns(name) > 0 && ctx.Err() == nil && s.socketsOf(name) > 0 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitCtx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	stop := context.AfterFunc(s.drainCtx, stopWait) // Shutdown ends the wait, not the agent's stop
+	defer stop()
+	s.waitLinks(waitCtx, name)
 	if err := s.relay.CloseAgent(ctx, name); err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("agent drain incomplete", "err", err)
 	}
@@ -267,19 +254,6 @@ func (s *Server) drainAgent(name string, stopGrace time.Duration) {
 	delete(s.draining, name)
 	s.mu.Unlock()
 	log.Info("agent removed: drained")
-}
-
-// socketsOf counts the open WebSockets of an agent's connections.
-func (s *Server) socketsOf(agent string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for c := range s.conns {
-		if c.conn.Agent() == agent {
-			n++
-		}
-	}
-	return n
 }
 
 // MaxStopGrace is the longest stop grace of the agents configured now.

@@ -2,12 +2,10 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -15,11 +13,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/acpgate/acpgate/auth"
 	"github.com/go-chi/chi/v5"
 
+	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
-	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -28,9 +25,10 @@ import (
 // initialize POST is answered in its body with an Acp-Connection-Id; every
 // other accepted POST gets 202, and what the agent sends arrives on SSE
 // streams the client GETs: the connection's stream, and one per session
-// (Acp-Session-Id). The connection behind it is the same proxy.Conn a
-// WebSocket has: auth, quotas, policy, path mapping and sealed session IDs
-// are shared.
+// (Acp-Session-Id). The connection's life (admission, the send queue and
+// slow-client rule, timeouts, drain) is its link's, as for a WebSocket;
+// auth, quotas, policy, path mapping and sealed session IDs are the
+// proxy.Conn's.
 
 const (
 	sessionIDHeader = "Acp-Session-Id"
@@ -43,6 +41,9 @@ const (
 	maxSessionStreams = 1024
 	// maxHeaderID bounds an Acp-Session-Id (the SDK's maxIdLength).
 	maxHeaderID = 1024
+	// minHTTPIdle is the least an HTTP connection with no request and no
+	// event stream is kept (else sessions.detach_timeout).
+	minHTTPIdle = 30 * time.Second
 )
 
 // sessionScoped are the methods whose POST must name its session in
@@ -53,41 +54,29 @@ var sessionScoped = map[string]bool{
 	"session/set_mode": true, "session/set_model": true,
 }
 
-// httpConn is one Streamable-HTTP connection: the proxy.Conn's sink, which
-// routes each message to its SSE stream.
+// httpConn is one Streamable-HTTP connection: its link's transport, which
+// routes each message the proxy sends to its SSE stream. Its receivers
+// (the SSE requests' goroutines, net/http's) are its writers.
 type httpConn struct {
-	s        *Server
-	id       string
-	tenant   string
-	agent    string
-	log      *slog.Logger
-	conn     *proxy.Conn
-	maxBytes int // what its streams may buffer together (limits.send_queue_bytes)
-	start    time.Time
-	// tenantLabel is its metrics label; opened is set once initialize
-	// has been answered (it then counts as open).
-	tenantLabel string
-	opened      bool
-	history     int // what its streams keep for a Last-Event-ID reconnect (sessions.replay_buffer_bytes)
+	link
 
-	mu        sync.Mutex
+	history int // what its streams keep for a Last-Event-ID reconnect (sessions.replay_buffer_bytes)
+
+	// Guarded by link.mu.
 	streams   map[string]*sseStream // "" = the connection stream, else a session ID
 	gone      map[string]int64      // the next event id of session streams dropped while empty
 	replyTo   map[string]string     // a client request's raw id → the stream of its response
 	askedOn   map[string]string     // an agent request's raw id → the stream it went on
-	buffered  int                   // bytes queued on all streams
 	writing   int                   // receivers writing events they took from a queue
-	wrote     time.Time             // when a receiver last finished writing events
+	wroteAt   time.Time             // when a receiver last finished writing events
+	changed   chan struct{}         // closed when a receiver finishes writing or leaves; nil until flush waits
 	kept      int                   // bytes kept on all streams for Last-Event-ID
 	initID    []byte                // the initialize request in flight, if any
 	initReply chan []byte
 	lastUse   time.Time // the last POST, or the last receiver leaving
-	ended     bool
-	closing   bool // end is on its way: take nothing more
 	sc        jsonrpc.Scanner
 	scanned   jsonrpc.Message
-	room      chan struct{} // closed when a receiver takes events; nil until a sender waits
-	done      chan struct{} // closed when the connection ends
+	facts     msgFacts // what routeFacts read last
 }
 
 // sseStream is one SSE stream of a connection: its queued events, the
@@ -98,7 +87,7 @@ type sseStream struct {
 	sent     []sseEvent // oldest first
 	sentSize int
 	receiver bool
-	wake     chan struct{} // 1-buffered: something queued, or the connection ended
+	wake     chan struct{} // 1-buffered: something queued
 }
 
 type sseEvent struct {
@@ -126,29 +115,6 @@ func (st *sseStream) poke() {
 	}
 }
 
-// envelope is what routing needs of a JSON-RPC message.
-type envelope struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Method  string          `json:"method"`
-	Params  json.RawMessage `json:"params"`
-}
-
-// sessionID is params.sessionId when it is a string.
-func (e *envelope) sessionID() (string, bool) {
-	var p struct {
-		SessionID json.RawMessage `json:"sessionId"`
-	}
-	if len(e.Params) == 0 || e.Params[0] != '{' || json.Unmarshal(e.Params, &p) != nil || len(p.SessionID) == 0 || p.SessionID[0] != '"' {
-		return "", false
-	}
-	var s string
-	if json.Unmarshal(p.SessionID, &s) != nil {
-		return "", false
-	}
-	return s, true
-}
-
 // sessionIDSpec locates params.sessionId (requests and notifications).
 var sessionIDSpec = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"sessionId": {Kind: jsonrpc.FieldSessionID}}}
 
@@ -159,6 +125,14 @@ func routeSpec(m *jsonrpc.Message) *jsonrpc.Spec {
 	return sessionIDSpec
 }
 
+// sessionOf is params.sessionId of a scanned message, when it is a string.
+func sessionOf(m *jsonrpc.Message) (string, bool) {
+	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
+		return m.String(f)
+	}
+	return "", false
+}
+
 // routeFacts reads what routing needs of a message the proxy sends: its
 // id, its method, and params.sessionId when that is a string. It uses the
 // relay's own scanner (h.mu held: the scanner is not concurrent).
@@ -167,83 +141,155 @@ func (h *httpConn) routeFacts(msg []byte) (id []byte, method, sid string, hasSID
 	if err := h.sc.Scan(msg, m, routeSpec); err != nil {
 		return nil, "", "", false
 	}
-	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-		sid, hasSID = m.String(f)
-	}
+	sid, hasSID = sessionOf(m)
 	return m.ID, m.Method, sid, hasSID
 }
 
-// Send routes one message from the proxy to its stream (proxy.Sink). With
-// wait, a full buffer is waited on (up to a second at a time while the
-// client keeps reading), as a WebSocket's send queue is.
-func (h *httpConn) Send(msg []byte, wait bool) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	id, method, sid, hasSID := h.routeFacts(msg)
-	if h.ended || h.closing {
-		return false
+// routeLocked implements transport: a response goes to the stream of its
+// request (the initialize answer to the initialize POST's body), anything
+// else to its session's stream, or the connection's.
+func (h *httpConn) routeLocked(msg []byte, f *msgFacts) (string, bool) {
+	if f == nil {
+		f = &h.facts
+		f.id, f.method, f.sid, f.hasSID = h.routeFacts(msg)
 	}
-	route := ""
+	id, method, sid, hasSID := f.id, f.method, f.sid, f.hasSID
 	switch {
 	case method == "" && h.initReply != nil && bytes.Equal(id, h.initID):
 		h.initReply <- msg // the initialize POST's body, never SSE
 		h.initReply, h.initID = nil, nil
-		return true
+		return "", true
 	case method == "":
-		route = h.replyTo[string(id)]
+		route := h.replyTo[string(id)]
 		delete(h.replyTo, string(id))
-	default:
-		if hasSID {
-			route = sid
-		}
-		if len(id) > 0 && string(id) != "null" {
-			h.askedOn[string(id)] = route
-		}
+		return route, false
 	}
-	for wait && h.buffered+len(msg) > h.maxBytes && !h.ended {
-		// Backpressure: the receivers are reading, just slower than
-		// the agent writes. A second without progress ends it.
-		before := h.buffered
-		if h.room == nil {
-			h.room = make(chan struct{})
-		}
-		room := h.room
-		h.mu.Unlock()
-		t := time.NewTimer(time.Second)
-		select {
-		case <-room:
-		case <-t.C:
-		}
-		t.Stop()
-		h.mu.Lock()
-		if h.buffered >= before {
-			break
-		}
+	route := ""
+	if hasSID {
+		route = sid
 	}
-	if h.ended {
-		return false
+	if len(id) > 0 && string(id) != "null" {
+		h.askedOn[string(id)] = route
 	}
-	if h.buffered+len(msg) > h.maxBytes {
-		h.closing = true
-		h.log.Warn("the client is not reading its event streams; closing the connection", "buffered_bytes", h.buffered)
-		go h.end("the client does not read its event streams", "slow_client") // Send runs under the proxy's locks
-		return false
-	}
+	return route, false
+}
+
+// pushLocked implements transport.
+func (h *httpConn) pushLocked(route string, msg []byte) bool {
 	if route != "" && h.streams[route] == nil && h.idleSessionStreams() >= maxIdleSessionStreams {
 		h.log.Warn("too many session streams without a receiver; closing the connection")
-		go h.end("too many unread session streams", "other")
+		h.link.closeLocked("too many unread session streams", "other")
 		return false
 	}
 	st := h.stream(route)
 	st.queue = append(st.queue, sseEvent{id: st.next, msg: msg})
 	st.next++
-	h.buffered += len(msg)
 	st.poke()
 	return true
 }
 
-// Supersede ends the HTTP side: a WebSocket resumed the connection.
-func (h *httpConn) Supersede() { go h.end("resumed on a WebSocket", "other") }
+// dropQueuedLocked implements transport.
+func (h *httpConn) dropQueuedLocked() {
+	for _, st := range h.streams {
+		for i, ev := range st.queue {
+			jsonrpc.PutBuffer(ev.msg)
+			st.queue[i] = sseEvent{}
+		}
+		st.queue = nil
+	}
+}
+
+// closeLocked implements transport: run, waiting for the close, returns.
+func (h *httpConn) closeLocked() {}
+
+// handshakeDone implements transport: initialize has been answered.
+func (h *httpConn) handshakeDone() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.initReply == nil
+}
+
+// idleSince implements transport: the last POST or receiver leaving; a
+// connection with a receiver is never idle.
+func (h *httpConn) idleSince() (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	busy := false
+	for _, st := range h.streams {
+		busy = busy || st.receiver
+	}
+	return h.lastUse, busy
+}
+
+// tick implements transport: nothing periodic.
+func (h *httpConn) tick(time.Time) time.Time { return time.Time{} }
+
+// run waits for the connection's close (link.serve runs it). A drain's
+// close first lets what the streams hold go out (flush). The streams end
+// when the link's context does, after what they hold.
+func (h *httpConn) run() (string, bool, []any) {
+	<-h.closeReq
+	reason, label, _ := h.closeState()
+	if label == "shutdown" {
+		h.flush(time.Second) // within the 5 s the shutdown bound leaves past the grace
+	}
+	return label, true, []any{"reason", reason}
+}
+
+// httpQuiet is how long a drain lets an HTTP connection's last events
+// travel before it ends the connection's streams (see flush): longer than
+// the 200 ms a proxy's kernel may hold the end of a partial response it
+// forwards with MSG_MORE (HAProxy without option http-no-delay).
+const httpQuiet = 300 * time.Millisecond
+
+// flush waits, up to wait, until the connection has written what its
+// streams with a receiver hold and has then been quiet for httpQuiet. A
+// client's streams are separate requests, so the end of one (the
+// connection stream, which the SDK takes for the end of the connection,
+// failing what it still waits for) could otherwise reach the client before
+// the last events of another (a session stream's answer to the last
+// prompt). Receivers wake it as they finish writing or leave.
+func (h *httpConn) flush(wait time.Duration) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	quiet := time.NewTimer(httpQuiet)
+	defer quiet.Stop()
+	for {
+		h.mu.Lock()
+		busy := h.writing > 0
+		for _, st := range h.streams {
+			busy = busy || st.receiver && len(st.queue) > 0
+		}
+		left := time.Until(h.wroteAt.Add(httpQuiet))
+		if !busy && left <= 0 {
+			h.mu.Unlock()
+			return
+		}
+		if h.changed == nil {
+			h.changed = make(chan struct{})
+		}
+		changed := h.changed
+		h.mu.Unlock()
+		quiet.Reset(max(left, 0))
+		if busy {
+			quiet.Stop()
+		}
+		select {
+		case <-changed:
+		case <-quiet.C:
+		case <-deadline.C:
+			return
+		}
+	}
+}
+
+// progressLocked wakes a waiting flush.
+func (h *httpConn) progressLocked() {
+	if h.changed != nil {
+		close(h.changed)
+		h.changed = nil
+	}
+}
 
 func (h *httpConn) idleSessionStreams() int {
 	n := 0
@@ -253,37 +299,6 @@ func (h *httpConn) idleSessionStreams() int {
 		}
 	}
 	return n
-}
-
-// end ends the connection once: its streams close, the proxy connection
-// ends (its tenant slot is released by its OnEnd). label is the metrics
-// reason, as for a WebSocket close.
-func (h *httpConn) end(why, label string) {
-	h.mu.Lock()
-	if h.ended {
-		h.mu.Unlock()
-		return
-	}
-	h.ended = true
-	opened := h.opened
-	close(h.done)
-	if h.room != nil {
-		close(h.room)
-		h.room = nil
-	}
-	for _, st := range h.streams {
-		st.poke()
-	}
-	h.mu.Unlock()
-	h.s.mu.Lock()
-	delete(h.s.httpConns, h.id)
-	h.s.mu.Unlock()
-	h.log.Info("connection closed", "reason", why, "duration", time.Since(h.start).Round(time.Millisecond))
-	if opened {
-		h.s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http", h.agent).Dec()
-		h.s.metrics.connsTotal.WithLabelValues(h.tenantLabel, label, "http", h.agent).Inc()
-	}
-	h.conn.SocketEnded(h, true)
 }
 
 // plain writes a text/plain error, as the SDK's server does.
@@ -361,55 +376,62 @@ func sessionHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return v, true
 }
 
+// postScanners are the scanners of client POSTs, which run concurrently.
+var postScanners = sync.Pool{New: func() any { return new(postScan) }}
+
+// postScan is one scan of a POSTed message: the relay's scanner, once.
+type postScan struct {
+	sc  jsonrpc.Scanner
+	m   jsonrpc.Message
+	err *jsonrpc.ScanError // nil: m is a valid JSON-RPC message
+}
+
+// scan reads msg's id, method and params.sessionId; false when it has
+// answered a message that is not JSON, a batch or not an object.
+func (p *postScan) scan(w http.ResponseWriter, msg []byte) bool {
+	p.err = nil
+	err := p.sc.Scan(msg, &p.m, routeSpec)
+	if err == nil {
+		return true
+	}
+	if !errors.As(err, &p.err) || p.err.Class == jsonrpc.ErrParse {
+		plain(w, http.StatusBadRequest, "Invalid JSON")
+		return false
+	}
+	switch {
+	case p.err.Class == jsonrpc.ErrBatch:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: JSON-RPC batches are not supported"}}`)
+		return false
+	case msg[0] != '{':
+		plain(w, http.StatusBadRequest, "Invalid JSON-RPC message")
+		return false
+	}
+	return true // an object, not JSON-RPC: the proxy answers it
+}
+
 // handleHTTPPost takes one client message.
 func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	tenant, agent, ok := s.authenticateAgent(w, r)
 	if !ok {
 		return
 	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		plain(w, http.StatusUnsupportedMediaType, "Unsupported Media Type")
+	msg, ok := s.readPost(w, r)
+	if !ok {
 		return
 	}
-	limit := s.config().Limits.MaxMessageBytes
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			plain(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("Request body exceeds %d bytes (limits.max_message_bytes)", limit))
-			return
-		}
-		plain(w, http.StatusBadRequest, "cannot read the request body")
+	p := postScanners.Get().(*postScan)
+	defer postScanners.Put(p)
+	if !p.scan(w, msg) {
 		return
 	}
-	trimmed := bytes.TrimSpace(body)
-	// One decode validates an object too; json.Valid only tells a
-	// malformed body from a well-formed one that is not an object.
-	var e envelope
-	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &e) != nil {
-		if !json.Valid(trimmed) {
-			plain(w, http.StatusBadRequest, "Invalid JSON")
-			return
-		}
-	}
-	switch trimmed[0] {
-	case '[':
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusBadRequest)
-		_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: JSON-RPC batches are not supported"}}`)
+	m := &p.m
+	isInit := p.err == nil && m.Method == "initialize" && m.Kind == jsonrpc.KindRequest
+	if isInit && r.Header.Get(ConnectionIDHeader) == "" {
+		s.httpInitialize(w, r, tenant, agent, msg, m.ID)
 		return
-	case '{':
-	default:
-		plain(w, http.StatusBadRequest, "Invalid JSON-RPC message")
-		return
-	}
-	isInit := e.JSONRPC == "2.0" && e.Method == "initialize" && len(e.ID) > 0
-	connID := r.Header.Get(ConnectionIDHeader)
-	switch {
-	case isInit && connID == "":
-		s.httpInitialize(w, r, tenant, agent, trimmed, &e)
-		return
-	case isInit:
+	} else if isInit {
 		plain(w, http.StatusBadRequest, "Initialize not allowed on existing connection")
 		return
 	}
@@ -418,134 +440,172 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	header, ok := sessionHeader(w, r)
-	if !ok {
+	if !ok || p.err == nil && !checkRequestID(w, m.ID) {
 		return
 	}
-	if len(e.ID) > 0 && e.ID[0] == '"' {
-		var rid string
-		if json.Unmarshal(e.ID, &rid) == nil && len(rid) > maxHeaderID {
-			plain(w, http.StatusBadRequest, fmt.Sprintf("Request ID exceeds maxIdLength (%d)", maxHeaderID))
-			return
-		}
-	}
-	h.mu.Lock()
-	if h.ended {
-		h.mu.Unlock()
-		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
+	if status, why := h.admitPost(p, header); status != 0 {
+		plain(w, status, why)
 		return
 	}
-	h.lastUse = time.Now()
-	if e.Method == "" && len(e.ID) > 0 { // an answer to an agent request
-		if route, ok := h.askedOn[string(e.ID)]; ok && route != "" {
-			if header == "" {
-				h.mu.Unlock()
-				plain(w, http.StatusBadRequest, "Missing Acp-Session-Id")
-				return
-			}
-			if header != route {
-				h.mu.Unlock()
-				plain(w, http.StatusBadRequest, "Mismatched Acp-Session-Id")
-				return
-			}
-		}
-		delete(h.askedOn, string(e.ID))
-	} else if e.Method != "" {
-		sid, hasSID := e.sessionID()
-		if (sessionScoped[e.Method] || hasSID) && header == "" {
-			h.mu.Unlock()
-			plain(w, http.StatusBadRequest, "Missing Acp-Session-Id")
-			return
-		}
-		if hasSID && header != sid {
-			h.mu.Unlock()
-			plain(w, http.StatusBadRequest, "Mismatched Acp-Session-Id")
-			return
-		}
-		if len(e.ID) > 0 && string(e.ID) != "null" {
-			route := header
-			if e.Method == "session/load" {
-				route = "" // its answer goes where the client learns of sessions
-			}
-			h.replyTo[string(e.ID)] = route
-		}
-	}
-	h.mu.Unlock()
-	h.conn.HandleFrom(h, trimmed)
+	h.read(len(msg))
+	h.conn.HandleFrom(&h.link, msg)
 	w.WriteHeader(http.StatusAccepted)
 }
 
+// readPost reads a POST's body, a JSON message within
+// limits.max_message_bytes, or answers why not.
+func (s *Server) readPost(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		plain(w, http.StatusUnsupportedMediaType, "Unsupported Media Type")
+		return nil, false
+	}
+	limit := s.config().Limits.MaxMessageBytes
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			plain(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("Request body exceeds %d bytes (limits.max_message_bytes)", limit))
+			return nil, false
+		}
+		plain(w, http.StatusBadRequest, "cannot read the request body")
+		return nil, false
+	}
+	return bytes.TrimSpace(body), true
+}
+
+// checkRequestID refuses a string id over the SDK's maxIdLength.
+func checkRequestID(w http.ResponseWriter, id []byte) bool {
+	if len(id) <= maxHeaderID+2 || id[0] != '"' {
+		return true
+	}
+	var rid string
+	if json.Unmarshal(id, &rid) == nil && len(rid) > maxHeaderID {
+		plain(w, http.StatusBadRequest, fmt.Sprintf("Request ID exceeds maxIdLength (%d)", maxHeaderID))
+		return false
+	}
+	return true
+}
+
+// admitPost checks a POSTed message's Acp-Session-Id (header) against its
+// session and records where its answer goes; a status other than 0
+// refuses it.
+func (h *httpConn) admitPost(p *postScan, header string) (int, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing || h.done {
+		return http.StatusNotFound, "Unknown Acp-Connection-Id"
+	}
+	h.lastUse = time.Now()
+	if p.err != nil {
+		return 0, "" // no id or method to route by: the proxy answers it
+	}
+	m := &p.m
+	if m.Kind == jsonrpc.KindResponse { // an answer to an agent request
+		route, ok := h.askedOn[string(m.ID)]
+		switch {
+		case ok && route != "" && header == "":
+			return http.StatusBadRequest, "Missing Acp-Session-Id"
+		case ok && route != "" && header != route:
+			return http.StatusBadRequest, "Mismatched Acp-Session-Id"
+		}
+		delete(h.askedOn, string(m.ID))
+		return 0, ""
+	}
+	sid, hasSID := sessionOf(m)
+	if (sessionScoped[m.Method] || hasSID) && header == "" {
+		return http.StatusBadRequest, "Missing Acp-Session-Id"
+	}
+	if hasSID && header != sid {
+		return http.StatusBadRequest, "Mismatched Acp-Session-Id"
+	}
+	if m.Kind == jsonrpc.KindRequest && string(m.ID) != "null" {
+		route := header
+		if m.Method == "session/load" {
+			route = "" // its answer goes where the client learns of sessions
+		}
+		h.replyTo[string(m.ID)] = route
+	}
+	return 0, ""
+}
+
 // httpInitialize opens a connection: the initialize answer is the body.
-func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant, agent string, msg []byte, e *envelope) {
-	if string(e.ID) == "null" {
+func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant, agent string, msg, id []byte) {
+	if string(id) == "null" {
 		plain(w, http.StatusBadRequest, "Initialize request must include an ID")
 		return
 	}
-	if !s.admitTenant(tenant) {
-		s.metrics.authFailures.WithLabelValues("too_many_connections").Inc()
-		writeJSONError(w, http.StatusTooManyRequests, "too_many_connections",
-			fmt.Sprintf("tenant %q has reached its max_connections", tenant))
+	if !s.admit(w, tenant) {
 		return
 	}
+	h, err := s.newHTTPConn(tenant, agent, id)
+	if err != nil {
+		h.cancel()
+		h.log.Error("cannot serve connection", "err", err)
+		plain(w, http.StatusInternalServerError, "internal error")
+		return
+	}
+	if !s.register(&h.link) {
+		h.conn.Close()
+		h.cancel()
+		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
+		return
+	}
+	go h.serve(h.run)
+	h.log.Debug("connection opened", "remote", r.RemoteAddr)
+	reply := h.initReply // Send clears the field once it has answered
+	h.read(len(msg))
+	h.conn.HandleFrom(&h.link, msg)
+	select {
+	case reply := <-reply:
+		h.answerInit(w, reply)
+	case <-r.Context().Done():
+		h.closeWith("the client went away during initialize", "connection_lost")
+	case <-h.ctx.Done():
+		select {
+		case reply := <-reply: // answered just before the end
+			h.answerInit(w, reply)
+			return
+		default:
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32603,"message":"Initialize failed","data":"no answer from an agent in time"}}`, id)
+	}
+}
+
+// newHTTPConn makes a connection whose initialize (id) is on its way. Its
+// handshake timeout is the time a first agent process may take.
+func (s *Server) newHTTPConn(tenant, agent string, initID []byte) (*httpConn, error) {
 	cfg := s.config()
 	id := newConnID()
 	log := s.log.With("conn", id, "transport", "http", "agent", agent)
 	if s.authn != nil {
 		log = log.With("tenant", tenant)
 	}
-	h := &httpConn{s: s, id: id, tenant: tenant, agent: agent, log: log, maxBytes: cfg.Limits.SendQueueBytes,
-		history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{}, replyTo: map[string]string{},
-		askedOn: map[string]string{}, initID: e.ID, initReply: make(chan []byte, 1), lastUse: time.Now(),
-		done: make(chan struct{}), start: time.Now(), tenantLabel: s.metrics.tenants.Label(tenant)}
-	conn, err := s.relay.NewConn(proxy.ConnInfo{ID: id, Tenant: tenant, Agent: agent, Log: log, NoResume: true, OnEnd: func() {
-		s.releaseTenant(tenant)
-		go h.end("ended", "other")
-	}}, h)
-	if err != nil {
-		s.releaseTenant(tenant)
-		log.Error("cannot serve connection", "err", err)
-		plain(w, http.StatusInternalServerError, "internal error")
-		return
-	}
-	h.conn = conn
-	s.mu.Lock()
-	if s.drain.Load() {
-		s.mu.Unlock()
-		conn.Close()
-		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
-		return
-	}
-	s.httpConns[id] = h
-	s.mu.Unlock()
-	log.Debug("connection opened", "remote", r.RemoteAddr)
-	reply := h.initReply // Send clears the field once it has answered
-	conn.HandleFrom(h, msg)
 	ac := cfg.AgentNamed(agent)
 	if ac == nil { // removed by a reload meanwhile
 		ac = &config.NamedAgent{Agent: cfg.Agent, Pool: cfg.Pool}
 	}
-	wait := time.NewTimer(ac.Pool.AcquireTimeout.D() + ac.InitTimeout.D())
-	defer wait.Stop()
-	select {
-	case reply := <-reply:
-		h.mu.Lock()
-		if !h.ended {
-			h.opened = true
-			s.metrics.connsOpen.WithLabelValues(h.tenantLabel, "http", h.agent).Inc()
-		}
-		h.mu.Unlock()
-		w.Header().Set(ConnectionIDHeader, id)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(reply)
-	case <-r.Context().Done():
-		h.end("the client went away during initialize", "connection_lost")
-	case <-wait.C:
-		h.end("no initialize answer in time", "handshake_timeout")
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32603,"message":"Initialize failed","data":"no answer from an agent in time"}}`, e.ID)
-	}
+	h := &httpConn{history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{},
+		replyTo: map[string]string{}, askedOn: map[string]string{}, initID: bytes.Clone(initID),
+		initReply: make(chan []byte, 1), lastUse: time.Now()}
+	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, agent: agent, log: log, cfg: cfg,
+		handshake: ac.Pool.AcquireTimeout.D() + ac.InitTimeout.D(), idle: max(cfg.Sessions.DetachTimeout.D(), minHTTPIdle)})
+	// The proxy connection ending (its tenant slot given back) ends this.
+	err := h.newConn(true, func() { h.closeWith("ended", "other") })
+	return h, err
+}
+
+// answerInit writes the initialize answer: the connection is open.
+func (h *httpConn) answerInit(w http.ResponseWriter, reply []byte) {
+	h.markOpen()
+	w.Header().Set(ConnectionIDHeader, h.id)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(reply)
+	h.wrote(1, len(reply))
+	jsonrpc.PutBuffer(reply) // the sink owns what it was sent
 }
 
 // handleHTTPDelete ends a connection, as a WebSocket close 1000 would.
@@ -558,7 +618,7 @@ func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		return
 	}
-	h.end("closed by client", "client_closed")
+	h.closeWith("closed by client", "client_closed")
 	w.WriteHeader(http.StatusAccepted)
 }
 
@@ -595,40 +655,11 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
-	h.mu.Lock()
-	if h.ended {
-		h.mu.Unlock()
-		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
+	st, ok := h.receive(w, name, after)
+	if !ok {
 		return
 	}
-	if h.streams[name] == nil && len(h.streams) > maxSessionStreams {
-		h.mu.Unlock()
-		plain(w, http.StatusTooManyRequests, fmt.Sprintf("at most %d session event streams per connection", maxSessionStreams))
-		return
-	}
-	st := h.stream(name)
-	if st.receiver {
-		h.mu.Unlock()
-		plain(w, http.StatusConflict, "Outbound stream already has an active receiver")
-		return
-	}
-	if after >= 0 {
-		keptBefore := st.sentSize
-		requeued, ok := st.rewind(after)
-		if ok {
-			h.kept -= keptBefore
-		}
-		if !ok {
-			h.mu.Unlock()
-			writeJSONError(w, http.StatusNotFound, "resume_refused", "the events after Last-Event-ID are no longer kept; start a new connection and session/load")
-			return
-		}
-		h.buffered += requeued
-	}
-	st.receiver = true
-	h.mu.Unlock()
 	defer h.release(name, st)
-
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -637,67 +668,119 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 	if err := rc.Flush(); err != nil {
 		return
 	}
-	writeTimeout := s.config().WebSocket.WriteTimeout.D()
+	h.sendEvents(r, rc, w, st)
+}
+
+// receive makes the request the receiver of stream name, first putting
+// back the events sent after Last-Event-ID (after, -1: none), or answers
+// why not.
+func (h *httpConn) receive(w http.ResponseWriter, name string, after int64) (*sseStream, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing || h.done {
+		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
+		return nil, false
+	}
+	if h.streams[name] == nil && len(h.streams) > maxSessionStreams {
+		plain(w, http.StatusTooManyRequests, fmt.Sprintf("at most %d session event streams per connection", maxSessionStreams))
+		return nil, false
+	}
+	st := h.stream(name)
+	if st.receiver {
+		plain(w, http.StatusConflict, "Outbound stream already has an active receiver")
+		return nil, false
+	}
+	if after >= 0 {
+		keptBefore, queuedBefore := st.sentSize, len(st.queue)
+		requeued, ok := st.rewind(after)
+		if !ok {
+			writeJSONError(w, http.StatusNotFound, "resume_refused", "the events after Last-Event-ID are no longer kept; start a new connection and session/load")
+			return nil, false
+		}
+		h.kept -= keptBefore
+		if n := len(st.queue) - queuedBefore; n > 0 {
+			if h.queued == 0 {
+				h.queuedSince = time.Now().UnixNano()
+			}
+			h.queued += n
+			h.queuedBytes += requeued
+		}
+	}
+	st.receiver = true
+	return st, true
+}
+
+// sendEvents writes what stream st queues until the client leaves or the
+// connection ends; what was queued before the end goes out first, as a
+// WebSocket's queue goes before its close frame.
+func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w http.ResponseWriter, st *sseStream) {
+	writeTimeout := h.cfg.WebSocket.WriteTimeout.D()
 	keepAlive := time.NewTicker(sseKeepAlive)
 	defer keepAlive.Stop()
 	var buf []byte
 	for {
-		// The events are framed into buf before they are kept: once kept,
-		// another stream's writer may evict (and recycle) them.
-		h.mu.Lock()
-		events := st.queue
-		st.queue = nil
-		buf = buf[:0]
-		for _, ev := range events {
-			buf = append(buf, "id: "...)
-			buf = strconv.AppendInt(buf, ev.id, 10)
-			buf = append(buf, "\ndata: "...)
-			buf = append(buf, ev.msg...)
-			buf = append(buf, "\n\n"...)
-			h.buffered -= len(ev.msg)
-			h.keep(st, ev)
-		}
-		if len(events) > 0 && h.room != nil {
-			close(h.room)
-			h.room = nil
-		}
-		ended := h.ended
-		if len(events) > 0 {
-			h.writing++
-		}
-		h.mu.Unlock()
-		if len(events) > 0 {
-			ok := s.writeSSE(rc, w, buf, writeTimeout)
+		var n int
+		buf, n = h.takeEvents(st, buf[:0])
+		if n > 0 {
+			ok := writeSSE(rc, w, buf, writeTimeout)
 			h.mu.Lock()
 			h.writing--
-			h.wrote = time.Now()
+			h.wroteAt = time.Now()
+			h.progressLocked()
 			h.mu.Unlock()
+			h.wrote(n, len(buf))
 			if !ok {
 				return
 			}
 			continue
 		}
-		if ended {
-			// What was queued before the connection ended has gone out,
-			// as a WebSocket's queue goes before its close frame.
-			return
-		}
 		select {
 		case <-st.wake:
-		case <-h.done:
+		case <-h.ctx.Done():
+			h.mu.Lock()
+			left := len(st.queue)
+			h.mu.Unlock()
+			if left == 0 {
+				return
+			}
 		case <-r.Context().Done():
 			return
 		case <-keepAlive.C:
-			if !s.writeSSE(rc, w, []byte(":\n\n"), writeTimeout) {
+			if !writeSSE(rc, w, []byte(":\n\n"), writeTimeout) {
 				return
 			}
 		}
 	}
 }
 
+// takeEvents frames what st queues into buf and keeps it for Last-Event-ID:
+// the events are framed before they are kept, for once kept, another
+// stream's writer may evict (and recycle) them. It returns how many.
+func (h *httpConn) takeEvents(st *sseStream, buf []byte) ([]byte, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	events := st.queue
+	st.queue = nil
+	size := 0
+	for _, ev := range events {
+		buf = append(buf, "id: "...)
+		buf = strconv.AppendInt(buf, ev.id, 10)
+		buf = append(buf, "\ndata: "...)
+		buf = append(buf, ev.msg...)
+		buf = append(buf, "\n\n"...)
+		size += len(ev.msg)
+		h.keep(st, ev)
+	}
+	if len(events) > 0 {
+		h.tookLocked(len(events), size)
+		h.writing++
+	}
+	return buf, len(events)
+}
+
 // writeSSE writes and flushes within the write timeout: a receiver that
 // stops reading is cut off rather than hold the stream.
-func (s *Server) writeSSE(rc *http.ResponseController, w http.ResponseWriter, b []byte, timeout time.Duration) bool {
+func writeSSE(rc *http.ResponseController, w http.ResponseWriter, b []byte, timeout time.Duration) bool {
 	_ = rc.SetWriteDeadline(time.Now().Add(timeout))
 	if _, err := w.Write(b); err != nil {
 		return false
@@ -769,114 +852,11 @@ func (h *httpConn) release(name string, st *sseStream) {
 	defer h.mu.Unlock()
 	st.receiver = false
 	h.lastUse = time.Now()
+	h.progressLocked()
 	if name != "" && len(st.queue) == 0 && len(st.sent) == 0 && h.streams[name] == st {
 		delete(h.streams, name)
 		if st.next > 1 { // a reconnect with Last-Event-ID must find where it was
 			h.gone[name] = st.next
-		}
-	}
-}
-
-// endIdleHTTP ends HTTP connections with no receiver and no request for
-// longer than idle.
-func (s *Server) endIdleHTTP(idle time.Duration) {
-	s.mu.Lock()
-	conns := make([]*httpConn, 0, len(s.httpConns))
-	for _, h := range s.httpConns {
-		conns = append(conns, h)
-	}
-	s.mu.Unlock()
-	now := time.Now()
-	for _, h := range conns {
-		h.mu.Lock()
-		busy := false
-		for _, st := range h.streams {
-			busy = busy || st.receiver
-		}
-		stale := !busy && now.Sub(h.lastUse) > idle
-		h.mu.Unlock()
-		if stale {
-			h.end(fmt.Sprintf("no request and no event stream for %s", idle), "idle_timeout")
-		}
-	}
-}
-
-// endAllHTTP ends every HTTP connection (drain).
-func (s *Server) endAllHTTP() {
-	for _, h := range s.allHTTP() {
-		h.end("shutdown", "shutdown")
-	}
-}
-
-func (s *Server) allHTTP() []*httpConn {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	conns := make([]*httpConn, 0, len(s.httpConns))
-	for _, h := range s.httpConns {
-		conns = append(conns, h)
-	}
-	return conns
-}
-
-// httpQuiet is how long a drain lets an HTTP connection's last events
-// travel before it ends the connection's streams (see flushHTTP): longer
-// than the 200 ms a proxy's kernel may hold the end of a partial response
-// it forwards with MSG_MORE (HAProxy without option http-no-delay).
-const httpQuiet = 300 * time.Millisecond
-
-// flushHTTP waits, up to wait, until every HTTP connection (of agent, or
-// all: "") has written what
-// its streams with a receiver hold and has then been quiet for httpQuiet.
-// A drain ends the connections after that: a client's streams are separate
-// requests, so the end of one (the connection stream, which the SDK takes
-// for the end of the connection, failing what it still waits for) could
-// otherwise reach the client before the last events of another (a session
-// stream's answer to the last prompt).
-func (s *Server) flushHTTP(ctx context.Context, agent string, wait time.Duration) {
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		flushed := true
-		for _, h := range s.allHTTP() {
-			if agent != "" && h.agent != agent {
-				continue
-			}
-			h.mu.Lock()
-			flushed = flushed && h.writing == 0 && time.Since(h.wrote) >= httpQuiet
-			for _, st := range h.streams {
-				flushed = flushed && (!st.receiver || len(st.queue) == 0)
-			}
-			h.mu.Unlock()
-		}
-		if flushed {
-			return
-		}
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// httpJanitor ends idle HTTP connections until ctx ends.
-func (s *Server) httpJanitor(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			idle := s.config().Sessions.DetachTimeout.D()
-			if idle < 30*time.Second {
-				idle = 30 * time.Second
-			}
-			s.endIdleHTTP(idle)
 		}
 	}
 }

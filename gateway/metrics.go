@@ -78,20 +78,3 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 }
 
 const drainsHelp = "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs)."
-
-// queuedMessages sums the send queues of every open connection.
-func (s *Server) queuedMessages() float64 {
-	s.mu.Lock()
-	conns := make([]*wsConn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.Unlock()
-	n := 0
-	for _, c := range conns {
-		c.mu.Lock()
-		n += len(c.q)
-		c.mu.Unlock()
-	}
-	return float64(n)
-}

@@ -102,17 +102,9 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 	if agent == nil {
 		return proxy.Launch{}, fmt.Errorf("agent %q is no longer configured", agentName)
 	}
-	var t *config.Tenant
-	for i := range cfg.Tenants {
-		if cfg.Tenants[i].Name == tenant {
-			t = &cfg.Tenants[i]
-		}
-	}
-	if tenant == "" && len(cfg.Tenants) == 1 { // isolation: shared, one tenant
-		t = &cfg.Tenants[0]
-	}
-	if tenant != "" && t == nil {
-		return proxy.Launch{}, fmt.Errorf("tenant %q is not configured", tenant)
+	t, err := launchTenant(cfg, tenant)
+	if err != nil {
+		return proxy.Launch{}, err
 	}
 	name := ""
 	if t != nil {
@@ -120,18 +112,8 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 	}
 	home := cfg.SandboxHome(name)
 	tmp := filepath.Join(home, "tmp")
-	for _, d := range []string{home, tmp} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return proxy.Launch{}, fmt.Errorf("agent home: %w", err)
-		}
-		if err := os.Chmod(d, 0o700); err != nil {
-			return proxy.Launch{}, fmt.Errorf("agent home: %w", err)
-		}
-		if l.user != nil {
-			if err := os.Chown(d, l.user.UID, l.user.GID); err != nil {
-				return proxy.Launch{}, fmt.Errorf("agent home: %w", err)
-			}
-		}
+	if err := l.makeHome(home, tmp); err != nil {
+		return proxy.Launch{}, err
 	}
 	var env []string
 	for _, k := range agent.InheritEnv {
@@ -145,6 +127,67 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 	if exe != "" {
 		ro = append(ro, exe)
 	}
+	lim := cfg.Sandbox.Limits
+	spec := l.sandboxSpec(cfg, ro, rw)
+	launch := proxy.Launch{Dir: home, Sandbox: "landlock v" + strconv.Itoa(l.abi)}
+	if l.abi == 0 {
+		launch.Sandbox = "no landlock"
+	}
+	if t != nil {
+		launch.Dir = t.Root
+	}
+	if cg := cfg.Sandbox.Cgroup; cg != "" {
+		c, err := sandbox.NewCgroup(cg, fmt.Sprintf("agent-%s-%s-%d-%d", orDefault(name), agentName, os.Getpid(), l.seq.Add(1)),
+			int64(lim.Memory), int64(lim.Processes))
+		if err != nil {
+			return proxy.Launch{}, err
+		}
+		spec.Cgroup = c.Path()
+		launch.Exited = c.Close
+		launch.Sandbox += ", cgroup"
+	}
+	launch.Env = append(env, sandbox.EnvVar+"="+spec.Encode())
+	return launch, nil
+}
+
+// launchTenant is the configured tenant a process is for: nil without
+// tenants; the one tenant when isolation is shared and there is one.
+func launchTenant(cfg *config.Config, tenant string) (*config.Tenant, error) {
+	var t *config.Tenant
+	for i := range cfg.Tenants {
+		if cfg.Tenants[i].Name == tenant {
+			t = &cfg.Tenants[i]
+		}
+	}
+	if tenant == "" && len(cfg.Tenants) == 1 { // isolation: shared, one tenant
+		t = &cfg.Tenants[0]
+	}
+	if tenant != "" && t == nil {
+		return nil, fmt.Errorf("tenant %q is not configured", tenant)
+	}
+	return t, nil
+}
+
+// makeHome makes an agent's home and temporary directory, its user's only.
+func (l *launcher) makeHome(dirs ...string) error {
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("agent home: %w", err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return fmt.Errorf("agent home: %w", err)
+		}
+		if l.user != nil {
+			if err := os.Chown(d, l.user.UID, l.user.GID); err != nil {
+				return fmt.Errorf("agent home: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// sandboxSpec is the sandbox of a process that may read ro and write rw.
+func (l *launcher) sandboxSpec(cfg *config.Config, ro, rw []string) *sandbox.Spec {
 	lim := cfg.Sandbox.Limits
 	spec := &sandbox.Spec{
 		Landlock:  l.abi > 0,
@@ -165,25 +208,7 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 			spec.Net.BindTCP = append(spec.Net.BindTCP, uint16(p))
 		}
 	}
-	launch := proxy.Launch{Dir: home, Sandbox: "landlock v" + strconv.Itoa(l.abi)}
-	if l.abi == 0 {
-		launch.Sandbox = "no landlock"
-	}
-	if t != nil {
-		launch.Dir = t.Root
-	}
-	if cg := cfg.Sandbox.Cgroup; cg != "" {
-		c, err := sandbox.NewCgroup(cg, fmt.Sprintf("agent-%s-%s-%d-%d", orDefault(name), agentName, os.Getpid(), l.seq.Add(1)),
-			int64(lim.Memory), int64(lim.Processes))
-		if err != nil {
-			return proxy.Launch{}, err
-		}
-		spec.Cgroup = c.Path()
-		launch.Exited = c.Close
-		launch.Sandbox += ", cgroup"
-	}
-	launch.Env = append(env, sandbox.EnvVar+"="+spec.Encode())
-	return launch, nil
+	return spec
 }
 
 func orDefault(tenant string) string {

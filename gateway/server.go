@@ -56,14 +56,17 @@ type Server struct {
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
 	drain    atomic.Bool // the listener is closing: new connections refused
 
-	mu          sync.Mutex
-	conns       map[*wsConn]struct{}
-	httpConns   map[string]*httpConn // Streamable-HTTP connections by ID
-	stopJanitor context.CancelFunc   // ends httpJanitor
-	janitorDone chan struct{}
-	tenantConns map[string]int      // open connections per tenant
-	wg          sync.WaitGroup      // one per WebSocket connection
-	draining    map[string]struct{} // agents a reload removed, until drained
+	mu           sync.Mutex
+	links        map[*link]struct{}   // the registry: every connection, either transport
+	httpConns    map[string]*httpConn // Streamable-HTTP connections by ID
+	linksChanged chan struct{}        // closed (and replaced) when a link leaves the registry
+	tenantConns  map[string]int       // open connections per tenant
+	wg           sync.WaitGroup       // one per registered link, until its serve returns
+	draining     map[string]struct{}  // agents a reload removed, until drained
+
+	promptWatchers atomic.Int32 // drains waiting for prompts (wakeDrain)
+	wakeMu         sync.Mutex
+	promptWake     chan struct{} // closed (and replaced) by wakeDrain
 
 	agentDrains sync.WaitGroup     // one per removed agent being drained
 	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
@@ -272,8 +275,9 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, conns: map[*wsConn]struct{}{}, tenantConns: map[string]int{}, registry: reg,
-		httpConns: map[string]*httpConn{}, janitorDone: make(chan struct{}), draining: map[string]struct{}{}}
+	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
+		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{},
+		promptWake: make(chan struct{})}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
@@ -284,8 +288,27 @@ func New(opts Options) (*Server, error) {
 		}
 		agents = append(agents, spec)
 	}
-	relay, err := proxy.NewRelay(proxy.Config{
-		Metrics: relayMetrics,
+	relay, err := proxy.NewRelay(relayConfig(cfg, relayMetrics, agents, sealer, tenants), log)
+	if err != nil {
+		s.stopDrains()
+		return fail(err)
+	}
+	s.relay = relay
+	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
+	r := s.routes(cfg, authn)
+	s.http = &http.Server{
+		Handler:           r,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// relayConfig is the relay's configuration.
+func relayConfig(cfg *config.Config, m *proxy.Metrics, agents []proxy.AgentSpec, sealer *proxy.Sealer,
+	tenants []proxy.TenantConfig) proxy.Config {
+	return proxy.Config{
+		Metrics: m,
 		Agents:  agents,
 		Limits: proxy.Limits{
 			MaxPendingRequests:      cfg.Limits.MaxPendingRequests,
@@ -302,13 +325,11 @@ func New(opts Options) (*Server, error) {
 			ReplayBufferBytes: cfg.Sessions.ReplayBufferBytes,
 		},
 		IsolateTenants: cfg.AuthEnabled(),
-	}, log)
-	if err != nil {
-		s.stopDrains()
-		return fail(err)
 	}
-	s.relay = relay
-	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
+}
+
+// routes is the gateway's HTTP surface.
+func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Handler {
 	r := chi.NewRouter()
 	// /acp (the default agent) and /acp/{agent}: a WebSocket upgrade, or
 	// Streamable HTTP (POST a message, GET an event stream, DELETE the
@@ -340,15 +361,7 @@ func New(opts Options) (*Server, error) {
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
 	r.Handle("/*", web.Handler())
-	jctx, stopJanitor := context.WithCancel(context.Background())
-	s.stopJanitor = stopJanitor
-	go func() { defer close(s.janitorDone); s.httpJanitor(jctx) }() // ends with Shutdown
-	s.http = &http.Server{
-		Handler:           r,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	return s, nil
+	return r
 }
 
 // Serve accepts connections on ln until Shutdown.
@@ -361,9 +374,6 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	return err
 }
-
-// Handler returns the HTTP handler (for tests that bring their own server).
-func (s *Server) Handler() http.Handler { return s.http.Handler }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -424,27 +434,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
 	s.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
-	s.mu.Lock()
-	for c := range s.conns {
-		c.goingAway()
+	links, _ := s.linksOf("")
+	for _, l := range links {
+		l.goingAway("gateway shutting down")
 	}
-	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	go func() { s.wg.Wait(); close(done) }() // ends when the last link's serve returns
 	select {
 	case <-done:
 	case <-ctx.Done():
 	}
-	s.flushHTTP(ctx, "", time.Second) // within the 5 s the shutdown bound leaves past the grace
-	s.endAllHTTP()
 	var err error
 	select {
 	case err = <-httpDone:
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	s.stopJanitor()
-	<-s.janitorDone
 	s.stopDrains() // removed agents still draining stop now, with the rest
 	s.agentDrains.Wait()
 	s.relay.CloseDetached() // nobody will resume them here
@@ -455,40 +460,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.authn.Close()
 	}
 	return err
-}
-
-// finishPrompts lets the running prompts of agent ("" = every agent) finish
-// for up to grace, or until ctx ends, then cancels those left (a drain).
-func (s *Server) finishPrompts(ctx context.Context, agent string, grace time.Duration) {
-	log := s.log
-	if agent != "" {
-		log = log.With("agent", agent)
-	}
-	if n := s.relay.PromptsInFlight(agent); n > 0 {
-		log.Info("letting running prompts finish", "prompts", n, "grace", grace)
-	}
-	timer := time.NewTimer(grace)
-	defer timer.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for s.relay.PromptsInFlight(agent) > 0 {
-		select {
-		case <-timer.C:
-			s.relay.CancelPrompts(agent, 2*time.Second)
-			return
-		case <-ctx.Done():
-			s.relay.CancelPrompts(agent, 2*time.Second)
-			return
-		case <-tick.C:
-		}
-	}
-}
-
-// sockets is the number of open client sockets.
-func (s *Server) sockets() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.conns)
 }
 
 // Relay returns the ACP relay (tests and metrics).

@@ -230,10 +230,19 @@ func (ts *testServer) wsConns() []*wsConn {
 	ts.s.mu.Lock()
 	defer ts.s.mu.Unlock()
 	var out []*wsConn
-	for c := range ts.s.conns {
-		out = append(out, c)
+	for l := range ts.s.links {
+		if c, ok := l.t.(*wsConn); ok {
+			out = append(out, c)
+		}
 	}
 	return out
+}
+
+// sockets is the number of open client connections.
+func (s *Server) sockets() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.links)
 }
 
 // --- client ---
@@ -422,7 +431,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	ts := newTestServer(t, nil)
 	// Before Serve the gateway is alive but not ready.
 	rec := httptest.NewRecorder()
-	ts.s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	ts.s.http.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	if rec.Code != http.StatusServiceUnavailable || rec.Body.String() != "starting\n" {
 		t.Errorf("/readyz before Serve: %d %q", rec.Code, rec.Body.String())
 	}
@@ -443,7 +452,7 @@ func TestHealthAndReadiness(t *testing.T) {
 
 	// A second server on the same handler outlives Shutdown's listener, so
 	// the probes can be seen while draining.
-	probe := httptest.NewServer(ts.s.Handler())
+	probe := httptest.NewServer(ts.s.http.Handler)
 	defer probe.Close()
 	ts.shutdown()
 	code, body := httpGet(t, ts.http, probe.URL+"/readyz")
@@ -589,7 +598,7 @@ func TestMessageTooBig(t *testing.T) {
 
 func TestShutdownClosesWebSocketsGoingAway(t *testing.T) {
 	ts := startServer(t, nil)
-	probe := httptest.NewServer(ts.s.Handler())
+	probe := httptest.NewServer(ts.s.http.Handler)
 	defer probe.Close()
 
 	var clients []*wsClient

@@ -96,21 +96,9 @@ type serveFlags struct {
 }
 
 func serve(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("acpgate serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var f serveFlags
-	fs.StringVar(&f.config, "config", "", "YAML configuration file")
-	fs.StringVar(&f.listen, "listen", "", "listen address (default 127.0.0.1:8080)")
-	fs.StringVar(&f.agent, "agent", "", `agent command line, e.g. "node agent.mjs" (default: the built-in demo agent)`)
-	fs.BoolVar(&f.allowUnauth, "allow-unauthenticated", false, "allow serving without authentication on a non-loopback address")
-	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error")
-	fs.StringVar(&f.logFormat, "log-format", "", "text or json")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "acpgate serve: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	f, code := parseServeFlags(args, stderr)
+	if code != 0 {
+		return code
 	}
 	cfg, err := loadConfig(f, stderr)
 	if err != nil {
@@ -142,32 +130,65 @@ func serve(args []string, stderr io.Writer) int {
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
-
-	var metricsSrv *http.Server
-	if addr := cfg.Observability.MetricsListen; addr != "" {
-		mln, err := net.Listen("tcp", addr)
-		if err != nil {
-			log.Error("cannot listen for metrics", "addr", addr, "err", err)
-			_ = srv.Shutdown(context.Background())
-			return 1
-		}
-		metricsSrv = &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { // ends with metricsSrv.Close (deferred)
-			if err := metricsSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics listener failed", "addr", mln.Addr().String(), "err", err)
-			}
-		}()
-		defer metricsSrv.Close()
-		log.Info("serving metrics", "addr", mln.Addr().String())
+	stopMetrics, err := serveMetrics(srv, cfg.Observability.MetricsListen, log)
+	if err != nil {
+		_ = srv.Shutdown(context.Background())
+		return 1
 	}
+	defer stopMetrics()
+	return serveUntilSignal(srv, ln, cfg, f, log, stderr)
+}
 
+func parseServeFlags(args []string, stderr io.Writer) (serveFlags, int) {
+	fs := flag.NewFlagSet("acpgate serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	fs.StringVar(&f.config, "config", "", "YAML configuration file")
+	fs.StringVar(&f.listen, "listen", "", "listen address (default 127.0.0.1:8080)")
+	fs.StringVar(&f.agent, "agent", "", `agent command line, e.g. "node agent.mjs" (default: the built-in demo agent)`)
+	fs.BoolVar(&f.allowUnauth, "allow-unauthenticated", false, "allow serving without authentication on a non-loopback address")
+	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "", "text or json")
+	if err := fs.Parse(args); err != nil {
+		return f, 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "acpgate serve: unexpected argument %q\n", fs.Arg(0))
+		return f, 2
+	}
+	return f, 0
+}
+
+// serveMetrics serves the metrics on addr of their own, if set, until the
+// returned stop.
+func serveMetrics(srv *gateway.Server, addr string, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	mln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Error("cannot listen for metrics", "addr", addr, "err", err)
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	metricsSrv := &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { // ends with metricsSrv.Close (stop)
+		if err := metricsSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", "addr", mln.Addr().String(), "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", mln.Addr().String())
+	return func() { _ = metricsSrv.Close() }, nil
+}
+
+// serveUntilSignal serves ln until a signal: SIGHUP reloads the configuration, SIGTERM
+// or SIGINT drains.
+func serveUntilSignal(srv *gateway.Server, ln net.Listener, cfg *config.Config, f serveFlags, log *slog.Logger, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-serve:
 	for {
 		select {
 		case err := <-serveErr:
@@ -186,16 +207,20 @@ serve:
 			_ = srv.Reload(next)
 		case sig := <-sigs:
 			log.Info("draining", "signal", sig.String(), "grace", cfg.ShutdownGrace.D())
-			break serve
+			return drain(srv, cfg, sigs, serveErr, log)
 		}
 	}
+}
+
+// drain shuts the gateway down; a second signal stops it at once.
+func drain(srv *gateway.Server, cfg *config.Config, sigs <-chan os.Signal, serveErr <-chan error, log *slog.Logger) int {
 	// Reloads cannot change these, so the startup values hold (an agent
 	// added by a reload has its own stop grace: the longest counts).
 	ctx, cancel := context.WithTimeout(context.Background(),
 		cfg.ShutdownDelay.D()+cfg.ShutdownGrace.D()+srv.MaxStopGrace()+5*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- srv.Shutdown(ctx) }()
+	go func() { done <- srv.Shutdown(ctx) }() // ends within ctx
 	select {
 	case err := <-done:
 		<-serveErr

@@ -510,17 +510,7 @@ func problemAt(root *yaml.Node, path, format string, args ...any) Problem {
 func (c *Config) validate(root *yaml.Node) []Problem {
 	var ps []Problem
 	add := func(path, format string, args ...any) { ps = append(ps, problemAt(root, path, format, args...)) }
-	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
-		add("listen", "%q is not host:port: %v", c.Listen, err)
-	} else {
-		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			add("listen", "port %q is not a number from 0 to 65535", port)
-		}
-		if !IsLoopback(host) && !c.AllowUnauthenticated && !c.AuthEnabled() {
-			add("listen", "%q is not a loopback address and no authentication is configured: "+
-				"serving agents to the network unauthenticated needs allow_unauthenticated: true (or --allow-unauthenticated)", c.Listen)
-		}
-	}
+	c.validateListen(add)
 	if c.ShutdownGrace < 0 {
 		add("shutdown_grace", "must not be negative")
 	}
@@ -530,6 +520,39 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	ps = append(ps, validateAgent(root, "agent", &c.Agent)...)
 	ps = append(ps, validatePool(root, "pool", &c.Pool)...)
 	ps = append(ps, c.validateAgents(root)...)
+	c.validateLimits(add)
+	c.validateConnections(add)
+	ps = append(ps, c.validateTenants(root)...)
+	if sp := c.validateSandbox(root); len(sp) > 0 {
+		ps = append(ps, sp...)
+	} else {
+		ps = append(ps, c.sandboxExposures(root)...)
+	}
+	c.validatePolicies(add)
+	c.validateLog(add)
+	return ps
+}
+
+// addFunc records a problem at a YAML path.
+type addFunc func(path, format string, args ...any)
+
+func (c *Config) validateListen(add addFunc) {
+	host, port, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		add("listen", "%q is not host:port: %v", c.Listen, err)
+		return
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		add("listen", "port %q is not a number from 0 to 65535", port)
+	}
+	if !IsLoopback(host) && !c.AllowUnauthenticated && !c.AuthEnabled() {
+		add("listen", "%q is not a loopback address and no authentication is configured: "+
+			"serving agents to the network unauthenticated needs allow_unauthenticated: true (or --allow-unauthenticated)", c.Listen)
+	}
+}
+
+// validateLimits checks sessions, limits and timeouts.
+func (c *Config) validateLimits(add addFunc) {
 	if c.Sessions.DetachTimeout < 0 {
 		add("sessions.detach_timeout", "must not be negative (0 = end a connection with its socket)")
 	}
@@ -554,6 +577,10 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	if c.Limits.SendQueueBytes < c.Limits.MaxMessageBytes {
 		add("limits.send_queue_bytes", "must be at least max_message_bytes (%d), is %d", c.Limits.MaxMessageBytes, c.Limits.SendQueueBytes)
 	}
+}
+
+// validateConnections checks the websocket and observability settings.
+func (c *Config) validateConnections(add addFunc) {
 	if c.WebSocket.PingInterval < 0 {
 		add("websocket.ping_interval", "must not be negative (0 disables pings)")
 	}
@@ -571,12 +598,10 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 			add("observability.metrics_listen", "%q is not host:port: %v", ml, err)
 		}
 	}
-	ps = append(ps, c.validateTenants(root)...)
-	if sp := c.validateSandbox(root); len(sp) > 0 {
-		ps = append(ps, sp...)
-	} else {
-		ps = append(ps, c.sandboxExposures(root)...)
-	}
+}
+
+// validatePolicies checks the global policy and every tenant's with every agent.
+func (c *Config) validatePolicies(add addFunc) {
 	if err := c.GlobalPolicy().Validate(); err != nil {
 		add("policy", "%v", err)
 	}
@@ -587,6 +612,9 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 			}
 		}
 	}
+}
+
+func (c *Config) validateLog(add addFunc) {
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -597,7 +625,6 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	default:
 		add("log.format", "%q is not text or json", c.Log.Format)
 	}
-	return ps
 }
 
 // validateAgent checks an agent's settings (at path: agent, or
@@ -741,33 +768,8 @@ func (c *Config) validateTenants(root *yaml.Node) []Problem {
 		return n // no such key: the tenant itself
 	}
 	seen := map[string]bool{}
-	for i, t := range c.Tenants {
-		where := fmt.Sprintf("tenants[%d]", i)
-		if !tenantName.MatchString(t.Name) {
-			at(item(i, "name"), "%s.name: %q must be 1-63 letters, digits, '.', '_' or '-'", where, t.Name)
-		} else if seen[t.Name] {
-			at(item(i, "name"), "%s.name: tenant %q is listed twice", where, t.Name)
-		}
-		seen[t.Name] = true
-		for _, h := range t.TokensSHA256 {
-			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
-				at(item(i, "tokens_sha256"), "%s.tokens_sha256: %q is not a hex SHA-256 (64 hex characters)", where, truncate(h, 16))
-			}
-		}
-		if len(t.TokensSHA256) == 0 && c.Auth.JWT == nil {
-			at(item(i, ""), "%s: tenant %q has no tokens_sha256 and no auth.jwt is configured: nobody could connect as it", where, t.Name)
-		}
-		if !filepath.IsAbs(t.Root) || filepath.Clean(t.Root) == "/" {
-			at(item(i, "root"), "%s.root: %q must be an absolute directory other than /", where, t.Root)
-		} else if st, err := os.Stat(t.Root); err != nil || !st.IsDir() {
-			at(item(i, "root"), "%s.root: %q is not an existing directory", where, t.Root)
-		}
-		if t.VirtualRoot != "" && !filepath.IsAbs(t.VirtualRoot) {
-			at(item(i, "virtual_root"), "%s.virtual_root: %q must be absolute", where, t.VirtualRoot)
-		}
-		if t.MaxConnections < 0 || t.MaxSessions < 0 {
-			at(item(i, ""), "%s: max_connections and max_sessions must not be negative (0 = no cap)", where)
-		}
+	for i := range c.Tenants {
+		c.validateTenant(i, seen, at, item)
 	}
 	// Roots must not overlap: a tenant whose root holds another's could list
 	// and load that tenant's sessions.
@@ -780,6 +782,46 @@ func (c *Config) validateTenants(root *yaml.Node) []Problem {
 			}
 		}
 	}
+	c.validateAuth(root, at)
+	return ps
+}
+
+// nodeAt records a problem at a YAML node.
+type nodeAt func(n *yaml.Node, format string, args ...any)
+
+// validateTenant checks tenants[i]; seen holds the names before it.
+func (c *Config) validateTenant(i int, seen map[string]bool, at nodeAt, item func(i int, key string) *yaml.Node) {
+	t := &c.Tenants[i]
+	where := fmt.Sprintf("tenants[%d]", i)
+	if !tenantName.MatchString(t.Name) {
+		at(item(i, "name"), "%s.name: %q must be 1-63 letters, digits, '.', '_' or '-'", where, t.Name)
+	} else if seen[t.Name] {
+		at(item(i, "name"), "%s.name: tenant %q is listed twice", where, t.Name)
+	}
+	seen[t.Name] = true
+	for _, h := range t.TokensSHA256 {
+		if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+			at(item(i, "tokens_sha256"), "%s.tokens_sha256: %q is not a hex SHA-256 (64 hex characters)", where, truncate(h, 16))
+		}
+	}
+	if len(t.TokensSHA256) == 0 && c.Auth.JWT == nil {
+		at(item(i, ""), "%s: tenant %q has no tokens_sha256 and no auth.jwt is configured: nobody could connect as it", where, t.Name)
+	}
+	if !filepath.IsAbs(t.Root) || filepath.Clean(t.Root) == "/" {
+		at(item(i, "root"), "%s.root: %q must be an absolute directory other than /", where, t.Root)
+	} else if st, err := os.Stat(t.Root); err != nil || !st.IsDir() {
+		at(item(i, "root"), "%s.root: %q is not an existing directory", where, t.Root)
+	}
+	if t.VirtualRoot != "" && !filepath.IsAbs(t.VirtualRoot) {
+		at(item(i, "virtual_root"), "%s.virtual_root: %q must be absolute", where, t.VirtualRoot)
+	}
+	if t.MaxConnections < 0 || t.MaxSessions < 0 {
+		at(item(i, ""), "%s: max_connections and max_sessions must not be negative (0 = no cap)", where)
+	}
+}
+
+// validateAuth checks the auth settings and the session keys.
+func (c *Config) validateAuth(root *yaml.Node, at nodeAt) {
 	if len(c.Tenants) == 0 && (c.Auth.JWT != nil || len(c.Auth.AllowedOrigins) > 0) {
 		at(find(root, "auth"), "auth: is set but no tenants are configured; list tenants to turn authentication on")
 	}
@@ -799,7 +841,6 @@ func (c *Config) validateTenants(root *yaml.Node) []Problem {
 			at(find(root, "session_key_file"), "%v", err)
 		}
 	}
-	return ps
 }
 
 func truncate(s string, n int) string {

@@ -267,6 +267,63 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 		}
 		ps = append(ps, p)
 	}
+	views := c.sandboxViews()
+	homes := sandbox.Resolve(c.Sandbox.Home)
+	c.exposedSecrets(views, homes, extra, at)
+	c.exposedRoots(views, homes, at)
+	// Paths every agent (or one tenant's) may use must not hold the homes.
+	for _, v := range views {
+		for _, p := range v.paths {
+			if p == c.SandboxHome(nameOf(v.t)) || (v.t != nil && p == v.t.Root) {
+				continue
+			}
+			if sandbox.Within(homes, sandbox.Resolve(p)) {
+				at("sandbox.home", "sandbox.home %s lies inside %s, which %s may use: each tenant's home would be open to the others", c.Sandbox.Home, p, v.who)
+			}
+		}
+	}
+	return ps
+}
+
+// sandboxView is what an agent may read under the sandbox, for a tenant
+// (or the one view without tenants).
+type sandboxView struct {
+	who   string
+	t     *Tenant
+	paths []string // read-only and read-write alike: what it may read
+}
+
+// sandboxViews is every agent's view, by tenant.
+func (c *Config) sandboxViews() []sandboxView {
+	var views []sandboxView
+	for _, a := range c.AgentList() {
+		// With one agent: "agents", "tenant X's agents"; with named ones,
+		// which agent.
+		agents, suffix := "agents", "agents"
+		if len(c.Agents) > 0 {
+			agents, suffix = fmt.Sprintf("agent %q", a.Name), fmt.Sprintf("agent %q", a.Name)
+		}
+		if len(c.Tenants) == 0 {
+			ro, rw := c.SandboxPaths(nil, a.NamedAgent)
+			views = append(views, sandboxView{agents, nil, append(ro, rw...)})
+		}
+		for i := range c.Tenants {
+			if !c.Tenants[i].MayUse(a.Name) {
+				continue
+			}
+			ro, rw := c.SandboxPaths(&c.Tenants[i], a.NamedAgent)
+			views = append(views, sandboxView{fmt.Sprintf("tenant %q's %s", c.Tenants[i].Name, suffix), &c.Tenants[i], append(ro, rw...)})
+		}
+	}
+	return views
+}
+
+// keyAt records a problem at a dotted configuration key.
+type keyAt func(key, format string, args ...any)
+
+// exposedSecrets reports the secret files (and extra: the configuration
+// files) an agent could read under the sandbox.
+func (c *Config) exposedSecrets(views []sandboxView, homes string, extra []string, at keyAt) {
 	type secret struct{ key, path string }
 	var secrets []secret
 	for _, f := range c.sessionKeyPaths() {
@@ -283,33 +340,6 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 	for _, f := range extra {
 		secrets = append(secrets, secret{"", f})
 	}
-	// Every agent's view, by tenant (or the one view without tenants).
-	type view struct {
-		who   string
-		t     *Tenant
-		paths []string // read-only and read-write alike: what it may read
-	}
-	var views []view
-	for _, a := range c.AgentList() {
-		// With one agent: "agents", "tenant X's agents"; with named ones,
-		// which agent.
-		agents, suffix := "agents", "agents"
-		if len(c.Agents) > 0 {
-			agents, suffix = fmt.Sprintf("agent %q", a.Name), fmt.Sprintf("agent %q", a.Name)
-		}
-		if len(c.Tenants) == 0 {
-			ro, rw := c.SandboxPaths(nil, a.NamedAgent)
-			views = append(views, view{agents, nil, append(ro, rw...)})
-		}
-		for i := range c.Tenants {
-			if !c.Tenants[i].MayUse(a.Name) {
-				continue
-			}
-			ro, rw := c.SandboxPaths(&c.Tenants[i], a.NamedAgent)
-			views = append(views, view{fmt.Sprintf("tenant %q's %s", c.Tenants[i].Name, suffix), &c.Tenants[i], append(ro, rw...)})
-		}
-	}
-	homes := sandbox.Resolve(c.Sandbox.Home)
 	// readableBy names who may read file and through which path, or "".
 	readableBy := func(file string) (who, via string) {
 		for _, v := range views {
@@ -335,6 +365,11 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 		}
 		at(s.key, "%s is readable by %s under the sandbox (inside %s): move it out of every tenant root, home and sandbox path", what, who, via)
 	}
+}
+
+// exposedRoots reports tenant roots that overlap the homes or a path
+// another tenant's agents may use.
+func (c *Config) exposedRoots(views []sandboxView, homes string, at keyAt) {
 	overlap := func(a, b string) bool { return sandbox.Within(a, b) || sandbox.Within(b, a) }
 	for i := range c.Tenants {
 		t := &c.Tenants[i]
@@ -361,18 +396,6 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 			}
 		}
 	}
-	// Paths every agent (or one tenant's) may use must not hold the homes.
-	for _, v := range views {
-		for _, p := range v.paths {
-			if p == c.SandboxHome(nameOf(v.t)) || (v.t != nil && p == v.t.Root) {
-				continue
-			}
-			if sandbox.Within(homes, sandbox.Resolve(p)) {
-				at("sandbox.home", "sandbox.home %s lies inside %s, which %s may use: each tenant's home would be open to the others", c.Sandbox.Home, p, v.who)
-			}
-		}
-	}
-	return ps
 }
 
 func nameOf(t *Tenant) string {

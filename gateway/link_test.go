@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// HTTP and WebSocket slow clients are cut and counted the same way: a
+// client that stops reading while its agent keeps answering is closed once
+// its send queue (limits.send_queue_messages and _bytes) is full and its
+// writers have made no progress for stallTimeout, under the same metrics
+// (acpgate_slow_client_disconnects_total, and acpgate_connections_total
+// with reason slow_client) and the same log line, whichever the transport.
+func TestSlowClientsCutTheSameWay(t *testing.T) {
+	ts := newTestServer(t, func(c *config.Config) {
+		c.Limits.MaxMessageBytes = 1 << 20
+		c.Limits.SendQueueMessages = 8
+		c.Limits.SendQueueBytes = 2 << 20
+		c.WebSocket.PingInterval = 0
+		c.WebSocket.WriteTimeout = config.Duration(20 * time.Second)
+	})
+	ts.wrapListener = func(l net.Listener) net.Listener { return smallBufferListener{l} }
+	ts.serve()
+	ts.waitReady()
+
+	// Streamable HTTP: the client never opens its connection's event
+	// stream, where the answers to its echoes go.
+	hc := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := hc.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if hc.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	posted := 0
+	waitFor(t, 15*time.Second, "the HTTP connection to be cut", func() bool {
+		code, _ := hc.post(nil, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"_demo/echo","params":{"n":%d}}`, 100+posted, posted))
+		posted++
+		return code == http.StatusNotFound
+	})
+	if posted <= 8 {
+		t.Errorf("the HTTP connection was cut after %d echoes; its queue holds 8", posted)
+	}
+	waitMetrics(t, ts, "the HTTP connection counted",
+		`acpgate_connections_total{agent="default",reason="slow_client",tenant="default",transport="http"} 1`,
+		"acpgate_slow_client_disconnects_total 1")
+
+	// WebSocket: the client stops reading (small kernel buffers both
+	// ways, so that its queue fills soon).
+	slow := ts.dialWith(smallBufferClient(t), "acp")
+	slow.initialize()
+	conns := ts.wsConns()
+	if len(conns) != 1 {
+		t.Fatalf("%d WebSocket connections, want 1", len(conns))
+	}
+	sc := conns[0]
+	cut := func() bool {
+		_, label, closing := sc.closeState()
+		return closing && label == "slow_client"
+	}
+	pad := strings.Repeat("x", 60<<10)
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	for i := 0; i < 400 && !cut(); i++ {
+		b := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%d,"method":"_demo/echo","params":{"n":%d,"pad":%q}}`, 1000+i, i, pad)
+		if err := slow.ws.Write(wctx, websocket.MessageText, b); err != nil {
+			break // the gateway closed it meanwhile
+		}
+	}
+	waitFor(t, 15*time.Second, "the WebSocket connection to be cut", cut)
+	// The client reads again: what was on its way, then 1008.
+	rctx, rcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer rcancel()
+	var err error
+	for err == nil {
+		_, err = slow.read(rctx)
+	}
+	if st := websocket.CloseStatus(err); st != websocket.StatusPolicyViolation {
+		t.Fatalf("the slow WebSocket ended with %v (status %v), want 1008", err, st)
+	}
+	waitMetrics(t, ts, "the WebSocket connection counted",
+		`acpgate_connections_total{agent="default",reason="slow_client",tenant="default",transport="websocket"} 1`,
+		"acpgate_slow_client_disconnects_total 2")
+	if n := strings.Count(ts.logs.String(), "closing slow client"); n != 2 {
+		t.Errorf(`%d "closing slow client" log lines, want one per transport`, n)
+	}
+}
+
+// waitMetrics waits until the metrics page has every one of lines.
+func waitMetrics(t *testing.T, ts *testServer, what string, lines ...string) {
+	t.Helper()
+	var body string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		_, body = ts.get("/metrics")
+		have := map[string]bool{}
+		for _, l := range strings.Split(body, "\n") {
+			have[l] = true
+		}
+		all := true
+		for _, l := range lines {
+			all = all && have[l]
+		}
+		if all {
+			return
+		}
+	}
+	t.Fatalf("%s: not within 10s; want %q, have:\n%s", what, lines,
+		grepLines(body, "acpgate_connections_total")+"\n"+grepLines(body, "acpgate_slow_client"))
+}
+
+// SendScanned routes as Send does, without scanning: the relay passes
+// what it read of the message.
+func TestSendScannedRoutesLikeSend(t *testing.T) {
+	ts := startServer(t, nil)
+	hc := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := hc.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if hc.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	ts.s.mu.Lock()
+	h := ts.s.httpConns[hc.conn]
+	ts.s.mu.Unlock()
+	update := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{}}}`
+	if !h.Send([]byte(update), false) || !h.SendScanned([]byte(update), nil, "session/update", "s1", false) {
+		t.Fatal("refused")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.streams["s1"]
+	if st == nil || len(st.queue) != 2 || h.queued != 2 {
+		t.Fatalf("stream s1 %+v, %d queued; want both updates on it", st, h.queued)
+	}
+}
+
+// What routing costs the HTTP sink per message, with its own scan (Send)
+// and with the relay's facts (SendScanned):
+//
+//	go test -run '^$' -bench HTTPSend -benchmem ./gateway/
+func BenchmarkHTTPSend(b *testing.B) {
+	sid := "ARfwi_FIkelQzhDujkhg-TUXZHvZjIQRwQ5nF80N2bqdStV2pTYgPVDmWnCPDkgiFUk"
+	for _, size := range []int{300, 20 << 10} {
+		text := strings.Repeat("lorem ipsum ", size/12)
+		msg := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + sid +
+			`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` + text + `"}}}}`)
+		for _, scanned := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%dB/scanned=%v", size, scanned), func(b *testing.B) {
+				h := &httpConn{history: 1 << 20, streams: map[string]*sseStream{}, gone: map[string]int64{},
+					replyTo: map[string]string{}, askedOn: map[string]string{}}
+				h.link = link{s: &Server{}, t: h, maxMsgs: 1 << 20, maxBytes: 1 << 30, closeReq: make(chan struct{})}
+				h.ctx, h.cancel = context.WithCancel(context.Background())
+				defer h.cancel()
+				st := h.stream(sid)
+				var buf []byte
+				b.SetBytes(int64(len(msg)))
+				b.ReportAllocs()
+				for b.Loop() {
+					m := append(jsonrpc.GetBuffer(len(msg)), msg...)
+					if scanned {
+						h.SendScanned(m, nil, "session/update", sid, false)
+					} else {
+						h.Send(m, false)
+					}
+					buf, _ = h.takeEvents(st, buf[:0])
+					h.writing--
+				}
+			})
+		}
+	}
+}
