@@ -208,7 +208,6 @@ func (s *Server) unregister(l *link) {
 	close(s.linksChanged)
 	s.linksChanged = make(chan struct{})
 	s.mu.Unlock()
-	s.wakeDrain()
 }
 
 // linksOf returns the registered links of agent ("" = all) and a channel
@@ -354,7 +353,6 @@ func (l *link) send(msg []byte, facts *msgFacts, wait bool) bool {
 	queue, taken := l.t.routeLocked(msg, facts)
 	if taken {
 		l.mu.Unlock()
-		l.s.wakeDrain()
 		return true
 	}
 	if wait {
@@ -371,7 +369,6 @@ func (l *link) send(msg []byte, facts *msgFacts, wait bool) bool {
 		l.queued++
 		l.queuedBytes += len(msg)
 		l.mu.Unlock()
-		l.s.wakeDrain()
 		return true
 	}
 	l.mu.Unlock()

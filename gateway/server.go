@@ -64,10 +64,6 @@ type Server struct {
 	wg           sync.WaitGroup       // one per registered link, until its serve returns
 	draining     map[string]struct{}  // agents a reload removed, until drained
 
-	promptWatchers atomic.Int32 // drains waiting for prompts (wakeDrain)
-	wakeMu         sync.Mutex
-	promptWake     chan struct{} // closed (and replaced) by wakeDrain
-
 	agentDrains sync.WaitGroup     // one per removed agent being drained
 	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
 	stopDrains  context.CancelFunc // cancels drainCtx
@@ -276,8 +272,7 @@ func New(opts Options) (*Server, error) {
 		return fail(err)
 	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
-		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{},
-		promptWake: make(chan struct{})}
+		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
