@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -108,14 +109,30 @@ const closeFlushTimeout = 500 * time.Millisecond
 // writer is corked. The write deadline also ends a write in progress that
 // holds mu, so a close of a stuck connection still takes at most
 // closeFlushTimeout.
+//
+// Then it half-closes and reads what the client still sends (the rest of a
+// message over the limit), for up to closeLinger: closing a socket with
+// unread input sends a reset, which can reach the client before the close
+// frame and lose it (the client sees 1006, not 1009).
 func (c *clientConn) Close() error {
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 	c.mu.Lock()
 	c.corked = false
 	_ = c.drainLocked()
 	c.mu.Unlock()
+	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok && hc.CloseWrite() == nil {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(closeLinger))
+		_, _ = io.CopyN(io.Discard, c.Conn, closeLingerBytes)
+	}
 	return c.Conn.Close()
 }
+
+// closeLinger and closeLingerBytes bound what Close reads after its
+// half-close.
+const (
+	closeLinger      = 250 * time.Millisecond
+	closeLingerBytes = 1 << 20
+)
 
 func (c *clientConn) flushLocked() error {
 	if len(c.out) == 0 {

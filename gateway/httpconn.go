@@ -17,6 +17,7 @@ import (
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -379,7 +380,8 @@ func sessionHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
 // postScanners are the scanners of client POSTs, which run concurrently.
 var postScanners = sync.Pool{New: func() any { return new(postScan) }}
 
-// postScan is one scan of a POSTed message: the relay's scanner, once.
+// postScan is one scan of a POSTed message: the relay's scanner, once; the
+// relay handles the message as scanned (proxy.Conn.HandleScanned).
 type postScan struct {
 	sc  jsonrpc.Scanner
 	m   jsonrpc.Message
@@ -390,7 +392,7 @@ type postScan struct {
 // answered a message that is not JSON, a batch or not an object.
 func (p *postScan) scan(w http.ResponseWriter, msg []byte) bool {
 	p.err = nil
-	err := p.sc.Scan(msg, &p.m, routeSpec)
+	err := proxy.ScanClient(&p.sc, msg, &p.m)
 	if err == nil {
 		return true
 	}
@@ -448,7 +450,11 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.read(len(msg))
-	h.conn.HandleFrom(&h.link, msg)
+	if p.err == nil {
+		h.conn.HandleScanned(&h.link, m)
+	} else {
+		h.conn.HandleFrom(&h.link, msg) // the relay answers what is not JSON-RPC
+	}
 	w.WriteHeader(http.StatusAccepted)
 }
 

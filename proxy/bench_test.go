@@ -61,7 +61,7 @@ func (r *Relay) newConnForBench(s Sink) *Conn {
 	ten.conf.Store(&TenantConfig{Policy: &pol})
 	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
 	c.sc.Methods = knownMethods
-	c.resolve = c.specFor
+	c.resolve = clientSpec
 	c.out.sink = s
 	return c
 }

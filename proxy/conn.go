@@ -127,7 +127,8 @@ type Conn struct {
 	resuming    int         // Resume calls not yet attached or aborted
 }
 
-func (c *Conn) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
+// clientSpec locates what the relay rewrites in a client message.
+func clientSpec(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind == jsonrpc.KindResponse {
 		return nil
 	}
@@ -224,6 +225,32 @@ func (c *Conn) handleLocked(frame []byte) {
 		}
 		return
 	}
+	c.handleMessage(m)
+}
+
+// ScanClient scans a client message as a connection does (HandleScanned):
+// the fields the relay rewrites are located. sc is the caller's, reused.
+func ScanClient(sc *jsonrpc.Scanner, frame []byte, m *jsonrpc.Message) error {
+	if sc.Methods == nil {
+		sc.Methods = knownMethods
+	}
+	return sc.Scan(frame, m, clientSpec)
+}
+
+// HandleScanned processes one client message from sink's socket that the
+// caller has scanned with ScanClient (Streamable HTTP reads each POST
+// once), as HandleFrom would. m is not kept after it returns.
+func (c *Conn) HandleScanned(sink Sink, m *jsonrpc.Message) {
+	c.handleMu.Lock()
+	if c.countFrom(sink) {
+		c.handleMessage(m)
+	}
+	c.handleMu.Unlock()
+	c.endIfEmpty() // a take-over may have emptied it meanwhile
+}
+
+// handleMessage processes one scanned client message (c.handleMu held).
+func (c *Conn) handleMessage(m *jsonrpc.Message) {
 	if len(m.ID) > maxIDBytes || len(m.Method) > maxMethodBytes {
 		c.replyError(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: ids are limited to %d bytes and method names to %d", maxIDBytes, maxMethodBytes), nil)
 		return

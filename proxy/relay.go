@@ -229,7 +229,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		agentReqs:  map[int64]*inReq{},
 	}
 	c.sc.Methods = knownMethods
-	c.resolve = c.specFor
+	c.resolve = clientSpec
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
 	c.logLim = pool.NewLogLimiter(20, time.Second)
 	c.out.sink = sink
