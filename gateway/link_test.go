@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -22,16 +20,7 @@ import (
 // (acpgate_slow_client_disconnects_total, and acpgate_connections_total
 // with reason slow_client) and the same log line, whichever the transport.
 func TestSlowClientsCutTheSameWay(t *testing.T) {
-	ts := newTestServer(t, func(c *config.Config) {
-		c.Limits.MaxMessageBytes = 1 << 20
-		c.Limits.SendQueueMessages = 8
-		c.Limits.SendQueueBytes = 2 << 20
-		c.WebSocket.PingInterval = 0
-		c.WebSocket.WriteTimeout = config.Duration(20 * time.Second)
-	})
-	ts.wrapListener = func(l net.Listener) net.Listener { return smallBufferListener{l} }
-	ts.serve()
-	ts.waitReady()
+	ts := slowClientServer(t)
 
 	// Streamable HTTP: the client never opens its connection's event
 	// stream, where the answers to its echoes go.

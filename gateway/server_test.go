@@ -727,9 +727,10 @@ func goroutines() string {
 	return string(buf[:runtime.Stack(buf, true)])
 }
 
-// A client that stops reading while its agent keeps writing is closed with
-// 1008 once its send queue is full; other clients are not held up.
-func TestSlowConsumerClosedWithPolicyViolation(t *testing.T) {
+// slowClientServer serves with a send queue of 8 messages and small
+// socket buffers, so that a client that stops reading is soon too slow.
+func slowClientServer(t *testing.T) *testServer {
+	t.Helper()
 	ts := newTestServer(t, func(c *config.Config) {
 		c.Limits.MaxMessageBytes = 1 << 20
 		c.Limits.SendQueueMessages = 8
@@ -740,6 +741,13 @@ func TestSlowConsumerClosedWithPolicyViolation(t *testing.T) {
 	ts.wrapListener = func(l net.Listener) net.Listener { return smallBufferListener{l} }
 	ts.serve()
 	ts.waitReady()
+	return ts
+}
+
+// A client that stops reading while its agent keeps writing is closed with
+// 1008 once its send queue is full; other clients are not held up.
+func TestSlowConsumerClosedWithPolicyViolation(t *testing.T) {
+	ts := slowClientServer(t)
 
 	slow := ts.dialWith(smallBufferClient(t), "acp")
 	slow.initialize()

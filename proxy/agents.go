@@ -214,18 +214,6 @@ func (r *Relay) RetireAgent(name string) bool {
 	return true
 }
 
-// AgentConns counts the named agent's open connections (detached ones
-// included).
-func (r *Relay) AgentConns(name string) int {
-	n := 0
-	for _, c := range r.connList() {
-		if c.ag.name == name {
-			n++
-		}
-	}
-	return n
-}
-
 // CloseAgent ends every connection of a retired agent that is still open,
 // stops its processes and forgets it.
 func (r *Relay) CloseAgent(ctx context.Context, name string) error {
@@ -254,6 +242,3 @@ func (r *Relay) CloseAgent(ctx context.Context, name string) error {
 	}
 	return nil
 }
-
-// Agent is the name of the agent the connection belongs to.
-func (c *Conn) Agent() string { return c.ag.name }

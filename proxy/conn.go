@@ -110,6 +110,7 @@ type Conn struct {
 	recv atomic.Int64 // client messages received, across sockets
 
 	initArrived atomic.Bool // a valid initialize came (see HandshakeDone)
+	recheckEnd  atomic.Bool // endIfEmpty found it handling a message: check once done (handled)
 
 	mu          sync.Mutex
 	initialized bool
@@ -185,7 +186,7 @@ func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 		jsonrpc.Messages(frame, c.handleLocked)
 	}
 	c.handleMu.Unlock()
-	c.endIfEmpty() // a take-over may have emptied it meanwhile
+	c.handled()
 }
 
 // countFrom counts a client message from sink's socket and reports whether
@@ -208,7 +209,7 @@ func (c *Conn) Handle(frame []byte) {
 	c.recv.Add(1)
 	jsonrpc.Messages(frame, c.handleLocked)
 	c.handleMu.Unlock()
-	c.endIfEmpty() // a take-over may have emptied it meanwhile
+	c.handled()
 }
 
 // handleLocked processes one client message (c.handleMu held).
@@ -226,6 +227,14 @@ func (c *Conn) handleLocked(frame []byte) {
 		return
 	}
 	c.handleMessage(m)
+}
+
+// handled follows the handling of a frame (handleMu released): a take-over
+// that found the connection busy and possibly empty asked it to check.
+func (c *Conn) handled() {
+	if c.recheckEnd.CompareAndSwap(true, false) {
+		c.endIfEmpty()
+	}
 }
 
 // ScanClient scans a client message as a connection does (HandleScanned):
@@ -246,7 +255,7 @@ func (c *Conn) HandleScanned(sink Sink, m *jsonrpc.Message) {
 		c.handleMessage(m)
 	}
 	c.handleMu.Unlock()
-	c.endIfEmpty() // a take-over may have emptied it meanwhile
+	c.handled()
 }
 
 // handleMessage processes one scanned client message (c.handleMu held).

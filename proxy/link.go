@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -74,29 +75,27 @@ func (l *procLink) session(sid []byte) (s *Session, count int) {
 	return m[string(sid)], len(m) // no allocation for a map index
 }
 
-// setSession publishes the session map with sid → s (nil: removed), unless
-// the entry is not old (l.mu held). It returns the session it replaced.
-func (l *procLink) setSessionLocked(sid string, s, old *Session) (replaced *Session, ok bool) {
+// putSessionLocked publishes the session map with sid → s and returns the
+// session it replaced (l.mu held).
+func (l *procLink) putSessionLocked(sid string, s *Session) (replaced *Session) {
 	cur := *l.sessions.Load()
-	if prev := cur[sid]; prev != old && old != anySession {
-		return nil, false
-	}
-	next := make(map[string]*Session, len(cur)+1)
-	for k, v := range cur {
-		next[k] = v
-	}
-	replaced = cur[sid]
-	if s == nil {
-		delete(next, sid)
-	} else {
-		next[sid] = s
-	}
+	next := maps.Clone(cur)
+	next[sid] = s
 	l.sessions.Store(&next)
-	return replaced, true
+	return cur[sid]
 }
 
-// anySession, as the old session of setSessionLocked, replaces whatever is there.
-var anySession = &Session{}
+// deleteSessionLocked publishes the session map without s, if s is still
+// the session of its ID (l.mu held).
+func (l *procLink) deleteSessionLocked(s *Session) {
+	cur := *l.sessions.Load()
+	if cur[s.AgentID] != s {
+		return
+	}
+	next := maps.Clone(cur)
+	delete(next, s.AgentID)
+	l.sessions.Store(&next)
+}
 
 // track registers a client request the process is about to receive and
 // assigns its agent-side id; false once the process has exited.

@@ -117,7 +117,7 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 			<-start
 			*took = c.takeOver(m, agentSID)
 			c.handleMu.Unlock()
-			c.endIfEmpty()
+			c.handled()
 		}
 		go takeOver(a, ma, sb.AgentID, &tookA)
 		go takeOver(b, mb, sa.AgentID, &tookB)

@@ -71,9 +71,6 @@ func (r *Relay) refused(reason string) {
 	r.metrics.Resumes.WithLabelValues("refused", reason).Inc()
 }
 
-// Instance is this gateway process's name in its resume tokens.
-func (r *Relay) Instance() string { return r.instance }
-
 // maxTokenBytes bounds what Resume looks up.
 const maxTokenBytes = 64
 

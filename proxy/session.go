@@ -158,7 +158,7 @@ func (l *procLink) addSession(c *Conn, agentSID, cwd string, slot *pool.Lease) *
 	s := newSession(l, c, agentSID, cwd, slot)
 	slot.Commit()
 	l.mu.Lock()
-	old, _ := l.setSessionLocked(agentSID, s, anySession)
+	old := l.putSessionLocked(agentSID, s)
 	l.mu.Unlock()
 	if old != nil {
 		if prev := old.drop(); prev != nil && prev != c {
@@ -171,7 +171,7 @@ func (l *procLink) addSession(c *Conn, agentSID, cwd string, slot *pool.Lease) *
 // removeSession forgets s (closed, failed to load, or ended).
 func (l *procLink) removeSession(s *Session) {
 	l.mu.Lock()
-	l.setSessionLocked(s.AgentID, nil, s)
+	l.deleteSessionLocked(s)
 	l.mu.Unlock()
 }
 

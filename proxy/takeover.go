@@ -108,9 +108,11 @@ func lockOutboxes(a, b *Conn) (unlock func()) {
 //
 // A connection handling a message (a socket that dropped while its last
 // message was handled) is left alone: its own take-over may be about to
-// give it a session. It checks again when it is done (HandleFrom).
+// give it a session. It is marked, and checks again when it is done
+// (handled).
 func (c *Conn) endIfEmpty() {
 	if !c.handleMu.TryLock() {
+		c.recheckEnd.Store(true)
 		return
 	}
 	defer c.handleMu.Unlock()
