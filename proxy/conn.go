@@ -59,6 +59,10 @@ func (f Facts) known() bool { return f.ID != nil || f.Method != "" }
 type ConnInfo struct {
 	ID     string // connection ID (the Acp-Connection-Id header)
 	Tenant string // "" when the gateway runs without tenants
+	// Subject is who the credential names: the JWT's sub, or for a static
+	// token a stable name derived from it (never the token). Who may
+	// attach to a session is decided by it (Sharing).
+	Subject string
 	// Agent names the agent the connection uses ("" = the first
 	// configured).
 	Agent string
@@ -623,6 +627,10 @@ func (c *Conn) trackClientReq(r *outReq) bool {
 		return false
 	}
 	c.clientReqs[string(r.clientID)] = r
+	if r.method == mSessionPrompt && r.sess != nil {
+		// Under c.mu, so that Close sees the turn it must cancel.
+		r.sess.promptStarted(r)
+	}
 	return true
 }
 
@@ -655,13 +663,20 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, connID: id, method: method, start: time.Now(), sess: sess}
 	c.agentReqs[id] = in
 	c.mu.Unlock()
+	if sess != nil && !sess.addRequest(in) {
+		c.forgetAgentReq(id)
+		return nil, 0, errSessionLost
+	}
 	l.mu.Lock()
 	l.inbound[string(in.agentID)] = in
 	l.mu.Unlock()
 	return in, id, nil
 }
 
-var errDuplicateAgentID = errors.New("request id is already in flight")
+var (
+	errDuplicateAgentID = errors.New("request id is already in flight")
+	errSessionLost      = errors.New("the session's agent process has exited")
+)
 
 func (c *Conn) forgetAgentReq(id int64) {
 	c.mu.Lock()
@@ -674,11 +689,14 @@ func (c *Conn) forgetAgentReq(id int64) {
 func (c *Conn) attach(s *Session) {
 	c.mu.Lock()
 	if !c.closed {
-		_, had := c.sessions[s.GatewayID]
+		old := c.sessions[s.GatewayID] // a lost session the load replaces
 		c.sessions[s.GatewayID] = s
 		c.mu.Unlock()
-		if !had {
-			c.ten.added(c.ag.metrics, 1)
+		if old != s {
+			s.held()
+			if old != nil {
+				old.unheld(c.log)
+			}
 		}
 		return
 	}
@@ -696,7 +714,7 @@ func (c *Conn) detach(s *Session) {
 	}
 	c.mu.Unlock()
 	if had {
-		c.ten.added(c.ag.metrics, -1)
+		s.unheld(c.log)
 	}
 }
 
@@ -711,7 +729,7 @@ func (c *Conn) Close() {
 		return
 	}
 	c.closed = true
-	sessions, agentReqs, clientReqs, home := c.sessions, c.agentReqs, c.clientReqs, c.home
+	sessions, agentReqs, home := c.sessions, c.agentReqs, c.home
 	c.sessions, c.agentReqs, c.clientReqs, c.home = nil, nil, nil, nil
 	wasDetached := c.detached
 	c.detached = false
@@ -731,16 +749,10 @@ func (c *Conn) Close() {
 		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, "the client disconnected")
 		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 	}
-	prompting := make(map[*Session]bool)
-	for _, r := range clientReqs {
-		if r.method == mSessionPrompt && r.sess != nil {
-			prompting[r.sess] = true
-		}
-	}
 	for _, s := range sessions {
-		s.link.endSession(s, c, prompting[s])
+		s.link.endSession(s, c, s.promptOf(c))
+		s.unheld(c.log)
 	}
-	c.ten.added(c.ag.metrics, -len(sessions))
 	home.Release()
 	c.relay.connClosed(c)
 	c.out.release()

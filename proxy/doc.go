@@ -20,11 +20,20 @@
 //     owner (an atomic pointer the reader loads per message) changes only
 //     through its methods, under its own lock: a load by another connection
 //     (the newest load wins), a take-over of a detached connection's
-//     session, the owner's end, the agent's death. It holds its process
-//     session slot (a pool.Lease) until it ends.
+//     session, the owner's end, the agent's death. Under that lock it also
+//     owns its turn in flight (the client's session/prompt), the agent's
+//     requests about it still waiting for a client (a take-over sends them
+//     again from this list), whether it was lost or ended while detached,
+//     its process session slot (a pool.Lease) until it ends, and its
+//     tenant session slot: one however many connections hold it, given
+//     back when the last lets go (Session.held, unheld).
 //   - Conn: one client connection. It owns what it was sent (its outbox:
-//     numbered, kept for a resume), its sessions by the ID it sees, its
-//     requests in flight either way, and its home process lease.
+//     numbered, kept for a resume; a kept message is tagged with its
+//     session, so a take-over finds the session's messages since the
+//     detach), the index of its sessions by the ID it sees, and the ids of
+//     its requests in flight either way: a client's answer or cancellation
+//     names its own id, so the connection resolves it. Its home process
+//     lease serves its requests that name no session.
 //   - hold: what handling one client request takes (a tenant slot, a
 //     process slot, the request's count on its process, a load's session
 //     route), made in one place, carried by the outReq and released once,

@@ -195,6 +195,9 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 	}
 	l.mu.Unlock()
 	for _, in := range expired {
+		if in.sess != nil {
+			in.sess.requestDone(in)
+		}
 		c, id := in.route()
 		c.forgetAgentReq(id)
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()

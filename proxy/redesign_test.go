@@ -270,3 +270,50 @@ func TestFactSinkGetsWhatAScanFinds(t *testing.T) {
 		t.Errorf("facts for %d answers and %d of %d updates", answers, scanned, updates)
 	}
 }
+
+// A session holds one of its tenant's session slots however many
+// connections hold it, until the last lets go; letting go more often than
+// it was held is counted and logged, never a negative count.
+func TestSessionHoldsOneTenantSlot(t *testing.T) {
+	var logs syncbuf.Buffer
+	pol := policy.Default()
+	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
+	ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
+	r.tenants = map[string]*tenant{"": ten}
+	r.conns = map[*Conn]struct{}{}
+	ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	l := ag.newLink(nil).(*procLink)
+	a, b, sa, _ := detachedPair(r, ag, l)
+	count := func() int {
+		ten.mu.Lock()
+		defer ten.mu.Unlock()
+		return ten.sessions
+	}
+	if got := count(); got != 2 {
+		t.Fatalf("two sessions held: the tenant counts %d, want 2", got)
+	}
+	b.attach(sa) // a second connection holds a's session too
+	if got := count(); got != 2 {
+		t.Fatalf("a session held by two connections: the tenant counts %d, want 2", got)
+	}
+	a.detach(sa)
+	if got := count(); got != 2 {
+		t.Fatalf("one of its two holders let go: the tenant counts %d, want 2", got)
+	}
+	b.detach(sa)
+	if got := count(); got != 1 {
+		t.Fatalf("the last holder let go: the tenant counts %d, want 1", got)
+	}
+	sa.unheld(r.log) // a bug: nobody holds it
+	if got := count(); got != 1 {
+		t.Fatalf("a session let go once too often: the tenant counts %d, want 1", got)
+	}
+	if got := counterValue(ag.metrics.DoubleReleases.WithLabelValues("session_holder")); got != 1 {
+		t.Errorf("acpgate_double_releases_total{what=session_holder} = %v, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "more connections than held it") {
+		t.Errorf("no error logged: %q", logs.String())
+	}
+	a.out.release()
+	b.out.release()
+}

@@ -130,4 +130,7 @@ func (in *inReq) forget() {
 		delete(in.link.inbound, string(in.agentID))
 	}
 	in.link.mu.Unlock()
+	if in.sess != nil {
+		in.sess.requestDone(in)
+	}
 }

@@ -245,9 +245,6 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
 	if rt.sess != nil && m.Method == mSessionPrompt {
 		rt.sess.promptStart.Store(time.Now().UnixNano())
-		if req != nil {
-			rt.sess.promptStarted(req)
-		}
 	}
 	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
 	err := rt.link.p.Send(ctx, out)

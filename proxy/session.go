@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -20,6 +21,7 @@ type Session struct {
 	AgentID   string    // the agent's own ID
 	cwd       string    // its cwd as the client asked for it (the fs stand-in's root without a tenant root)
 	link      *procLink // the process that serves it
+	ten       *tenant   // whose session quota it counts against
 
 	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
 
@@ -29,6 +31,15 @@ type Session struct {
 
 	mu   sync.Mutex
 	lost bool // the agent process died
+	// holders counts the connections that hold the session (the owner,
+	// and a lost session's last owner until it closes it). While it is
+	// above zero the session holds one of its tenant's session slots
+	// (tenant.sessions), once however many hold it.
+	holders int
+	// inbound are the agent's requests about the session still waiting
+	// for a client's answer (a take-over sends them again to the new
+	// owner).
+	inbound map[*inReq]struct{}
 	// endedDetached and stopReason: a turn ended while its owner had no
 	// socket, and how; a take-over reports it.
 	endedDetached bool
@@ -43,7 +54,8 @@ type Session struct {
 // slot.
 func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
 	gwID := c.relay.sealer.Seal(c.scope, agentSID)
-	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, slot: slot}
+	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
+		slot: slot, inbound: map[*inReq]struct{}{}}
 	s.owner.Store(c)
 	return s
 }
@@ -81,6 +93,7 @@ func (s *Session) drop() *Conn {
 func (s *Session) markLost() *Conn {
 	s.mu.Lock()
 	s.lost = true
+	clear(s.inbound) // the agent's death answers them
 	slot := s.takeSlotLocked()
 	owner := s.owner.Load()
 	s.mu.Unlock()
@@ -106,6 +119,78 @@ func (s *Session) moveOwner(from, to *Conn) bool {
 	s.owner.Store(to)
 	s.endedDetached, s.stopReason = false, ""
 	return true
+}
+
+// held records that one more connection holds the session; the first
+// takes the tenant's session slot.
+func (s *Session) held() {
+	s.mu.Lock()
+	s.holders++
+	first := s.holders == 1
+	s.mu.Unlock()
+	if first {
+		s.ten.added(s.link.ag.metrics, 1)
+	}
+}
+
+// unheld records that a connection no longer holds the session; the last
+// gives the tenant's session slot back. One more than were held is a bug:
+// logged, counted, and ignored.
+func (s *Session) unheld(log *slog.Logger) {
+	s.mu.Lock()
+	ok := s.holders > 0
+	if ok {
+		s.holders--
+	}
+	last := ok && s.holders == 0
+	s.mu.Unlock()
+	switch {
+	case !ok:
+		s.link.ag.metrics.DoubleReleases.WithLabelValues("session_holder").Inc()
+		log.Error("a session was let go by more connections than held it; ignored", "session", s.GatewayID)
+	case last:
+		s.ten.added(s.link.ag.metrics, -1)
+	}
+}
+
+// addRequest records an agent request about the session waiting for a
+// client; false once the session has been lost (the agent's death answers
+// its requests).
+func (s *Session) addRequest(in *inReq) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lost {
+		return false
+	}
+	s.inbound[in] = struct{}{}
+	return true
+}
+
+// requestDone forgets an agent request about the session: answered, by
+// the client or in its place.
+func (s *Session) requestDone(in *inReq) {
+	s.mu.Lock()
+	delete(s.inbound, in)
+	s.mu.Unlock()
+}
+
+// requests lists the agent requests about the session still waiting for
+// a client.
+func (s *Session) requests() []*inReq {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*inReq, 0, len(s.inbound))
+	for in := range s.inbound {
+		out = append(out, in)
+	}
+	return out
+}
+
+// promptOf reports whether c's prompt is the session's turn in flight.
+func (s *Session) promptOf(c *Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prompt != nil && s.prompt.conn == c
 }
 
 // isLost reports whether the session's agent process died.

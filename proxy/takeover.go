@@ -48,8 +48,8 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	if !c.moveSession(s, owner, jsonrpc.AppendResult(nil, m.ID, result)) {
 		return false
 	}
+	c.attach(s) // before the owner lets go: the session keeps its tenant slot
 	owner.detach(s)
-	c.attach(s)
 	c.ten.event(c.ag.metrics, "loaded")
 	for _, in := range owner.takeAgentReqs(s) {
 		c.adopt(in)
@@ -150,11 +150,12 @@ func (ag *agent) heldByTenant(sid, tenant string) bool {
 // takeAgentReqs removes and returns the agent requests about s waiting for
 // c.
 func (c *Conn) takeAgentReqs(s *Session) []*inReq {
+	ins := s.requests()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []*inReq
-	for id, in := range c.agentReqs {
-		if in.sess == s {
+	out := ins[:0]
+	for _, in := range ins {
+		if _, id := in.route(); c.agentReqs[id] == in {
 			delete(c.agentReqs, id)
 			out = append(out, in)
 		}

@@ -31,7 +31,25 @@ type TenantConfig struct {
 	AgentPolicies map[string]*policy.Policy
 	// Agents lists the agents the tenant may use; nil = every agent.
 	Agents []string
+	// Sharing says who may attach to the tenant's sessions (session/attach).
+	Sharing Sharing
 }
+
+// Sharing is who may attach to a session another client holds.
+type Sharing struct {
+	// Attach: SharingSameSubject (also ""), SharingTenant or SharingOff.
+	Attach string
+	// ReadOnlyForOthers: a client of another subject attaches read-only
+	// (with Attach SharingTenant).
+	ReadOnlyForOthers bool
+}
+
+// Sharing.Attach values.
+const (
+	SharingSameSubject = "same_subject" // the credential subject that holds it (the default)
+	SharingTenant      = "tenant"       // any client of the tenant
+	SharingOff         = "off"          // nobody: session/attach is refused
+)
 
 func (c TenantConfig) policy() *policy.Policy {
 	if c.Policy != nil {
