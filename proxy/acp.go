@@ -42,7 +42,7 @@ var knownMethods = func() map[string]string {
 		"nes/suggest", "nes/accept", "nes/reject", "nes/close", "document/didOpen",
 		"document/didChange", "document/didClose", "document/didSave", "document/didFocus",
 		"session/archive", "session/unarchive", "session/status", "session/set_title",
-		"proxy/initialize", "proxy/successor",
+		"proxy/initialize", "proxy/successor", mSessionAttach, mSessionDetach, "session/set_model",
 	}
 	m := make(map[string]string, len(names))
 	for _, n := range names {

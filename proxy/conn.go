@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,9 +90,13 @@ type Conn struct {
 	ten    *tenant
 	ag     *agent // the agent the connection uses, its pool and metrics
 	scope  string // what its session IDs are sealed to (sealScope)
-	log    *slog.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
+	// subject is who the credential names (ConnInfo.Subject); clientID
+	// names the connection to the other clients of a session it holds
+	// (session/attach's connectedClients).
+	subject, clientID string
+	log               *slog.Logger
+	ctx               context.Context
+	cancel            context.CancelFunc
 
 	// Used only by the goroutine that calls Handle, one at a time: with a
 	// resume, the old socket's last message may still be in hand when the
@@ -120,6 +125,7 @@ type Conn struct {
 	initialized bool
 	closed      bool
 	prof        Profile             // what the client offered, within what the deployment allows
+	info        clientInfo          // the clientInfo of its initialize
 	caps        policy.AgentCaps    // what the agent advertised
 	home        *pool.Lease         // the process of the connection's session-less requests
 	sessions    map[string]*Session // by gateway session ID
@@ -161,7 +167,7 @@ func (c *Conn) deliverFor(msg []byte, sess *Session, f Facts, wait bool) {
 		// Detached: a take-over may have moved sess since the agent reader
 		// looked its owner up. The owner changes under this lock, so the
 		// check holds until the message is kept.
-		if owner := sess.Owner(); owner != nil && owner != c {
+		if owner := sess.Owner(); owner != nil && owner != c && sess.memberOf(c) == nil {
 			o.mu.Unlock()
 			owner.deliverFor(msg, sess, f, wait)
 			return
@@ -396,6 +402,9 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	if err == nil && c.token != "" {
 		result = withResumeToken(result, c.token)
 	}
+	if err == nil && c.ten.sharing().Attach != SharingOff {
+		result = withAttachCapability(result)
+	}
 	c.mu.Lock()
 	if c.closed || err != nil {
 		c.mu.Unlock()
@@ -407,6 +416,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		return
 	}
 	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.Caps
+	c.info = initClientInfo(m.Payload)
 	c.mu.Unlock()
 	c.log.Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
@@ -582,6 +592,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
 		c.log.Debug("answer for an exited agent dropped", "err", err)
 	}
+	in.withdraw(c, m)
 }
 
 // errConnClosed: the connection has ended; nothing more is taken for it.
@@ -627,10 +638,6 @@ func (c *Conn) trackClientReq(r *outReq) bool {
 		return false
 	}
 	c.clientReqs[string(r.clientID)] = r
-	if r.method == mSessionPrompt && r.sess != nil {
-		// Under c.mu, so that Close sees the turn it must cancel.
-		r.sess.promptStarted(r)
-	}
 	return true
 }
 
@@ -729,7 +736,7 @@ func (c *Conn) Close() {
 		return
 	}
 	c.closed = true
-	sessions, agentReqs, home := c.sessions, c.agentReqs, c.home
+	sessions, agentReqs, clientReqs, home := c.sessions, c.agentReqs, c.clientReqs, c.home
 	c.sessions, c.agentReqs, c.clientReqs, c.home = nil, nil, nil, nil
 	wasDetached := c.detached
 	c.detached = false
@@ -742,15 +749,19 @@ func (c *Conn) Close() {
 		c.relay.metrics.Detached.Dec()
 	}
 	for _, in := range agentReqs {
-		in.forget()
-		if !in.claim() {
-			continue
+		if _, had, last := in.leave(c); had && !last {
+			continue // another client of its session may answer it
 		}
-		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, "the client disconnected")
-		c.log.Info("answered an agent request for a disconnected client", "method", in.method)
+		in.answerInPlace(c, "the client disconnected")
+	}
+	prompting := make(map[*Session]bool)
+	for _, r := range clientReqs {
+		if r.method == mSessionPrompt && r.sess != nil {
+			prompting[r.sess] = true
+		}
 	}
 	for _, s := range sessions {
-		s.link.endSession(s, c, s.promptOf(c))
+		c.leaveSession(s, prompting[s])
 		s.unheld(c.log)
 	}
 	home.Release()
@@ -780,3 +791,19 @@ func (l *procLink) endSession(s *Session, c *Conn, prompting bool) {
 
 // String describes the connection for logs.
 func (c *Conn) String() string { return fmt.Sprintf("conn %s", c.id) }
+
+// initClientInfo reads clientInfo from initialize's params, bounded.
+func initClientInfo(params []byte) clientInfo {
+	var p struct {
+		ClientInfo clientInfo `json:"clientInfo"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return clientInfo{Name: truncate(p.ClientInfo.Name, maxClientField), Version: truncate(p.ClientInfo.Version, maxClientField)}
+}
+
+// isClosed reports whether the connection has ended.
+func (c *Conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}

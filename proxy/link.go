@@ -172,8 +172,9 @@ func (l *procLink) failRoutes(reason error) {
 		}
 	}
 	for _, in := range inbound {
-		c, id := in.route()
-		c.forgetAgentReq(id)
+		for _, cp := range in.conns(nil) {
+			cp.conn.forgetAgentReq(cp.id)
+		}
 	}
 }
 
@@ -198,11 +199,18 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		if in.sess != nil {
 			in.sess.requestDone(in)
 		}
-		c, id := in.route()
-		c.forgetAgentReq(id)
+		log := l.p.Log()
+		for _, cp := range in.conns(nil) {
+			cp.conn.forgetAgentReq(cp.id)
+			log = cp.conn.log
+		}
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
-		c.log.Info("the client did not answer an agent request in time; answered in its place",
+		log.Info("the client did not answer an agent request in time; answered in its place",
 			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
+		if in.method == mRequestPerm {
+			l.ag.metrics.root.PermissionResolutions.WithLabelValues("timeout").Inc()
+			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+		}
 		l.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
 			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))
 	}

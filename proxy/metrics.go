@@ -42,6 +42,12 @@ type Metrics struct {
 	Resumes   *prometheus.CounterVec // result: ok, refused; reason (refusedOtherReplica…)
 	Takeovers *prometheus.CounterVec // turn: running, ended, idle
 
+	// Multi-client sessions (session/attach).
+	AttachedClients       prometheus.Gauge       // clients attached to sessions now
+	Attaches              *prometheus.CounterVec // result: ok, not_found, refused, full, invalid
+	PermissionResolutions *prometheus.CounterVec // outcome: selected, cancelled, timeout, disconnect
+	PromptsQueued         prometheus.Gauge       // prompts waiting for another client's turn
+
 	relay               *Relay
 	replayBytesDesc     *prometheus.Desc
 	processStatesDesc   *prometheus.Desc
@@ -183,6 +189,18 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		Takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_takeovers_total", Help: "Sessions of a detached connection taken over by session/load or session/resume from another connection, by the turn found: running, ended (while detached), idle (the load went to the agent).",
 		}, []string{"turn"}),
+		AttachedClients: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "acpgate_attached_clients", Help: "Clients attached to sessions with session/attach now (a session's owner is not counted).",
+		}),
+		Attaches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_session_attaches_total", Help: "session/attach requests by result: ok, not_found (unknown, another tenant's, or not live on this replica), refused (the tenant's sharing policy), full (sessions.max_clients), invalid.",
+		}, []string{"result"}),
+		PermissionResolutions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_permission_resolutions_total", Help: "Permission requests of sessions with attached clients, by how they were settled: selected or cancelled (by a client's answer, the first of several), timeout (nobody answered within timeouts.client_request), disconnect (the last client left).",
+		}, []string{"outcome"}),
+		PromptsQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "acpgate_prompts_queued", Help: "Prompts waiting for another client's turn on the same session to end (at most 8 a session).",
+		}),
 		replayBytesDesc:   prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil),
 		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state and agent.", []string{"state", "agent"}, nil),
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
@@ -199,8 +217,10 @@ func (m *Metrics) register(reg prometheus.Registerer) {
 		m.Resumes.WithLabelValues(lv[0], lv[1])
 	}
 	atZero(m.Takeovers, "running", "ended", "idle")
+	atZero(m.Attaches, "ok", "not_found", "refused", "full", "invalid")
+	atZero(m.PermissionResolutions, "selected", "cancelled", "timeout", "disconnect")
 	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
-		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.exits, m.spawnDuration,
+		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.AttachedClients, m.Attaches, m.PermissionResolutions, m.PromptsQueued, m.exits, m.spawnDuration,
 		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases, m)
 }
 

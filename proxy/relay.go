@@ -227,6 +227,8 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		ten:        ten,
 		ag:         ag,
 		scope:      sealScope(info.Tenant, name),
+		subject:    info.Subject,
+		clientID:   newClientID(),
 		log:        log,
 		onEnd:      info.OnEnd,
 		ctx:        ctx,

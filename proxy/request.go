@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"bytes"
+	"encoding/json"
+	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -86,7 +90,9 @@ func (r *outReq) end() {
 	r.hold.release()
 	if r.method == mSessionPrompt && r.conn != nil {
 		if r.sess != nil {
-			r.sess.promptDone(r)
+			if next, ok := r.sess.promptDone(r); ok {
+				r.sess.startTurn(next)
+			}
 		}
 		r.conn.relay.promptsChanged()
 	}
@@ -107,6 +113,9 @@ type inReq struct {
 	conn      *Conn
 	connID    int64 // the id the client sees
 	pendingTo *Conn
+	// copies are the other clients of the session that were sent it too
+	// (session/attach): the first answer wins, the others are withdrawn.
+	copies []inCopy
 	// answered is set by whoever answers the agent first: the client, or
 	// the gateway in its place (disconnect, client_request timeout).
 	answered atomic.Bool
@@ -133,4 +142,172 @@ func (in *inReq) forget() {
 	if in.sess != nil {
 		in.sess.requestDone(in)
 	}
+}
+
+// inCopy is one client's copy of an agent request: the connection and the
+// id it was sent with.
+type inCopy struct {
+	conn *Conn
+	id   int64
+}
+
+// conns lists every client holding a copy of the request, except skip.
+func (in *inReq) conns(skip *Conn) []inCopy {
+	in.link.mu.Lock()
+	defer in.link.mu.Unlock()
+	var out []inCopy
+	if in.conn != nil && in.conn != skip {
+		out = append(out, inCopy{in.conn, in.connID})
+	}
+	for _, cp := range in.copies {
+		if cp.conn != skip {
+			out = append(out, cp)
+		}
+	}
+	return out
+}
+
+// copyTo sends c, another client of the request's session that may answer
+// it, a copy with an id of its own: the first answer of any client wins.
+func (in *inReq) copyTo(c *Conn) {
+	in.link.mu.Lock()
+	msg := in.msg
+	in.link.mu.Unlock()
+	if msg == nil || in.answered.Load() {
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.nextID++
+	id := c.nextID
+	c.agentReqs[id] = in
+	c.mu.Unlock()
+	in.link.mu.Lock()
+	if in.answered.Load() { // answered meanwhile: withdrawn before it is sent
+		in.link.mu.Unlock()
+		c.forgetAgentReq(id)
+		return
+	}
+	in.copies = append(in.copies, inCopy{c, id})
+	in.link.mu.Unlock()
+	if out := withID(msg, id); out != nil {
+		c.deliver(out)
+	}
+}
+
+// withID is msg, a request as a client was sent it, with another id.
+func withID(msg []byte, id int64) []byte {
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
+		return nil
+	}
+	return jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
+}
+
+// leave removes c's copy: id is the id c had, had whether it had one, last
+// whether no client holds a copy any more (the request must then be
+// answered in the clients' place). A member's copy becomes the primary when
+// the primary's client leaves.
+func (in *inReq) leave(c *Conn) (id int64, had, last bool) {
+	in.link.mu.Lock()
+	defer in.link.mu.Unlock()
+	if in.conn == c {
+		id, had = in.connID, true
+		in.conn, in.connID = nil, 0
+		if len(in.copies) > 0 {
+			in.conn, in.connID = in.copies[0].conn, in.copies[0].id
+			in.copies = in.copies[1:]
+		}
+	} else {
+		for i, cp := range in.copies {
+			if cp.conn == c {
+				id, had = cp.id, true
+				in.copies = append(in.copies[:i:i], in.copies[i+1:]...)
+				break
+			}
+		}
+	}
+	return id, had, had && in.conn == nil && len(in.copies) == 0
+}
+
+// answerInPlace answers the request for its clients, the last of which
+// has left: a permission request is cancelled, anything else refused.
+func (in *inReq) answerInPlace(c *Conn, why string) {
+	in.forget()
+	if !in.claim() {
+		return
+	}
+	in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
+	if in.method == mRequestPerm {
+		c.relay.metrics.PermissionResolutions.WithLabelValues("disconnect").Inc()
+		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+	}
+	c.log.Info("answered an agent request for a disconnected client", "method", in.method)
+}
+
+// withdraw takes back the copies of the other clients once c answered: a
+// $/cancel_request to each, and permission_resolved to the session's
+// members (answer is the client's result).
+func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
+	for _, cp := range in.conns(c) {
+		cp.conn.forgetAgentReq(cp.id)
+		cp.conn.deliver(cancelRequestMsg(cp.id))
+	}
+	if in.method != mRequestPerm {
+		return
+	}
+	outcome := []byte(`{"outcome":"cancelled"}`)
+	if !answer.IsError {
+		var res struct {
+			Outcome json.RawMessage `json:"outcome"`
+		}
+		if json.Unmarshal(answer.Payload, &res) == nil && len(res.Outcome) > 0 {
+			outcome = res.Outcome
+		}
+	}
+	label := "cancelled"
+	if bytes.Contains(outcome, []byte(`"selected"`)) {
+		label = "selected"
+	}
+	c.relay.metrics.PermissionResolutions.WithLabelValues(label).Inc()
+	in.resolved(c, outcome)
+}
+
+// resolved tells the session's members how the permission request was
+// settled, and by whom (nil: the gateway, in the clients' place).
+func (in *inReq) resolved(by *Conn, outcome []byte) {
+	s := in.sess
+	if s == nil || s.members.Load() == nil {
+		return
+	}
+	in.link.mu.Lock()
+	msg := in.msg
+	in.link.mu.Unlock()
+	var req struct {
+		Params struct {
+			ToolCall struct {
+				ToolCallID string `json:"toolCallId"`
+			} `json:"toolCall"`
+		} `json:"params"`
+	}
+	_ = json.Unmarshal(msg, &req)
+	var resolvedBy *peer
+	if by != nil {
+		p := connPeer(by)
+		if m := s.memberOf(by); m != nil {
+			p = m.peer()
+		}
+		resolvedBy = &p
+	}
+	body, _ := json.Marshal(struct {
+		SessionUpdate string          `json:"sessionUpdate"`
+		ToolCallID    string          `json:"toolCallId"`
+		Outcome       json.RawMessage `json:"outcome"`
+		ResolvedBy    *peer           `json:"resolvedBy,omitempty"`
+	}{"permission_resolved", req.Params.ToolCall.ToolCallID, outcome, resolvedBy})
+	s.toMembers(body, nil)
 }

@@ -111,6 +111,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	if created != nil {
 		c.attach(created) // counted before the request's tenant slot is given back
 	}
+	if req.method == mSessionPrompt && req.sess != nil {
+		req.sess.turnComplete(c, m) // before the next turn (end) is announced
+	}
 	req.end()
 	if req.method == mSessionPrompt && req.sess != nil {
 		promptEnded(req, m) // after end: a detached owner left with nothing ends
@@ -165,6 +168,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		}
 		edits, created = append(edits, e), s
 	case req.hold.attach != nil:
+		req.hold.attach.noteResult(m.Payload)
 		req.hold.keepAttach()
 		c.ten.event(c.ag.metrics, "loaded")
 	case req.method == mSessionList:
@@ -174,6 +178,10 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		r.l.removeSession(req.sess)
 		req.sess.drop()
 		c.detach(req.sess)
+		for _, mem := range req.sess.dropMembers() { // closed for every client
+			mem.conn.detach(req.sess)
+			c.relay.metrics.AttachedClients.Dec()
+		}
 		c.ten.event(c.ag.metrics, "closed")
 	}
 	return edits, created, true
@@ -195,6 +203,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 		return jsonrpc.Edit{}, nil, false
 	}
 	s := r.l.addSession(c, sid, req.cwd, req.hold.takeSlot())
+	s.noteResult(m.Payload)
 	c.ten.event(c.ag.metrics, "created")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }
@@ -287,6 +296,10 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	if m.Kind == jsonrpc.KindRequest {
+		if s := rc.sess; s != nil && s.shared() {
+			s.fan.Lock() // an attach sees the request whole, or not at all
+			defer s.fan.Unlock()
+		}
 		r.forwardRequest(m, rc, edits)
 		return
 	}
@@ -294,10 +307,12 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	// A notification about a session is kept with it for a take-over.
 	// Backpressure only when no other client's session shares the process.
 	f := Facts{Method: m.Method}
-	if rc.sess != nil {
-		f.SessionID = rc.sess.GatewayID
+	if rc.sess == nil {
+		rc.conn.deliverFor(out, nil, f, rc.solo)
+		return
 	}
-	rc.conn.deliverFor(out, rc.sess, f, rc.solo)
+	f.SessionID = rc.sess.GatewayID
+	rc.sess.deliverAll(rc.conn, out, f, rc.solo)
 }
 
 // recipient is who an agent message goes to, and the edits so far.
@@ -318,7 +333,7 @@ func (r *agentReader) recipient(m *jsonrpc.Message, edits []jsonrpc.Edit) (recip
 		rc.sess, n = r.l.session(sid)
 		rc.solo = n == 1
 		if rc.sess != nil {
-			rc.conn = rc.sess.Owner()
+			rc.conn = rc.sess.primary(m.Kind == jsonrpc.KindRequest)
 		}
 		if rc.conn == nil {
 			r.orphan(m, "no client holds session "+strconv.Quote(truncate(string(sid), 64)))
@@ -349,11 +364,17 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 		l.mu.Lock()
 		in := l.inbound[string(raw)]
 		var connID int64
+		var copies []inCopy
 		if in != nil {
 			rc.conn, connID = in.conn, in.connID
+			copies, in.copies = in.copies, nil
 		}
 		l.mu.Unlock()
-		if in == nil {
+		for _, cp := range copies { // the agent withdrew it: from every client
+			cp.conn.forgetAgentReq(cp.id)
+			cp.conn.deliver(cancelRequestMsg(cp.id))
+		}
+		if in == nil || rc.conn == nil {
 			return false // already answered
 		}
 		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, connID, 10)})
@@ -466,6 +487,14 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 		conn.handOver(in, owner)
 	default:
 		conn.deliver(out)
+	}
+	if rc.sess != nil && (m.Method == mRequestPerm || m.Method == mElicitCreate) {
+		// Every other client of the session that may answer gets it too.
+		for _, mem := range rc.sess.clientList() {
+			if !mem.readOnly && mem.conn != conn {
+				in.copyTo(mem.conn)
+			}
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -29,8 +30,15 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
-	if m.Method == mCancelRequest {
+	switch m.Method {
+	case mCancelRequest:
 		c.forwardCancelRequest(m)
+		return
+	case mSessionAttach:
+		c.handleAttach(m)
+		return
+	case mSessionDetach:
+		c.handleDetach(m)
 		return
 	}
 	if !c.checkPolicy(m) {
@@ -94,6 +102,9 @@ func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.F
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
 	live := sess != nil && !sess.isLost()
+	if sess != nil && c.readOnlyRefused(m, sess) {
+		return nil, "", errAnswered
+	}
 	switch {
 	case attachesSession(m.Method):
 		return c.routeAttach(ctx, m, gwID, sess, live)
@@ -243,6 +254,9 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 	jsonrpc.SortEdits(edits)
 	c.edits = edits
 	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
+	if rt.sess != nil && m.Method == mSessionPrompt && req != nil && !c.takeTurn(m, rt, req, out) {
+		return // waits for another client's turn, or refused
+	}
 	if rt.sess != nil && m.Method == mSessionPrompt {
 		rt.sess.promptStart.Store(time.Now().UnixNano())
 	}
@@ -283,4 +297,52 @@ func (c *Conn) track(m *jsonrpc.Message, rt *routed) *outReq {
 		return nil
 	}
 	return req
+}
+
+// takeTurn starts the session's turn with req, a prompt whose line is out,
+// unless another client's turn runs: then it waits (queued, sent when that
+// turn ends) or, with the queue full, is refused. It reports whether the
+// prompt goes to the agent now.
+func (c *Conn) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, out []byte) bool {
+	s := rt.sess
+	if !s.shared() {
+		s.promptStarted(req)
+		return true
+	}
+	t := queuedTurn{req: req, line: out, blocks: promptBlocks(m.Payload)}
+	now, full := s.takeTurn(t)
+	switch {
+	case full:
+		if rt.link.untrack(req) {
+			req.end()
+			c.replyError(m.ID, codeBusy, fmt.Sprintf("%d prompts already wait for this session's turn; try again when one has run", maxQueuedPrompts), nil)
+		}
+		return false
+	case !now:
+		c.relay.metrics.PromptsQueued.Inc()
+		c.log.Debug("prompt waits for another client's turn", "session", s.GatewayID)
+		return false
+	}
+	s.announcePrompt(c, t.blocks)
+	return true
+}
+
+// startTurn sends a prompt that waited for another client's turn, now
+// that turn has ended.
+func (s *Session) startTurn(t queuedTurn) {
+	c := t.req.conn
+	if c.isClosed() {
+		if s.link.untrack(t.req) {
+			t.req.end()
+		}
+		return
+	}
+	s.announcePrompt(c, t.blocks)
+	s.promptStart.Store(time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
+	defer cancel()
+	if err := s.link.p.Send(ctx, t.line); err != nil && s.link.untrack(t.req) {
+		t.req.end()
+		c.replyError(t.req.clientID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+	}
 }

@@ -23,7 +23,19 @@ type Session struct {
 	link      *procLink // the process that serves it
 	ten       *tenant   // whose session quota it counts against
 
+	subject string   // the credential subject of the client that made it (Sharing)
+	history *history // what session/attach replays; nil: none kept. Guarded by fan.
+
 	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
+
+	// members are the clients attached with session/attach: a copy-on-write
+	// list (nil: none) the agent's reader loads per message. Written under
+	// mu. fan orders what goes to the session's clients (the agent's
+	// messages, prompts others sent, presence) against an attach's replay,
+	// so that an attaching client gets each message once: in the replay or
+	// live (lock order: fan before any Conn or Session lock).
+	members atomic.Pointer[[]*member]
+	fan     sync.Mutex
 
 	// owner is the connection the session's messages go to; nil once it
 	// has none (ended, replaced, lost). Written under mu only.
@@ -48,6 +60,12 @@ type Session struct {
 	prompt *outReq
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
+	// queue: prompts of other clients waiting for the turn in flight
+	// (session/attach), oldest first.
+	queue []queuedTurn
+	// state: the modes, config options and models the agent last reported,
+	// for session/attach's result.
+	state sessionState
 }
 
 // newSession makes a session of the link's process owned by c, holding
@@ -55,7 +73,10 @@ type Session struct {
 func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
 	gwID := c.relay.sealer.Seal(c.scope, agentSID)
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
-		slot: slot, inbound: map[*inReq]struct{}{}}
+		slot: slot, inbound: map[*inReq]struct{}{}, subject: c.subject}
+	if n := c.relay.historyBytes(); n > 0 && c.ten.sharing().Attach != SharingOff {
+		s.history = &history{limit: n}
+	}
 	s.owner.Store(c)
 	return s
 }
@@ -226,13 +247,19 @@ func (s *Session) promptStarted(r *outReq) {
 	s.mu.Unlock()
 }
 
-// promptDone forgets r, the session's turn, once it has ended.
-func (s *Session) promptDone(r *outReq) {
+// promptDone forgets r, the session's turn, once it has ended, and
+// returns the prompt that waited for it, if any: it is the turn now.
+func (s *Session) promptDone(r *outReq) (next queuedTurn, ok bool) {
 	s.mu.Lock()
-	if s.prompt == r {
-		s.prompt = nil
+	defer s.mu.Unlock()
+	if s.prompt != r {
+		return next, false
 	}
-	s.mu.Unlock()
+	s.prompt = nil
+	if next, ok = s.nextTurnLocked(); ok {
+		s.prompt = next.req
+	}
+	return next, ok
 }
 
 // addSession registers a session the agent now serves for c; cwd is its

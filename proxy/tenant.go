@@ -129,6 +129,9 @@ func (t *tenant) update(c TenantConfig, mapper *pathmap.Mapper) {
 // policy returns the tenant's current policy with the named agent.
 func (t *tenant) policy(agent string) *policy.Policy { return t.conf.Load().policyFor(agent) }
 
+// sharing is who may (now) attach to the tenant's sessions.
+func (t *tenant) sharing() Sharing { return t.conf.Load().Sharing }
+
 // mayUse reports whether the tenant may (now) use the named agent.
 func (t *tenant) mayUse(agent string) bool { return t.conf.Load().mayUse(agent) }
 

@@ -1,0 +1,395 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// session/attach and session/detach are the gateway's own methods: they
+// never reach the agent, so attach works on any agent (RFD #533).
+const (
+	mSessionAttach = "session/attach"
+	mSessionDetach = "session/detach"
+)
+
+// Error codes of session/attach and of what an attached client may not do.
+const (
+	codeNotAuthorised = -32003 // the tenant's sharing policy refuses the attach
+	codeReadOnly      = -32007 // a read-only client tried to write
+)
+
+// attachParams are session/attach's params.
+type attachParams struct {
+	SessionID     string      `json:"sessionId"`
+	HistoryPolicy string      `json:"historyPolicy"`
+	ClientID      string      `json:"clientId"`
+	ClientInfo    *clientInfo `json:"clientInfo"`
+	Meta          struct {
+		Acpgate struct {
+			ReadOnly bool `json:"readOnly"`
+		} `json:"acpgate"`
+	} `json:"_meta"`
+}
+
+// Maximum sizes of what a client names itself.
+const maxClientField = 128
+
+func (p *attachParams) check() error {
+	switch p.HistoryPolicy {
+	case "":
+		p.HistoryPolicy = "full"
+	case "full", "pending_only", "none":
+	default:
+		return fmt.Errorf(`params.historyPolicy must be "full", "pending_only" or "none", is %q`, truncate(p.HistoryPolicy, 32))
+	}
+	if len(p.ClientID) > maxClientField || p.ClientInfo != nil && (len(p.ClientInfo.Name) > maxClientField || len(p.ClientInfo.Version) > maxClientField) {
+		return fmt.Errorf("params.clientId and clientInfo's name and version are limited to %d bytes", maxClientField)
+	}
+	return nil
+}
+
+// handleAttach serves session/attach: c becomes one more client of a live
+// session its tenant's sharing policy lets it join. It gets, in order, the
+// history the policy asks for, the result, the session's pending permission
+// requests (re-issued with ids of its own, unless it is read-only), then
+// live traffic: the fan lock makes each message reach it exactly once.
+func (c *Conn) handleAttach(m *jsonrpc.Message) {
+	if m.Kind != jsonrpc.KindRequest {
+		return // a notification can get no answer: dropped
+	}
+	metrics := c.relay.metrics
+	var p attachParams
+	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
+		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.replyError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
+		return
+	}
+	if err := p.check(); err != nil {
+		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.replyError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
+		return
+	}
+	s, readOnly, ok := c.mayAttach(m, p)
+	if !ok {
+		return
+	}
+	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
+	if mem.id == "" {
+		mem.id = newClientID()
+	}
+	if p.ClientInfo != nil {
+		mem.info = *p.ClientInfo
+	} else {
+		mem.info = connPeer(c).info()
+	}
+	c.attach(s) // routed to c from now on (and counted once for its tenant)
+	if !c.joinSession(m, s, mem, p.HistoryPolicy) {
+		c.detach(s)
+		return
+	}
+	metrics.Attaches.WithLabelValues("ok").Inc()
+	metrics.AttachedClients.Inc()
+	c.log.Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
+	s.presence("client_connected", mem.peer(), c)
+}
+
+// info is a peer's name and version.
+func (p peer) info() clientInfo { return clientInfo{Name: p.Name, Version: p.Version} }
+
+// mayAttach finds the live session p names and decides whether c may
+// attach to it, and read-only or not. Another tenant's session fails as an
+// unknown one does.
+func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOnly, ok bool) {
+	metrics := c.relay.metrics
+	agentSID, err := c.relay.sealer.Open(c.scope, p.SessionID)
+	if err != nil {
+		metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.notFound(m, p.SessionID, false)
+		return nil, false, false
+	}
+	s = c.ag.heldSession(agentSID)
+	if s == nil || s.ten != c.ten || s.isLost() {
+		metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.replyError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
+			"(it has ended, or its clients are connected to another replica: attach through the replica that serves it)",
+			sessionIDObject(p.SessionID))
+		return nil, false, false
+	}
+	sharing := c.ten.sharing()
+	other := c.subject != s.subject
+	switch {
+	case sharing.Attach == SharingOff:
+		return c.refuseAttach(m, "attach is off for this tenant")
+	case other && sharing.Attach != SharingTenant:
+		return c.refuseAttach(m, "the session belongs to another subject")
+	}
+	c.mu.Lock()
+	held := c.sessions[p.SessionID] == s
+	c.mu.Unlock()
+	if held {
+		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
+		return nil, false, false
+	}
+	return s, p.Meta.Acpgate.ReadOnly || other && sharing.ReadOnlyForOthers, true
+}
+
+func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, bool) {
+	c.relay.metrics.Attaches.WithLabelValues("refused").Inc()
+	c.ten.denied(c.ag.metrics, "attach")
+	c.log.Info("session/attach refused", "why", why)
+	c.replyError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
+	return nil, false, false
+}
+
+// joinSession adds mem to s and sends c the replay, the result and the
+// pending requests, all under s.fan; false if it answered m with an error.
+func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string) bool {
+	s.fan.Lock()
+	defer s.fan.Unlock()
+	ok, full := s.addMember(mem, c.relay.maxClients())
+	switch {
+	case full:
+		c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+		c.replyError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
+		return false
+	case !ok:
+		c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.notFound(m, s.GatewayID, false)
+		return false
+	}
+	f := Facts{Method: mSessionUpdate, SessionID: s.GatewayID}
+	replayed, trimmed := 0, false
+	if policy == "full" && s.history != nil {
+		h := s.history
+		for _, msg := range h.msgs[h.first:] {
+			c.deliverFor(clone(msg), s, f, true)
+		}
+		replayed, trimmed = len(h.msgs)-h.first, h.trimmed
+	}
+	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
+	if !mem.readOnly {
+		for _, in := range s.requests() {
+			if in.method == mRequestPerm || in.method == mElicitCreate {
+				in.copyTo(c)
+			}
+		}
+	}
+	return true
+}
+
+// attachResult is session/attach's result for mem.
+func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed bool) []byte {
+	s.mu.Lock()
+	st := s.state
+	s.mu.Unlock()
+	clients := []peer{}
+	if o := s.Owner(); o != nil {
+		clients = append(clients, connPeer(o))
+	}
+	for _, m := range s.clientList() {
+		clients = append(clients, m.peer())
+	}
+	res, _ := json.Marshal(struct {
+		SessionID        string `json:"sessionId"`
+		ClientID         string `json:"clientId"`
+		ConnectedClients []peer `json:"connectedClients"`
+		HistoryPolicy    string `json:"historyPolicy"`
+		ReadOnly         bool   `json:"readOnly"`
+		sessionState
+		Meta map[string]any `json:"_meta"`
+	}{s.GatewayID, mem.id, clients, policy, mem.readOnly, st,
+		map[string]any{"acpgate": map[string]any{"replayed": replayed, "historyTrimmed": trimmed}}})
+	return res
+}
+
+// handleDetach serves session/detach: c stops being a client of the
+// session. The session lives on while another client holds it.
+func (c *Conn) handleDetach(m *jsonrpc.Message) {
+	var p struct {
+		SessionID string `json:"sessionId"`
+	}
+	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
+		if m.Kind == jsonrpc.KindRequest {
+			c.replyError(m.ID, jsonrpc.CodeInvalidParams, "session/detach needs params.sessionId (a string)", nil)
+		}
+		return
+	}
+	c.mu.Lock()
+	s := c.sessions[p.SessionID]
+	c.mu.Unlock()
+	if s == nil {
+		c.notFound(m, p.SessionID, false)
+		return
+	}
+	c.leaveSession(s, s.promptOf(c))
+	c.detach(s)
+	if m.Kind == jsonrpc.KindRequest {
+		res, _ := json.Marshal(map[string]string{"sessionId": p.SessionID, "status": "detached"})
+		c.deliver(jsonrpc.AppendResult(nil, m.ID, res))
+	}
+}
+
+// leaveSession ends c's part in s, c's connection ending or detaching
+// from it: a member leaves; an owner leaves a session others are attached
+// to running for them; a session c alone held ends (its turn cancelled if
+// c was prompting, closed on the agent). The agent's requests waiting for
+// c go to the clients that remain, or are answered in c's place when none
+// does.
+func (c *Conn) leaveSession(s *Session, prompting bool) {
+	if mem, orphaned := s.removeMember(c); mem != nil {
+		c.relay.metrics.AttachedClients.Dec()
+		c.dropRequestsOf(s)
+		s.presence("client_disconnected", mem.peer(), nil)
+		if orphaned {
+			s.link.endOrphaned(s)
+		}
+		return
+	}
+	if s.ownerLeaves(c) {
+		c.dropRequestsOf(s)
+		s.presence("client_disconnected", connPeer(c), nil)
+		return
+	}
+	s.link.endSession(s, c, prompting)
+}
+
+// dropRequestsOf gives up c's copies of the agent's requests about s: each
+// is answered in c's place only when no other client has one.
+func (c *Conn) dropRequestsOf(s *Session) {
+	for _, in := range s.requests() {
+		id, had, last := in.leave(c)
+		if !had {
+			continue
+		}
+		c.forgetAgentReq(id)
+		if last {
+			in.answerInPlace(c, "the client detached")
+		}
+	}
+}
+
+// endOrphaned ends a session its last client has left.
+func (l *procLink) endOrphaned(s *Session) {
+	running := s.promptRunning()
+	s.drop()
+	l.removeSession(s)
+	s.ten.event(l.ag.metrics, "closed")
+	params := sessionIDObject(s.AgentID)
+	if running {
+		l.p.Notify(mSessionCancel, params)
+	}
+	if l.p.Init().Caps.Close {
+		l.fireAndForget(mSessionClose, params)
+	}
+}
+
+// promptRunning reports whether a turn is in flight.
+func (s *Session) promptRunning() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prompt != nil && !s.prompt.ended.Load()
+}
+
+// readOnlyRefused refuses m, a message of a read-only member about s; false
+// if c may send it.
+func (c *Conn) readOnlyRefused(m *jsonrpc.Message, s *Session) bool {
+	mem := s.memberOf(c)
+	if mem == nil || !mem.readOnly {
+		return false
+	}
+	c.ten.denied(c.ag.metrics, "read_only")
+	if m.Kind == jsonrpc.KindRequest {
+		c.replyError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
+	}
+	return true
+}
+
+// withAttachCapability adds agentCapabilities.sessionCapabilities.attach
+// to an initialize result (the gateway serves session/attach itself),
+// creating the objects on the way where the agent sent none. The rest is
+// copied as it is.
+func withAttachCapability(result []byte) []byte {
+	path := []string{"agentCapabilities", "sessionCapabilities"}
+	open, empty, depth, has, ok := findObject(result, path, "attach")
+	if !ok || has {
+		return result
+	}
+	ins := `"attach":{}`
+	for i := len(path) - 1; i >= depth; i-- {
+		ins = strconv.Quote(path[i]) + ":{" + ins + "}"
+	}
+	if !empty {
+		ins += ","
+	}
+	return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: []byte(ins)}})
+}
+
+// findObject walks doc's objects along path as far as they exist: open is
+// the offset just past the '{' of the deepest one found (depth levels of
+// path), empty whether it has no member, has whether it holds key (when
+// the whole path was found). ok false: doc is not an object, or a level of
+// path is not an object.
+func findObject(doc []byte, path []string, key string) (open int, empty bool, depth int, has, ok bool) {
+	dec := jsontext.NewDecoder(bytes.NewReader(doc))
+	enter := func() bool {
+		at := int(dec.InputOffset())
+		if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
+			return false
+		}
+		open = at + bytes.IndexByte(doc[at:], '{') + 1
+		empty = dec.PeekKind() == '}'
+		return true
+	}
+	if !enter() {
+		return 0, false, 0, false, false
+	}
+	for depth < len(path) {
+		found := false
+		for dec.PeekKind() != '}' {
+			name, err := dec.ReadToken()
+			if err != nil {
+				return 0, false, 0, false, false
+			}
+			if name.String() == path[depth] {
+				if dec.PeekKind() != '{' || !enter() {
+					return 0, false, 0, false, false
+				}
+				found = true
+				break
+			}
+			if dec.SkipValue() != nil {
+				return 0, false, 0, false, false
+			}
+		}
+		if !found {
+			return open, empty, depth, false, true
+		}
+		depth++
+	}
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadToken()
+		if err != nil {
+			return 0, false, 0, false, false
+		}
+		if name.String() == key {
+			return open, empty, depth, true, true
+		}
+		if dec.SkipValue() != nil {
+			return 0, false, 0, false, false
+		}
+	}
+	return open, empty, depth, false, true
+}
+
+// cancelRequestMsg is $/cancel_request for the id a client was sent.
+func cancelRequestMsg(id int64) []byte {
+	params := append(strconv.AppendInt([]byte(`{"requestId":`), id, 10), '}')
+	return jsonrpc.AppendRequest(nil, nil, mCancelRequest, params)
+}

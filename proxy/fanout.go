@@ -1,0 +1,448 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// A session may have several clients (ACP RFD #533, session/attach): its
+// owner (the plain client that created or loaded it; nil once it has left
+// while others remain) and the members that attached. Every client gets
+// the session's messages in the same order. The members also get what the
+// RFD adds (prompt_received, turn_complete, permission_resolved, presence);
+// a plain client only ever gets ACP v1.
+
+// clientInfo is a client's name and version, as its initialize (or its
+// session/attach) said.
+type clientInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// member is a client attached to a session with session/attach.
+type member struct {
+	conn     *Conn
+	id       string // the clientId it gave, or one minted for it
+	info     clientInfo
+	readOnly bool
+}
+
+// peer is a client as the others see it.
+type peer struct {
+	ClientID string `json:"clientId"`
+	Name     string `json:"name"`
+	Version  string `json:"version"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+func (m *member) peer() peer {
+	return peer{ClientID: m.id, Name: m.info.Name, Version: m.info.Version, ReadOnly: m.readOnly}
+}
+
+// connPeer is a plain client (the owner) as the others see it.
+func connPeer(c *Conn) peer {
+	c.mu.Lock()
+	info := c.info
+	c.mu.Unlock()
+	return peer{ClientID: c.clientID, Name: info.Name, Version: info.Version}
+}
+
+// newClientID mints a client ID.
+func newClientID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "c-" + hex.EncodeToString(b[:])
+}
+
+// maxQueuedPrompts bounds the prompts waiting for another client's turn.
+const maxQueuedPrompts = 8
+
+// Defaults of SessionsConfig.
+const (
+	defaultHistoryBytes = 2 << 20
+	defaultMaxClients   = 8
+)
+
+func (r *Relay) historyBytes() int {
+	if r.resume.HistoryBytes == 0 {
+		return defaultHistoryBytes
+	}
+	return max(r.resume.HistoryBytes, 0)
+}
+
+func (r *Relay) maxClients() int {
+	if r.resume.MaxClients <= 0 {
+		return defaultMaxClients
+	}
+	return r.resume.MaxClients
+}
+
+// history is the bounded record of a live session's messages that
+// session/attach replays: copies, oldest dropped first past limit bytes.
+type history struct {
+	limit   int
+	msgs    [][]byte
+	first   int
+	bytes   int
+	trimmed bool // something was dropped: a replay starts at the oldest kept
+}
+
+func (h *history) add(msg []byte) {
+	h.msgs = append(h.msgs, bytes.Clone(msg))
+	h.bytes += len(msg)
+	for h.bytes > h.limit && h.first < len(h.msgs) {
+		h.bytes -= len(h.msgs[h.first])
+		h.msgs[h.first] = nil
+		h.first++
+		h.trimmed = true
+	}
+	if h.first > 64 && h.first*2 > len(h.msgs) {
+		n := copy(h.msgs, h.msgs[h.first:])
+		clear(h.msgs[n:])
+		h.msgs, h.first = h.msgs[:n], 0
+	}
+}
+
+// sessionState is what a session/attach result reports of the session's
+// configuration, as the agent last gave it (raw JSON; nil: never given).
+type sessionState struct {
+	Modes         json.RawMessage `json:"modes,omitempty"`
+	ConfigOptions json.RawMessage `json:"configOptions,omitempty"`
+	Models        json.RawMessage `json:"models,omitempty"`
+}
+
+// noteResult records the configuration a session/new, load or resume
+// result carries.
+func (s *Session) noteResult(result []byte) {
+	if s.history == nil {
+		return
+	}
+	var st sessionState
+	if json.Unmarshal(result, &st) != nil {
+		return
+	}
+	s.mu.Lock()
+	s.state = st
+	s.mu.Unlock()
+}
+
+// noteUpdate keeps the recorded configuration current: a mode or config
+// option change the agent reports.
+func (s *Session) noteUpdate(msg []byte) {
+	isMode := bytes.Contains(msg, []byte(`"current_mode_update"`))
+	if !isMode && !bytes.Contains(msg, []byte(`"config_option_update"`)) {
+		return
+	}
+	var n struct {
+		Params struct {
+			Update struct {
+				SessionUpdate string          `json:"sessionUpdate"`
+				CurrentModeID json.RawMessage `json:"currentModeId"`
+				ConfigOptions json.RawMessage `json:"configOptions"`
+			} `json:"update"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(msg, &n) != nil {
+		return
+	}
+	u := n.Params.Update
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case u.SessionUpdate == "current_mode_update" && u.CurrentModeID != nil && s.state.Modes != nil:
+		var modes map[string]json.RawMessage
+		if json.Unmarshal(s.state.Modes, &modes) == nil {
+			modes["currentModeId"] = u.CurrentModeID
+			s.state.Modes, _ = json.Marshal(modes)
+		}
+	case u.SessionUpdate == "config_option_update" && u.ConfigOptions != nil:
+		s.state.ConfigOptions = u.ConfigOptions
+	}
+}
+
+// clientList returns the session's members (nil: none).
+func (s *Session) clientList() []*member {
+	if p := s.members.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// memberOf returns c's membership of the session (nil: c did not attach).
+func (s *Session) memberOf(c *Conn) *member {
+	for _, m := range s.clientList() {
+		if m.conn == c {
+			return m
+		}
+	}
+	return nil
+}
+
+// shared reports whether the session's messages take the fan-out path:
+// it has members, or keeps a history for those that may attach.
+func (s *Session) shared() bool { return s.history != nil || s.members.Load() != nil }
+
+// primary is the client an agent message about the session goes to first:
+// the owner, or with none the first member (for a request, the first that
+// may answer).
+func (s *Session) primary(request bool) *Conn {
+	if c := s.Owner(); c != nil {
+		return c
+	}
+	for _, m := range s.clientList() {
+		if !request || !m.readOnly {
+			return m.conn
+		}
+	}
+	return nil
+}
+
+// deliverAll delivers a notification about the session to every client:
+// primary gets msg itself, each member a copy; it is kept in the history.
+// wait allows backpressure only with a single client (a slow member never
+// delays the others: its sink cuts it off).
+func (s *Session) deliverAll(primary *Conn, msg []byte, f Facts, wait bool) {
+	if !s.shared() {
+		primary.deliverFor(msg, s, f, wait)
+		return
+	}
+	s.fan.Lock()
+	defer s.fan.Unlock()
+	if s.history != nil {
+		s.history.add(msg)
+		s.noteUpdate(msg)
+	}
+	ms := s.clientList()
+	for _, m := range ms {
+		if m.conn != primary {
+			m.conn.deliverFor(clone(msg), s, f, false)
+		}
+	}
+	primary.deliverFor(msg, s, f, wait && len(ms) == 0)
+}
+
+// clone copies msg into a pooled buffer for another recipient.
+func clone(msg []byte) []byte { return append(jsonrpc.GetBuffer(len(msg)), msg...) }
+
+// update is a session/update notification of the session carrying body
+// (an update object).
+func (s *Session) update(body []byte) []byte {
+	params := make([]byte, 0, len(body)+len(s.quotedID)+32)
+	params = append(append(append(params, `{"sessionId":`...), s.quotedID...), `,"update":`...)
+	params = append(append(params, body...), '}')
+	return jsonrpc.AppendRequest(jsonrpc.GetBuffer(len(params)+64), nil, mSessionUpdate, params)
+}
+
+// toMembers sends an update to every member but skip (s.fan held).
+func (s *Session) toMembersLocked(body []byte, skip *Conn) {
+	for _, m := range s.clientList() {
+		if m.conn != skip {
+			m.conn.deliverFor(s.update(body), s, Facts{Method: mSessionUpdate, SessionID: s.GatewayID}, false)
+		}
+	}
+}
+
+// toMembers is toMembersLocked taking s.fan.
+func (s *Session) toMembers(body []byte, skip *Conn) {
+	if s.members.Load() == nil {
+		return
+	}
+	s.fan.Lock()
+	s.toMembersLocked(body, skip)
+	s.fan.Unlock()
+}
+
+// presence tells the members that a client connected or left.
+func (s *Session) presence(event string, who peer, skip *Conn) {
+	body, _ := json.Marshal(struct {
+		SessionUpdate string `json:"sessionUpdate"`
+		Client        peer   `json:"client"`
+		Timestamp     string `json:"timestamp"`
+	}{event, who, time.Now().UTC().Format(time.RFC3339Nano)})
+	s.toMembers(body, skip)
+}
+
+// queuedTurn is a prompt waiting for another client's turn: tracked with
+// its process already, its line ready to send.
+type queuedTurn struct {
+	req    *outReq
+	line   []byte
+	blocks []json.RawMessage // the prompt as its client sent it
+}
+
+// takeTurn decides a prompt's fate on a shared session: it runs now (no
+// turn in flight, or the turn is its own client's: a single client's
+// behaviour is unchanged), waits for the turn in flight, or is refused (the
+// queue is full).
+func (s *Session) takeTurn(t queuedTurn) (now, full bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.prompt == nil || s.prompt.ended.Load() {
+		s.prompt = t.req
+		return true, false
+	}
+	if s.prompt.conn == t.req.conn {
+		return true, false
+	}
+	if len(s.queue) >= maxQueuedPrompts {
+		return false, true
+	}
+	s.queue = append(s.queue, t)
+	return false, false
+}
+
+// nextTurnLocked takes the next waiting prompt that is still wanted (s.mu
+// held); ok false: none.
+func (s *Session) nextTurnLocked() (t queuedTurn, ok bool) {
+	for len(s.queue) > 0 {
+		t, s.queue = s.queue[0], s.queue[1:]
+		s.link.ag.metrics.root.PromptsQueued.Dec()
+		if !t.req.ended.Load() {
+			return t, true
+		}
+	}
+	return t, false
+}
+
+// announcePrompt shows a prompt that is about to go to the agent to the
+// session's other clients (members: prompt_received; a plain owner: the
+// user_message_chunks session/load would replay) and keeps it in the
+// history.
+func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
+	if len(blocks) == 0 || !s.shared() {
+		return
+	}
+	var chunks [][]byte
+	for _, b := range blocks {
+		body, _ := json.Marshal(struct {
+			SessionUpdate string          `json:"sessionUpdate"`
+			Content       json.RawMessage `json:"content"`
+		}{"user_message_chunk", b})
+		chunks = append(chunks, body)
+	}
+	var by peer
+	if m := s.memberOf(sender); m != nil {
+		by = m.peer()
+	} else {
+		by = connPeer(sender)
+	}
+	received, _ := json.Marshal(struct {
+		SessionUpdate string            `json:"sessionUpdate"`
+		Prompt        []json.RawMessage `json:"prompt"`
+		SentBy        peer              `json:"sentBy"`
+	}{"prompt_received", blocks, by})
+	s.fan.Lock()
+	defer s.fan.Unlock()
+	f := Facts{Method: mSessionUpdate, SessionID: s.GatewayID}
+	for _, body := range chunks {
+		msg := s.update(body)
+		if s.history != nil {
+			s.history.add(msg)
+		}
+		if owner := s.Owner(); owner != nil && owner != sender {
+			owner.deliverFor(msg, s, f, false)
+		} else {
+			jsonrpc.PutBuffer(msg)
+		}
+	}
+	s.toMembersLocked(received, sender)
+}
+
+// promptBlocks reads the prompt of a session/prompt's params.
+func promptBlocks(params []byte) []json.RawMessage {
+	var p struct {
+		Prompt []json.RawMessage `json:"prompt"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return p.Prompt
+}
+
+// turnComplete tells the members but the prompter that a turn ended.
+func (s *Session) turnComplete(prompter *Conn, answer *jsonrpc.Message) {
+	if s.members.Load() == nil {
+		return
+	}
+	var res struct {
+		StopReason string `json:"stopReason"`
+	}
+	if answer.IsError {
+		res.StopReason = "error"
+	} else {
+		_ = json.Unmarshal(answer.Payload, &res)
+	}
+	body, _ := json.Marshal(struct {
+		SessionUpdate string `json:"sessionUpdate"`
+		StopReason    string `json:"stopReason"`
+	}{"turn_complete", res.StopReason})
+	s.toMembers(body, prompter)
+}
+
+// addMember attaches c (s.fan held): false with a reason when the session
+// is full or has ended.
+func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lost || s.Owner() == nil && s.members.Load() == nil {
+		return false, false
+	}
+	cur := s.clientList()
+	clients := len(cur)
+	if s.Owner() != nil {
+		clients++
+	}
+	if clients >= maxClients {
+		return false, true
+	}
+	next := append(slices.Clip(cur), m)
+	s.members.Store(&next)
+	return true, false
+}
+
+// removeMember detaches c; orphaned reports that no client is left (no
+// owner, no member): the session must end.
+func (s *Session) removeMember(c *Conn) (m *member, orphaned bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.clientList()
+	i := slices.IndexFunc(cur, func(m *member) bool { return m.conn == c })
+	if i < 0 {
+		return nil, false
+	}
+	m = cur[i]
+	next := slices.Delete(slices.Clone(cur), i, i+1)
+	if len(next) == 0 {
+		s.members.Store(nil)
+	} else {
+		s.members.Store(&next)
+	}
+	return m, len(next) == 0 && s.owner.Load() == nil && !s.lost
+}
+
+// ownerLeaves ends c's ownership while members remain: the session lives
+// on for them. false: c is not the owner, or no member remains (the
+// session ends with its owner, as it always has).
+func (s *Session) ownerLeaves(c *Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owner.Load() != c || s.members.Load() == nil || s.lost {
+		return false
+	}
+	s.owner.Store(nil)
+	return true
+}
+
+// dropMembers detaches every member (the session was closed) and returns
+// them.
+func (s *Session) dropMembers() []*member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ms := s.clientList()
+	s.members.Store(nil)
+	return ms
+}
