@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"encoding/json"
+
+	dto "github.com/prometheus/client_model/go"
 	"strings"
 	"testing"
 )
@@ -140,4 +142,77 @@ func TestReadOnlyAttachRefusesWrites(t *testing.T) {
 	if res := ro.attach("9", "nonexistent", ""); res.Error == nil || res.Error.Code != -32002 {
 		t.Fatalf("attach to an unknown session: %s", res.raw)
 	}
+}
+
+// A member's prompt while the owner's turn runs waits for it, then runs;
+// the owner, a plain client, sees it as user_message_chunk updates.
+func TestPromptOfAnotherClientWaitsForTheTurn(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	owner, peerC := newTestConn(t, r, "owner"), newTestConn(t, r, "peer")
+	owner.init(`{}`)
+	peerC.init(`{}`)
+	sid := owner.newSession("1")
+	if res := peerC.attach("2", sid, ""); res.Error != nil {
+		t.Fatalf("attach: %s", res.raw)
+	}
+	owner.prompt("3", sid, "slow")
+	owner.untilMethod(mSessionUpdate, nil) // the turn runs
+	peerC.prompt("4", sid, "after you")
+	waitFor(t, "the member's prompt to wait", func() bool { return gaugeValue(r.metrics.PromptsQueued) == 1 })
+	owner.send(`{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"` + sid + `"}}`)
+	if got := owner.await("3", func(m msg) {
+		if m.update().SessionUpdate == "user_message_chunk" {
+			t.Fatal("the member's prompt was announced before the owner's turn ended")
+		}
+	}); !strings.Contains(string(got.Result), "cancelled") {
+		t.Fatalf("the owner's turn: %s", got.raw)
+	}
+	var seen []update
+	for {
+		m := owner.next()
+		u := m.update()
+		seen = append(seen, u)
+		if u.SessionUpdate == "user_message_chunk" {
+			if !strings.Contains(string(u.Content), "after you") {
+				t.Fatalf("the owner saw the member's prompt as %s", u.Content)
+			}
+			break
+		}
+		if u.SessionUpdate == "prompt_received" {
+			t.Fatal("a plain client got prompt_received")
+		}
+	}
+	if got := peerC.await("4", nil); !strings.Contains(string(got.Result), "end_turn") {
+		t.Fatalf("the member's queued prompt: %s", got.raw)
+	}
+}
+
+// sessions.max_clients bounds a session's clients, its owner included.
+func TestAttachRefusedWhenTheSessionIsFull(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	r.resume.MaxClients = 2
+	owner, b, c := newTestConn(t, r, "owner"), newTestConn(t, r, "b"), newTestConn(t, r, "c")
+	owner.init(`{}`)
+	b.init(`{}`)
+	c.init(`{}`)
+	sid := owner.newSession("1")
+	if res := b.attach("2", sid, ""); res.Error != nil {
+		t.Fatalf("attach: %s", res.raw)
+	}
+	if res := c.attach("3", sid, ""); res.Error == nil || res.Error.Code != codeBusy || !strings.Contains(res.Error.Message, "max_clients") {
+		t.Fatalf("a third client: %s, want error %d naming max_clients", res.raw, codeBusy)
+	}
+	b.send(`{"jsonrpc":"2.0","id":4,"method":"session/detach","params":{"sessionId":"` + sid + `"}}`)
+	if got := b.await("4", nil); !strings.Contains(string(got.Result), `"detached"`) {
+		t.Fatalf("detach: %s", got.raw)
+	}
+	if res := c.attach("5", sid, ""); res.Error != nil {
+		t.Fatalf("attach after a detach: %s", res.raw)
+	}
+}
+
+func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
+	var m dto.Metric
+	_ = g.Write(&m)
+	return m.GetGauge().GetValue()
 }

@@ -41,6 +41,9 @@ func TestMain(m *testing.M) {
 	case "flood":
 		floodingAgent()
 		os.Exit(0)
+	case "permcount":
+		permCountingAgent()
+		os.Exit(0)
 	case "init-error":
 		var req struct {
 			ID json.RawMessage `json:"id"`

@@ -78,6 +78,10 @@ type outReq struct {
 	start    time.Time
 	hold     *hold       // nil for the gateway's own requests
 	ended    atomic.Bool // end has run (Session.promptStarted)
+	// A prompt whose answer is being delivered: the prompt that waited for
+	// its turn starts once the answer is out (startNext), not at end.
+	holdNext bool
+	next     *queuedTurn
 }
 
 // end finishes a request that has been taken from its process's table:
@@ -90,11 +94,21 @@ func (r *outReq) end() {
 	r.hold.release()
 	if r.method == mSessionPrompt && r.conn != nil {
 		if r.sess != nil {
-			if next, ok := r.sess.promptDone(r); ok {
+			if next, ok := r.sess.promptDone(r); ok && r.holdNext {
+				r.next = &next
+			} else if ok {
 				r.sess.startTurn(next)
 			}
 		}
 		r.conn.relay.promptsChanged()
+	}
+}
+
+// startNext starts the prompt that waited for r's turn (holdNext).
+func (r *outReq) startNext() {
+	if r.next != nil {
+		r.sess.startTurn(*r.next)
+		r.next = nil
 	}
 }
 

@@ -112,7 +112,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		c.attach(created) // counted before the request's tenant slot is given back
 	}
 	if req.method == mSessionPrompt && req.sess != nil {
-		req.sess.turnComplete(c, m) // before the next turn (end) is announced
+		req.sess.turnComplete(c, m) // before the next turn is announced
+		req.holdNext = true
+		defer req.startNext() // once this answer is out
 	}
 	req.end()
 	if req.method == mSessionPrompt && req.sess != nil {

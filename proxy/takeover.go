@@ -223,7 +223,7 @@ func (c *Conn) adopt(in *inReq) {
 func promptEnded(req *outReq, m *jsonrpc.Message) {
 	s := req.sess
 	owner := s.Owner()
-	if owner == nil || owner == req.conn && !owner.Detached() {
+	if owner == nil || owner == req.conn && !owner.Detached() || s.memberOf(req.conn) != nil {
 		return // the usual case: the client that asked reads the answer
 	}
 	var res struct {
