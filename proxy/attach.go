@@ -168,10 +168,8 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 	replayed, trimmed := 0, false
 	if policy == "full" && s.history != nil {
 		h := s.history
-		for _, msg := range h.msgs[h.first:] {
-			c.deliverFor(clone(msg), s, f, true)
-		}
-		replayed, trimmed = len(h.msgs)-h.first, h.trimmed
+		h.each(func(msg []byte) { c.deliverFor(clone(msg), s, f, true) })
+		replayed, trimmed = h.kept(), h.trimmed
 	}
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
 	if !mem.readOnly {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 
 	dto "github.com/prometheus/client_model/go"
 	"strings"
@@ -215,4 +216,27 @@ func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
 	var m dto.Metric
 	_ = g.Write(&m)
 	return m.GetGauge().GetValue()
+}
+
+// The history keeps the newest messages within its limit, in order, and
+// says when it dropped some.
+func TestHistoryKeepsTheNewestWithinItsLimit(t *testing.T) {
+	h := &history{limit: 100_000}
+	msg := func(i int) []byte { return []byte(fmt.Sprintf("%06d%s", i, strings.Repeat("x", 994))) }
+	for i := range 1000 { // 1 MB through a 100 kB history
+		h.add(msg(i))
+		if len(h.buf) > 3*h.limit {
+			t.Fatalf("after %d messages the buffer holds %d bytes for a %d byte limit", i+1, len(h.buf), h.limit)
+		}
+	}
+	var got []string
+	h.each(func(m []byte) { got = append(got, string(m)) })
+	if len(got) != 100 || !h.trimmed {
+		t.Fatalf("kept %d messages (trimmed %v), want the newest 100 and trimmed", len(got), h.trimmed)
+	}
+	for i, m := range got {
+		if m != string(msg(900+i)) {
+			t.Fatalf("message %d is %.6s, want %06d", i, m, 900+i)
+		}
+	}
 }

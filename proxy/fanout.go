@@ -84,30 +84,48 @@ func (r *Relay) maxClients() int {
 }
 
 // history is the bounded record of a live session's messages that
-// session/attach replays: copies, oldest dropped first past limit bytes.
+// session/attach replays: the messages back to back in one buffer (no
+// allocation a message), the oldest dropped first past limit bytes.
 type history struct {
 	limit   int
-	msgs    [][]byte
+	buf     []byte
+	ends    []int // where each message ends in buf; ends[first:] are kept
 	first   int
-	bytes   int
+	start   int  // where the first kept message starts
 	trimmed bool // something was dropped: a replay starts at the oldest kept
 }
 
 func (h *history) add(msg []byte) {
-	h.msgs = append(h.msgs, bytes.Clone(msg))
-	h.bytes += len(msg)
-	for h.bytes > h.limit && h.first < len(h.msgs) {
-		h.bytes -= len(h.msgs[h.first])
-		h.msgs[h.first] = nil
+	h.buf = append(h.buf, msg...)
+	h.ends = append(h.ends, len(h.buf))
+	for len(h.buf)-h.start > h.limit && h.first < len(h.ends) {
+		h.start = h.ends[h.first]
 		h.first++
 		h.trimmed = true
 	}
-	if h.first > 64 && h.first*2 > len(h.msgs) {
-		n := copy(h.msgs, h.msgs[h.first:])
-		clear(h.msgs[n:])
-		h.msgs, h.first = h.msgs[:n], 0
+	if h.start > 64<<10 && h.start*2 > len(h.buf) { // move the kept ones to the front
+		n := copy(h.buf, h.buf[h.start:])
+		h.buf = h.buf[:n]
+		k := copy(h.ends, h.ends[h.first:])
+		h.ends = h.ends[:k]
+		for i := range h.ends {
+			h.ends[i] -= h.start
+		}
+		h.first, h.start = 0, 0
 	}
 }
+
+// each calls f with every kept message, oldest first (f must not keep it).
+func (h *history) each(f func(msg []byte)) {
+	from := h.start
+	for _, end := range h.ends[h.first:] {
+		f(h.buf[from:end])
+		from = end
+	}
+}
+
+// kept is the number of messages kept.
+func (h *history) kept() int { return len(h.ends) - h.first }
 
 // sessionState is what a session/attach result reports of the session's
 // configuration, as the agent last gave it (raw JSON; nil: never given).
