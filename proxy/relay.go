@@ -51,8 +51,8 @@ type SessionsConfig struct {
 	// resume (default 8 MiB).
 	ReplayBufferBytes int
 	// HistoryBytes bounds the record of a live session's updates that
-	// session/attach replays (0: 2 MiB). A session whose tenant has attach
-	// off keeps none.
+	// session/attach replays (0: 2 MiB; negative: none). A session whose
+	// tenant has attach off keeps none.
 	HistoryBytes int
 	// MaxClients bounds the clients of one session, its owner included
 	// (0: 8); the next session/attach is refused.
