@@ -341,7 +341,7 @@ func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (who 
 		s.mu.Lock()
 		h := s.httpConns[id]
 		s.mu.Unlock()
-		if p := chi.URLParam(r, "agent"); h != nil && h.tenant == who.Tenant && (p == "" || p == h.agent) {
+		if p := chi.URLParam(r, "agent"); h != nil && h.owns(who) && (p == "" || p == h.agent) {
 			return who, h.agent, true
 		}
 	}
@@ -349,9 +349,16 @@ func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (who 
 	return who, agent, ok
 }
 
-// lookup finds the tenant's connection named by Acp-Connection-Id; another
-// tenant's, or another agent's, gets the same 404 as an unknown one.
-func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant, agent string) *httpConn {
+// owns reports whether the connection is who's: its requests come from
+// the tenant and subject that initialized it.
+func (h *httpConn) owns(who auth.Identity) bool {
+	return h.tenant == who.Tenant && h.subject == who.Subject
+}
+
+// lookup finds who's connection named by Acp-Connection-Id; another
+// tenant's or subject's, or another agent's, gets the same 404 as an
+// unknown one.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string) *httpConn {
 	id := r.Header.Get(ConnectionIDHeader)
 	if id == "" {
 		plain(w, http.StatusBadRequest, "Missing Acp-Connection-Id")
@@ -360,7 +367,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant, agent st
 	s.mu.Lock()
 	h := s.httpConns[id]
 	s.mu.Unlock()
-	if h == nil || h.tenant != tenant || h.agent != agent {
+	if h == nil || !h.owns(who) || h.agent != agent {
 		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
 		return nil
 	}
@@ -420,7 +427,6 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	tenant := who.Tenant
 	msg, ok := s.readPost(w, r)
 	if !ok {
 		return
@@ -439,7 +445,7 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusBadRequest, "Initialize not allowed on existing connection")
 		return
 	}
-	h := s.lookup(w, r, tenant, agent)
+	h := s.lookup(w, r, who, agent)
 	if h == nil {
 		return
 	}
@@ -623,7 +629,7 @@ func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h := s.lookup(w, r, who.Tenant, agent)
+	h := s.lookup(w, r, who, agent)
 	if h == nil {
 		return
 	}
@@ -647,7 +653,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusNotAcceptable, "Not Acceptable")
 		return
 	}
-	h := s.lookup(w, r, who.Tenant, agent)
+	h := s.lookup(w, r, who, agent)
 	if h == nil {
 		return
 	}
