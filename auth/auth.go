@@ -95,9 +95,20 @@ type Identity struct {
 	// Method is how the client authenticated: MethodBearer, MethodSubprotocol,
 	// MethodTicket or MethodJWT (a JWT in either bearer carrier).
 	Method string
-	// Subject is the JWT's sub claim, carried over into tickets issued for it;
-	// empty for static tokens.
+	// Subject is who the credential names: a JWT's sub claim (empty if it
+	// has none), or for a static token "token:" and the first 16 hex digits
+	// of its SHA-256 (the start of its tokens_sha256 entry, so it is stable
+	// across restarts and reloads, and never the token). A ticket carries
+	// the subject of the credential it was issued for.
 	Subject string
+}
+
+// StaticTokenSubjectPrefix starts the subject of a static token.
+const StaticTokenSubjectPrefix = "token:"
+
+// tokenSubject is the subject of the static token whose SHA-256 is sum.
+func tokenSubject(sum *[sha256.Size]byte) string {
+	return StaticTokenSubjectPrefix + hex.EncodeToString(sum[:8])
 }
 
 // Identity methods.
@@ -305,10 +316,11 @@ func (t *tenantTable) has(name string) bool {
 	return ok
 }
 
-// lookup finds the tenant of a static token. It hashes the token and compares
-// the hash with every stored hash in constant time, without stopping at a
-// match, so the time taken says nothing about which entry (if any) matched.
-func (t *tenantTable) lookup(token string) (string, bool) {
+// lookup finds the tenant and subject of a static token. It hashes the
+// token and compares the hash with every stored hash in constant time,
+// without stopping at a match, so the time taken says nothing about which
+// entry (if any) matched.
+func (t *tenantTable) lookup(token string) (tenant, subject string, ok bool) {
 	sum := sha256.Sum256([]byte(token))
 	found, idx := 0, 0
 	for i := range t.hashes {
@@ -317,9 +329,9 @@ func (t *tenantTable) lookup(token string) (string, bool) {
 		found |= eq
 	}
 	if found == 0 {
-		return "", false
+		return "", "", false
 	}
-	return t.hashes[idx].tenant, true
+	return t.hashes[idx].tenant, tokenSubject(&sum), true
 }
 
 // carrier is one presented credential.
@@ -419,8 +431,8 @@ func (a *Authenticator) checkBearer(r *http.Request, token, method string) (Iden
 		return Identity{}, unauthorized(ReasonInvalidToken, "the bearer token is empty")
 	}
 	tenants := a.tenants.Load()
-	if tenant, ok := tenants.lookup(token); ok {
-		return Identity{Tenant: tenant, Method: method}, nil
+	if tenant, subject, ok := tenants.lookup(token); ok {
+		return Identity{Tenant: tenant, Method: method, Subject: subject}, nil
 	}
 	if a.jwt != nil && strings.Count(token, ".") == 2 {
 		tenant, sub, err := a.jwt.verify(r, token, tenants)

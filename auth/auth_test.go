@@ -288,3 +288,55 @@ func TestErrorString(t *testing.T) {
 		t.Fatalf("Error() = %q", got)
 	}
 }
+
+// A static token's subject is "token:" and the first 16 hex digits of its
+// SHA-256, whichever carrier brings it and in the tickets issued for it:
+// the start of its configured hash, so it survives restarts and reloads;
+// never the token.
+func TestStaticTokenSubject(t *testing.T) {
+	a := newAuth(t, Config{})
+	want := "token:" + sha(tokAlpha)[:16]
+	subject := func(id Identity, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(id.Subject, tokAlpha) {
+			t.Fatalf("the subject %q holds the token", id.Subject)
+		}
+		return id.Subject
+	}
+	if got := subject(a.Upgrade(wsReq("/acp", bearer(tokAlpha)))); got != want {
+		t.Errorf("bearer subject %q, want %q", got, want)
+	}
+	if got := subject(a.Upgrade(wsReq("/acp", proto("acp, acp.bearer."+tokAlpha)))); got != want {
+		t.Errorf("subprotocol subject %q, want %q", got, want)
+	}
+	if got := subject(a.Bearer(wsReq("/v1/tickets", bearer(tokAlpha)))); got != want {
+		t.Errorf("Bearer subject %q, want %q", got, want)
+	}
+	// A ticket from POST /v1/tickets carries it.
+	w, body := serve(t, a.TicketsHandler(), postReq(bearer(tokAlpha)))
+	if w.Code != http.StatusCreated {
+		t.Fatalf("POST /v1/tickets: %d %+v", w.Code, body)
+	}
+	if got := subject(a.Upgrade(wsReq("/acp?ticket=" + body.Ticket))); got != want {
+		t.Errorf("ticket subject %q, want %q", got, want)
+	}
+	// Each token of a tenant is its own subject.
+	if other := subject(a.Upgrade(wsReq("/acp", bearer(tokAlpha2)))); other == want || other != "token:"+sha(tokAlpha2)[:16] {
+		t.Errorf("the tenant's second token has subject %q (the first's is %q)", other, want)
+	}
+	// The same after a restart (a new authenticator) and a reload with the
+	// hash spelled in capitals.
+	b := newAuth(t, Config{})
+	if got := subject(b.Upgrade(wsReq("/acp", bearer(tokAlpha)))); got != want {
+		t.Errorf("subject after a restart %q, want %q", got, want)
+	}
+	if err := b.UpdateTenants([]TenantTokens{{Name: "alpha", TokensSHA256: []string{strings.ToUpper(sha(tokAlpha))}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := subject(b.Upgrade(wsReq("/acp", bearer(tokAlpha)))); got != want {
+		t.Errorf("subject after a reload %q, want %q", got, want)
+	}
+}

@@ -128,12 +128,12 @@ func (s *Server) handleAgents(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
 		return
 	}
-	tenant, ok := s.authenticate(w, r)
+	who, ok := s.authenticate(w, r)
 	if !ok {
 		return
 	}
 	cfg := s.config()
-	t := tenantOf(cfg, tenant)
+	t := tenantOf(cfg, who.Tenant)
 	def := cfg.DefaultAgentOf()
 	out := struct {
 		Agents []agentJSON `json:"agents"`

@@ -311,46 +311,54 @@ func plain(w http.ResponseWriter, status int, msg string) {
 }
 
 // authenticate applies the WebSocket upgrade's checks (origin, one
-// credential) to a plain HTTP request and returns the tenant.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
+// credential) to a plain HTTP request and returns who it is (empty
+// without authentication).
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Identity, bool) {
 	if s.drain.Load() {
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
-		return "", false
+		return auth.Identity{}, false
 	}
 	if s.authn == nil {
-		return "", true
+		return auth.Identity{}, true
 	}
 	id, err := s.authn.Upgrade(r)
 	if err != nil {
 		auth.WriteError(w, err)
-		return "", false
+		return auth.Identity{}, false
 	}
-	return id.Tenant, true
+	return id, true
 }
 
 // authenticateAgent is authenticate, then routeAgent. A request of an open
 // connection (Acp-Connection-Id) keeps its connection's agent: on /acp
 // after a reload changed default_agent, and on the path of an agent a
 // reload removed while it drains (its turns may still need the client).
-func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (tenant, agent string, ok bool) {
-	if tenant, ok = s.authenticate(w, r); !ok {
-		return "", "", false
+func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (who auth.Identity, agent string, ok bool) {
+	if who, ok = s.authenticate(w, r); !ok {
+		return auth.Identity{}, "", false
 	}
 	if id := r.Header.Get(ConnectionIDHeader); id != "" {
 		s.mu.Lock()
 		h := s.httpConns[id]
 		s.mu.Unlock()
-		if p := chi.URLParam(r, "agent"); h != nil && h.tenant == tenant && (p == "" || p == h.agent) {
-			return tenant, h.agent, true
+		if p := chi.URLParam(r, "agent"); h != nil && h.owns(who) && (p == "" || p == h.agent) {
+			return who, h.agent, true
 		}
 	}
-	agent, ok = s.routeAgent(w, r, tenant)
-	return tenant, agent, ok
+	agent, ok = s.routeAgent(w, r, who.Tenant)
+	return who, agent, ok
 }
 
-// lookup finds the tenant's connection named by Acp-Connection-Id; another
-// tenant's, or another agent's, gets the same 404 as an unknown one.
-func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant, agent string) *httpConn {
+// owns reports whether the connection is who's: its requests come from
+// the tenant and subject that initialized it.
+func (h *httpConn) owns(who auth.Identity) bool {
+	return h.tenant == who.Tenant && h.subject == who.Subject
+}
+
+// lookup finds who's connection named by Acp-Connection-Id; another
+// tenant's or subject's, or another agent's, gets the same 404 as an
+// unknown one.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string) *httpConn {
 	id := r.Header.Get(ConnectionIDHeader)
 	if id == "" {
 		plain(w, http.StatusBadRequest, "Missing Acp-Connection-Id")
@@ -359,7 +367,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, tenant, agent st
 	s.mu.Lock()
 	h := s.httpConns[id]
 	s.mu.Unlock()
-	if h == nil || h.tenant != tenant || h.agent != agent {
+	if h == nil || !h.owns(who) || h.agent != agent {
 		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
 		return nil
 	}
@@ -415,7 +423,7 @@ func (p *postScan) scan(w http.ResponseWriter, msg []byte) bool {
 
 // handleHTTPPost takes one client message.
 func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
-	tenant, agent, ok := s.authenticateAgent(w, r)
+	who, agent, ok := s.authenticateAgent(w, r)
 	if !ok {
 		return
 	}
@@ -431,13 +439,13 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	m := &p.m
 	isInit := p.err == nil && m.Method == "initialize" && m.Kind == jsonrpc.KindRequest
 	if isInit && r.Header.Get(ConnectionIDHeader) == "" {
-		s.httpInitialize(w, r, tenant, agent, msg, m.ID)
+		s.httpInitialize(w, r, who, agent, msg, m.ID)
 		return
 	} else if isInit {
 		plain(w, http.StatusBadRequest, "Initialize not allowed on existing connection")
 		return
 	}
-	h := s.lookup(w, r, tenant, agent)
+	h := s.lookup(w, r, who, agent)
 	if h == nil {
 		return
 	}
@@ -535,15 +543,15 @@ func (h *httpConn) admitPost(p *postScan, header string) (int, string) {
 }
 
 // httpInitialize opens a connection: the initialize answer is the body.
-func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant, agent string, msg, id []byte) {
+func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string, msg, id []byte) {
 	if string(id) == "null" {
 		plain(w, http.StatusBadRequest, "Initialize request must include an ID")
 		return
 	}
-	if !s.admit(w, tenant) {
+	if !s.admit(w, who.Tenant) {
 		return
 	}
-	h, err := s.newHTTPConn(tenant, agent, id)
+	h, err := s.newHTTPConn(who, agent, id)
 	if err != nil {
 		h.cancel()
 		h.log.Error("cannot serve connection", "err", err)
@@ -581,7 +589,8 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, tenant, 
 
 // newHTTPConn makes a connection whose initialize (id) is on its way. Its
 // handshake timeout is the time a first agent process may take.
-func (s *Server) newHTTPConn(tenant, agent string, initID []byte) (*httpConn, error) {
+func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte) (*httpConn, error) {
+	tenant := who.Tenant
 	cfg := s.config()
 	id := newConnID()
 	log := s.log.With("conn", id, "transport", "http", "agent", agent)
@@ -595,7 +604,7 @@ func (s *Server) newHTTPConn(tenant, agent string, initID []byte) (*httpConn, er
 	h := &httpConn{history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{},
 		replyTo: map[string]string{}, askedOn: map[string]string{}, initID: bytes.Clone(initID),
 		initReply: make(chan []byte, 1), lastUse: time.Now()}
-	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, agent: agent, log: log, cfg: cfg,
+	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg,
 		handshake: ac.Pool.AcquireTimeout.D() + ac.InitTimeout.D(), idle: max(cfg.Sessions.DetachTimeout.D(), minHTTPIdle)})
 	// The proxy connection ending (its tenant slot given back) ends this.
 	err := h.newConn(true, func() { h.closeWith("ended", "other") })
@@ -616,11 +625,11 @@ func (h *httpConn) answerInit(w http.ResponseWriter, reply []byte) {
 
 // handleHTTPDelete ends a connection, as a WebSocket close 1000 would.
 func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
-	tenant, agent, ok := s.authenticateAgent(w, r)
+	who, agent, ok := s.authenticateAgent(w, r)
 	if !ok {
 		return
 	}
-	h := s.lookup(w, r, tenant, agent)
+	h := s.lookup(w, r, who, agent)
 	if h == nil {
 		return
 	}
@@ -636,7 +645,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return
 	}
-	tenant, agent, ok := s.authenticateAgent(w, r) // an anonymous request learns nothing else
+	who, agent, ok := s.authenticateAgent(w, r) // an anonymous request learns nothing else
 	if !ok {
 		return
 	}
@@ -644,7 +653,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusNotAcceptable, "Not Acceptable")
 		return
 	}
-	h := s.lookup(w, r, tenant, agent)
+	h := s.lookup(w, r, who, agent)
 	if h == nil {
 		return
 	}

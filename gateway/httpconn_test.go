@@ -3,6 +3,8 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -416,5 +418,45 @@ func TestHTTPDrainDeliversTheLastAnswer(t *testing.T) {
 	// The client's own delays only shorten what it sees of httpQuiet.
 	if d := tc.Sub(ta); d < httpQuiet/3 {
 		t.Errorf("the connection stream ended %s after the last answer arrived; want about %s", d, httpQuiet)
+	}
+}
+
+// A Streamable-HTTP connection is its credential subject's: another token
+// of the same tenant naming it gets the 404 of an unknown connection, on
+// every method.
+func TestHTTPConnectionIsItsSubjects(t *testing.T) {
+	root := t.TempDir()
+	var hashes []string
+	for _, tok := range []string{"tok", "tok2"} {
+		sum := sha256.Sum256([]byte(tok))
+		hashes = append(hashes, hex.EncodeToString(sum[:]))
+	}
+	ts := startServer(t, func(c *config.Config) {
+		c.Tenants = []config.Tenant{{Name: "acme", TokensSHA256: hashes, Root: root}}
+		c.Sandbox.Mode = "off"
+	})
+	defer ts.shutdown()
+	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	as := func(tok string) map[string]string {
+		return map[string]string{"Authorization": "Bearer " + tok}
+	}
+	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json", "Authorization": "Bearer tok"}, httpInit)
+	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	list := `{"jsonrpc":"2.0","id":2,"method":"session/list","params":{}}`
+	if st, b := c.post(as("tok2"), list); st != 404 || b != "Unknown Acp-Connection-Id" {
+		t.Errorf("POST with the tenant's other token: %d %q", st, b)
+	}
+	get := map[string]string{"Authorization": "Bearer tok2", "Accept": "text/event-stream", ConnectionIDHeader: c.conn}
+	if resp, b := c.do(http.MethodGet, get, ""); resp.StatusCode != 404 || b != "Unknown Acp-Connection-Id" {
+		t.Errorf("GET with the tenant's other token: %d %q", resp.StatusCode, b)
+	}
+	del := map[string]string{"Authorization": "Bearer tok2", ConnectionIDHeader: c.conn}
+	if resp, b := c.do(http.MethodDelete, del, ""); resp.StatusCode != 404 {
+		t.Errorf("DELETE with the tenant's other token: %d %q", resp.StatusCode, b)
+	}
+	if st, b := c.post(as("tok"), list); st != 202 {
+		t.Errorf("POST with the connection's own token: %d %q", st, b)
 	}
 }

@@ -27,6 +27,7 @@ type link struct {
 	kind        string // the metrics transport label: websocket, http
 	id          string
 	tenant      string
+	subject     string // who the credential names (auth.Identity.Subject)
 	agent       string
 	tenantLabel string
 	log         *slog.Logger
@@ -94,14 +95,14 @@ type transport interface {
 
 // linkInfo is what a new link is made of.
 type linkInfo struct {
-	kind, id, tenant, agent string
-	log                     *slog.Logger
-	cfg                     *config.Config
-	handshake, idle         time.Duration
+	kind, id, tenant, subject, agent string
+	log                              *slog.Logger
+	cfg                              *config.Config
+	handshake, idle                  time.Duration
 }
 
 func (l *link) init(s *Server, t transport, in linkInfo) {
-	l.s, l.t, l.kind, l.id, l.tenant, l.agent, l.log, l.cfg = s, t, in.kind, in.id, in.tenant, in.agent, in.log, in.cfg
+	l.s, l.t, l.kind, l.id, l.tenant, l.subject, l.agent, l.log, l.cfg = s, t, in.kind, in.id, in.tenant, in.subject, in.agent, in.log, in.cfg
 	l.tenantLabel = s.metrics.tenants.Label(in.tenant)
 	l.start = time.Now()
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -122,7 +123,7 @@ func (l *link) newConn(noResume bool, onEnd func()) error {
 			onEnd()
 		}
 	}
-	conn, err := l.s.relay.NewConn(proxy.ConnInfo{ID: l.id, Tenant: l.tenant, Agent: l.agent, Log: l.log,
+	conn, err := l.s.relay.NewConn(proxy.ConnInfo{ID: l.id, Tenant: l.tenant, Subject: l.subject, Agent: l.agent, Log: l.log,
 		NoResume: noResume, OnEnd: release}, l)
 	if err != nil {
 		l.s.releaseTenant(l.tenant)

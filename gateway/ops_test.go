@@ -44,14 +44,29 @@ func TestReloadRefusesRestartOnlySettings(t *testing.T) {
 		t.Fatal("a pool change was not refused")
 	}
 	next = *cur
+	next.Sessions.MaxClients++
+	if err := ts.s.Reload(&next); err == nil || !strings.Contains(err.Error(), "sessions settings need a restart") {
+		t.Fatalf("a sessions.max_clients change was not refused: %v", err)
+	}
+	next = *cur
 	next.Tenants = append([]config.Tenant(nil), cur.Tenants...)
 	next.Tenants[0].MaxSessions = 7
 	if err := ts.s.Reload(&next); err != nil {
 		t.Fatalf("a tenant change was refused: %v", err)
 	}
+	// Sharing reloads, the top-level section and a tenant's.
+	cur = ts.s.config()
+	next = *cur
+	attach, readOnly := config.SharingTenant, true
+	next.Sharing = config.SharingYAML{Attach: &attach}
+	next.Tenants = append([]config.Tenant(nil), cur.Tenants...)
+	next.Tenants[0].Sharing = config.SharingYAML{ReadOnlyForOthers: &readOnly}
+	if err := ts.s.Reload(&next); err != nil {
+		t.Fatalf("a sharing change was refused: %v", err)
+	}
 	_, body := ts.get("/metrics")
-	if !strings.Contains(body, `acpgate_config_reloads_total{result="failure"} 2`) ||
-		!strings.Contains(body, `acpgate_config_reloads_total{result="success"} 1`) {
+	if !strings.Contains(body, `acpgate_config_reloads_total{result="failure"} 3`) ||
+		!strings.Contains(body, `acpgate_config_reloads_total{result="success"} 2`) {
 		t.Fatalf("reload counters:\n%s", grepLines(body, "acpgate_config_reloads_total"))
 	}
 }

@@ -91,8 +91,8 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
 	if changed := restartOnlyChanges(cur, next); len(changed) > 0 {
-		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents), policy, "+
-			"agents added or removed and default_agent reload", strings.Join(changed, ", "))
+		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents, sharing), policy, "+
+			"sharing, agents added or removed and default_agent reload", strings.Join(changed, ", "))
 	}
 	added, removed, restart := agentChanges(cur, next)
 	if len(restart) > 0 {
@@ -139,7 +139,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 }
 
 // restartOnlyChanges names (by YAML key) the top-level settings that differ
-// between cur and next, other than tenants, policy, agents and
+// between cur and next, other than tenants, policy, sharing, agents and
 // default_agent, which reload (agentChanges says which agents' changes
 // need a restart). A new setting is covered without being listed here.
 func restartOnlyChanges(cur, next *config.Config) []string {
@@ -147,7 +147,7 @@ func restartOnlyChanges(cur, next *config.Config) []string {
 	a, b := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	for i := range a.NumField() {
 		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
-		if key == "tenants" || key == "policy" || key == "agents" || key == "default_agent" {
+		if key == "tenants" || key == "policy" || key == "sharing" || key == "agents" || key == "default_agent" {
 			continue
 		}
 		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
@@ -170,7 +170,8 @@ func authTenants(cfg *config.Config) []auth.TenantTokens {
 func (s *Server) ReloadFailed() { s.metrics.reloads.WithLabelValues("failure").Inc() }
 
 // relayTenants is the relay's view of the configured tenants (one
-// anonymous tenant with the global policy when none are configured).
+// anonymous tenant with the global policy and sharing when none are
+// configured).
 func relayTenants(cfg *config.Config) []proxy.TenantConfig {
 	agentPolicies := func(t *config.Tenant) map[string]*policy.Policy {
 		m := map[string]*policy.Policy{}
@@ -187,16 +188,31 @@ func relayTenants(cfg *config.Config) []proxy.TenantConfig {
 	}
 	if len(cfg.Tenants) == 0 {
 		pol := cfg.GlobalPolicy()
-		return []proxy.TenantConfig{{Policy: &pol, AgentPolicies: agentPolicies(nil)}}
+		return []proxy.TenantConfig{{Policy: &pol, AgentPolicies: agentPolicies(nil), Sharing: relaySharing(cfg.GlobalSharing())}}
 	}
 	var out []proxy.TenantConfig
 	for i := range cfg.Tenants {
 		t := &cfg.Tenants[i]
 		pol := cfg.TenantPolicy(t)
 		out = append(out, proxy.TenantConfig{Name: t.Name, Root: t.Root, VirtualRoot: t.VirtualRoot, MaxSessions: t.MaxSessions,
-			Policy: &pol, AgentPolicies: agentPolicies(t), Agents: t.Agents})
+			Policy: &pol, AgentPolicies: agentPolicies(t), Agents: t.Agents, Sharing: relaySharing(cfg.TenantSharing(t))})
 	}
 	return out
+}
+
+// relaySharing is the relay's view of a tenant's sharing (the config's
+// attach values are the relay's).
+func relaySharing(s config.Sharing) proxy.Sharing {
+	return proxy.Sharing{Attach: s.Attach, ReadOnlyForOthers: s.ReadOnlyForOthers}
+}
+
+// historyBytes is sessions.history_bytes as the relay takes it: there 0
+// means the default, so the configuration's 0 (keep no history) is -1.
+func historyBytes(cfg *config.Config) int {
+	if cfg.Sessions.HistoryBytes == 0 {
+		return -1
+	}
+	return cfg.Sessions.HistoryBytes
 }
 
 // config returns the running configuration.
@@ -318,6 +334,8 @@ func relayConfig(cfg *config.Config, m *proxy.Metrics, agents []proxy.AgentSpec,
 		Sessions: proxy.SessionsConfig{
 			DetachTimeout:     cfg.Sessions.DetachTimeout.D(),
 			ReplayBufferBytes: cfg.Sessions.ReplayBufferBytes,
+			HistoryBytes:      historyBytes(cfg),
+			MaxClients:        cfg.Sessions.MaxClients,
 		},
 		IsolateTenants: cfg.AuthEnabled(),
 	}

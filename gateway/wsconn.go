@@ -56,10 +56,11 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the gateway is shutting down", http.StatusServiceUnavailable)
 		return
 	}
-	tenant, accept, ok := s.authenticateUpgrade(w, r)
+	who, accept, ok := s.authenticateUpgrade(w, r)
 	if !ok {
 		return
 	}
+	tenant := who.Tenant
 	agent, ok := s.routeAgent(w, r, tenant)
 	if !ok {
 		return
@@ -68,7 +69,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c := s.acceptWebSocket(w, r, accept, tenant, agent, resumed)
+	c := s.acceptWebSocket(w, r, accept, who, agent, resumed)
 	if c == nil {
 		return
 	}
@@ -93,16 +94,16 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 
 // authenticateUpgrade decides authentication and origin before the
 // upgrade: a refused client gets an HTTP status and a body, never a 101
-// then a close.
-func (s *Server) authenticateUpgrade(w http.ResponseWriter, r *http.Request) (string, *websocket.AcceptOptions, bool) {
+// then a close. Without authentication the identity is empty.
+func (s *Server) authenticateUpgrade(w http.ResponseWriter, r *http.Request) (auth.Identity, *websocket.AcceptOptions, bool) {
 	accept := &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}, CompressionMode: websocket.CompressionDisabled}
 	if s.authn == nil {
-		return "", accept, true
+		return auth.Identity{}, accept, true
 	}
 	id, err := s.authn.Upgrade(r)
 	if err != nil { // counted by the authenticator's OnFailure hook
 		auth.WriteError(w, err) // Upgrade has logged the reason (never the token)
-		return "", nil, false
+		return auth.Identity{}, nil, false
 	}
 	// Nothing after this point sees the token: Accept selects "acp".
 	offered := auth.StripTokenProtocols(r)
@@ -111,7 +112,7 @@ func (s *Server) authenticateUpgrade(w http.ResponseWriter, r *http.Request) (st
 		r.Header.Set("Sec-WebSocket-Protocol", strings.Join(offered, ", "))
 	}
 	accept.InsecureSkipVerify = true // the origin was checked by Upgrade
-	return id.Tenant, accept, true
+	return id, accept, true
 }
 
 // admitWebSocket takes the tenant's connection slot, or resumes a
@@ -136,9 +137,11 @@ func (s *Server) admitWebSocket(w http.ResponseWriter, r *http.Request, tenant, 
 }
 
 // acceptWebSocket upgrades the request and makes its connection; nil when
-// that failed (what admitWebSocket took is given back).
+// that failed (what admitWebSocket took is given back). A resumed
+// connection keeps the subject it was made with.
 func (s *Server) acceptWebSocket(w http.ResponseWriter, r *http.Request, accept *websocket.AcceptOptions,
-	tenant, agent string, resumed *proxy.Conn) *wsConn {
+	who auth.Identity, agent string, resumed *proxy.Conn) *wsConn {
+	tenant := who.Tenant
 	id := newConnID()
 	if resumed != nil {
 		id = resumed.ID() // the same connection, on a new socket
@@ -162,7 +165,7 @@ func (s *Server) acceptWebSocket(w http.ResponseWriter, r *http.Request, accept 
 		log = log.With("tenant", tenant)
 	}
 	c := &wsConn{ws: ws, nc: uw.conn}
-	c.init(s, c, linkInfo{kind: "websocket", id: id, tenant: tenant, agent: agent, log: log, cfg: cfg,
+	c.init(s, c, linkInfo{kind: "websocket", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg,
 		handshake: cfg.Timeouts.Handshake.D(), idle: cfg.Timeouts.Idle.D()})
 	if every := cfg.WebSocket.PingInterval.D(); every > 0 {
 		c.nextPing = c.start.Add(every)

@@ -62,6 +62,10 @@ type Config struct {
 	// Policy says what remote clients may do with the agent; tenants may
 	// override it key by key.
 	Policy PolicyYAML `yaml:"policy"`
+	// Sharing says who may attach to a session another client holds
+	// (session/attach): the gateway without tenants, and every tenant's
+	// default, which tenants may override key by key.
+	Sharing SharingYAML `yaml:"sharing"`
 	// SessionKeyFile holds the key that seals session IDs (32 random bytes
 	// as 64 hex characters; `acpgate keygen` writes one). SessionKeyFiles
 	// lists more keys: with SessionKeyFile unset its first entry seals new
@@ -89,6 +93,8 @@ type Tenant struct {
 	// Agents lists the named agents the tenant may use (unset: all of
 	// them).
 	Agents []string `yaml:"agents"`
+	// Sharing overrides the top-level sharing for this tenant, key by key.
+	Sharing SharingYAML `yaml:"sharing"`
 }
 
 // MayUse reports whether the tenant may use the named agent.
@@ -242,6 +248,12 @@ type Sessions struct {
 	DetachTimeout Duration `yaml:"detach_timeout"`
 	// ReplayBufferBytes bounds what a connection keeps for a resume.
 	ReplayBufferBytes int `yaml:"replay_buffer_bytes"`
+	// HistoryBytes bounds the record of a live session's updates that
+	// session/attach replays (0 = keep none: an attach replays nothing).
+	HistoryBytes int `yaml:"history_bytes"`
+	// MaxClients bounds the clients of one session, its owner included;
+	// the next session/attach is refused.
+	MaxClients int `yaml:"max_clients"`
 }
 
 // Limits bound what one message and one connection may take.
@@ -353,6 +365,8 @@ func Default() *Config {
 		Sessions: Sessions{
 			DetachTimeout:     Duration(5 * time.Minute),
 			ReplayBufferBytes: 8 << 20,
+			HistoryBytes:      2 << 20,
+			MaxClients:        8,
 		},
 		Auth: Auth{TicketTTL: Duration(30 * time.Second)},
 		Limits: Limits{
@@ -529,6 +543,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		ps = append(ps, c.sandboxExposures(root)...)
 	}
 	c.validatePolicies(add)
+	c.validateSharing(add)
 	c.validateLog(add)
 	return ps
 }
@@ -558,6 +573,12 @@ func (c *Config) validateLimits(add addFunc) {
 	}
 	if c.Sessions.ReplayBufferBytes < 64<<10 || c.Sessions.ReplayBufferBytes > 1<<30 {
 		add("sessions.replay_buffer_bytes", "must be from 65536 to 1073741824, is %d", c.Sessions.ReplayBufferBytes)
+	}
+	if c.Sessions.HistoryBytes < 0 || c.Sessions.HistoryBytes > 1<<30 {
+		add("sessions.history_bytes", "must be from 0 (keep no history) to 1073741824, is %d", c.Sessions.HistoryBytes)
+	}
+	if c.Sessions.MaxClients < 1 || c.Sessions.MaxClients > 256 {
+		add("sessions.max_clients", "must be from 1 to 256, is %d", c.Sessions.MaxClients)
 	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", c.Limits.MaxMessageBytes)
@@ -817,6 +838,15 @@ func (c *Config) validateTenant(i int, seen map[string]bool, at nodeAt, item fun
 	}
 	if t.MaxConnections < 0 || t.MaxSessions < 0 {
 		at(item(i, ""), "%s: max_connections and max_sessions must not be negative (0 = no cap)", where)
+	}
+	if t.Sharing.badAttach() {
+		n := item(i, "sharing")
+		if n != nil {
+			if m := member(n, "attach"); m != nil {
+				n = m
+			}
+		}
+		at(n, "%s.sharing.attach: %q is not same_subject, tenant or off", where, *t.Sharing.Attach)
 	}
 }
 
