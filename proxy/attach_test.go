@@ -218,25 +218,26 @@ func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
 	return m.GetGauge().GetValue()
 }
 
-// The history keeps the newest messages within its limit, in order, and
-// says when it dropped some.
+// The history keeps the newest messages, at least its limit's worth and at
+// most one block more, in order, and says when it dropped some.
 func TestHistoryKeepsTheNewestWithinItsLimit(t *testing.T) {
+	const size, n = 1000, 1000
 	h := &history{limit: 100_000}
-	msg := func(i int) []byte { return []byte(fmt.Sprintf("%06d%s", i, strings.Repeat("x", 994))) }
-	for i := range 1000 { // 1 MB through a 100 kB history
+	msg := func(i int) []byte { return []byte(fmt.Sprintf("%06d%s", i, strings.Repeat("x", size-6))) }
+	for i := range n { // 1 MB through a 100 kB history
 		h.add(msg(i))
-		if len(h.buf) > 3*h.limit {
-			t.Fatalf("after %d messages the buffer holds %d bytes for a %d byte limit", i+1, len(h.buf), h.limit)
+		if h.bytes > h.limit+historyBlock {
+			t.Fatalf("after %d messages the history holds %d bytes for a %d byte limit", i+1, h.bytes, h.limit)
 		}
 	}
 	var got []string
 	h.each(func(m []byte) { got = append(got, string(m)) })
-	if len(got) != 100 || !h.trimmed {
-		t.Fatalf("kept %d messages (trimmed %v), want the newest 100 and trimmed", len(got), h.trimmed)
+	if len(got)*size < h.limit || len(got)*size > h.limit+historyBlock || len(got) != h.kept() || !h.trimmed {
+		t.Fatalf("kept %d messages (trimmed %v), want the newest %d to %d and trimmed", len(got), h.trimmed, h.limit/size, (h.limit+historyBlock)/size)
 	}
 	for i, m := range got {
-		if m != string(msg(900+i)) {
-			t.Fatalf("message %d is %.6s, want %06d", i, m, 900+i)
+		if want := n - len(got) + i; m != string(msg(want)) {
+			t.Fatalf("message %d is %.6s, want %06d", i, m, want)
 		}
 	}
 }

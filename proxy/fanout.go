@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -84,48 +85,108 @@ func (r *Relay) maxClients() int {
 }
 
 // history is the bounded record of a live session's messages that
-// session/attach replays: the messages back to back in one buffer (no
-// allocation a message), the oldest dropped first past limit bytes.
+// session/attach replays. The messages sit back to back in blocks of
+// historyBlock bytes (a bigger message has a block of its own): no
+// allocation a message, and no buffer that doubles as the record grows. The
+// oldest block is dropped once the others hold limit bytes, so a history
+// keeps at least the newest limit bytes and at most one block more (a
+// block is at most a quarter of the limit, or 32 KiB).
 type history struct {
 	limit   int
-	buf     []byte
-	ends    []int // where each message ends in buf; ends[first:] are kept
-	first   int
-	start   int  // where the first kept message starts
+	blocks  []*histBlock
+	bytes   int  // the messages' bytes in blocks
 	trimmed bool // something was dropped: a replay starts at the oldest kept
 }
 
-func (h *history) add(msg []byte) {
-	h.buf = append(h.buf, msg...)
-	h.ends = append(h.ends, len(h.buf))
-	for len(h.buf)-h.start > h.limit && h.first < len(h.ends) {
-		h.start = h.ends[h.first]
-		h.first++
-		h.trimmed = true
+// histBlock is messages back to back; ends[i] is where message i ends.
+type histBlock struct {
+	buf  []byte
+	ends []int
+}
+
+// historyBlock is the size of a history block. Blocks of that size go
+// back to historyBlocks when dropped or when their session ends, so that
+// sessions coming and going reuse them.
+const historyBlock = 32 << 10
+
+var historyBlocks = sync.Pool{New: func() any { return &histBlock{buf: make([]byte, 0, historyBlock)} }}
+
+// newBlock makes a block for a message of size bytes: a pooled one, or
+// for a small history (a quarter of its limit, at least 4 KiB) or a big
+// message one of its own.
+func (h *history) newBlock(size int) *histBlock {
+	if size > historyBlock || h.limit < 4*historyBlock {
+		return &histBlock{buf: make([]byte, 0, max(size, min(historyBlock, max(h.limit/4, 4<<10))))}
 	}
-	if h.start > 64<<10 && h.start*2 > len(h.buf) { // move the kept ones to the front
-		n := copy(h.buf, h.buf[h.start:])
-		h.buf = h.buf[:n]
-		k := copy(h.ends, h.ends[h.first:])
-		h.ends = h.ends[:k]
-		for i := range h.ends {
-			h.ends[i] -= h.start
-		}
-		h.first, h.start = 0, 0
+	return historyBlocks.Get().(*histBlock)
+}
+
+// recycle gives b back to historyBlocks, if it has the pooled size.
+func (b *histBlock) recycle() {
+	if cap(b.buf) == historyBlock {
+		b.buf, b.ends = b.buf[:0], b.ends[:0]
+		historyBlocks.Put(b)
+	}
+}
+
+// release drops every message (the session has ended).
+func (h *history) release() {
+	for i, b := range h.blocks {
+		b.recycle()
+		h.blocks[i] = nil
+	}
+	h.blocks, h.bytes = nil, 0
+}
+
+// retire gives the session's history back once it has ended.
+func (s *Session) retire() {
+	if s.history == nil {
+		return
+	}
+	s.fan.Lock()
+	s.history.release()
+	s.fan.Unlock()
+}
+
+func (h *history) add(msg []byte) {
+	var b *histBlock
+	if n := len(h.blocks); n > 0 && len(h.blocks[n-1].buf)+len(msg) <= cap(h.blocks[n-1].buf) {
+		b = h.blocks[n-1]
+	} else {
+		b = h.newBlock(len(msg))
+		h.blocks = append(h.blocks, b)
+	}
+	b.buf = append(b.buf, msg...)
+	b.ends = append(b.ends, len(b.buf))
+	h.bytes += len(msg)
+	for len(h.blocks) > 1 && h.bytes-len(h.blocks[0].buf) >= h.limit {
+		h.bytes -= len(h.blocks[0].buf)
+		h.blocks[0].recycle()
+		h.blocks[0] = nil
+		h.blocks = h.blocks[1:]
+		h.trimmed = true
 	}
 }
 
 // each calls f with every kept message, oldest first (f must not keep it).
 func (h *history) each(f func(msg []byte)) {
-	from := h.start
-	for _, end := range h.ends[h.first:] {
-		f(h.buf[from:end])
-		from = end
+	for _, b := range h.blocks {
+		from := 0
+		for _, end := range b.ends {
+			f(b.buf[from:end])
+			from = end
+		}
 	}
 }
 
 // kept is the number of messages kept.
-func (h *history) kept() int { return len(h.ends) - h.first }
+func (h *history) kept() int {
+	n := 0
+	for _, b := range h.blocks {
+		n += len(b.ends)
+	}
+	return n
+}
 
 // sessionState is what a session/attach result reports of the session's
 // configuration, as the agent last gave it (raw JSON; nil: never given).

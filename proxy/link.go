@@ -160,6 +160,7 @@ func (l *procLink) failRoutes(reason error) {
 	l.sessions.Store(&empty)
 	l.mu.Unlock()
 	for _, s := range sessions {
+		s.retire()
 		if owner := s.markLost(); owner != nil {
 			owner.ten.event(owner.ag.metrics, "lost")
 		}

@@ -81,6 +81,7 @@ func newLimiter(perSecond float64, burst int) *rate.Limiter {
 // Relay multiplexes client connections onto the agent pool. It is the ACP
 // core: it knows nothing of HTTP or WebSockets.
 type Relay struct {
+	bg      sync.WaitGroup // connections ending off the deliverer's stack (overflowed)
 	metrics *Metrics
 	sealer  *Sealer
 	log     *slog.Logger
@@ -442,6 +443,7 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 // Close cancels waiting requests and stops every agent process.
 func (r *Relay) Close(ctx context.Context) error {
 	r.cancel()
+	r.bg.Wait()
 	var errs []error
 	for _, ag := range r.agentList() {
 		if err := ag.pool.Close(ctx); err != nil {

@@ -244,7 +244,9 @@ func (c *Conn) overflowed() {
 	c.mu.Unlock()
 	if end {
 		c.log.Warn("replay buffer full while detached; ending the connection", "replay_buffer_bytes", c.out.limit)
-		c.Close() // its answers to agents are queued, never waited for (sendCtrl)
+		// Not on the deliverer's stack: it may hold a session's fan lock,
+		// which ending the connection's sessions takes. Relay.Close waits.
+		c.relay.bg.Go(c.Close) // its answers to agents are queued, never waited for (sendCtrl)
 	}
 }
 

@@ -285,6 +285,7 @@ func (l *procLink) removeSession(s *Session) {
 	l.mu.Lock()
 	l.deleteSessionLocked(s)
 	l.mu.Unlock()
+	s.retire()
 }
 
 // truncate shortens s to n bytes for a log line, marking the cut.

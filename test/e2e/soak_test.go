@@ -51,10 +51,13 @@ func TestSoakMixedLoad(t *testing.T) {
 	}
 	g := startGateway(t, gwOpts{config: `pool: {min_idle: 1, max_processes: 3, max_sessions_per_process: 16}
 limits: {messages_per_second: 1000, message_burst: 2000}
-# Dropped sockets detach and end within the run, and pings every second
-# let the replay buffers forget what clients have read: steady state is
-# reached within the warm-up, so RSS growth still means a leak.
-sessions: {detach_timeout: 2s}
+# Dropped sockets detach and end within the run, pings every second let
+# the replay buffers forget what clients have read, and each session's
+# history for session/attach is small enough to fill within the warm-up
+# (2 MiB, the default, would still be filling at the end of the run):
+# steady state is reached within the warm-up, so RSS growth still means a
+# leak.
+sessions: {detach_timeout: 2s, history_bytes: 16384}
 websocket: {ping_interval: 1s}
 ` + hostilePolicy})
 	gwPID := g.Cmd.Process.Pid
