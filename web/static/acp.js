@@ -329,6 +329,31 @@ export function backoff(attempt, { base = 500, max = 15000 } = {}) {
   return Math.round(d * (0.8 + Math.random() * 0.4));
 }
 
+// A resume in progress, from a drop: the attempts so far, when the drop
+// was, how it closed, the timer of the next attempt, and whether one is
+// dialing. Both transports resume on this schedule.
+function resumeState(close) {
+  return { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+}
+
+// The next attempt of resume rc after a backoff: tryResume(rc) when it is
+// due and link({state: "reconnecting", …}) now; or end(close, with
+// resumeRefused) once resumeForMs has passed since the drop.
+function nextResume(rc, resumeForMs, { end, link, tryResume }) {
+  rc.attempt++;
+  if (Date.now() - rc.since > resumeForMs) return end({ ...rc.close, resumeRefused: true });
+  const delayMs = backoff(rc.attempt);
+  link({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
+  rc.timer = setTimeout(() => tryResume(rc), delayMs);
+}
+
+// Skips the backoff of resume rc (if any, and not dialing) and tries now.
+function resumeNow(rc, tryResume) {
+  if (!rc || rc.dialing) return;
+  clearTimeout(rc.timer);
+  tryResume(rc);
+}
+
 /** The notification that starts a resumed socket (not counted). */
 export const RESUMED = "_acpgate/resumed";
 
@@ -669,18 +694,17 @@ export class AcpConnection {
     const superseded = ev.code === 1008 && /supersed/i.test(ev.reason);
     const canResume = this.#opts.resume && this.resumeToken && (!this.#opts.ticket || this.#opts.getTicket);
     if (this.#closing || !canResume || superseded) return this.#end(close);
-    this.#rc = { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+    this.#rc = resumeState(close);
     this.#next();
   }
 
   // Waits a backoff, then tries to resume.
   #next() {
-    const rc = this.#rc;
-    rc.attempt++;
-    if (Date.now() - rc.since > this.#opts.resumeForMs) return this.#end({ ...rc.close, resumeRefused: true });
-    const delayMs = backoff(rc.attempt);
-    this.#emitLink({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
-    rc.timer = setTimeout(() => this.#tryResume(rc), delayMs);
+    nextResume(this.#rc, this.#opts.resumeForMs, {
+      end: (close) => this.#end(close),
+      link: (ev) => this.#emitLink(ev),
+      tryResume: (rc) => this.#tryResume(rc),
+    });
   }
 
   async #tryResume(rc) {
@@ -751,10 +775,7 @@ export class AcpConnection {
   /** While resuming: skip the backoff and try now ("Reconnect now", back online). */
   reconnectNow() {
     if (this.#link) return this.#link.reconnectNow();
-    const rc = this.#rc;
-    if (!rc || rc.dialing) return;
-    clearTimeout(rc.timer);
-    this.#tryResume(rc);
+    resumeNow(this.#rc, (rc) => this.#tryResume(rc));
   }
 
   // The connection is over: pending requests fail, handlers are aborted.
@@ -1139,10 +1160,7 @@ class HttpLink {
   }
 
   reconnectNow() {
-    const rc = this.#rc;
-    if (!rc || rc.dialing) return;
-    clearTimeout(rc.timer);
-    this.#tryResume(rc);
+    resumeNow(this.#rc, (rc) => this.#tryResume(rc));
   }
 
   // One request to /acp with the transport's headers and a credential.
@@ -1446,17 +1464,16 @@ class HttpLink {
   #trouble(close) {
     if (this.#ended || this.#rc) return;
     if (!this.#opts.resume) return this.#end(close);
-    this.#rc = { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+    this.#rc = resumeState(close);
     this.#next();
   }
 
   #next() {
-    const rc = this.#rc;
-    rc.attempt++;
-    if (Date.now() - rc.since > this.#opts.resumeForMs) return this.#end({ ...rc.close, resumeRefused: true });
-    const delayMs = backoff(rc.attempt);
-    this.#cb.link({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
-    rc.timer = setTimeout(() => this.#tryResume(rc), delayMs);
+    nextResume(this.#rc, this.#opts.resumeForMs, {
+      end: (close) => this.#end(close),
+      link: (ev) => this.#cb.link(ev),
+      tryResume: (rc) => this.#tryResume(rc),
+    });
   }
 
   // Opens every dropped stream again, then sends the stuck message.
