@@ -329,6 +329,19 @@ export function backoff(attempt, { base = 500, max = 15000 } = {}) {
   return Math.round(d * (0.8 + Math.random() * 0.4));
 }
 
+// singleUse returns a function that returns value the first time it is
+// called and null after (always null for an empty value): a ticket given
+// to open is good for one socket or request, later ones take one from
+// getTicket. The value comes back as is, not as a promise, so that what
+// uses it does not wait.
+function singleUse(value) {
+  return () => {
+    const v = value || null;
+    value = "";
+    return v;
+  };
+}
+
 // A resume in progress, from a drop: the attempts so far, when the drop
 // was, how it closed, the timer of the next attempt, and whether one is
 // dialing. Both transports resume on this schedule.
@@ -507,7 +520,7 @@ export class AcpConnection {
 
   #opts;
   #base; // the url given to open, before the agent was added (for reopen)
-  #ticketUsed = false;
+  #ticketOnce; // the single-use ticket (see singleUse)
   #closing = false; // close() was called
   #rc = null; // while resuming: {attempt, since, close, timer, dialing}
   #key;
@@ -521,6 +534,7 @@ export class AcpConnection {
     // for a reload (keyed by this URL) all stay with it.
     this.url = transport === "http" ? gatewayHttpUrl(url, { agent: this.agent }) : gatewayUrl(url, { agent: this.agent });
     this.#opts = { token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs };
+    this.#ticketOnce = singleUse(ticket);
     this.#base = url;
     this.#key = "acp.resume:" + this.url;
     if (transport === "websocket") {
@@ -614,13 +628,7 @@ export class AcpConnection {
   // from _acpgate/resumed, the first message; otherwise once it is open.
   async #dial(resume) {
     const { token, getTicket, timeoutMs } = this.#opts;
-    let ticket = "";
-    if (this.#opts.ticket && !this.#ticketUsed) {
-      ticket = this.#opts.ticket;
-      this.#ticketUsed = true;
-    } else if (getTicket) {
-      ticket = await getTicket();
-    }
+    const ticket = this.#ticketOnce() ?? (getTicket ? await getTicket() : "");
     const u = new URL(gatewayUrl(this.url, { ticket }));
     if (resume) {
       u.searchParams.set("resume", this.resumeToken);
@@ -1123,7 +1131,7 @@ class HttpLink {
   #cb;
   #id = ""; // the Acp-Connection-Id, once initialize is answered
   #queue = Promise.resolve(); // the POST chain
-  #ticketUsed = false;
+  #ticketOnce; // the single-use ticket (see singleUse)
   #streams = new Map(); // "" (the connection's) or a session ID -> stream
   #stoppedAt = new Map(); // a closed idle session stream's last event id
   #replyOn = new Map(); // our request's id (JSON) -> the session stream its answer comes on
@@ -1137,6 +1145,7 @@ class HttpLink {
   constructor(url, opts, cb) {
     this.#url = url;
     this.#opts = opts;
+    this.#ticketOnce = singleUse(opts.ticket);
     this.#cb = cb;
   }
 
@@ -1171,13 +1180,7 @@ class HttpLink {
     if (token) {
       headers.Authorization = "Bearer " + token;
     } else {
-      let ticket = "";
-      if (this.#opts.ticket && !this.#ticketUsed) {
-        ticket = this.#opts.ticket;
-        this.#ticketUsed = true;
-      } else if (getTicket) {
-        ticket = await getTicket();
-      }
+      const ticket = this.#ticketOnce() ?? (getTicket ? await getTicket() : "");
       if (ticket) u.searchParams.set("ticket", ticket);
     }
     if (id) headers["Acp-Connection-Id"] = id;
