@@ -206,6 +206,15 @@ func jsonInt(n int) string {
 	return string(b)
 }
 
+// startSession starts an agent on a new state directory, initializes it
+// without fs capabilities and opens a session in /w.
+func startSession(t *testing.T) (*client, string) {
+	t.Helper()
+	c := startAgent(t, t.TempDir())
+	c.initialize(false, false)
+	return c, c.newSession("/w")
+}
+
 func (c *client) initialize(read, write bool) wireMsg {
 	c.t.Helper()
 	resp := c.call("initialize", map[string]any{
@@ -263,6 +272,14 @@ func stopReason(t *testing.T, m wireMsg) string {
 	var r struct{ StopReason string }
 	decode(t, mustResult(t, m), &r)
 	return r.StopReason
+}
+
+// wantStop checks the stopReason of prompt response m.
+func wantStop(t *testing.T, m wireMsg, want string) {
+	t.Helper()
+	if got := stopReason(t, m); got != want {
+		t.Errorf("stopReason = %q", got)
+	}
 }
 
 func updates(t *testing.T, notes []wireMsg) []update {
@@ -340,9 +357,7 @@ func TestDefaultPromptStreamsEcho(t *testing.T) {
 	}
 
 	notes, resp := c.until(c.prompt(sid, "hello"), nil)
-	if got := stopReason(t, resp); got != "end_turn" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "end_turn")
 	us := updates(t, notes)
 	chunks := find(us, "agent_message_chunk")
 	if got := text(us, "agent_message_chunk"); got != "You said: hello" {
@@ -404,9 +419,7 @@ func TestReadPrompt(t *testing.T) {
 		if !asked {
 			t.Fatal("agent did not call fs/read_text_file")
 		}
-		if got := stopReason(t, resp); got != "end_turn" {
-			t.Errorf("stopReason = %q", got)
-		}
+		wantStop(t, resp, "end_turn")
 		us := updates(t, notes)
 		calls := find(us, "tool_call")
 		if len(calls) != 1 {
@@ -441,9 +454,7 @@ func TestReadPrompt(t *testing.T) {
 			}
 			c.send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32002, "message": "no such file"}})
 		})
-		if got := stopReason(t, resp); got != "end_turn" {
-			t.Errorf("stopReason = %q", got)
-		}
+		wantStop(t, resp, "end_turn")
 		us := updates(t, notes)
 		tcu := find(us, "tool_call_update")
 		if len(tcu) == 0 || tcu[len(tcu)-1].Update.Status != "failed" {
@@ -459,9 +470,7 @@ func TestReadPrompt(t *testing.T) {
 		c.initialize(false, false)
 		sid := c.newSession("/workspace")
 		notes, resp := c.until(c.prompt(sid, "read /workspace/notes.txt"), nil)
-		if got := stopReason(t, resp); got != "end_turn" {
-			t.Errorf("stopReason = %q", got)
-		}
+		wantStop(t, resp, "end_turn")
 		if reply := text(updates(t, notes), "agent_message_chunk"); !strings.Contains(reply, "does not allow file reads") {
 			t.Errorf("reply = %q", reply)
 		}
@@ -548,14 +557,10 @@ func TestWritePrompt(t *testing.T) {
 func TestPermissionPrompt(t *testing.T) {
 	for option, want := range map[string]string{"allow": "Permission granted (allow).", "reject": "Permission denied (reject)."} {
 		t.Run(option, func(t *testing.T) {
-			c := startAgent(t, t.TempDir())
-			c.initialize(false, false)
-			sid := c.newSession("/w")
+			c, sid := startSession(t)
 			notes, resp := c.until(c.prompt(sid, "ask me for permission"),
 				answerPermission(t, c, map[string]string{"outcome": "selected", "optionId": option}, nil))
-			if got := stopReason(t, resp); got != "end_turn" {
-				t.Errorf("stopReason = %q", got)
-			}
+			wantStop(t, resp, "end_turn")
 			us := updates(t, notes)
 			if got := text(us, "agent_message_chunk"); got != want {
 				t.Errorf("reply = %q, want %q", got, want)
@@ -568,15 +573,11 @@ func TestPermissionPrompt(t *testing.T) {
 }
 
 func TestOtherKeywords(t *testing.T) {
-	c := startAgent(t, t.TempDir())
-	c.initialize(false, false)
-	sid := c.newSession("/w")
+	c, sid := startSession(t)
 
 	t.Run("plan", func(t *testing.T) {
 		notes, resp := c.until(c.prompt(sid, "make a plan"), nil)
-		if got := stopReason(t, resp); got != "end_turn" {
-			t.Errorf("stopReason = %q", got)
-		}
+		wantStop(t, resp, "end_turn")
 		plans := find(updates(t, notes), "plan")
 		if len(plans) != 4 {
 			t.Fatalf("got %d plan updates, want 4", len(plans))
@@ -664,9 +665,7 @@ func TestSlowPromptCancel(t *testing.T) {
 	waitChunk(t, c)
 	c.notify("session/cancel", map[string]string{"sessionId": sid})
 	_, resp := c.until(id, nil)
-	if got := stopReason(t, resp); got != "cancelled" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "cancelled")
 
 	// The partial reply is in the history, and the session takes new prompts.
 	f, err := store{dir: dir}.load(sid)
@@ -683,22 +682,16 @@ func TestSlowPromptCancel(t *testing.T) {
 }
 
 func TestCancelRequestForPrompt(t *testing.T) {
-	c := startAgent(t, t.TempDir())
-	c.initialize(false, false)
-	sid := c.newSession("/w")
+	c, sid := startSession(t)
 	id := c.prompt(sid, "a long story")
 	waitChunk(t, c)
 	c.notify("$/cancel_request", map[string]int{"requestId": id})
 	_, resp := c.until(id, nil)
-	if got := stopReason(t, resp); got != "cancelled" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "cancelled")
 }
 
 func TestCancelWhileWaitingForClient(t *testing.T) {
-	c := startAgent(t, t.TempDir())
-	c.initialize(false, false)
-	sid := c.newSession("/w")
+	c, sid := startSession(t)
 	id := c.prompt(sid, "permission please")
 
 	var req wireMsg
@@ -723,9 +716,7 @@ func TestCancelWhileWaitingForClient(t *testing.T) {
 			if string(m.ID) != jsonInt(id) {
 				t.Fatalf("unexpected response %s", m.raw)
 			}
-			if got := stopReason(t, m); got != "cancelled" {
-				t.Errorf("stopReason = %q", got)
-			}
+			wantStop(t, m, "cancelled")
 			break
 		}
 	}
@@ -736,15 +727,11 @@ func TestCancelWhileWaitingForClient(t *testing.T) {
 	// The late answer is ignored, and the session is free again.
 	c.respond(req.ID, map[string]any{"outcome": map[string]string{"outcome": "cancelled"}})
 	_, resp := c.until(c.prompt(sid, "hello"), nil)
-	if got := stopReason(t, resp); got != "end_turn" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "end_turn")
 }
 
 func TestPromptWhileRunning(t *testing.T) {
-	c := startAgent(t, t.TempDir())
-	c.initialize(false, false)
-	sid := c.newSession("/w")
+	c, sid := startSession(t)
 	first := c.prompt(sid, "slow")
 	waitChunk(t, c)
 
@@ -764,23 +751,17 @@ func TestPromptWhileRunning(t *testing.T) {
 	}
 	c.notify("session/cancel", map[string]string{"sessionId": sid})
 	_, resp := c.until(first, nil)
-	if got := stopReason(t, resp); got != "cancelled" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "cancelled")
 }
 
 func TestCloseCancelsPrompt(t *testing.T) {
-	c := startAgent(t, t.TempDir())
-	c.initialize(false, false)
-	sid := c.newSession("/w")
+	c, sid := startSession(t)
 	id := c.prompt(sid, "slow")
 	waitChunk(t, c)
 
 	closeID := c.request("session/close", map[string]string{"sessionId": sid})
 	_, resp := c.until(id, nil) // the prompt answers first
-	if got := stopReason(t, resp); got != "cancelled" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "cancelled")
 	_, resp = c.until(closeID, nil)
 	if got := string(mustResult(t, resp)); got != "{}" {
 		t.Errorf("close result = %s", got)
@@ -827,9 +808,7 @@ func TestLoadInNewRun(t *testing.T) {
 
 	// The loaded session takes prompts, and resume does not replay.
 	_, resp = c2.until(c2.prompt(sid, "third"), nil)
-	if got := stopReason(t, resp); got != "end_turn" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "end_turn")
 	c3 := startAgent(t, dir)
 	c3.initialize(false, false)
 	notes, resp = c3.until(c3.request("session/resume", map[string]any{"sessionId": sid, "cwd": "/w"}), nil)
@@ -838,9 +817,7 @@ func TestLoadInNewRun(t *testing.T) {
 		t.Errorf("resume sent %d notifications", len(notes))
 	}
 	_, resp = c3.until(c3.prompt(sid, "fourth"), nil)
-	if got := stopReason(t, resp); got != "end_turn" {
-		t.Errorf("stopReason = %q", got)
-	}
+	wantStop(t, resp, "end_turn")
 }
 
 func TestListSessions(t *testing.T) {
@@ -953,9 +930,7 @@ func TestMethods(t *testing.T) {
 }
 
 func TestRunStopsOnContextCancel(t *testing.T) {
-	c := startAgent(t, t.TempDir())
-	c.initialize(false, false)
-	sid := c.newSession("/w")
+	c, sid := startSession(t)
 	c.prompt(sid, "slow")
 	waitChunk(t, c)
 	c.cancel()

@@ -365,14 +365,11 @@ func (t *turn) write(path, content string) error {
 		"rawInput":      map[string]string{"path": path, "content": content},
 	})
 
-	optionID, cancelled, err := t.askPermission(id, title, "edit")
-	switch {
-	case err != nil:
-		return t.toolFailed(id, "I could not ask for permission", err)
-	case cancelled:
-		t.toolUpdate(id, "failed", nil)
-		return errTurnCancelled
-	case optionID != "allow":
+	optionID, done, err := t.permit(id, title, "edit")
+	if done {
+		return err
+	}
+	if optionID != "allow" {
 		t.toolUpdate(id, "failed", nil)
 		return t.say("Permission denied.")
 	}
@@ -402,20 +399,16 @@ func (t *turn) permission() error {
 		"rawInput":      map[string]string{"command": "echo hello"},
 	})
 
-	optionID, cancelled, err := t.askPermission(id, title, "execute")
-	switch {
-	case err != nil:
-		return t.toolFailed(id, "I could not ask for permission", err)
-	case cancelled:
-		t.toolUpdate(id, "failed", nil)
-		return errTurnCancelled
-	case optionID == "allow":
+	optionID, done, err := t.permit(id, title, "execute")
+	if done {
+		return err
+	}
+	if optionID == "allow" {
 		t.toolUpdate(id, "completed", []any{map[string]any{"type": "content", "content": textBlock("hello")}})
 		return t.say("Permission granted (allow).")
-	default:
-		t.toolUpdate(id, "failed", nil)
-		return t.say(fmt.Sprintf("Permission denied (%s).", optionID))
 	}
+	t.toolUpdate(id, "failed", nil)
+	return t.say(fmt.Sprintf("Permission denied (%s).", optionID))
 }
 
 func (t *turn) plan() error {
@@ -543,6 +536,21 @@ func (t *turn) toolUpdate(id, status string, content []any) {
 		u["content"] = content
 	}
 	t.a.update(t.sess.id, u)
+}
+
+// permit asks the client's permission for tool call id. When no option
+// comes back (the request failed, or the turn was cancelled) it fails the
+// tool call: done is then true, and err is what the turn returns.
+func (t *turn) permit(id, title, kind string) (optionID string, done bool, err error) {
+	optionID, cancelled, err := t.askPermission(id, title, kind)
+	switch {
+	case err != nil:
+		return "", true, t.toolFailed(id, "I could not ask for permission", err)
+	case cancelled:
+		t.toolUpdate(id, "failed", nil)
+		return "", true, errTurnCancelled
+	}
+	return optionID, false, nil
 }
 
 // askPermission sends session/request_permission with the allow and reject

@@ -385,6 +385,17 @@ func sessionHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return v, true
 }
 
+// lookupSession finds the connection a request names (lookup), then reads
+// its Acp-Session-Id (sessionHeader); false when either refused it.
+func (s *Server) lookupSession(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string) (*httpConn, string, bool) {
+	h := s.lookup(w, r, who, agent)
+	if h == nil {
+		return nil, "", false
+	}
+	session, ok := sessionHeader(w, r)
+	return h, session, ok
+}
+
 // postScanners are the scanners of client POSTs, which run concurrently.
 var postScanners = sync.Pool{New: func() any { return new(postScan) }}
 
@@ -445,11 +456,7 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusBadRequest, "Initialize not allowed on existing connection")
 		return
 	}
-	h := s.lookup(w, r, who, agent)
-	if h == nil {
-		return
-	}
-	header, ok := sessionHeader(w, r)
+	h, header, ok := s.lookupSession(w, r, who, agent)
 	if !ok || p.err == nil && !checkRequestID(w, m.ID) {
 		return
 	}
@@ -653,11 +660,7 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusNotAcceptable, "Not Acceptable")
 		return
 	}
-	h := s.lookup(w, r, who, agent)
-	if h == nil {
-		return
-	}
-	name, ok := sessionHeader(w, r)
+	h, name, ok := s.lookupSession(w, r, who, agent)
 	if !ok {
 		return
 	}

@@ -55,6 +55,18 @@ func (c *httpClient) post(hdr map[string]string, body string) (int, string) {
 	return resp.StatusCode, b
 }
 
+// openHTTP opens a Streamable HTTP connection: initialize, which must
+// answer 200.
+func openHTTP(t *testing.T, ts *testServer) *httpClient {
+	t.Helper()
+	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
+	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
+	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
+		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
+	}
+	return c
+}
+
 // sse opens a stream and returns its events' data, one per receive.
 func (c *httpClient) sse(session string, lastID string) (<-chan string, func(), *http.Response) {
 	c.t.Helper()
@@ -256,11 +268,7 @@ func TestHTTPTransportWire(t *testing.T) {
 // running prompts are done, instead of waiting for its deadline.
 func TestHTTPStreamsEndOnShutdown(t *testing.T) {
 	ts := startServer(t, nil)
-	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
-	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
-	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
-		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
-	}
+	c := openHTTP(t, ts)
 	events, stop, _ := c.sse("", "")
 	defer stop()
 	start := time.Now()
@@ -362,11 +370,7 @@ func BenchmarkRouteFacts(b *testing.B) {
 // answer has gone out and the connection has been quiet for httpQuiet.
 func TestHTTPDrainDeliversTheLastAnswer(t *testing.T) {
 	ts := startServer(t, func(c *config.Config) { c.ShutdownGrace = config.Duration(300 * time.Millisecond) })
-	c := &httpClient{t: t, ts: ts, hc: &http.Client{}}
-	resp, body := c.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
-	if c.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
-		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
-	}
+	c := openHTTP(t, ts)
 	events, stop, _ := c.sse("", "")
 	defer stop()
 	if st, b := c.post(nil, `{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}`); st != 202 {

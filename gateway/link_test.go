@@ -24,11 +24,7 @@ func TestSlowClientsCutTheSameWay(t *testing.T) {
 
 	// Streamable HTTP: the client never opens its connection's event
 	// stream, where the answers to its echoes go.
-	hc := &httpClient{t: t, ts: ts, hc: &http.Client{}}
-	resp, body := hc.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
-	if hc.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
-		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
-	}
+	hc := openHTTP(t, ts)
 	posted := 0
 	waitFor(t, 15*time.Second, "the HTTP connection to be cut", func() bool {
 		code, _ := hc.post(nil, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"_demo/echo","params":{"n":%d}}`, 100+posted, posted))
@@ -109,11 +105,7 @@ func waitMetrics(t *testing.T, ts *testServer, what string, lines ...string) {
 // what it read of the message.
 func TestSendScannedRoutesLikeSend(t *testing.T) {
 	ts := startServer(t, nil)
-	hc := &httpClient{t: t, ts: ts, hc: &http.Client{}}
-	resp, body := hc.do(http.MethodPost, map[string]string{"Content-Type": "application/json"}, httpInit)
-	if hc.conn = resp.Header.Get(ConnectionIDHeader); resp.StatusCode != 200 {
-		t.Fatalf("initialize: %d %q", resp.StatusCode, body)
-	}
+	hc := openHTTP(t, ts)
 	ts.s.mu.Lock()
 	h := ts.s.httpConns[hc.conn]
 	ts.s.mu.Unlock()

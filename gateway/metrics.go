@@ -47,27 +47,17 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 	}, s.queuedMessages)
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "acpgate_ready", Help: "1 when /readyz answers 200.",
-	}, func() float64 {
-		if s.ready() == "" {
-			return 1
-		}
-		return 0
-	})
+	}, func() float64 { return gaugeBool(s.ready() == "") })
 	// Drains in progress, to watch a rollout: this gateway's own (SIGTERM
 	// received, 1 until it exits) and removed agents' (SIGHUP).
-	drainGateway := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "acpgate_drains_in_progress", Help: drainsHelp,
-		ConstLabels: prometheus.Labels{"kind": "gateway"},
-	}, func() float64 {
-		if s.notReady.Load() || s.drain.Load() {
-			return 1
-		}
-		return 0
-	})
-	drainAgents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "acpgate_drains_in_progress", Help: drainsHelp,
-		ConstLabels: prometheus.Labels{"kind": "agent"},
-	}, func() float64 {
+	drains := func(kind string, f func() float64) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "acpgate_drains_in_progress", Help: drainsHelp,
+			ConstLabels: prometheus.Labels{"kind": kind},
+		}, f)
+	}
+	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.drain.Load()) })
+	drainAgents := drains("agent", func() float64 {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return float64(len(s.draining))
@@ -75,6 +65,14 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready, drainGateway, drainAgents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// gaugeBool is a gauge's value for b: 1 when true, 0 when false.
+func gaugeBool(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 const drainsHelp = "Drains under way: kind gateway (SIGTERM received: not ready, finishing turns), agent (agents a reload removed, finishing theirs)."

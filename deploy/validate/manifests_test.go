@@ -139,6 +139,22 @@ func put[T any](t *testing.T, m map[string]T, name, where string, v T) {
 	m[name] = v
 }
 
+// decodeNamed returns a decoder of one kind of object: it decodes a
+// document strictly into a new object, files it under its name in m and
+// checks its metadata.
+func decodeNamed[E any, P interface {
+	*E
+	metav1.Object
+}](t *testing.T, m map[string]P) func(where string, doc []byte) {
+	return func(where string, doc []byte) {
+		t.Helper()
+		o := P(new(E))
+		strict(t, where, doc, o)
+		put(t, m, o.GetName(), where, o)
+		checkMeta(t, where, o)
+	}
+}
+
 func load(t *testing.T) *manifests {
 	t.Helper()
 	m := &manifests{
@@ -147,6 +163,18 @@ func load(t *testing.T) *manifests {
 		hpas: map[string]*autoscalingv2.HorizontalPodAutoscaler{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
 		ingresses: map[string]*networkingv1.Ingress{}, serviceMonitors: map[string]*serviceMonitor{},
 		prometheusRules: map[string]*prometheusRule{}, files: map[string][]string{},
+	}
+	// decoders decode a document of each kind (by apiVersion/kind) into m.
+	decoders := map[string]func(where string, doc []byte){
+		"v1/ConfigMap":                            decodeNamed(t, m.configMaps),
+		"v1/Secret":                               decodeNamed(t, m.secrets),
+		"v1/Service":                              decodeNamed(t, m.services),
+		"apps/v1/Deployment":                      decodeNamed(t, m.deployments),
+		"autoscaling/v2/HorizontalPodAutoscaler":  decodeNamed(t, m.hpas),
+		"policy/v1/PodDisruptionBudget":           decodeNamed(t, m.pdbs),
+		"networking.k8s.io/v1/Ingress":            decodeNamed(t, m.ingresses),
+		"monitoring.coreos.com/v1/ServiceMonitor": decodeNamed(t, m.serviceMonitors),
+		"monitoring.coreos.com/v1/PrometheusRule": decodeNamed(t, m.prometheusRules),
 	}
 	paths, err := filepath.Glob(filepath.Join(k8sDir, "*.yaml"))
 	if err != nil || len(paths) == 0 {
@@ -165,74 +193,29 @@ func load(t *testing.T) *manifests {
 				t.Fatalf("%s: %v", where, err)
 			}
 			m.files[base] = append(m.files[base], tm.Kind)
-			var meta metav1.ObjectMeta
-			switch gvk := tm.APIVersion + "/" + tm.Kind; gvk {
-			case "v1/ConfigMap":
-				o := &corev1.ConfigMap{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.configMaps, o.Name, where, o)
-			case "v1/Secret":
-				o := &corev1.Secret{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.secrets, o.Name, where, o)
-			case "v1/Service":
-				o := &corev1.Service{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.services, o.Name, where, o)
-			case "apps/v1/Deployment":
-				o := &appsv1.Deployment{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.deployments, o.Name, where, o)
-			case "autoscaling/v2/HorizontalPodAutoscaler":
-				o := &autoscalingv2.HorizontalPodAutoscaler{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.hpas, o.Name, where, o)
-			case "policy/v1/PodDisruptionBudget":
-				o := &policyv1.PodDisruptionBudget{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.pdbs, o.Name, where, o)
-			case "networking.k8s.io/v1/Ingress":
-				o := &networkingv1.Ingress{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.ingresses, o.Name, where, o)
-			case "monitoring.coreos.com/v1/ServiceMonitor":
-				o := &serviceMonitor{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.serviceMonitors, o.Name, where, o)
-			case "monitoring.coreos.com/v1/PrometheusRule":
-				o := &prometheusRule{}
-				strict(t, where, doc, o)
-				meta = o.ObjectMeta
-				put(t, m.prometheusRules, o.Name, where, o)
-			case "kustomize.config.k8s.io/v1beta1/Kustomization":
-				o := &kustomization{}
-				strict(t, where, doc, o)
-				m.kustomization = o
+			gvk := tm.APIVersion + "/" + tm.Kind
+			if gvk == "kustomize.config.k8s.io/v1beta1/Kustomization" {
+				m.kustomization = &kustomization{}
+				strict(t, where, doc, m.kustomization)
 				continue
-			default:
+			}
+			decode, ok := decoders[gvk]
+			if !ok {
 				t.Fatalf("%s: unexpected kind %s", where, gvk)
 			}
-			checkMeta(t, where, meta)
+			decode(where, doc)
 		}
 	}
 	return m
 }
 
-func checkMeta(t *testing.T, where string, meta metav1.ObjectMeta) {
+func checkMeta(t *testing.T, where string, meta metav1.Object) {
 	t.Helper()
-	for _, e := range validation.IsDNS1123Subdomain(meta.Name) {
-		t.Errorf("%s: metadata.name %q: %s", where, meta.Name, e)
+	for _, e := range validation.IsDNS1123Subdomain(meta.GetName()) {
+		t.Errorf("%s: metadata.name %q: %s", where, meta.GetName(), e)
 	}
-	checkLabels(t, where+": metadata.labels", meta.Labels)
-	for k := range meta.Annotations {
+	checkLabels(t, where+": metadata.labels", meta.GetLabels())
+	for k := range meta.GetAnnotations() {
 		for _, e := range validation.IsQualifiedName(k) {
 			t.Errorf("%s: annotation %q: %s", where, k, e)
 		}

@@ -63,38 +63,53 @@ func logSizes(b *testing.B) {
 	})
 }
 
-// benchRewrite is the relay's hot path: scan, locate params.sessionId,
-// splice in the sealed ID, reusing the scanner, message, edits and output
-// buffer.
+// rewriter is the relay's hot path: scan, locate params.sessionId, splice
+// in the sealed ID, reusing the scanner, message, edits and output buffer.
+type rewriter struct {
+	s     Scanner
+	m     Message
+	repl  []byte
+	edits []Edit
+	dst   []byte // the last rewritten message
+}
+
+// newRewriter returns a rewriter whose output buffer holds a rewritten
+// message of up to size bytes.
+func newRewriter(size int) *rewriter {
+	r := &rewriter{
+		s:     Scanner{Methods: map[string]string{"session/update": "session/update"}},
+		repl:  AppendQuote(nil, sealedLike),
+		edits: make([]Edit, 0, 4),
+	}
+	r.dst = make([]byte, 0, size+len(r.repl))
+	return r
+}
+
+func (r *rewriter) rewrite(tb testing.TB, msg []byte) {
+	if err := r.s.Scan(msg, &r.m, func(*Message) *Spec { return benchSpec }); err != nil {
+		tb.Fatal(err)
+	}
+	f, ok := r.m.FieldOf(FieldSessionID, -1)
+	if !ok {
+		tb.Fatal("no sessionId")
+	}
+	r.edits = append(r.edits[:0], Edit{Start: f.Start, End: f.End, Repl: r.repl})
+	SortEdits(r.edits)
+	r.dst = Splice(r.dst[:0], msg, r.edits)
+}
+
 func benchRewrite(b *testing.B, msg []byte) {
 	logSizes(b)
-	s := Scanner{Methods: map[string]string{"session/update": "session/update"}}
-	var m Message
-	resolve := func(*Message) *Spec { return benchSpec }
-	repl := AppendQuote(nil, sealedLike)
-	edits := make([]Edit, 0, 4)
-	dst := make([]byte, 0, len(msg)+len(repl))
-	rewrite := func() {
-		if err := s.Scan(msg, &m, resolve); err != nil {
-			b.Fatal(err)
-		}
-		f, ok := m.FieldOf(FieldSessionID, -1)
-		if !ok {
-			b.Fatal("no sessionId")
-		}
-		edits = append(edits[:0], Edit{Start: f.Start, End: f.End, Repl: repl})
-		SortEdits(edits)
-		dst = Splice(dst[:0], msg, edits)
-	}
-	rewrite()
-	want := bytes.Replace(msg, []byte(`"`+benchSessionID+`"`), repl, 1)
-	if !bytes.Equal(dst, want) {
-		b.Fatalf("rewrite produced\n%s", dst)
+	r := newRewriter(len(msg))
+	r.rewrite(b, msg)
+	want := bytes.Replace(msg, []byte(`"`+benchSessionID+`"`), r.repl, 1)
+	if !bytes.Equal(r.dst, want) {
+		b.Fatalf("rewrite produced\n%s", r.dst)
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(msg)))
 	for b.Loop() {
-		rewrite()
+		r.rewrite(b, msg)
 	}
 }
 
@@ -160,22 +175,12 @@ func BenchmarkMapAny20KB(b *testing.B)               { benchMapAny(b, bench20KB)
 
 func BenchmarkRewriteSessionUpdate300BParallel(b *testing.B) {
 	logSizes(b)
-	repl := AppendQuote(nil, sealedLike)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(bench300)))
 	b.RunParallel(func(pb *testing.PB) {
-		s := Scanner{Methods: map[string]string{"session/update": "session/update"}}
-		var m Message
-		resolve := func(*Message) *Spec { return benchSpec }
-		edits := make([]Edit, 0, 4)
-		dst := make([]byte, 0, len(bench300)+len(repl))
+		r := newRewriter(len(bench300))
 		for pb.Next() {
-			if err := s.Scan(bench300, &m, resolve); err != nil {
-				b.Fatal(err)
-			}
-			f, _ := m.FieldOf(FieldSessionID, -1)
-			edits = append(edits[:0], Edit{Start: f.Start, End: f.End, Repl: repl})
-			dst = Splice(dst[:0], bench300, edits)
+			r.rewrite(b, bench300)
 		}
 	})
 }
@@ -201,21 +206,9 @@ func TestBenchMessages(t *testing.T) {
 // method, a reused Scanner, Message, edits and output buffer, scanning and
 // splicing a session/update allocates nothing.
 func TestRewriteDoesNotAllocate(t *testing.T) {
-	s := Scanner{Methods: map[string]string{"session/update": "session/update"}}
-	var m Message
-	resolve := func(*Message) *Spec { return benchSpec }
-	repl := AppendQuote(nil, sealedLike)
-	edits := make([]Edit, 0, 4)
-	dst := make([]byte, 0, len(bench20KB)+len(repl))
+	r := newRewriter(len(bench20KB))
 	for _, msg := range [][]byte{bench300, bench20KB} {
-		allocs := testing.AllocsPerRun(50, func() {
-			if err := s.Scan(msg, &m, resolve); err != nil {
-				t.Fatal(err)
-			}
-			f, _ := m.FieldOf(FieldSessionID, -1)
-			edits = append(edits[:0], Edit{Start: f.Start, End: f.End, Repl: repl})
-			dst = Splice(dst[:0], msg, edits)
-		})
+		allocs := testing.AllocsPerRun(50, func() { r.rewrite(t, msg) })
 		if allocs != 0 {
 			t.Errorf("%d-byte rewrite: %v allocations per message", len(msg), allocs)
 		}

@@ -4,49 +4,44 @@ import "testing"
 
 var sink string
 
-func BenchmarkToClient(b *testing.B) {
-	cases := []struct {
-		name string
-		m    *Mapper
-		in   string
-	}{
-		{"mapped", newMapper(fuzzRoot, "/workspace"), fuzzRoot + "/src/pkg/main.go"},
-		{"identity", newMapper(fuzzRoot, fuzzRoot), fuzzRoot + "/src/pkg/main.go"},
-		{"vroot-slash", newMapper(fuzzRoot, "/"), fuzzRoot + "/src/pkg/main.go"},
-		{"unclean", newMapper(fuzzRoot, "/workspace"), fuzzRoot + "//src/./pkg/../pkg/main.go"},
-		{"outside", newMapper(fuzzRoot, "/workspace"), "/srv/tenants/acme2/secret.txt"},
-	}
+// toClientCase is one input to a ToClient-like method, on a mapper.
+type toClientCase struct {
+	name string
+	m    *Mapper
+	in   string
+}
+
+// benchToClient runs f (ToClient or URIToClient) on each case, as a sub-benchmark.
+func benchToClient(b *testing.B, f func(*Mapper, string) (string, bool), cases []toClientCase) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				sink, _ = c.m.ToClient(c.in)
+				sink, _ = f(c.m, c.in)
 			}
 		})
 	}
 }
 
+func BenchmarkToClient(b *testing.B) {
+	benchToClient(b, (*Mapper).ToClient, []toClientCase{
+		{"mapped", newMapper(fuzzRoot, "/workspace"), fuzzRoot + "/src/pkg/main.go"},
+		{"identity", newMapper(fuzzRoot, fuzzRoot), fuzzRoot + "/src/pkg/main.go"},
+		{"vroot-slash", newMapper(fuzzRoot, "/"), fuzzRoot + "/src/pkg/main.go"},
+		{"unclean", newMapper(fuzzRoot, "/workspace"), fuzzRoot + "//src/./pkg/../pkg/main.go"},
+		{"outside", newMapper(fuzzRoot, "/workspace"), "/srv/tenants/acme2/secret.txt"},
+	})
+}
+
 func BenchmarkURIToClient(b *testing.B) {
-	cases := []struct {
-		name string
-		m    *Mapper
-		in   string
-	}{
+	benchToClient(b, (*Mapper).URIToClient, []toClientCase{
 		{"mapped", newMapper(fuzzRoot, "/workspace"), "file://" + fuzzRoot + "/src/pkg/main.go#L10"},
 		{"identity", newMapper(fuzzRoot, fuzzRoot), "file://" + fuzzRoot + "/src/pkg/main.go#L10"},
 		{"localhost", newMapper(fuzzRoot, "/workspace"), "file://localhost" + fuzzRoot + "/src/pkg/main.go"},
 		{"escaped", newMapper(fuzzRoot, "/workspace"), "file://" + fuzzRoot + "/src/my%20file.go"},
 		{"outside", newMapper(fuzzRoot, "/workspace"), "file:///srv/tenants/acme2/secret.txt"},
 		{"https", newMapper(fuzzRoot, "/workspace"), "https://example.com/x"},
-	}
-	for _, c := range cases {
-		b.Run(c.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				sink, _ = c.m.URIToClient(c.in)
-			}
-		})
-	}
+	})
 }
 
 func BenchmarkToAgent(b *testing.B) {

@@ -370,10 +370,19 @@ const outside = "/<outside-workspace>"
 // (useful to the user, and it leaks no host layout); a path with no base
 // name ("/", "", "..") gives "/<outside-workspace>".
 func Redact(p string) string {
+	if b := keptBase(p); b != "" {
+		return outside + "/" + b
+	}
+	return outside
+}
+
+// keptBase is the base name a redaction keeps of p: "" when p has none
+// ("/", "", "..").
+func keptBase(p string) string {
 	b := path.Base(path.Clean(p))
 	switch b {
 	case "/", ".", "..":
-		return outside
+		return ""
 	}
-	return outside + "/" + b
+	return b
 }

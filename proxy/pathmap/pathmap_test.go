@@ -215,14 +215,20 @@ func TestToAgent(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got != tt.want {
-			t.Errorf("ToAgent(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
-			continue
-		}
-		// Round trip: ToClient(ToAgent(p)) == Clean(p).
-		if back, ok := m.ToClient(got); !ok || back != path.Clean(tt.in) {
-			t.Errorf("ToClient(ToAgent(%q)) = %q, %v; want %q", tt.in, back, ok, path.Clean(tt.in))
-		}
+		checkToAgent(t, m, tt.in, got, err, tt.want)
+	}
+}
+
+// checkToAgent checks that ToAgent(in) gave (got, err) = (want, nil), and
+// the round trip: ToClient(ToAgent(in)) == Clean(in).
+func checkToAgent(t *testing.T, m *Mapper, in, got string, err error, want string) {
+	t.Helper()
+	if err != nil || got != want {
+		t.Errorf("ToAgent(%q) = %q, %v; want %q", in, got, err, want)
+		return
+	}
+	if back, ok := m.ToClient(got); !ok || back != path.Clean(in) {
+		t.Errorf("ToClient(ToAgent(%q)) = %q, %v; want %q", in, back, ok, path.Clean(in))
 	}
 }
 
@@ -252,13 +258,7 @@ func TestToAgentVirtualRootSlash(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got != tt.want {
-			t.Errorf("ToAgent(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
-			continue
-		}
-		if back, ok := m.ToClient(got); !ok || back != path.Clean(tt.in) {
-			t.Errorf("ToClient(ToAgent(%q)) = %q, %v; want %q", tt.in, back, ok, path.Clean(tt.in))
-		}
+		checkToAgent(t, m, tt.in, got, err, tt.want)
 	}
 }
 

@@ -104,12 +104,10 @@ const redactedURI = "file:///%3Coutside-workspace%3E"
 
 // redactURI is [Redact] for a decoded path, as a file URI.
 func redactURI(p string) string {
-	b := path.Base(path.Clean(p))
-	switch b {
-	case "/", ".", "..":
-		return redactedURI
+	if b := keptBase(p); b != "" {
+		return redactedURI + "/" + escapePath(b)
 	}
-	return redactedURI + "/" + escapePath(b)
+	return redactedURI
 }
 
 // hasFileScheme reports whether u starts with "file:", in any case.

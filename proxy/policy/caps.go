@@ -126,14 +126,10 @@ func parseV1(c *AgentCaps, top []member) {
 	}
 	c.Load = isTrue(lookup(ac, "loadSession"))
 	if pc, ok := subMembers(ac, "promptCapabilities"); ok {
-		c.PromptImage = isTrue(lookup(pc, "image"))
-		c.PromptAudio = isTrue(lookup(pc, "audio"))
-		c.PromptEmbeddedContext = isTrue(lookup(pc, "embeddedContext"))
+		parsePrompt(c, pc, isTrue)
 	}
 	if mc, ok := subMembers(ac, "mcpCapabilities"); ok {
-		c.MCPHTTP = isTrue(lookup(mc, "http"))
-		c.MCPSSE = isTrue(lookup(mc, "sse"))
-		c.MCPACP = isTrue(lookup(mc, "acp"))
+		parseMCP(c, mc, isTrue)
 	}
 	if sc, ok := subMembers(ac, "sessionCapabilities"); ok {
 		parseSessionMarkers(c, sc)
@@ -168,20 +164,34 @@ func parseV2(c *AgentCaps, top []member) {
 		parseSessionMarkers(c, sc)
 		if mc, ok := subMembers(sc, "mcp"); ok {
 			c.MCPStdio = isMarker(lookup(mc, "stdio"))
-			c.MCPHTTP = isMarker(lookup(mc, "http"))
-			c.MCPSSE = isMarker(lookup(mc, "sse"))
-			c.MCPACP = isMarker(lookup(mc, "acp"))
+			parseMCP(c, mc, isMarker)
 		}
 		if pc, ok := subMembers(sc, "prompt"); ok {
-			c.PromptImage = isMarker(lookup(pc, "image"))
-			c.PromptAudio = isMarker(lookup(pc, "audio"))
-			c.PromptEmbeddedContext = isMarker(lookup(pc, "embeddedContext"))
+			parsePrompt(c, pc, isMarker)
 		}
 	}
 	if au, ok := subMembers(caps, "auth"); ok {
 		c.AuthStatus = isMarker(lookup(au, "status"))
 	}
 	parseTopUnstable(c, caps)
+}
+
+// parsePrompt reads the prompt content types an agent accepts, the same
+// keys in v1 promptCapabilities (booleans: is is isTrue) and v2
+// capabilities.session.prompt (markers: isMarker).
+func parsePrompt(c *AgentCaps, pc []member, is func([]byte) bool) {
+	c.PromptImage = is(lookup(pc, "image"))
+	c.PromptAudio = is(lookup(pc, "audio"))
+	c.PromptEmbeddedContext = is(lookup(pc, "embeddedContext"))
+}
+
+// parseMCP reads the MCP transports beyond stdio an agent accepts, the same
+// keys in v1 mcpCapabilities (booleans: is is isTrue) and v2
+// capabilities.session.mcp (markers: isMarker).
+func parseMCP(c *AgentCaps, mc []member, is func([]byte) bool) {
+	c.MCPHTTP = is(lookup(mc, "http"))
+	c.MCPSSE = is(lookup(mc, "sse"))
+	c.MCPACP = is(lookup(mc, "acp"))
 }
 
 // parseSessionMarkers reads the object markers shared by v1

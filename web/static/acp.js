@@ -329,6 +329,44 @@ export function backoff(attempt, { base = 500, max = 15000 } = {}) {
   return Math.round(d * (0.8 + Math.random() * 0.4));
 }
 
+// singleUse returns a function that returns value the first time it is
+// called and null after (always null for an empty value): a ticket given
+// to open is good for one socket or request, later ones take one from
+// getTicket. The value comes back as is, not as a promise, so that what
+// uses it does not wait.
+function singleUse(value) {
+  return () => {
+    const v = value || null;
+    value = "";
+    return v;
+  };
+}
+
+// A resume in progress, from a drop: the attempts so far, when the drop
+// was, how it closed, the timer of the next attempt, and whether one is
+// dialing. Both transports resume on this schedule.
+function resumeState(close) {
+  return { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+}
+
+// The next attempt of resume rc after a backoff: tryResume(rc) when it is
+// due and link({state: "reconnecting", …}) now; or end(close, with
+// resumeRefused) once resumeForMs has passed since the drop.
+function nextResume(rc, resumeForMs, { end, link, tryResume }) {
+  rc.attempt++;
+  if (Date.now() - rc.since > resumeForMs) return end({ ...rc.close, resumeRefused: true });
+  const delayMs = backoff(rc.attempt);
+  link({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
+  rc.timer = setTimeout(() => tryResume(rc), delayMs);
+}
+
+// Skips the backoff of resume rc (if any, and not dialing) and tries now.
+function resumeNow(rc, tryResume) {
+  if (!rc || rc.dialing) return;
+  clearTimeout(rc.timer);
+  tryResume(rc);
+}
+
 /** The notification that starts a resumed socket (not counted). */
 export const RESUMED = "_acpgate/resumed";
 
@@ -482,7 +520,7 @@ export class AcpConnection {
 
   #opts;
   #base; // the url given to open, before the agent was added (for reopen)
-  #ticketUsed = false;
+  #ticketOnce; // the single-use ticket (see singleUse)
   #closing = false; // close() was called
   #rc = null; // while resuming: {attempt, since, close, timer, dialing}
   #key;
@@ -496,6 +534,7 @@ export class AcpConnection {
     // for a reload (keyed by this URL) all stay with it.
     this.url = transport === "http" ? gatewayHttpUrl(url, { agent: this.agent }) : gatewayUrl(url, { agent: this.agent });
     this.#opts = { token, ticket, getTicket, timeoutMs, resume, storage, probe, resumeForMs };
+    this.#ticketOnce = singleUse(ticket);
     this.#base = url;
     this.#key = "acp.resume:" + this.url;
     if (transport === "websocket") {
@@ -589,13 +628,7 @@ export class AcpConnection {
   // from _acpgate/resumed, the first message; otherwise once it is open.
   async #dial(resume) {
     const { token, getTicket, timeoutMs } = this.#opts;
-    let ticket = "";
-    if (this.#opts.ticket && !this.#ticketUsed) {
-      ticket = this.#opts.ticket;
-      this.#ticketUsed = true;
-    } else if (getTicket) {
-      ticket = await getTicket();
-    }
+    const ticket = this.#ticketOnce() ?? (getTicket ? await getTicket() : "");
     const u = new URL(gatewayUrl(this.url, { ticket }));
     if (resume) {
       u.searchParams.set("resume", this.resumeToken);
@@ -669,18 +702,17 @@ export class AcpConnection {
     const superseded = ev.code === 1008 && /supersed/i.test(ev.reason);
     const canResume = this.#opts.resume && this.resumeToken && (!this.#opts.ticket || this.#opts.getTicket);
     if (this.#closing || !canResume || superseded) return this.#end(close);
-    this.#rc = { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+    this.#rc = resumeState(close);
     this.#next();
   }
 
   // Waits a backoff, then tries to resume.
   #next() {
-    const rc = this.#rc;
-    rc.attempt++;
-    if (Date.now() - rc.since > this.#opts.resumeForMs) return this.#end({ ...rc.close, resumeRefused: true });
-    const delayMs = backoff(rc.attempt);
-    this.#emitLink({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
-    rc.timer = setTimeout(() => this.#tryResume(rc), delayMs);
+    nextResume(this.#rc, this.#opts.resumeForMs, {
+      end: (close) => this.#end(close),
+      link: (ev) => this.#emitLink(ev),
+      tryResume: (rc) => this.#tryResume(rc),
+    });
   }
 
   async #tryResume(rc) {
@@ -751,10 +783,7 @@ export class AcpConnection {
   /** While resuming: skip the backoff and try now ("Reconnect now", back online). */
   reconnectNow() {
     if (this.#link) return this.#link.reconnectNow();
-    const rc = this.#rc;
-    if (!rc || rc.dialing) return;
-    clearTimeout(rc.timer);
-    this.#tryResume(rc);
+    resumeNow(this.#rc, (rc) => this.#tryResume(rc));
   }
 
   // The connection is over: pending requests fail, handlers are aborted.
@@ -1102,7 +1131,7 @@ class HttpLink {
   #cb;
   #id = ""; // the Acp-Connection-Id, once initialize is answered
   #queue = Promise.resolve(); // the POST chain
-  #ticketUsed = false;
+  #ticketOnce; // the single-use ticket (see singleUse)
   #streams = new Map(); // "" (the connection's) or a session ID -> stream
   #stoppedAt = new Map(); // a closed idle session stream's last event id
   #replyOn = new Map(); // our request's id (JSON) -> the session stream its answer comes on
@@ -1116,6 +1145,7 @@ class HttpLink {
   constructor(url, opts, cb) {
     this.#url = url;
     this.#opts = opts;
+    this.#ticketOnce = singleUse(opts.ticket);
     this.#cb = cb;
   }
 
@@ -1139,10 +1169,7 @@ class HttpLink {
   }
 
   reconnectNow() {
-    const rc = this.#rc;
-    if (!rc || rc.dialing) return;
-    clearTimeout(rc.timer);
-    this.#tryResume(rc);
+    resumeNow(this.#rc, (rc) => this.#tryResume(rc));
   }
 
   // One request to /acp with the transport's headers and a credential.
@@ -1153,13 +1180,7 @@ class HttpLink {
     if (token) {
       headers.Authorization = "Bearer " + token;
     } else {
-      let ticket = "";
-      if (this.#opts.ticket && !this.#ticketUsed) {
-        ticket = this.#opts.ticket;
-        this.#ticketUsed = true;
-      } else if (getTicket) {
-        ticket = await getTicket();
-      }
+      const ticket = this.#ticketOnce() ?? (getTicket ? await getTicket() : "");
       if (ticket) u.searchParams.set("ticket", ticket);
     }
     if (id) headers["Acp-Connection-Id"] = id;
@@ -1446,17 +1467,16 @@ class HttpLink {
   #trouble(close) {
     if (this.#ended || this.#rc) return;
     if (!this.#opts.resume) return this.#end(close);
-    this.#rc = { attempt: 0, since: Date.now(), close, timer: null, dialing: false };
+    this.#rc = resumeState(close);
     this.#next();
   }
 
   #next() {
-    const rc = this.#rc;
-    rc.attempt++;
-    if (Date.now() - rc.since > this.#opts.resumeForMs) return this.#end({ ...rc.close, resumeRefused: true });
-    const delayMs = backoff(rc.attempt);
-    this.#cb.link({ state: "reconnecting", attempt: rc.attempt, delayMs, close: rc.close });
-    rc.timer = setTimeout(() => this.#tryResume(rc), delayMs);
+    nextResume(this.#rc, this.#opts.resumeForMs, {
+      end: (close) => this.#end(close),
+      link: (ev) => this.#cb.link(ev),
+      tryResume: (rc) => this.#tryResume(rc),
+    });
   }
 
   // Opens every dropped stream again, then sends the stuck message.

@@ -293,6 +293,7 @@ function renderCode(b) {
 
 const PUNCT = /[!"#$%&'()*+,\-./:;<=>?@[\\\]^_`{|}~]/;
 const ALNUM = /[\p{L}\p{N}]/u;
+const AUTOLINK = /^<(https?:\/\/[^\s<>]+)>/;
 const BARE_URL = /^https?:\/\/[^\s<>"]*[^\s<>"().,;:!?'\]]/;
 
 /** Only http(s) URLs become links. Returns the normalized href, or "". */
@@ -401,25 +402,16 @@ export function parseInline(s) {
         continue;
       }
     }
-    if (c === "<") {
-      const m = /^<(https?:\/\/[^\s<>]+)>/.exec(rest());
-      const href = m && safeHref(m[1]);
-      if (href) {
-        flush();
-        out.push(link(href, [document.createTextNode(m[1])]));
-        i += m[0].length;
-        continue;
-      }
-    }
-    if (c === "h" && (i === 0 || !ALNUM.test(s[i - 1]))) {
-      const m = BARE_URL.exec(rest());
-      const href = m && safeHref(m[0]);
-      if (href) {
-        flush();
-        out.push(link(href, [document.createTextNode(m[0])]));
-        i += m[0].length;
-        continue;
-      }
+    // An autolink (<https://…>) or a bare URL: a link with the URL as its text.
+    const auto =
+      c === "<" ? AUTOLINK.exec(rest()) : c === "h" && (i === 0 || !ALNUM.test(s[i - 1])) ? BARE_URL.exec(rest()) : null;
+    const url = auto && (auto[1] ?? auto[0]);
+    const href = url && safeHref(url);
+    if (href) {
+      flush();
+      out.push(link(href, [document.createTextNode(url)]));
+      i += auto[0].length;
+      continue;
     }
     if (c === "*" || c === "_" || c === "~") {
       const double = s[i + 1] === c;
