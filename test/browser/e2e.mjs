@@ -1083,6 +1083,102 @@ async function agentsScenario() {
   await harness(`prompts demo=${sent.demo} second=${sent.second}`);
 }
 
+// Two (three) pages on one session, through acpgate's session/attach (issue
+// #22). NOT CALLED YET: it needs the gateway side of attach; once that lands,
+// give it a scenario name below and a Go test (the built-in demo agent, no
+// authentication, as TestBrowserClient). Page A starts a session and
+// copies its share link; page B opens it (attached, the history replayed);
+// A's agent asks permission, B answers, and A's card collapses; a page C
+// opened with the read-only link cannot send, cancel or answer.
+async function twoPagesAttach() {
+  const pageOn = async (url) => {
+    const p = await context.newPage();
+    p.setDefaultTimeout(15000);
+    p.on("pageerror", (err) => problems.push(`page error (second page): ${err.message}`));
+    await p.goto(url);
+    await p.waitForSelector('#conn-state[data-state="connected"]');
+    return p;
+  };
+  const turnEndsOn = (p) => p.locator("#transcript .turn-end").count();
+  const transcriptHas = (p, text) => p.waitForFunction((t) => document.getElementById("transcript").innerText.includes(t), text);
+  let link = "";
+  let B;
+  let C;
+
+  await run("attach: page A starts a session and shares it", async () => {
+    await page.goto(baseUrl);
+    await waitState("connected");
+    check(await page.locator("#share-btn").isHidden(), "Share shown before a session is open");
+    await send("hello before sharing");
+    await page.locator("#share-btn").click();
+    link = await page.locator("#share-link").inputValue();
+    const u = new URL(link);
+    check(u.search === "" && new URLSearchParams(u.hash.slice(1)).get("attach"), `the share link does not carry the session in its fragment: ${link}`);
+    check(!new URLSearchParams(u.hash.slice(1)).has("ro"), `the link is read-only: ${link}`);
+  });
+
+  await run("attach: page B opens the link", async () => {
+    B = await pageOn(link);
+    await transcriptHas(B, "Attached to the shared session");
+    const users = await B.locator("#transcript .msg.user").allInnerTexts();
+    check(users.some((t) => t.trim() === "hello before sharing"), `B's replay lacks A's prompt: ${users}`);
+    check(await B.locator("#transcript .msg.agent").filter({ hasText: "You said: hello before sharing" }).count() === 1, "B's replay lacks A's reply");
+    check(await B.locator("#presence li").count() >= 2, `B's presence: ${await B.locator("#presence li").allInnerTexts()}`);
+    check(await B.locator("#ro-badge").isHidden() && await B.locator("#prompt").isEnabled(), "B is read-only");
+  });
+
+  await run("attach: A's agent asks permission, B answers, A's card collapses", async () => {
+    const before = await turnEnds();
+    await send("permission", { wait: false });
+    await page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').waitFor();
+    const allowB = B.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+    await allowB.waitFor();
+    await allowB.click();
+    await page.waitForFunction(() => document.querySelector("#transcript .permission.collapsed")?.innerText.includes("nswered elsewhere"));
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#transcript .tool").last().getAttribute("data-status")) === "completed", "A's tool call did not complete");
+    check((await B.locator("#transcript .permission").last().innerText()).includes("You chose"), "B's card does not show B's answer");
+    // B saw A's prompt as A's, and the end of A's turn (turn_complete).
+    await B.waitForFunction(() => [...document.querySelectorAll("#transcript .msg.user")].some((m) => /: permission$/.test(m.innerText.trim())));
+    await B.waitForFunction(() => document.querySelector("#cancel-btn").hidden);
+  });
+
+  await run("attach: B prompts, A sees it", async () => {
+    const before = await turnEndsOn(B);
+    await B.locator("#prompt").fill("hello from page B");
+    await B.locator("#prompt").press("Enter");
+    await B.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    await page.waitForFunction(() => [...document.querySelectorAll("#transcript .msg.user")].some((m) => m.innerText.includes("hello from page B")));
+    await expectAgentText("You said: hello from page B");
+  });
+
+  await run("attach: a read-only page C cannot send", async () => {
+    const u = new URL(link);
+    u.hash += "&ro=1";
+    C = await pageOn(u.href);
+    await transcriptHas(C, "Attached to the shared session");
+    check(await C.locator("#ro-badge").isVisible(), "no read-only badge");
+    check(await C.locator("#prompt").isDisabled() && await C.locator("#send-btn").isDisabled(), "C's prompt box or Send is enabled");
+    const before = await turnEnds();
+    await send("permission", { wait: false });
+    await page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').waitFor();
+    // The gateway does not ask a read-only client; if it shows a card, its buttons are disabled.
+    check(await C.locator("#transcript .permission:not(.answered) button:enabled").count() === 0, "C can answer a permission request");
+    check(await C.locator("#cancel-btn:enabled").count() === 0, "C can cancel");
+    await page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').click();
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    await C.waitForFunction(() => [...document.querySelectorAll("#transcript .permission")].some((p) => p.innerText.includes("allowed by")));
+    await B.waitForFunction(() => [...document.querySelectorAll("#transcript .permission")].some((p) => p.innerText.includes("llowed by")));
+  });
+
+  await run("attach: B leaves, A's session goes on", async () => {
+    await B.close();
+    await C.close();
+    await send("still here after B left");
+    check((await lastAgentText()).includes("You said: still here after B left"), "A's session ended with B");
+  });
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {

@@ -39,6 +39,9 @@
 //     .onReconnect(fn)            "reconnecting", "reconnected", "restoring", "restored",
 //                                 "lost", "done" / "failed" (see "Connecting anew" below)
 //     .close()                    closes the connection, and stops a reconnect
+//     .attach(id, opts) / .detach(id)  acpgate's session sharing: join a live
+//                                 session as one more of its clients (see
+//                                 "Sharing a session" below), leave it
 //   backoff(attempt)              the delay before reconnect attempt N
 //   EventStreamParser             text/event-stream parsing, as the "http" transport reads it
 //
@@ -143,9 +146,11 @@
 //   3. {state: "reconnected", conn, previous, init}: acp.conn is the new
 //      connection, with the old one's handle() and on() handlers (pending
 //      requests of the old one were rejected; a turn that ran is over).
-//   4. for each session, in the order they were opened: session/load if
-//      the agent advertises loadSession, else session/resume if it has
-//      sessionCapabilities.resume, else {state: "lost"}. Before each:
+//   4. for each session, in the order they were opened: session/attach
+//      (history "full", the same clientId) for one it attached to,
+//      session/load if the agent advertises loadSession, else
+//      session/resume if it has sessionCapabilities.resume, else {state:
+//      "lost"}. Before each:
 //      {state: "restoring", sessionId, method}; the history comes as
 //      session/update before {state: "restored", sessionId, method,
 //      result} (or "lost", with the error), and replaces the page's stale
@@ -169,6 +174,24 @@
 //
 // (web/static/app.js clears its view at the replay's first session/update
 // instead, which also keeps it whole after a take-over.)
+//
+// Sharing a session (acpgate, issue #22; the initialize result carries
+// agentCapabilities.sessionCapabilities.attach: canAttach()). Several
+// clients, on any connections, may hold one live session:
+//
+//   const r = await acp.attach(sessionId, { readOnly: false });
+//   // r.clientId, r.connectedClients [{clientId, name, version, readOnly}]
+//   // the history came before r as session/update, as for session/load
+//
+// Then the session's pending permission requests come again as ordinary
+// requests; the first client to answer one wins, and acpgate withdraws the
+// others' copies with $/cancel_request (the handler's signal is aborted,
+// signal.reason.withdrawn). Attached clients also get the session/update
+// kinds permission_resolved {toolCallId, outcome, resolvedBy},
+// prompt_received {prompt, sentBy}, turn_complete {stopReason} (a turn
+// another client started), client_connected and client_disconnected
+// {client, timestamp}. A read-only client's writes are refused (-32007).
+// detach(sessionId) leaves the session to the others.
 //
 // acp.js does not resume after a close 1008 "superseded": another client
 // (a duplicated tab has the same sessionStorage) resumed the connection, and
@@ -222,11 +245,12 @@
 //   - close() with 1000 (the default) sends DELETE /acp: the gateway ends the
 //     connection.
 //   - order is kept within a stream, not across streams: the answer to
-//     session/load comes on the connection's stream, the history it replays
-//     on the session's, and the two race. acp.js holds that answer (and the
-//     connection's stream behind it) until the session's stream has been
-//     quiet for 50 ms (500 ms when nothing came on it since the load was
-//     sent; 2 s at most), so the replay comes first, as over a WebSocket.
+//     session/load (or session/attach) comes on the connection's stream,
+//     the history it replays on the session's, and the two race. acp.js
+//     holds that answer (and the connection's stream behind it) until the
+//     session's stream has been quiet for 50 ms (500 ms when nothing came
+//     on it since the load was sent; 2 s at most), so the replay comes
+//     first, as over a WebSocket.
 
 /** The ACP protocol version this client speaks. */
 export const PROTOCOL_VERSION = 1;
@@ -251,6 +275,18 @@ export class AcpError extends Error {
     this.code = code;
     this.data = data;
   }
+}
+
+/**
+ * The reason a handler's signal is aborted with when the request is
+ * withdrawn with $/cancel_request (by the agent, or by acpgate because
+ * another client of a shared session answered it): signal.reason.withdrawn
+ * is true. A connection that ends aborts with no such reason.
+ */
+function withdrawn() {
+  const err = new AcpError(ErrorCode.REQUEST_CANCELLED, "the request was withdrawn ($/cancel_request)");
+  err.withdrawn = true;
+  return err;
 }
 
 /** The socket could not be opened, or it closed while a request waited. */
@@ -871,7 +907,9 @@ export class AcpConnection {
    * Registers the answer to one of the agent's request methods. fn receives
    * (params, {id, signal}) and returns the result (or a promise of it), or
    * throws: an AcpError becomes that error, anything else -32603. signal is
-   * aborted if the agent withdraws the request with $/cancel_request.
+   * aborted if the agent withdraws the request with $/cancel_request (then
+   * signal.reason.withdrawn is true; acpgate withdraws a permission request
+   * that way when another client of a shared session answered it first).
    * Requests with no handler get -32601 (method not found).
    */
   handle(method, fn) {
@@ -1009,9 +1047,11 @@ export class AcpConnection {
 
   #notification(method, params) {
     if (method === "$/cancel_request") {
-      // The agent withdraws one of its requests: abort the handler's signal.
-      // The handler still answers (acpgate and the agent expect one answer).
-      this.incoming.get(JSON.stringify(params.requestId))?.ctl.abort();
+      // The agent withdraws one of its requests (or acpgate does: another
+      // client of the session answered it first): abort the handler's
+      // signal, with a reason that says so (signal.reason.withdrawn). The
+      // handler still answers (acpgate and the agent expect one answer).
+      this.incoming.get(JSON.stringify(params.requestId))?.ctl.abort(withdrawn());
       return;
     }
     const set = this.listeners.get(method);
@@ -1060,6 +1100,9 @@ const SESSION_STREAMS = 3; // session event streams open at once (see "Streamabl
 const SETTLE_QUIET = 50; // ms without events on a session's stream before its session/load answer…
 const SETTLE_FIRST = 500; // …(as long when nothing came on it since the load was sent)…
 const SETTLE_MAX = 2000; // …or this long at most
+// Requests whose history is replayed on the session's stream before their
+// answer: the answer waits for the replay (see "Streamable HTTP").
+const REPLAYING = new Set(["session/load", "session/attach"]);
 
 /**
  * Splits a text/event-stream body into events: the parts of the WHATWG
@@ -1136,7 +1179,7 @@ class HttpLink {
   #stoppedAt = new Map(); // a closed idle session stream's last event id
   #replyOn = new Map(); // our request's id (JSON) -> the session stream its answer comes on
   #askedOn = new Map(); // the agent's request id (JSON) -> the stream it came on ("" or a session ID)
-  #loads = new Map(); // a session/load's id (JSON) -> its session (its answer waits for the replay)
+  #loads = new Map(); // a session/load's (or attach's) id (JSON) -> its session (its answer waits for the replay)
   #rc = null; // while resuming: {attempt, since, close, timer, dialing}
   #stuck = null; // a notification or answer to send again: {msg, session, done}
   #waiting = []; // POSTs held while resuming: resolve functions
@@ -1226,7 +1269,7 @@ class HttpLink {
     if (this.#rc) await new Promise((resolve) => this.#waiting.push(resolve));
     if (session) {
       // Marked busy first, so that #closeIdle leaves the stream open.
-      if (isRequest) (msg.method === "session/load" ? this.#loads : this.#replyOn).set(key, session);
+      if (isRequest) (REPLAYING.has(msg.method) ? this.#loads : this.#replyOn).set(key, session);
       const st = this.#stream(session);
       st.used = Date.now();
       try {
@@ -1234,7 +1277,7 @@ class HttpLink {
       } catch {
         return; // the connection ended: pending requests have failed with it
       }
-      if (isRequest && msg.method === "session/load") st.loadAt = Date.now(); // see #settle
+      if (isRequest && REPLAYING.has(msg.method)) st.loadAt = Date.now(); // see #settle
     }
     if (this.#ended) return;
     let r = await this.#post(msg, session);
@@ -1622,6 +1665,10 @@ export class AcpClient {
   canClose() {
     return AcpClient.supported(this.capabilities.sessionCapabilities?.close);
   }
+  /** acpgate shares sessions: session/attach (its initialize result says so). */
+  canAttach() {
+    return AcpClient.supported(this.capabilities.sessionCapabilities?.attach);
+  }
 
   async authenticate(methodId) {
     const result = await this.conn.request("authenticate", { methodId });
@@ -1642,6 +1689,44 @@ export class AcpClient {
   async resumeSession(sessionId, cwd, mcpServers = []) {
     const result = await this.conn.request("session/resume", { sessionId, cwd, mcpServers });
     this.#track(sessionId, cwd, mcpServers);
+    return result;
+  }
+  /**
+   * session/attach (acpgate): joins a live session another client holds,
+   * as one more of its clients. opts: {historyPolicy, clientId, clientInfo,
+   * readOnly}
+   *   historyPolicy  "full" (the default: the session's kept history is
+   *                  replayed as session/update before the answer, as
+   *                  session/load does), "pending_only" or "none"
+   *   clientId       this client's ID in the session (the gateway mints
+   *                  one if none: result.clientId)
+   *   clientInfo     {name, version} shown to the session's other clients
+   *                  (default: what initialize sent)
+   *   readOnly       true: watch only (sent as _meta.acpgate.readOnly); the
+   *                  gateway refuses prompts, cancels, mode and config
+   *                  changes and permission answers (-32007)
+   * Resolves with {sessionId, clientId, connectedClients, historyPolicy,
+   * readOnly, modes?, configOptions?, models?, _meta}. After it, the
+   * session's pending permission requests come again as ordinary requests,
+   * and the session's updates as for any of its clients, plus the kinds
+   * only attached clients get (permission_resolved, prompt_received,
+   * turn_complete, client_connected, client_disconnected). A reconnect
+   * attaches again (same clientId, history "full") instead of loading.
+   */
+  async attach(sessionId, { historyPolicy = "full", clientId, clientInfo, readOnly = false } = {}) {
+    const info = clientInfo ?? this.#initArgs?.[1];
+    const params = { sessionId, historyPolicy };
+    if (clientId) params.clientId = clientId;
+    if (info) params.clientInfo = { name: String(info.name ?? ""), version: String(info.version ?? "") };
+    if (readOnly) params._meta = { acpgate: { readOnly: true } };
+    const result = await this.conn.request("session/attach", params);
+    this.#track(sessionId, "", [], { clientId: result?.clientId || clientId, clientInfo: params.clientInfo, readOnly: !!readOnly });
+    return result;
+  }
+  /** session/detach (acpgate): this client leaves a session it attached to; the session goes on. */
+  async detach(sessionId) {
+    const result = await this.conn.request("session/detach", { sessionId });
+    this.sessions.delete(sessionId);
     return result;
   }
   listSessions({ cwd, cursor } = {}) {
@@ -1672,10 +1757,26 @@ export class AcpClient {
   }
 
   // The most recently opened last: a reconnect restores them in this order.
-  #track(sessionId, cwd, mcpServers) {
+  // attach: {clientId, clientInfo, readOnly} for a session this client
+  // attached to (a reconnect attaches again).
+  #track(sessionId, cwd, mcpServers, attach = null) {
     if (typeof sessionId !== "string" || !sessionId) return;
     this.sessions.delete(sessionId);
-    this.sessions.set(sessionId, { sessionId, cwd, mcpServers: Array.isArray(mcpServers) ? mcpServers : [] });
+    this.sessions.set(sessionId, { sessionId, cwd, mcpServers: Array.isArray(mcpServers) ? mcpServers : [], ...(attach ? { attach } : {}) });
+  }
+
+  // How a reconnect brings a tracked session back: [method, params], or
+  // null when it cannot.
+  #restoreCall(s) {
+    const { sessionId, cwd, mcpServers, attach } = s;
+    if (attach) {
+      const params = { sessionId, historyPolicy: "full", ...(attach.clientId ? { clientId: attach.clientId } : {}) };
+      if (attach.clientInfo) params.clientInfo = attach.clientInfo;
+      if (attach.readOnly) params._meta = { acpgate: { readOnly: true } };
+      return ["session/attach", params];
+    }
+    const method = this.canLoad() ? "session/load" : this.canResume() ? "session/resume" : "";
+    return method ? [method, { sessionId, cwd, mcpServers }] : null;
   }
 
   // -- reconnecting after a refused resume --------------------------------------
@@ -1696,9 +1797,10 @@ export class AcpClient {
    *       and listeners (handle, on: the same maps, so earlier unsubscribe
    *       functions still work) and onProtocolError; onLink and onClose
    *       are per connection: subscribe to conn's here
-   *   {state: "restoring", sessionId, cwd, method}  method ("session/load"
-   *       or "session/resume") is being sent for the session. After
-   *       session/load the agent replays the session's history as
+   *   {state: "restoring", sessionId, cwd, method}  method ("session/load",
+   *       "session/resume", or "session/attach" for a session this client
+   *       attached to) is being sent for the session. After session/load
+   *       (and session/attach) the session's history is replayed as
    *       session/update, before "restored": it replaces the stale view
    *   {state: "restored", sessionId, cwd, method, result}  the session is
    *       back (its history replayed, for session/load; but when
@@ -1824,17 +1926,19 @@ export class AcpClient {
     for (const s of [...this.sessions.values()]) {
       if (gone()) break;
       if (this.sessions.get(s.sessionId) !== s) continue; // forgotten or opened again meanwhile
-      const { sessionId, cwd, mcpServers } = s;
-      const method = this.canLoad() ? "session/load" : this.canResume() ? "session/resume" : "";
-      if (!method) {
+      const { sessionId, cwd } = s;
+      const call = this.#restoreCall(s);
+      if (!call) {
         this.sessions.delete(sessionId);
         lost.push(sessionId);
-        this.#emit({ state: "lost", sessionId, cwd, method, error: new AcpError(ErrorCode.METHOD_NOT_FOUND, "the agent can neither load nor resume sessions (no loadSession, no sessionCapabilities.resume)") });
+        this.#emit({ state: "lost", sessionId, cwd, method: "", error: new AcpError(ErrorCode.METHOD_NOT_FOUND, "the agent can neither load nor resume sessions (no loadSession, no sessionCapabilities.resume)") });
         continue;
       }
+      const [method, params] = call;
       this.#emit({ state: "restoring", sessionId, cwd, method });
       try {
-        const result = await conn.request(method, { sessionId, cwd, mcpServers });
+        const result = await conn.request(method, params);
+        if (s.attach && result?.clientId) s.attach.clientId = result.clientId;
         if (gone()) break;
         restored.push(sessionId);
         this.#emit({ state: "restored", sessionId, cwd, method, result });

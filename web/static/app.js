@@ -30,6 +30,16 @@
 // sessions belong to their agent. Without the list (an older gateway
 // answers 404, or the only credential is a single-use ticket) the page
 // connects to /acp as before, or to ?agent= when it cannot ask.
+//
+// Sharing (acpgate's session/attach, when the initialize result has
+// agentCapabilities.sessionCapabilities.attach): "Share" offers a link to
+// the open session, #attach=<sessionId>[&agent=<name>][&ro=1], the session
+// in the address's fragment so that it never reaches a server's log. A
+// page opened with such a link attaches to the session instead of starting
+// one (the history replayed as for a load), read-only with ro=1. The page
+// shows the session's clients (presence), prompts other clients send (as
+// "<name>: …"), their turns running, and permission cards answered
+// elsewhere collapsed to one line.
 
 import { AcpConnection, AcpClient, AcpError, ConnectError, ErrorCode, agentsUrl, backoff, gatewayUrl, listAgents } from "./acp.js";
 import { Transcript } from "./transcript.js";
@@ -45,6 +55,15 @@ const CLIENT_CAPABILITIES = { fs: { readTextFile: true, writeTextFile: true }, t
 const FORCED_TRANSPORT = ["http", "websocket"].find((t) => t === new URLSearchParams(location.search).get("transport")) ?? null;
 // The agent the page's address asks for (?agent=<name>), if any.
 const QUERY_AGENT = new URLSearchParams(location.search).get("agent") || "";
+
+// A share link's fragment: #attach=<sessionId>[&agent=<name>][&ro=1], or null.
+function shareTarget(hash = location.hash) {
+  const f = new URLSearchParams(hash.replace(/^#/, ""));
+  const sessionId = f.get("attach");
+  if (!sessionId) return null;
+  return { sessionId, agent: f.get("agent") || "", readOnly: f.get("ro") === "1" };
+}
+const SHARED = shareTarget();
 
 const $ = (id) => document.getElementById(id);
 const PROMPT_HINT = "Enter sends · Shift+Enter new line · Esc cancels";
@@ -77,6 +96,14 @@ const els = {
   promptHint: $("prompt-hint"),
   sendBtn: $("send-btn"),
   cancelBtn: $("cancel-btn"),
+  roBadge: $("ro-badge"),
+  presence: $("presence"),
+  shareBtn: $("share-btn"),
+  sharePanel: $("share-panel"),
+  shareLink: $("share-link"),
+  shareRo: $("share-ro"),
+  shareCopy: $("share-copy"),
+  shareStatus: $("share-status"),
   themeBtn: $("theme-toggle"),
   filesToggle: $("files-toggle"),
   filesPanel: $("files-panel"),
@@ -110,8 +137,11 @@ const app = {
   usedTicket: false, // the connection was opened with a (single-use) ticket
   attempt: 0, // reconnect attempts since the last good connection
   timer: null,
-  session: null, // {id, cwd, title}
-  running: null, // {started, cancelling}
+  session: null, // {id, cwd, title, attached, readOnly}: attached when the page joined it with session/attach
+  running: null, // {started, cancelling, remote}: remote, a turn another client of the session started
+  attachTarget: SHARED, // {sessionId, agent, readOnly}: the share link the page was opened with, until tried
+  selfId: "", // this page's clientId in the attached session
+  presence: new Map(), // clientId -> {clientId, name, version, readOnly, self}: the open session's clients
   loading: false,
   lastClose: null, // {code, reason} of the close that lost the connection
   connDetail: "", // the "connected" detail line
@@ -194,11 +224,19 @@ function updateControls() {
   els.connectBtn.textContent = app.state === "reconnecting" ? "Reconnect now" : "Connect";
   els.disconnectBtn.hidden = !live;
   for (const el of [els.url, els.token, els.ticket]) el.disabled = app.state === "connected" || app.state === "connecting";
+  const readOnly = !!app.session?.readOnly;
   els.newSessionBtn.disabled = !connected || busy;
   els.refreshSessions.disabled = !connected;
-  els.sendBtn.disabled = !connected || busy;
+  els.sendBtn.disabled = !connected || busy || readOnly;
+  els.prompt.disabled = readOnly;
+  els.prompt.placeholder = readOnly ? "Read-only: you are watching this session" : "Message the agent";
+  els.roBadge.hidden = !readOnly;
   els.cancelBtn.hidden = !app.running;
-  els.cancelBtn.disabled = !!app.running?.cancelling;
+  els.cancelBtn.disabled = !!app.running?.cancelling || readOnly;
+  const canShare = connected && !!app.session && app.acp.canAttach();
+  els.shareBtn.hidden = !canShare;
+  if (!canShare) showShare(false);
+  els.presence.hidden = !canShare || !app.presence.size;
   els.cancelBtn.textContent = app.running?.cancelling ? "Cancelling…" : "Cancel";
   els.composer.dataset.running = app.running ? "true" : "false";
   for (const b of els.sessionList.querySelectorAll("button")) b.disabled = !connected || busy;
@@ -314,8 +352,10 @@ async function connect({ reconnect = false } = {}) {
   app.connDetail = connDetail(conn);
   setState("connected", app.connDetail + (conn.resumedAtOpen ? " · resumed the connection from before the reload" : ""));
   renderAgent(acp.init);
+  transcript.shared = acp.canAttach();
   announce(`Connected to ${agentName(acp.init)}`);
   if (reconnect && app.session) await restoreSession();
+  else if (!app.session && app.attachTarget) await attachShared();
   else if (!app.session) showEmpty();
   refreshSessions();
   if (!reconnect && document.activeElement !== els.agent) els.prompt.focus();
@@ -364,12 +404,12 @@ async function refreshAgents(url, { token, ticket }) {
 }
 
 // The picker's choice: the user's pick on this page, else the agent the
-// page is connected to, ?agent= in the address, the one remembered, the
-// gateway's default, the first.
+// page is connected to, the share link's agent, ?agent= in the address, the
+// one remembered, the gateway's default, the first.
 function renderAgentPicker() {
   const list = app.agents ?? [];
   const names = list.map((a) => a.name);
-  const want = [app.pickedAgent, app.conn ? app.agent : "", QUERY_AGENT, store.get("agent"), list.find((a) => a.default)?.name, names[0]]
+  const want = [app.pickedAgent, app.conn ? app.agent : "", app.attachTarget?.agent, QUERY_AGENT, store.get("agent"), list.find((a) => a.default)?.name, names[0]]
     .find((n) => n && names.includes(n)) ?? "";
   clear(els.agent);
   for (const a of list) {
@@ -398,7 +438,7 @@ function agentLabel(a) {
 // unknown (then ?agent= from the address, if the page could not ask).
 function targetAgent() {
   const list = app.agents;
-  if (!list) return app.agentsListed ? "" : QUERY_AGENT;
+  if (!list) return app.agentsListed ? "" : app.attachTarget?.agent || QUERY_AGENT;
   if (!list.length || (list.length === 1 && list[0].default)) return "";
   return els.agent.value || list[0].name;
 }
@@ -431,9 +471,12 @@ function switchAgent() {
   app.running = null;
   app.loading = false;
   transcript.cancelPermissions("You switched to another agent.");
+  leaveShared(acp);
   acp?.close(1000, "switched to another agent"); // stops its connecting anew too
   conn?.close(1000, "switched to another agent");
   app.session = null;
+  app.presence.clear();
+  renderPresence();
   transcript.clear();
   setTitle("");
   els.sessionMeta.textContent = "";
@@ -526,6 +569,7 @@ function onClosed(conn, c) {
   app.acp = null;
   app.lastClose = c;
   els.promptHint.textContent = PROMPT_HINT;
+  endRemoteTurn();
   transcript.cancelPermissions("The connection closed.");
   if (!app.wantConnected) {
     setState("disconnected", `Closed: ${closeText(c)}`);
@@ -592,6 +636,7 @@ function onReconnect(acp, ev) {
       app.lastClose = ev.close;
       app.loading = false;
       app.replacing = null;
+      endRemoteTurn();
       transcript.cancelPermissions("The connection closed.");
       setState("reconnecting", `Connection lost: ${closeText(ev.close)}. The gateway could not resume it: connecting anew${app.session ? " to load the session again" : ""}.`);
       els.promptHint.textContent = "Reconnecting… the conversation is loaded again once connected";
@@ -607,6 +652,7 @@ function onReconnect(acp, ev) {
       els.promptHint.textContent = PROMPT_HINT;
       setState("connected", `${app.connDetail} · connected anew after ${closeText(app.lastClose)}: the connection could not be resumed`);
       renderAgent(ev.init);
+      transcript.shared = app.acp.canAttach();
       if (!app.session) {
         showEmpty();
         refreshSessions();
@@ -619,7 +665,7 @@ function onReconnect(acp, ev) {
       // session/load replays the history, which replaces what the page
       // shows (it may end with a turn the drop cut short): the view is
       // cleared when the replay starts (wireHandlers).
-      if (ev.method === "session/load") app.replacing = { sessionId: ev.sessionId };
+      if (ev.method === "session/load" || ev.method === "session/attach") app.replacing = { sessionId: ev.sessionId };
       updateControls();
       break;
     case "restored":
@@ -633,9 +679,12 @@ function onReconnect(acp, ev) {
         // agent has no history for it.
         if (!ev.result?._meta?.acpgate?.turn) replaceView();
       }
+      if (ev.method === "session/attach") attached(ev.result);
       transcript.notice(ev.method === "session/load"
         ? "The connection was lost and could not be resumed: connected anew, and the session was loaded again (history replayed with session/load)."
-        : "The connection was lost and could not be resumed: connected anew, and the session was resumed (session/resume, no replay).", "divider");
+        : ev.method === "session/attach"
+          ? "The connection was lost and could not be resumed: connected anew, and attached to the session again (history replayed with session/attach)."
+          : "The connection was lost and could not be resumed: connected anew, and the session was resumed (session/resume, no replay).", "divider");
       announce("The connection was lost and could not be resumed; the session was loaded again.");
       updateControls();
       break;
@@ -647,6 +696,7 @@ function onReconnect(acp, ev) {
         ? `The connection was lost and could not be resumed, and the session could not be loaded again: ${errText(ev.error)}`
         : "The connection was lost and could not be resumed, and this agent cannot load sessions (no loadSession): start a new session to go on.", ev.method ? "error" : "warn");
       app.session = null;
+      leaveShared(null);
       updateControls();
       break;
     case "done":
@@ -686,7 +736,9 @@ function trackOnly(id) {
 // After a reconnect: bring the open session back on the new connection.
 async function restoreSession() {
   const s = app.session;
-  if (app.acp.canLoad()) {
+  if (s.attached) {
+    await attachSession(s.id, { readOnly: s.readOnly, reason: "Reconnected: attached to the session again (history replayed with session/attach)." });
+  } else if (app.acp.canLoad()) {
     await loadSession(s.id, s.cwd, { title: s.title, reason: "Reconnected: history replayed with session/load." });
   } else if (app.acp.canResume()) {
     try {
@@ -711,7 +763,7 @@ function wireHandlers(conn) {
       app.replacing = null;
       replaceView();
     }
-    transcript.update(p.update);
+    if (!sharedUpdate(p.update)) transcript.update(p.update);
   });
   conn.handle("session/request_permission", (p, { signal }) => {
     if (!app.session || p.sessionId !== app.session.id) return { outcome: { outcome: "cancelled" } };
@@ -809,7 +861,9 @@ async function newSession() {
   try {
     const res = await app.acp.newSession(cwd);
     if (epoch !== app.epoch) return false; // another agent was picked meanwhile
+    leaveShared();
     app.session = { id: res.sessionId, cwd, title: "" };
+    ownPresence();
     trackOnly(res.sessionId);
     store.set("lastSession", { id: res.sessionId, cwd, agent: app.agent });
     transcript.clear();
@@ -838,7 +892,9 @@ async function loadSession(id, cwd, { title = "", reason = "Session loaded: hist
   app.loading = true;
   updateControls();
   const previous = app.session;
+  if (previous?.id !== id) leaveShared();
   app.session = { id, cwd, title };
+  ownPresence();
   transcript.clear();
   setTitle(title);
   els.sessionMeta.textContent = cwd;
@@ -855,7 +911,7 @@ async function loadSession(id, cwd, { title = "", reason = "Session loaded: hist
   } catch (err) {
     if (epoch !== app.epoch) return;
     transcript.notice(`Could not load the session: ${errText(err)}`, "error");
-    app.session = err instanceof AcpError ? null : previous;
+    app.session = err instanceof AcpError || previous?.attached ? null : previous;
     trackOnly(app.session?.id);
   } finally {
     if (epoch === app.epoch) {
@@ -922,7 +978,9 @@ async function resumeSession(s) {
   try {
     await app.acp.resumeSession(s.sessionId, s.cwd);
     if (epoch !== app.epoch) return;
+    leaveShared();
     app.session = { id: s.sessionId, cwd: s.cwd, title: s.title ?? "" };
+    ownPresence();
     trackOnly(s.sessionId);
     transcript.clear();
     setTitle(s.title ?? "");
@@ -935,12 +993,247 @@ async function resumeSession(s) {
 }
 
 // ---------------------------------------------------------------------------
+// Sharing: session/attach, presence, the share link
+
+// Attaches to the session of the share link the page was opened with.
+async function attachShared() {
+  const t = app.attachTarget;
+  app.attachTarget = null;
+  await attachSession(t.sessionId, { readOnly: t.readOnly });
+}
+
+// Joins a live session as one more of its clients; its kept history is
+// replayed (session/update) before the answer, as for a load.
+async function attachSession(id, { readOnly = false, reason = "Attached to the shared session: its history was replayed with session/attach." } = {}) {
+  if (!app.acp) return false;
+  if (!app.acp.canAttach()) {
+    transcript.notice("This gateway does not share sessions (no sessionCapabilities.attach in its initialize result): the link cannot be opened here.", "warn");
+    return false;
+  }
+  app.loading = true;
+  if (app.session && app.session.id !== id) leaveShared();
+  app.session = { id, cwd: "", title: "", attached: true, readOnly };
+  transcript.readOnly = readOnly;
+  transcript.clear();
+  setTitle("");
+  els.sessionMeta.textContent = "shared session";
+  updateControls();
+  const epoch = app.epoch;
+  try {
+    const res = await app.acp.attach(id, { historyPolicy: "full", clientId: savedClientId(id), clientInfo: CLIENT_INFO, readOnly });
+    if (epoch !== app.epoch) return false; // another agent was picked meanwhile
+    attached(res);
+    const trimmed = res?._meta?.acpgate?.historyTrimmed ? " The oldest part of the history was no longer kept." : "";
+    transcript.notice(reason + trimmed, "divider");
+    trackOnly(id);
+    announce(app.session.readOnly ? "Attached to the shared session, read-only" : "Attached to the shared session");
+    return true;
+  } catch (err) {
+    if (epoch !== app.epoch) return false;
+    transcript.notice(`Could not attach to the session: ${errText(err)}`, "error");
+    app.session = null;
+    leaveShared(null);
+    trackOnly(null);
+    return false;
+  } finally {
+    if (epoch === app.epoch) {
+      app.loading = false;
+      updateControls();
+      refreshSessions();
+    }
+  }
+}
+
+// The session/attach result (or a reconnect's): who this page is in the
+// session, and who else is there.
+function attached(res) {
+  const s = app.session;
+  if (!s) return;
+  if (typeof res?.readOnly === "boolean") s.readOnly = res.readOnly; // the gateway's policy may force it
+  transcript.readOnly = s.readOnly;
+  app.selfId = String(res?.clientId ?? "");
+  saveClientId(s.id, app.selfId);
+  app.presence.clear();
+  for (const c of Array.isArray(res?.connectedClients) ? res.connectedClients : []) presenceAdd(c);
+  if (!app.presence.has(app.selfId)) presenceAdd({ clientId: app.selfId, name: CLIENT_INFO.name, readOnly: s.readOnly });
+  renderPresence();
+}
+
+// The page leaves the session it shows: detached if it attached to it (the
+// session goes on for its other clients), its link taken out of the address.
+function leaveShared(acp = app.acp) {
+  const s = app.session;
+  if (s?.attached) {
+    acp?.detach(s.id).catch(() => {}); // best effort: the gateway drops a gone client anyway
+    if (shareTarget()?.sessionId === s.id) history.replaceState(history.state, "", location.pathname + location.search);
+  }
+  endRemoteTurn();
+  transcript.readOnly = false;
+  app.selfId = "";
+  app.presence.clear();
+  renderPresence();
+}
+
+// A session the page started or loaded: it is its one client so far.
+function ownPresence() {
+  app.selfId = "";
+  app.presence.clear();
+  presenceAdd({ clientId: "", name: CLIENT_INFO.name });
+  renderPresence();
+}
+
+// This page's clientId in a session, kept for a reload of the tab.
+function savedClientId(sessionId) {
+  try {
+    return sessionStorage.getItem("acpgate.clientId:" + sessionId) || undefined;
+  } catch {
+    return undefined;
+  }
+}
+function saveClientId(sessionId, clientId) {
+  try {
+    if (clientId) sessionStorage.setItem("acpgate.clientId:" + sessionId, clientId);
+  } catch {
+    // ignore
+  }
+}
+
+function clientName(c) {
+  return String(c?.name || c?.clientId || "another client");
+}
+
+function presenceAdd(c) {
+  if (!c || typeof c !== "object") return;
+  const clientId = String(c.clientId ?? "");
+  app.presence.set(clientId, { clientId, name: clientName(c), readOnly: c.readOnly === true, self: clientId === app.selfId });
+}
+
+function renderPresence() {
+  const list = [...app.presence.values()];
+  replace(els.presence, list.map((c) => h("li", {
+    class: c.self ? "self" : null,
+    title: c.clientId ? `client ${c.clientId}` : null,
+    dataset: { clientId: c.clientId, readOnly: String(c.readOnly) },
+  }, c.self ? `${c.name} (you)` : c.name)));
+  els.presence.setAttribute("aria-label", `${list.length} client${list.length === 1 ? "" : "s"} connected to this session`);
+  updateControls();
+}
+
+// The session/update kinds acpgate sends only to attached clients; true
+// when u was one of them.
+function sharedUpdate(u) {
+  switch (u?.sessionUpdate) {
+    case "permission_resolved":
+      transcript.permissionResolved(u, app.selfId);
+      return true;
+    case "prompt_received":
+      promptReceived(u);
+      return true;
+    case "turn_complete":
+      turnComplete(u);
+      return true;
+    case "client_connected":
+      presenceAdd(u.client);
+      renderPresence();
+      if (!app.loading) announce(`${clientName(u.client)} joined the session`);
+      return true;
+    case "client_disconnected":
+      app.presence.delete(String(u.client?.clientId ?? ""));
+      renderPresence();
+      if (!app.loading) announce(`${clientName(u.client)} left the session`);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Another client's prompt: shown as theirs, and its turn runs.
+function promptReceived(u) {
+  if (u.sentBy?.clientId && u.sentBy.clientId === app.selfId) return;
+  transcript.addPromptFrom(clientName(u.sentBy), u.prompt);
+  if (app.running || app.loading) return;
+  app.running = { started: performance.now(), remote: true };
+  transcript.beginTurn({ remote: true });
+  updateControls();
+}
+
+// A turn this page did not start ended (our own ends with its session/prompt answer).
+function turnComplete(u) {
+  const r = app.running;
+  if (r && !r.remote) return;
+  app.running = null;
+  transcript.endTurn(String(u.stopReason ?? "end_turn"), r ? performance.now() - r.started : null);
+  updateControls();
+}
+
+// No longer following another client's turn (the page left the session or
+// lost the connection).
+function endRemoteTurn() {
+  if (!app.running?.remote) return;
+  app.running = null;
+  transcript.idle();
+  updateControls();
+}
+
+// The share link: this page's address with the session in the fragment.
+function shareLink() {
+  const f = new URLSearchParams({ attach: app.session?.id ?? "" });
+  if (app.agent) f.set("agent", app.agent);
+  if (els.shareRo.checked) f.set("ro", "1");
+  const u = new URL(location.pathname, location.href);
+  u.hash = f.toString();
+  return u.href;
+}
+
+function showShare(show) {
+  if (els.sharePanel.hidden === !show) return;
+  els.sharePanel.hidden = !show;
+  els.shareBtn.setAttribute("aria-expanded", String(show));
+  if (!show) return;
+  // A read-only page shares read-only.
+  els.shareRo.checked ||= !!app.session?.readOnly;
+  els.shareRo.disabled = !!app.session?.readOnly;
+  els.shareLink.value = shareLink();
+  els.shareStatus.textContent = "";
+  els.shareCopy.focus();
+}
+
+async function copyShareLink() {
+  els.shareLink.value = shareLink();
+  try {
+    await navigator.clipboard.writeText(els.shareLink.value);
+    els.shareStatus.textContent = els.shareRo.checked ? "Read-only link copied." : "Link copied.";
+  } catch {
+    els.shareLink.select();
+    els.shareStatus.textContent = "The browser did not allow the clipboard: the link is selected, copy it with Ctrl+C.";
+  }
+}
+
+// A share link opened in this tab: leave the open session for its session.
+function onHashChange() {
+  const t = shareTarget();
+  if (!t || t.sessionId === app.session?.id) return;
+  app.attachTarget = t;
+  if (t.agent && t.agent !== app.agent && app.agents?.some((a) => a.name === t.agent)) {
+    app.pickedAgent = t.agent;
+    renderAgentPicker();
+    switchAgent(); // connects to that agent, then attaches
+  } else if (app.acp && app.state === "connected" && !app.running && !app.loading) {
+    attachShared();
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Prompts
 
 async function sendPrompt(text = els.prompt.value) {
   if (app.running) {
     announce("The agent is still working: wait for it, or press Escape to cancel.");
     els.promptHint.textContent = "The agent is still working · Esc cancels";
+    return;
+  }
+  if (app.session?.readOnly) {
+    announce("Read-only: you are watching this session and cannot send prompts.");
     return;
   }
   if (!text.trim() || app.loading || !app.acp || app.state !== "connected") return;
@@ -975,7 +1268,7 @@ async function sendPrompt(text = els.prompt.value) {
 }
 
 function cancelPrompt() {
-  if (!app.running || !app.acp || !app.session) return;
+  if (!app.running || !app.acp || !app.session || app.session.readOnly) return;
   app.running.cancelling = true;
   // session/cancel is a notification; the prompt then ends with
   // stopReason "cancelled". Open permission requests must be answered
@@ -1126,6 +1419,14 @@ els.prompt.addEventListener("keydown", (ev) => {
 });
 els.prompt.addEventListener("input", autosize);
 els.cancelBtn.addEventListener("click", cancelPrompt);
+els.shareBtn.addEventListener("click", () => showShare(els.sharePanel.hidden));
+els.shareRo.addEventListener("change", () => {
+  els.shareLink.value = shareLink();
+  els.shareStatus.textContent = "";
+});
+els.shareCopy.addEventListener("click", copyShareLink);
+els.shareLink.addEventListener("focus", () => els.shareLink.select());
+window.addEventListener("hashchange", onHashChange);
 els.themeBtn.addEventListener("click", () => {
   const t = els.themeBtn.dataset.theme;
   applyTheme(THEMES[(THEMES.indexOf(t) + 1) % THEMES.length]);

@@ -35,6 +35,8 @@ export class Transcript {
     this.onTitle = onTitle;
     this.announce = announce;
     this.onUsage = onUsage;
+    this.readOnly = false; // a read-only attach: permission requests are shown, not answered
+    this.shared = false; // the gateway shares sessions: a withdrawn request was answered elsewhere
     this.clear();
   }
 
@@ -43,8 +45,11 @@ export class Transcript {
     this.stream = null; // {kind, view|text, node, messageId, pending}
     this.tools = new Map(); // toolCallId -> {el, data}
     this.plan = null; // the plan card of the current turn
-    this.permissions = new Set(); // open permission cards: {resolve}
+    this.permissions = new Set(); // open permission cards: {cancel, withdraw, resolved}
+    this.cards = new Map(); // toolCallId -> the permission card's entry, open or answered
     this.live = false; // a prompt of ours is running
+    this.remote = false; // a turn another client of the session started is running
+    this.echo = null; // {text, pos}: a prompt shown from prompt_received, whose user_message_chunk copy is dropped
   }
 
   get isEmpty() {
@@ -84,16 +89,47 @@ export class Transcript {
     this.#scroll();
   }
 
-  /** A prompt of ours is running: announce the reply only when it is done. */
-  beginTurn() {
-    this.live = true;
+  /**
+   * A prompt another client of the session sent (prompt_received): a user
+   * message "<name>: …". The user_message_chunk copy of it that may
+   * follow is dropped.
+   */
+  addPromptFrom(name, blocks) {
+    this.#endStream();
+    this.plan = null;
+    const list = Array.isArray(blocks) ? blocks : [];
+    const text = list.filter((b) => b?.type === "text").map((b) => String(b.text ?? "")).join("");
+    const extras = list.filter((b) => b && typeof b === "object" && b.type !== "text").map((b) => renderContentBlock(b));
+    this.#append(h("div", { class: "msg user from-other", dataset: { from: name } },
+      h("div", { class: "bubble" }, h("span", { class: "msg-from" }, `${name}: `), text),
+      extras.length ? h("div", { class: "extras" }, extras) : null));
+    this.echo = { text, pos: 0 };
+    this.announce(`${name} sent a prompt`);
+  }
+
+  /**
+   * A prompt is running: announce the reply only when it is done. remote:
+   * another client of the session started it (its prompt_received).
+   */
+  beginTurn({ remote = false } = {}) {
+    if (remote) this.remote = true;
+    else this.live = true;
     this.el.setAttribute("aria-busy", "true");
+  }
+
+  /** No turn is followed any more (the connection closed, the session was left). */
+  idle() {
+    this.live = false;
+    this.remote = false;
+    this.el.setAttribute("aria-busy", "false");
   }
 
   /** The session/prompt response: shows the stop reason. */
   endTurn(stopReason, ms) {
     this.#endStream();
     this.live = false;
+    this.remote = false;
+    this.echo = null;
     this.el.setAttribute("aria-busy", "false");
     for (const p of this.permissions) p.cancel("The turn ended.");
     const labels = {
@@ -123,11 +159,14 @@ export class Transcript {
   /** Renders one session/update. Unknown kinds are ignored. */
   update(u) {
     if (!u || typeof u !== "object") return;
+    if (u.sessionUpdate !== "user_message_chunk") this.echo = null;
     switch (u.sessionUpdate) {
       case "user_message_chunk":
-        // Live prompts are already shown by addUser; the agent's copy is for
-        // replays (session/load), so only show it when no prompt of ours runs.
-        if (!this.live) this.#chunk("user", u);
+        // Live prompts of ours are already shown by addUser; the agent's copy
+        // is for replays (session/load), so only show it when no prompt of
+        // ours runs. Another client's prompt (acpgate sends it so to the
+        // session's other clients) shows, unless prompt_received showed it.
+        if (!this.live && !this.#isEcho(u.content)) this.#chunk("user", u);
         break;
       case "agent_message_chunk":
         this.#chunk("agent", u);
@@ -157,6 +196,21 @@ export class Transcript {
         // and kinds added by newer protocol versions: nothing to show.
         break;
     }
+  }
+
+  // Whether a user_message_chunk repeats the prompt addPromptFrom showed
+  // last (nothing else came since): it is then dropped.
+  #isEcho(block) {
+    const e = this.echo;
+    if (!e || !block || typeof block !== "object") return false;
+    if (block.type !== "text") return true; // an image or resource of that prompt
+    const t = String(block.text ?? "");
+    if (!e.text.startsWith(t, e.pos)) {
+      this.echo = null;
+      return false;
+    }
+    e.pos += t.length;
+    return true;
   }
 
   // Streams a chunk into the open message of the same kind (and messageId),
@@ -269,46 +323,71 @@ export class Transcript {
   /**
    * Shows a session/request_permission and resolves with its outcome when
    * the user picks an option, or {outcome: "cancelled"} if the turn is
-   * cancelled or the agent withdraws the request (signal).
+   * cancelled, the agent withdraws the request (signal), or another client
+   * of a shared session answers it (permissionResolved, or acpgate's
+   * $/cancel_request: signal.reason.withdrawn). Read-only, the options are
+   * shown but cannot be picked.
    */
   askPermission(params, signal) {
     this.#endStream();
     const tc = params.toolCall ?? {};
-    const known = this.tools.get(String(tc.toolCallId ?? ""))?.data ?? {};
+    const toolCallId = String(tc.toolCallId ?? "");
+    const known = this.tools.get(toolCallId)?.data ?? {};
     const title = tc.title ?? known.title ?? "a tool call";
     const kind = tc.kind ?? known.kind;
+    const options = Array.isArray(params.options) ? params.options : [];
     const headingId = "perm-" + Math.random().toString(36).slice(2);
     const buttons = h("div", { class: "perm-options" });
     const outcomeEl = h("p", { class: "perm-outcome", hidden: true });
-    const card = h("section", { class: "permission", role: "group", "aria-labelledby": headingId },
+    const card = h("section", { class: "permission", role: "group", "aria-labelledby": headingId, dataset: { toolCallId } },
       h("header", {}, h("span", { class: "card-kind" }, "Permission"),
         h("span", { id: headingId, class: "perm-title" }, "The agent asks to: ", h("strong", {}, String(title)))),
       kind ? h("p", { class: "perm-detail" }, `Tool kind: ${kind}`) : null,
+      this.readOnly ? h("p", { class: "perm-detail perm-readonly" }, "Read-only: a client that may write answers this.") : null,
       buttons, outcomeEl);
 
     return new Promise((resolve) => {
-      const entry = {};
+      const entry = { card, options, mine: false };
+      const show = (text) => {
+        outcomeEl.hidden = false;
+        outcomeEl.textContent = text;
+      };
       const finish = (outcome, text) => {
-        if (!this.permissions.has(entry)) return;
+        if (!this.permissions.has(entry)) return false;
         this.permissions.delete(entry);
         for (const b of buttons.querySelectorAll("button")) b.disabled = true;
         card.classList.add("answered");
-        outcomeEl.hidden = false;
-        outcomeEl.textContent = text;
+        show(text);
         resolve(outcome);
+        return true;
+      };
+      // Answered by another client: the card shrinks to one line.
+      entry.collapse = (text) => {
+        finish({ outcome: "cancelled" }, text);
+        card.classList.add("collapsed");
+        show(text);
       };
       entry.cancel = (why) => finish({ outcome: "cancelled" }, `Cancelled. ${why ?? ""}`.trim());
       this.permissions.add(entry);
-      signal?.addEventListener("abort", () => entry.cancel("The agent withdrew the request."), { once: true });
+      if (toolCallId) this.cards.set(toolCallId, entry);
+      signal?.addEventListener("abort", () => {
+        if (signal.reason?.withdrawn && this.shared) {
+          entry.collapse("Answered elsewhere");
+          this.announce(`Permission for ${title} answered elsewhere`);
+        } else {
+          entry.cancel("The agent withdrew the request.");
+        }
+      }, { once: true });
 
-      const options = Array.isArray(params.options) ? params.options : [];
       for (const o of options) {
         const allow = String(o.kind ?? "").startsWith("allow");
         buttons.appendChild(h("button", {
           type: "button",
           class: allow ? "btn btn-primary" : "btn btn-danger",
+          disabled: this.readOnly,
           dataset: { optionId: String(o.optionId), kind: String(o.kind ?? "") },
           onclick: () => {
+            entry.mine = true;
             finish({ outcome: "selected", optionId: o.optionId }, `You chose: ${o.name ?? o.optionId}`);
             this.#focusAfterPermission();
           },
@@ -318,10 +397,35 @@ export class Transcript {
       this.#append(card);
       this.#scroll();
       this.announce(`Permission needed: ${title}`);
-      buttons.querySelector("button")?.focus({ preventScroll: true });
+      if (!this.readOnly) buttons.querySelector("button")?.focus({ preventScroll: true });
     });
   }
 
+  /**
+   * A permission request of the session was settled (acpgate's
+   * permission_resolved, sent to attached clients): its card, open here
+   * or withdrawn, collapses to "allowed by <name>", "rejected by <name>"
+   * or "cancelled"; without a card (a read-only client is not asked), the
+   * line is added. selfId: this client's ID (its own answer shows as it is).
+   */
+  permissionResolved(u, selfId = "") {
+    const toolCallId = String(u.toolCallId ?? "");
+    const by = u.resolvedBy;
+    if (by?.clientId && by.clientId === selfId) return;
+    const entry = this.cards.get(toolCallId);
+    const option = entry?.options.find((o) => o?.optionId === u.outcome?.optionId);
+    let text = resolvedText(u.outcome, option, by);
+    if (entry?.mine) text += " (your answer came second)";
+    const title = this.tools.get(toolCallId)?.data.title;
+    if (entry) {
+      entry.collapse(text[0].toUpperCase() + text.slice(1));
+    } else {
+      this.#append(h("div", { class: "permission answered collapsed", dataset: { toolCallId } },
+        h("span", { class: "card-kind" }, "Permission"),
+        h("p", { class: "perm-outcome" }, title ? `${String(title)}: ${text}` : text)));
+    }
+    this.announce(`Permission${title ? ` for ${title}` : ""} ${text}`);
+  }
   #focusAfterPermission() {
     const next = this.el.querySelector(".permission:not(.answered) button");
     if (next) next.focus();
@@ -336,6 +440,19 @@ export class Transcript {
 
 // ---------------------------------------------------------------------------
 // Pieces
+
+// "allowed by <name> (Allow once)", "rejected by …", "cancelled": the
+// outcome of a permission_resolved. option: the card's
+// option with that optionId, if the card is here (its kind tells allow from
+// reject; without it, the optionId's name does).
+function resolvedText(outcome, option, by) {
+  if (outcome?.outcome !== "selected") return "cancelled";
+  const kind = String(option?.kind ?? outcome.optionId ?? "");
+  const verb = kind.startsWith("allow") ? "allowed" : kind.startsWith("reject") ? "rejected" : "answered";
+  const who = by?.name ? ` by ${by.name}` : "";
+  const what = String(option?.name ?? outcome.optionId ?? "");
+  return `${verb}${who}${what ? ` (${what})` : ""}`;
+}
 
 function renderTool(d) {
   const status = ["pending", "in_progress", "completed", "failed"].includes(d.status) ? d.status : "pending";
