@@ -79,6 +79,12 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
+	if mem := s.memberOf(c); mem != nil {
+		// Attached already (a page reloaded on a resumed connection): the
+		// replay and result again, nothing added.
+		c.joinSession(m, s, mem, p.HistoryPolicy, false)
+		return
+	}
 	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
 	if mem.id == "" {
 		mem.id = newClientID()
@@ -89,7 +95,7 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 		mem.info = connPeer(c).info()
 	}
 	c.attach(s) // routed to c from now on (and counted once for its tenant)
-	if !c.joinSession(m, s, mem, p.HistoryPolicy) {
+	if !c.joinSession(m, s, mem, p.HistoryPolicy, true) {
 		c.detach(s)
 		return
 	}
@@ -132,7 +138,7 @@ func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOn
 	c.mu.Lock()
 	held := c.sessions[p.SessionID] == s
 	c.mu.Unlock()
-	if held {
+	if held && s.memberOf(c) == nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
 		return nil, false, false
@@ -148,12 +154,16 @@ func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, boo
 	return nil, false, false
 }
 
-// joinSession adds mem to s and sends c the replay, the result and the
-// pending requests, all under s.fan; false if it answered m with an error.
-func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string) bool {
+// joinSession adds mem to s (unless add is false: a re-attach) and sends c
+// the replay, the result and the pending requests, all under s.fan; false
+// if it answered m with an error.
+func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string, add bool) bool {
 	s.fan.Lock()
 	defer s.fan.Unlock()
-	ok, full := s.addMember(mem, c.relay.maxClients())
+	ok, full := true, false
+	if add {
+		ok, full = s.addMember(mem, c.relay.maxClients())
+	}
 	switch {
 	case full:
 		c.relay.metrics.Attaches.WithLabelValues("full").Inc()
@@ -174,7 +184,7 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
 	if !mem.readOnly {
 		for _, in := range s.requests() {
-			if in.method == mRequestPerm || in.method == mElicitCreate {
+			if (in.method == mRequestPerm || in.method == mElicitCreate) && !in.sentTo(c) {
 				in.copyTo(c)
 			}
 		}
@@ -203,7 +213,7 @@ func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed
 		sessionState
 		Meta map[string]any `json:"_meta"`
 	}{s.GatewayID, mem.id, clients, policy, mem.readOnly, st,
-		map[string]any{"acpgate": map[string]any{"replayed": replayed, "historyTrimmed": trimmed}}})
+		map[string]any{"acpgate": map[string]any{"replayed": replayed, "historyTrimmed": trimmed, "turn": s.turnName()}}})
 	return res
 }
 
@@ -286,6 +296,14 @@ func (l *procLink) endOrphaned(s *Session) {
 	if l.p.Init().Caps.Close {
 		l.fireAndForget(mSessionClose, params)
 	}
+}
+
+// turnName says whether a turn is in flight: "running" or "idle".
+func (s *Session) turnName() string {
+	if s.promptRunning() {
+		return "running"
+	}
+	return "idle"
 }
 
 // promptRunning reports whether a turn is in flight.

@@ -241,3 +241,46 @@ func TestHistoryKeepsTheNewestWithinItsLimit(t *testing.T) {
 		}
 	}
 }
+
+// A client that declines (cancels, or answers with an error) a permission
+// request others may answer settles nothing: the other client's answer
+// still reaches the agent. A member attaching again (a reloaded page on a
+// resumed connection) gets the result again, and is not added twice.
+func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	owner, peerC := newTestConn(t, r, "owner"), newTestConn(t, r, "peer")
+	owner.init(`{}`)
+	peerC.init(`{}`)
+	sid := owner.newSession("1")
+	if res := peerC.attach("2", sid, ""); res.Error != nil {
+		t.Fatalf("attach: %s", res.raw)
+	}
+	res := peerC.attach("3", sid, "")
+	var again struct {
+		ConnectedClients []peer `json:"connectedClients"`
+	}
+	if res.Error != nil || json.Unmarshal(res.Result, &again) != nil || len(again.ConnectedClients) != 2 {
+		t.Fatalf("attach again: %s, want two clients", res.raw)
+	}
+	owner.prompt("4", sid, "permission")
+	ownerReq := owner.untilMethod(mRequestPerm, nil)
+	peerReq := peerC.untilMethod(mRequestPerm, nil)
+	peerC.send(`{"jsonrpc":"2.0","id":` + string(peerReq.ID) + `,"result":{"outcome":{"outcome":"cancelled"}}}`)
+	owner.send(`{"jsonrpc":"2.0","id":` + string(ownerReq.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
+	var text strings.Builder
+	got := owner.await("4", func(m msg) {
+		if u := m.update(); u.SessionUpdate == "agent_message_chunk" {
+			var c struct {
+				Text string `json:"text"`
+			}
+			_ = json.Unmarshal(u.Content, &c)
+			text.WriteString(c.Text)
+		}
+	})
+	if got.Error != nil || !strings.Contains(string(got.Result), "end_turn") {
+		t.Fatalf("the turn: %s", got.raw)
+	}
+	if !strings.Contains(text.String(), "Permission granted") {
+		t.Fatalf("the agent replied %q: the owner's allow did not settle the request", text.String())
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -580,6 +581,14 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 		}
 		return
 	}
+	if declines(m) {
+		// An error or a cancellation settles nothing while another client
+		// of the session may still answer: only this client's copy goes.
+		if _, _, last := in.leave(c); !last {
+			c.log.Debug("a client declined an agent request others may answer", "method", in.method)
+			return
+		}
+	}
 	in.forget()
 	if !in.claim() {
 		c.log.Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
@@ -806,4 +815,21 @@ func (c *Conn) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
+}
+
+// declines reports whether a client's answer to an agent request is an
+// error or a cancelled permission outcome rather than a choice.
+func declines(m *jsonrpc.Message) bool {
+	if m.IsError {
+		return true
+	}
+	if !bytes.Contains(m.Payload, []byte(`"cancelled"`)) {
+		return false
+	}
+	var res struct {
+		Outcome struct {
+			Outcome string `json:"outcome"`
+		} `json:"outcome"`
+	}
+	return json.Unmarshal(m.Payload, &res) == nil && res.Outcome.Outcome == "cancelled"
 }

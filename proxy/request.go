@@ -181,6 +181,16 @@ func (in *inReq) conns(skip *Conn) []inCopy {
 	return out
 }
 
+// sentTo reports whether c holds a copy of the request.
+func (in *inReq) sentTo(c *Conn) bool {
+	for _, cp := range in.conns(nil) {
+		if cp.conn == c {
+			return true
+		}
+	}
+	return false
+}
+
 // copyTo sends c, another client of the request's session that may answer
 // it, a copy with an id of its own: the first answer of any client wins.
 func (in *inReq) copyTo(c *Conn) {
