@@ -558,7 +558,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 	if !s.admit(w, who.Tenant) {
 		return
 	}
-	h, err := s.newHTTPConn(who, agent, id)
+	h, err := s.newHTTPConn(who, agent, id, affinityOf(r, s.config()))
 	if err != nil {
 		h.cancel()
 		h.log.Error("cannot serve connection", "err", err)
@@ -596,7 +596,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 
 // newHTTPConn makes a connection whose initialize (id) is on its way. Its
 // handshake timeout is the time a first agent process may take.
-func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte) (*httpConn, error) {
+func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte, affinity string) (*httpConn, error) {
 	tenant := who.Tenant
 	cfg := s.config()
 	id := newConnID()
@@ -611,7 +611,7 @@ func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte) (*h
 	h := &httpConn{history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{},
 		replyTo: map[string]string{}, askedOn: map[string]string{}, initID: bytes.Clone(initID),
 		initReply: make(chan []byte, 1), lastUse: time.Now()}
-	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg,
+	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinity,
 		handshake: ac.Pool.AcquireTimeout.D() + ac.InitTimeout.D(), idle: max(cfg.Sessions.DetachTimeout.D(), minHTTPIdle)})
 	// The proxy connection ending (its tenant slot given back) ends this.
 	err := h.newConn(true, func() { h.closeWith("ended", "other") })

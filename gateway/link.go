@@ -28,6 +28,7 @@ type link struct {
 	id          string
 	tenant      string
 	subject     string // who the credential names (auth.Identity.Subject)
+	affinity    string // the balancer's affinity cookie on the opening request (linkInfo)
 	agent       string
 	tenantLabel string
 	log         *slog.Logger
@@ -96,6 +97,7 @@ type transport interface {
 // linkInfo is what a new link is made of.
 type linkInfo struct {
 	kind, id, tenant, subject, agent string
+	affinity                         string // "NAME=VALUE" of the balancer's affinity cookie, if the request had it
 	log                              *slog.Logger
 	cfg                              *config.Config
 	handshake, idle                  time.Duration
@@ -103,6 +105,7 @@ type linkInfo struct {
 
 func (l *link) init(s *Server, t transport, in linkInfo) {
 	l.s, l.t, l.kind, l.id, l.tenant, l.subject, l.agent, l.log, l.cfg = s, t, in.kind, in.id, in.tenant, in.subject, in.agent, in.log, in.cfg
+	l.affinity = in.affinity
 	l.tenantLabel = s.metrics.tenants.Label(in.tenant)
 	l.start = time.Now()
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -124,7 +127,7 @@ func (l *link) newConn(noResume bool, onEnd func()) error {
 		}
 	}
 	conn, err := l.s.relay.NewConn(proxy.ConnInfo{ID: l.id, Tenant: l.tenant, Subject: l.subject, Agent: l.agent, Log: l.log,
-		NoResume: noResume, OnEnd: release}, l)
+		NoResume: noResume, OnEnd: release, Affinity: l.affinity}, l)
 	if err != nil {
 		l.s.releaseTenant(l.tenant)
 		return fmt.Errorf("new connection: %w", err)
@@ -529,4 +532,18 @@ func (s *Server) queuedMessages() float64 {
 		l.mu.Unlock()
 	}
 	return float64(n)
+}
+
+// affinityOf is "NAME=VALUE" of the affinity cookie cfg names, if r
+// carries it ("" otherwise).
+func affinityOf(r *http.Request, cfg *config.Config) string {
+	name := cfg.Sessions.AffinityCookie
+	if name == "" {
+		return ""
+	}
+	ck, err := r.Cookie(name)
+	if err != nil || ck.Value == "" || len(ck.Value) > 256 {
+		return ""
+	}
+	return name + "=" + ck.Value
 }

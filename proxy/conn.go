@@ -72,6 +72,10 @@ type ConnInfo struct {
 	// OnEnd, if set, is called once when the connection has ended for good
 	// (not when a socket ends and the connection detaches).
 	OnEnd func()
+	// Affinity is "NAME=VALUE" of the balancer's affinity cookie the
+	// connection's opening request carried ("" = none): the initialize
+	// result says it (_meta.acpgate.affinity), for share links.
+	Affinity string
 	// NoResume: the transport has no socket to resume (Streamable HTTP,
 	// whose event streams replay by Last-Event-ID): no resume token, no
 	// replay buffer.
@@ -112,9 +116,10 @@ type Conn struct {
 	logLim  *pool.LogLimiter // bounds what one client can make the gateway log
 
 	// Static after construction.
-	token string // the resume token ("" = resume off); never logged
-	keeps bool   // the outbox keeps what it sends: sinks borrow messages (Sink.Send)
-	onEnd func()
+	token    string // the resume token ("" = resume off); never logged
+	affinity string // ConnInfo.Affinity
+	keeps    bool   // the outbox keeps what it sends: sinks borrow messages (Sink.Send)
+	onEnd    func()
 
 	out  outbox       // what the client is sent, numbered, kept for a resume
 	recv atomic.Int64 // client messages received, across sockets
@@ -400,8 +405,8 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		init = home.Process().Init()
 	}
 	result, err := policy.FilterInitialize(init.Result, *c.ten.policy(c.ag.name))
-	if err == nil && c.token != "" {
-		result = withResumeToken(result, c.token)
+	if err == nil && (c.token != "" || c.affinity != "") {
+		result = withAcpgateMeta(result, c.token, c.affinity)
 	}
 	if err == nil && c.ten.sharing().Attach != SharingOff {
 		result = withAttachCapability(result)

@@ -229,6 +229,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		ag:         ag,
 		scope:      sealScope(info.Tenant, name),
 		subject:    info.Subject,
+		affinity:   info.Affinity,
 		clientID:   newClientID(),
 		log:        log,
 		onEnd:      info.OnEnd,

@@ -257,11 +257,22 @@ func (c *Conn) Detached() bool {
 	return c.detached
 }
 
-// withResumeToken adds _meta.acpgate.resumeToken to an initialize result
-// (a JSON object), inside an existing _meta object if there is one. The
-// rest is copied as it is.
-func withResumeToken(result []byte, token string) []byte {
-	member := []byte(`"acpgate":{"resumeToken":` + strconv.Quote(token) + `}`)
+// withResumeToken adds _meta.acpgate.resumeToken to an initialize result.
+func withResumeToken(result []byte, token string) []byte { return withAcpgateMeta(result, token, "") }
+
+// withAcpgateMeta adds _meta.acpgate to an initialize result (a JSON
+// object) with the resume token and the affinity cookie (each if not
+// empty), inside an existing _meta object if there is one. The rest is
+// copied as it is.
+func withAcpgateMeta(result []byte, token, affinity string) []byte {
+	var fields []string
+	if token != "" {
+		fields = append(fields, `"resumeToken":`+strconv.Quote(token))
+	}
+	if affinity != "" {
+		fields = append(fields, `"affinity":`+strconv.Quote(affinity))
+	}
+	member := []byte(`"acpgate":{` + strings.Join(fields, ",") + `}`)
 	dec := jsontext.NewDecoder(bytes.NewReader(result))
 	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
 		return result

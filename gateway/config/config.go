@@ -254,6 +254,11 @@ type Sessions struct {
 	// MaxClients bounds the clients of one session, its owner included;
 	// the next session/attach is refused.
 	MaxClients int `yaml:"max_clients"`
+	// AffinityCookie names the balancer's affinity cookie ("" = none).
+	// When a connection's opening request carries it, its initialize
+	// result says so (_meta.acpgate.affinity), so that a share link can
+	// route another device to the replica that serves the session.
+	AffinityCookie string `yaml:"affinity_cookie"`
 }
 
 // Limits bound what one message and one connection may take.
@@ -579,6 +584,9 @@ func (c *Config) validateLimits(add addFunc) {
 	}
 	if c.Sessions.MaxClients < 1 || c.Sessions.MaxClients > 256 {
 		add("sessions.max_clients", "must be from 1 to 256, is %d", c.Sessions.MaxClients)
+	}
+	if n := c.Sessions.AffinityCookie; n != "" && !cookieName.MatchString(n) {
+		add("sessions.affinity_cookie", "%q is not a cookie name (letters, digits and !#$%%&'*+-.^_`|~, at most 64)", n)
 	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", c.Limits.MaxMessageBytes)
@@ -954,3 +962,6 @@ func member(n *yaml.Node, key string) *yaml.Node {
 	}
 	return nil
 }
+
+// cookieName is what an HTTP cookie's name may be (RFC 6265 token).
+var cookieName = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+\\-.^_`|~]{1,64}$")

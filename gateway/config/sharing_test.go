@@ -116,3 +116,18 @@ func TestSharingAttachValues(t *testing.T) {
 		t.Errorf("an unknown sharing key: %s", list(ps))
 	}
 }
+
+// sessions.affinity_cookie must be a cookie name.
+func TestAffinityCookieMustBeACookieName(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{{"", true}, {"ACPGATE_AFFINITY", true}, {"route", true}, {"bad name", false}, {"a=b", false}, {"x;y", false}} {
+		c := Default()
+		c.Sessions.AffinityCookie = tc.name
+		err := c.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("affinity_cookie %q: err %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
