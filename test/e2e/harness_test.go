@@ -78,13 +78,7 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 // that steer the tests: the gateway reads ACPGATE_* as settings and warns
 // about names it does not know.
 func gatewayEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ACPGATE_E2E_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return harness.EnvWithout("ACPGATE_E2E_")
 }
 
 // --- WebSocket client ---

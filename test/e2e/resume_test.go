@@ -22,6 +22,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
+	"github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
@@ -336,16 +337,6 @@ func echoText(n int) string {
 	return strings.TrimSpace(b.String())
 }
 
-// diverge describes where got departs from want.
-func diverge(got, want string) string {
-	i := 0
-	for i < len(got) && i < len(want) && got[i] == want[i] {
-		i++
-	}
-	ctx := func(s string) string { return s[max(0, i-24):min(len(s), i+24)] }
-	return fmt.Sprintf("got %d bytes, want %d; they differ at byte %d: got …%q…, want …%q…", len(got), len(want), i, ctx(got), ctx(want))
-}
-
 // ticker checks a slow turn's "tick N " chunks: in order, none missing,
 // none repeated, across sockets.
 type ticker struct {
@@ -413,7 +404,7 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	}
 	resp := r.Await("the prompt after the resume", id, left(t, ctx, turn, "the rest of the turn"), onUpdate)
 	if got := tally.text.String(); got != want {
-		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got, want))
+		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", harness.Diverge(got, want))
 	}
 	if r := stopReason(t, resp); r != "end_turn" {
 		t.Fatalf("stopReason %q, want end_turn: %s", r, resp.Raw)
@@ -1528,7 +1519,7 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 	}
 	m := r.Await("the prompt after the resume", id, turn, onUpdate)
 	if got.String() != want {
-		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got.String(), want))
+		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", harness.Diverge(got.String(), want))
 	}
 	if stopReason(t, m) != "end_turn" {
 		t.Fatalf("the prompt: %s", m.Raw)

@@ -275,13 +275,7 @@ func (r *replica) start(ctx context.Context) {
 // gatewayEnv is the test's environment without the variables that steer
 // the tests.
 func gatewayEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ACPGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return harness.EnvWithout("ACPGATE_")
 }
 
 // get fetches path from the replica directly (not through the balancer).

@@ -134,6 +134,29 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
+// EnvWithout is the test's environment without the variables whose names
+// (NAME=value) start with prefix.
+func EnvWithout(prefix string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, prefix) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// Diverge describes where got departs from want: both lengths, the first
+// byte that differs and some context around it on each side.
+func Diverge(got, want string) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	ctx := func(s string) string { return s[max(0, i-24):min(len(s), i+24)] }
+	return fmt.Sprintf("got %d bytes, want %d; they differ at byte %d: got …%q…, want …%q…", len(got), len(want), i, ctx(got), ctx(want))
+}
+
 // SyncBuffer is a bytes.Buffer that goroutines may write to while the test
 // reads it (syncbuf.Buffer).
 type SyncBuffer = syncbuf.Buffer
