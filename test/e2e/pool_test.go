@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/acpgate/acpgate/test/internal/acpclient"
 	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
@@ -91,12 +92,11 @@ func waitFor(t *testing.T, c *client, what string, id int, timeout time.Duration
 			if !ok {
 				t.Fatalf("%s: no answer; %s", what, closedText(c))
 			}
-			if m.IsResponseTo(id) {
+			answer, unexpected := acpclient.AwaitStep(m, id, other)
+			if answer {
 				return m
 			}
-			if other != nil {
-				other(m)
-			} else if m.Method != "session/update" {
+			if unexpected {
 				t.Fatalf("%s: unexpected message while waiting for the answer: %s", what, m.Raw)
 			}
 		case <-timer.C:
