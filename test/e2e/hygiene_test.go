@@ -128,13 +128,11 @@ func (c *wsClient) newSession(cwd string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		return "", fmt.Errorf("session/new: %s", m.Raw)
 	}
-	return res.SessionID, nil
+	return sid, nil
 }
 
 // chunkText returns the text of an agent_message_chunk update for sid, and

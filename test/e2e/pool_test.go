@@ -139,13 +139,11 @@ func openSession(t *testing.T, c *client, cwd string, timeout time.Duration) str
 	if m.Error != nil {
 		t.Fatalf("session/new answered with an error after %s: %s", time.Since(start).Round(time.Millisecond), m.Raw)
 	}
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if err := json.Unmarshal(m.Result, &res); err != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		t.Fatalf("session/new without a sessionId: %s", m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
 
 // echoTurn runs a prompt that the demo agent echoes, and checks that it ends

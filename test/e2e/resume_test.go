@@ -114,13 +114,11 @@ func (r *rconn) initialize() {
 func (r *rconn) newSession(cwd string) string {
 	r.t.Helper()
 	m := r.Await("session/new", r.Request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}), 30*time.Second, nil)
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		r.t.Fatalf("session/new: %s", m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
 
 // newSessionAgentID opens a session and returns its ID and the agent's own

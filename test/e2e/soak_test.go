@@ -117,13 +117,11 @@ websocket: {ping_interval: 1s}
 		if err != nil {
 			return "", err
 		}
-		var res struct {
-			SessionID string `json:"sessionId"`
-		}
-		if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+		sid := m.NewSessionID()
+		if sid == "" {
 			return "", fmt.Errorf("session/new: %s", m.Raw)
 		}
-		return res.SessionID, nil
+		return sid, nil
 	}
 	// prompt runs one turn; other sees the agent's requests and every
 	// update (after the chunk bookkeeping).

@@ -128,13 +128,11 @@ func (cl *acpClient) initialize() {
 func (cl *acpClient) newSession() string {
 	cl.t.Helper()
 	m := cl.Await("session/new", cl.Request("session/new", map[string]any{"cwd": cl.c.root, "mcpServers": []any{}}), 30*time.Second, nil)
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		cl.t.Fatalf("%s: session/new: %s", cl.name, m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
 
 // turn runs a prompt to its end and checks the demo agent's echo.

@@ -49,6 +49,18 @@ func (m Msg) Param(key string) string {
 	return s
 }
 
+// NewSessionID returns the sessionId of m, the answer to a session/new:
+// "" when m is an error or carries none.
+func (m Msg) NewSessionID() string {
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil {
+		return ""
+	}
+	return res.SessionID
+}
+
 // Options says how to dial.
 type Options struct {
 	Header       http.Header

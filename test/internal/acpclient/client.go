@@ -179,12 +179,9 @@ func (c *Client) NewSession(cwd string) string {
 	if m.Error != nil {
 		c.T.Fatalf("session/new: %+v", m.Error)
 	}
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	_ = json.Unmarshal(m.Result, &res)
-	if res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		c.T.Fatalf("session/new without sessionId: %s", m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
