@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	testharness "github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The fan-in scenario: many clients, one session each, sharing a few agent
@@ -260,66 +262,57 @@ func (h *harness) gatewayFleet(gw *server, n int, mode string) (*faninFleet, err
 		f.name += httpSuffix
 	}
 	f.clients = make([]*faninClient, n)
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			var (
-				t   transport
-				err error
-			)
-			if mode == "http" {
-				t = newHTTPTransport(httpURL(gw.url))
-			} else {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				t, err = dialWS(ctx, gw.url, []string{"acp"})
-				cancel()
-			}
-			if err == nil {
-				stop := time.AfterFunc(30*time.Second, func() { t.Close() })
-				c := &rpcClient{t: t}
-				if err = c.initialize(); err == nil {
-					var sid string
-					if sid, err = c.newSession(); err == nil {
-						var ep faninEndpoint
-						switch t := t.(type) {
-						case *httpTransport:
-							var e *httpEndpoint
-							if e, err = newHTTPEndpoint(t, sid, h.httpClient != "nethttp", f.fail); err == nil {
-								ep = e
-								mu.Lock()
-								f.closers = append(f.closers, e.close)
-								mu.Unlock()
-							}
-						case *wsTransport:
-							ep = wsEndpoint{t}
+	testharness.Bounded(n, 16, func(i int) {
+		var (
+			t   transport
+			err error
+		)
+		if mode == "http" {
+			t = newHTTPTransport(httpURL(gw.url))
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			t, err = dialWS(ctx, gw.url, []string{"acp"})
+			cancel()
+		}
+		if err == nil {
+			stop := time.AfterFunc(30*time.Second, func() { t.Close() })
+			c := &rpcClient{t: t}
+			if err = c.initialize(); err == nil {
+				var sid string
+				if sid, err = c.newSession(); err == nil {
+					var ep faninEndpoint
+					switch t := t.(type) {
+					case *httpTransport:
+						var e *httpEndpoint
+						if e, err = newHTTPEndpoint(t, sid, h.httpClient != "nethttp", f.fail); err == nil {
+							ep = e
+							mu.Lock()
+							f.closers = append(f.closers, e.close)
+							mu.Unlock()
 						}
-						f.clients[i] = &faninClient{idx: i, ep: ep, sid: sid}
+					case *wsTransport:
+						ep = wsEndpoint{t}
 					}
+					f.clients[i] = &faninClient{idx: i, ep: ep, sid: sid}
 				}
-				if !stop.Stop() {
-					err = errors.New("setup timed out")
-				}
-				mu.Lock()
-				f.closers = append(f.closers, func() { t.Close() })
-				mu.Unlock()
 			}
-			if err != nil {
-				mu.Lock()
-				if firstErr == nil {
-					firstErr = fmt.Errorf("client %d: %w", i, err)
-				}
-				mu.Unlock()
+			if !stop.Stop() {
+				err = errors.New("setup timed out")
 			}
-		}()
-	}
-	wg.Wait()
+			mu.Lock()
+			f.closers = append(f.closers, func() { t.Close() })
+			mu.Unlock()
+		}
+		if err != nil {
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = fmt.Errorf("client %d: %w", i, err)
+			}
+			mu.Unlock()
+		}
+	})
 	if firstErr != nil {
 		f.close()
 		return nil, firstErr

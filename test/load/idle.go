@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	testharness "github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // --- the client process: `load idle-clients` ---
@@ -52,24 +54,15 @@ func idleClientsMain(args []string) int {
 	conns := make([]*websocket.Conn, *n)
 	var failed atomic.Int64
 	var firstErr atomic.Value
-	sem := make(chan struct{}, max(*conc, 1))
-	var wg sync.WaitGroup
-	for i := range *n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			c, err := openIdle(*url)
-			if err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err.Error())
-				return
-			}
-			conns[i] = c
-		}()
-	}
-	wg.Wait()
+	testharness.Bounded(*n, *conc, func(i int) {
+		c, err := openIdle(*url)
+		if err != nil {
+			failed.Add(1)
+			firstErr.CompareAndSwap(nil, err.Error())
+			return
+		}
+		conns[i] = c
+	})
 	rep := idleReport{Open: *n - int(failed.Load()), Failed: int(failed.Load()), ElapsedNS: time.Since(start).Nanoseconds()}
 	if v, ok := firstErr.Load().(string); ok {
 		rep.FirstErr = v

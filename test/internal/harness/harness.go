@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -155,6 +156,21 @@ func Diverge(got, want string) string {
 	}
 	ctx := func(s string) string { return s[max(0, i-24):min(len(s), i+24)] }
 	return fmt.Sprintf("got %d bytes, want %d; they differ at byte %d: got …%q…, want …%q…", len(got), len(want), i, ctx(got), ctx(want))
+}
+
+// Bounded calls f(0) … f(n-1), each on a goroutine of its own with at most
+// limit running at once, and returns when all have returned.
+func Bounded(n, limit int, f func(i int)) {
+	sem := make(chan struct{}, max(limit, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
 }
 
 // SyncBuffer is a bytes.Buffer that goroutines may write to while the test
