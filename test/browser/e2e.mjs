@@ -305,28 +305,11 @@ async function mainScenario() {
   });
 
   await run("streamed reply arrives in order", async () => {
-    // Record every rendered state of the agent's reply.
-    await page.evaluate(() => {
-      window.__snapshots = [];
-      const t = document.getElementById("transcript");
-      new MutationObserver(() => {
-        const m = [...t.querySelectorAll(".msg.agent")].pop();
-        if (m) window.__snapshots.push(m.innerText);
-      }).observe(t, { childList: true, subtree: true, characterData: true });
-    });
+    await recordLastAgentMessage();
     await send(firstPrompt);
     const want = `You said: ${firstPrompt}`;
     check((await lastAgentText()).trim() === want, `reply: ${JSON.stringify(await lastAgentText())}`);
-    const snaps = (await page.evaluate(() => window.__snapshots)).map((s) => s.trim()).filter(Boolean);
-    const distinct = [...new Set(snaps)];
-    check(distinct.length >= 2, `the reply did not stream (states seen: ${JSON.stringify(distinct)})`);
-    let prev = "";
-    for (const s of snaps) {
-      check(want.startsWith(s), `streamed state is not a prefix of the reply: ${JSON.stringify(s)}`);
-      check(s.length >= prev.length, `streamed text went backwards: ${JSON.stringify(prev)} -> ${JSON.stringify(s)}`);
-      prev = s;
-    }
-    log(`  ${distinct.length} streamed states`);
+    log(`  ${await checkStreamed(want)} streamed states`);
     await page.waitForFunction((t) => document.getElementById("session-title").textContent === t, firstPrompt.slice(0, 40));
     await page.waitForSelector('#session-list [aria-current="true"]');
   });
@@ -618,25 +601,14 @@ async function resumeScenario() {
   await run("connect through the proxy", async () => {
     await page.goto(baseUrl);
     await waitState("connected");
-    await page.evaluate(() => {
-      window.__states = [];
-      const el = document.getElementById("conn-state");
-      new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
-    });
+    await recordStates();
     check(await page.locator('#conn-state[role="status"]').count() === 1, "the connection state is not a live region");
     check(await page.evaluate(() => !JSON.stringify(window.acpgate.app.acp.init).includes("resumeToken")), "the resume token is in the initialize result the page shows");
     check(wsUrls.length === 1 && resumeUrls().length === 0, `WebSocket URLs: ${wsUrls.length}`);
   });
 
   await run("a streamed turn survives two cuts", async () => {
-    await page.evaluate(() => {
-      window.__snapshots = [];
-      const t = document.getElementById("transcript");
-      new MutationObserver(() => {
-        const m = [...t.querySelectorAll(".msg.agent")].pop();
-        if (m) window.__snapshots.push(m.innerText);
-      }).observe(t, { childList: true, subtree: true, characterData: true });
-    });
+    await recordLastAgentMessage();
     const started = Date.now();
     await send("slow", { wait: false });
     await expectAgentText("tick 5 ");
@@ -748,6 +720,29 @@ function recordAcpRequests() {
   return out;
 }
 
+// Records every connection state the page shows (#conn-state's
+// data-state) from now on in window.__states.
+async function recordStates() {
+  await page.evaluate(() => {
+    window.__states = [];
+    const el = document.getElementById("conn-state");
+    new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
+  });
+}
+
+// Records every rendered state of the transcript's last agent message,
+// whichever it is, from now on (a new observer each call).
+async function recordLastAgentMessage() {
+  await page.evaluate(() => {
+    window.__snapshots = [];
+    const t = document.getElementById("transcript");
+    new MutationObserver(() => {
+      const m = [...t.querySelectorAll(".msg.agent")].pop();
+      if (m) window.__snapshots.push(m.innerText);
+    }).observe(t, { childList: true, subtree: true, characterData: true });
+  });
+}
+
 // Records every rendered state of the agent's next message (the messages
 // there now are left out).
 async function recordSnapshots() {
@@ -857,11 +852,7 @@ async function httpScenario() {
   });
 
   await run("an event stream cut during a turn resumes with Last-Event-ID", async () => {
-    await page.evaluate(() => {
-      window.__states = [];
-      const el = document.getElementById("conn-state");
-      new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
-    });
+    await recordStates();
     await recordSnapshots();
     const messages = await page.locator("#transcript .msg.agent").count();
     await send("slow", { wait: false });
