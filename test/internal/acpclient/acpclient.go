@@ -245,3 +245,16 @@ func Response(id json.RawMessage, result any) map[string]any {
 func TextPrompt(sid, text string) map[string]any {
 	return map[string]any{"sessionId": sid, "prompt": []any{map[string]string{"type": "text", "text": text}}}
 }
+
+// PromptParams is the params of a session/prompt as the test agents
+// (test/fakeagent, the load harness's agent) decode them.
+type PromptParams struct {
+	SessionID string        `json:"sessionId"`
+	Prompt    []PromptBlock `json:"prompt"`
+}
+
+// PromptBlock is one content block of a prompt.
+type PromptBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
