@@ -97,6 +97,22 @@ func dial(t *testing.T, g *gateway) *client {
 	return c
 }
 
+// dialInit connects and initializes with the harness's capabilities (the
+// pool's default profile, so that every client shares the one process).
+func dialInit(t *testing.T, g *gateway) *client {
+	t.Helper()
+	c := dial(t, g)
+	c.initialize()
+	return c
+}
+
+// dialSession connects, initializes (dialInit) and opens a session in cwd.
+func dialSession(t *testing.T, g *gateway, cwd string) (*client, string) {
+	t.Helper()
+	c := dialInit(t, g)
+	return c, c.newSession(cwd)
+}
+
 // dialWith opens a WebSocket to path with extra request headers and the
 // given subprotocols (joined with "," into one Sec-WebSocket-Protocol
 // header). On success it returns a client and the 101 response; when the

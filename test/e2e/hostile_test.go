@@ -134,15 +134,6 @@ func hostile(t *testing.T, name string, bys []*bystander, f func(t *testing.T)) 
 	})
 }
 
-// dialInit connects and initializes with the harness's capabilities (the
-// pool's default profile, so that every client shares the one process).
-func dialInit(t *testing.T, g *gateway) *client {
-	t.Helper()
-	c := dial(t, g)
-	c.initialize()
-	return c
-}
-
 // --- assertions ---
 
 // wantError asserts that m is an error response with code and raw id, whose
@@ -283,16 +274,13 @@ websocket: {write_timeout: 20s}
 	}
 	// victim is another connection with a session on the same process; its
 	// agent-side ID is what a hijacker would need.
-	victim := dial(t, g)
-	victim.initialize()
+	victim := dialInit(t, g)
 	_, victimAgentSID, _ := newSessionAgentID(t, g, victim, cwd)
 
 	// hostileClient is a fresh initialized client with its own session.
 	hostileClient := func(t *testing.T) (*client, string) {
 		t.Helper()
-		c := dial(t, g)
-		c.initialize()
-		return c, c.newSession(cwd)
+		return dialSession(t, g, cwd)
 	}
 
 	for _, fc := range hostileFrames {
@@ -547,8 +535,7 @@ websocket: {write_timeout: 20s}
 	})
 
 	hostile(t, "acp/session/cancel for another connection's session has no effect", bys, func(t *testing.T) {
-		v := dial(t, g)
-		v.initialize()
+		v := dialInit(t, g)
 		vsid, vagent, _ := newSessionAgentID(t, g, v, cwd)
 		id := v.Request("session/prompt", textPrompt(vsid, "slow please"))
 		if m := v.Next(turn); m.Method != "session/update" {
@@ -721,9 +708,7 @@ timeouts: {request: 1s}
 	}
 	hostileClient := func(t *testing.T) *client {
 		t.Helper()
-		c := dial(t, g)
-		c.initialize()
-		return c
+		return dialInit(t, g)
 	}
 
 	hostile(t, "agent/hang: the request gets the timeout error", bys, func(t *testing.T) {
@@ -975,9 +960,7 @@ limits: {messages_per_second: 5, message_burst: 10}
 	}
 
 	run("limits/burst over messages_per_second gets -32006, session/cancel still passes", func(t *testing.T) {
-		c := dial(t, g)
-		c.initialize()
-		sid := c.newSession(cwd)
+		c, sid := dialSession(t, g, cwd)
 		pid := c.Request("session/prompt", textPrompt(sid, "slow please"))
 		// 3 of the 10 tokens are spent; 20 more requests at once.
 		first := c.NextID + 1
@@ -1053,12 +1036,9 @@ limits: {messages_per_second: 5, message_burst: 10}
 	})
 
 	run("timeouts/idle closes with 1001, but not while a prompt runs", func(t *testing.T) {
-		idle := dial(t, g)
-		idle.initialize()
+		idle := dialInit(t, g)
 		idleSince := time.Now()
-		busy := dial(t, g)
-		busy.initialize()
-		sid := busy.newSession(cwd)
+		busy, sid := dialSession(t, g, cwd)
 		pid := busy.Request("session/prompt", textPrompt(sid, "ask my permission"))
 		var perm rpcMsg
 		for perm.Raw == nil {
