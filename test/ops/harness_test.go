@@ -190,6 +190,15 @@ func (c *client) initialize() {
 	c.Initialize("ops-test", false)
 }
 
+// dialSession connects to addr without a token, initializes and opens a
+// session in a new temporary directory.
+func dialSession(t *testing.T, addr string) (*client, string) {
+	t.Helper()
+	c := mustDial(t, addr, "")
+	c.initialize()
+	return c, c.NewSession(t.TempDir())
+}
+
 var promptParams = acpclient.TextPrompt
 
 // chunkText returns the text of an agent_message_chunk update, or "".
