@@ -123,6 +123,16 @@ websocket: {ping_interval: 1s}
 		}
 		return sid, nil
 	}
+	// collect counts m and adds its text to got when it is an
+	// agent_message_chunk for sid.
+	collect := func(m rpcMsg, sid string, got *strings.Builder) (bool, error) {
+		s, isChunk, err := chunkText(m, sid)
+		if err == nil && isChunk {
+			stats.chunks.Add(1)
+			got.WriteString(s)
+		}
+		return isChunk, err
+	}
 	// prompt runs one turn; other sees the agent's requests and every
 	// update (after the chunk bookkeeping).
 	prompt := func(k *soakConn, sid, text string, other func(m rpcMsg) error, onResponse func(m rpcMsg) error) (string, rpcMsg, error) {
@@ -133,13 +143,8 @@ websocket: {ping_interval: 1s}
 		stats.prompts.Add(1)
 		var got strings.Builder
 		m, err := k.waitFor(id, soakHandlers{onResponse: onResponse, other: func(m rpcMsg) error {
-			s, isChunk, err := chunkText(m, sid)
-			if err != nil {
+			if _, err := collect(m, sid, &got); err != nil {
 				return err
-			}
-			if isChunk {
-				stats.chunks.Add(1)
-				got.WriteString(s)
 			}
 			if m.Method != "session/update" {
 				stats.agentRequests.Add(1)
@@ -224,13 +229,11 @@ websocket: {ping_interval: 1s}
 			}
 			m, err := k.waitFor(id, soakHandlers{
 				other: func(m rpcMsg) error {
-					s, isChunk, err := chunkText(m, sid)
+					isChunk, err := collect(m, sid, &got)
 					if err != nil {
 						return err
 					}
 					if isChunk {
-						stats.chunks.Add(1)
-						got.WriteString(s)
 						if rng.IntN(4) == 0 {
 							nonce := fmt.Sprintf("%s/%d/%d", who, n, rng.Int())
 							eid, err := k.req("_demo/echo", map[string]string{"nonce": nonce})
