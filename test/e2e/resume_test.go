@@ -95,6 +95,13 @@ func newRconnVia(t *testing.T, g *gateway, addr string, header http.Header) *rco
 }
 
 // initialize initializes the connection and takes its resume token.
+// plain returns the current socket as an ordinary client whose request ids
+// go on from the connection's.
+func (r *rconn) plain() *client {
+	r.c.NextID = r.NextID
+	return r.c
+}
+
 func (r *rconn) initialize() {
 	r.t.Helper()
 	id := r.Request("initialize", map[string]any{
@@ -415,8 +422,7 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	t.Logf("resumed after %d messages (%d chunks before the reset); the gateway had %d of the client's %d messages", n, 10, m, sent)
 
 	// The resumed connection is an ordinary one.
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	echoTurn(t, c, sid, "after the resume", left(t, ctx, turn, "a prompt after the resume"))
 	closeClean(t, c)
 }
@@ -507,8 +513,7 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 		}
 		quiet(t, r.c, 200*time.Millisecond)
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	echoTurn(t, c, sid, "after nine resumes", left(t, ctx, turn, "a prompt after the resumes"))
 	closeClean(t, c)
 }
@@ -891,8 +896,7 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 	if k.infos != 1 {
 		t.Errorf("%d session_info_update messages, want 1", k.infos)
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	echoTurn(t, c, sid, "on the new socket", turn)
 	closeClean(t, c)
 }
@@ -1248,8 +1252,7 @@ func TestResumeAfterPingTimeout(t *testing.T) {
 	if m := r.Await("the cancelled prompt", id, turn, k.handle); stopReason(t, m) != "cancelled" {
 		t.Fatalf("the prompt: %s; want stopReason cancelled", m.Raw)
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	closeClean(t, c)
 }
 
@@ -1270,8 +1273,7 @@ func TestResumeAfterNonNormalClose(t *testing.T) {
 			if m := r.resume(n); m != sent {
 				t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
 			}
-			c := r.c
-			c.NextID = r.NextID
+			c := r.plain()
 			echoTurn(t, c, sid, "back after a close "+strconv.Itoa(int(code)), turn)
 			closeClean(t, c)
 		})
@@ -1314,8 +1316,7 @@ func TestResumeAnswersPendingPermission(t *testing.T) {
 	if stopReason(t, m) != "end_turn" || !completed || reply.String() != "Permission granted (allow)." {
 		t.Fatalf("the prompt ended %s, tool call completed: %v, reply %q; want end_turn, true, \"Permission granted (allow).\"", m.Raw, completed, reply.String())
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	closeClean(t, c)
 }
 
@@ -1580,8 +1581,7 @@ func TestResumeSupersedeExactlyOnce(t *testing.T) {
 					"Attach took its count: compare gateway_received in \"connection resumed\" with msgs_in of the socket closed 1008)",
 					len(dups), dups[0], m, sent, sent-m)
 			}
-			c := r.c
-			c.NextID = r.NextID
+			c := r.plain()
 			closeClean(t, c)
 		})
 	}
