@@ -167,6 +167,21 @@ func parseUpdate(t *testing.T, m rpcMsg) update {
 	return u
 }
 
+// updatesText concatenates the text of the session/update messages among
+// msgs, only those of kind (sessionUpdate) unless kind is "".
+func updatesText(t *testing.T, msgs []rpcMsg, kind string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, m := range msgs {
+		if m.Method == "session/update" {
+			if u := parseUpdate(t, m); kind == "" || u.Update.Kind == kind {
+				b.WriteString(u.text())
+			}
+		}
+	}
+	return b.String()
+}
+
 // collectText concatenates the text of agent_message_chunk updates for sid,
 // failing on updates for any other session.
 func collectText(t *testing.T, sid string, kinds ...string) (func(rpcMsg), *strings.Builder) {

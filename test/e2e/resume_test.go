@@ -749,14 +749,8 @@ func takeOverIdle(t *testing.T, g *gateway, cwd string) {
 	if meta, ok := gatewayMeta(load); ok {
 		t.Fatalf("session/load of an idle detached session was answered by the gateway (%+v): %s; want the agent's answer", meta, load.Raw)
 	}
-	var replay strings.Builder
-	for _, m := range before {
-		if m.Method == "session/update" {
-			replay.WriteString(parseUpdate(t, m).text())
-		}
-	}
-	if !strings.Contains(replay.String(), "You said: an idle detach") {
-		t.Errorf("the agent's load replayed %q; want the history with \"You said: an idle detach\"", replay.String())
+	if replay := updatesText(t, before, ""); !strings.Contains(replay, "You said: an idle detach") {
+		t.Errorf("the agent's load replayed %q; want the history with \"You said: an idle detach\"", replay)
 	}
 	echoTurn(t, b, sid, "B owns the session now", turn)
 	closeClean(t, b)
