@@ -123,16 +123,20 @@ func (c *wsClient) initialize() error {
 	return nil
 }
 
-func (c *wsClient) newSession(cwd string) (string, error) {
-	m, err := c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second)
+// newSessionResult is the session id in m, the answer to a session/new
+// (err: none came), or an error.
+func newSessionResult(m rpcMsg, err error) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sid := m.NewSessionID()
-	if sid == "" {
-		return "", fmt.Errorf("session/new: %s", m.Raw)
+	if sid := m.NewSessionID(); sid != "" {
+		return sid, nil
 	}
-	return sid, nil
+	return "", fmt.Errorf("session/new: %s", m.Raw)
+}
+
+func (c *wsClient) newSession(cwd string) (string, error) {
+	return newSessionResult(c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second))
 }
 
 // chunkText returns the text of an agent_message_chunk update for sid, and

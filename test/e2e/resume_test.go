@@ -95,6 +95,19 @@ func newRconnVia(t *testing.T, g *gateway, addr string, header http.Header) *rco
 }
 
 // initialize initializes the connection and takes its resume token.
+// slowTurn prompts the demo agent's slow turn ("slow please") in sid and
+// reads until n of its ticks have come; it returns the prompt's request id
+// and the ticker that checks them.
+func (r *rconn) slowTurn(sid string, n int) (int, *ticker) {
+	r.t.Helper()
+	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
+	k := &ticker{t: r.t, sid: sid}
+	for k.ticks < n {
+		k.handle(r.Next("the slow turn", turn))
+	}
+	return id, k
+}
+
 // plain returns the current socket as an ordinary client whose request ids
 // go on from the connection's.
 func (r *rconn) plain() *client {
@@ -778,11 +791,7 @@ func TestDetachTimeoutCancels(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid, agentID := r.newSessionAgentID(cwd)
-	r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 3 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	r.slowTurn(sid, 3)
 	n := r.Got
 	r.reset()
 	resetAt := time.Now()
@@ -832,11 +841,7 @@ func TestCleanCloseCancelsAtOnce(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid, agentID := r.newSessionAgentID(t.TempDir())
-	r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 3 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	r.slowTurn(sid, 3)
 	n := r.Got
 	closeErr := r.c.WS.Close(websocket.StatusNormalClosure, "")
 	closedAt := time.Now()
@@ -866,11 +871,7 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid := r.newSession(t.TempDir())
-	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 5 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	id, k := r.slowTurn(sid, 5)
 	old, sent := r.c, len(r.Frames)
 	if m := r.resume(r.Got); m != sent {
 		t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
@@ -1223,11 +1224,7 @@ func TestResumeAfterPingTimeout(t *testing.T) {
 	r := newRconnVia(t, g, bh.ln.Addr().String(), nil)
 	r.initialize()
 	sid := r.newSession(t.TempDir())
-	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 5 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	id, k := r.slowTurn(sid, 5)
 	sent, n := len(r.Frames), r.Got
 	before, _ := metricWith(t, g, "acpgate_connections_detached", "")
 	bh.frozen.Store(true)

@@ -113,15 +113,7 @@ websocket: {ping_interval: 1s}
 		if err != nil {
 			return "", err
 		}
-		m, err := k.waitFor(id, soakHandlers{})
-		if err != nil {
-			return "", err
-		}
-		sid := m.NewSessionID()
-		if sid == "" {
-			return "", fmt.Errorf("session/new: %s", m.Raw)
-		}
-		return sid, nil
+		return newSessionResult(k.waitFor(id, soakHandlers{}))
 	}
 	// collect counts m and adds its text to got when it is an
 	// agent_message_chunk for sid.
