@@ -496,26 +496,34 @@ func (h *harness) runFanin() (*faninResult, error) {
 		gw, hgw *server
 		gf, hf  *faninFleet
 	)
+	// gatewayPath starts a gateway and its fleet of clients on mode
+	// (what names the clients in an error).
+	gatewayPath := func(mode, what string) (*server, *faninFleet, error) {
+		srv, err := h.startGateway(cfg, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		f, err := h.gatewayFleet(srv, c.FaninConns, mode)
+		if err != nil {
+			srv.stop()
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return srv, f, nil
+	}
 	if h.uses("ws") {
 		var err error
-		if gw, err = h.startGateway(cfg, true); err != nil {
+		if gw, gf, err = gatewayPath("ws", "gateway clients"); err != nil {
 			return nil, err
 		}
 		defer gw.stop()
-		if gf, err = h.gatewayFleet(gw, c.FaninConns, "ws"); err != nil {
-			return nil, fmt.Errorf("gateway clients: %w", err)
-		}
 		defer gf.close()
 	}
 	if h.uses("http") {
 		var err error
-		if hgw, err = h.startGateway(cfg, true); err != nil {
+		if hgw, hf, err = gatewayPath("http", "gateway clients over HTTP"); err != nil {
 			return nil, err
 		}
 		defer hgw.stop()
-		if hf, err = h.gatewayFleet(hgw, c.FaninConns, "http"); err != nil {
-			return nil, fmt.Errorf("gateway clients over HTTP: %w", err)
-		}
 		defer hf.close()
 		res.HTTP = &faninHTTP{Client: h.httpClient}
 	}
