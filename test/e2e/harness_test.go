@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
 	"github.com/acpgate/acpgate/test/internal/harness"
@@ -111,6 +115,28 @@ func dialSession(t *testing.T, g *gateway, cwd string) (*client, string) {
 	t.Helper()
 	c := dialInit(t, g)
 	return c, c.newSession(cwd)
+}
+
+// dialRawInit opens a bare WebSocket to /acp (no client reading it, a
+// connection not kept alive), reading at most readLimit bytes a message,
+// and sends initialize with both fs capabilities. It returns the socket
+// (the caller closes it) and a function that writes a text frame.
+func dialRawInit(t *testing.T, ctx context.Context, g *gateway, readLimit int64) (*websocket.Conn, func(string) error) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	ws, _, err := websocket.Dial(dctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
+	dcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.SetReadLimit(readLimit)
+	write := func(s string) error { return ws.Write(ctx, websocket.MessageText, []byte(s)) }
+	if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
+		ws.CloseNow()
+		t.Fatal(err)
+	}
+	return ws, write
 }
 
 // dialWith opens a WebSocket to path with extra request headers and the

@@ -630,17 +630,8 @@ websocket: {write_timeout: 20s}
 		// stalling the agent for everybody else.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-		ws, _, err := websocket.Dial(ctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ws, write := dialRawInit(t, ctx, g, 1<<20)
 		defer ws.CloseNow()
-		ws.SetReadLimit(1 << 20)
-		write := func(s string) error { return ws.Write(ctx, websocket.MessageText, []byte(s)) }
-		if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
-			t.Fatal(err)
-		}
 		before := g.CountLogs("closing slow client", "", "")
 		pad := strings.Repeat("s", 60_000)
 		sent := 0

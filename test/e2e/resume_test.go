@@ -939,19 +939,8 @@ func TestSlowReaderDoesNotDelayBystander(t *testing.T) {
 
 	// A: initializes, reads the answer, then asks for the large session's
 	// history over and over and never reads again.
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, _, err := websocket.Dial(dctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
-	dcancel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws, write := dialRawInit(t, ctx, g, 16<<20)
 	defer ws.CloseNow()
-	ws.SetReadLimit(16 << 20)
-	write := func(s string) error { return ws.Write(ctx, websocket.MessageText, []byte(s)) }
-	if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
-		t.Fatal(err)
-	}
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	_, init, err := ws.Read(rctx)
 	rcancel()
