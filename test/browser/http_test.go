@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	stdlog "log"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // TestBrowserHTTP: the page on Streamable HTTP (?transport=http) against a
@@ -132,10 +133,7 @@ type noUpgradeProxy struct {
 
 func startNoUpgradeProxy(t *testing.T, target string) *noUpgradeProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	to := &url.URL{Scheme: "http", Host: target}
 	p := &noUpgradeProxy{addr: ln.Addr().String(), tr: &http.Transport{}, done: make(chan struct{}), seen: map[string]int{}}
 	rp := &httputil.ReverseProxy{

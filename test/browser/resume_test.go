@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // TestBrowserResume: the page keeps its conversation when the socket drops
@@ -114,10 +116,7 @@ type cutProxy struct {
 
 func startCutProxy(t *testing.T, target string) *cutProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	p := &cutProxy{t: t, addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.serve(ln)

@@ -1144,10 +1144,7 @@ type blackhole struct {
 
 func newBlackhole(t *testing.T, target string) *blackhole {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	b := &blackhole{ln: ln}
 	b.wg.Add(1)
 	go func() {

@@ -143,10 +143,7 @@ func writeFile(t *testing.T, path, data string) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }

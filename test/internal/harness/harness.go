@@ -127,12 +127,19 @@ func RandomHex(t testing.TB, n int) string {
 // moment ago.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	l := Listen(t)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Listen listens on a free port of 127.0.0.1, failing the test on error.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return l
 }
 
 // EnvWithout is the test's environment without the variables whose names
