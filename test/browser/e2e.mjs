@@ -84,6 +84,14 @@ async function waitState(want, timeout = 15000) {
 const turnEnds = () => page.locator("#transcript .turn-end").count();
 const lastAgentText = () => page.locator("#transcript .msg.agent").last().innerText();
 
+// Clicks Disconnect and waits until the page shows it disconnected; with
+// code, the connection detail must show that close code.
+async function disconnect({ code } = {}) {
+  await page.locator("#disconnect-btn").click();
+  await waitState("disconnected");
+  if (code) check((await page.locator("#conn-detail").innerText()).includes(code), "close code not shown");
+}
+
 // Sends a prompt with the keyboard and returns once the turn has ended
 // (unless wait is false).
 async function send(text, { wait = true, timeout = 15000 } = {}) {
@@ -468,9 +476,7 @@ async function mainScenario() {
   });
 
   await run("disconnect and connect", async () => {
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
-    check((await page.locator("#conn-detail").innerText()).includes("1000"), "close code not shown");
+    await disconnect({ code: "1000" });
     await page.locator("#connect-btn").click();
     await waitState("connected");
   });
@@ -560,16 +566,14 @@ async function tenantScenario() {
     const r = await fetch(new URL("/v1/tickets", baseUrl), { method: "POST", headers: { Authorization: `Bearer ${good}` } });
     check(r.status === 201, `POST /v1/tickets: ${r.status}`);
     const { ticket } = await r.json();
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
+    await disconnect();
     await page.locator("#token").fill("");
     await page.locator("#ticket").fill(ticket);
     await page.locator("#connect-btn").click();
     await waitState("connected");
     check((await page.locator("#conn-detail").innerText()).includes("ticket"), "not connected with the ticket");
     check((await page.locator("#ticket").inputValue()) === "", "the spent ticket is still in the field");
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
+    await disconnect();
     await page.locator("#ticket").fill(ticket); // a second use
     await page.locator("#connect-btn").click();
     await waitState("refused");
@@ -881,9 +885,7 @@ async function httpScenario() {
   });
 
   await run("Disconnect sends DELETE", async () => {
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
-    check((await page.locator("#conn-detail").innerText()).includes("1000"), "close code not shown");
+    await disconnect({ code: "1000" });
     for (let i = 0; i < 50 && !acp.some((r) => r.method === "DELETE"); i++) await page.waitForTimeout(100);
     check(acp.some((r) => r.method === "DELETE" && r.headers["acp-connection-id"]), "no DELETE with Acp-Connection-Id");
   });
@@ -1064,8 +1066,7 @@ async function agentsScenario() {
     await page.goto(u.href);
     await connectedTo("second", "fakeagent", "Streamable HTTP \\(the WebSocket was refused\\)");
     await sendTo("second", "hello second agent over Streamable HTTP");
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
+    await disconnect();
     for (let i = 0; i < 50 && !paths.includes("DELETE /acp/second"); i++) await page.waitForTimeout(100);
     for (const want of ["POST /acp/second", "GET /acp/second", "DELETE /acp/second"]) check(paths.includes(want), `no ${want}: ${[...new Set(paths)]}`);
     check(paths.every((p) => p.endsWith("/acp/second")), `a request to another agent: ${[...new Set(paths)]}`);
