@@ -46,10 +46,7 @@ func idleClientsMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	time.AfterFunc(*timeout, func() {
-		fmt.Fprintf(os.Stderr, "idle-clients: timed out after %s\n", *timeout)
-		os.Exit(3)
-	})
+	exitAfter("idle-clients", *timeout)
 	start := time.Now()
 	conns := make([]*websocket.Conn, *n)
 	var failed atomic.Int64
@@ -85,6 +82,15 @@ func idleClientsMain(args []string) int {
 	}
 	closing.Wait()
 	return 0
+}
+
+// exitAfter ends a client process (exit code 3), saying so on stderr, once
+// d has passed.
+func exitAfter(name string, d time.Duration) {
+	time.AfterFunc(d, func() {
+		fmt.Fprintf(os.Stderr, "%s: timed out after %s\n", name, d)
+		os.Exit(3)
+	})
 }
 
 // openIdle connects and initializes one connection, then leaves a reader

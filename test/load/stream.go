@@ -56,10 +56,7 @@ func streamClientMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	time.AfterFunc(*timeout, func() {
-		fmt.Fprintf(os.Stderr, "stream-client: timed out after %s\n", *timeout)
-		os.Exit(3) // the stdio agent dies with us (parent-death signal)
-	})
+	exitAfter("stream-client", *timeout) // the stdio agent dies with us (parent-death signal)
 	out := json.NewEncoder(os.Stdout)
 	fail := func(err error) int {
 		_ = out.Encode(streamReady{Error: err.Error()})
