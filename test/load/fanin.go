@@ -492,39 +492,39 @@ func (h *harness) runFanin() (*faninResult, error) {
 	// Each transport has a gateway of its own, so that each has the pool
 	// to itself.
 	cfg := gwConfig{minIdle: 1, maxProcs: c.FaninProcs, perProc: c.FaninPerProc, noRateLimit: true}
-	var (
-		gw, hgw *server
-		gf, hf  *faninFleet
-	)
-	// gatewayPath starts a gateway and its fleet of clients on mode
-	// (what names the clients in an error).
+	var stops []func() // run last first when this returns
+	defer func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}()
+	// gatewayPath starts, if the run uses transport mode, a gateway and
+	// its fleet of clients on mode (what names the clients in an error).
 	gatewayPath := func(mode, what string) (*server, *faninFleet, error) {
+		if !h.uses(mode) {
+			return nil, nil, nil
+		}
 		srv, err := h.startGateway(cfg, true)
 		if err != nil {
 			return nil, nil, err
 		}
+		stops = append(stops, srv.stop)
 		f, err := h.gatewayFleet(srv, c.FaninConns, mode)
 		if err != nil {
-			srv.stop()
 			return nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
+		stops = append(stops, f.close)
 		return srv, f, nil
 	}
-	if h.uses("ws") {
-		var err error
-		if gw, gf, err = gatewayPath("ws", "gateway clients"); err != nil {
-			return nil, err
-		}
-		defer gw.stop()
-		defer gf.close()
+	gw, gf, err := gatewayPath("ws", "gateway clients")
+	if err != nil {
+		return nil, err
 	}
-	if h.uses("http") {
-		var err error
-		if hgw, hf, err = gatewayPath("http", "gateway clients over HTTP"); err != nil {
-			return nil, err
-		}
-		defer hgw.stop()
-		defer hf.close()
+	hgw, hf, err := gatewayPath("http", "gateway clients over HTTP")
+	if err != nil {
+		return nil, err
+	}
+	if hf != nil {
 		res.HTTP = &faninHTTP{Client: h.httpClient}
 	}
 	df, err := h.directFleet(c.FaninConns, c.FaninProcs, c.FaninPerProc)
