@@ -35,17 +35,12 @@ import (
 // gateway's metrics must count every prompt under the agent the script
 // says it sent it to, and its log names each connection's agent.
 func TestBrowserPicksAgent(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
-	fake := filepath.Join(dir, "fakeagent")
+	r := newRig(t)
+	fake := filepath.Join(r.dir, "fakeagent")
 	if err := harness.BuildFakeAgent(fake); err != nil {
 		t.Fatal(err)
 	}
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
-shutdown_grace: 2s
-agents:
+	config := writeConfig(t, r.dir, fmt.Sprintf(`agents:
   demo: {}
   second:
     command: [%q]
@@ -53,11 +48,9 @@ agents:
     command: [%q]
     env: {FAKE_MODE: exit-before-init}
 default_agent: demo
-`, fake, fake), 0o644)
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
+`, fake, fake))
 
-	log := &harness.SyncBuffer{}
-	gw := launchGateway(t, bin, config, env, log, "") // /readyz stays 503: broken never starts
+	gw := r.launch(t, config, "") // /readyz stays 503: broken never starts
 	defer gw.stop()
 	base := "http://" + gw.Addr
 	waitAgents(t, base, "demo", "second")
@@ -66,7 +59,7 @@ default_agent: demo
 
 	var sent map[string]int // agent -> prompts the script sent it
 	start := time.Now()
-	runScript(t, node, base+"/", "agents", []string{"ACPGATE_FALLBACK_URL=http://" + px.addr + "/"}, func(action string) error {
+	r.runScript(t, base+"/", "agents", []string{"ACPGATE_FALLBACK_URL=http://" + px.addr + "/"}, func(action string) error {
 		counts, ok := strings.CutPrefix(action, "prompts ")
 		if !ok {
 			return fmt.Errorf("unknown harness action %q", action)
@@ -81,14 +74,14 @@ default_agent: demo
 			sent[name] = v
 		}
 		return nil
-	}, log)
+	})
 	t.Logf("the scenario took %v", time.Since(start).Round(time.Millisecond))
 
 	// The gateway's own account of which agent got what.
 	metrics := scrape(t, base+"/metrics")
 	px.close()
 	gw.stop()
-	saveLog(t, "agents-gateway.log", log)
+	r.saveLog(t, "agents-gateway.log")
 	if t.Failed() {
 		return
 	}
@@ -126,7 +119,7 @@ default_agent: demo
 	}
 	// The gateway's log names each connection's agent too.
 	closed := map[string]int{}
-	for _, line := range strings.Split(log.String(), "\n") {
+	for _, line := range strings.Split(r.log.String(), "\n") {
 		var rec struct{ Msg, Agent string }
 		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "connection closed" {
 			closed[rec.Agent]++

@@ -84,28 +84,46 @@ func TestMain(m *testing.M) {
 
 type gateway struct{ *harness.Gateway }
 
-// startGateway runs `acpgate serve --config FILE --log-format json` and
-// waits for its "listening" log line, then for /readyz. listen, if set,
-// overrides the config's address (used to restart on the same port).
-func startGateway(t *testing.T, bin, config string, env []string, log *harness.SyncBuffer, listen string) *gateway {
+// rig is what each test starts from: node, the gateway binary, a temporary
+// directory, the environment that keeps the demo agent's state in
+// dir/state, and the buffer the gateways it starts log to.
+type rig struct {
+	node, bin, dir string
+	env            []string
+	log            *harness.SyncBuffer
+}
+
+// newRig checks the prerequisites (requirePrereqs) and builds the binary.
+func newRig(t *testing.T) *rig {
 	t.Helper()
-	g := launchGateway(t, bin, config, env, log, listen)
+	node := requirePrereqs(t)
+	bin := binary(t)
+	dir := t.TempDir()
+	return &rig{node: node, bin: bin, dir: dir, env: []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}, log: &harness.SyncBuffer{}}
+}
+
+// start runs `acpgate serve --config FILE --log-format json` and waits for
+// its "listening" log line, then for /readyz. listen, if set, overrides the
+// config's address (used to restart on the same port).
+func (r *rig) start(t *testing.T, config, listen string) *gateway {
+	t.Helper()
+	g := r.launch(t, config, listen)
 	waitReady(t, "http://"+g.Addr)
 	return g
 }
 
-// launchGateway is startGateway without the wait for /readyz, for a
-// gateway with an agent that never becomes ready.
-func launchGateway(t *testing.T, bin, config string, env []string, log *harness.SyncBuffer, listen string) *gateway {
+// launch is start without the wait for /readyz, for a gateway with an
+// agent that never becomes ready.
+func (r *rig) launch(t *testing.T, config, listen string) *gateway {
 	t.Helper()
-	args := []string{bin, "serve", "--config", config, "--log-format", "json"}
+	args := []string{r.bin, "serve", "--config", config, "--log-format", "json"}
 	if listen != "" {
 		args = append(args, "--listen", listen)
 	}
 	// With tenants the sandbox is on: agents' private homes go to a
 	// temporary directory.
-	env = append(append(os.Environ(), "ACPGATE_SANDBOX_HOME="+filepath.Join(t.TempDir(), "homes")), env...)
-	return &gateway{harness.Start(t, harness.Options{Argv: args, Env: env, Setpgid: true, Listen: startLimit, Stop: stopLimit, Log: log})}
+	env := append(append(os.Environ(), "ACPGATE_SANDBOX_HOME="+filepath.Join(t.TempDir(), "homes")), r.env...)
+	return &gateway{harness.Start(t, harness.Options{Argv: args, Env: env, Setpgid: true, Listen: startLimit, Stop: stopLimit, Log: r.log})}
 }
 
 // waitReady polls /readyz until the pool has an initialized agent.
@@ -143,20 +161,15 @@ func (g *gateway) crash() {
 // the port, the session key and the demo agent's state dir, so a session
 // survives them and the page can load it again after reconnecting.
 func TestBrowserClient(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
+	r := newRig(t)
 
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	keyFile := filepath.Join(dir, "session.key")
+	keyFile := filepath.Join(r.dir, "session.key")
 	harness.WriteFile(t, keyFile, hex.EncodeToString(key)+"\n", 0o600)
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, fmt.Sprintf("listen: 127.0.0.1:0\nshutdown_grace: 2s\nsession_key_file: %s\n", keyFile), 0o644)
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
+	config := writeConfig(t, r.dir, fmt.Sprintf("session_key_file: %s\n", keyFile))
 
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	gw := r.start(t, config, "")
 	defer func() { gw.stop() }()
 	addr := gw.Addr
 
@@ -164,7 +177,7 @@ func TestBrowserClient(t *testing.T) {
 	// (SIGKILL: a dropped connection, 1006), checks that the page keeps
 	// retrying, then has it started again on the same address.
 	var actions []string
-	runScript(t, node, "http://"+addr+"/", "main", nil, func(action string) error {
+	r.runScript(t, "http://"+addr+"/", "main", nil, func(action string) error {
 		actions = append(actions, action)
 		switch action {
 		case "stop":
@@ -172,15 +185,15 @@ func TestBrowserClient(t *testing.T) {
 		case "kill":
 			gw.crash()
 		case "start":
-			fmt.Fprintf(log, "--- start again on %s ---\n", addr)
-			gw = startGateway(t, bin, config, env, log, addr)
+			fmt.Fprintf(r.log, "--- start again on %s ---\n", addr)
+			gw = r.start(t, config, addr)
 		default:
 			return fmt.Errorf("unknown harness action %q", action)
 		}
 		return nil
-	}, log)
+	})
 	gw.stop()
-	saveLog(t, "client-gateway.log", log)
+	r.saveLog(t, "client-gateway.log")
 	if got, want := strings.Join(actions, ","), "stop,start,kill,start"; got != want {
 		t.Errorf("harness actions %q, want %q", got, want)
 	}
@@ -190,23 +203,18 @@ func TestBrowserClient(t *testing.T) {
 // without a token and with a bad one, and connects with the good one (sent
 // in the WebSocket subprotocol list) and with a one-time ticket.
 func TestBrowserTenantToken(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
+	r := newRig(t)
 	const good = "good-token"
-	config := tenantConfig(t, dir, good, "")
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
-
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	config := tenantConfig(t, r.dir, good, "")
+	gw := r.start(t, config, "")
 	defer gw.stop()
 
-	runScript(t, node, "http://"+gw.Addr+"/", "tenant", []string{"ACPGATE_GOOD_TOKEN=" + good}, nil, log)
+	r.runScript(t, "http://"+gw.Addr+"/", "tenant", []string{"ACPGATE_GOOD_TOKEN=" + good}, nil)
 
 	gw.stop()
-	saveLog(t, "tenant-gateway.log", log)
+	r.saveLog(t, "tenant-gateway.log")
 	for _, secret := range []string{good, "bad-token"} {
-		if strings.Contains(log.String(), secret) {
+		if strings.Contains(r.log.String(), secret) {
 			t.Errorf("the gateway log contains the token %q", secret)
 		}
 	}
@@ -214,7 +222,7 @@ func TestBrowserTenantToken(t *testing.T) {
 
 // runScript runs e2e.mjs and relays its "@@harness ACTION" requests to
 // onAction, answering "ok" on its stdin.
-func runScript(t *testing.T, node, url, scenario string, env []string, onAction func(string) error, gwLog *harness.SyncBuffer) {
+func (r *rig) runScript(t *testing.T, url, scenario string, env []string, onAction func(string) error) {
 	t.Helper()
 	outDir, err := filepath.Abs(filepath.Join("..", "out", "browser"))
 	if err != nil {
@@ -222,7 +230,7 @@ func runScript(t *testing.T, node, url, scenario string, env []string, onAction 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), scriptLimit)
 	defer cancel()
-	res := chromium.Run(t, ctx, chromium.Script{Node: node, Args: []string{"e2e.mjs", url, scenario}, Env: env, OutDir: outDir, OnAction: onAction})
+	res := chromium.Run(t, ctx, chromium.Script{Node: r.node, Args: []string{"e2e.mjs", url, scenario}, Env: env, OutDir: outDir, OnAction: onAction})
 	if ctx.Err() != nil {
 		t.Errorf("e2e.mjs %s did not finish within %v", scenario, scriptLimit)
 	}
@@ -231,16 +239,16 @@ func runScript(t *testing.T, node, url, scenario string, env []string, onAction 
 	}
 	if res.Err != nil || t.Failed() {
 		t.Errorf("e2e.mjs %s: %v after %v\n--- script stderr ---\n%s\n--- gateway log ---\n%s",
-			scenario, res.Err, res.Took, res.Stderr, tail(gwLog.String(), 60))
+			scenario, res.Err, res.Took, res.Stderr, tail(r.log.String(), 60))
 		return
 	}
 	t.Logf("e2e.mjs %s passed in %v; screenshots in %s", scenario, res.Took, outDir)
 }
 
 // saveLog keeps the gateway's log next to the screenshots.
-func saveLog(t *testing.T, name string, log *harness.SyncBuffer) {
+func (r *rig) saveLog(t *testing.T, name string) {
 	path := filepath.Join("..", "out", "browser", name)
-	if err := os.WriteFile(path, []byte(log.String()), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(r.log.String()), 0o644); err != nil {
 		t.Logf("saving the gateway log: %v", err)
 	}
 }
@@ -253,6 +261,15 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// writeConfig writes dir/acpgate.yaml: a gateway on a free port of
+// 127.0.0.1 with a 2 s shutdown grace, then extra YAML. It returns the file.
+func writeConfig(t *testing.T, dir, extra string) string {
+	t.Helper()
+	config := filepath.Join(dir, "acpgate.yaml")
+	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n"+extra, 0o644)
+	return config
+}
+
 // tenantConfig writes dir/acpgate.yaml: a gateway with one tenant, t1, whose
 // token is token and whose root (dir/t1, created) clients see as
 // /workspace, with extra YAML before the tenants. It returns the file.
@@ -263,14 +280,10 @@ func tenantConfig(t *testing.T, dir, token, extra string) string {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256([]byte(token))
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, fmt.Sprintf(`listen: 127.0.0.1:0
-shutdown_grace: 2s
-%stenants:
+	return writeConfig(t, dir, fmt.Sprintf(`%stenants:
   - name: t1
     tokens_sha256: [%q]
     root: %q
     virtual_root: /workspace
-`, extra, hex.EncodeToString(sum[:]), root), 0o644)
-	return config
+`, extra, hex.EncodeToString(sum[:]), root))
 }

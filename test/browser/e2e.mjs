@@ -84,6 +84,14 @@ async function waitState(want, timeout = 15000) {
 const turnEnds = () => page.locator("#transcript .turn-end").count();
 const lastAgentText = () => page.locator("#transcript .msg.agent").last().innerText();
 
+// Clicks Disconnect and waits until the page shows it disconnected; with
+// code, the connection detail must show that close code.
+async function disconnect({ code } = {}) {
+  await page.locator("#disconnect-btn").click();
+  await waitState("disconnected");
+  if (code) check((await page.locator("#conn-detail").innerText()).includes(code), "close code not shown");
+}
+
 // Sends a prompt with the keyboard and returns once the turn has ended
 // (unless wait is false).
 async function send(text, { wait = true, timeout = 15000 } = {}) {
@@ -305,28 +313,11 @@ async function mainScenario() {
   });
 
   await run("streamed reply arrives in order", async () => {
-    // Record every rendered state of the agent's reply.
-    await page.evaluate(() => {
-      window.__snapshots = [];
-      const t = document.getElementById("transcript");
-      new MutationObserver(() => {
-        const m = [...t.querySelectorAll(".msg.agent")].pop();
-        if (m) window.__snapshots.push(m.innerText);
-      }).observe(t, { childList: true, subtree: true, characterData: true });
-    });
+    await recordLastAgentMessage();
     await send(firstPrompt);
     const want = `You said: ${firstPrompt}`;
     check((await lastAgentText()).trim() === want, `reply: ${JSON.stringify(await lastAgentText())}`);
-    const snaps = (await page.evaluate(() => window.__snapshots)).map((s) => s.trim()).filter(Boolean);
-    const distinct = [...new Set(snaps)];
-    check(distinct.length >= 2, `the reply did not stream (states seen: ${JSON.stringify(distinct)})`);
-    let prev = "";
-    for (const s of snaps) {
-      check(want.startsWith(s), `streamed state is not a prefix of the reply: ${JSON.stringify(s)}`);
-      check(s.length >= prev.length, `streamed text went backwards: ${JSON.stringify(prev)} -> ${JSON.stringify(s)}`);
-      prev = s;
-    }
-    log(`  ${distinct.length} streamed states`);
+    log(`  ${await checkStreamed(want)} streamed states`);
     await page.waitForFunction((t) => document.getElementById("session-title").textContent === t, firstPrompt.slice(0, 40));
     await page.waitForSelector('#session-list [aria-current="true"]');
   });
@@ -485,9 +476,7 @@ async function mainScenario() {
   });
 
   await run("disconnect and connect", async () => {
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
-    check((await page.locator("#conn-detail").innerText()).includes("1000"), "close code not shown");
+    await disconnect({ code: "1000" });
     await page.locator("#connect-btn").click();
     await waitState("connected");
   });
@@ -577,16 +566,14 @@ async function tenantScenario() {
     const r = await fetch(new URL("/v1/tickets", baseUrl), { method: "POST", headers: { Authorization: `Bearer ${good}` } });
     check(r.status === 201, `POST /v1/tickets: ${r.status}`);
     const { ticket } = await r.json();
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
+    await disconnect();
     await page.locator("#token").fill("");
     await page.locator("#ticket").fill(ticket);
     await page.locator("#connect-btn").click();
     await waitState("connected");
     check((await page.locator("#conn-detail").innerText()).includes("ticket"), "not connected with the ticket");
     check((await page.locator("#ticket").inputValue()) === "", "the spent ticket is still in the field");
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
+    await disconnect();
     await page.locator("#ticket").fill(ticket); // a second use
     await page.locator("#connect-btn").click();
     await waitState("refused");
@@ -618,25 +605,14 @@ async function resumeScenario() {
   await run("connect through the proxy", async () => {
     await page.goto(baseUrl);
     await waitState("connected");
-    await page.evaluate(() => {
-      window.__states = [];
-      const el = document.getElementById("conn-state");
-      new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
-    });
+    await recordStates();
     check(await page.locator('#conn-state[role="status"]').count() === 1, "the connection state is not a live region");
     check(await page.evaluate(() => !JSON.stringify(window.acpgate.app.acp.init).includes("resumeToken")), "the resume token is in the initialize result the page shows");
     check(wsUrls.length === 1 && resumeUrls().length === 0, `WebSocket URLs: ${wsUrls.length}`);
   });
 
   await run("a streamed turn survives two cuts", async () => {
-    await page.evaluate(() => {
-      window.__snapshots = [];
-      const t = document.getElementById("transcript");
-      new MutationObserver(() => {
-        const m = [...t.querySelectorAll(".msg.agent")].pop();
-        if (m) window.__snapshots.push(m.innerText);
-      }).observe(t, { childList: true, subtree: true, characterData: true });
-    });
+    await recordLastAgentMessage();
     const started = Date.now();
     await send("slow", { wait: false });
     await expectAgentText("tick 5 ");
@@ -748,6 +724,29 @@ function recordAcpRequests() {
   return out;
 }
 
+// Records every connection state the page shows (#conn-state's
+// data-state) from now on in window.__states.
+async function recordStates() {
+  await page.evaluate(() => {
+    window.__states = [];
+    const el = document.getElementById("conn-state");
+    new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
+  });
+}
+
+// Records every rendered state of the transcript's last agent message,
+// whichever it is, from now on (a new observer each call).
+async function recordLastAgentMessage() {
+  await page.evaluate(() => {
+    window.__snapshots = [];
+    const t = document.getElementById("transcript");
+    new MutationObserver(() => {
+      const m = [...t.querySelectorAll(".msg.agent")].pop();
+      if (m) window.__snapshots.push(m.innerText);
+    }).observe(t, { childList: true, subtree: true, characterData: true });
+  });
+}
+
 // Records every rendered state of the agent's next message (the messages
 // there now are left out).
 async function recordSnapshots() {
@@ -857,11 +856,7 @@ async function httpScenario() {
   });
 
   await run("an event stream cut during a turn resumes with Last-Event-ID", async () => {
-    await page.evaluate(() => {
-      window.__states = [];
-      const el = document.getElementById("conn-state");
-      new MutationObserver(() => window.__states.push(el.dataset.state)).observe(el, { attributes: true, attributeFilter: ["data-state"] });
-    });
+    await recordStates();
     await recordSnapshots();
     const messages = await page.locator("#transcript .msg.agent").count();
     await send("slow", { wait: false });
@@ -890,9 +885,7 @@ async function httpScenario() {
   });
 
   await run("Disconnect sends DELETE", async () => {
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
-    check((await page.locator("#conn-detail").innerText()).includes("1000"), "close code not shown");
+    await disconnect({ code: "1000" });
     for (let i = 0; i < 50 && !acp.some((r) => r.method === "DELETE"); i++) await page.waitForTimeout(100);
     check(acp.some((r) => r.method === "DELETE" && r.headers["acp-connection-id"]), "no DELETE with Acp-Connection-Id");
   });
@@ -1073,8 +1066,7 @@ async function agentsScenario() {
     await page.goto(u.href);
     await connectedTo("second", "fakeagent", "Streamable HTTP \\(the WebSocket was refused\\)");
     await sendTo("second", "hello second agent over Streamable HTTP");
-    await page.locator("#disconnect-btn").click();
-    await waitState("disconnected");
+    await disconnect();
     for (let i = 0; i < 50 && !paths.includes("DELETE /acp/second"); i++) await page.waitForTimeout(100);
     for (const want of ["POST /acp/second", "GET /acp/second", "DELETE /acp/second"]) check(paths.includes(want), `no ${want}: ${[...new Set(paths)]}`);
     check(paths.every((p) => p.endsWith("/acp/second")), `a request to another agent: ${[...new Set(paths)]}`);

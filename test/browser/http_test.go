@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	stdlog "log"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -27,25 +25,21 @@ import (
 // permission card answered, a turn whose event stream is cut and resumed
 // with Last-Event-ID (every chunk exactly once), and DELETE on disconnect.
 func TestBrowserHTTP(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
+	r := newRig(t)
 	const good = "http-good-token"
 	// Chunks 40 ms apart (the demo agent's default is 15 ms): a loaded CI
 	// machine once delivered a whole 15 ms reply in one read, and the page
 	// rightly rendered it at once; the test is about streaming.
-	config := tenantConfig(t, dir, good, fmt.Sprintf("agent:\n  command: [%q, \"demo-agent\", \"--chunk-delay\", \"40ms\"]\n", bin))
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
+	config := tenantConfig(t, r.dir, good, fmt.Sprintf("agent:\n  command: [%q, \"demo-agent\", \"--chunk-delay\", \"40ms\"]\n", r.bin))
 
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	gw := r.start(t, config, "")
 	defer gw.stop()
 	px := startCutProxy(t, gw.Addr)
 	defer px.close()
 
 	start := time.Now()
 	var actions []string
-	runScript(t, node, "http://"+px.addr+"/?transport=http", "http", []string{"ACPGATE_GOOD_TOKEN=" + good}, func(action string) error {
+	r.runScript(t, "http://"+px.addr+"/?transport=http", "http", []string{"ACPGATE_GOOD_TOKEN=" + good}, func(action string) error {
 		actions = append(actions, action)
 		if action != "cut" {
 			return fmt.Errorf("unknown harness action %q", action)
@@ -56,11 +50,11 @@ func TestBrowserHTTP(t *testing.T) {
 			return errors.New("no connection to cut")
 		}
 		return nil
-	}, log)
+	})
 	t.Logf("the scenario took %v", time.Since(start).Round(time.Millisecond))
 	px.close()
 	gw.stop()
-	saveLog(t, "http-gateway.log", log)
+	r.saveLog(t, "http-gateway.log")
 
 	if got := strings.Join(actions, ","); got != "cut" {
 		t.Errorf("harness actions %q, want \"cut\"", got)
@@ -76,7 +70,7 @@ func TestBrowserHTTP(t *testing.T) {
 			t.Errorf("a request URL carries a credential: %s", target)
 		}
 	}
-	logText := log.String()
+	logText := r.log.String()
 	if strings.Contains(logText, good) {
 		t.Errorf("the gateway log contains the token")
 	}
@@ -94,25 +88,19 @@ func TestBrowserHTTP(t *testing.T) {
 // a permission card answered), loads a session (the replay before the
 // answer), and falls back again after a reload.
 func TestBrowserHTTPFallback(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
-
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	r := newRig(t)
+	config := writeConfig(t, r.dir, "")
+	gw := r.start(t, config, "")
 	defer gw.stop()
 	px := startNoUpgradeProxy(t, gw.Addr)
 	defer px.close()
 
 	start := time.Now()
-	runScript(t, node, "http://"+px.addr+"/", "fallback", nil, nil, log)
+	r.runScript(t, "http://"+px.addr+"/", "fallback", nil, nil)
 	t.Logf("the scenario took %v", time.Since(start).Round(time.Millisecond))
 	px.close()
 	gw.stop()
-	saveLog(t, "fallback-gateway.log", log)
+	r.saveLog(t, "fallback-gateway.log")
 
 	refused, seen := px.counts()
 	t.Logf("proxy: %d upgrades refused; forwarded %v", refused, seen)
@@ -124,7 +112,7 @@ func TestBrowserHTTPFallback(t *testing.T) {
 			t.Errorf("the proxy forwarded no %s", want)
 		}
 	}
-	if !strings.Contains(log.String(), `"transport":"http"`) {
+	if !strings.Contains(r.log.String(), `"transport":"http"`) {
 		t.Errorf("the gateway log has no HTTP connection")
 	}
 }
@@ -145,10 +133,7 @@ type noUpgradeProxy struct {
 
 func startNoUpgradeProxy(t *testing.T, target string) *noUpgradeProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	to := &url.URL{Scheme: "http", Host: target}
 	p := &noUpgradeProxy{addr: ln.Addr().String(), tr: &http.Transport{}, done: make(chan struct{}), seen: map[string]int{}}
 	rp := &httputil.ReverseProxy{

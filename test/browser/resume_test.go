@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -28,21 +27,15 @@ import (
 // must resume (GET /acp?resume=…&received=…) instead of reloading the
 // session, and show each chunk exactly once.
 func TestBrowserResume(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
-
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	r := newRig(t)
+	config := writeConfig(t, r.dir, "")
+	gw := r.start(t, config, "")
 	defer gw.stop()
 	px := startCutProxy(t, gw.Addr)
 	defer px.close()
 
 	var actions []string
-	runScript(t, node, "http://"+px.addr+"/", "resume", nil, func(action string) error {
+	r.runScript(t, "http://"+px.addr+"/", "resume", nil, func(action string) error {
 		actions = append(actions, action)
 		switch action {
 		case "cut":
@@ -60,10 +53,10 @@ func TestBrowserResume(t *testing.T) {
 			return fmt.Errorf("unknown harness action %q", action)
 		}
 		return nil
-	}, log)
+	})
 	px.close()
 	gw.stop()
-	saveLog(t, "resume-gateway.log", log)
+	r.saveLog(t, "resume-gateway.log")
 
 	// Every WebSocket upgrade that went through the proxy.
 	var plain, resumes int
@@ -96,7 +89,7 @@ func TestBrowserResume(t *testing.T) {
 		t.Errorf("%d resume upgrades, want at least 4 (three cuts, a hold and a reload)", resumes)
 	}
 	for _, tok := range tokens {
-		if strings.Contains(log.String(), tok) {
+		if strings.Contains(r.log.String(), tok) {
 			t.Errorf("the gateway log contains a resume token")
 			break
 		}
@@ -123,10 +116,7 @@ type cutProxy struct {
 
 func startCutProxy(t *testing.T, target string) *cutProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	p := &cutProxy{t: t, addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.serve(ln)

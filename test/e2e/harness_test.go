@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
 	"github.com/acpgate/acpgate/test/internal/harness"
@@ -78,13 +82,7 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 // that steer the tests: the gateway reads ACPGATE_* as settings and warns
 // about names it does not know.
 func gatewayEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ACPGATE_E2E_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return harness.EnvWithout("ACPGATE_E2E_")
 }
 
 // --- WebSocket client ---
@@ -101,6 +99,44 @@ func dial(t *testing.T, g *gateway) *client {
 		t.Fatalf("dial: %v", err)
 	}
 	return c
+}
+
+// dialInit connects and initializes with the harness's capabilities (the
+// pool's default profile, so that every client shares the one process).
+func dialInit(t *testing.T, g *gateway) *client {
+	t.Helper()
+	c := dial(t, g)
+	c.initialize()
+	return c
+}
+
+// dialSession connects, initializes (dialInit) and opens a session in cwd.
+func dialSession(t *testing.T, g *gateway, cwd string) (*client, string) {
+	t.Helper()
+	c := dialInit(t, g)
+	return c, c.newSession(cwd)
+}
+
+// dialRawInit opens a bare WebSocket to /acp (no client reading it, a
+// connection not kept alive), reading at most readLimit bytes a message,
+// and sends initialize with both fs capabilities. It returns the socket
+// (the caller closes it) and a function that writes a text frame.
+func dialRawInit(t *testing.T, ctx context.Context, g *gateway, readLimit int64) (*websocket.Conn, func(string) error) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	ws, _, err := websocket.Dial(dctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
+	dcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.SetReadLimit(readLimit)
+	write := func(s string) error { return ws.Write(ctx, websocket.MessageText, []byte(s)) }
+	if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
+		ws.CloseNow()
+		t.Fatal(err)
+	}
+	return ws, write
 }
 
 // dialWith opens a WebSocket to path with extra request headers and the
@@ -155,6 +191,21 @@ func parseUpdate(t *testing.T, m rpcMsg) update {
 		t.Fatalf("bad session/update: %v: %s", err, m.Raw)
 	}
 	return u
+}
+
+// updatesText concatenates the text of the session/update messages among
+// msgs, only those of kind (sessionUpdate) unless kind is "".
+func updatesText(t *testing.T, msgs []rpcMsg, kind string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, m := range msgs {
+		if m.Method == "session/update" {
+			if u := parseUpdate(t, m); kind == "" || u.Update.Kind == kind {
+				b.WriteString(u.text())
+			}
+		}
+	}
+	return b.String()
 }
 
 // collectText concatenates the text of agent_message_chunk updates for sid,

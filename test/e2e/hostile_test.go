@@ -134,15 +134,6 @@ func hostile(t *testing.T, name string, bys []*bystander, f func(t *testing.T)) 
 	})
 }
 
-// dialInit connects and initializes with the harness's capabilities (the
-// pool's default profile, so that every client shares the one process).
-func dialInit(t *testing.T, g *gateway) *client {
-	t.Helper()
-	c := dial(t, g)
-	c.initialize()
-	return c
-}
-
 // --- assertions ---
 
 // wantError asserts that m is an error response with code and raw id, whose
@@ -283,16 +274,13 @@ websocket: {write_timeout: 20s}
 	}
 	// victim is another connection with a session on the same process; its
 	// agent-side ID is what a hijacker would need.
-	victim := dial(t, g)
-	victim.initialize()
+	victim := dialInit(t, g)
 	_, victimAgentSID, _ := newSessionAgentID(t, g, victim, cwd)
 
 	// hostileClient is a fresh initialized client with its own session.
 	hostileClient := func(t *testing.T) (*client, string) {
 		t.Helper()
-		c := dial(t, g)
-		c.initialize()
-		return c, c.newSession(cwd)
+		return dialSession(t, g, cwd)
 	}
 
 	for _, fc := range hostileFrames {
@@ -547,8 +535,7 @@ websocket: {write_timeout: 20s}
 	})
 
 	hostile(t, "acp/session/cancel for another connection's session has no effect", bys, func(t *testing.T) {
-		v := dial(t, g)
-		v.initialize()
+		v := dialInit(t, g)
 		vsid, vagent, _ := newSessionAgentID(t, g, v, cwd)
 		id := v.Request("session/prompt", textPrompt(vsid, "slow please"))
 		if m := v.Next(turn); m.Method != "session/update" {
@@ -643,17 +630,8 @@ websocket: {write_timeout: 20s}
 		// stalling the agent for everybody else.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-		ws, _, err := websocket.Dial(ctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ws, write := dialRawInit(t, ctx, g, 1<<20)
 		defer ws.CloseNow()
-		ws.SetReadLimit(1 << 20)
-		write := func(s string) error { return ws.Write(ctx, websocket.MessageText, []byte(s)) }
-		if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
-			t.Fatal(err)
-		}
 		before := g.CountLogs("closing slow client", "", "")
 		pad := strings.Repeat("s", 60_000)
 		sent := 0
@@ -721,9 +699,7 @@ timeouts: {request: 1s}
 	}
 	hostileClient := func(t *testing.T) *client {
 		t.Helper()
-		c := dial(t, g)
-		c.initialize()
-		return c
+		return dialInit(t, g)
 	}
 
 	hostile(t, "agent/hang: the request gets the timeout error", bys, func(t *testing.T) {
@@ -782,29 +758,39 @@ timeouts: {request: 1s}
 		echoOK(t, c) // the slots are free again
 	})
 
-	hostile(t, "agent/writes garbage lines", bys, func(t *testing.T) {
+	// dropped calls method on a fresh client: the agent misbehaves on the
+	// way, and the call must still be answered with result. Then each
+	// message of more is logged more than n times beyond its count before
+	// the call, and the client still works.
+	dropped := func(t *testing.T, method string, params map[string]any, result string, more map[string]int) {
+		t.Helper()
 		c := hostileClient(t)
-		invalid := g.CountLogs("agent wrote an invalid message; skipped", "", "")
-		orphans := g.CountLogs("agent request has no recipient; answered by the gateway", "", "")
-		m := c.Call("_fake/garbage", map[string]any{}, turn)
-		if m.Error != nil || string(m.Result) != `{"ok":true}` {
-			t.Fatalf("answer after the garbage: %s", m.Raw)
+		before := map[string]int{}
+		for msg := range more {
+			before[msg] = g.CountLogs(msg, "", "")
 		}
+		m := c.Call(method, params, turn)
+		if m.Error != nil || string(m.Result) != result {
+			t.Fatalf("%s: answer %s, want the result %s", method, m.Raw, result)
+		}
+		for msg, n := range more {
+			g.waitMoreLogs(t, msg, before[msg]+n, 5*time.Second)
+		}
+		echoOK(t, c) // and, after _fake/double, no second answer arrived first
+	}
+
+	hostile(t, "agent/writes garbage lines", bys, func(t *testing.T) {
 		// Nine lines are not JSON-RPC; two are valid but for nobody.
-		g.waitMoreLogs(t, "agent wrote an invalid message; skipped", invalid+8, 5*time.Second)
-		g.waitMoreLogs(t, "agent request has no recipient; answered by the gateway", orphans, 5*time.Second)
-		echoOK(t, c)
+		dropped(t, "_fake/garbage", map[string]any{}, `{"ok":true}`, map[string]int{
+			"agent wrote an invalid message; skipped":                 8,
+			"agent request has no recipient; answered by the gateway": 0,
+		})
 	})
 
 	hostile(t, "agent/writes a line over the limit", bys, func(t *testing.T) {
-		c := hostileClient(t)
-		before := g.CountLogs("agent sent a line over the message limit; skipped", "", "")
-		m := c.Call("_fake/huge-line", map[string]any{"bytes": 4 * limit}, turn)
-		if m.Error != nil || string(m.Result) != `{"ok":true}` {
-			t.Fatalf("answer after the huge line: %s", m.Raw)
-		}
-		g.waitMoreLogs(t, "agent sent a line over the message limit; skipped", before, 5*time.Second)
-		echoOK(t, c)
+		dropped(t, "_fake/huge-line", map[string]any{"bytes": 4 * limit}, `{"ok":true}`, map[string]int{
+			"agent sent a line over the message limit; skipped": 0,
+		})
 	})
 
 	hostile(t, "agent/answers with a line over the limit: the request gets the timeout error", bys, func(t *testing.T) {
@@ -817,29 +803,19 @@ timeouts: {request: 1s}
 	})
 
 	hostile(t, "agent/answers twice", bys, func(t *testing.T) {
-		c := hostileClient(t)
-		before := g.CountLogs("agent answered an id the gateway never sent or already answered; dropped", "", "")
-		m := c.Call("_fake/double", map[string]any{}, turn)
-		if m.Error != nil || string(m.Result) != `{"n":1}` {
-			t.Fatalf("first answer: %s", m.Raw)
-		}
-		g.waitMoreLogs(t, "agent answered an id the gateway never sent or already answered; dropped", before, 5*time.Second)
-		echoOK(t, c) // and no second answer arrived first
+		// The first answer counts; the second is dropped.
+		dropped(t, "_fake/double", map[string]any{}, `{"n":1}`, map[string]int{
+			"agent answered an id the gateway never sent or already answered; dropped": 0,
+		})
 	})
 
 	hostile(t, "agent/answers ids it was never sent", bys, func(t *testing.T) {
-		c := hostileClient(t)
-		never := g.CountLogs("agent answered an id the gateway never sent; dropped", "", "")
-		notPending := g.CountLogs("agent answered an id the gateway never sent or already answered; dropped", "", "")
-		m := c.Call("_fake/unknown-id", map[string]any{}, turn)
-		if m.Error != nil || string(m.Result) != `{"ok":true}` {
-			t.Fatalf("answer: %s", m.Raw)
-		}
 		// "nope", null, -1, 1.5, 10^23 are not ids the gateway issues;
 		// 999999999 is one it has not issued yet.
-		g.waitMoreLogs(t, "agent answered an id the gateway never sent; dropped", never+4, 5*time.Second)
-		g.waitMoreLogs(t, "agent answered an id the gateway never sent or already answered; dropped", notPending, 5*time.Second)
-		echoOK(t, c)
+		dropped(t, "_fake/unknown-id", map[string]any{}, `{"ok":true}`, map[string]int{
+			"agent answered an id the gateway never sent; dropped":                     4,
+			"agent answered an id the gateway never sent or already answered; dropped": 0,
+		})
 	})
 
 	hostile(t, "agent/two requests with one id: the second is refused", bys, func(t *testing.T) {
@@ -975,9 +951,7 @@ limits: {messages_per_second: 5, message_burst: 10}
 	}
 
 	run("limits/burst over messages_per_second gets -32006, session/cancel still passes", func(t *testing.T) {
-		c := dial(t, g)
-		c.initialize()
-		sid := c.newSession(cwd)
+		c, sid := dialSession(t, g, cwd)
 		pid := c.Request("session/prompt", textPrompt(sid, "slow please"))
 		// 3 of the 10 tokens are spent; 20 more requests at once.
 		first := c.NextID + 1
@@ -1053,12 +1027,9 @@ limits: {messages_per_second: 5, message_burst: 10}
 	})
 
 	run("timeouts/idle closes with 1001, but not while a prompt runs", func(t *testing.T) {
-		idle := dial(t, g)
-		idle.initialize()
+		idle := dialInit(t, g)
 		idleSince := time.Now()
-		busy := dial(t, g)
-		busy.initialize()
-		sid := busy.newSession(cwd)
+		busy, sid := dialSession(t, g, cwd)
 		pid := busy.Request("session/prompt", textPrompt(sid, "ask my permission"))
 		var perm rpcMsg
 		for perm.Raw == nil {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The Streamable-HTTP transport against hostile clients: bodies over the
@@ -157,21 +159,12 @@ func TestHostileHTTP(t *testing.T) {
 		const n = 1100
 		codes := map[int]int{}
 		var mu sync.Mutex
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 64)
-		for i := range n {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				resp, _ := acme.stream(ctx, fmt.Sprintf("nobody-%d", i))
-				mu.Lock()
-				codes[resp.StatusCode]++
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		harness.Bounded(n, 64, func(i int) {
+			resp, _ := acme.stream(ctx, fmt.Sprintf("nobody-%d", i))
+			mu.Lock()
+			codes[resp.StatusCode]++
+			mu.Unlock()
+		})
 		t.Logf("%d GETs of distinct session streams: %v", n, codes)
 		if codes[200] > 1025 || codes[429] == 0 || codes[200]+codes[429] != n {
 			t.Errorf("status codes %v: want at most 1,025 streams and 429 for the rest", codes)

@@ -123,18 +123,20 @@ func (c *wsClient) initialize() error {
 	return nil
 }
 
-func (c *wsClient) newSession(cwd string) (string, error) {
-	m, err := c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second)
+// newSessionResult is the session id in m, the answer to a session/new
+// (err: none came), or an error.
+func newSessionResult(m rpcMsg, err error) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var res struct {
-		SessionID string `json:"sessionId"`
+	if sid := m.NewSessionID(); sid != "" {
+		return sid, nil
 	}
-	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
-		return "", fmt.Errorf("session/new: %s", m.Raw)
-	}
-	return res.SessionID, nil
+	return "", fmt.Errorf("session/new: %s", m.Raw)
+}
+
+func (c *wsClient) newSession(cwd string) (string, error) {
+	return newSessionResult(c.Call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, 30*time.Second))
 }
 
 // chunkText returns the text of an agent_message_chunk update for sid, and

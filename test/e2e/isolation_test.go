@@ -1105,12 +1105,7 @@ func TestIsolationTenancy(t *testing.T) {
 			t.Errorf("host paths reached the client in protocol path fields:\n%s", strings.Join(structural, "\n"))
 		}
 		// The reply is streamed in small chunks: look at it whole too.
-		var reply strings.Builder
-		for _, x := range msgs {
-			if x.Method == "session/update" && parseUpdate(t, x).Update.Kind == "agent_message_chunk" {
-				reply.WriteString(parseUpdate(t, x).text())
-			}
-		}
+		reply := updatesText(t, msgs, "agent_message_chunk")
 		// Within one message the gateway replaces the host root even in free
 		// text (titles, rawInput, message text)...
 		if len(free) > 0 {
@@ -1118,8 +1113,8 @@ func TestIsolationTenancy(t *testing.T) {
 		}
 		// ...but a path an agent streams across several chunks cannot be
 		// seen whole by a per-message rewrite (documented in README).
-		if strings.Contains(reply.String(), env.real["acme"]) {
-			t.Logf("host root split across streamed chunks (documented limitation): %q", reply.String())
+		if strings.Contains(reply, env.real["acme"]) {
+			t.Logf("host root split across streamed chunks (documented limitation): %q", reply)
 		}
 		assertQuiet(t, b.c, "globex", quietSpell)
 	})
@@ -1137,14 +1132,8 @@ func TestIsolationTenancy(t *testing.T) {
 		if r := stopReason(t, m); r != "end_turn" {
 			t.Fatalf("stopReason %q", r)
 		}
-		var text strings.Builder
-		for _, x := range msgs {
-			if x.Method == "session/update" {
-				text.WriteString(parseUpdate(t, x).text())
-			}
-		}
-		if !strings.Contains(text.String(), "outside the workspace") {
-			t.Errorf("reply %q does not report the refusal", text.String())
+		if text := updatesText(t, msgs, ""); !strings.Contains(text, "outside the workspace") {
+			t.Errorf("reply %q does not report the refusal", text)
 		}
 		if locs := toolLocations(t, msgs); !slices.Equal(locs, []string{"/<outside-workspace>/notes.txt"}) {
 			t.Errorf("tool call locations %v", locs)
@@ -1170,13 +1159,7 @@ func TestIsolationTenancy(t *testing.T) {
 			if r := stopReason(t, m); r != "end_turn" {
 				t.Fatalf("stopReason %q", r)
 			}
-			var text strings.Builder
-			for _, x := range msgs {
-				if x.Method == "session/update" && parseUpdate(t, x).Update.Kind == "agent_message_chunk" {
-					text.WriteString(parseUpdate(t, x).text())
-				}
-			}
-			if got := text.String(); !strings.Contains(got, "outside") || !strings.Contains(got, "refused") {
+			if got := updatesText(t, msgs, "agent_message_chunk"); !strings.Contains(got, "outside") || !strings.Contains(got, "refused") {
 				t.Errorf("the agent's reply %q does not report the gateway's refusal", got)
 			}
 			if locs := toolLocations(t, msgs); !slices.Equal(locs, []string{"/<outside-workspace>/" + tc.file}) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/acpgate/acpgate/test/internal/acpclient"
 	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
@@ -91,12 +92,11 @@ func waitFor(t *testing.T, c *client, what string, id int, timeout time.Duration
 			if !ok {
 				t.Fatalf("%s: no answer; %s", what, closedText(c))
 			}
-			if m.IsResponseTo(id) {
+			answer, unexpected := acpclient.AwaitStep(m, id, other)
+			if answer {
 				return m
 			}
-			if other != nil {
-				other(m)
-			} else if m.Method != "session/update" {
+			if unexpected {
 				t.Fatalf("%s: unexpected message while waiting for the answer: %s", what, m.Raw)
 			}
 		case <-timer.C:
@@ -139,13 +139,11 @@ func openSession(t *testing.T, c *client, cwd string, timeout time.Duration) str
 	if m.Error != nil {
 		t.Fatalf("session/new answered with an error after %s: %s", time.Since(start).Round(time.Millisecond), m.Raw)
 	}
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if err := json.Unmarshal(m.Result, &res); err != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		t.Fatalf("session/new without a sessionId: %s", m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
 
 // echoTurn runs a prompt that the demo agent echoes, and checks that it ends

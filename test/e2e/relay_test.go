@@ -54,10 +54,8 @@ func TestHandshake(t *testing.T) {
 
 func TestPromptTurnStreams(t *testing.T) {
 	g := startGateway(t, gwOpts{})
-	c := dial(t, g)
-	c.initialize()
 	cwd := t.TempDir()
-	sid := c.newSession(cwd)
+	c, sid := dialSession(t, g, cwd)
 	if strings.HasPrefix(sid, "demo-") {
 		t.Fatalf("the client sees the agent's own session ID %q", sid)
 	}
@@ -82,10 +80,8 @@ func TestPromptTurnStreams(t *testing.T) {
 
 func TestFsReadRequest(t *testing.T) {
 	g := startGateway(t, gwOpts{})
-	c := dial(t, g)
-	c.initialize()
 	cwd := t.TempDir()
-	sid := c.newSession(cwd)
+	c, sid := dialSession(t, g, cwd)
 	path := filepath.Join(cwd, "notes.txt")
 	var asked bool
 	onUpdate, text := collectText(t, sid)
@@ -110,10 +106,8 @@ func TestFsReadRequest(t *testing.T) {
 
 func TestPermissionRequest(t *testing.T) {
 	g := startGateway(t, gwOpts{})
-	c := dial(t, g)
-	c.initialize()
 	cwd := t.TempDir()
-	sid := c.newSession(cwd)
+	c, sid := dialSession(t, g, cwd)
 	for _, choice := range []string{"allow", "reject"} {
 		t.Run(choice, func(t *testing.T) {
 			path := filepath.Join(cwd, choice+".txt")
@@ -152,9 +146,7 @@ func TestPermissionRequest(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	g := startGateway(t, gwOpts{})
-	c := dial(t, g)
-	c.initialize()
-	sid := c.newSession(t.TempDir())
+	c, sid := dialSession(t, g, t.TempDir())
 	id := c.Request("session/prompt", textPrompt(sid, "a slow one please"))
 	ticks := 0
 	var cancelledAt time.Time
@@ -191,17 +183,14 @@ func TestCancel(t *testing.T) {
 func TestSessionLoadReplaysHistory(t *testing.T) {
 	g := startGateway(t, gwOpts{})
 	cwd := t.TempDir()
-	a := dial(t, g)
-	a.initialize()
-	sid := a.newSession(cwd)
+	a, sid := dialSession(t, g, cwd)
 	m := a.Call("session/prompt", textPrompt(sid, "remember me"), turn)
 	if stopReason(t, m) != "end_turn" {
 		t.Fatal(string(m.Raw))
 	}
 	a.Close()
 
-	b := dial(t, g)
-	b.initialize()
+	b := dialInit(t, g)
 	// An ID that the gateway never issued is not found.
 	m = b.Call("session/load", map[string]any{"sessionId": "bogus", "cwd": cwd, "mcpServers": []any{}}, turn)
 	if m.Error == nil || m.Error.Code != -32002 {
@@ -289,8 +278,7 @@ func TestTwoClientsShareOneAgentWithoutCrossTalk(t *testing.T) {
 	// A client that leaves does not take the process with it.
 	pid := g.agentPIDs()
 	clients[0].Close()
-	c := dial(t, g)
-	c.initialize()
+	c := dialInit(t, g)
 	c.newSession(t.TempDir())
 	if now := g.agentPIDs(); len(now) != 1 || now[0] != pid[0] {
 		t.Fatalf("agent process changed after a client left: %v -> %v", pid, now)
@@ -299,10 +287,8 @@ func TestTwoClientsShareOneAgentWithoutCrossTalk(t *testing.T) {
 
 func TestAgentKilledMidPrompt(t *testing.T) {
 	g := startGateway(t, gwOpts{config: "pool: {min_idle: 1, max_processes: 2}\n"})
-	c := dial(t, g)
-	c.initialize()
 	cwd := t.TempDir()
-	sid := c.newSession(cwd)
+	c, sid := dialSession(t, g, cwd)
 	other := dial(t, g) // a bystander with no session on the dying process
 	other.initialize()
 
@@ -343,9 +329,7 @@ func TestClientKilledMidPermissionRequest(t *testing.T) {
 	// detach_timeout it ends, and its pending request is answered for it.
 	g := startGateway(t, gwOpts{config: "pool: {min_idle: 1, max_processes: 1}\nsessions: {detach_timeout: 1s}\n"})
 	cwd := t.TempDir()
-	a := dial(t, g)
-	a.initialize()
-	sid := a.newSession(cwd)
+	a, sid := dialSession(t, g, cwd)
 	id := a.Request("session/prompt", textPrompt(sid, "ask my permission"))
 	for {
 		m := a.Next(turn)
@@ -361,8 +345,7 @@ func TestClientKilledMidPermissionRequest(t *testing.T) {
 	// (cancelled), which ends the agent's turn.
 	g.WaitLog(t, "answered an agent request for a disconnected client", "method", "session/request_permission", 10*time.Second)
 
-	b := dial(t, g)
-	b.initialize()
+	b := dialInit(t, g)
 	m := b.Await(b.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
 	if m.Error != nil {
 		t.Fatalf("load: %s", m.Raw)
@@ -377,9 +360,7 @@ func TestClientKilledMidPermissionRequest(t *testing.T) {
 
 func TestMalformedInput(t *testing.T) {
 	g := startGateway(t, gwOpts{})
-	c := dial(t, g)
-	c.initialize()
-	sid := c.newSession(t.TempDir())
+	c, sid := dialSession(t, g, t.TempDir())
 	cases := []struct {
 		name, frame string
 		code        int
@@ -424,10 +405,8 @@ func TestMalformedInput(t *testing.T) {
 
 func TestOversizedFrameClosesWith1009(t *testing.T) {
 	g := startGateway(t, gwOpts{config: "limits: {max_message_bytes: 65536, send_queue_bytes: 1048576}\n"})
-	c := dial(t, g)
-	c.initialize()
-	bystander := dial(t, g)
-	bystander.initialize()
+	c := dialInit(t, g)
+	bystander := dialInit(t, g)
 	big := `{"jsonrpc":"2.0","id":99,"method":"_x","params":{"pad":"` + strings.Repeat("a", 100000) + `"}}`
 	_ = c.WS.Write(c.Ctx(), websocket.MessageText, []byte(big))
 	for range c.In {
@@ -466,9 +445,7 @@ func TestNoAgentOutlivesGateway(t *testing.T) {
 			}
 			g := startGateway(t, gwOpts{config: cfg})
 			if !tc.stubborn {
-				c := dial(t, g)
-				c.initialize()
-				sid := c.newSession(t.TempDir())
+				c, sid := dialSession(t, g, t.TempDir())
 				c.Request("session/prompt", textPrompt(sid, "slow"))
 				c.Next(turn) // the prompt is running
 			}
@@ -533,9 +510,7 @@ func TestGatewayAsPID1(t *testing.T) {
 			t.Error("the gateway did not stop on SIGTERM as PID 1")
 		}
 	})
-	c := dial(t, g)
-	c.initialize()
-	sid := c.newSession(t.TempDir())
+	c, sid := dialSession(t, g, t.TempDir())
 	if m := c.Call("session/prompt", textPrompt(sid, "hello from pid 1"), turn); stopReason(t, m) != "end_turn" {
 		t.Fatalf("prompt: %s", m.Raw)
 	}

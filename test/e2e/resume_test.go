@@ -22,6 +22,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
+	"github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
@@ -94,6 +95,26 @@ func newRconnVia(t *testing.T, g *gateway, addr string, header http.Header) *rco
 }
 
 // initialize initializes the connection and takes its resume token.
+// slowTurn prompts the demo agent's slow turn ("slow please") in sid and
+// reads until n of its ticks have come; it returns the prompt's request id
+// and the ticker that checks them.
+func (r *rconn) slowTurn(sid string, n int) (int, *ticker) {
+	r.t.Helper()
+	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
+	k := &ticker{t: r.t, sid: sid}
+	for k.ticks < n {
+		k.handle(r.Next("the slow turn", turn))
+	}
+	return id, k
+}
+
+// plain returns the current socket as an ordinary client whose request ids
+// go on from the connection's.
+func (r *rconn) plain() *client {
+	r.c.NextID = r.NextID
+	return r.c
+}
+
 func (r *rconn) initialize() {
 	r.t.Helper()
 	id := r.Request("initialize", map[string]any{
@@ -113,13 +134,11 @@ func (r *rconn) initialize() {
 func (r *rconn) newSession(cwd string) string {
 	r.t.Helper()
 	m := r.Await("session/new", r.Request("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}), 30*time.Second, nil)
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		r.t.Fatalf("session/new: %s", m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
 
 // newSessionAgentID opens a session and returns its ID and the agent's own
@@ -336,16 +355,6 @@ func echoText(n int) string {
 	return strings.TrimSpace(b.String())
 }
 
-// diverge describes where got departs from want.
-func diverge(got, want string) string {
-	i := 0
-	for i < len(got) && i < len(want) && got[i] == want[i] {
-		i++
-	}
-	ctx := func(s string) string { return s[max(0, i-24):min(len(s), i+24)] }
-	return fmt.Sprintf("got %d bytes, want %d; they differ at byte %d: got …%q…, want …%q…", len(got), len(want), i, ctx(got), ctx(want))
-}
-
 // ticker checks a slow turn's "tick N " chunks: in order, none missing,
 // none repeated, across sockets.
 type ticker struct {
@@ -413,7 +422,7 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	}
 	resp := r.Await("the prompt after the resume", id, left(t, ctx, turn, "the rest of the turn"), onUpdate)
 	if got := tally.text.String(); got != want {
-		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got, want))
+		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", harness.Diverge(got, want))
 	}
 	if r := stopReason(t, resp); r != "end_turn" {
 		t.Fatalf("stopReason %q, want end_turn: %s", r, resp.Raw)
@@ -426,8 +435,7 @@ func TestResumeAfterTCPReset(t *testing.T) {
 	t.Logf("resumed after %d messages (%d chunks before the reset); the gateway had %d of the client's %d messages", n, 10, m, sent)
 
 	// The resumed connection is an ordinary one.
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	echoTurn(t, c, sid, "after the resume", left(t, ctx, turn, "a prompt after the resume"))
 	closeClean(t, c)
 }
@@ -518,8 +526,7 @@ func TestResumeResendsUnreadClientMessages(t *testing.T) {
 		}
 		quiet(t, r.c, 200*time.Millisecond)
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	echoTurn(t, c, sid, "after nine resumes", left(t, ctx, turn, "a prompt after the resumes"))
 	closeClean(t, c)
 }
@@ -755,14 +762,8 @@ func takeOverIdle(t *testing.T, g *gateway, cwd string) {
 	if meta, ok := gatewayMeta(load); ok {
 		t.Fatalf("session/load of an idle detached session was answered by the gateway (%+v): %s; want the agent's answer", meta, load.Raw)
 	}
-	var replay strings.Builder
-	for _, m := range before {
-		if m.Method == "session/update" {
-			replay.WriteString(parseUpdate(t, m).text())
-		}
-	}
-	if !strings.Contains(replay.String(), "You said: an idle detach") {
-		t.Errorf("the agent's load replayed %q; want the history with \"You said: an idle detach\"", replay.String())
+	if replay := updatesText(t, before, ""); !strings.Contains(replay, "You said: an idle detach") {
+		t.Errorf("the agent's load replayed %q; want the history with \"You said: an idle detach\"", replay)
 	}
 	echoTurn(t, b, sid, "B owns the session now", turn)
 	closeClean(t, b)
@@ -790,11 +791,7 @@ func TestDetachTimeoutCancels(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid, agentID := r.newSessionAgentID(cwd)
-	r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 3 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	r.slowTurn(sid, 3)
 	n := r.Got
 	r.reset()
 	resetAt := time.Now()
@@ -844,11 +841,7 @@ func TestCleanCloseCancelsAtOnce(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid, agentID := r.newSessionAgentID(t.TempDir())
-	r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 3 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	r.slowTurn(sid, 3)
 	n := r.Got
 	closeErr := r.c.WS.Close(websocket.StatusNormalClosure, "")
 	closedAt := time.Now()
@@ -878,11 +871,7 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 	r := newRconn(t, g, nil)
 	r.initialize()
 	sid := r.newSession(t.TempDir())
-	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 5 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	id, k := r.slowTurn(sid, 5)
 	old, sent := r.c, len(r.Frames)
 	if m := r.resume(r.Got); m != sent {
 		t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
@@ -902,8 +891,7 @@ func TestResumeSupersedesOpenSocket(t *testing.T) {
 	if k.infos != 1 {
 		t.Errorf("%d session_info_update messages, want 1", k.infos)
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	echoTurn(t, c, sid, "on the new socket", turn)
 	closeClean(t, c)
 }
@@ -951,19 +939,8 @@ func TestSlowReaderDoesNotDelayBystander(t *testing.T) {
 
 	// A: initializes, reads the answer, then asks for the large session's
 	// history over and over and never reads again.
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, _, err := websocket.Dial(dctx, "ws://"+g.Addr+"/acp", &websocket.DialOptions{HTTPClient: hc, Subprotocols: []string{"acp"}})
-	dcancel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws, write := dialRawInit(t, ctx, g, 16<<20)
 	defer ws.CloseNow()
-	ws.SetReadLimit(16 << 20)
-	write := func(s string) error { return ws.Write(ctx, websocket.MessageText, []byte(s)) }
-	if err := write(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true,"writeTextFile":true}}}}`); err != nil {
-		t.Fatal(err)
-	}
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	_, init, err := ws.Read(rctx)
 	rcancel()
@@ -1167,10 +1144,7 @@ type blackhole struct {
 
 func newBlackhole(t *testing.T, target string) *blackhole {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	b := &blackhole{ln: ln}
 	b.wg.Add(1)
 	go func() {
@@ -1236,11 +1210,7 @@ func TestResumeAfterPingTimeout(t *testing.T) {
 	r := newRconnVia(t, g, bh.ln.Addr().String(), nil)
 	r.initialize()
 	sid := r.newSession(t.TempDir())
-	id := r.Request("session/prompt", textPrompt(sid, "slow please"))
-	k := &ticker{t: t, sid: sid}
-	for k.ticks < 5 {
-		k.handle(r.Next("the slow turn", turn))
-	}
+	id, k := r.slowTurn(sid, 5)
 	sent, n := len(r.Frames), r.Got
 	before, _ := metricWith(t, g, "acpgate_connections_detached", "")
 	bh.frozen.Store(true)
@@ -1259,8 +1229,7 @@ func TestResumeAfterPingTimeout(t *testing.T) {
 	if m := r.Await("the cancelled prompt", id, turn, k.handle); stopReason(t, m) != "cancelled" {
 		t.Fatalf("the prompt: %s; want stopReason cancelled", m.Raw)
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	closeClean(t, c)
 }
 
@@ -1281,8 +1250,7 @@ func TestResumeAfterNonNormalClose(t *testing.T) {
 			if m := r.resume(n); m != sent {
 				t.Errorf("_acpgate/resumed says the gateway received %d messages; the client sent %d", m, sent)
 			}
-			c := r.c
-			c.NextID = r.NextID
+			c := r.plain()
 			echoTurn(t, c, sid, "back after a close "+strconv.Itoa(int(code)), turn)
 			closeClean(t, c)
 		})
@@ -1325,8 +1293,7 @@ func TestResumeAnswersPendingPermission(t *testing.T) {
 	if stopReason(t, m) != "end_turn" || !completed || reply.String() != "Permission granted (allow)." {
 		t.Fatalf("the prompt ended %s, tool call completed: %v, reply %q; want end_turn, true, \"Permission granted (allow).\"", m.Raw, completed, reply.String())
 	}
-	c := r.c
-	c.NextID = r.NextID
+	c := r.plain()
 	closeClean(t, c)
 }
 
@@ -1528,7 +1495,7 @@ func TestResumeReplayBufferHoldsSmallMessages(t *testing.T) {
 	}
 	m := r.Await("the prompt after the resume", id, turn, onUpdate)
 	if got.String() != want {
-		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", diverge(got.String(), want))
+		t.Fatalf("the streamed text across the reset is not the prompt's echo: %s", harness.Diverge(got.String(), want))
 	}
 	if stopReason(t, m) != "end_turn" {
 		t.Fatalf("the prompt: %s", m.Raw)
@@ -1591,8 +1558,7 @@ func TestResumeSupersedeExactlyOnce(t *testing.T) {
 					"Attach took its count: compare gateway_received in \"connection resumed\" with msgs_in of the socket closed 1008)",
 					len(dups), dups[0], m, sent, sent-m)
 			}
-			c := r.c
-			c.NextID = r.NextID
+			c := r.plain()
 			closeClean(t, c)
 		})
 	}

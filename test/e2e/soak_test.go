@@ -116,17 +116,17 @@ websocket: {ping_interval: 1s}
 		if err != nil {
 			return "", err
 		}
-		m, err := k.waitFor(id, soakHandlers{})
-		if err != nil {
-			return "", err
+		return newSessionResult(k.waitFor(id, soakHandlers{}))
+	}
+	// collect counts m and adds its text to got when it is an
+	// agent_message_chunk for sid.
+	collect := func(m rpcMsg, sid string, got *strings.Builder) (bool, error) {
+		s, isChunk, err := chunkText(m, sid)
+		if err == nil && isChunk {
+			stats.chunks.Add(1)
+			got.WriteString(s)
 		}
-		var res struct {
-			SessionID string `json:"sessionId"`
-		}
-		if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
-			return "", fmt.Errorf("session/new: %s", m.Raw)
-		}
-		return res.SessionID, nil
+		return isChunk, err
 	}
 	// prompt runs one turn; other sees the agent's requests and every
 	// update (after the chunk bookkeeping).
@@ -138,13 +138,8 @@ websocket: {ping_interval: 1s}
 		stats.prompts.Add(1)
 		var got strings.Builder
 		m, err := k.waitFor(id, soakHandlers{onResponse: onResponse, other: func(m rpcMsg) error {
-			s, isChunk, err := chunkText(m, sid)
-			if err != nil {
+			if _, err := collect(m, sid, &got); err != nil {
 				return err
-			}
-			if isChunk {
-				stats.chunks.Add(1)
-				got.WriteString(s)
 			}
 			if m.Method != "session/update" {
 				stats.agentRequests.Add(1)
@@ -229,13 +224,11 @@ websocket: {ping_interval: 1s}
 			}
 			m, err := k.waitFor(id, soakHandlers{
 				other: func(m rpcMsg) error {
-					s, isChunk, err := chunkText(m, sid)
+					isChunk, err := collect(m, sid, &got)
 					if err != nil {
 						return err
 					}
 					if isChunk {
-						stats.chunks.Add(1)
-						got.WriteString(s)
 						if rng.IntN(4) == 0 {
 							nonce := fmt.Sprintf("%s/%d/%d", who, n, rng.Int())
 							eid, err := k.req("_demo/echo", map[string]string{"nonce": nonce})

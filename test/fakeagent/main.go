@@ -44,6 +44,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/acpgate/acpgate/test/internal/acpclient"
 )
 
 type message struct {
@@ -139,13 +141,7 @@ func (a *agent) handle(line []byte) {
 		a.sessions++
 		a.result(m.ID, map[string]any{"sessionId": fmt.Sprintf("fake-%d", a.sessions)})
 	case "session/prompt":
-		var p struct {
-			SessionID string `json:"sessionId"`
-			Prompt    []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			} `json:"prompt"`
-		}
+		var p acpclient.PromptParams
 		_ = json.Unmarshal(m.Params, &p)
 		var text strings.Builder
 		for _, b := range p.Prompt {

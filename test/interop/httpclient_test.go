@@ -2,10 +2,7 @@ package interop
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,12 +25,7 @@ func TestSDKHTTPClient(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(work, "hello.txt"), []byte("hello from the client's disk\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	token := "http-" + hex.EncodeToString([]byte(h.mark))
-	sum := sha256.Sum256([]byte(token))
-	cfg := allowAllPolicy + fmt.Sprintf("tenants:\n  - name: ide\n    root: %q\n    tokens_sha256: [%q]\nsandbox: {home: %q}\n",
-		work, hex.EncodeToString(sum[:]), h.mkdir("homes"))
-	g := h.startGatewayWith(t, cfg, "", home, work)
-	g.waitReady(t, readyLimit)
+	g, token := h.startTenantGateway(t, "ide", "http-", home, work)
 	url := "http://" + g.Addr + "/acp"
 
 	r := h.runNode(t, home, work, runLimit, "http-client.mjs", "--timeout", msString(scriptTimeout), "--token", token, url, work)

@@ -16,6 +16,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -320,6 +321,20 @@ func (h *harness) startGatewayWith(t *testing.T, config, agentCmdline, home, dir
 	t.Logf("gateway pid %d listening on %s after %v (agent: %s)", g.Cmd.Process.Pid, g.Addr,
 		time.Since(g.start).Round(time.Millisecond), orDefault(agentCmdline, "built-in demo agent"))
 	return g
+}
+
+// startTenantGateway starts the built-in demo agent behind one tenant,
+// named tenant, whose root is work and whose token (returned) is
+// tokenPrefix and the harness's mark in hex; it waits until it is ready.
+func (h *harness) startTenantGateway(t *testing.T, tenant, tokenPrefix, home, work string) (*gateway, string) {
+	t.Helper()
+	token := tokenPrefix + hex.EncodeToString([]byte(h.mark))
+	sum := sha256.Sum256([]byte(token))
+	cfg := allowAllPolicy + fmt.Sprintf("tenants:\n  - name: %s\n    root: %q\n    tokens_sha256: [%q]\nsandbox: {home: %q}\n",
+		tenant, work, hex.EncodeToString(sum[:]), h.mkdir("homes"))
+	g := h.startGatewayWith(t, cfg, "", home, work)
+	g.waitReady(t, readyLimit)
+	return g, token
 }
 
 func (g *gateway) url() string { return "ws://" + g.Addr + "/acp" }

@@ -1,10 +1,7 @@
 package interop
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -21,12 +18,7 @@ func TestUseACPClient(t *testing.T) {
 	requireNode(t, "use-acp/package.json", "use-acp/dist/components/streams.js", "ws/package.json")
 	h := newHarness(t)
 	home, work := h.mkdir("home"), h.mkdir("work")
-	token := "useacp-" + hex.EncodeToString([]byte(h.mark))
-	sum := sha256.Sum256([]byte(token))
-	cfg := allowAllPolicy + fmt.Sprintf("tenants:\n  - name: marimo\n    root: %q\n    tokens_sha256: [%q]\nsandbox: {home: %q}\n",
-		work, hex.EncodeToString(sum[:]), h.mkdir("homes"))
-	g := h.startGatewayWith(t, cfg, "", home, work)
-	g.waitReady(t, readyLimit)
+	g, token := h.startTenantGateway(t, "marimo", "useacp-", home, work)
 
 	ticket := func() string {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+g.Addr+"/v1/tickets", nil)

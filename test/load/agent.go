@@ -10,6 +10,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/acpgate/acpgate/test/internal/acpclient"
 )
 
 // The synthetic ACP agent (`load agent`): it answers at once and streams as
@@ -135,13 +137,7 @@ func (a *fakeAgent) reply(id json.RawMessage, result, rpcErr string) error {
 }
 
 func (a *fakeAgent) prompt(m agentMsg) error {
-	var p struct {
-		SessionID string `json:"sessionId"`
-		Prompt    []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"prompt"`
-	}
+	var p acpclient.PromptParams
 	if err := json.Unmarshal(m.Params, &p); err != nil || len(p.Prompt) == 0 {
 		return a.reply(m.ID, "", `{"code":-32602,"message":"params.prompt: expected a text block"}`)
 	}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	testharness "github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // The fan-in scenario: many clients, one session each, sharing a few agent
@@ -260,66 +262,57 @@ func (h *harness) gatewayFleet(gw *server, n int, mode string) (*faninFleet, err
 		f.name += httpSuffix
 	}
 	f.clients = make([]*faninClient, n)
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			var (
-				t   transport
-				err error
-			)
-			if mode == "http" {
-				t = newHTTPTransport(httpURL(gw.url))
-			} else {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				t, err = dialWS(ctx, gw.url, []string{"acp"})
-				cancel()
-			}
-			if err == nil {
-				stop := time.AfterFunc(30*time.Second, func() { t.Close() })
-				c := &rpcClient{t: t}
-				if err = c.initialize(); err == nil {
-					var sid string
-					if sid, err = c.newSession(); err == nil {
-						var ep faninEndpoint
-						switch t := t.(type) {
-						case *httpTransport:
-							var e *httpEndpoint
-							if e, err = newHTTPEndpoint(t, sid, h.httpClient != "nethttp", f.fail); err == nil {
-								ep = e
-								mu.Lock()
-								f.closers = append(f.closers, e.close)
-								mu.Unlock()
-							}
-						case *wsTransport:
-							ep = wsEndpoint{t}
+	testharness.Bounded(n, 16, func(i int) {
+		var (
+			t   transport
+			err error
+		)
+		if mode == "http" {
+			t = newHTTPTransport(httpURL(gw.url))
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			t, err = dialWS(ctx, gw.url, []string{"acp"})
+			cancel()
+		}
+		if err == nil {
+			stop := time.AfterFunc(30*time.Second, func() { t.Close() })
+			c := &rpcClient{t: t}
+			if err = c.initialize(); err == nil {
+				var sid string
+				if sid, err = c.newSession(); err == nil {
+					var ep faninEndpoint
+					switch t := t.(type) {
+					case *httpTransport:
+						var e *httpEndpoint
+						if e, err = newHTTPEndpoint(t, sid, h.httpClient != "nethttp", f.fail); err == nil {
+							ep = e
+							mu.Lock()
+							f.closers = append(f.closers, e.close)
+							mu.Unlock()
 						}
-						f.clients[i] = &faninClient{idx: i, ep: ep, sid: sid}
+					case *wsTransport:
+						ep = wsEndpoint{t}
 					}
+					f.clients[i] = &faninClient{idx: i, ep: ep, sid: sid}
 				}
-				if !stop.Stop() {
-					err = errors.New("setup timed out")
-				}
-				mu.Lock()
-				f.closers = append(f.closers, func() { t.Close() })
-				mu.Unlock()
 			}
-			if err != nil {
-				mu.Lock()
-				if firstErr == nil {
-					firstErr = fmt.Errorf("client %d: %w", i, err)
-				}
-				mu.Unlock()
+			if !stop.Stop() {
+				err = errors.New("setup timed out")
 			}
-		}()
-	}
-	wg.Wait()
+			mu.Lock()
+			f.closers = append(f.closers, func() { t.Close() })
+			mu.Unlock()
+		}
+		if err != nil {
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = fmt.Errorf("client %d: %w", i, err)
+			}
+			mu.Unlock()
+		}
+	})
 	if firstErr != nil {
 		f.close()
 		return nil, firstErr
@@ -499,31 +492,39 @@ func (h *harness) runFanin() (*faninResult, error) {
 	// Each transport has a gateway of its own, so that each has the pool
 	// to itself.
 	cfg := gwConfig{minIdle: 1, maxProcs: c.FaninProcs, perProc: c.FaninPerProc, noRateLimit: true}
-	var (
-		gw, hgw *server
-		gf, hf  *faninFleet
-	)
-	if h.uses("ws") {
-		var err error
-		if gw, err = h.startGateway(cfg, true); err != nil {
-			return nil, err
+	var stops []func() // run last first when this returns
+	defer func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
-		defer gw.stop()
-		if gf, err = h.gatewayFleet(gw, c.FaninConns, "ws"); err != nil {
-			return nil, fmt.Errorf("gateway clients: %w", err)
+	}()
+	// gatewayPath starts, if the run uses transport mode, a gateway and
+	// its fleet of clients on mode (what names the clients in an error).
+	gatewayPath := func(mode, what string) (*server, *faninFleet, error) {
+		if !h.uses(mode) {
+			return nil, nil, nil
 		}
-		defer gf.close()
+		srv, err := h.startGateway(cfg, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		stops = append(stops, srv.stop)
+		f, err := h.gatewayFleet(srv, c.FaninConns, mode)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		stops = append(stops, f.close)
+		return srv, f, nil
 	}
-	if h.uses("http") {
-		var err error
-		if hgw, err = h.startGateway(cfg, true); err != nil {
-			return nil, err
-		}
-		defer hgw.stop()
-		if hf, err = h.gatewayFleet(hgw, c.FaninConns, "http"); err != nil {
-			return nil, fmt.Errorf("gateway clients over HTTP: %w", err)
-		}
-		defer hf.close()
+	gw, gf, err := gatewayPath("ws", "gateway clients")
+	if err != nil {
+		return nil, err
+	}
+	hgw, hf, err := gatewayPath("http", "gateway clients over HTTP")
+	if err != nil {
+		return nil, err
+	}
+	if hf != nil {
 		res.HTTP = &faninHTTP{Client: h.httpClient}
 	}
 	df, err := h.directFleet(c.FaninConns, c.FaninProcs, c.FaninPerProc)

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	testharness "github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // --- the client process: `load idle-clients` ---
@@ -44,32 +46,20 @@ func idleClientsMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	time.AfterFunc(*timeout, func() {
-		fmt.Fprintf(os.Stderr, "idle-clients: timed out after %s\n", *timeout)
-		os.Exit(3)
-	})
+	exitAfter("idle-clients", *timeout)
 	start := time.Now()
 	conns := make([]*websocket.Conn, *n)
 	var failed atomic.Int64
 	var firstErr atomic.Value
-	sem := make(chan struct{}, max(*conc, 1))
-	var wg sync.WaitGroup
-	for i := range *n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			c, err := openIdle(*url)
-			if err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err.Error())
-				return
-			}
-			conns[i] = c
-		}()
-	}
-	wg.Wait()
+	testharness.Bounded(*n, *conc, func(i int) {
+		c, err := openIdle(*url)
+		if err != nil {
+			failed.Add(1)
+			firstErr.CompareAndSwap(nil, err.Error())
+			return
+		}
+		conns[i] = c
+	})
 	rep := idleReport{Open: *n - int(failed.Load()), Failed: int(failed.Load()), ElapsedNS: time.Since(start).Nanoseconds()}
 	if v, ok := firstErr.Load().(string); ok {
 		rep.FirstErr = v
@@ -92,6 +82,15 @@ func idleClientsMain(args []string) int {
 	}
 	closing.Wait()
 	return 0
+}
+
+// exitAfter ends a client process (exit code 3), saying so on stderr, once
+// d has passed.
+func exitAfter(name string, d time.Duration) {
+	time.AfterFunc(d, func() {
+		fmt.Fprintf(os.Stderr, "%s: timed out after %s\n", name, d)
+		os.Exit(3)
+	})
 }
 
 // openIdle connects and initializes one connection, then leaves a reader

@@ -19,25 +19,11 @@ func TestQuick(t *testing.T) {
 	dir, loadBin, gwBin := buildQuick(t)
 	for _, scenario := range []string{"stream", "fanin", "idle", "setup"} {
 		t.Run(scenario, func(t *testing.T) {
-			out := filepath.Join(dir, scenario+".json")
-			args := []string{"-scenario", scenario, "-quick", "-out", out, "-gateway-bin", gwBin, "-timeout", "2m"}
+			args := []string{"-scenario", scenario, "-quick", "-gateway-bin", gwBin, "-timeout", "2m"}
 			if scenario == "stream" {
 				args = append(args, "-resume-off") // the default and resume off, side by side
 			}
-			cmd := exec.Command(loadBin, args...)
-			cmd.Dir = dir
-			output, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("load -scenario %s -quick: %v\n%s", scenario, err, output)
-			}
-			b, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var res results
-			if err := json.Unmarshal(b, &res); err != nil {
-				t.Fatalf("results: %v", err)
-			}
+			res, output := runLoad(t, dir, loadBin, scenario, args...)
 			if len(res.Errors) > 0 || res.Command == "" || !res.Quick {
 				t.Fatalf("errors %q, command %q, quick %v\n%s", res.Errors, res.Command, res.Quick, output)
 			}
@@ -76,6 +62,30 @@ func buildQuick(t *testing.T) (dir, loadBin, gwBin string) {
 	return dir, loadBin, gwBin
 }
 
+// runLoad runs the harness in dir with args and -out dir/name.json, and
+// returns the results it wrote and its output. A run that fails, or writes
+// no results, fails the test.
+func runLoad(t *testing.T, dir, loadBin, name string, args ...string) (results, []byte) {
+	t.Helper()
+	out := filepath.Join(dir, name+".json")
+	args = append(args, "-out", out)
+	cmd := exec.Command(loadBin, args...)
+	cmd.Dir = dir
+	output, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("load %q: %v\n%s", args, err, output)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res results
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatalf("results: %v", err)
+	}
+	return res, output
+}
+
 // TestQuickHTTP runs the stream and fanin scenarios in -quick mode with the
 // gateway paths over Streamable HTTP (-transport http) against the real
 // binary: every chunk arrives on the session's SSE stream, in order, and
@@ -89,22 +99,8 @@ func TestQuickHTTP(t *testing.T) {
 	}
 	dir, loadBin, gwBin := buildQuick(t)
 	run := func(t *testing.T, name string, args ...string) *results {
-		out := filepath.Join(dir, name+".json")
-		args = append([]string{"-transport", "http", "-quick", "-out", out, "-gateway-bin", gwBin, "-timeout", "2m"}, args...)
-		cmd := exec.Command(loadBin, args...)
-		cmd.Dir = dir
-		output, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("load %q: %v\n%s", args, err, output)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var res results
-		if err := json.Unmarshal(b, &res); err != nil {
-			t.Fatalf("results: %v", err)
-		}
+		args = append([]string{"-transport", "http", "-quick", "-gateway-bin", gwBin, "-timeout", "2m"}, args...)
+		res, output := runLoad(t, dir, loadBin, name, args...)
 		if len(res.Errors) > 0 || !res.Quick || len(res.Transports) != 1 || res.Transports[0] != "http" {
 			t.Fatalf("errors %q, quick %v, transports %q\n%s", res.Errors, res.Quick, res.Transports, output)
 		}
@@ -150,12 +146,7 @@ func checkFaninHTTP(t *testing.T, r *faninResult, client string) {
 	if r.HTTP.Client != client {
 		t.Errorf("fanin: HTTP client %q, want %q", r.HTTP.Client, client)
 	}
-	for name, x := range map[string]faninRun{"gateway (HTTP)": r.HTTP.Gateway, "direct": r.Direct} {
-		if x.Sent == 0 || x.Answered != x.Sent || x.Missing != 0 || x.Errors != 0 || x.Latency.N == 0 || x.Latency.P50 <= 0 {
-			t.Errorf("fanin %s: sent %d, answered %d, missing %d, errors %d (%s), %d samples",
-				name, x.Sent, x.Answered, x.Missing, x.Errors, x.LastError, x.Latency.N)
-		}
-	}
+	checkFaninRuns(t, map[string]faninRun{"gateway (HTTP)": r.HTTP.Gateway, "direct": r.Direct})
 	if r.Gateway.Sent != 0 || len(r.GatewaySteps) != 0 {
 		t.Errorf("fanin: a WebSocket gateway path ran with -transport http")
 	}
@@ -197,17 +188,24 @@ func checkFanin(t *testing.T, r *faninResult) {
 	if r == nil {
 		t.Fatal("fanin: no result")
 	}
-	for name, x := range map[string]faninRun{"gateway": r.Gateway, "direct": r.Direct} {
-		if x.Sent == 0 || x.Answered != x.Sent || x.Missing != 0 || x.Errors != 0 || x.Latency.N == 0 || x.Latency.P50 <= 0 {
-			t.Errorf("fanin %s: sent %d, answered %d, missing %d, errors %d (%s), %d samples",
-				name, x.Sent, x.Answered, x.Missing, x.Errors, x.LastError, x.Latency.N)
-		}
-	}
+	checkFaninRuns(t, map[string]faninRun{"gateway": r.Gateway, "direct": r.Direct})
 	if len(r.GatewaySteps) == 0 || len(r.DirectSteps) == 0 {
 		t.Errorf("fanin: no rate search steps")
 	}
 	if r.Stray != 0 {
 		t.Errorf("fanin: %d answers matched no request", r.Stray)
+	}
+}
+
+// checkFaninRuns checks that each run sent, had every request answered,
+// none missing and no error, and measured latency.
+func checkFaninRuns(t *testing.T, runs map[string]faninRun) {
+	t.Helper()
+	for name, x := range runs {
+		if x.Sent == 0 || x.Answered != x.Sent || x.Missing != 0 || x.Errors != 0 || x.Latency.N == 0 || x.Latency.P50 <= 0 {
+			t.Errorf("fanin %s: sent %d, answered %d, missing %d, errors %d (%s), %d samples",
+				name, x.Sent, x.Answered, x.Missing, x.Errors, x.LastError, x.Latency.N)
+		}
 	}
 }
 

@@ -56,10 +56,7 @@ func streamClientMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	time.AfterFunc(*timeout, func() {
-		fmt.Fprintf(os.Stderr, "stream-client: timed out after %s\n", *timeout)
-		os.Exit(3) // the stdio agent dies with us (parent-death signal)
-	})
+	exitAfter("stream-client", *timeout) // the stdio agent dies with us (parent-death signal)
 	out := json.NewEncoder(os.Stdout)
 	fail := func(err error) int {
 		_ = out.Encode(streamReady{Error: err.Error()})
@@ -629,22 +626,21 @@ func (r *streamResult) print(w io.Writer) {
 			}
 		}
 	}
-	if d := r.DefaultLimits; d != nil && len(r.Cases) > 0 {
+	// defaultLimits reports run d, a stream of case i's chunks through a
+	// gateway with its default limits, if it ran.
+	defaultLimits := func(what string, d *streamRun, i int) {
+		if d == nil || len(r.Cases) <= i {
+			return
+		}
 		verdict := "all received"
 		if len(d.Errors) > 0 {
 			verdict = d.Errors[0]
 		}
-		fmt.Fprintf(w, "with the default send queue (4096 messages): %d of %d chunks of %s, then: %s\n",
-			d.Msgs, r.Cases[0].Chunks, fmtBytes(float64(r.Cases[0].Size)), verdict)
+		fmt.Fprintf(w, "%s: %d of %d chunks of %s, then: %s\n",
+			what, d.Msgs, r.Cases[i].Chunks, fmtBytes(float64(r.Cases[i].Size)), verdict)
 	}
-	if d := r.DefaultLimitsHTTP; d != nil && len(r.Cases) > 1 {
-		verdict := "all received"
-		if len(d.Errors) > 0 {
-			verdict = d.Errors[0]
-		}
-		fmt.Fprintf(w, "over HTTP with the default send queue (64 MiB): %d of %d chunks of %s, then: %s\n",
-			d.Msgs, r.Cases[1].Chunks, fmtBytes(float64(r.Cases[1].Size)), verdict)
-	}
+	defaultLimits("with the default send queue (4096 messages)", r.DefaultLimits, 0)
+	defaultLimits("over HTTP with the default send queue (64 MiB)", r.DefaultLimitsHTTP, 1)
 	for _, c := range r.Cases {
 		fmt.Fprintf(w, "peak RSS after %d × %s: gateway %s, websocketd %s\n", c.Chunks, fmtBytes(float64(c.Size)),
 			fmtBytes(float64(c.GatewayPeakRSS)), fmtBytes(float64(c.WebsocketdPeakRSS)))

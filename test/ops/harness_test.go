@@ -143,10 +143,7 @@ func writeFile(t *testing.T, path, data string) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := harness.Listen(t)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
@@ -188,6 +185,15 @@ func mustDial(t *testing.T, addr, token string) *client {
 func (c *client) initialize() {
 	c.T.Helper()
 	c.Initialize("ops-test", false)
+}
+
+// dialSession connects to addr without a token, initializes and opens a
+// session in a new temporary directory.
+func dialSession(t *testing.T, addr string) (*client, string) {
+	t.Helper()
+	c := mustDial(t, addr, "")
+	c.initialize()
+	return c, c.NewSession(t.TempDir())
 }
 
 var promptParams = acpclient.TextPrompt

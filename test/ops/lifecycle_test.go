@@ -74,9 +74,7 @@ func waitExit(t *testing.T, g *gateway, timeout time.Duration) {
 // leaves no agent process behind.
 func TestDrainLetsRunningPromptFinish(t *testing.T) {
 	g := startGateway(t, gwOpts{config: "shutdown_grace: 10s\nobservability:\n  metrics_listen: 127.0.0.1:0\n"})
-	c := mustDial(t, g.Addr, "")
-	c.initialize()
-	sid := c.NewSession(t.TempDir())
+	c, sid := dialSession(t, g.Addr)
 	procs := agentTree(t, g)
 
 	// The echo streams 8 characters every 15 ms: 2010 characters ≈ 3.8 s,
@@ -161,9 +159,7 @@ func TestDrainLetsRunningPromptFinish(t *testing.T) {
 // cancelled at its end; the client gets stopReason "cancelled", then 1001.
 func TestDrainCancelsPromptsAtGrace(t *testing.T) {
 	g := startGateway(t, gwOpts{config: "shutdown_grace: 1s\n"})
-	c := mustDial(t, g.Addr, "")
-	c.initialize()
-	sid := c.NewSession(t.TempDir())
+	c, sid := dialSession(t, g.Addr)
 	procs := agentTree(t, g)
 
 	id := c.Request("session/prompt", promptParams(sid, "slow"))

@@ -147,9 +147,7 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	c := mustDial(t, g.Addr, "")
-	c.initialize()
-	sid := c.NewSession(t.TempDir())
+	c, sid := dialSession(t, g.Addr)
 	for i := 0; i < 3; i++ {
 		if reason, text := c.prompt(sid, "hello"); reason != "end_turn" || text != "You said: hello" {
 			t.Fatalf("prompt %d: %q %q", i, reason, text)

@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
+	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
 // A WebSocket ACP client that goes through the balancer, keeps the
@@ -127,13 +128,11 @@ func (cl *acpClient) initialize() {
 func (cl *acpClient) newSession() string {
 	cl.t.Helper()
 	m := cl.Await("session/new", cl.Request("session/new", map[string]any{"cwd": cl.c.root, "mcpServers": []any{}}), 30*time.Second, nil)
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		cl.t.Fatalf("%s: session/new: %s", cl.name, m.Raw)
 	}
-	return res.SessionID
+	return sid
 }
 
 // turn runs a prompt to its end and checks the demo agent's echo.
@@ -237,21 +236,11 @@ func (tt *turnTally) check(resp rpcMsg, want string) {
 		tt.t.Fatalf("the turn's answer is %.300s; want stopReason end_turn", resp.Raw)
 	}
 	if got := tt.text.String(); got != want {
-		tt.t.Fatalf("the turn's text is not the echo: %s", diverge(got, want))
+		tt.t.Fatalf("the turn's text is not the echo: %s", harness.Diverge(got, want))
 	}
 	if tt.infos != 1 {
 		tt.t.Fatalf("%d session_info_update messages in the turn, want 1", tt.infos)
 	}
-}
-
-// diverge describes where got departs from want.
-func diverge(got, want string) string {
-	i := 0
-	for i < len(got) && i < len(want) && got[i] == want[i] {
-		i++
-	}
-	ctx := func(s string) string { return s[max(0, i-24):min(len(s), i+24)] }
-	return fmt.Sprintf("got %d bytes, want %d; they differ at byte %d: got …%q…, want …%q…", len(got), len(want), i, ctx(got), ctx(want))
 }
 
 // echoText is a prompt of about n bytes without demo agent keywords: the

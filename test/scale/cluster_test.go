@@ -275,13 +275,7 @@ func (r *replica) start(ctx context.Context) {
 // gatewayEnv is the test's environment without the variables that steer
 // the tests.
 func gatewayEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ACPGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return harness.EnvWithout("ACPGATE_")
 }
 
 // get fetches path from the replica directly (not through the balancer).
@@ -602,23 +596,12 @@ func (lb *balancer) traffic(client string) []trafficLine {
 	var out []trafficLine
 	for _, l := range lb.lines("scale server=") {
 		var tl trafficLine
+		fields := map[string]*string{"server": &tl.server, "status": &tl.status, "method": &tl.method,
+			"path": &tl.path, "client": &tl.client, "retries": &tl.retries, "term": &tl.term}
 		for f := range strings.FieldsSeq(l[strings.Index(l, "scale server="):]) {
 			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "server":
-				tl.server = v
-			case "status":
-				tl.status = v
-			case "method":
-				tl.method = v
-			case "path":
-				tl.path = v
-			case "client":
-				tl.client = v
-			case "retries":
-				tl.retries = v
-			case "term":
-				tl.term = v
+			if p, ok := fields[k]; ok {
+				*p = v
 			}
 		}
 		if tl.client == client {

@@ -49,6 +49,18 @@ func (m Msg) Param(key string) string {
 	return s
 }
 
+// NewSessionID returns the sessionId of m, the answer to a session/new:
+// "" when m is an error or carries none.
+func (m Msg) NewSessionID() string {
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil {
+		return ""
+	}
+	return res.SessionID
+}
+
 // Options says how to dial.
 type Options struct {
 	Header       http.Header
@@ -232,4 +244,17 @@ func Response(id json.RawMessage, result any) map[string]any {
 // TextPrompt is the params of a session/prompt with one text block.
 func TextPrompt(sid, text string) map[string]any {
 	return map[string]any{"sessionId": sid, "prompt": []any{map[string]string{"type": "text", "text": text}}}
+}
+
+// PromptParams is the params of a session/prompt as the test agents
+// (test/fakeagent, the load harness's agent) decode them.
+type PromptParams struct {
+	SessionID string        `json:"sessionId"`
+	Prompt    []PromptBlock `json:"prompt"`
+}
+
+// PromptBlock is one content block of a prompt.
+type PromptBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
 }

@@ -107,15 +107,28 @@ func (c *Client) Await(id int, timeout time.Duration, other func(Msg)) Msg {
 			c.T.Fatalf("no response to request %d within %s", id, timeout)
 		}
 		m := c.Next(left)
-		if m.IsResponseTo(id) {
+		answer, unexpected := AwaitStep(m, id, other)
+		if answer {
 			return m
 		}
-		if other != nil {
-			other(m)
-		} else if m.Method != "session/update" {
+		if unexpected {
 			c.T.Fatalf("unexpected message while waiting for %d: %s", id, m.Raw)
 		}
 	}
+}
+
+// AwaitStep is what an Await does with m, read while it waits for the
+// response to id: answer when m is that response; otherwise m goes to
+// other, or, with other nil, anything but a session/update is unexpected.
+func AwaitStep(m Msg, id int, other func(Msg)) (answer, unexpected bool) {
+	if m.IsResponseTo(id) {
+		return true, false
+	}
+	if other != nil {
+		other(m)
+		return false, false
+	}
+	return false, m.Method != "session/update"
 }
 
 // Call sends a request and awaits its response.
@@ -166,12 +179,9 @@ func (c *Client) NewSession(cwd string) string {
 	if m.Error != nil {
 		c.T.Fatalf("session/new: %+v", m.Error)
 	}
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	_ = json.Unmarshal(m.Result, &res)
-	if res.SessionID == "" {
+	sid := m.NewSessionID()
+	if sid == "" {
 		c.T.Fatalf("session/new without sessionId: %s", m.Raw)
 	}
-	return res.SessionID
+	return sid
 }

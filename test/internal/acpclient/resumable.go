@@ -76,12 +76,11 @@ func (r *Resumable) Await(what string, id int, timeout time.Duration, other func
 			r.fatalf("%s: no answer within %s", what, timeout)
 		}
 		m := r.Next(what, left)
-		if m.IsResponseTo(id) {
+		answer, unexpected := AwaitStep(m, id, other)
+		if answer {
 			return m
 		}
-		if other != nil {
-			other(m)
-		} else if m.Method != "session/update" {
+		if unexpected {
 			r.fatalf("%s: unexpected message while waiting for the answer: %.500s", what, m.Raw)
 		}
 	}

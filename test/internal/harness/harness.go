@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -126,12 +127,57 @@ func RandomHex(t testing.TB, n int) string {
 // moment ago.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	l := Listen(t)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Listen listens on a free port of 127.0.0.1, failing the test on error.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return l
+}
+
+// EnvWithout is the test's environment without the variables whose names
+// (NAME=value) start with prefix.
+func EnvWithout(prefix string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, prefix) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// Diverge describes where got departs from want: both lengths, the first
+// byte that differs and some context around it on each side.
+func Diverge(got, want string) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	ctx := func(s string) string { return s[max(0, i-24):min(len(s), i+24)] }
+	return fmt.Sprintf("got %d bytes, want %d; they differ at byte %d: got …%q…, want …%q…", len(got), len(want), i, ctx(got), ctx(want))
+}
+
+// Bounded calls f(0) … f(n-1), each on a goroutine of its own with at most
+// limit running at once, and returns when all have returned.
+func Bounded(n, limit int, f func(i int)) {
+	sem := make(chan struct{}, max(limit, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
 }
 
 // SyncBuffer is a bytes.Buffer that goroutines may write to while the test
