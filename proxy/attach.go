@@ -101,6 +101,10 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 	}
 	metrics.Attaches.WithLabelValues("ok").Inc()
 	metrics.AttachedClients.Inc()
+	if c.isClosed() { // closed meanwhile: Close may not have seen the member
+		c.leaveSession(s, false)
+		return
+	}
 	c.log.Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
 	s.presence("client_connected", mem.peer(), c)
 }
