@@ -218,22 +218,30 @@ func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
 	return m.GetGauge().GetValue()
 }
 
-// The history keeps the newest messages, at least its limit's worth and at
-// most one block more, in order, and says when it dropped some.
+// The history keeps the newest messages, at least half its limit's worth
+// and at most its limit, in order, and says when it dropped some; once
+// full, its buffers take turns rather than grow.
 func TestHistoryKeepsTheNewestWithinItsLimit(t *testing.T) {
 	const size, n = 1000, 1000
 	h := &history{limit: 100_000}
 	msg := func(i int) []byte { return []byte(fmt.Sprintf("%06d%s", i, strings.Repeat("x", size-6))) }
+	var caps int
 	for i := range n { // 1 MB through a 100 kB history
 		h.add(msg(i))
-		if h.bytes > h.limit+historyBlock {
-			t.Fatalf("after %d messages the history holds %d bytes for a %d byte limit", i+1, h.bytes, h.limit)
+		if h.bytes() > h.limit {
+			t.Fatalf("after %d messages the history holds %d bytes for a %d byte limit", i+1, h.bytes(), h.limit)
 		}
+		if i == n/2 {
+			caps = cap(h.prev.buf) + cap(h.cur.buf)
+		}
+	}
+	if c := cap(h.prev.buf) + cap(h.cur.buf); c != caps {
+		t.Errorf("the buffers grew from %d to %d bytes once full", caps, c)
 	}
 	var got []string
 	h.each(func(m []byte) { got = append(got, string(m)) })
-	if len(got)*size < h.limit || len(got)*size > h.limit+historyBlock || len(got) != h.kept() || !h.trimmed {
-		t.Fatalf("kept %d messages (trimmed %v), want the newest %d to %d and trimmed", len(got), h.trimmed, h.limit/size, (h.limit+historyBlock)/size)
+	if len(got)*size < h.limit/2 || len(got)*size > h.limit || len(got) != h.kept() || !h.trimmed {
+		t.Fatalf("kept %d messages (trimmed %v), want the newest %d to %d and trimmed", len(got), h.trimmed, h.limit/2/size, h.limit/size)
 	}
 	for i, m := range got {
 		if want := n - len(got) + i; m != string(msg(want)) {
@@ -282,5 +290,24 @@ func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 	}
 	if !strings.Contains(text.String(), "Permission granted") {
 		t.Fatalf("the agent replied %q: the owner's allow did not settle the request", text.String())
+	}
+}
+
+// The attach result follows the session's mode and config options: as the
+// agent's result gave them, then as its updates change them.
+func TestSessionStateFollowsUpdates(t *testing.T) {
+	s := &Session{history: &history{limit: 1 << 20}}
+	s.noteResult([]byte(`{"sessionId":"x","modes":{"currentModeId":"ask","availableModes":[{"id":"ask"},{"id":"code"}]},"configOptions":[{"id":"a"}]}`))
+	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"current_mode_update","currentModeId":"code"}}}`))
+	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"config_option_update","configOptions":[{"id":"b"}]}}}`))
+	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"tool_call_update","toolCallId":"t"}}}`))
+	var modes struct {
+		CurrentModeID string `json:"currentModeId"`
+	}
+	if err := json.Unmarshal(s.state.Modes, &modes); err != nil || modes.CurrentModeID != "code" {
+		t.Errorf("modes = %s, want currentModeId code", s.state.Modes)
+	}
+	if string(s.state.ConfigOptions) != `[{"id":"b"}]` {
+		t.Errorf("configOptions = %s, want the update's", s.state.ConfigOptions)
 	}
 }

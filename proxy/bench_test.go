@@ -21,9 +21,14 @@ func (d *discardSink) Supersede()                   {}
 // session lookup, splice of the sealed session ID, hand-off to the client's
 // sink; with replay, also the copy kept in the connection's replay buffer
 // (sessions.detach_timeout > 0). Run: go test -run '^$' -bench Route -benchmem ./proxy/
-func benchRoute(b *testing.B, textLen, replay int) {
+func benchRoute(b *testing.B, textLen, replay int) { benchFanOut(b, textLen, replay, 0, 0) }
+
+// benchFanOut is benchRoute with the session's attach history (history
+// bytes, -1: none) and members more clients attached to the session.
+func benchFanOut(b *testing.B, textLen, replay, history, members int) {
 	metrics := nopMetrics()
 	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: metrics}
+	r.resume.HistoryBytes = history
 	am := metrics.forAgent(DefaultAgent)
 	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procLink{}}
 	l := ag.newLink(nil).(*procLink) // the hot path never reaches the process
@@ -32,7 +37,12 @@ func benchRoute(b *testing.B, textLen, replay int) {
 	c.ag = ag
 	c.out.limit = replay
 	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
-	l.addSession(c, agentSID, "", nil)
+	s := l.addSession(c, agentSID, "", nil)
+	for range members {
+		m := r.newConnForBench(&discardSink{})
+		m.ag = ag
+		s.addMember(&member{conn: m, id: newClientID()}, members+1)
+	}
 	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + agentSID +
 		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` +
 		strings.Repeat("lorem ipsum ", textLen/12) + `"}}}}`)
@@ -54,6 +64,13 @@ func BenchmarkRouteSessionUpdate20KB(b *testing.B) { benchRoute(b, 20000, 0) }
 
 func BenchmarkRouteSessionUpdate300BReplay(b *testing.B) { benchRoute(b, 160, 8<<20) }
 func BenchmarkRouteSessionUpdate20KBReplay(b *testing.B) { benchRoute(b, 20000, 8<<20) }
+
+// The attach history's cost (sessions.history_bytes 0 vs the default), and
+// fan-out to attached clients.
+func BenchmarkRouteSessionUpdate300BNoHistory(b *testing.B) { benchFanOut(b, 160, 0, -1, 0) }
+func BenchmarkRouteSessionUpdate20KBNoHistory(b *testing.B) { benchFanOut(b, 20000, 0, -1, 0) }
+func BenchmarkRouteSessionUpdate300BAttached1(b *testing.B) { benchFanOut(b, 160, 0, 0, 1) }
+func BenchmarkRouteSessionUpdate300BAttached4(b *testing.B) { benchFanOut(b, 160, 0, 0, 4) }
 
 func (r *Relay) newConnForBench(s Sink) *Conn {
 	ten := &tenant{metrics: r.metrics, label: "default"}

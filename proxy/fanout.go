@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -61,6 +60,10 @@ func newClientID() string {
 	return "c-" + hex.EncodeToString(b[:])
 }
 
+// maxStateUpdate bounds the size of a mode or config option update the
+// attach result follows.
+const maxStateUpdate = 16 << 10
+
 // maxQueuedPrompts bounds the prompts waiting for another client's turn.
 const maxQueuedPrompts = 8
 
@@ -85,60 +88,54 @@ func (r *Relay) maxClients() int {
 }
 
 // history is the bounded record of a live session's messages that
-// session/attach replays. The messages sit back to back in blocks of
-// historyBlock bytes (a bigger message has a block of its own): no
-// allocation a message, and no buffer that doubles as the record grows. The
-// oldest block is dropped once the others hold limit bytes, so a history
-// keeps at least the newest limit bytes and at most one block more (a
-// block is at most a quarter of the limit, or 32 KiB).
+// session/attach replays: two generations of messages back to back. New
+// messages go to the current one; when it would pass half the limit, it
+// becomes the previous one and the old previous one's buffer, emptied, is
+// the current one. So a history keeps at least the newest half of its
+// limit and at most its limit, and once it has filled up it allocates
+// nothing: the two buffers take turns.
 type history struct {
-	limit   int
-	blocks  []*histBlock
-	bytes   int  // the messages' bytes in blocks
-	trimmed bool // something was dropped: a replay starts at the oldest kept
+	limit     int
+	prev, cur histGen
+	trimmed   bool // something was dropped: a replay starts at the oldest kept
 }
 
-// histBlock is messages back to back; ends[i] is where message i ends.
-type histBlock struct {
+// histGen is messages back to back; ends[i] is where message i ends.
+type histGen struct {
 	buf  []byte
 	ends []int
 }
 
-// historyBlock is the size of a history block. Blocks of that size go
-// back to historyBlocks when dropped or when their session ends, so that
-// sessions coming and going reuse them.
-const historyBlock = 32 << 10
-
-var historyBlocks = sync.Pool{New: func() any { return &histBlock{buf: make([]byte, 0, historyBlock)} }}
-
-// newBlock makes a block for a message of size bytes: a pooled one, or
-// for a small history (a quarter of its limit, at least 4 KiB) or a big
-// message one of its own.
-func (h *history) newBlock(size int) *histBlock {
-	if size > historyBlock || h.limit < 4*historyBlock {
-		return &histBlock{buf: make([]byte, 0, max(size, min(historyBlock, max(h.limit/4, 4<<10))))}
+func (h *history) add(msg []byte) {
+	if len(h.cur.buf) > 0 && len(h.cur.buf)+len(msg) > max(h.limit/2, 1) {
+		h.trimmed = h.trimmed || len(h.prev.ends) > 0
+		h.prev, h.cur = h.cur, histGen{buf: h.prev.buf[:0], ends: h.prev.ends[:0]}
 	}
-	return historyBlocks.Get().(*histBlock)
+	h.cur.buf = append(h.cur.buf, msg...)
+	h.cur.ends = append(h.cur.ends, len(h.cur.buf))
 }
 
-// recycle gives b back to historyBlocks, if it has the pooled size.
-func (b *histBlock) recycle() {
-	if cap(b.buf) == historyBlock {
-		b.buf, b.ends = b.buf[:0], b.ends[:0]
-		historyBlocks.Put(b)
+// bytes is the size of the kept messages.
+func (h *history) bytes() int { return len(h.prev.buf) + len(h.cur.buf) }
+
+// each calls f with every kept message, oldest first (f must not keep it).
+func (h *history) each(f func(msg []byte)) {
+	for _, g := range []*histGen{&h.prev, &h.cur} {
+		from := 0
+		for _, end := range g.ends {
+			f(g.buf[from:end])
+			from = end
+		}
 	}
 }
+
+// kept is the number of messages kept.
+func (h *history) kept() int { return len(h.prev.ends) + len(h.cur.ends) }
 
 // release drops every message (the session has ended).
-func (h *history) release() {
-	for i, b := range h.blocks {
-		b.recycle()
-		h.blocks[i] = nil
-	}
-	h.blocks, h.bytes = nil, 0
-}
+func (h *history) release() { h.prev, h.cur = histGen{}, histGen{} }
 
-// retire gives the session's history back once it has ended.
+// retire lets the session's history go once the session has ended.
 func (s *Session) retire() {
 	if s.history == nil {
 		return
@@ -146,46 +143,6 @@ func (s *Session) retire() {
 	s.fan.Lock()
 	s.history.release()
 	s.fan.Unlock()
-}
-
-func (h *history) add(msg []byte) {
-	var b *histBlock
-	if n := len(h.blocks); n > 0 && len(h.blocks[n-1].buf)+len(msg) <= cap(h.blocks[n-1].buf) {
-		b = h.blocks[n-1]
-	} else {
-		b = h.newBlock(len(msg))
-		h.blocks = append(h.blocks, b)
-	}
-	b.buf = append(b.buf, msg...)
-	b.ends = append(b.ends, len(b.buf))
-	h.bytes += len(msg)
-	for len(h.blocks) > 1 && h.bytes-len(h.blocks[0].buf) >= h.limit {
-		h.bytes -= len(h.blocks[0].buf)
-		h.blocks[0].recycle()
-		h.blocks[0] = nil
-		h.blocks = h.blocks[1:]
-		h.trimmed = true
-	}
-}
-
-// each calls f with every kept message, oldest first (f must not keep it).
-func (h *history) each(f func(msg []byte)) {
-	for _, b := range h.blocks {
-		from := 0
-		for _, end := range b.ends {
-			f(b.buf[from:end])
-			from = end
-		}
-	}
-}
-
-// kept is the number of messages kept.
-func (h *history) kept() int {
-	n := 0
-	for _, b := range h.blocks {
-		n += len(b.ends)
-	}
-	return n
 }
 
 // sessionState is what a session/attach result reports of the session's
@@ -212,8 +169,12 @@ func (s *Session) noteResult(result []byte) {
 }
 
 // noteUpdate keeps the recorded configuration current: a mode or config
-// option change the agent reports.
+// option change the agent reports. Those are small: a message over
+// maxStateUpdate is not searched (streamed content is most of the bytes).
 func (s *Session) noteUpdate(msg []byte) {
+	if len(msg) > maxStateUpdate || !bytes.Contains(msg, []byte(`_update"`)) {
+		return // most updates are chunks: one short search rules them out
+	}
 	isMode := bytes.Contains(msg, []byte(`"current_mode_update"`))
 	if !isMode && !bytes.Contains(msg, []byte(`"config_option_update"`)) {
 		return
