@@ -168,11 +168,9 @@ func TestPromptOfAnotherClientWaitsForTheTurn(t *testing.T) {
 	}); !strings.Contains(string(got.Result), "cancelled") {
 		t.Fatalf("the owner's turn: %s", got.raw)
 	}
-	var seen []update
 	for {
 		m := owner.next()
 		u := m.update()
-		seen = append(seen, u)
 		if u.SessionUpdate == "user_message_chunk" {
 			if !strings.Contains(string(u.Content), "after you") {
 				t.Fatalf("the owner saw the member's prompt as %s", u.Content)
