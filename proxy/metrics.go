@@ -180,34 +180,40 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		doubleReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_double_releases_total", Help: "Holds given back twice (a bug, logged as an error; the second release changes nothing), by what: hold (a client request's tenant slot, process slot and session route), session, home, request (a process lease), or a *_count that would have gone below zero.",
 		}, []string{"what", "agent"}),
-		Detached: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "acpgate_connections_detached", Help: "Connections whose socket ended without a clean close, kept for a resume or a take-over until sessions.detach_timeout.",
-		}),
-		Resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result (ok, refused) and why refused: other_replica (a token of another gateway process: another replica, or this one before a restart), unknown (never issued here, ended, or expired), mismatch (another tenant's or agent's connection), not_kept (messages the client lacks are no longer kept).",
-		}, []string{"result", "reason"}),
-		Takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_takeovers_total", Help: "Sessions of a detached connection taken over by session/load or session/resume from another connection, by the turn found: running, ended (while detached), idle (the load went to the agent).",
-		}, []string{"turn"}),
-		AttachedClients: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "acpgate_attached_clients", Help: "Clients attached to sessions with session/attach now (a session's owner is not counted).",
-		}),
-		Attaches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_session_attaches_total", Help: "session/attach requests by result: ok, not_found (unknown, another tenant's, or not live on this replica), refused (the tenant's sharing policy), full (sessions.max_clients), invalid.",
-		}, []string{"result"}),
-		PermissionResolutions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "acpgate_permission_resolutions_total", Help: "Permission requests of sessions with attached clients, by how they were settled: selected or cancelled (by a client's answer, the first of several), timeout (nobody answered within timeouts.client_request), disconnect (the last client left).",
-		}, []string{"outcome"}),
-		PromptsQueued: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "acpgate_prompts_queued", Help: "Prompts waiting for another client's turn on the same session to end (at most 8 a session).",
-		}),
 		replayBytesDesc:   prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil),
 		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state and agent.", []string{"state", "agent"}, nil),
 		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
 			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
+	m.newConnMetrics()
 	m.register(reg)
 	return m
+}
+
+// newConnMetrics makes the metrics of connections and shared sessions:
+// resumes, take-overs and attaches, not broken down by agent.
+func (m *Metrics) newConnMetrics() {
+	m.Detached = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "acpgate_connections_detached", Help: "Connections whose socket ended without a clean close, kept for a resume or a take-over until sessions.detach_timeout.",
+	})
+	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_resumes_total", Help: "Resume requests (GET /acp?resume=…), by result (ok, refused) and why refused: other_replica (a token of another gateway process: another replica, or this one before a restart), unknown (never issued here, ended, or expired), mismatch (another tenant's or agent's connection), not_kept (messages the client lacks are no longer kept).",
+	}, []string{"result", "reason"})
+	m.Takeovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_takeovers_total", Help: "Sessions of a detached connection taken over by session/load or session/resume from another connection, by the turn found: running, ended (while detached), idle (the load went to the agent).",
+	}, []string{"turn"})
+	m.AttachedClients = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "acpgate_attached_clients", Help: "Clients attached to sessions with session/attach now (a session's owner is not counted).",
+	})
+	m.Attaches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_session_attaches_total", Help: "session/attach requests by result: ok, not_found (unknown, another tenant's, or not live on this replica), refused (the tenant's sharing policy), full (sessions.max_clients), invalid.",
+	}, []string{"result"})
+	m.PermissionResolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_permission_resolutions_total", Help: "Agent permission requests settled, by how: selected or cancelled (by a client's answer, the first of several), timeout (nobody answered within timeouts.client_request), disconnect (the last client left).",
+	}, []string{"outcome"})
+	m.PromptsQueued = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "acpgate_prompts_queued", Help: "Prompts waiting for another client's turn on the same session to end (at most 8 a session).",
+	})
 }
 
 // register exports the metrics on reg, the bounded series at 0 from the
