@@ -14,20 +14,10 @@ import (
 // at the first answer, and counts every answer it gets: _demo/count
 // reports how many arrived, duplicates included.
 func permCountingAgent() {
-	in := bufio.NewReaderSize(os.Stdin, 1<<20)
 	out := bufio.NewWriter(os.Stdout)
 	answers, next := 0, 0
 	prompts := map[string]json.RawMessage{} // permission request id → the prompt's id
-	for {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
-			return
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		_ = json.Unmarshal(line, &m)
+	serveLines(func(m agentLine) {
 		switch m.Method {
 		case "initialize":
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
@@ -54,7 +44,7 @@ func permCountingAgent() {
 			}
 		}
 		out.Flush()
-	}
+	})
 }
 
 // Two clients of one session answering the same permission request at the

@@ -39,6 +39,20 @@ func (tc *testConn) prompt(id, sid, text string) {
 	tc.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"` + text + `"}]}}`)
 }
 
+// sharedSession is a session an owner created and a second client attached
+// to (extra: more attach params); r is a relay on the demo agent.
+func sharedSession(t *testing.T, r *Relay, extra string) (owner, peerC *testConn, sid string) {
+	t.Helper()
+	owner, peerC = newTestConn(t, r, "owner"), newTestConn(t, r, "peer")
+	owner.init(`{}`)
+	peerC.init(`{}`)
+	sid = owner.newSession("1")
+	if res := peerC.attach("2", sid, extra); res.Error != nil {
+		t.Fatalf("attach: %s", res.raw)
+	}
+	return owner, peerC, sid
+}
+
 // untilMethod reads messages until one with method arrives (returned) and
 // collects the session updates on the way.
 func (tc *testConn) untilMethod(method string, seen *[]update) msg {
@@ -121,14 +135,7 @@ func TestAttachSharesOneSession(t *testing.T) {
 // A read-only member gets the session's messages but may not write, nor is
 // it asked for permissions.
 func TestReadOnlyAttachRefusesWrites(t *testing.T) {
-	r := testPool(t, "demo", nil)
-	owner, ro := newTestConn(t, r, "owner"), newTestConn(t, r, "ro")
-	owner.init(`{}`)
-	ro.init(`{}`)
-	sid := owner.newSession("1")
-	if res := ro.attach("2", sid, `,"_meta":{"acpgate":{"readOnly":true}}`); res.Error != nil {
-		t.Fatalf("attach: %s", res.raw)
-	}
+	_, ro, sid := sharedSession(t, testPool(t, "demo", nil), `,"_meta":{"acpgate":{"readOnly":true}}`)
 	for i, req := range []string{
 		`"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[]}`,
 		`"method":"session/set_mode","params":{"sessionId":"` + sid + `","modeId":"x"}`,
@@ -149,13 +156,7 @@ func TestReadOnlyAttachRefusesWrites(t *testing.T) {
 // the owner, a plain client, sees it as user_message_chunk updates.
 func TestPromptOfAnotherClientWaitsForTheTurn(t *testing.T) {
 	r := testPool(t, "demo", nil)
-	owner, peerC := newTestConn(t, r, "owner"), newTestConn(t, r, "peer")
-	owner.init(`{}`)
-	peerC.init(`{}`)
-	sid := owner.newSession("1")
-	if res := peerC.attach("2", sid, ""); res.Error != nil {
-		t.Fatalf("attach: %s", res.raw)
-	}
+	owner, peerC, sid := sharedSession(t, r, "")
 	owner.prompt("3", sid, "slow")
 	owner.untilMethod(mSessionUpdate, nil) // the turn runs
 	peerC.prompt("4", sid, "after you")
@@ -254,13 +255,7 @@ func TestHistoryKeepsTheNewestWithinItsLimit(t *testing.T) {
 // resumed connection) gets the result again, and is not added twice.
 func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 	r := testPool(t, "demo", nil)
-	owner, peerC := newTestConn(t, r, "owner"), newTestConn(t, r, "peer")
-	owner.init(`{}`)
-	peerC.init(`{}`)
-	sid := owner.newSession("1")
-	if res := peerC.attach("2", sid, ""); res.Error != nil {
-		t.Fatalf("attach: %s", res.raw)
-	}
+	owner, peerC, sid := sharedSession(t, r, "")
 	res := peerC.attach("3", sid, "")
 	var again struct {
 		ConnectedClients []peer `json:"connectedClients"`

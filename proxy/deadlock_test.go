@@ -21,18 +21,8 @@ import (
 // and floods its stdout: the gateway's reader must never block answering it
 // (a regression test for a deadlock found in review).
 func floodingAgent() {
-	in := bufio.NewReaderSize(os.Stdin, 1<<20)
 	out := os.Stdout
-	for {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
-			return
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		_ = json.Unmarshal(line, &m)
+	serveLines(func(m agentLine) {
 		switch m.Method {
 		case "initialize":
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{"sessionCapabilities":{"close":{}}}}}`+"\n", m.ID)
@@ -53,6 +43,27 @@ func floodingAgent() {
 				fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{}}`+"\n", m.ID)
 			}
 		}
+	})
+}
+
+// agentLine is what a test agent reads of each line it gets.
+type agentLine struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+}
+
+// serveLines runs a single-threaded test agent: each line of its stdin,
+// decoded, goes to handle, until stdin ends.
+func serveLines(handle func(m agentLine)) {
+	in := bufio.NewReaderSize(os.Stdin, 1<<20)
+	for {
+		line, err := in.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		var m agentLine
+		_ = json.Unmarshal(line, &m)
+		handle(m)
 	}
 }
 

@@ -205,16 +205,9 @@ func (c *Conn) adopt(in *inReq) {
 	in.link.mu.Lock()
 	in.conn, in.connID = c, id
 	in.link.mu.Unlock()
-	if in.answered.Load() {
-		return
+	if out := withID(msg, id); out != nil && !in.answered.Load() {
+		c.deliver(out)
 	}
-	var sc jsonrpc.Scanner
-	var m jsonrpc.Message
-	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
-		return
-	}
-	out := jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
-	c.deliver(out)
 }
 
 // promptEnded notes the end of a prompt turn of req.sess, answered by m:
