@@ -159,33 +159,47 @@ func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, boo
 }
 
 // joinSession adds mem to s (unless add is false: a re-attach) and sends c
-// the replay, the result and the pending requests, all under s.fan; false
-// if it answered m with an error.
+// the replay, the result, then what came meanwhile and the pending
+// requests; false if it answered m with an error. The replay goes out
+// without the session's fan lock (a slow client must not hold the agent's
+// reader up): what the session sends meanwhile waits in the member's
+// backlog, so each message reaches c once and in order.
 func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string, add bool) bool {
 	s.fan.Lock()
-	defer s.fan.Unlock()
 	ok, full := true, false
 	if add {
 		ok, full = s.addMember(mem, c.relay.maxClients())
 	}
-	switch {
-	case full:
-		c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-		c.replyError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
-		return false
-	case !ok:
-		c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
-		c.notFound(m, s.GatewayID, false)
+	if !ok || full {
+		s.fan.Unlock()
+		if full {
+			c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+			c.replyError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
+		} else {
+			c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
+			c.notFound(m, s.GatewayID, false)
+		}
 		return false
 	}
-	f := Facts{Method: mSessionUpdate, SessionID: s.GatewayID}
+	mem.catching = true
+	var replay [][]byte
 	replayed, trimmed := 0, false
 	if policy == "full" && s.history != nil {
-		h := s.history
-		h.each(func(msg []byte) { c.deliverFor(clone(msg), s, f, true) })
-		replayed, trimmed = h.kept(), h.trimmed
+		s.history.each(func(msg []byte) { replay = append(replay, clone(msg)) })
+		replayed, trimmed = s.history.kept(), s.history.trimmed
 	}
+	s.fan.Unlock()
+	f := Facts{Method: mSessionUpdate, SessionID: s.GatewayID}
+	for _, msg := range replay {
+		c.deliverMember(msg, s, f, true) // may wait for this client to read
+	}
+	s.fan.Lock()
+	defer s.fan.Unlock()
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
+	for _, b := range mem.backlog {
+		c.deliverMember(b.msg, s, b.f, false)
+	}
+	mem.backlog, mem.catching = nil, false
 	if !mem.readOnly {
 		for _, in := range s.requests() {
 			if (in.method == mRequestPerm || in.method == mElicitCreate) && !in.sentTo(c) {
@@ -255,21 +269,27 @@ func (c *Conn) handleDetach(m *jsonrpc.Message) {
 // c go to the clients that remain, or are answered in c's place when none
 // does.
 func (c *Conn) leaveSession(s *Session, prompting bool) {
+	s.failQueued(c, "the client left the session")
 	if mem, orphaned := s.removeMember(c); mem != nil {
 		c.relay.metrics.AttachedClients.Dec()
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", mem.peer(), nil)
 		if orphaned {
-			s.link.endOrphaned(s)
+			s.ten.event(s.link.ag.metrics, "closed")
+			s.link.finishSession(s, false)
 		}
 		return
 	}
-	if s.ownerLeaves(c) {
+	owned, kept := s.ownerLeave(c)
+	switch {
+	case !owned:
+	case kept:
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", connPeer(c), nil)
-		return
+	default:
+		c.ten.event(c.ag.metrics, "closed")
+		s.link.finishSession(s, prompting)
 	}
-	s.link.endSession(s, c, prompting)
 }
 
 // dropRequestsOf gives up c's copies of the agent's requests about s: each
@@ -287,21 +307,6 @@ func (c *Conn) dropRequestsOf(s *Session) {
 	}
 }
 
-// endOrphaned ends a session its last client has left.
-func (l *procLink) endOrphaned(s *Session) {
-	running := s.promptRunning()
-	s.drop()
-	l.removeSession(s)
-	s.ten.event(l.ag.metrics, "closed")
-	params := sessionIDObject(s.AgentID)
-	if running {
-		l.p.Notify(mSessionCancel, params)
-	}
-	if l.p.Init().Caps.Close {
-		l.fireAndForget(mSessionClose, params)
-	}
-}
-
 // turnName says whether a turn is in flight: "running" or "idle".
 func (s *Session) turnName() string {
 	if s.promptRunning() {
@@ -314,7 +319,7 @@ func (s *Session) turnName() string {
 func (s *Session) promptRunning() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.prompt != nil && !s.prompt.ended.Load()
+	return s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()
 }
 
 // readOnlyRefused refuses m, a message of a read-only member about s; false

@@ -289,7 +289,7 @@ func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 // The attach result follows the session's mode and config options: as the
 // agent's result gave them, then as its updates change them.
 func TestSessionStateFollowsUpdates(t *testing.T) {
-	s := &Session{history: &history{limit: 1 << 20}}
+	s := &Session{attachable: true}
 	s.noteResult([]byte(`{"sessionId":"x","modes":{"currentModeId":"ask","availableModes":[{"id":"ask"},{"id":"code"}]},"configOptions":[{"id":"a"}]}`))
 	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"current_mode_update","currentModeId":"code"}}}`))
 	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"config_option_update","configOptions":[{"id":"b"}]}}}`))

@@ -137,6 +137,7 @@ type Conn struct {
 	sessions    map[string]*Session // by gateway session ID
 	clientReqs  map[string]*outReq  // client requests in flight, by the client's raw id
 	agentReqs   map[int64]*inReq    // agent requests waiting for this client, by connection-side id
+	withdrawn   map[int64]bool      // recent ids withdrawn with $/cancel_request (their late answers are expected)
 	nextID      int64
 	detached    bool        // no socket: kept for a resume or a take-over
 	detachSeq   int64       // the last message numbered before the detach
@@ -167,9 +168,22 @@ func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, Facts{}, false) }
 // f is what the relay knows of it (FactSink); wait allows backpressure
 // (see Sink.Send).
 func (c *Conn) deliverFor(msg []byte, sess *Session, f Facts, wait bool) {
+	c.deliverTo(msg, sess, f, wait, true)
+}
+
+// deliverMember sends c, a member of sess, a message about it: never
+// passed on to the owner (an attach-only update must not reach a plain
+// client), even if c has left meanwhile.
+func (c *Conn) deliverMember(msg []byte, sess *Session, f Facts, wait bool) {
+	c.deliverTo(msg, sess, f, wait, false)
+}
+
+// deliverTo is deliverFor; redirect lets a detached owner's message about
+// a session taken over meanwhile go to the new owner.
+func (c *Conn) deliverTo(msg []byte, sess *Session, f Facts, wait, redirect bool) {
 	o := &c.out
 	o.mu.Lock()
-	if sess != nil && o.sink == nil {
+	if redirect && sess != nil && o.sink == nil {
 		// Detached: a take-over may have moved sess since the agent reader
 		// looked its owner up. The owner changes under this lock, so the
 		// check holds until the message is kept.
@@ -581,6 +595,10 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	delete(c.agentReqs, id)
 	c.mu.Unlock()
 	if !ok || in == nil {
+		if c.wasWithdrawn(id) {
+			c.log.Debug("client answered an agent request after it was withdrawn; dropped", "id", id)
+			return
+		}
 		if c.logLim.Allow() {
 			c.log.Warn("client answered a request id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		}
@@ -716,13 +734,16 @@ func (c *Conn) attach(s *Session) {
 		if old != s {
 			s.held()
 			if old != nil {
+				if mem, _ := old.removeMember(c); mem != nil {
+					c.relay.metrics.AttachedClients.Dec()
+				}
 				old.unheld(c.log)
 			}
 		}
 		return
 	}
 	c.mu.Unlock()
-	s.link.endSession(s, c, false)
+	c.leaveSession(s, false)
 }
 
 // detach forgets s: another connection took it over, it was closed, or its
@@ -763,7 +784,7 @@ func (c *Conn) Close() {
 		c.relay.metrics.Detached.Dec()
 	}
 	for _, in := range agentReqs {
-		if _, had, last := in.leave(c); had && !last {
+		if _, had, last := in.leave(c); !had || !last {
 			continue // another client of its session may answer it
 		}
 		in.answerInPlace(c, "the client disconnected")
@@ -786,22 +807,6 @@ func (c *Conn) Close() {
 	}
 }
 
-// endSession ends c's ownership of s: a running prompt is cancelled and
-// the session is closed on the agent if the agent supports session/close.
-func (l *procLink) endSession(s *Session, c *Conn, prompting bool) {
-	if !s.disown(c) {
-		return
-	}
-	c.ten.event(c.ag.metrics, "closed")
-	l.removeSession(s)
-	params := sessionIDObject(s.AgentID)
-	if prompting {
-		l.p.Notify(mSessionCancel, params)
-	}
-	if l.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
-		l.fireAndForget(mSessionClose, params)
-	}
-}
 
 // String describes the connection for logs.
 func (c *Conn) String() string { return fmt.Sprintf("conn %s", c.id) }
@@ -828,13 +833,41 @@ func declines(m *jsonrpc.Message) bool {
 	if m.IsError {
 		return true
 	}
-	if !bytes.Contains(m.Payload, []byte(`"cancelled"`)) {
+	if !bytes.Contains(m.Payload, []byte(`"cancel`)) && !bytes.Contains(m.Payload, []byte(`"decline"`)) {
 		return false
 	}
 	var res struct {
 		Outcome struct {
 			Outcome string `json:"outcome"`
 		} `json:"outcome"`
+		Action string `json:"action"` // elicitation
 	}
-	return json.Unmarshal(m.Payload, &res) == nil && res.Outcome.Outcome == "cancelled"
+	return json.Unmarshal(m.Payload, &res) == nil && (res.Outcome.Outcome == "cancelled" || res.Action == "cancel" || res.Action == "decline")
+}
+
+// maxWithdrawn bounds the withdrawn ids a connection remembers.
+const maxWithdrawn = 64
+
+// withdrawAgentReq forgets an agent request the client was sent, now
+// withdrawn with $/cancel_request: the client may still answer it.
+func (c *Conn) withdrawAgentReq(id int64) {
+	c.mu.Lock()
+	delete(c.agentReqs, id)
+	if len(c.withdrawn) >= maxWithdrawn {
+		clear(c.withdrawn)
+	}
+	if c.withdrawn == nil {
+		c.withdrawn = map[int64]bool{}
+	}
+	c.withdrawn[id] = true
+	c.mu.Unlock()
+}
+
+// wasWithdrawn reports (once) whether id was withdrawn lately.
+func (c *Conn) wasWithdrawn(id int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.withdrawn[id]
+	delete(c.withdrawn, id)
+	return w
 }

@@ -16,7 +16,10 @@
 //     by the agent-side id), agent requests waiting for a client (inbound),
 //     and the process's sessions by the agent's own session ID, in a
 //     copy-on-write map the agent's reader reads without a lock.
-//   - Session: one ACP session, the one place that says who owns it. Its
+//   - Session: one ACP session, the one place that says who holds it: its
+//     owner (the plain client that created or loaded it) and its members
+//     (clients that attached, ACP RFD #533), who all get its messages in
+//     one order; see fanout.go and attach.go. Its
 //     owner (an atomic pointer the reader loads per message) changes only
 //     through its methods, under its own lock: a load by another connection
 //     (the newest load wins), a take-over of a detached connection's
@@ -45,9 +48,18 @@
 // Outer before inner; no lock is held while a lock earlier in a line is
 // taken:
 //
-//	Conn.handleMu → Conn.mu → Conn.out.mu → Session.mu
-//	                          Conn.out.mu → the Sink's own lock
+//	Conn.handleMu → Session.fan → Conn.mu → Conn.out.mu → Session.mu
+//	                                        Conn.out.mu → the Sink's own lock
 //	Relay.mu → pool.Pool.mu → pool.Process.mu
+//
+// Session.fan orders what a session's clients get (the agent's messages,
+// others' prompts, presence, an attach's result and backlog, a permission
+// request's copies and their withdrawal). It is taken by the agent's reader
+// and by a connection's handler (under its handleMu), never while a Conn or
+// Session lock is held, and nothing done under it waits for a handleMu, ends
+// a connection or a session, or takes another session's fan: a connection
+// that overflows meanwhile ends on a goroutine of its own (Relay.bg), and
+// an attach's replay, which may wait for its client, goes out without it.
 //
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's

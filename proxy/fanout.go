@@ -31,6 +31,26 @@ type member struct {
 	id       string // the clientId it gave, or one minted for it
 	info     clientInfo
 	readOnly bool
+	// While its attach replays the history (catching), what the session
+	// sends it waits in backlog. Guarded by the session's fan lock.
+	catching bool
+	backlog  []backlogged
+}
+
+// backlogged is a message for a member still catching up.
+type backlogged struct {
+	msg []byte
+	f   Facts
+}
+
+// send delivers msg to the member, or keeps it for after its replay (the
+// session's fan lock held).
+func (m *member) send(s *Session, msg []byte, f Facts) {
+	if m.catching {
+		m.backlog = append(m.backlog, backlogged{msg, f})
+		return
+	}
+	m.conn.deliverMember(msg, s, f, false)
 }
 
 // peer is a client as the others see it.
@@ -156,7 +176,7 @@ type sessionState struct {
 // noteResult records the configuration a session/new, load or resume
 // result carries.
 func (s *Session) noteResult(result []byte) {
-	if s.history == nil {
+	if !s.attachable {
 		return
 	}
 	var st sessionState
@@ -225,8 +245,8 @@ func (s *Session) memberOf(c *Conn) *member {
 }
 
 // shared reports whether the session's messages take the fan-out path:
-// it has members, or keeps a history for those that may attach.
-func (s *Session) shared() bool { return s.history != nil || s.members.Load() != nil }
+// clients may attach to it (its tenant's sharing), or some have.
+func (s *Session) shared() bool { return s.attachable || s.members.Load() != nil }
 
 // primary is the client an agent message about the session goes to first:
 // the owner, or with none the first member (for a request, the first that
@@ -256,12 +276,12 @@ func (s *Session) deliverAll(primary *Conn, msg []byte, f Facts, wait bool) {
 	defer s.fan.Unlock()
 	if s.history != nil {
 		s.history.add(msg)
-		s.noteUpdate(msg)
 	}
+	s.noteUpdate(msg)
 	ms := s.clientList()
 	for _, m := range ms {
 		if m.conn != primary {
-			m.conn.deliverFor(clone(msg), s, f, false)
+			m.send(s, clone(msg), f)
 		}
 	}
 	primary.deliverFor(msg, s, f, wait && len(ms) == 0)
@@ -283,7 +303,7 @@ func (s *Session) update(body []byte) []byte {
 func (s *Session) toMembersLocked(body []byte, skip *Conn) {
 	for _, m := range s.clientList() {
 		if m.conn != skip {
-			m.conn.deliverFor(s.update(body), s, Facts{Method: mSessionUpdate, SessionID: s.GatewayID}, false)
+			m.send(s, s.update(body), Facts{Method: mSessionUpdate, SessionID: s.GatewayID})
 		}
 	}
 }
@@ -323,31 +343,76 @@ type queuedTurn struct {
 func (s *Session) takeTurn(t queuedTurn) (now, full bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.prompt == nil || s.prompt.ended.Load() {
-		s.prompt = t.req
-		return true, false
-	}
-	if s.prompt.conn == t.req.conn {
-		return true, false
-	}
-	if len(s.queue) >= maxQueuedPrompts {
+	switch {
+	case s.running == 0 && len(s.queue) == 0: // nobody's turn: it is this client's
+		s.prompt, s.turnConn = t.req, t.req.conn
+	case s.running > 0 && s.turnConn == t.req.conn: // its own turn goes on
+	case len(s.queue) >= maxQueuedPrompts:
 		return false, true
+	default:
+		s.queue = append(s.queue, t)
+		return false, false
 	}
-	s.queue = append(s.queue, t)
-	return false, false
+	s.running++
+	t.req.turn = true
+	return true, false
 }
 
-// nextTurnLocked takes the next waiting prompt that is still wanted (s.mu
-// held); ok false: none.
-func (s *Session) nextTurnLocked() (t queuedTurn, ok bool) {
+// turnEndedLocked counts the end of r, a prompt of the turn, and returns
+// the prompt that waited for the turn to end, if any: its turn starts now
+// (s.mu held).
+func (s *Session) turnEndedLocked(r *outReq) (next queuedTurn, ok bool) {
+	if !r.turn {
+		return next, false // a prompt that waited and ended before its turn
+	}
+	r.turn = false
+	if s.running--; s.running > 0 {
+		return next, false
+	}
+	s.turnConn = nil
 	for len(s.queue) > 0 {
-		t, s.queue = s.queue[0], s.queue[1:]
+		next, s.queue = s.queue[0], s.queue[1:]
 		s.link.ag.metrics.root.PromptsQueued.Dec()
-		if !t.req.ended.Load() {
-			return t, true
+		if !next.req.ended.Load() && s.link.isPending(next.req) {
+			s.prompt, s.turnConn, s.running = next.req, next.req.conn, 1
+			next.req.turn = true
+			return next, true
 		}
 	}
-	return t, false
+	return next, false
+}
+
+// failQueued refuses the prompts waiting for a turn: c's (nil: all), with
+// why.
+func (s *Session) failQueued(c *Conn, why string) {
+	s.mu.Lock()
+	var failed []queuedTurn
+	kept := s.queue[:0]
+	for _, t := range s.queue {
+		if c == nil || t.req.conn == c {
+			failed = append(failed, t)
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	clear(s.queue[len(kept):])
+	s.queue = kept
+	s.mu.Unlock()
+	s.link.ag.metrics.root.PromptsQueued.Sub(float64(len(failed)))
+	for _, t := range failed {
+		if s.link.untrack(t.req) {
+			t.req.end()
+			t.req.conn.replyError(t.req.clientID, jsonrpc.CodeRequestCancelled, why, nil)
+		}
+	}
+}
+
+// isRunning reports whether r is a prompt of the turn in flight (not one
+// still waiting for it).
+func (s *Session) isRunning(r *outReq) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return r.turn
 }
 
 // announcePrompt shows a prompt that is about to go to the agent to the
@@ -428,7 +493,7 @@ func (s *Session) turnComplete(prompter *Conn, answer *jsonrpc.Message) {
 func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lost || s.Owner() == nil && s.members.Load() == nil {
+	if s.lost || s.ended {
 		return false, false
 	}
 	cur := s.clientList()
@@ -461,28 +526,23 @@ func (s *Session) removeMember(c *Conn) (m *member, orphaned bool) {
 	} else {
 		s.members.Store(&next)
 	}
-	return m, len(next) == 0 && s.owner.Load() == nil && !s.lost
-}
-
-// ownerLeaves ends c's ownership while members remain: the session lives
-// on for them. false: c is not the owner, or no member remains (the
-// session ends with its owner, as it always has).
-func (s *Session) ownerLeaves(c *Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.owner.Load() != c || s.members.Load() == nil || s.lost {
-		return false
+	orphaned = len(next) == 0 && s.owner.Load() == nil && !s.lost && !s.ended
+	if orphaned {
+		s.ended = true
+		slot := s.takeSlotLocked()
+		defer slot.Release()
 	}
-	s.owner.Store(nil)
-	return true
+	return m, orphaned
 }
 
-// dropMembers detaches every member (the session was closed) and returns
-// them.
-func (s *Session) dropMembers() []*member {
+// detachMembers detaches every member: the session was closed or replaced.
+func (s *Session) detachMembers() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	ms := s.clientList()
 	s.members.Store(nil)
-	return ms
+	s.mu.Unlock()
+	for _, m := range ms {
+		m.conn.detach(s)
+		m.conn.relay.metrics.AttachedClients.Dec()
+	}
 }

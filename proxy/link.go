@@ -87,14 +87,15 @@ func (l *procLink) putSessionLocked(sid string, s *Session) (replaced *Session) 
 
 // deleteSessionLocked publishes the session map without s, if s is still
 // the session of its ID (l.mu held).
-func (l *procLink) deleteSessionLocked(s *Session) {
+func (l *procLink) deleteSessionLocked(s *Session) bool {
 	cur := *l.sessions.Load()
 	if cur[s.AgentID] != s {
-		return
+		return false
 	}
 	next := maps.Clone(cur)
 	delete(next, s.AgentID)
 	l.sessions.Store(&next)
+	return true
 }
 
 // track registers a client request the process is about to receive and
@@ -120,6 +121,22 @@ func (l *procLink) untrack(r *outReq) bool {
 	}
 	delete(l.pending, r.agentID)
 	return true
+}
+
+// isPending reports whether r is still in flight (not answered, expired
+// or failed).
+func (l *procLink) isPending(r *outReq) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending[r.agentID] == r
+}
+
+// restart sets r's start to now: a prompt that waited for another client's
+// turn is timed from when it goes to the agent.
+func (l *procLink) restart(r *outReq) {
+	l.mu.Lock()
+	r.start = time.Now()
+	l.mu.Unlock()
 }
 
 // fireAndForget sends a request of the gateway's own whose answer nobody
@@ -239,7 +256,8 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 			continue // the gateway's own fire-and-forget request
 		}
 		l.p.Log().Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
-		if r.method == mSessionPrompt && r.sess != nil {
+		if r.method == mSessionPrompt && r.sess != nil && (!r.sess.shared() || r.sess.isRunning(r)) {
+			// Not for a prompt still waiting: the turn running is another's.
 			l.p.Notify(mSessionCancel, sessionIDObject(r.sess.AgentID))
 		}
 		r.end()

@@ -82,6 +82,7 @@ type outReq struct {
 	// its turn starts once the answer is out (startNext), not at end.
 	holdNext bool
 	next     *queuedTurn
+	turn     bool // a prompt counted in its session's turn (Session.running); under the session's lock
 }
 
 // end finishes a request that has been taken from its process's table:
@@ -97,7 +98,7 @@ func (r *outReq) end() {
 			if next, ok := r.sess.promptDone(r); ok && r.holdNext {
 				r.next = &next
 			} else if ok {
-				r.sess.startTurn(next)
+				r.conn.relay.bg.Go(func() { r.sess.startTurn(next) })
 			}
 		}
 		r.conn.relay.promptsChanged()
@@ -106,9 +107,9 @@ func (r *outReq) end() {
 
 // startNext starts the prompt that waited for r's turn (holdNext).
 func (r *outReq) startNext() {
-	if r.next != nil {
-		r.sess.startTurn(*r.next)
+	if next := r.next; next != nil { // not on the agent reader: its send may wait
 		r.next = nil
+		r.conn.relay.bg.Go(func() { r.sess.startTurn(*next) })
 	}
 }
 
@@ -217,6 +218,13 @@ func (in *inReq) copyTo(c *Conn) {
 	}
 	in.copies = append(in.copies, inCopy{c, id})
 	in.link.mu.Unlock()
+	if c.isClosed() { // Close may have missed the copy: it is c's to give up
+		if _, had, last := in.leave(c); had && last {
+			// Not here: the caller may hold the session's fan lock.
+			c.relay.bg.Go(func() { in.answerInPlace(c, "the client disconnected") })
+		}
+		return
+	}
 	if out := withID(msg, id); out != nil {
 		c.deliver(out)
 	}
@@ -277,8 +285,13 @@ func (in *inReq) answerInPlace(c *Conn, why string) {
 // $/cancel_request to each, and permission_resolved to the session's
 // members (answer is the client's result).
 func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
+	if s := in.sess; s != nil && s.shared() {
+		// A copy is sent under the fan lock: its withdrawal follows it.
+		s.fan.Lock()
+		defer s.fan.Unlock()
+	}
 	for _, cp := range in.conns(c) {
-		cp.conn.forgetAgentReq(cp.id)
+		cp.conn.withdrawAgentReq(cp.id)
 		cp.conn.deliver(cancelRequestMsg(cp.id))
 	}
 	if in.method != mRequestPerm {
@@ -298,15 +311,25 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 		label = "selected"
 	}
 	c.relay.metrics.PermissionResolutions.WithLabelValues(label).Inc()
-	in.resolved(c, outcome)
+	if body := in.resolution(c, outcome); body != nil {
+		in.sess.toMembersLocked(body, nil)
+	}
 }
 
 // resolved tells the session's members how the permission request was
 // settled, and by whom (nil: the gateway, in the clients' place).
 func (in *inReq) resolved(by *Conn, outcome []byte) {
+	if body := in.resolution(by, outcome); body != nil {
+		in.sess.toMembers(body, nil)
+	}
+}
+
+// resolution is the permission_resolved update of the request (nil: no
+// member to tell).
+func (in *inReq) resolution(by *Conn, outcome []byte) []byte {
 	s := in.sess
 	if s == nil || s.members.Load() == nil {
-		return
+		return nil
 	}
 	in.link.mu.Lock()
 	msg := in.msg
@@ -333,5 +356,5 @@ func (in *inReq) resolved(by *Conn, outcome []byte) {
 		Outcome       json.RawMessage `json:"outcome"`
 		ResolvedBy    *peer           `json:"resolvedBy,omitempty"`
 	}{"permission_resolved", req.Params.ToolCall.ToolCallID, outcome, resolvedBy})
-	s.toMembers(body, nil)
+	return body
 }

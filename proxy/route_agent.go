@@ -178,12 +178,12 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
 		// The client closed (or deleted) it: the session and its quota slot are free.
 		r.l.removeSession(req.sess)
-		req.sess.drop()
-		c.detach(req.sess)
-		for _, mem := range req.sess.dropMembers() { // closed for every client
-			mem.conn.detach(req.sess)
-			c.relay.metrics.AttachedClients.Dec()
+		if owner := req.sess.drop(); owner != nil && owner != c {
+			owner.detach(req.sess) // closed by a member: for every client
 		}
+		c.detach(req.sess)
+		req.sess.detachMembers()
+		req.sess.failQueued(nil, "the session was closed")
 		c.ten.event(c.ag.metrics, "closed")
 	}
 	return edits, created, true
@@ -372,9 +372,13 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 			copies, in.copies = in.copies, nil
 		}
 		l.mu.Unlock()
-		for _, cp := range copies { // the agent withdrew it: from every client
-			cp.conn.forgetAgentReq(cp.id)
-			cp.conn.deliver(cancelRequestMsg(cp.id))
+		if len(copies) > 0 { // the agent withdrew it: from every client, after their copy
+			in.sess.fan.Lock()
+			for _, cp := range copies {
+				cp.conn.withdrawAgentReq(cp.id)
+				cp.conn.deliver(cancelRequestMsg(cp.id))
+			}
+			in.sess.fan.Unlock()
 		}
 		if in == nil || rc.conn == nil {
 			return false // already answered
@@ -493,7 +497,7 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	if rc.sess != nil && (m.Method == mRequestPerm || m.Method == mElicitCreate) {
 		// Every other client of the session that may answer gets it too.
 		for _, mem := range rc.sess.clientList() {
-			if !mem.readOnly && mem.conn != conn {
+			if !mem.readOnly && !mem.catching && mem.conn != conn { // one catching up gets it after its replay
 				in.copyTo(mem.conn)
 			}
 		}

@@ -339,6 +339,7 @@ func (s *Session) startTurn(t queuedTurn) {
 	}
 	s.announcePrompt(c, t.blocks)
 	s.promptStart.Store(time.Now().UnixNano())
+	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if err := s.link.p.Send(ctx, t.line); err != nil && s.link.untrack(t.req) {

@@ -23,8 +23,9 @@ type Session struct {
 	link      *procLink // the process that serves it
 	ten       *tenant   // whose session quota it counts against
 
-	subject string   // the credential subject of the client that made it (Sharing)
-	history *history // what session/attach replays; nil: none kept. Guarded by fan.
+	subject    string   // the credential subject of the client that made it (Sharing)
+	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
+	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
 	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
 
@@ -41,8 +42,9 @@ type Session struct {
 	// has none (ended, replaced, lost). Written under mu only.
 	owner atomic.Pointer[Conn]
 
-	mu   sync.Mutex
-	lost bool // the agent process died
+	mu    sync.Mutex
+	lost  bool // the agent process died
+	ended bool // closed, replaced, or left by its last client: nobody may attach
 	// holders counts the connections that hold the session (the owner,
 	// and a lost session's last owner until it closes it). While it is
 	// above zero the session holds one of its tenant's session slots
@@ -61,8 +63,12 @@ type Session struct {
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
 	// queue: prompts of other clients waiting for the turn in flight
-	// (session/attach), oldest first.
-	queue []queuedTurn
+	// (session/attach), oldest first. running counts the prompts of the
+	// turn sent to the agent and not ended (a client may send a second
+	// during its own turn); turnConn is whose turn it is.
+	queue    []queuedTurn
+	running  int
+	turnConn *Conn
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result.
 	state sessionState
@@ -74,7 +80,8 @@ func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *S
 	gwID := c.relay.sealer.Seal(c.scope, agentSID)
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
 		slot: slot, inbound: map[*inReq]struct{}{}, subject: c.subject}
-	if n := c.relay.historyBytes(); n > 0 && c.ten.sharing().Attach != SharingOff {
+	s.attachable = c.ten.sharing().Attach != SharingOff
+	if n := c.relay.historyBytes(); n > 0 && s.attachable {
 		s.history = &history{limit: n}
 	}
 	s.owner.Store(c)
@@ -84,26 +91,33 @@ func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *S
 // Owner is the connection the session's messages go to (nil: none).
 func (s *Session) Owner() *Conn { return s.owner.Load() }
 
-// disown ends c's ownership; false if c did not own it (or it was lost).
-// The session's slot is given back.
-func (s *Session) disown(c *Conn) bool {
+// ownerLeave ends c's ownership, in one decision: while members remain the
+// session lives on for them (kept); else it has ended, and its slot is
+// given back. owned false: c did not own it (or it was lost).
+func (s *Session) ownerLeave(c *Conn) (owned, kept bool) {
 	s.mu.Lock()
-	owned := s.owner.Load() == c && !s.lost
-	var slot *pool.Lease
-	if owned {
-		s.owner.Store(nil)
-		slot = s.takeSlotLocked()
+	if s.owner.Load() != c || s.lost {
+		s.mu.Unlock()
+		return false, false
 	}
+	s.owner.Store(nil)
+	if s.members.Load() != nil {
+		s.mu.Unlock()
+		return true, true
+	}
+	s.ended = true
+	slot := s.takeSlotLocked()
 	s.mu.Unlock()
 	slot.Release()
-	return owned
+	return true, false
 }
 
-// drop ends the session whoever owns it (a failed load, a newer load of the
-// same session) and returns the owner it had.
+// drop ends the session whoever holds it (a failed load, a newer load of
+// the same session, session/close) and returns the owner it had.
 func (s *Session) drop() *Conn {
 	s.mu.Lock()
 	owner := s.owner.Swap(nil)
+	s.ended = true
 	slot := s.takeSlotLocked()
 	s.mu.Unlock()
 	slot.Release()
@@ -252,14 +266,10 @@ func (s *Session) promptStarted(r *outReq) {
 func (s *Session) promptDone(r *outReq) (next queuedTurn, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.prompt != r {
-		return next, false
+	if s.prompt == r {
+		s.prompt = nil
 	}
-	s.prompt = nil
-	if next, ok = s.nextTurnLocked(); ok {
-		s.prompt = next.req
-	}
-	return next, ok
+	return s.turnEndedLocked(r)
 }
 
 // addSession registers a session the agent now serves for c; cwd is its
@@ -276,16 +286,42 @@ func (l *procLink) addSession(c *Conn, agentSID, cwd string, slot *pool.Lease) *
 		if prev := old.drop(); prev != nil && prev != c {
 			prev.detach(old)
 		}
+		old.detachMembers() // they watched the session this load replaces
+		old.failQueued(nil, "the session was loaded again by another client")
+		old.retire()
 	}
 	return s
 }
 
-// removeSession forgets s (closed, failed to load, or ended).
-func (l *procLink) removeSession(s *Session) {
+// removeSession forgets s (closed, failed to load, or ended) and reports
+// whether it was still the process's session of its ID (not replaced by a
+// newer load of the same agent session, which the agent must keep).
+func (l *procLink) removeSession(s *Session) bool {
 	l.mu.Lock()
-	l.deleteSessionLocked(s)
+	current := l.deleteSessionLocked(s)
 	l.mu.Unlock()
 	s.retire()
+	return current
+}
+
+// finishSession ends s on the agent once no client holds it: a turn still
+// running is cancelled, prompts waiting for one are refused, and the
+// session is closed where the agent supports session/close. Nothing is
+// sent for a session a newer load has replaced.
+func (l *procLink) finishSession(s *Session, prompting bool) {
+	running := prompting || s.promptRunning()
+	current := l.removeSession(s)
+	s.failQueued(nil, "the session has ended")
+	if !current {
+		return
+	}
+	params := sessionIDObject(s.AgentID)
+	if running {
+		l.p.Notify(mSessionCancel, params)
+	}
+	if l.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
+		l.fireAndForget(mSessionClose, params)
+	}
 }
 
 // truncate shortens s to n bytes for a log line, marking the cut.
