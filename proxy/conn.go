@@ -807,7 +807,6 @@ func (c *Conn) Close() {
 	}
 }
 
-
 // String describes the connection for logs.
 func (c *Conn) String() string { return fmt.Sprintf("conn %s", c.id) }
 
