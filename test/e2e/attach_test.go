@@ -972,3 +972,116 @@ func TestAttachOverHTTP(t *testing.T) {
 		t.Fatalf("the HTTP client's live updates: resolved %v, text %q", resolved, agentText(live))
 	}
 }
+
+// TestAttachLeavingDoesNotSettle: a client that answers its copy of a
+// permission request with an error, or leaves, settles nothing for the
+// others; a client attaching while the request is pending gets it
+// re-issued with an id of its own, and may be the one to answer.
+func TestAttachLeavingDoesNotSettle(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	owner := dialInit(t, g)
+	sid := owner.newSession(t.TempDir())
+	a, b := dialInit(t, g), dialInit(t, g)
+	mustAttach(t, a, sid, "phone", false)
+	mustAttach(t, b, sid, "screen", false)
+
+	pid := owner.Request("session/prompt", textPrompt(sid, "permission please"))
+	ownerMsgs := readUntil(t, owner, "the permission request", turn, isMethod("session/request_permission"))
+	aMsgs := readUntil(t, a, "phone's permission request", turn, isMethod("session/request_permission"))
+	readUntil(t, b, "screen's permission request", turn, isMethod("session/request_permission"))
+	// phone refuses to answer (an error: a page that cannot show it);
+	// screen goes away.
+	a.Send(map[string]any{"jsonrpc": "2.0", "id": aMsgs[len(aMsgs)-1].ID, "error": map[string]any{"code": -32603, "message": "cannot show it"}})
+	b.Close()
+	readUntil(t, a, "client_disconnected", turn, isUpdate("client_disconnected"))
+
+	late := dialInit(t, g)
+	replay, res := mustAttach(t, late, sid, "late", false)
+	if res.Meta.Acpgate.Turn != "running" {
+		t.Fatalf("attach while the permission is pending: turn %q", res.Meta.Acpgate.Turn)
+	}
+	var sawCall bool
+	for _, m := range replay {
+		sawCall = sawCall || attUpd(m).Update.Kind == "tool_call"
+	}
+	if !sawCall {
+		t.Fatal("the replay has no tool_call the permission request is about")
+	}
+	reissued := late.Next(turn)
+	if reissued.Method != "session/request_permission" || reissued.Param("sessionId") != sid {
+		t.Fatalf("after the attach result: %s, want the pending permission request", reissued.Raw)
+	}
+	late.Respond(reissued.ID, allow)
+
+	more := readUntil(t, owner, "the prompt's answer", turn, responseTo(pid))
+	ownerMsgs = append(ownerMsgs, more...)
+	if r := stopReason(t, more[len(more)-1]); r != "end_turn" || !strings.Contains(agentText(ownerMsgs), "Permission granted (allow)") {
+		t.Fatalf("the owner's turn: %q %q", r, agentText(ownerMsgs))
+	}
+	var withdrawn int
+	for _, m := range ownerMsgs {
+		if m.Method == "$/cancel_request" {
+			withdrawn++
+		}
+	}
+	if withdrawn != 1 {
+		t.Fatalf("the owner's copy was withdrawn %d times, want once (when late answered)", withdrawn)
+	}
+	msgs := readUntil(t, a, "turn_complete", turn, isUpdate("turn_complete"))
+	for _, m := range msgs {
+		if u := attUpd(m).Update; u.Kind == "permission_resolved" {
+			if u.ResolvedBy == nil || u.ResolvedBy.ClientID != "late-1" {
+				t.Fatalf("phone's permission_resolved: %s, want resolved by late", m.Raw)
+			}
+			return
+		}
+	}
+	t.Fatal("phone got no permission_resolved")
+}
+
+// TestAttachQueuedPrompt: a prompt of an attached client while the owner's
+// turn runs waits for it; the owner sees it only once it goes to the agent.
+func TestAttachQueuedPrompt(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	owner := dialInit(t, g)
+	sid := owner.newSession(t.TempDir())
+	a := dialInit(t, g)
+	mustAttach(t, a, sid, "phone", false)
+
+	pid := owner.Request("session/prompt", textPrompt(sid, "slow please"))
+	readUntil(t, a, "tick 2", turn, func(m rpcMsg) bool { n, ok := tickOf(m); return ok && n >= 2 })
+	qid := a.Request("session/prompt", textPrompt(sid, "my turn next"))
+	readUntil(t, a, "more ticks", turn, func(m rpcMsg) bool {
+		if m.IsResponseTo(qid) {
+			t.Fatalf("the queued prompt was answered while the owner's turn ran: %s", m.Raw)
+		}
+		n, ok := tickOf(m)
+		return ok && n >= 8
+	})
+	if v, _ := g.metrics(t)["acpgate_prompts_queued"]; v != 1 {
+		t.Errorf("acpgate_prompts_queued = %v while one waits, want 1", v)
+	}
+	owner.Notify("session/cancel", map[string]string{"sessionId": sid})
+	ownerMsgs := readUntil(t, owner, "the owner's answer", turn, responseTo(pid))
+	if r := stopReason(t, ownerMsgs[len(ownerMsgs)-1]); r != "cancelled" {
+		t.Fatalf("the owner's stopReason %q", r)
+	}
+	for _, m := range ownerMsgs {
+		if u := attUpd(m); u.Update.Kind == "user_message_chunk" {
+			t.Fatalf("the owner saw the queued prompt before its own turn ended: %s", m.Raw)
+		}
+	}
+	var aMsgs []rpcMsg
+	res := a.Await(qid, turn, func(m rpcMsg) { aMsgs = append(aMsgs, m) })
+	if r := stopReason(t, res); r != "end_turn" || !strings.HasSuffix(agentText(aMsgs), "You said: my turn next") {
+		t.Fatalf("the queued prompt: %q %q", r, agentText(aMsgs))
+	}
+	more := readUntil(t, owner, "the queued prompt's turn", turn, isUpdate("session_info_update"))
+	if u := attUpd(more[0]); u.Update.Kind != "user_message_chunk" || u.text() != "my turn next" {
+		t.Fatalf("the owner saw first %s, want the queued prompt", more[0].Raw)
+	}
+	if got := agentText(more); got != "You said: my turn next" {
+		t.Fatalf("the owner saw %q", got)
+	}
+	plainOnly(t, "the owner", sid, append(ownerMsgs, more...))
+}
