@@ -385,6 +385,23 @@ func isUpdate(kind string) func(peerMsg) bool {
 	}
 }
 
+// dropAttachCapability removes agentCapabilities.sessionCapabilities.attach,
+// which the gateway adds to the agent's initialize result, and says whether
+// it was there as {}.
+func dropAttachCapability(result map[string]any) bool {
+	caps, _ := result["agentCapabilities"].(map[string]any)
+	sc, _ := caps["sessionCapabilities"].(map[string]any)
+	a, ok := sc["attach"].(map[string]any)
+	if !ok || len(a) != 0 {
+		return false
+	}
+	delete(sc, "attach")
+	if len(sc) == 0 {
+		delete(caps, "sessionCapabilities")
+	}
+	return true
+}
+
 // cancelledID is the requestId of $/cancel_request params, as JSON text.
 func cancelledID(params json.RawMessage) string {
 	var p struct {
