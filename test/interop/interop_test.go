@@ -822,6 +822,10 @@ func compareWithGateway(t *testing.T, agentArgv []string, linger time.Duration) 
 	} else {
 		t.Errorf("the gateway's initialize result has no _meta.acpgate.resumeToken: %s", gInit.raw)
 	}
+	// It also offers session/attach (README, "Several clients on one session").
+	if !dropAttachCapability(gInit.Result) {
+		t.Errorf("the gateway's initialize result lacks agentCapabilities.sessionCapabilities.attach: %s", gInit.raw)
+	}
 	if !reflect.DeepEqual(dInit.Result, gInit.Result) {
 		t.Errorf("initialize results differ:\ndirectly:            %s\nthrough the gateway: %s", mustJSON(dInit.Result), mustJSON(gInit.Result))
 	} else {

@@ -1155,9 +1155,14 @@ func TestHTTPWireMatchesReference(t *testing.T) {
 
 	// initialize: a v4 UUID connection id on both (checked by the
 	// scenario), and the same answer (an HTTP connection has no resume
-	// token: its streams replay by Last-Event-ID instead).
+	// token: its streams replay by Last-Event-ID instead), but for the
+	// gateway's offer of session/attach (README, "Several clients on one
+	// session").
 	for n := 1; n <= 3; n++ {
 		rb, gb := rs.initBody[n], gs.initBody[n]
+		if res, _ := gb["result"].(map[string]any); gb != nil && !dropAttachCapability(res) {
+			t.Errorf("initialize (%d): the gateway's answer lacks agentCapabilities.sessionCapabilities.attach: %s", n, mustJSON(gb))
+		}
 		if rb != nil && gb != nil && mustJSON(rb) != mustJSON(gb) {
 			t.Errorf("initialize (%d): the answers differ\n  reference: %s\n  gateway:   %s", n, mustJSON(rb), mustJSON(gb))
 		}
