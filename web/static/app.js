@@ -1014,6 +1014,7 @@ async function attachSession(id, { readOnly = false, reason = "Attached to the s
   if (app.session && app.session.id !== id) leaveShared();
   app.session = { id, cwd: "", title: "", attached: true, readOnly };
   transcript.readOnly = readOnly;
+  transcript.member = true;
   transcript.clear();
   setTitle("");
   els.sessionMeta.textContent = "shared session";
@@ -1069,6 +1070,7 @@ function leaveShared(acp = app.acp) {
   }
   endRemoteTurn();
   transcript.readOnly = false;
+  transcript.member = false;
   app.selfId = "";
   app.presence.clear();
   renderPresence();
