@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -30,11 +30,14 @@
 // attach  several pages on one session (session/attach): a share link,
 //         presence, a permission card answered in one page collapses in
 //         the others, a read-only page cannot send, cancel or answer
+// affinity a gateway with sessions.affinity_cookie: the share link carries
+//         the balancer's cookie, and a page opening it sets it first
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
 //   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
 //   ACPGATE_FALLBACK_URL     the gateway behind a proxy refusing upgrades (agents scenario)
+//   ACPGATE_AFFINITY         NAME=VALUE of the affinity cookie (affinity scenario)
 //   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
 //
 // The script asks the harness to act (stop, kill or start the gateway; cut,
@@ -49,7 +52,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1260,6 +1263,69 @@ async function twoPagesAttach() {
   });
 }
 
+// The share link carries the balancer's affinity cookie (issue #22 item 8).
+// The gateway (sessions.affinity_cookie: ACPGATE_AFFINITY) gives the cookie
+// its connection's opening request carried back in the initialize result;
+// page A's requests carry it (set on its browser context), so its share
+// link has it. A page in a fresh browser context (no cookies) opening the
+// link sets it before it connects: its upgrade carries it, so the gateway
+// gives it back to that page too. A link whose cookie is not plain tokens
+// sets nothing.
+async function affinityScenario() {
+  const cookie = process.env.ACPGATE_AFFINITY || "ACPGATE_AFFINITY=replica-2";
+  const [name, value] = [cookie.slice(0, cookie.indexOf("=")), cookie.slice(cookie.indexOf("=") + 1)];
+  const initMeta = async (p) => JSON.parse(await p.locator("#agent-info details.raw pre").textContent())?._meta?.acpgate ?? {};
+  const freshPage = async (url) => {
+    const ctx = await browser.newContext({ viewport: { width: 1280, height: 720 }, reducedMotion: "reduce" });
+    const p = await ctx.newPage();
+    p.setDefaultTimeout(15000);
+    p.on("pageerror", (err) => problems.push(`page error (fresh context): ${err.message}`));
+    await p.goto(url);
+    await p.waitForSelector('#conn-state[data-state="connected"]');
+    return { ctx, p };
+  };
+  let link = "";
+
+  await run("affinity: page A's connection carries the cookie, its share link too", async () => {
+    await context.addCookies([{ name, value, url: baseUrl }]);
+    await page.goto(baseUrl);
+    await waitState("connected");
+    check((await initMeta(page)).affinity === cookie, `A's initialize result: _meta.acpgate ${JSON.stringify(await initMeta(page))}`);
+    await send("hello before sharing");
+    await page.locator("#share-btn").click();
+    link = await page.locator("#share-link").inputValue();
+    const f = new URLSearchParams(new URL(link).hash.slice(1));
+    check(f.get("attach") && f.get("affinity") === cookie, `the share link does not carry the affinity cookie: ${link}`);
+  });
+
+  await run("affinity: a fresh browser opening the link sends the cookie", async () => {
+    const { ctx, p } = await freshPage(link);
+    await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+    check((await initMeta(p)).affinity === cookie, `B's initialize result: _meta.acpgate ${JSON.stringify(await initMeta(p))}`);
+    const set = (await ctx.cookies(baseUrl)).filter((c) => c.name === name);
+    check(set.length === 1 && set[0].value === value && set[0].path === "/" && set[0].sameSite === "Lax", `B's cookies: ${JSON.stringify(set)}`);
+    // B's own share link carries the cookie on.
+    await p.locator("#share-btn").click();
+    check(new URLSearchParams(new URL(await p.locator("#share-link").inputValue()).hash.slice(1)).get("affinity") === cookie, "B's share link lost the cookie");
+    await ctx.close();
+  });
+
+  await run("affinity: a link with a cookie that is not plain tokens sets none", async () => {
+    for (const bad of [`${name}=x; Domain=example.com`, `${name}=a b`, `no-value`, `bad name=1`, `${name}=${"v".repeat(257)}`]) {
+      const u = new URL(link);
+      const f = new URLSearchParams(u.hash.slice(1));
+      f.set("affinity", bad);
+      u.hash = f.toString();
+      const { ctx, p } = await freshPage(u.href);
+      await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+      const cookies = await ctx.cookies();
+      check(cookies.length === 0, `the link's affinity ${JSON.stringify(bad)} set cookies: ${JSON.stringify(cookies)}`);
+      check(!(await initMeta(p)).affinity, "the gateway saw an affinity cookie");
+      await ctx.close();
+    }
+  });
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
@@ -1270,6 +1336,7 @@ try {
   else if (scenario === "fallback") await fallbackScenario();
   else if (scenario === "agents") await agentsScenario();
   else if (scenario === "attach") await twoPagesAttach();
+  else if (scenario === "affinity") await affinityScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);
