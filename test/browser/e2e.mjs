@@ -1269,8 +1269,9 @@ async function twoPagesAttach() {
 // page A's requests carry it (set on its browser context), so its share
 // link has it. A page in a fresh browser context (no cookies) opening the
 // link sets it before it connects: its upgrade carries it, so the gateway
-// gives it back to that page too. A link whose cookie is not plain tokens
-// sets nothing.
+// gives it back to that page too; so does a page already connected without
+// it when the link is opened in its tab. A link whose cookie is not plain
+// tokens sets nothing.
 async function affinityScenario() {
   const cookie = process.env.ACPGATE_AFFINITY || "ACPGATE_AFFINITY=replica-2";
   const [name, value] = [cookie.slice(0, cookie.indexOf("=")), cookie.slice(cookie.indexOf("=") + 1)];
@@ -1307,6 +1308,15 @@ async function affinityScenario() {
     // B's own share link carries the cookie on.
     await p.locator("#share-btn").click();
     check(new URLSearchParams(new URL(await p.locator("#share-link").inputValue()).hash.slice(1)).get("affinity") === cookie, "B's share link lost the cookie");
+    await ctx.close();
+  });
+
+  await run("affinity: a link opened in a tab connected without the cookie connects anew with it", async () => {
+    const { ctx, p } = await freshPage(baseUrl);
+    check(!(await initMeta(p)).affinity, "a fresh page's connection carried an affinity cookie");
+    await p.evaluate((h) => (location.hash = h), new URL(link).hash);
+    await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+    check((await initMeta(p)).affinity === cookie, `after the link: _meta.acpgate ${JSON.stringify(await initMeta(p))}`);
     await ctx.close();
   });
 
