@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -27,11 +27,17 @@
 //         /v1/agents answering 404 (an older gateway) means /acp and no
 //         picker; then through a proxy that refuses WebSockets: the
 //         fallback to Streamable HTTP goes to the picked agent too
+// attach  several pages on one session (session/attach): a share link,
+//         presence, a permission card answered in one page collapses in
+//         the others, a read-only page cannot send, cancel or answer
+// affinity a gateway with sessions.affinity_cookie: the share link carries
+//         the balancer's cookie, and a page opening it sets it first
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
 //   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
 //   ACPGATE_FALLBACK_URL     the gateway behind a proxy refusing upgrades (agents scenario)
+//   ACPGATE_AFFINITY         NAME=VALUE of the affinity cookie (affinity scenario)
 //   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
 //
 // The script asks the harness to act (stop, kill or start the gateway; cut,
@@ -46,7 +52,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1075,13 +1081,17 @@ async function agentsScenario() {
   await harness(`prompts demo=${sent.demo} second=${sent.second}`);
 }
 
-// Two (three) pages on one session, through acpgate's session/attach (issue
-// #22). NOT CALLED YET: it needs the gateway side of attach; once that lands,
-// give it a scenario name below and a Go test (the built-in demo agent, no
-// authentication, as TestBrowserClient). Page A starts a session and
-// copies its share link; page B opens it (attached, the history replayed);
-// A's agent asks permission, B answers, and A's card collapses; a page C
-// opened with the read-only link cannot send, cancel or answer.
+// Several pages on one session, through acpgate's session/attach (issue
+// #22; TestBrowserAttach: the built-in demo agent, no authentication). Page
+// A starts a session and copies its share link; A is the session's plain
+// owner and gets only ACP v1 ($/cancel_request, user_message_chunk). Page B
+// opens the link (attached, the history replayed); A's agent asks
+// permission, B answers, and A's card collapses; a page C opened with the
+// read-only link cannot send, cancel or answer. Then: presence; B cancels
+// A's turn while its card is open (A's card is not "answered elsewhere");
+// a page D joining while a request is pending is asked too; B reloaded
+// while one is pending is asked again and answers; B disconnects and the
+// others see it leave, and A's session goes on.
 async function twoPagesAttach() {
   const pageOn = async (url) => {
     const p = await context.newPage();
@@ -1163,11 +1173,158 @@ async function twoPagesAttach() {
     await B.waitForFunction(() => [...document.querySelectorAll("#transcript .permission")].some((p) => p.innerText.includes("llowed by")));
   });
 
-  await run("attach: B leaves, A's session goes on", async () => {
+  // Who each page lists (presence): the attached pages are told of each
+  // other; A, the plain owner, gets only ACP v1 and lists itself.
+  const presence = (p) => p.locator("#presence li").count();
+  const waitPresence = (p, n) => p.waitForFunction((k) => document.querySelectorAll("#presence li").length === k, n);
+  const openCard = (p) => p.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]');
+  let D;
+
+  await run("attach: presence", async () => {
+    await waitPresence(B, 3); // A, B, C
+    await waitPresence(C, 3);
+    check(await presence(page) === 1, `A lists ${await presence(page)} clients`);
+  });
+
+  await run("attach: B cancels A's turn while its permission is pending", async () => {
+    const before = await turnEnds();
+    const cardsA = await page.locator("#transcript .permission").count();
+    await send("permission", { wait: false });
+    await openCard(page).waitFor();
+    await openCard(B).waitFor();
+    await B.locator("#cancel-btn").click();
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "cancelled", "A's turn did not end cancelled");
+    const cardA = await page.locator("#transcript .permission").nth(cardsA).innerText();
+    check(!/answered elsewhere/i.test(cardA) && /cancel/i.test(cardA), `A's card after B cancelled: ${JSON.stringify(cardA)}`);
+    const cardB0 = await B.locator("#transcript .permission").last().innerText();
+    check(/You cancelled the turn/.test(cardB0), `B's card does not say B cancelled: ${JSON.stringify(cardB0)}`);
+    await B.waitForFunction(() => document.querySelector("#cancel-btn").hidden);
+    await C.waitForFunction(() => document.querySelector("#cancel-btn").hidden);
+    const cardB = await B.locator("#transcript .permission").last().innerText();
+    check(!/answered elsewhere|allowed by/i.test(cardB), `B's card: ${JSON.stringify(cardB)}`);
+  });
+
+  await run("attach: a page D that joins while a permission is pending is asked too", async () => {
+    const before = await turnEnds();
+    await send("permission", { wait: false });
+    await openCard(page).waitFor();
+    await openCard(B).waitFor();
+    D = await pageOn(link);
+    await transcriptHas(D, "Attached to the shared session");
+    await waitPresence(B, 4);
+    await openCard(D).click();
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check(/answered elsewhere/i.test(await page.locator("#transcript .permission").last().innerText()), "A's card did not collapse");
+    await B.waitForFunction(() => /llowed by/.test(document.querySelector("#transcript .permission:last-of-type")?.innerText ?? ""));
+    check(await openCard(B).count() === 0 && await openCard(page).count() === 0, "a card is still open");
+    await B.screenshot({ path: join(outDir, "12-attached.png") });
+  });
+
+  await run("attach: B reloads while a permission is pending, and answers it", async () => {
+    const before = await turnEnds();
+    await send("permission", { wait: false });
+    await openCard(page).waitFor();
+    await openCard(B).waitFor();
+    await B.reload();
+    await B.waitForSelector('#conn-state[data-state="connected"]');
+    await transcriptHas(B, "Attached to the shared session");
+    await openCard(B).click();
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    check((await page.locator("#transcript .turn-end").last().getAttribute("data-stop-reason")) === "end_turn", "A's turn did not end normally");
+    await D.waitForFunction(() => /llowed by/.test(document.querySelector("#transcript .permission:last-of-type")?.innerText ?? ""));
+    await waitPresence(C, 4);
+    await waitPresence(B, 4);
+    const users = (await B.locator("#transcript .msg.user").allInnerTexts()).filter((t) => t.trim() === "hello before sharing").length;
+    check(users === 1, `B's replay after the reload shows A's first prompt ${users} times`);
+  });
+
+  // Disconnect closes cleanly (1000): the others are told at once. (A
+  // closed tab's socket is kept for a resume: it counts until the
+  // gateway's detach_timeout.)
+  await run("attach: B disconnects and leaves, A's session goes on", async () => {
+    await B.locator("#disconnect-btn").click();
+    await B.waitForSelector('#conn-state[data-state="disconnected"]');
+    await waitPresence(C, 3);
+    await waitPresence(D, 3);
     await B.close();
+    await D.close();
     await C.close();
     await send("still here after B left");
     check((await lastAgentText()).includes("You said: still here after B left"), "A's session ended with B");
+  });
+}
+
+// The share link carries the balancer's affinity cookie (issue #22 item 8).
+// The gateway (sessions.affinity_cookie: ACPGATE_AFFINITY) gives the cookie
+// its connection's opening request carried back in the initialize result;
+// page A's requests carry it (set on its browser context), so its share
+// link has it. A page in a fresh browser context (no cookies) opening the
+// link sets it before it connects: its upgrade carries it, so the gateway
+// gives it back to that page too; so does a page already connected without
+// it when the link is opened in its tab. A link whose cookie is not plain
+// tokens sets nothing.
+async function affinityScenario() {
+  const cookie = process.env.ACPGATE_AFFINITY || "ACPGATE_AFFINITY=replica-2";
+  const [name, value] = [cookie.slice(0, cookie.indexOf("=")), cookie.slice(cookie.indexOf("=") + 1)];
+  const initMeta = async (p) => JSON.parse(await p.locator("#agent-info details.raw pre").textContent())?._meta?.acpgate ?? {};
+  const freshPage = async (url) => {
+    const ctx = await browser.newContext({ viewport: { width: 1280, height: 720 }, reducedMotion: "reduce" });
+    const p = await ctx.newPage();
+    p.setDefaultTimeout(15000);
+    p.on("pageerror", (err) => problems.push(`page error (fresh context): ${err.message}`));
+    await p.goto(url);
+    await p.waitForSelector('#conn-state[data-state="connected"]');
+    return { ctx, p };
+  };
+  let link = "";
+
+  await run("affinity: page A's connection carries the cookie, its share link too", async () => {
+    await context.addCookies([{ name, value, url: baseUrl }]);
+    await page.goto(baseUrl);
+    await waitState("connected");
+    check((await initMeta(page)).affinity === cookie, `A's initialize result: _meta.acpgate ${JSON.stringify(await initMeta(page))}`);
+    await send("hello before sharing");
+    await page.locator("#share-btn").click();
+    link = await page.locator("#share-link").inputValue();
+    const f = new URLSearchParams(new URL(link).hash.slice(1));
+    check(f.get("attach") && f.get("affinity") === cookie, `the share link does not carry the affinity cookie: ${link}`);
+  });
+
+  await run("affinity: a fresh browser opening the link sends the cookie", async () => {
+    const { ctx, p } = await freshPage(link);
+    await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+    check((await initMeta(p)).affinity === cookie, `B's initialize result: _meta.acpgate ${JSON.stringify(await initMeta(p))}`);
+    const set = (await ctx.cookies(baseUrl)).filter((c) => c.name === name);
+    check(set.length === 1 && set[0].value === value && set[0].path === "/" && set[0].sameSite === "Lax", `B's cookies: ${JSON.stringify(set)}`);
+    // B's own share link carries the cookie on.
+    await p.locator("#share-btn").click();
+    check(new URLSearchParams(new URL(await p.locator("#share-link").inputValue()).hash.slice(1)).get("affinity") === cookie, "B's share link lost the cookie");
+    await ctx.close();
+  });
+
+  await run("affinity: a link opened in a tab connected without the cookie connects anew with it", async () => {
+    const { ctx, p } = await freshPage(baseUrl);
+    check(!(await initMeta(p)).affinity, "a fresh page's connection carried an affinity cookie");
+    await p.evaluate((h) => (location.hash = h), new URL(link).hash);
+    await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+    check((await initMeta(p)).affinity === cookie, `after the link: _meta.acpgate ${JSON.stringify(await initMeta(p))}`);
+    await ctx.close();
+  });
+
+  await run("affinity: a link with a cookie that is not plain tokens sets none", async () => {
+    for (const bad of [`${name}=x; Domain=example.com`, `${name}=a b`, `no-value`, `bad name=1`, `${name}=${"v".repeat(257)}`]) {
+      const u = new URL(link);
+      const f = new URLSearchParams(u.hash.slice(1));
+      f.set("affinity", bad);
+      u.hash = f.toString();
+      const { ctx, p } = await freshPage(u.href);
+      await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+      const cookies = await ctx.cookies();
+      check(cookies.length === 0, `the link's affinity ${JSON.stringify(bad)} set cookies: ${JSON.stringify(cookies)}`);
+      check(!(await initMeta(p)).affinity, "the gateway saw an affinity cookie");
+      await ctx.close();
+    }
   });
 }
 
@@ -1180,6 +1337,8 @@ try {
   else if (scenario === "http") await httpScenario();
   else if (scenario === "fallback") await fallbackScenario();
   else if (scenario === "agents") await agentsScenario();
+  else if (scenario === "attach") await twoPagesAttach();
+  else if (scenario === "affinity") await affinityScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);

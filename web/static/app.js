@@ -33,10 +33,14 @@
 //
 // Sharing (acpgate's session/attach, when the initialize result has
 // agentCapabilities.sessionCapabilities.attach): "Share" offers a link to
-// the open session, #attach=<sessionId>[&agent=<name>][&ro=1], the session
-// in the address's fragment so that it never reaches a server's log. A
-// page opened with such a link attaches to the session instead of starting
-// one (the history replayed as for a load), read-only with ro=1. The page
+// the open session, #attach=<sessionId>[&agent=<name>][&ro=1][&affinity=…],
+// the session in the address's fragment so that it never reaches a
+// server's log. A page opened with such a link attaches to the session
+// instead of starting one (the history replayed as for a load), read-only
+// with ro=1. affinity is the balancer's affinity cookie (NAME=VALUE) the
+// gateway saw on the sharing page's connection: the page opening the link
+// sets it before it connects, so that it reaches the replica the session is
+// live on (acpgate's sessions.affinity_cookie). The page
 // shows the session's clients (presence), prompts other clients send (as
 // "<name>: …"), their turns running, and permission cards answered
 // elsewhere collapsed to one line.
@@ -56,14 +60,32 @@ const FORCED_TRANSPORT = ["http", "websocket"].find((t) => t === new URLSearchPa
 // The agent the page's address asks for (?agent=<name>), if any.
 const QUERY_AGENT = new URLSearchParams(location.search).get("agent") || "";
 
-// A share link's fragment: #attach=<sessionId>[&agent=<name>][&ro=1], or null.
+// A share link's fragment:
+// #attach=<sessionId>[&agent=<name>][&ro=1][&affinity=<NAME=VALUE>], or null.
 function shareTarget(hash = location.hash) {
   const f = new URLSearchParams(hash.replace(/^#/, ""));
   const sessionId = f.get("attach");
   if (!sessionId) return null;
-  return { sessionId, agent: f.get("agent") || "", readOnly: f.get("ro") === "1" };
+  return { sessionId, agent: f.get("agent") || "", readOnly: f.get("ro") === "1", affinity: affinityCookie(f.get("affinity")) };
 }
+
+// "NAME=VALUE" of the balancer's affinity cookie (the gateway names it in
+// its initialize result, _meta.acpgate.affinity, when the connection's
+// opening request carried it), or "" unless both are plain cookie tokens
+// (the value may have | + / =, as ingress-nginx's and AWS ALB's do).
+function affinityCookie(s) {
+  const m = /^([A-Za-z0-9_.-]{1,64})=([A-Za-z0-9_.:~|+/=-]{1,256})$/.exec(typeof s === "string" ? s : "");
+  return m ? m[0] : "";
+}
+
+// A share link's affinity cookie, set before the page connects: the
+// balancer then routes the connection to the replica the session is live on.
+function setAffinity(cookie) {
+  if (cookie) document.cookie = `${cookie}; path=/; SameSite=Lax${location.protocol === "https:" ? "; Secure" : ""}`;
+}
+
 const SHARED = shareTarget();
+setAffinity(SHARED?.affinity);
 
 const $ = (id) => document.getElementById(id);
 const PROMPT_HINT = "Enter sends · Shift+Enter new line · Esc cancels";
@@ -1014,6 +1036,7 @@ async function attachSession(id, { readOnly = false, reason = "Attached to the s
   if (app.session && app.session.id !== id) leaveShared();
   app.session = { id, cwd: "", title: "", attached: true, readOnly };
   transcript.readOnly = readOnly;
+  transcript.member = true;
   transcript.clear();
   setTitle("");
   els.sessionMeta.textContent = "shared session";
@@ -1069,6 +1092,7 @@ function leaveShared(acp = app.acp) {
   }
   endRemoteTurn();
   transcript.readOnly = false;
+  transcript.member = false;
   app.selfId = "";
   app.presence.clear();
   renderPresence();
@@ -1180,6 +1204,8 @@ function shareLink() {
   const f = new URLSearchParams({ attach: app.session?.id ?? "" });
   if (app.agent) f.set("agent", app.agent);
   if (els.shareRo.checked) f.set("ro", "1");
+  const affinity = connAffinity();
+  if (affinity) f.set("affinity", affinity);
   const u = new URL(location.pathname, location.href);
   u.hash = f.toString();
   return u.href;
@@ -1209,15 +1235,24 @@ async function copyShareLink() {
   }
 }
 
+// The affinity cookie the connection's opening request carried (what
+// routes a share link's page to this replica), or "".
+function connAffinity() {
+  return affinityCookie(app.acp?.init?._meta?.acpgate?.affinity);
+}
+
 // A share link opened in this tab: leave the open session for its session.
 function onHashChange() {
   const t = shareTarget();
   if (!t || t.sessionId === app.session?.id) return;
   app.attachTarget = t;
+  setAffinity(t.affinity);
   if (t.agent && t.agent !== app.agent && app.agents?.some((a) => a.name === t.agent)) {
     app.pickedAgent = t.agent;
     renderAgentPicker();
     switchAgent(); // connects to that agent, then attaches
+  } else if (t.affinity && app.conn && t.affinity !== connAffinity()) {
+    switchAgent(); // the same agent, connected anew: the balancer routes by the cookie now
   } else if (app.acp && app.state === "connected" && !app.running && !app.loading) {
     attachShared();
   }

@@ -36,7 +36,8 @@ export class Transcript {
     this.announce = announce;
     this.onUsage = onUsage;
     this.readOnly = false; // a read-only attach: permission requests are shown, not answered
-    this.shared = false; // the gateway shares sessions: a withdrawn request was answered elsewhere
+    this.shared = false; // the gateway shares sessions: a withdrawn request may have been answered elsewhere
+    this.member = false; // the page attached to the session: a request answered elsewhere comes with permission_resolved
     this.clear();
   }
 
@@ -50,6 +51,7 @@ export class Transcript {
     this.live = false; // a prompt of ours is running
     this.remote = false; // a turn another client of the session started is running
     this.echo = null; // {text, pos}: a prompt shown from prompt_received, whose user_message_chunk copy is dropped
+    this.elsewhere = []; // cards of this turn withdrawn as "answered elsewhere" (a plain client of a shared session)
   }
 
   get isEmpty() {
@@ -114,6 +116,7 @@ export class Transcript {
   beginTurn({ remote = false } = {}) {
     if (remote) this.remote = true;
     else this.live = true;
+    this.elsewhere = [];
     this.el.setAttribute("aria-busy", "true");
   }
 
@@ -132,6 +135,10 @@ export class Transcript {
     this.echo = null;
     this.el.setAttribute("aria-busy", "false");
     for (const p of this.permissions) p.cancel("The turn ended.");
+    // A withdrawn card of a turn that ended cancelled was not answered
+    // elsewhere: the agent withdrew it (another client cancelled the turn).
+    if (stopReason === "cancelled") for (const e of this.elsewhere) e.collapse("Withdrawn: the turn was cancelled.");
+    this.elsewhere = [];
     const labels = {
       end_turn: "Done",
       cancelled: "Cancelled",
@@ -370,9 +377,16 @@ export class Transcript {
       entry.cancel = (why) => finish({ outcome: "cancelled" }, `Cancelled. ${why ?? ""}`.trim());
       this.permissions.add(entry);
       if (toolCallId) this.cards.set(toolCallId, entry);
+      // A withdrawal ($/cancel_request) is the agent's (after a
+      // session/cancel), or acpgate's when another client of a shared
+      // session answered first. A page that attached is told which
+      // (permission_resolved follows; permissionResolved relabels the
+      // card). A plain client is not: "answered elsewhere", unless the turn
+      // then ends cancelled (endTurn).
       signal?.addEventListener("abort", () => {
-        if (signal.reason?.withdrawn && this.shared) {
+        if (signal.reason?.withdrawn && this.shared && !this.member) {
           entry.collapse("Answered elsewhere");
+          this.elsewhere.push(entry);
           this.announce(`Permission for ${title} answered elsewhere`);
         } else {
           entry.cancel("The agent withdrew the request.");
@@ -413,6 +427,9 @@ export class Transcript {
     const by = u.resolvedBy;
     if (by?.clientId && by.clientId === selfId) return;
     const entry = this.cards.get(toolCallId);
+    // Cancelled (by the gateway, in the clients' place) when this card was
+    // already settled here (this page cancelled the turn): nothing new.
+    if (entry && u.outcome?.outcome !== "selected" && !this.permissions.has(entry)) return;
     const option = entry?.options.find((o) => o?.optionId === u.outcome?.optionId);
     let text = resolvedText(u.outcome, option, by);
     if (entry?.mine) text += " (your answer came second)";
