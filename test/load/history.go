@@ -24,7 +24,7 @@ import (
 // memory would otherwise be mixed in) gets S connections, each with a
 // session (`load history-clients`, a process of its own). Its memory is
 // read; then every session streams more than the largest history_bytes
-// (300 B chunks) and its memory is read again. (after - before) / S is
+// (300 B chunks, or -history-chunk-bytes) and its memory is read again. (after - before) / S is
 // what a session that streamed costs; the same with history_bytes 0 is the
 // baseline, and the difference is the history's share. Each is run twice:
 // against the binary (RSS, and go_memstats_heap_inuse_bytes from its
@@ -274,7 +274,7 @@ func (r *historyResult) problems() []string {
 }
 
 func (h *harness) runHistory() (*historyResult, error) {
-	size := h.c.SmallSize
+	size := h.c.HistorySize
 	// More than the largest history, with a margin.
 	largest := 0
 	for _, hb := range h.c.HistoryLimits {

@@ -116,6 +116,7 @@ type counts struct {
 	// history: sessions, and the sessions.history_bytes measured.
 	HistorySessions int   `json:"history_sessions"`
 	HistoryLimits   []int `json:"history_bytes"`
+	HistorySize     int   `json:"history_chunk_bytes"`
 }
 
 func fullCounts() counts {
@@ -128,7 +129,7 @@ func fullCounts() counts {
 		IdleConns: 10_000,
 		SetupWarm: 200, SetupCold: 20, SetupDirect: 200, SetupMixed: 1000,
 		FanoutSmallChunks: 100_000, FanoutLargeChunks: 10_000, FanoutKs: []int{0, 1, 2, 4, 8}, FanoutReps: 3,
-		HistorySessions: 200, HistoryLimits: []int{0, 256 << 10, 2 << 20},
+		HistorySessions: 200, HistoryLimits: []int{0, 256 << 10, 2 << 20}, HistorySize: 300,
 	}
 }
 
@@ -142,7 +143,7 @@ func quickCounts() counts {
 		IdleConns: 1000,
 		SetupWarm: 20, SetupCold: 2, SetupDirect: 20, SetupMixed: 30,
 		FanoutSmallChunks: 2_000, FanoutLargeChunks: 200, FanoutKs: []int{0, 1, 2, 4, 8}, FanoutReps: 1,
-		HistorySessions: 10, HistoryLimits: []int{0, 256 << 10, 2 << 20},
+		HistorySessions: 10, HistoryLimits: []int{0, 256 << 10, 2 << 20}, HistorySize: 300,
 	}
 }
 
@@ -226,6 +227,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	reps := fs.Int("reps", 0, "stream, fanin and fanout: repetitions per path (default 5, 3 and 3, 1 with -quick)")
 	fanoutKs := fs.String("fanout-attached", "", "fanout: the numbers of attached clients, comma-separated, 0 first (default 0,1,2,4,8; at most 8)")
 	historySessions := fs.Int("history-sessions", 0, "history: sessions per gateway (default 200, 10 with -quick)")
+	historySize := fs.Int("history-chunk-bytes", 0, "history: bytes per chunk streamed into each session (default 300)")
 	rate := fs.Int("rate", 0, "fanin: the fixed total rate, round trips/s (default 2000, 1000 with -quick)")
 	p99Target := fs.Duration("p99-target", 0, "fanin: the p99 a rate search step must stay under (default 5ms)")
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
@@ -271,6 +273,9 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if *historySessions > 0 {
 		c.HistorySessions = min(*historySessions, 10_000)
+	}
+	if *historySize > 0 {
+		c.HistorySize = min(max(*historySize, 200), 1<<20)
 	}
 	want := map[string]bool{}
 	for s := range strings.SplitSeq(*scenario, ",") {
