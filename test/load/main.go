@@ -32,7 +32,7 @@
 //
 // It prints a table and writes the figures, the machine and the exact
 // command line to a JSON file. -quick uses small counts (well under a
-// minute for all four) so that CI can run it as a smoke test.
+// minute for all of them) so that CI can run it as a smoke test.
 //
 // The same binary is also the synthetic agent (`load agent`), the client
 // processes the scenarios start (`load stream-client`, `load
