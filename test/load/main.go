@@ -5,6 +5,7 @@
 //	go run ./test/load -scenario stream|fanin|idle|setup|all [-quick] [-out results.json]
 //	go run ./test/load -scenario setup -setup-paths mixed [-quick] [-out results.json]
 //	go run ./test/load -scenario stream,fanin -transport both [-quick] [-out results.json]
+//	go run ./test/load -scenario fanout,history [-quick] [-out results.json]
 //
 //	stream  one client, one session, a long agent_message_chunk stream
 //	        (300 B and 20 KB messages): gateway vs websocketd vs direct stdio
@@ -16,6 +17,13 @@
 //	        1,000 clients one after another with mixed fs capabilities
 //	        through a 2-process pool, with the gateway's spawn count.
 //	        -setup-paths warm,cold,direct,mixed runs only those paths
+//	fanout  one session, its owner streaming one turn (300 B and 20 KB
+//	        messages) with k = 0, 1, 2, 4, 8 clients attached to it
+//	        (session/attach), every client reading everything: each
+//	        client's rate against the owner alone, in one run (fanout.go)
+//	history the memory per live session of sessions.history_bytes (0,
+//	        256 KiB, 2 MiB): many sessions, each streamed more than the
+//	        history keeps (history.go)
 //
 // -transport http (or both) runs the gateway paths of stream and fanin over
 // Streamable HTTP as well as, or instead of, a WebSocket: each client
@@ -24,7 +32,7 @@
 //
 // It prints a table and writes the figures, the machine and the exact
 // command line to a JSON file. -quick uses small counts (well under a
-// minute for all four) so that CI can run it as a smoke test.
+// minute for all of them) so that CI can run it as a smoke test.
 //
 // The same binary is also the synthetic agent (`load agent`), the client
 // processes the scenarios start (`load stream-client`, `load
@@ -42,6 +50,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -54,6 +63,10 @@ func main() {
 			os.Exit(runAgent(os.Stdin, os.Stdout))
 		case "stream-client":
 			os.Exit(streamClientMain(os.Args[2:]))
+		case "fanout-client":
+			os.Exit(fanoutClientMain(os.Args[2:]))
+		case "history-clients":
+			os.Exit(historyClientsMain(os.Args[2:]))
 		case "idle-clients":
 			os.Exit(idleClientsMain(os.Args[2:]))
 		case "analyze":
@@ -62,6 +75,10 @@ func main() {
 	}
 	os.Exit(harnessMain(os.Args[1:], os.Stdout, os.Stderr))
 }
+
+// scenarioNames are the scenarios, in the order they run; "all" is every
+// one of them.
+var scenarioNames = []string{"stream", "fanin", "idle", "setup", "fanout", "history"}
 
 // counts are the sizes of a run: full or -quick.
 type counts struct {
@@ -89,6 +106,17 @@ type counts struct {
 	SetupCold   int `json:"setup_cold_samples"`
 	SetupDirect int `json:"setup_direct_samples"`
 	SetupMixed  int `json:"setup_mixed_samples"`
+
+	// fanout: the chunks of the owner's turn (of SmallSize and LargeSize
+	// bytes), the numbers of attached clients, the repetitions.
+	FanoutSmallChunks int   `json:"fanout_small_chunks"`
+	FanoutLargeChunks int   `json:"fanout_large_chunks"`
+	FanoutKs          []int `json:"fanout_attached"`
+	FanoutReps        int   `json:"fanout_reps"`
+	// history: sessions, and the sessions.history_bytes measured.
+	HistorySessions int   `json:"history_sessions"`
+	HistoryLimits   []int `json:"history_bytes"`
+	HistorySize     int   `json:"history_chunk_bytes"`
 }
 
 func fullCounts() counts {
@@ -100,6 +128,8 @@ func fullCounts() counts {
 		FaninStepDur: 4 * time.Second, FaninRefine: 3, FaninP99Target: 5 * time.Millisecond,
 		IdleConns: 10_000,
 		SetupWarm: 200, SetupCold: 20, SetupDirect: 200, SetupMixed: 1000,
+		FanoutSmallChunks: 100_000, FanoutLargeChunks: 10_000, FanoutKs: []int{0, 1, 2, 4, 8}, FanoutReps: 3,
+		HistorySessions: 200, HistoryLimits: []int{0, 256 << 10, 2 << 20}, HistorySize: 300,
 	}
 }
 
@@ -112,6 +142,8 @@ func quickCounts() counts {
 		FaninStepDur: time.Second, FaninRefine: 0, FaninP99Target: 5 * time.Millisecond,
 		IdleConns: 1000,
 		SetupWarm: 20, SetupCold: 2, SetupDirect: 20, SetupMixed: 30,
+		FanoutSmallChunks: 2_000, FanoutLargeChunks: 200, FanoutKs: []int{0, 1, 2, 4, 8}, FanoutReps: 1,
+		HistorySessions: 10, HistoryLimits: []int{0, 256 << 10, 2 << 20}, HistorySize: 300,
 	}
 }
 
@@ -141,17 +173,19 @@ type harness struct {
 
 // results is the JSON file.
 type results struct {
-	Command string        `json:"command"`
-	Argv    []string      `json:"argv"`
-	Started time.Time     `json:"started"`
-	Seconds float64       `json:"seconds"`
-	Quick   bool          `json:"quick"`
-	Machine machineInfo   `json:"machine"`
-	Counts  counts        `json:"counts"`
-	Stream  *streamResult `json:"stream,omitempty"`
-	Fanin   *faninResult  `json:"fanin,omitempty"`
-	Idle    *idleResult   `json:"idle,omitempty"`
-	Setup   *setupResult  `json:"setup,omitempty"`
+	Command string         `json:"command"`
+	Argv    []string       `json:"argv"`
+	Started time.Time      `json:"started"`
+	Seconds float64        `json:"seconds"`
+	Quick   bool           `json:"quick"`
+	Machine machineInfo    `json:"machine"`
+	Counts  counts         `json:"counts"`
+	Stream  *streamResult  `json:"stream,omitempty"`
+	Fanin   *faninResult   `json:"fanin,omitempty"`
+	Idle    *idleResult    `json:"idle,omitempty"`
+	Setup   *setupResult   `json:"setup,omitempty"`
+	Fanout  *fanoutResult  `json:"fanout,omitempty"`
+	History *historyResult `json:"history,omitempty"`
 	// Background is the CPU that processes other than the harness and its
 	// children used during each scenario: figures taken on a busy machine
 	// are not comparable.
@@ -181,7 +215,7 @@ func httpURL(wsURL string) string {
 func harnessMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	scenario := fs.String("scenario", "all", "stream, fanin, idle, setup or all (comma-separated list allowed)")
+	scenario := fs.String("scenario", "all", "stream, fanin, idle, setup, fanout, history or all (comma-separated list allowed)")
 	quick := fs.Bool("quick", false, "small counts: a smoke test that finishes in well under a minute")
 	out := fs.String("out", "", "where to write the results (JSON; default: a new file in the temp directory)")
 	gatewayBin := fs.String("gateway-bin", "", "acpgate binary to measure (default: build ./cmd/acpgate); "+
@@ -190,7 +224,10 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	profile := fs.Bool("profile", true, "write profiles next to -out: the CPU of an in-process gateway streaming, the heap of the idle one")
 	timeout := fs.Duration("timeout", 0, "stop everything after this long (default 30m, 3m with -quick)")
 	idleConns := fs.Int("idle-conns", 0, "idle: connections (default 10000, 1000 with -quick)")
-	reps := fs.Int("reps", 0, "stream and fanin: repetitions per path (default 5 and 3, 1 with -quick)")
+	reps := fs.Int("reps", 0, "stream, fanin and fanout: repetitions per path (default 5, 3 and 3, 1 with -quick)")
+	fanoutKs := fs.String("fanout-attached", "", "fanout: the numbers of attached clients, comma-separated, 0 first (default 0,1,2,4,8; at most 8)")
+	historySessions := fs.Int("history-sessions", 0, "history: sessions per gateway (default 200, 10 with -quick)")
+	historySize := fs.Int("history-chunk-bytes", 0, "history: bytes per chunk streamed into each session (default 300)")
 	rate := fs.Int("rate", 0, "fanin: the fixed total rate, round trips/s (default 2000, 1000 with -quick)")
 	p99Target := fs.Duration("p99-target", 0, "fanin: the p99 a rate search step must stay under (default 5ms)")
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
@@ -215,7 +252,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 		c.IdleConns = min(*idleConns, 100_000)
 	}
 	if *reps > 0 {
-		c.StreamReps, c.FaninReps = min(*reps, 100), min(*reps, 100)
+		c.StreamReps, c.FaninReps, c.FanoutReps = min(*reps, 100), min(*reps, 100), min(*reps, 100)
 	}
 	if *rate > 0 {
 		c.FaninRate = min(*rate, 1_000_000)
@@ -223,17 +260,34 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	if *p99Target > 0 {
 		c.FaninP99Target = min(*p99Target, time.Minute)
 	}
+	if *fanoutKs != "" {
+		c.FanoutKs = nil
+		for f := range strings.SplitSeq(*fanoutKs, ",") {
+			k, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || k < 0 || k > fanoutMaxClients-1 || slices.Contains(c.FanoutKs, k) {
+				fmt.Fprintf(stderr, "load: -fanout-attached: %q is not a new number from 0 to %d\n", f, fanoutMaxClients-1)
+				return 2
+			}
+			c.FanoutKs = append(c.FanoutKs, k)
+		}
+	}
+	if *historySessions > 0 {
+		c.HistorySessions = min(*historySessions, 10_000)
+	}
+	if *historySize > 0 {
+		c.HistorySize = min(max(*historySize, 200), 1<<20)
+	}
 	want := map[string]bool{}
 	for s := range strings.SplitSeq(*scenario, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "all":
-			for _, n := range []string{"stream", "fanin", "idle", "setup"} {
+			for _, n := range scenarioNames {
 				want[n] = true
 			}
-		case "stream", "fanin", "idle", "setup":
+		case "stream", "fanin", "idle", "setup", "fanout", "history":
 			want[s] = true
 		default:
-			fmt.Fprintf(stderr, "load: unknown scenario %q (stream, fanin, idle, setup, all)\n", s)
+			fmt.Fprintf(stderr, "load: unknown scenario %q (%s, all)\n", s, strings.Join(scenarioNames, ", "))
 			return 2
 		}
 	}
@@ -351,12 +405,16 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	run("fanin", func() (err error) { res.Fanin, err = h.runFanin(); return })
 	run("idle", func() (err error) { res.Idle, err = h.runIdle(); return })
 	run("setup", func() (err error) { res.Setup, err = h.runSetup(); return })
+	run("fanout", func() (err error) { res.Fanout, err = h.runFanout(); return })
+	run("history", func() (err error) { res.History, err = h.runHistory(); return })
 	res.Seconds = time.Since(start).Seconds()
 	// Each result's own sanity checks (nil-safe: a scenario not run has none).
 	res.Errors = append(res.Errors, res.Stream.problems()...)
 	res.Errors = append(res.Errors, res.Fanin.problems()...)
 	res.Errors = append(res.Errors, res.Idle.problems()...)
 	res.Errors = append(res.Errors, res.Setup.problems()...)
+	res.Errors = append(res.Errors, res.Fanout.problems()...)
+	res.Errors = append(res.Errors, res.History.problems()...)
 
 	printTables(stdout, res)
 	if *out != "" {
@@ -408,9 +466,15 @@ func printTables(w io.Writer, res *results) {
 	if res.Setup != nil {
 		res.Setup.print(w)
 	}
+	if res.Fanout != nil {
+		res.Fanout.print(w)
+	}
+	if res.History != nil {
+		res.History.print(w)
+	}
 	if len(res.Background) > 0 {
 		fmt.Fprintf(w, "\nbackground load (CPU used by processes other than the harness and its children, in cores):")
-		for _, name := range []string{"stream", "fanin", "idle", "setup"} {
+		for _, name := range scenarioNames {
 			if b, ok := res.Background[name]; ok {
 				fmt.Fprintf(w, " %s %.2f cores (irq %.2f, steal %.2f);", name, b.ForeignCores, b.IRQCores, b.StealCores)
 			}

@@ -350,6 +350,11 @@ type gwConfig struct {
 	queueMsgs, queueBytes      int
 	noRateLimit                bool // limits.messages_per_second: 0 (capacity runs)
 	noResume                   bool // sessions.detach_timeout: 0 (no replay buffer)
+	// sessions.history_bytes and sessions.max_clients (issue #22); unset
+	// (false, 0) leaves the gateway's defaults.
+	historySet   bool
+	historyBytes int
+	maxClients   int
 }
 
 // gatewayYAML is the configuration file the gateway runs with: the load
@@ -378,8 +383,18 @@ limits:
 	if o.noRateLimit && !h.noRateKey {
 		b.WriteString("  messages_per_second: 0\n")
 	}
+	var sessions []string
 	if o.noResume {
-		b.WriteString("sessions: {detach_timeout: 0s}\n")
+		sessions = append(sessions, "detach_timeout: 0s")
+	}
+	if o.historySet {
+		sessions = append(sessions, fmt.Sprintf("history_bytes: %d", o.historyBytes))
+	}
+	if o.maxClients > 0 {
+		sessions = append(sessions, fmt.Sprintf("max_clients: %d", o.maxClients))
+	}
+	if len(sessions) > 0 {
+		b.WriteString("sessions: {" + strings.Join(sessions, ", ") + "}\n")
 	}
 	b.WriteString("log: {level: warn}\n")
 	if !h.noPolicyKey {
