@@ -322,6 +322,21 @@ func (s *Session) promptRunning() bool {
 	return s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()
 }
 
+// readOnlyWrite refuses m if it names a session c is a read-only member
+// of: every method but session/detach, before the policy looks at it, so
+// that each gets the one documented error.
+func (c *Conn) readOnlyWrite(m *jsonrpc.Message) bool {
+	f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
+	if !ok {
+		return false
+	}
+	gwID, _ := m.String(f)
+	c.mu.Lock()
+	s := c.sessions[gwID]
+	c.mu.Unlock()
+	return s != nil && c.readOnlyRefused(m, s)
+}
+
 // readOnlyRefused refuses m, a message of a read-only member about s; false
 // if c may send it.
 func (c *Conn) readOnlyRefused(m *jsonrpc.Message, s *Session) bool {

@@ -41,7 +41,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.handleDetach(m)
 		return
 	}
-	if !c.checkPolicy(m) {
+	if c.readOnlyWrite(m) || !c.checkPolicy(m) {
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
@@ -102,9 +102,6 @@ func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.F
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
 	live := sess != nil && !sess.isLost()
-	if sess != nil && c.readOnlyRefused(m, sess) {
-		return nil, "", errAnswered
-	}
 	switch {
 	case attachesSession(m.Method):
 		return c.routeAttach(ctx, m, gwID, sess, live)

@@ -2,12 +2,7 @@
 
 package browser
 
-import (
-	"path/filepath"
-	"testing"
-
-	"github.com/acpgate/acpgate/test/internal/harness"
-)
+import "testing"
 
 // TestBrowserShareAffinity: a gateway behind a balancer that routes by a
 // cookie (sessions.affinity_cookie, issue #22 item 8). The first page's
@@ -17,18 +12,11 @@ import (
 // connects: its upgrade carries it, so the gateway echoes it to that page
 // too, and the page attaches.
 func TestBrowserShareAffinity(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\nsessions:\n  affinity_cookie: ACPGATE_AFFINITY\n", 0o644)
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
-
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	r := newRig(t)
+	gw := r.start(t, writeConfig(t, r.dir, "sessions:\n  affinity_cookie: ACPGATE_AFFINITY\n"), "")
 	defer gw.stop()
 	const cookie = "ACPGATE_AFFINITY=replica-2.pool:7~a|b+c/d="
-	runScript(t, node, "http://"+gw.Addr+"/", "affinity", []string{"ACPGATE_AFFINITY=" + cookie}, nil, log)
+	r.runScript(t, "http://"+gw.Addr+"/", "affinity", []string{"ACPGATE_AFFINITY=" + cookie}, nil)
 	gw.stop()
-	saveLog(t, "affinity-gateway.log", log)
+	r.saveLog(t, "affinity-gateway.log")
 }

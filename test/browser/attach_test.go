@@ -2,12 +2,7 @@
 
 package browser
 
-import (
-	"path/filepath"
-	"testing"
-
-	"github.com/acpgate/acpgate/test/internal/harness"
-)
+import "testing"
 
 // TestBrowserAttach: several pages on one session (issue #22), the built-in
 // demo agent without authentication (every client is the same subject, so
@@ -18,17 +13,10 @@ import (
 // answer, and sees the card settled by A; B and C leave and A's session
 // goes on.
 func TestBrowserAttach(t *testing.T) {
-	node := requirePrereqs(t)
-	bin := binary(t)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "acpgate.yaml")
-	harness.WriteFile(t, config, "listen: 127.0.0.1:0\nshutdown_grace: 2s\n", 0o644)
-	env := []string{"ACPGATE_DEMO_STATE_DIR=" + filepath.Join(dir, "state")}
-
-	log := &harness.SyncBuffer{}
-	gw := startGateway(t, bin, config, env, log, "")
+	r := newRig(t)
+	gw := r.start(t, writeConfig(t, r.dir, ""), "")
 	defer gw.stop()
-	runScript(t, node, "http://"+gw.Addr+"/", "attach", nil, nil, log)
+	r.runScript(t, "http://"+gw.Addr+"/", "attach", nil, nil)
 	gw.stop()
-	saveLog(t, "attach-gateway.log", log)
+	r.saveLog(t, "attach-gateway.log")
 }
