@@ -870,3 +870,16 @@ func (c *Conn) wasWithdrawn(id int64) bool {
 	delete(c.withdrawn, id)
 	return w
 }
+
+// addAgentReq gives in an id of c's and registers it; false once c has
+// closed.
+func (c *Conn) addAgentReq(in *inReq) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, false
+	}
+	c.nextID++
+	c.agentReqs[c.nextID] = in
+	return c.nextID, true
+}

@@ -201,15 +201,10 @@ func (in *inReq) copyTo(c *Conn) {
 	if msg == nil || in.answered.Load() {
 		return
 	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	id, ok := c.addAgentReq(in)
+	if !ok {
 		return
 	}
-	c.nextID++
-	id := c.nextID
-	c.agentReqs[id] = in
-	c.mu.Unlock()
 	in.link.mu.Lock()
 	if in.answered.Load() { // answered meanwhile: withdrawn before it is sent
 		in.link.mu.Unlock()

@@ -193,15 +193,10 @@ func (c *Conn) adopt(in *inReq) {
 	if msg == nil {
 		return
 	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	id, ok := c.addAgentReq(in)
+	if !ok {
 		return
 	}
-	c.nextID++
-	id := c.nextID
-	c.agentReqs[id] = in
-	c.mu.Unlock()
 	in.link.mu.Lock()
 	in.conn, in.connID = c, id
 	in.link.mu.Unlock()
