@@ -263,8 +263,9 @@ func (r *historyResult) problems() []string {
 		switch {
 		case x.HistoryBytes == 0 && x.Replayed != 0:
 			out = append(out, fmt.Sprintf("%s: %d messages replayed without a history", where, x.Replayed))
-		case x.HistoryBytes > 0 && (int64(x.HistoryBytes) > x.ReplayedBytes+int64(r.ChunkBytes)*2 || !x.Trimmed):
-			out = append(out, fmt.Sprintf("%s: replayed %d bytes (trimmed %v), want about %d", where, x.ReplayedBytes, x.Trimmed, x.HistoryBytes))
+		case x.HistoryBytes > 0 && (x.ReplayedBytes < int64(x.HistoryBytes)/2-int64(r.ChunkBytes) || x.ReplayedBytes > int64(x.HistoryBytes) || !x.Trimmed):
+			// The history keeps the newest half to whole of history_bytes.
+			out = append(out, fmt.Sprintf("%s: replayed %d bytes (trimmed %v), want %d to %d", where, x.ReplayedBytes, x.Trimmed, x.HistoryBytes/2, x.HistoryBytes))
 		}
 		if x.Replayed != x.ResultReplayed {
 			out = append(out, fmt.Sprintf("%s: %d messages replayed, the result says %d", where, x.Replayed, x.ResultReplayed))
