@@ -106,7 +106,6 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 		return
 	}
 	c.log.Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
-	s.presence("client_connected", mem.peer(), c)
 }
 
 // info is a peer's name and version.
@@ -195,6 +194,9 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 	}
 	s.fan.Lock()
 	defer s.fan.Unlock()
+	if add { // the others know of c before c can act
+		s.toMembersLocked(presenceBody("client_connected", mem.peer()), c)
+	}
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
 	for _, b := range mem.backlog {
 		c.deliverMember(b.msg, s, b.f, false)

@@ -617,6 +617,8 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 		c.log.Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
 		return
 	}
+	// The other clients hear it was settled before the agent goes on.
+	in.withdraw(c, m)
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.ag.metrics.message(dirClientToAgent, in.method, len(out))
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
@@ -624,7 +626,6 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
 		c.log.Debug("answer for an exited agent dropped", "err", err)
 	}
-	in.withdraw(c, m)
 }
 
 // errConnClosed: the connection has ended; nothing more is taken for it.

@@ -320,12 +320,17 @@ func (s *Session) toMembers(body []byte, skip *Conn) {
 
 // presence tells the members that a client connected or left.
 func (s *Session) presence(event string, who peer, skip *Conn) {
+	s.toMembers(presenceBody(event, who), skip)
+}
+
+// presenceBody is a client_connected or client_disconnected update.
+func presenceBody(event string, who peer) []byte {
 	body, _ := json.Marshal(struct {
 		SessionUpdate string `json:"sessionUpdate"`
 		Client        peer   `json:"client"`
 		Timestamp     string `json:"timestamp"`
 	}{event, who, time.Now().UTC().Format(time.RFC3339Nano)})
-	s.toMembers(body, skip)
+	return body
 }
 
 // queuedTurn is a prompt waiting for another client's turn: tracked with

@@ -12,7 +12,7 @@ import (
 // -quick mode against the real binary: every client of a session, the
 // owner and up to 8 attached ones, gets every chunk in order; every k has
 // its ratio against the owner alone; with a history every session keeps
-// about history_bytes (an attach replays it) and without one nothing. Like
+// half to all of history_bytes (an attach replays it) and without one nothing. Like
 // TestQuick, it asserts no performance figure. It takes about 10 s.
 func TestQuickFanout(t *testing.T) {
 	if testing.Short() {
@@ -95,7 +95,8 @@ func checkHistory(t *testing.T, r *historyResult, c counts) {
 			t.Errorf("history %s, %d B: streamed %d, replayed %d (result %d)", x.Gateway, x.HistoryBytes, x.StreamedBytes, x.Replayed, x.ResultReplayed)
 		}
 		if x.HistoryBytes == 0 && x.Replayed != 0 ||
-			x.HistoryBytes > 0 && (x.ReplayedBytes < int64(x.HistoryBytes)-1024 || x.ReplayedBytes > int64(x.HistoryBytes)+64<<10 || !x.Trimmed) {
+			x.HistoryBytes > 0 && (x.ReplayedBytes < int64(x.HistoryBytes)/2-1024 || x.ReplayedBytes > int64(x.HistoryBytes) || !x.Trimmed) {
+			// The history keeps the newest half to whole of history_bytes.
 			t.Errorf("history %s, %d B: replayed %d bytes, trimmed %v", x.Gateway, x.HistoryBytes, x.ReplayedBytes, x.Trimmed)
 		}
 	}
