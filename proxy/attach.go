@@ -82,7 +82,9 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 	if mem := s.memberOf(c); mem != nil {
 		// Attached already (a page reloaded on a resumed connection): the
 		// replay and result again, nothing added.
-		c.joinSession(m, s, mem, p.HistoryPolicy, false)
+		if !c.joinSession(m, s, mem, p.HistoryPolicy, false) {
+			c.detach(s)
+		}
 		return
 	}
 	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
@@ -194,6 +196,24 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 	}
 	s.fan.Lock()
 	defer s.fan.Unlock()
+	if mem.overrun { // the session outran the replay: what c missed is gone
+		for _, b := range mem.backlog {
+			jsonrpc.PutBuffer(b.msg)
+		}
+		mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
+		c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+		c.replyError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
+		if !add {
+			c.relay.metrics.AttachedClients.Dec() // counted when it first attached
+		}
+		if _, orphaned := s.removeMember(c); orphaned { // ended off the fan lock
+			c.relay.bg.Go(func() {
+				s.ten.event(s.link.ag.metrics, "closed")
+				s.link.finishSession(s, false)
+			})
+		}
+		return false // the caller lets go of s
+	}
 	if add { // the others know of c before c can act
 		s.toMembersLocked(presenceBody("client_connected", mem.peer()), c)
 	}
@@ -201,7 +221,7 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 	for _, b := range mem.backlog {
 		c.deliverMember(b.msg, s, b.f, false)
 	}
-	mem.backlog, mem.catching = nil, false
+	mem.backlog, mem.backlogB, mem.catching = nil, 0, false
 	if !mem.readOnly {
 		for _, in := range s.requests() {
 			if (in.method == mRequestPerm || in.method == mElicitCreate) && !in.sentTo(c) {

@@ -304,3 +304,16 @@ func TestSessionStateFollowsUpdates(t *testing.T) {
 		t.Errorf("configOptions = %s, want the update's", s.state.ConfigOptions)
 	}
 }
+
+// What waits for a member still replaying its history is bounded: past
+// maxBacklog it is dropped and the attach fails rather than grow.
+func TestAttachBacklogIsBounded(t *testing.T) {
+	m := &member{catching: true}
+	msg := make([]byte, 64<<10)
+	for range 2 * maxBacklog / len(msg) {
+		m.send(nil, clone(msg), Facts{})
+	}
+	if !m.overrun || m.backlogB > maxBacklog || len(m.backlog)*len(msg) > maxBacklog {
+		t.Fatalf("backlog %d bytes in %d messages, overrun %v; want at most %d and overrun", m.backlogB, len(m.backlog), m.overrun, maxBacklog)
+	}
+}

@@ -693,16 +693,14 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	if dup {
 		return nil, 0, errDuplicateAgentID
 	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess}
+	id, ok := c.addAgentReq(in)
+	if !ok {
 		return nil, 0, errConnClosed
 	}
-	c.nextID++
-	id := c.nextID
-	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, connID: id, method: method, start: time.Now(), sess: sess}
-	c.agentReqs[id] = in
-	c.mu.Unlock()
+	l.mu.Lock()
+	in.connID = id // guarded by l.mu, as a take-over moves it
+	l.mu.Unlock()
 	if sess != nil && !sess.addRequest(in) {
 		c.forgetAgentReq(id)
 		return nil, 0, errSessionLost

@@ -35,7 +35,14 @@ type member struct {
 	// sends it waits in backlog. Guarded by the session's fan lock.
 	catching bool
 	backlog  []backlogged
+	backlogB int  // bytes in backlog
+	overrun  bool // the backlog passed maxBacklog: the attach fails
 }
+
+// maxBacklog bounds what a member catching up may have waiting: the agent
+// sent more than this during its replay, so the replay is not worth
+// finishing (the client may attach again with a smaller history).
+const maxBacklog = 16 << 20
 
 // backlogged is a message for a member still catching up.
 type backlogged struct {
@@ -47,7 +54,13 @@ type backlogged struct {
 // session's fan lock held).
 func (m *member) send(s *Session, msg []byte, f Facts) {
 	if m.catching {
+		if m.overrun || m.backlogB+len(msg) > maxBacklog {
+			m.overrun = true
+			jsonrpc.PutBuffer(msg)
+			return
+		}
 		m.backlog = append(m.backlog, backlogged{msg, f})
+		m.backlogB += len(msg)
 		return
 	}
 	m.conn.deliverMember(msg, s, f, false)
