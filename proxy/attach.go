@@ -276,7 +276,7 @@ func (c *Conn) handleDetach(m *jsonrpc.Message) {
 		c.notFound(m, p.SessionID, false)
 		return
 	}
-	c.leaveSession(s, s.promptOf(c))
+	c.leaveSession(s, false) // a turn running is cancelled if c was its last client (finishSession)
 	c.detach(s)
 	if m.Kind == jsonrpc.KindRequest {
 		res, _ := json.Marshal(map[string]string{"sessionId": p.SessionID, "status": "detached"})
@@ -356,14 +356,10 @@ func (c *Conn) readOnlyWrite(m *jsonrpc.Message) bool {
 	c.mu.Lock()
 	s := c.sessions[gwID]
 	c.mu.Unlock()
-	return s != nil && c.readOnlyRefused(m, s)
-}
-
-// readOnlyRefused refuses m, a message of a read-only member about s; false
-// if c may send it.
-func (c *Conn) readOnlyRefused(m *jsonrpc.Message, s *Session) bool {
-	mem := s.memberOf(c)
-	if mem == nil || !mem.readOnly {
+	if s == nil {
+		return false
+	}
+	if mem := s.memberOf(c); mem == nil || !mem.readOnly {
 		return false
 	}
 	c.ten.denied(c.ag.metrics, "read_only")

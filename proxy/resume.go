@@ -257,9 +257,6 @@ func (c *Conn) Detached() bool {
 	return c.detached
 }
 
-// withResumeToken adds _meta.acpgate.resumeToken to an initialize result.
-func withResumeToken(result []byte, token string) []byte { return withAcpgateMeta(result, token, "") }
-
 // withAcpgateMeta adds _meta.acpgate to an initialize result (a JSON
 // object) with the resume token and the affinity cookie (each if not
 // empty), inside an existing _meta object if there is one. The rest is

@@ -221,13 +221,6 @@ func (s *Session) requests() []*inReq {
 	return out
 }
 
-// promptOf reports whether c's prompt is the session's turn in flight.
-func (s *Session) promptOf(c *Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.prompt != nil && s.prompt.conn == c
-}
-
 // isLost reports whether the session's agent process died.
 func (s *Session) isLost() bool {
 	s.mu.Lock()
