@@ -297,12 +297,7 @@ func (r *fanoutResult) problems() []string {
 					if j > 0 {
 						who = fmt.Sprintf("attached client %d", j)
 					}
-					if len(cl.Errors) > 0 {
-						out = append(out, where+", "+who+": "+strings.Join(cl.Errors, "; "))
-					}
-					if !cl.InOrder || cl.Msgs != c.Chunks {
-						out = append(out, fmt.Sprintf("%s, %s: %d of %d chunks, in order: %v", where, who, cl.Msgs, c.Chunks, cl.InOrder))
-					}
+					out = append(out, chunkProblems(where+", "+who, cl.Errors, cl.Msgs, c.Chunks, cl.InOrder)...)
 					if cl.Msgs > 0 && rd.rate(cl) <= 0 {
 						out = append(out, where+", "+who+": no elapsed time")
 					}

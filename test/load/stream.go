@@ -218,6 +218,20 @@ func (c *chunkCheck) end(done bool, missing string) (inOrder bool) {
 	return c.outOfOrder == 0 && c.msgs == c.n
 }
 
+// chunkProblems is what a client's report of a stream of chunks (its
+// errors, the chunks it got of chunks, whether in order) says went wrong,
+// each said of where.
+func chunkProblems(where string, errs []string, msgs, chunks int, inOrder bool) []string {
+	var out []string
+	if len(errs) > 0 {
+		out = append(out, where+": "+strings.Join(errs, "; "))
+	}
+	if !inOrder || msgs != chunks {
+		out = append(out, fmt.Sprintf("%s: %d of %d chunks, in order: %v", where, msgs, chunks, inOrder))
+	}
+	return out
+}
+
 // chunkSeq is the sequence number that d, a chunk's text, starts with (10
 // digits), or -1.
 func chunkSeq(d []byte) int {
@@ -308,12 +322,7 @@ func (r *streamResult) problems() []string {
 			}
 			for i, s := range p.Samples {
 				where := fmt.Sprintf("stream %d B via %s, run %d", c.Size, p.Path, i+1)
-				if len(s.Errors) > 0 {
-					out = append(out, where+": "+strings.Join(s.Errors, "; "))
-				}
-				if !s.InOrder || s.Msgs != c.Chunks {
-					out = append(out, fmt.Sprintf("%s: %d of %d chunks, in order: %v", where, s.Msgs, c.Chunks, s.InOrder))
-				}
+				out = append(out, chunkProblems(where, s.Errors, s.Msgs, c.Chunks, s.InOrder)...)
 				if s.Msgs > 0 && s.ElapsedNS <= 0 {
 					out = append(out, where+": zero elapsed time")
 				}
