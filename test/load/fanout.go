@@ -44,6 +44,8 @@ type fanoutReady struct {
 	Error   string `json:"error,omitempty"`
 }
 
+func (r fanoutReady) setUp() (bool, string) { return r.Ready, r.Error }
+
 // fanoutRun is what one client of a round measured. Times are Unix
 // nanoseconds: one clock for every process on the machine.
 type fanoutRun struct {
@@ -75,10 +77,7 @@ func fanoutClientMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	time.AfterFunc(*timeout, func() {
-		fmt.Fprintf(os.Stderr, "fanout-client: timed out after %s\n", *timeout)
-		os.Exit(3)
-	})
+	exitAfter("fanout-client", *timeout)
 	out := json.NewEncoder(os.Stdout)
 	fail := func(err error) int {
 		_ = out.Encode(fanoutReady{Error: err.Error()})
@@ -161,16 +160,13 @@ func closeClean(t transport) {
 // presence) are skipped.
 func readAttached(t transport, sid string, n int) fanoutRun {
 	r := fanoutRun{Role: "attached"}
-	fail := func(format string, args ...any) {
-		if len(r.Errors) < 10 {
-			r.Errors = append(r.Errors, fmt.Sprintf(format, args...))
-		}
-	}
+	cc := chunkCheck{n: n}
+	fail := cc.fail
 	head := chunkPrefix + strconv.Quote(sid) + `,"update":{"sessionUpdate":"`
 	chunk := []byte(head + `agent_message_chunk","content":{"type":"text","text":"`)
 	turnDone := []byte(head + `turn_complete"`)
 	update := []byte(head)
-	outOfOrder, others := 0, 0
+	others := 0
 	cpu0 := selfCPU()
 	done := false
 	for !done {
@@ -180,29 +176,12 @@ func readAttached(t transport, sid string, n int) fanoutRun {
 		}
 		msg, err := t.Recv()
 		if err != nil {
-			fail("after %d chunks: %v", r.Msgs, err)
+			fail("after %d chunks: %v", cc.msgs, err)
 			break
 		}
 		switch {
 		case bytes.HasPrefix(msg, chunk):
-			seq := -1
-			if len(msg) >= len(chunk)+10 {
-				if v, err := strconv.Atoi(string(msg[len(chunk) : len(chunk)+10])); err == nil {
-					seq = v
-				}
-			}
-			if seq != r.Msgs {
-				outOfOrder++
-				fail("chunk %d carries sequence number %d", r.Msgs, seq)
-			}
-			if r.Msgs == 0 {
-				r.FirstNS = time.Now().UnixNano()
-			}
-			if (r.Msgs%1024 == 0 || r.Msgs == n-1) && !json.Valid(msg) {
-				fail("chunk %d is not valid JSON", r.Msgs)
-			}
-			r.Msgs++
-			r.Bytes += int64(len(msg))
+			cc.chunk(msg, chunkSeq(msg[len(chunk):]))
 		case bytes.HasPrefix(msg, turnDone):
 			done = true
 			r.EndNS = time.Now().UnixNano()
@@ -217,13 +196,11 @@ func readAttached(t transport, sid string, n int) fanoutRun {
 		}
 	}
 	r.ClientCPU = (selfCPU() - cpu0).Nanoseconds()
-	if !done {
-		fail("no turn_complete")
+	r.InOrder = cc.end(done, "no turn_complete")
+	r.Msgs, r.Bytes, r.Errors = cc.msgs, cc.bytes, cc.errors
+	if cc.msgs > 0 {
+		r.FirstNS = cc.first.UnixNano()
 	}
-	if r.Msgs != n {
-		fail("received %d chunks of %d", r.Msgs, n)
-	}
-	r.InOrder = outOfOrder == 0 && r.Msgs == n
 	return r
 }
 
@@ -320,12 +297,7 @@ func (r *fanoutResult) problems() []string {
 					if j > 0 {
 						who = fmt.Sprintf("attached client %d", j)
 					}
-					if len(cl.Errors) > 0 {
-						out = append(out, where+", "+who+": "+strings.Join(cl.Errors, "; "))
-					}
-					if !cl.InOrder || cl.Msgs != c.Chunks {
-						out = append(out, fmt.Sprintf("%s, %s: %d of %d chunks, in order: %v", where, who, cl.Msgs, c.Chunks, cl.InOrder))
-					}
+					out = append(out, chunkProblems(where+", "+who, cl.Errors, cl.Msgs, c.Chunks, cl.InOrder)...)
 					if cl.Msgs > 0 && rd.rate(cl) <= 0 {
 						out = append(out, where+", "+who+": no elapsed time")
 					}
@@ -458,20 +430,11 @@ func (h *harness) startFanoutChild(url, role, sid string, n, size int) (*fanoutC
 	if sid != "" {
 		args = append(args, "-session", sid)
 	}
-	c, err := h.startChild(args...)
+	c, ready, err := startClient[fanoutReady](h, args...)
 	if err != nil {
 		return nil, err
 	}
-	ch := &fanoutChild{child: c}
-	if err := ch.decode(&ch.ready, 60*time.Second); err != nil {
-		ch.finish(10 * time.Second)
-		return nil, fmt.Errorf("client setup: %v %s", err, ch.errb.String())
-	}
-	if !ch.ready.Ready {
-		ch.finish(10 * time.Second)
-		return nil, fmt.Errorf("client setup: %s %s", ch.ready.Error, ch.errb.String())
-	}
-	return ch, nil
+	return &fanoutChild{child: c, ready: ready}, nil
 }
 
 func (k *fanoutK) aggregate() {

@@ -1,12 +1,6 @@
 package main
 
-import (
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"testing"
-)
+import "testing"
 
 // TestQuickFanout runs the fanout and history scenarios (issue #22) in
 // -quick mode against the real binary: every client of a session, the
@@ -19,21 +13,7 @@ func TestQuickFanout(t *testing.T) {
 		t.Skip("starts gateways and dozens of client processes; skipped with -short")
 	}
 	dir, loadBin, gwBin := buildQuick(t)
-	out := filepath.Join(dir, "fanout.json")
-	cmd := exec.Command(loadBin, "-scenario", "fanout,history", "-quick", "-out", out, "-gateway-bin", gwBin, "-timeout", "2m")
-	cmd.Dir = dir
-	output, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("load -scenario fanout,history -quick: %v\n%s", err, output)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res results
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatalf("results: %v", err)
-	}
+	res, output := runLoad(t, dir, loadBin, "fanout", "-scenario", "fanout,history", "-quick", "-gateway-bin", gwBin, "-timeout", "2m")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("output:\n%s", output)

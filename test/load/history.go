@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -67,10 +66,7 @@ func historyClientsMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	time.AfterFunc(*timeout, func() {
-		fmt.Fprintf(os.Stderr, "history-clients: timed out after %s\n", *timeout)
-		os.Exit(3)
-	})
+	exitAfter("history-clients", *timeout)
 	out := json.NewEncoder(os.Stdout)
 	ts := make([]transport, *n)
 	sids := make([]string, *n)
@@ -86,26 +82,13 @@ func historyClientsMain(args []string) int {
 	// each runs f for every session, conc at a time, and reports phase.
 	each := func(phase string, f func(i int) error) historyReport {
 		rep := historyReport{Phase: phase}
-		var failed atomic.Int64
-		var firstErr atomic.Value
-		sem := make(chan struct{}, max(*conc, 1))
-		var wg sync.WaitGroup
-		for i := range *n {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				if err := f(i); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, fmt.Sprintf("session %d: %v", i, err))
-				}
-			})
-		}
-		wg.Wait()
-		rep.Failed = int(failed.Load())
+		rep.Failed, rep.FirstErr = boundedErrs(*n, *conc, func(i int) error {
+			if err := f(i); err != nil {
+				return fmt.Errorf("session %d: %v", i, err)
+			}
+			return nil
+		})
 		rep.OK = *n - rep.Failed
-		if v, ok := firstErr.Load().(string); ok {
-			rep.FirstErr = v
-		}
 		return rep
 	}
 	rep := each("open", func(i int) error {

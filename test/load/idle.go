@@ -49,21 +49,15 @@ func idleClientsMain(args []string) int {
 	exitAfter("idle-clients", *timeout)
 	start := time.Now()
 	conns := make([]*websocket.Conn, *n)
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	testharness.Bounded(*n, *conc, func(i int) {
+	failed, firstErr := boundedErrs(*n, *conc, func(i int) error {
 		c, err := openIdle(*url)
 		if err != nil {
-			failed.Add(1)
-			firstErr.CompareAndSwap(nil, err.Error())
-			return
+			return err
 		}
 		conns[i] = c
+		return nil
 	})
-	rep := idleReport{Open: *n - int(failed.Load()), Failed: int(failed.Load()), ElapsedNS: time.Since(start).Nanoseconds()}
-	if v, ok := firstErr.Load().(string); ok {
-		rep.FirstErr = v
-	}
+	rep := idleReport{Open: *n - failed, Failed: failed, FirstErr: firstErr, ElapsedNS: time.Since(start).Nanoseconds()}
 	if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
 		return 1
 	}
@@ -82,6 +76,22 @@ func idleClientsMain(args []string) int {
 	}
 	closing.Wait()
 	return 0
+}
+
+// boundedErrs runs f(i) for every i below n, limit at a time
+// (testharness.Bounded), and counts the calls that failed; firstErr is the
+// first of their errors to come ("" when none did).
+func boundedErrs(n, limit int, f func(i int) error) (failed int, firstErr string) {
+	var nFailed atomic.Int64
+	var first atomic.Value
+	testharness.Bounded(n, limit, func(i int) {
+		if err := f(i); err != nil {
+			nFailed.Add(1)
+			first.CompareAndSwap(nil, err.Error())
+		}
+	})
+	firstErr, _ = first.Load().(string)
+	return int(nFailed.Load()), firstErr
 }
 
 // exitAfter ends a client process (exit code 3), saying so on stderr, once

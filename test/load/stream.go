@@ -39,6 +39,8 @@ type streamReady struct {
 	Error    string `json:"error,omitempty"`
 }
 
+func (r streamReady) setUp() (bool, string) { return r.Ready, r.Error }
+
 // streamClientMain connects (WebSocket URL, Streamable HTTP URL, or the
 // agent over stdio), initializes, opens a session, says it is ready, waits
 // for "go" on stdin, streams one prompt, prints the streamRun, and waits
@@ -119,19 +121,15 @@ func streamClientMain(args []string) int {
 
 // streamOnce sends one prompt and reads its chunks and its answer, checking
 // that each chunk is for the session and carries the next sequence number.
-func streamOnce(t transport, sid string, n, size int) streamRun {
-	var r streamRun
-	fail := func(format string, args ...any) {
-		if len(r.Errors) < 10 {
-			r.Errors = append(r.Errors, fmt.Sprintf(format, args...))
-		}
-	}
+func streamOnce(t transport, sid string, n, size int) (r streamRun) {
+	cc := chunkCheck{n: n}
+	fail := cc.fail
+	defer func() { r.Msgs, r.Bytes, r.Errors = cc.msgs, cc.bytes, cc.errors }()
 	const promptID = 1000
 	prompt := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%d,"method":"session/prompt","params":{"sessionId":%s,"prompt":[{"type":"text","text":"chunks=%d size=%d"}]}}`,
 		promptID, strconv.Quote(sid), n, size)
 	prefix := []byte(chunkPrefix + strconv.Quote(sid))
 	textKey := []byte(`"text":"`)
-	outOfOrder := 0
 	cpu0 := selfCPU()
 	start := time.Now()
 	if err := t.Send(prompt); err != nil {
@@ -142,30 +140,16 @@ func streamOnce(t transport, sid string, n, size int) streamRun {
 	for i := 0; i < n+1000 && !done; i++ {
 		msg, err := t.Recv()
 		if err != nil {
-			fail("after %d chunks: %v", r.Msgs, err)
+			fail("after %d chunks: %v", cc.msgs, err)
 			break
 		}
 		if bytes.HasPrefix(msg, prefix) {
 			j := bytes.Index(msg[len(prefix):], textKey)
 			seq := -1
-			if j >= 0 && len(msg) >= len(prefix)+j+len(textKey)+10 {
-				d := msg[len(prefix)+j+len(textKey):][:10]
-				if v, err := strconv.Atoi(string(d)); err == nil {
-					seq = v
-				}
+			if j >= 0 {
+				seq = chunkSeq(msg[len(prefix)+j+len(textKey):])
 			}
-			if seq != r.Msgs {
-				outOfOrder++
-				fail("chunk %d carries sequence number %d", r.Msgs, seq)
-			}
-			if r.Msgs == 0 {
-				r.FirstNS = time.Since(start).Nanoseconds()
-			}
-			if (r.Msgs%1024 == 0 || r.Msgs == n-1) && !json.Valid(msg) {
-				fail("chunk %d is not valid JSON", r.Msgs)
-			}
-			r.Msgs++
-			r.Bytes += int64(len(msg))
+			cc.chunk(msg, seq)
 			continue
 		}
 		if id, ok := parseID(msg); ok && id == promptID {
@@ -179,14 +163,86 @@ func streamOnce(t transport, sid string, n, size int) streamRun {
 	}
 	r.ElapsedNS = time.Since(start).Nanoseconds()
 	r.ClientCPU = (selfCPU() - cpu0).Nanoseconds()
-	if !done {
-		fail("no answer to the prompt")
+	if cc.msgs > 0 {
+		r.FirstNS = cc.first.Sub(start).Nanoseconds()
 	}
-	if r.Msgs != n {
-		fail("received %d chunks of %d", r.Msgs, n)
-	}
-	r.InOrder = outOfOrder == 0 && r.Msgs == n
+	r.InOrder = cc.end(done, "no answer to the prompt")
 	return r
+}
+
+// chunkCheck counts and checks the n chunks of one streamed turn, as one
+// client receives them: each carries the next sequence number, and a sample
+// of them is valid JSON. Errors keeps the first 10 problems.
+type chunkCheck struct {
+	n          int
+	msgs       int
+	bytes      int64
+	first      time.Time // when the first chunk arrived
+	outOfOrder int
+	errors     []string
+}
+
+func (c *chunkCheck) fail(format string, args ...any) {
+	if len(c.errors) < 10 {
+		c.errors = append(c.errors, fmt.Sprintf(format, args...))
+	}
+}
+
+// chunk counts msg, a chunk that carries sequence number seq (-1: none
+// found).
+func (c *chunkCheck) chunk(msg []byte, seq int) {
+	if seq != c.msgs {
+		c.outOfOrder++
+		c.fail("chunk %d carries sequence number %d", c.msgs, seq)
+	}
+	if c.msgs == 0 {
+		c.first = time.Now()
+	}
+	if (c.msgs%1024 == 0 || c.msgs == c.n-1) && !json.Valid(msg) {
+		c.fail("chunk %d is not valid JSON", c.msgs)
+	}
+	c.msgs++
+	c.bytes += int64(len(msg))
+}
+
+// end checks the turn once it is over: done is whether its end arrived
+// (missing says so when not), and every chunk must have come. It reports
+// whether all of them came in order.
+func (c *chunkCheck) end(done bool, missing string) (inOrder bool) {
+	if !done {
+		c.fail("%s", missing)
+	}
+	if c.msgs != c.n {
+		c.fail("received %d chunks of %d", c.msgs, c.n)
+	}
+	return c.outOfOrder == 0 && c.msgs == c.n
+}
+
+// chunkProblems is what a client's report of a stream of chunks (its
+// errors, the chunks it got of chunks, whether in order) says went wrong,
+// each said of where.
+func chunkProblems(where string, errs []string, msgs, chunks int, inOrder bool) []string {
+	var out []string
+	if len(errs) > 0 {
+		out = append(out, where+": "+strings.Join(errs, "; "))
+	}
+	if !inOrder || msgs != chunks {
+		out = append(out, fmt.Sprintf("%s: %d of %d chunks, in order: %v", where, msgs, chunks, inOrder))
+	}
+	return out
+}
+
+// chunkSeq is the sequence number that d, a chunk's text, starts with (10
+// digits), or -1.
+func chunkSeq(d []byte) int {
+	if len(d) < 10 {
+		return -1
+	}
+	v, err := strconv.Atoi(string(d[:10]))
+	if err != nil {
+		return -1
+	}
+	return v
 }
 
 // --- the harness side ---
@@ -266,12 +322,7 @@ func (r *streamResult) problems() []string {
 			}
 			for i, s := range p.Samples {
 				where := fmt.Sprintf("stream %d B via %s, run %d", c.Size, p.Path, i+1)
-				if len(s.Errors) > 0 {
-					out = append(out, where+": "+strings.Join(s.Errors, "; "))
-				}
-				if !s.InOrder || s.Msgs != c.Chunks {
-					out = append(out, fmt.Sprintf("%s: %d of %d chunks, in order: %v", where, s.Msgs, c.Chunks, s.InOrder))
-				}
+				out = append(out, chunkProblems(where, s.Errors, s.Msgs, c.Chunks, s.InOrder)...)
 				if s.Msgs > 0 && s.ElapsedNS <= 0 {
 					out = append(out, where+": zero elapsed time")
 				}
@@ -474,20 +525,31 @@ func (h *harness) startStreamChild(mode, url, sub string, n, size int) (*streamC
 	case "http":
 		args = append(args, "-url", url)
 	}
-	c, err := h.startChild(args...)
+	c, ready, err := startClient[streamReady](h, args...)
 	if err != nil {
 		return nil, err
 	}
-	ch := &streamChild{child: c}
-	if err := ch.decode(&ch.ready, 60*time.Second); err != nil {
-		ch.finish(10 * time.Second)
-		return nil, fmt.Errorf("client setup: %v %s", err, ch.errb.String())
+	return &streamChild{child: c, ready: ready}, nil
+}
+
+// startClient starts a client process (startChild) and reads the first
+// line it prints, ready, which says whether it is set up; when it is not,
+// it ends the process.
+func startClient[R interface{ setUp() (ok bool, err string) }](h *harness, args ...string) (*child, R, error) {
+	var ready R
+	c, err := h.startChild(args...)
+	if err != nil {
+		return nil, ready, err
 	}
-	if !ch.ready.Ready {
-		ch.finish(10 * time.Second)
-		return nil, fmt.Errorf("client setup: %s %s", ch.ready.Error, ch.errb.String())
+	if err := c.decode(&ready, 60*time.Second); err != nil {
+		c.finish(10 * time.Second)
+		return nil, ready, fmt.Errorf("client setup: %v %s", err, c.errb.String())
 	}
-	return ch, nil
+	if ok, msg := ready.setUp(); !ok {
+		c.finish(10 * time.Second)
+		return nil, ready, fmt.Errorf("client setup: %s %s", msg, c.errb.String())
+	}
+	return c, ready, nil
 }
 
 func (ch *streamChild) run(n, size int, timeout time.Duration) (streamRun, error) {
