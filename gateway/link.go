@@ -364,7 +364,7 @@ func (l *link) send(msg []byte, facts *msgFacts, wait bool) bool {
 	}
 	switch {
 	case l.closing || l.done || l.ctx.Err() != nil:
-	case l.fullLocked(len(msg)):
+	case l.fullLocked(len(msg)) && !l.burstLocked(len(msg)):
 		l.slowLocked()
 	case l.t.pushLocked(queue, msg):
 		if l.queued == 0 {
@@ -382,6 +382,17 @@ func (l *link) send(msg []byte, facts *msgFacts, wait bool) bool {
 
 func (l *link) fullLocked(n int) bool {
 	return l.queued >= l.maxMsgs || l.queuedBytes+n > l.maxBytes
+}
+
+// burstLocked reports whether a queue that is full by its message count
+// may take n bytes more without waiting: its bytes still fit and its
+// writers made progress within stallTimeout. That is a client reading as
+// fast as it can behind an agent's burst, which must not be cut off even
+// when it cannot hold up the agent (wait false, the process or the
+// session is shared); send_queue_bytes stays the hard bound.
+func (l *link) burstLocked(n int) bool {
+	return l.queuedBytes+n <= l.maxBytes &&
+		time.Since(time.Unix(0, max(l.lastWrite.Load(), l.queuedSince))) < stallTimeout
 }
 
 // waitRoomLocked waits while the queue is full and its writers make

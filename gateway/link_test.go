@@ -156,3 +156,45 @@ func BenchmarkHTTPSend(b *testing.B) {
 		}
 	}
 }
+
+// A client that keeps reading is not cut off when an agent's burst passes
+// its queue's message count on a path that cannot wait (wait false: a
+// shared process or session); send_queue_bytes still bounds it.
+func TestBurstPastMessageCountWhileReading(t *testing.T) {
+	ts := slowClientServer(t) // send_queue_messages 8
+	c := ts.dial("acp")
+	c.initialize()
+	conns := ts.wsConns()
+	if len(conns) != 1 {
+		t.Fatalf("%d WebSocket connections, want 1", len(conns))
+	}
+	const n = 2000
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan int, 1)
+	go func() {
+		i := 0
+		for ; i < n; i++ {
+			if _, err := c.read(ctx); err != nil {
+				break
+			}
+		}
+		got <- i
+	}()
+	maxQueued := 0
+	for i := range n {
+		if !conns[0].Send(fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_test/burst","params":{"n":%d}}`, i), false) {
+			t.Fatalf("message %d refused: the reading client was cut off", i)
+		}
+		conns[0].mu.Lock()
+		maxQueued = max(maxQueued, conns[0].queued)
+		conns[0].mu.Unlock()
+	}
+	if r := <-got; r != n {
+		t.Fatalf("the client read %d of %d messages", r, n)
+	}
+	if _, label, closing := conns[0].closeState(); closing {
+		t.Fatalf("the reading client was closed (%s)", label)
+	}
+	t.Logf("at most %d messages queued (send_queue_messages 8)", maxQueued)
+}

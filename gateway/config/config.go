@@ -267,7 +267,9 @@ type Limits struct {
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// SendQueueMessages and SendQueueBytes bound what the gateway holds for
 	// a client that reads slower than its agent writes; past either, the
-	// connection is closed (1008).
+	// connection is closed (1008). Past the message count alone, a client
+	// whose socket took a message within the last second is still reading:
+	// it is held to SendQueueBytes only.
 	SendQueueMessages int `yaml:"send_queue_messages"`
 	SendQueueBytes    int `yaml:"send_queue_bytes"`
 	// MaxPendingRequests caps a connection's requests waiting for agents.

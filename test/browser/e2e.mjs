@@ -721,12 +721,17 @@ async function resumeScenario() {
 // filled in as Playwright reports them (lower-case names).
 function recordAcpRequests() {
   const out = [];
+  const pending = [];
   page.on("request", (r) => {
     if (new URL(r.url()).pathname !== "/acp") return;
-    const entry = { method: r.method(), url: r.url(), headers: {} };
+    // headers() is what the page set (Authorization included), known at
+    // once; allHeaders() adds what the network stack did, later, and never
+    // for a request cut before it was sent. Checks await out.settled().
+    const entry = { method: r.method(), url: r.url(), headers: r.headers() };
     out.push(entry);
-    r.allHeaders().then((h) => (entry.headers = h), () => {});
+    pending.push(r.allHeaders().then((h) => (entry.headers = h), () => {}));
   });
+  out.settled = () => Promise.all(pending);
   return out;
 }
 
@@ -852,6 +857,7 @@ async function httpScenario() {
   await run("a permission card over HTTP", permissionTurn);
 
   await run("the token goes in a header, never in a URL", async () => {
+    await acp.settled();
     const gets = acp.filter((r) => r.method === "GET");
     check(gets.some((r) => r.headers.accept === "text/event-stream" && r.headers["acp-connection-id"] && !r.headers["acp-session-id"]), "no GET of the connection's event stream");
     check(gets.some((r) => r.headers.accept === "text/event-stream" && r.headers["acp-session-id"]), "no GET of the session's event stream");
