@@ -178,6 +178,52 @@ func tickOf(m rpcMsg) (int, bool) {
 	return n, true
 }
 
+// tickAtLeast accepts a "tick N " chunk with N >= n.
+func tickAtLeast(n int) func(rpcMsg) bool {
+	return func(m rpcMsg) bool { k, ok := tickOf(m); return ok && k >= n }
+}
+
+// ticksUnanswered reads c's messages until a "tick N " chunk with N >= n;
+// a response to id on the way is fatal (failure says what it means).
+func ticksUnanswered(t *testing.T, c *client, id, n int, failure string) []rpcMsg {
+	t.Helper()
+	return readUntil(t, c, "more ticks", turn, func(m rpcMsg) bool {
+		if m.IsResponseTo(id) {
+			t.Fatalf("%s: %s", failure, m.Raw)
+		}
+		return tickAtLeast(n)(m)
+	})
+}
+
+// slowTurnAttached starts a gateway, an owner with a new session, another
+// client attached to it as name, and a slow prompt of the owner's (pid); it
+// returns once the attached client has seen tick 2.
+func slowTurnAttached(t *testing.T, name string, readOnly bool) (g *gateway, owner, c *client, sid string, pid int) {
+	t.Helper()
+	g = startGateway(t, gwOpts{})
+	owner = dialInit(t, g)
+	sid = owner.newSession(t.TempDir())
+	c = dialInit(t, g)
+	mustAttach(t, c, sid, name, readOnly)
+
+	pid = owner.Request("session/prompt", textPrompt(sid, "slow please"))
+	readUntil(t, c, "tick 2", turn, tickAtLeast(2))
+	return g, owner, c, sid, pid
+}
+
+// phoneAndScreen starts a gateway and an owner with a new session, and
+// attaches two more clients to it, "phone" (a) and "screen" (b).
+func phoneAndScreen(t *testing.T) (g *gateway, owner, a, b *client, sid string) {
+	t.Helper()
+	g = startGateway(t, gwOpts{})
+	owner = dialInit(t, g)
+	sid = owner.newSession(t.TempDir())
+	a, b = dialInit(t, g), dialInit(t, g)
+	mustAttach(t, a, sid, "phone", false)
+	mustAttach(t, b, sid, "screen", false)
+	return g, owner, a, b, sid
+}
+
 func ticksIn(msgs []rpcMsg) []int {
 	var out []int
 	for _, m := range msgs {
@@ -258,7 +304,7 @@ func TestAttachReplayMidTurn(t *testing.T) {
 	sid := owner.newSession(t.TempDir())
 	const prompt = "a slow one please"
 	pid := owner.Request("session/prompt", textPrompt(sid, prompt))
-	ownerMsgs := readUntil(t, owner, "tick 3", turn, func(m rpcMsg) bool { n, ok := tickOf(m); return ok && n >= 3 })
+	ownerMsgs := readUntil(t, owner, "tick 3", turn, tickAtLeast(3))
 
 	// attachMidTurn attaches a new client as name and checks the replay,
 	// the result and the first live ticks; it returns the client and the
@@ -282,7 +328,7 @@ func TestAttachReplayMidTurn(t *testing.T) {
 		}
 		consecutive(t, name+"'s replay", ticks, 1)
 		k := ticks[len(ticks)-1]
-		live := readUntil(t, c, "live ticks", turn, func(m rpcMsg) bool { n, ok := tickOf(m); return ok && n >= k+3 })
+		live := readUntil(t, c, "live ticks", turn, tickAtLeast(k+3))
 		consecutive(t, name+" across the replay and live", append(ticks, ticksIn(live)...), 1)
 		t.Logf("%s: %d replayed (ticks 1..%d), then live from %d", name, len(replay), k, k+1)
 		return c, append(replay, live...)
@@ -446,12 +492,7 @@ func TestAttachFirstAnswerWins(t *testing.T) {
 // prompt_received with sentBy; when the turn ends the attached clients
 // other than the prompter get turn_complete.
 func TestAttachPromptsSeenByAll(t *testing.T) {
-	g := startGateway(t, gwOpts{})
-	owner := dialInit(t, g)
-	sid := owner.newSession(t.TempDir())
-	a, b := dialInit(t, g), dialInit(t, g)
-	mustAttach(t, a, sid, "phone", false)
-	mustAttach(t, b, sid, "screen", false)
+	_, owner, a, b, sid := phoneAndScreen(t)
 	readUntil(t, a, "client_connected", turn, isUpdate("client_connected")) // screen
 
 	const prompt = "hello from the phone"
@@ -499,12 +540,7 @@ func TestAttachPromptsSeenByAll(t *testing.T) {
 // running for the attached clients; when the last of them detaches the
 // session is gone.
 func TestAttachOwnerLeaves(t *testing.T) {
-	g := startGateway(t, gwOpts{})
-	owner := dialInit(t, g)
-	sid := owner.newSession(t.TempDir())
-	a, b := dialInit(t, g), dialInit(t, g)
-	mustAttach(t, a, sid, "phone", false)
-	mustAttach(t, b, sid, "screen", false)
+	g, owner, a, b, sid := phoneAndScreen(t)
 	readUntil(t, a, "client_connected", turn, isUpdate("client_connected"))
 
 	owner.Close()
@@ -549,14 +585,7 @@ func TestAttachOwnerLeaves(t *testing.T) {
 // every write is refused with -32007 (a notification is dropped: the turn
 // goes on), and it is never asked for a permission.
 func TestAttachReadOnly(t *testing.T) {
-	g := startGateway(t, gwOpts{})
-	owner := dialInit(t, g)
-	sid := owner.newSession(t.TempDir())
-	ro := dialInit(t, g)
-	mustAttach(t, ro, sid, "watch", true)
-
-	pid := owner.Request("session/prompt", textPrompt(sid, "slow please"))
-	readUntil(t, ro, "tick 2", turn, func(m rpcMsg) bool { n, ok := tickOf(m); return ok && n >= 2 })
+	_, owner, ro, sid, pid := slowTurnAttached(t, "watch", true)
 	ro.Notify("session/cancel", map[string]string{"sessionId": sid})
 	var roMsgs []rpcMsg
 	for _, req := range []struct {
@@ -579,13 +608,7 @@ func TestAttachReadOnly(t *testing.T) {
 		}
 	}
 	// The turn was not cancelled: it still streams, unanswered.
-	ownerMsgs := readUntil(t, owner, "more ticks", turn, func(m rpcMsg) bool {
-		if m.IsResponseTo(pid) {
-			t.Fatalf("the owner's turn ended after the read-only client's session/cancel: %s", m.Raw)
-		}
-		n, ok := tickOf(m)
-		return ok && n >= 2+8
-	})
+	ownerMsgs := ticksUnanswered(t, owner, pid, 2+8, "the owner's turn ended after the read-only client's session/cancel")
 	plainOnly(t, "the owner", sid, ownerMsgs)
 	owner.Notify("session/cancel", map[string]string{"sessionId": sid})
 	if r := stopReason(t, owner.Await(pid, turn, nil)); r != "cancelled" {
@@ -978,12 +1001,7 @@ func TestAttachOverHTTP(t *testing.T) {
 // others; a client attaching while the request is pending gets it
 // re-issued with an id of its own, and may be the one to answer.
 func TestAttachLeavingDoesNotSettle(t *testing.T) {
-	g := startGateway(t, gwOpts{})
-	owner := dialInit(t, g)
-	sid := owner.newSession(t.TempDir())
-	a, b := dialInit(t, g), dialInit(t, g)
-	mustAttach(t, a, sid, "phone", false)
-	mustAttach(t, b, sid, "screen", false)
+	g, owner, a, b, sid := phoneAndScreen(t)
 
 	pid := owner.Request("session/prompt", textPrompt(sid, "permission please"))
 	ownerMsgs := readUntil(t, owner, "the permission request", turn, isMethod("session/request_permission"))
@@ -1042,22 +1060,9 @@ func TestAttachLeavingDoesNotSettle(t *testing.T) {
 // TestAttachQueuedPrompt: a prompt of an attached client while the owner's
 // turn runs waits for it; the owner sees it only once it goes to the agent.
 func TestAttachQueuedPrompt(t *testing.T) {
-	g := startGateway(t, gwOpts{})
-	owner := dialInit(t, g)
-	sid := owner.newSession(t.TempDir())
-	a := dialInit(t, g)
-	mustAttach(t, a, sid, "phone", false)
-
-	pid := owner.Request("session/prompt", textPrompt(sid, "slow please"))
-	readUntil(t, a, "tick 2", turn, func(m rpcMsg) bool { n, ok := tickOf(m); return ok && n >= 2 })
+	g, owner, a, sid, pid := slowTurnAttached(t, "phone", false)
 	qid := a.Request("session/prompt", textPrompt(sid, "my turn next"))
-	readUntil(t, a, "more ticks", turn, func(m rpcMsg) bool {
-		if m.IsResponseTo(qid) {
-			t.Fatalf("the queued prompt was answered while the owner's turn ran: %s", m.Raw)
-		}
-		n, ok := tickOf(m)
-		return ok && n >= 8
-	})
+	ticksUnanswered(t, a, qid, 8, "the queued prompt was answered while the owner's turn ran")
 	if v, _ := g.metrics(t)["acpgate_prompts_queued"]; v != 1 {
 		t.Errorf("acpgate_prompts_queued = %v while one waits, want 1", v)
 	}

@@ -3,7 +3,6 @@
 package interop
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -243,19 +242,17 @@ func checkOwner(t *testing.T, owner *liveNode, sid string, req1 outLine) {
 		case "session/update":
 			var p struct {
 				SessionID string `json:"sessionId"`
-				Update    struct {
-					SessionUpdate string `json:"sessionUpdate"`
-				} `json:"update"`
 			}
 			mustUnmarshal(t, l.Params, &p)
-			kinds = append(kinds, p.Update.SessionUpdate)
+			kind, _ := rpcMsg{Params: l.Params}.update()
+			kinds = append(kinds, kind)
 			if p.SessionID != sid {
 				t.Errorf("the SDK client got an update for session %q, want %q: %s", p.SessionID, sid, l.raw)
 			}
-			if slices.Contains(attachOnlyKinds, p.Update.SessionUpdate) {
-				t.Errorf("the SDK client (not attached) got the attach-only update %q: %s", p.Update.SessionUpdate, l.raw)
+			if slices.Contains(attachOnlyKinds, kind) {
+				t.Errorf("the SDK client (not attached) got the attach-only update %q: %s", kind, l.raw)
 			}
-			if p.Update.SessionUpdate == "user_message_chunk" {
+			if kind == "user_message_chunk" {
 				t.Errorf("the SDK client got its own prompt back as user_message_chunk: %s", l.raw)
 			}
 		case "notification":
@@ -458,24 +455,16 @@ func (h *harness) startNode(t *testing.T, home, dir, script string, args ...stri
 		t.Fatalf("start node %s: %v", script, err)
 	}
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if line == "" {
-				continue
+		eachOutLine(stdout, func(l outLine, err error) {
+			if err != nil {
+				l = outLine{Type: "not-json", raw: l.raw}
 			}
-			var l outLine
-			if err := json.Unmarshal([]byte(line), &l); err != nil {
-				l = outLine{Type: "not-json"}
-			}
-			l.raw = line
 			n.mu.Lock()
 			n.lines = append(n.lines, l)
 			close(n.changed)
 			n.changed = make(chan struct{})
 			n.mu.Unlock()
-		}
+		})
 		err := n.cmd.Wait()
 		n.mu.Lock()
 		n.err = err

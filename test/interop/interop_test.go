@@ -432,6 +432,23 @@ type nodeRun struct {
 	took     time.Duration
 }
 
+// eachOutLine calls f with every non-empty line of r (trimmed, in raw)
+// parsed as an outLine, and the error if it is not JSON.
+func eachOutLine(r io.Reader, f func(l outLine, err error)) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		var l outLine
+		err := json.Unmarshal([]byte(line), &l)
+		l.raw = line
+		f(l, err)
+	}
+}
+
 func (r *nodeRun) find(typ, method string) []outLine {
 	var out []outLine
 	for _, l := range r.lines {
@@ -489,21 +506,13 @@ func (h *harness) runNode(t *testing.T, home, dir string, limit time.Duration, s
 	_ = syscall.Kill(-pgid, syscall.SIGKILL) // anything left in the group
 	r.took = time.Since(start)
 	r.stderr = stderr.String()
-	sc := bufio.NewScanner(&stdout)
-	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
+	eachOutLine(&stdout, func(l outLine, err error) {
+		if err != nil {
+			t.Errorf("%s printed a line that is not JSON: %q", script, truncate(l.raw, 500))
+			return
 		}
-		var l outLine
-		if err := json.Unmarshal([]byte(line), &l); err != nil {
-			t.Errorf("%s printed a line that is not JSON: %q", script, truncate(line, 500))
-			continue
-		}
-		l.raw = line
 		r.lines = append(r.lines, l)
-	}
+	})
 	// The agent a stdio probe started runs in a group of its own; the probe
 	// must have stopped it. (Killed orphans may take a moment to be reaped.)
 	for _, l := range r.find("spawn", "") {

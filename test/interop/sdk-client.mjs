@@ -29,9 +29,8 @@ import { client, RequestError } from "@agentclientprotocol/sdk";
 import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
 import WebSocket from "ws"; // Node 20 has no global WebSocket
 import { readFile, writeFile } from "node:fs/promises";
+import { out, parseArgs, timeoutArg, run, exit, fail, failAfter, tapped, openSession } from "./sdk-run.mjs";
 
-const t0 = Date.now();
-const out = (o) => process.stdout.write(JSON.stringify({ ...o, t: Date.now() - t0 }) + "\n");
 function usage(msg) {
   process.stderr.write(`sdk-client.mjs: ${msg}\nusage: node sdk-client.mjs [--timeout MS] [--permission allow|reject|cancel] WS_URL CWD [PROMPT...]\n`);
   process.exit(2);
@@ -39,65 +38,25 @@ function usage(msg) {
 
 let timeoutMs = 30000;
 let permission = "allow";
-const pos = [];
-{
-  const argv = process.argv.slice(2);
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    if (a === "--timeout") {
-      timeoutMs = Number(argv[++i]);
-      if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) usage("--timeout needs a positive number of ms");
-    } else if (a === "--permission") {
-      permission = argv[++i];
-      if (!["allow", "reject", "cancel"].includes(permission)) usage("--permission must be allow, reject or cancel");
-    } else if (a === "--") {
-      pos.push(...argv.slice(i + 1));
-      break;
-    } else {
-      pos.push(a);
-    }
-  }
-}
+const pos = parseArgs(process.argv.slice(2), {
+  "--timeout": (v) => {
+    timeoutMs = timeoutArg(v, usage);
+  },
+  "--permission": (v) => {
+    permission = v;
+    if (!["allow", "reject", "cancel"].includes(permission)) usage("--permission must be allow, reject or cancel");
+  },
+});
 const [url, cwd, ...words] = pos;
 if (!url || !/^wss?:\/\//.test(url)) usage("WS_URL missing or not ws:// / wss://");
 if (!cwd) usage("CWD missing");
 const promptText = words.length ? words.join(" ") : "hello";
 
-let stage = "connect";
-let exiting = false;
-function exit(code) {
-  if (exiting) return;
-  exiting = true;
-  process.stdout.write("", () => process.exit(code)); // flush stdout first
-}
-function fail(error) {
-  if (exiting) return;
-  const e = error instanceof Error || (error && typeof error === "object")
-    ? { name: error.name, message: error.message, code: error.code, data: error.data }
-    : { message: String(error) };
-  out({ type: "error", stage, error: e });
-  exit(1);
-}
-setTimeout(() => fail(new Error(`timeout after ${timeoutMs} ms`)), timeoutMs).unref();
-process.on("unhandledRejection", (e) => fail(e));
-
-const stream = createWebSocketStream(url, { WebSocket, protocols: ["acp"] });
+failAfter(timeoutMs);
 
 // Notifications are printed from a tap on the inbound message stream, so they
-// appear in exact arrival order. (SDK notification handlers run
-// asynchronously and may finish after a later response has resolved its
-// request.)
-const tap = new TransformStream({
-  transform(msg, controller) {
-    if (msg && typeof msg === "object" && typeof msg.method === "string" && !("id" in msg)) {
-      out(msg.method === "session/update"
-        ? { type: "session/update", params: msg.params }
-        : { type: "notification", method: msg.method, params: msg.params });
-    }
-    controller.enqueue(msg);
-  },
-});
-const conn = { readable: stream.readable.pipeThrough(tap), writable: stream.writable };
+// appear in exact arrival order.
+const conn = tapped(createWebSocketStream(url, { WebSocket, protocols: ["acp"] }));
 
 // Wraps an agent->client request handler so that every call is printed with
 // its answer (or the error we answered with).
@@ -141,18 +100,10 @@ const app = client({ name: "acpgate-interop-sdk-client" })
 
 try {
   await app.connectWith(conn, async (agent) => {
-    stage = "initialize";
-    const init = await agent.request("initialize", {
-      protocolVersion: 1,
-      clientCapabilities: { fs: { readTextFile: true, writeTextFile: true }, terminal: false },
-      clientInfo: { name: "acpgate-interop-sdk-client", version: "0" },
-    });
-    out({ type: "initialize", result: init });
-    stage = "session/new";
-    const sess = await agent.request("session/new", { cwd, mcpServers: [] });
-    out({ type: "session/new", result: sess, sessionId: sess.sessionId });
-    if (typeof sess.sessionId !== "string" || sess.sessionId === "") throw new Error("session/new result has no sessionId");
-    stage = "session/prompt";
+    const sess = await openSession(agent, cwd,
+      { fs: { readTextFile: true, writeTextFile: true }, terminal: false },
+      { name: "acpgate-interop-sdk-client", version: "0" });
+    run.stage = "session/prompt";
     const res = await agent.request("session/prompt", {
       sessionId: sess.sessionId,
       prompt: [{ type: "text", text: promptText }],
@@ -162,5 +113,5 @@ try {
 } catch (e) {
   fail(e);
 }
-stage = "close";
+run.stage = "close";
 exit(0); // connectWith closed the WebSocket when the callback returned

@@ -35,9 +35,8 @@ import { client, RequestError } from "@agentclientprotocol/sdk";
 import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
 import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-client";
 import WebSocket from "ws"; // Node 20 has no global WebSocket
+import { out, parseArgs, timeoutArg, run, exit, fail, failAfter, tapped, openSession } from "./sdk-run.mjs";
 
-const t0 = Date.now();
-const out = (o) => process.stdout.write(JSON.stringify({ ...o, t: Date.now() - t0 }) + "\n");
 const usageLine = "usage: node sdk-owner.mjs [--timeout MS] [--transport ws|http] [--permission-delay MS] URL CWD PROMPT...";
 function usage(msg) {
   process.stderr.write(`sdk-owner.mjs: ${msg}\n${usageLine}\n`);
@@ -55,51 +54,26 @@ for (const level of ["error", "warn"]) {
 let timeoutMs = 30000;
 let transport = "ws";
 let permissionDelay = 2000;
-const pos = [];
-{
-  const argv = process.argv.slice(2);
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    if (a === "--timeout") {
-      timeoutMs = Number(argv[++i]);
-      if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) usage("--timeout needs a positive number of ms");
-    } else if (a === "--transport") {
-      transport = argv[++i];
-      if (!["ws", "http"].includes(transport)) usage("--transport must be ws or http");
-    } else if (a === "--permission-delay") {
-      permissionDelay = Number(argv[++i]);
-      if (!Number.isFinite(permissionDelay) || permissionDelay < 0) usage("--permission-delay needs a number of ms");
-    } else if (a === "--") {
-      pos.push(...argv.slice(i + 1));
-      break;
-    } else {
-      pos.push(a);
-    }
-  }
-}
+const pos = parseArgs(process.argv.slice(2), {
+  "--timeout": (v) => {
+    timeoutMs = timeoutArg(v, usage);
+  },
+  "--transport": (v) => {
+    transport = v;
+    if (!["ws", "http"].includes(transport)) usage("--transport must be ws or http");
+  },
+  "--permission-delay": (v) => {
+    permissionDelay = Number(v);
+    if (!Number.isFinite(permissionDelay) || permissionDelay < 0) usage("--permission-delay needs a number of ms");
+  },
+});
 const [url, cwd, ...prompts] = pos;
 if (transport === "ws" && !/^wss?:\/\//.test(url ?? "")) usage("URL missing or not ws:// / wss://");
 if (transport === "http" && !/^https?:\/\//.test(url ?? "")) usage("URL missing or not http:// / https://");
 if (!cwd) usage("CWD missing");
 if (prompts.length === 0) prompts.push("hello");
 
-let stage = "connect";
-let exiting = false;
-function exit(code) {
-  if (exiting) return;
-  exiting = true;
-  process.stdout.write("", () => process.exit(code)); // flush stdout first
-}
-function fail(error) {
-  if (exiting) return;
-  const e = error instanceof Error || (error && typeof error === "object")
-    ? { name: error.name, message: error.message, code: error.code, data: error.data }
-    : { message: String(error) };
-  out({ type: "error", stage, error: e });
-  exit(1);
-}
-setTimeout(() => fail(new Error(`timeout after ${timeoutMs} ms`)), timeoutMs).unref();
-process.on("unhandledRejection", (e) => fail(e));
+failAfter(timeoutMs);
 
 const stream = transport === "ws"
   ? createWebSocketStream(url, { WebSocket, protocols: ["acp"] })
@@ -108,21 +82,10 @@ const stream = transport === "ws"
 // Notifications are printed from a tap on the inbound message stream, in
 // exact arrival order, and the agent's text is gathered per turn there.
 let text = "";
-const tap = new TransformStream({
-  transform(msg, controller) {
-    if (msg && typeof msg === "object" && typeof msg.method === "string" && !("id" in msg)) {
-      if (msg.method === "session/update") {
-        out({ type: "session/update", params: msg.params });
-        const u = msg.params?.update;
-        if (u?.sessionUpdate === "agent_message_chunk" && u.content?.type === "text") text += u.content.text;
-      } else {
-        out({ type: "notification", method: msg.method, params: msg.params });
-      }
-    }
-    controller.enqueue(msg);
-  },
+const conn = tapped(stream, (params) => {
+  const u = params?.update;
+  if (u?.sessionUpdate === "agent_message_chunk" && u.content?.type === "text") text += u.content.text;
 });
-const conn = { readable: stream.readable.pipeThrough(tap), writable: stream.writable };
 
 const handlers = new Set(); // permission handlers still running
 const app = client({ name: "acpgate-interop-sdk-owner" })
@@ -150,19 +113,11 @@ const app = client({ name: "acpgate-interop-sdk-owner" })
 
 try {
   await app.connectWith(conn, async (agent) => {
-    stage = "initialize";
-    const init = await agent.request("initialize", {
-      protocolVersion: 1,
-      clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
-      clientInfo: { name: "acpgate-interop-sdk-owner", version: "1" },
-    });
-    out({ type: "initialize", result: init });
-    stage = "session/new";
-    const sess = await agent.request("session/new", { cwd, mcpServers: [] });
-    if (typeof sess.sessionId !== "string" || sess.sessionId === "") throw new Error("session/new result has no sessionId");
-    out({ type: "session/new", sessionId: sess.sessionId, result: sess });
+    const sess = await openSession(agent, cwd,
+      { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+      { name: "acpgate-interop-sdk-owner", version: "1" });
     for (const p of prompts) {
-      stage = `session/prompt ${p}`;
+      run.stage = `session/prompt ${p}`;
       text = "";
       out({ type: "prompt", prompt: p });
       const result = await agent.request("session/prompt", { sessionId: sess.sessionId, prompt: [{ type: "text", text: p }] });
@@ -171,7 +126,7 @@ try {
     // A permission handler may still be waiting (its request was answered
     // by another client): let it answer, and let that answer go out, before
     // the connection closes.
-    stage = "drain";
+    run.stage = "drain";
     while (handlers.size > 0) await Promise.allSettled([...handlers]);
     await new Promise((r) => setTimeout(r, 300));
     out({ type: "done" });
@@ -179,5 +134,5 @@ try {
 } catch (e) {
   fail(e);
 }
-stage = "close";
+run.stage = "close";
 exit(0); // connectWith closed the connection when the callback returned
