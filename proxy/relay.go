@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
-
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/time/rate"
 
+	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
@@ -39,6 +39,11 @@ type Config struct {
 	Limits Limits
 	// Sessions says how long a connection outlives its socket.
 	Sessions SessionsConfig
+	// Audit takes the audit trail's events (sessions, turns, permissions,
+	// files, policy denials); nil = none. AuditPrompts adds a prompt's text
+	// to prompt.started.
+	Audit        audit.Recorder
+	AuditPrompts bool
 }
 
 // SessionsConfig says how long a connection outlives its socket.
@@ -92,6 +97,8 @@ type Relay struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	resume  SessionsConfig
+	audit   audit.Recorder // nil: no audit trail
+	prompts bool           // audit prompt text (Config.AuditPrompts)
 
 	mu        sync.Mutex // guards conns, tenants, resumable and agents
 	conns     map[*Conn]struct{}
@@ -156,6 +163,8 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		conns:     map[*Conn]struct{}{},
 		resumable: map[string]*Conn{},
 		resume:    cfg.Sessions,
+		audit:     cfg.Audit,
+		prompts:   cfg.AuditPrompts,
 		agents:    map[string]*agent{},
 		first:     cfg.Agents[0].Name,
 		tenantCfg: cfg.Tenants,

@@ -1,0 +1,36 @@
+// Package audit is acpgate's audit trail: one JSON line per event (who
+// opened, prompted, approved, read or wrote what, and when), appended to a
+// file off the relay's hot path, each line chained to the one before it by
+// its SHA-256 so that a changed, removed or inserted line is found by
+// Verify (acpgate audit verify).
+//
+// It imports nothing of the gateway or the relay: both hand it Events.
+package audit
+
+// Event is one line of the audit trail. The writer adds ts and prev; the
+// rest is the caller's.
+type Event struct {
+	Event   string // what happened: "session.created", "permission.resolved", …
+	Tenant  string
+	Subject string // who: the JWT's sub, or a static token's derived name (never a token)
+	Agent   string
+	Conn    string // the connection's ID (Acp-Connection-Id)
+	Session string // the session ID as the client sees it
+	Fields  []Field
+}
+
+// Field is one of an event's own fields, written after the common ones in
+// the order given. Value is anything encoding/json marshals.
+type Field struct {
+	Key   string
+	Value any
+}
+
+// F is a Field.
+func F(key string, value any) Field { return Field{Key: key, Value: value} }
+
+// Recorder takes events. Record must not block or fail: the relay calls it
+// on its own goroutines, some under a session's locks.
+type Recorder interface {
+	Record(Event)
+}
