@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
@@ -52,6 +53,7 @@ type Server struct {
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
+	audit    audit.Recorder // nil: no audit trail (audit.file unset)
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
 	drain    atomic.Bool // the listener is closing: new connections refused
