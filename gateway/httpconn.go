@@ -323,6 +323,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Iden
 	}
 	id, err := s.authn.Upgrade(r)
 	if err != nil {
+		s.authFailed(r, err)
 		auth.WriteError(w, err)
 		return auth.Identity{}, false
 	}
@@ -558,7 +559,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 	if !s.admit(w, who.Tenant) {
 		return
 	}
-	h, err := s.newHTTPConn(who, agent, id, affinityOf(r, s.config()))
+	h, err := s.newHTTPConn(who, agent, id, affinityOf(r, s.config()), r.RemoteAddr)
 	if err != nil {
 		h.cancel()
 		h.log.Error("cannot serve connection", "err", err)
@@ -573,6 +574,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 	}
 	go h.serve(h.run)
 	h.log.Debug("connection opened", "remote", r.RemoteAddr)
+	h.recordOpened()
 	reply := h.initReply // Send clears the field once it has answered
 	h.read(len(msg))
 	h.conn.HandleFrom(&h.link, msg)
@@ -596,7 +598,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 
 // newHTTPConn makes a connection whose initialize (id) is on its way. Its
 // handshake timeout is the time a first agent process may take.
-func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte, affinity string) (*httpConn, error) {
+func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte, affinity, remote string) (*httpConn, error) {
 	tenant := who.Tenant
 	cfg := s.config()
 	id := newConnID()
@@ -611,7 +613,7 @@ func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte, aff
 	h := &httpConn{history: cfg.Sessions.ReplayBufferBytes, streams: map[string]*sseStream{}, gone: map[string]int64{},
 		replyTo: map[string]string{}, askedOn: map[string]string{}, initID: bytes.Clone(initID),
 		initReply: make(chan []byte, 1), lastUse: time.Now()}
-	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinity,
+	h.init(s, h, linkInfo{kind: "http", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinity, remote: remote,
 		handshake: ac.Pool.AcquireTimeout.D() + ac.InitTimeout.D(), idle: max(cfg.Sessions.DetachTimeout.D(), minHTTPIdle)})
 	// The proxy connection ending (its tenant slot given back) ends this.
 	err := h.newConn(true, func() { h.closeWith("ended", "other") })

@@ -29,6 +29,7 @@ type link struct {
 	tenant      string
 	subject     string // who the credential names (auth.Identity.Subject)
 	affinity    string // the balancer's affinity cookie on the opening request (linkInfo)
+	remote      string // the opening request's remote address
 	agent       string
 	tenantLabel string
 	log         *slog.Logger
@@ -98,6 +99,7 @@ type transport interface {
 type linkInfo struct {
 	kind, id, tenant, subject, agent string
 	affinity                         string // "NAME=VALUE" of the balancer's affinity cookie, if the request had it
+	remote                           string // the opening request's remote address
 	log                              *slog.Logger
 	cfg                              *config.Config
 	handshake, idle                  time.Duration
@@ -105,7 +107,7 @@ type linkInfo struct {
 
 func (l *link) init(s *Server, t transport, in linkInfo) {
 	l.s, l.t, l.kind, l.id, l.tenant, l.subject, l.agent, l.log, l.cfg = s, t, in.kind, in.id, in.tenant, in.subject, in.agent, in.log, in.cfg
-	l.affinity = in.affinity
+	l.affinity, l.remote = in.affinity, in.remote
 	l.tenantLabel = s.metrics.tenants.Label(in.tenant)
 	l.start = time.Now()
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -266,6 +268,7 @@ func (l *link) serve(run func() (label string, clean bool, attrs []any)) {
 		l.s.metrics.connsOpen.WithLabelValues(l.tenantLabel, l.kind, l.agent).Dec()
 		l.s.metrics.connsTotal.WithLabelValues(l.tenantLabel, label, l.kind, l.agent).Inc()
 	}
+	l.recordClosed(label, attrs)
 	l.log.Info("connection closed", append([]any{
 		"duration", time.Since(l.start).Round(time.Millisecond),
 		"msgs_in", l.msgsIn.Load(), "msgs_out", l.msgsOut.Load(),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -81,6 +82,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	}
 	c.markOpen()
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", c.ws.Subprotocol(), "resumed", resumed != nil)
+	c.recordOpened(audit.F("resumed", resumed != nil))
 	if resumed != nil {
 		if err := resumed.Attach(&c.link, received); err != nil {
 			c.log.Info("resume failed after the upgrade", "err", err)
@@ -102,6 +104,7 @@ func (s *Server) authenticateUpgrade(w http.ResponseWriter, r *http.Request) (au
 	}
 	id, err := s.authn.Upgrade(r)
 	if err != nil { // counted by the authenticator's OnFailure hook
+		s.authFailed(r, err)
 		auth.WriteError(w, err) // Upgrade has logged the reason (never the token)
 		return auth.Identity{}, nil, false
 	}
@@ -165,7 +168,7 @@ func (s *Server) acceptWebSocket(w http.ResponseWriter, r *http.Request, accept 
 		log = log.With("tenant", tenant)
 	}
 	c := &wsConn{ws: ws, nc: uw.conn}
-	c.init(s, c, linkInfo{kind: "websocket", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinityOf(r, cfg),
+	c.init(s, c, linkInfo{kind: "websocket", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinityOf(r, cfg), remote: r.RemoteAddr,
 		handshake: cfg.Timeouts.Handshake.D(), idle: cfg.Timeouts.Idle.D()})
 	if every := cfg.WebSocket.PingInterval.D(); every > 0 {
 		c.nextPing = c.start.Add(every)

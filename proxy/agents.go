@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -69,7 +70,8 @@ type agent struct {
 	timeouts Timeouts
 	mapPaths bool // some tenant maps paths: locate path fields in agent output
 	metrics  *agentMetrics
-	isolate  bool // two tenants never share a process of this agent
+	isolate  bool           // two tenants never share a process of this agent
+	audit    audit.Recorder // the relay's audit trail (nil: none)
 	// gatesReady: readiness waits for this agent. Agents configured at
 	// start do; one a reload added does once its pool has had a process
 	// ready, so that adding an agent never takes a ready replica (and every
@@ -131,7 +133,7 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
 	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name), isolate: isolate,
-		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}}
+		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit}
 	cfg.Metrics = ag.metrics.poolMetrics()
 	cfg.NewHandler = ag.newLink
 	ag.pool = pool.New(cfg, r.log.With("agent", spec.Name))

@@ -153,7 +153,7 @@ func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOn
 
 func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, bool) {
 	c.relay.metrics.Attaches.WithLabelValues("refused").Inc()
-	c.ten.denied(c.ag.metrics, "attach")
+	c.denied("attach", m.Method)
 	c.log.Info("session/attach refused", "why", why)
 	c.replyError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
 	return nil, false, false
@@ -208,7 +208,7 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 		}
 		if _, orphaned := s.removeMember(c); orphaned { // ended off the fan lock
 			c.relay.bg.Go(func() {
-				s.ten.event(s.link.ag.metrics, "closed")
+				s.sessionEvent(nil, "closed", "last_client_left")
 				s.link.finishSession(s, false)
 			})
 		}
@@ -297,7 +297,7 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", mem.peer(), nil)
 		if orphaned {
-			s.ten.event(s.link.ag.metrics, "closed")
+			s.sessionEvent(c, "closed", "last_client_left")
 			s.link.finishSession(s, false)
 		}
 		return
@@ -309,7 +309,7 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", connPeer(c), nil)
 	default:
-		c.ten.event(c.ag.metrics, "closed")
+		s.sessionEvent(c, "closed", "client_left")
 		s.link.finishSession(s, prompting)
 	}
 }
@@ -362,7 +362,7 @@ func (c *Conn) readOnlyWrite(m *jsonrpc.Message) bool {
 	if mem := s.memberOf(c); mem == nil || !mem.readOnly {
 		return false
 	}
-	c.ten.denied(c.ag.metrics, "read_only")
+	c.denied("read_only", m.Method)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
 	}

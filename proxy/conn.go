@@ -346,7 +346,7 @@ func (c *Conn) allow(m *jsonrpc.Message) bool {
 	default:
 		return true
 	}
-	c.ten.denied(c.ag.metrics, "rate_limited")
+	c.denied("rate_limited", m.Method)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, codeBusy, why, nil)
 	} else if c.logLim.Allow() {
@@ -506,7 +506,7 @@ func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
 // refuse answers a message the policy refused (a notification is dropped)
 // and counts it. The error never carries MCP commands, env or headers.
 func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
-	c.ten.denied(c.ag.metrics, reason)
+	c.denied(reason, m.Method)
 	c.log.Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, code, err.Error(), nil)
@@ -521,7 +521,7 @@ func (c *Conn) reserveQuota(m *jsonrpc.Message, move bool) bool {
 	if ok {
 		return true
 	}
-	c.ten.denied(c.ag.metrics, "session_quota")
+	c.denied("session_quota", m.Method)
 	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
 	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
 		c.tenant, max), nil)
@@ -619,6 +619,9 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	}
 	// The other clients hear it was settled before the agent goes on.
 	in.withdraw(c, m)
+	if (in.method == mFsRead || in.method == mFsWrite) && !m.IsError {
+		c.clientFsDone(in, m)
+	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.ag.metrics.message(dirClientToAgent, in.method, len(out))
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)

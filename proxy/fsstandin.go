@@ -84,6 +84,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 			conn.log.Debug("file request served by the gateway failed", "method", method, "err", err)
 		} else {
 			out = jsonrpc.AppendResult(nil, id, result)
+			conn.standInDone(sess, method, &params, result)
 		}
 		l.ag.metrics.FsServed.WithLabelValues(method, outcome).Inc()
 		l.p.SendCtrl(append(out, '\n'))

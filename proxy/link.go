@@ -179,7 +179,7 @@ func (l *procLink) failRoutes(reason error) {
 	for _, s := range sessions {
 		s.retire()
 		if owner := s.markLost(); owner != nil {
-			owner.ten.event(owner.ag.metrics, "lost")
+			s.sessionEvent(owner, "lost", "agent_exited")
 		}
 	}
 	msg := fmt.Sprintf("the agent process exited (%v) before answering", reason)
@@ -228,6 +228,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		if in.method == mRequestPerm {
 			l.ag.metrics.root.PermissionResolutions.WithLabelValues("timeout").Inc()
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+			in.permissionResolved(nil, "timeout", []byte(`{"outcome":"cancelled"}`))
 		}
 		l.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
 			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))

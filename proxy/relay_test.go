@@ -54,7 +54,9 @@ func TestMain(m *testing.M) {
 	}
 }
 
-func testPool(t *testing.T, mode string, mutate func(*PoolConfig)) *Relay {
+// testPool is a relay on a test agent (mode: see TestMain); mutate changes
+// its pool's config, opts the relay's.
+func testPool(t *testing.T, mode string, mutate func(*PoolConfig), opts ...func(*Config)) *Relay {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -76,7 +78,11 @@ func testPool(t *testing.T, mode string, mutate func(*PoolConfig)) *Relay {
 	}
 	pol := policy.Default()
 	pol.Extensions = []string{"_demo/*"} // the tests use the demo agent's echo
-	r, err := NewRelay(Config{Pool: cfg, ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}}}, slog.New(slog.DiscardHandler))
+	rc := Config{Pool: cfg, ClientCaps: AllCapabilities, Tenants: []TenantConfig{{Policy: &pol}}}
+	for _, o := range opts {
+		o(&rc)
+	}
+	r, err := NewRelay(rc, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -272,6 +272,7 @@ func (in *inReq) answerInPlace(c *Conn, why string) {
 	if in.method == mRequestPerm {
 		c.relay.metrics.PermissionResolutions.WithLabelValues("disconnect").Inc()
 		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+		in.permissionResolved(nil, "disconnect", []byte(`{"outcome":"cancelled"}`))
 	}
 	c.log.Info("answered an agent request for a disconnected client", "method", in.method)
 }
@@ -306,6 +307,7 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 		label = "selected"
 	}
 	c.relay.metrics.PermissionResolutions.WithLabelValues(label).Inc()
+	in.permissionResolved(c, "client", outcome)
 	if body := in.resolution(c, outcome); body != nil {
 		in.sess.toMembersLocked(body, nil)
 	}

@@ -170,9 +170,10 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		}
 		edits, created = append(edits, e), s
 	case req.hold.attach != nil:
-		req.hold.attach.noteResult(m.Payload)
+		s := req.hold.attach
+		s.noteResult(m.Payload)
 		req.hold.keepAttach()
-		c.ten.event(c.ag.metrics, "loaded")
+		s.sessionEvent(c, "loaded", "")
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
@@ -184,7 +185,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		c.detach(req.sess)
 		req.sess.detachMembers()
 		req.sess.failQueued(nil, "the session was closed")
-		c.ten.event(c.ag.metrics, "closed")
+		req.sess.sessionEvent(c, "closed", "")
 	}
 	return edits, created, true
 }
@@ -206,7 +207,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 	}
 	s := r.l.addSession(c, sid, req.cwd, req.hold.takeSlot())
 	s.noteResult(m.Payload)
-	c.ten.event(c.ag.metrics, "created")
+	s.sessionEvent(c, "created", "")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }
 
@@ -412,13 +413,16 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 	standIn, err := r.allowAgent(conn, m.Method)
 	if err != nil {
 		log := r.l.p.Log()
-		conn.ten.denied(conn.ag.metrics, "agent_method")
+		conn.denied("agent_method", m.Method)
 		if !isReq {
 			log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
 			return nil, false
 		}
 		log.Info("agent request refused by policy", "method", m.Method, "err", err)
 		r.refuse(m, jsonrpc.CodeMethodNotFound, err.Error())
+		if m.Method == mRequestPerm && rc.sess != nil {
+			rc.sess.permissionRefused(m.Raw)
+		}
 		return nil, false
 	}
 	edits, outside := conn.ten.mapToClient(m, rc.edits, isReq && confinedRequest(m.Method))
@@ -426,7 +430,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
 		r.l.p.Log().Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
-		conn.ten.denied(conn.ag.metrics, "path_outside_root")
+		conn.denied("path_outside_root", m.Method)
 		r.refuse(m, jsonrpc.CodeInvalidParams, "params."+outside+": outside the workspace of this session; the gateway refused it")
 		return nil, false
 	}
@@ -493,6 +497,9 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 		conn.handOver(in, owner)
 	default:
 		conn.deliver(out)
+	}
+	if m.Method == mRequestPerm {
+		conn.permissionRequested(rc.sess, kept)
 	}
 	if rc.sess != nil && (m.Method == mRequestPerm || m.Method == mElicitCreate) {
 		// Every other client of the session that may answer gets it too.

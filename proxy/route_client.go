@@ -47,7 +47,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	// Paths are checked before anything is reserved or taken over.
 	edits, pathErr := c.ten.mapToAgent(m, c.edits[:0])
 	if pathErr != nil {
-		c.ten.denied(c.ag.metrics, "path_outside_root")
+		c.denied("path_outside_root", m.Method)
 		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
@@ -229,7 +229,7 @@ func (c *Conn) routeHome(ctx context.Context) (*routed, error) {
 // it only has to forget it here.
 func (c *Conn) closeLost(m *jsonrpc.Message, sess *Session) {
 	c.detach(sess)
-	c.ten.event(c.ag.metrics, "closed")
+	sess.sessionEvent(c, "closed", "")
 	if m.Kind == jsonrpc.KindRequest {
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
 	}

@@ -50,7 +50,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	}
 	c.attach(s) // before the owner lets go: the session keeps its tenant slot
 	owner.detach(s)
-	c.ten.event(c.ag.metrics, "loaded")
+	s.sessionEvent(c, "loaded", "")
 	for _, in := range owner.takeAgentReqs(s) {
 		c.adopt(in)
 	}
