@@ -70,6 +70,17 @@ var (
 	specResultList = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"sessions": {Elems: &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession}}},
 	}}
+	// specUpdate: session/update, with the update's kind (metering).
+	specUpdate = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
+		"sessionId": leafSession,
+		"update":    {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind}},
+	}}
+	updateKind = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: labelUpdateKind}
+	// specPromptResult: a PromptResponse's stopReason and usage (metering).
+	specPromptResult = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
+		"stopReason": {Kind: jsonrpc.FieldTag, Label: labelStopReason},
+		"usage":      {Kind: jsonrpc.FieldTag, Label: labelUsage},
+	}}
 	// specErrorData: v2 -32002 errors carry data.sessionId.
 	specErrorData = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"data": {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession}},
@@ -93,6 +104,9 @@ func paramsSpec(method string, paths bool) *jsonrpc.Spec {
 			return s
 		}
 	}
+	if method == mSessionUpdate {
+		return specUpdate
+	}
 	return specSessionParam
 }
 
@@ -104,6 +118,8 @@ func resultSpec(method string, isError, paths bool) *jsonrpc.Spec {
 	switch method {
 	case mSessionNew, mSessionFork, mNesStart:
 		return specResultSession
+	case mSessionPrompt:
+		return specPromptResult
 	case mSessionList:
 		if paths {
 			return specResultListPaths
@@ -189,6 +205,7 @@ var (
 				"additionalDirectories": pathList("update.additionalDirectories[]"),
 				"plan":                  {Fields: fields{"uri": uriField("update.plan.uri")}},
 				"summary":               contentSpec,
+				"sessionUpdate":         updateKind,
 			}},
 		}},
 		mRequestPerm: {Fields: fields{

@@ -37,6 +37,10 @@ type Metrics struct {
 	denials             *prometheus.CounterVec
 	agentProtocolErrors *prometheus.CounterVec
 	doubleReleases      *prometheus.CounterVec
+	usageTokens         *prometheus.CounterVec
+	usageCost           *prometheus.CounterVec
+	promptSeconds       *prometheus.CounterVec
+	usageRejected       *prometheus.CounterVec
 
 	Detached  prometheus.Gauge
 	Resumes   *prometheus.CounterVec // result: ok, refused; reason (refusedOtherReplica…)
@@ -75,6 +79,10 @@ type agentMetrics struct {
 	Denials             *prometheus.CounterVec // tenant, reason
 	AgentProtocolErrors *prometheus.CounterVec // kind
 	DoubleReleases      *prometheus.CounterVec // what
+	UsageTokens         *prometheus.CounterVec // tenant, kind
+	UsageCost           *prometheus.CounterVec // tenant, currency
+	PromptSeconds       *prometheus.CounterVec // tenant
+	UsageRejected       *prometheus.CounterVec // reason
 	byMethod            [2]sync.Map            // direction → method label → *msgCounters
 }
 
@@ -100,9 +108,14 @@ func (m *Metrics) forAgent(name string) *agentMetrics {
 		Denials:             m.denials.MustCurryWith(l),
 		AgentProtocolErrors: m.agentProtocolErrors.MustCurryWith(l),
 		DoubleReleases:      m.doubleReleases.MustCurryWith(l),
+		UsageTokens:         m.usageTokens.MustCurryWith(l),
+		UsageCost:           m.usageCost.MustCurryWith(l),
+		PromptSeconds:       m.promptSeconds.MustCurryWith(l),
+		UsageRejected:       m.usageRejected.MustCurryWith(l),
 	}
 	// Exported at 0 from the start, so rates and alerts see the first one.
 	atZero(am.Recycled, "sessions", "age")
+	atZero(am.UsageRejected, rejectInvalid, rejectNegative, rejectTooLarge, rejectDecreased, rejectCurrencies)
 	return am
 }
 
@@ -186,6 +199,7 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
 	m.newConnMetrics()
+	m.newUsageMetrics()
 	m.register(reg)
 	return m
 }
@@ -216,6 +230,22 @@ func (m *Metrics) newConnMetrics() {
 	})
 }
 
+// newUsageMetrics makes the metrics of what agents report using.
+func (m *Metrics) newUsageMetrics() {
+	m.usageTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_usage_tokens_total", Help: "Tokens the agents reported in PromptResponse.usage (taken as the turn's own), by tenant, kind (input, output, thought, cached_read, cached_write) and agent.",
+	}, []string{"tenant", "kind", "agent"})
+	m.usageCost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_usage_cost_total", Help: "Cost the agents reported in usage_update, by tenant, currency (the first 8 a tenant uses; the rest and malformed codes: other) and agent: the increase of each session's cumulative cost; what a session/load or session/resume replays is not counted.",
+	}, []string{"tenant", "currency", "agent"})
+	m.promptSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_prompt_seconds_total", Help: "Time session/prompt turns ran on the agents, from the prompt's sending to its answer, by tenant and agent.",
+	}, []string{"tenant", "agent"})
+	m.usageRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "acpgate_usage_rejected_total", Help: "Usage and cost reports counted as nothing, by reason: invalid (not a number, a fractional token count), negative, too_large (over 1e12 tokens in a turn, a cost increase over 1e9), decreased (a cumulative cost went down: the new amount is the baseline), currencies (a session's ninth currency).",
+	}, []string{"reason", "agent"})
+}
+
 // register exports the metrics on reg, the bounded series at 0 from the
 // start so that rates and alerts see the first one.
 func (m *Metrics) register(reg prometheus.Registerer) {
@@ -227,7 +257,8 @@ func (m *Metrics) register(reg prometheus.Registerer) {
 	atZero(m.PermissionResolutions, "selected", "cancelled", "timeout", "disconnect")
 	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
 		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.AttachedClients, m.Attaches, m.PermissionResolutions, m.PromptsQueued, m.exits, m.spawnDuration,
-		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases, m)
+		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases,
+		m.usageTokens, m.usageCost, m.promptSeconds, m.usageRejected, m)
 }
 
 // atZero creates the series of a one-label counter for each value.

@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 	case "permcount":
 		permCountingAgent()
 		os.Exit(0)
+	case "usage":
+		usageAgent()
+		os.Exit(0)
 	case "init-error":
 		var req struct {
 			ID json.RawMessage `json:"id"`

@@ -29,6 +29,7 @@ type hold struct {
 	// replays history before it answers; ending the request without
 	// keepAttach undoes it.
 	attach   *Session
+	replay   *Session // a load or resume in flight of this session (Session.meter)
 	released atomic.Bool
 }
 
@@ -59,6 +60,9 @@ func (h *hold) release() {
 	}
 	h.slot.Release()
 	h.request.Release()
+	if h.replay != nil {
+		h.replay.meter.replays.Add(-1)
+	}
 	if h.attach != nil {
 		h.attach.link.removeSession(h.attach)
 		h.attach.drop()
@@ -82,13 +86,17 @@ type outReq struct {
 	// its turn starts once the answer is out (startNext), not at end.
 	holdNext bool
 	next     *queuedTurn
-	turn     bool // a prompt counted in its session's turn (Session.running); under the session's lock
+	turn     bool         // a prompt counted in its session's turn (Session.running); under the session's lock
+	began    atomic.Int64 // a prompt: unix nanos it went to the agent, until its turn is counted (turnOver)
 }
 
 // end finishes a request that has been taken from its process's table:
 // the connection forgets it and its hold is released.
 func (r *outReq) end() {
 	r.ended.Store(true)
+	if r.method == mSessionPrompt && r.conn != nil && r.sess != nil {
+		r.turnOver("error", nil) // ended unanswered (an answer counted it already)
+	}
 	if r.conn != nil {
 		r.conn.forgetClientReq(r)
 	}

@@ -112,6 +112,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		c.attach(created) // counted before the request's tenant slot is given back
 	}
 	if req.method == mSessionPrompt && req.sess != nil {
+		r.meterTurn(req, m)
 		req.sess.turnComplete(c, m) // before the next turn is announced
 		req.holdNext = true
 		defer req.startNext() // once this answer is out
@@ -293,6 +294,9 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	rc, ok := r.recipient(m, r.edits[:0])
 	if !ok {
 		return
+	}
+	if m.Method == mSessionUpdate && rc.sess != nil {
+		r.meterUpdate(m, rc.sess)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {

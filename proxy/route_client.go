@@ -136,7 +136,9 @@ func (c *Conn) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string,
 		return nil, "", errAnswered
 	}
 	if live {
-		return &routed{link: sess.link, sess: sess, h: &hold{conn: c}}, agentSID, nil
+		h := &hold{conn: c}
+		h.replaying(sess)
+		return &routed{link: sess.link, sess: sess, h: h}, agentSID, nil
 	}
 	isReq := m.Kind == jsonrpc.KindRequest
 	if isReq && c.takeOver(m, agentSID) {
@@ -169,6 +171,8 @@ func (c *Conn) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID strin
 	l := c.ag.link(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
 		h.attach = l.addSession(c, agentSID, sessionCwd(m), h.takeSlot())
+		h.attach.meterLoaded()
+		h.replaying(h.attach)
 		c.attach(h.attach)
 	}
 	return &routed{link: l, sess: sess, h: h}, nil
@@ -256,6 +260,9 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 	}
 	if rt.sess != nil && m.Method == mSessionPrompt {
 		rt.sess.promptStart.Store(time.Now().UnixNano())
+		if req != nil {
+			c.promptBegins(req, nil, m.Payload)
+		}
 	}
 	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
 	err := rt.link.p.Send(ctx, out)
@@ -336,6 +343,7 @@ func (s *Session) startTurn(t queuedTurn) {
 	}
 	s.announcePrompt(c, t.blocks)
 	s.promptStart.Store(time.Now().UnixNano())
+	c.promptBegins(t.req, t.blocks, nil)
 	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()

@@ -28,6 +28,7 @@ type Session struct {
 	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
 	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
+	meter       meter        // what its agent reported using (usage.go)
 
 	// members are the clients attached with session/attach: a copy-on-write
 	// list (nil: none) the agent's reader loads per message. Written under

@@ -84,8 +84,9 @@ type tenant struct {
 
 	mu          sync.Mutex
 	maxSessions int
-	sessions    int // sessions held by the tenant's connections
-	pending     int // session/new, load, resume in flight
+	sessions    int                 // sessions held by the tenant's connections
+	pending     int                 // session/new, load, resume in flight
+	currencies  map[string]struct{} // named in the usage cost labels (currencyLabel)
 }
 
 func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {

@@ -805,6 +805,7 @@ func compareWithGateway(t *testing.T, agentArgv []string, linger time.Duration) 
 	args = append(slices.Clone(probeArgs), g.url())
 	viaGW = h.runNode(t, homeG, work, runLimit, "probe.mjs", args...)
 	logProbe(t, "through the gateway", viaGW)
+	checkReportedUsage(t, g, viaGW)
 	g.stop(t)
 	if viaGW.err != nil {
 		t.Fatalf("probe.mjs through the gateway failed: %v\n%s", viaGW.err, viaGW.dump())
