@@ -428,7 +428,10 @@ func (c *wsConn) writeLoop() {
 		c.mu.Unlock()
 		if len(batch) > 0 && !c.writeTimed(batch) {
 			c.mu.Lock()
-			c.closing = true // Send refuses from now on; writing stays set
+			// The socket is broken: Send refuses from now on (writing
+			// stays set), and no close is decided, so the end counts as
+			// connection_lost and the connection may resume.
+			c.closing = true
 			c.mu.Unlock()
 			c.cancel()
 			return
