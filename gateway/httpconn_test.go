@@ -305,7 +305,7 @@ func TestSSEHistoryBudget(t *testing.T) {
 		t.Error("a rewind to before the oldest kept event was allowed")
 	}
 	last := a.sent[len(a.sent)-1].id
-	if n, ok := a.rewind(last - 1, discard); !ok || n != 30 || len(a.queue) != 1 || a.queue[0].id != last {
+	if n, ok := a.rewind(last-1, discard); !ok || n != 30 || len(a.queue) != 1 || a.queue[0].id != last {
 		t.Errorf("rewind to %d: %d bytes, %v, queue %v", last-1, n, ok, a.queue)
 	}
 	if _, ok := b.rewind(b.next, discard); ok {
