@@ -213,7 +213,10 @@ func (c *wsConn) run() (label string, clean bool, attrs []any) {
 	code, reason, label := c.readLoop()
 	c.cancel()
 	_ = c.ws.CloseNow()
-	clean = code == websocket.StatusNormalClosure && label == "client_closed" ||
+	// A close frame without a status (1005) is as deliberate as a 1000:
+	// several client libraries close that way (the ACP SDK's WebSocket
+	// client among them); a drop sends no close frame at all.
+	clean = (code == websocket.StatusNormalClosure || code == websocket.StatusNoStatusRcvd) && label == "client_closed" ||
 		label == "shutdown" || label == "idle_timeout" || label == "handshake_timeout"
 	return label, clean, []any{"close_code", int(code), "close_reason", reason}
 }
