@@ -193,7 +193,7 @@ func (h *httpConn) pushLocked(route string, msg []byte) bool {
 func (h *httpConn) dropQueuedLocked() {
 	for _, st := range h.streams {
 		for i, ev := range st.queue {
-			jsonrpc.PutBuffer(ev.msg)
+			h.giveBack(ev.msg)
 			st.queue[i] = sseEvent{}
 		}
 		st.queue = nil
@@ -451,7 +451,7 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	m := &p.m
 	isInit := p.err == nil && m.Method == "initialize" && m.Kind == jsonrpc.KindRequest
 	if isInit && r.Header.Get(ConnectionIDHeader) == "" {
-		s.httpInitialize(w, r, who, agent, msg, m.ID)
+		s.httpInitialize(w, r, who, agent, msg, m)
 		return
 	} else if isInit {
 		plain(w, http.StatusBadRequest, "Initialize not allowed on existing connection")
@@ -550,8 +550,10 @@ func (h *httpConn) admitPost(p *postScan, header string) (int, string) {
 	return 0, ""
 }
 
-// httpInitialize opens a connection: the initialize answer is the body.
-func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string, msg, id []byte) {
+// httpInitialize opens a connection: the initialize answer is the body. m
+// is msg as scanned, handed to the relay as it is.
+func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string, msg []byte, m *jsonrpc.Message) {
+	id := m.ID
 	if string(id) == "null" {
 		plain(w, http.StatusBadRequest, "Initialize request must include an ID")
 		return
@@ -577,7 +579,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 	h.recordOpened()
 	reply := h.initReply // Send clears the field once it has answered
 	h.read(len(msg))
-	h.conn.HandleFrom(&h.link, msg)
+	h.conn.HandleScanned(&h.link, m)
 	select {
 	case reply := <-reply:
 		h.answerInit(w, reply)
@@ -629,7 +631,7 @@ func (h *httpConn) answerInit(w http.ResponseWriter, reply []byte) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(reply)
 	h.wrote(1, len(reply))
-	jsonrpc.PutBuffer(reply) // the sink owns what it was sent
+	h.giveBack(reply) // the sink owns what it was sent
 }
 
 // handleHTTPDelete ends a connection, as a WebSocket close 1000 would.
@@ -650,11 +652,7 @@ func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
 // the connection ends. Headers go out at once: the SDK client waits for
 // them before it posts to the session.
 func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
-	if s.drain.Load() {
-		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
-		return
-	}
-	who, agent, ok := s.authenticateAgent(w, r) // an anonymous request learns nothing else
+	who, agent, ok := s.authenticateAgent(w, r) // refused while draining // an anonymous request learns nothing else
 	if !ok {
 		return
 	}
@@ -712,7 +710,7 @@ func (h *httpConn) receive(w http.ResponseWriter, name string, after int64) (*ss
 	}
 	if after >= 0 {
 		keptBefore, queuedBefore := st.sentSize, len(st.queue)
-		requeued, ok := st.rewind(after)
+		requeued, ok := st.rewind(after, h.giveBack)
 		if !ok {
 			writeJSONError(w, http.StatusNotFound, "resume_refused", "the events after Last-Event-ID are no longer kept; start a new connection and session/load")
 			return nil, false
@@ -831,16 +829,17 @@ func (h *httpConn) keep(st *sseStream, ev sseEvent) {
 		n := len(victim.sent[0].msg)
 		victim.sentSize -= n
 		h.kept -= n
-		jsonrpc.PutBuffer(victim.sent[0].msg) // the sink owns what it was sent
+		h.giveBack(victim.sent[0].msg) // the sink owns what it was sent
 		victim.sent[0] = sseEvent{}
 		victim.sent = victim.sent[1:]
 	}
 }
 
 // rewind puts the events sent after id back in front of the queue, and
-// forgets those up to it (the client has them). It returns the bytes put
-// back, and false when the stream no longer holds every event after id.
-func (st *sseStream) rewind(after int64) (int, bool) {
+// forgets those up to it (the client has them: their buffers go to
+// giveBack). It returns the bytes put back, and false when the stream no
+// longer holds every event after id.
+func (st *sseStream) rewind(after int64, giveBack func([]byte)) (int, bool) {
 	if after >= st.next {
 		return 0, false
 	}
@@ -859,6 +858,8 @@ func (st *sseStream) rewind(after int64) (int, bool) {
 		if ev.id > after {
 			again = append(again, ev)
 			n += len(ev.msg)
+		} else {
+			giveBack(ev.msg) // the client has it
 		}
 	}
 	st.sent, st.sentSize = nil, 0
@@ -876,6 +877,12 @@ func (h *httpConn) release(name string, st *sseStream) {
 	if name != "" && len(st.queue) == 0 && len(st.sent) == 0 && h.streams[name] == st {
 		delete(h.streams, name)
 		if st.next > 1 { // a reconnect with Last-Event-ID must find where it was
+			if len(h.gone) >= maxSessionStreams {
+				for k := range h.gone { // bounded: one forgotten (its reconnect is refused, 404)
+					delete(h.gone, k)
+					break
+				}
+			}
 			h.gone[name] = st.next
 		}
 	}

@@ -169,10 +169,8 @@ func (s *Server) admitTenant(tenant string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	limit := 0
-	for _, t := range s.cfg.Tenants { // s.cfg changes on reload, under s.mu
-		if t.Name == tenant {
-			limit = t.MaxConnections
-		}
+	if t := tenantOf(s.cfg, tenant); t != nil { // s.cfg changes on reload, under s.mu
+		limit = t.MaxConnections
 	}
 	if limit > 0 && s.tenantConns[tenant] >= limit {
 		return false
@@ -304,7 +302,7 @@ func (l *link) closeLocked(reason, label string) {
 	l.t.closeLocked()
 }
 
-// closeReason returns the close decided, if any.
+// closeState returns the close decided, if any.
 func (l *link) closeState() (reason, label string, closing bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -153,12 +153,7 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 // launchTenant is the configured tenant a process is for: nil without
 // tenants; the one tenant when isolation is shared and there is one.
 func launchTenant(cfg *config.Config, tenant string) (*config.Tenant, error) {
-	var t *config.Tenant
-	for i := range cfg.Tenants {
-		if cfg.Tenants[i].Name == tenant {
-			t = &cfg.Tenants[i]
-		}
-	}
+	t := tenantOf(cfg, tenant)
 	if tenant == "" && len(cfg.Tenants) == 1 { // isolation: shared, one tenant
 		t = &cfg.Tenants[0]
 	}

@@ -216,7 +216,10 @@ func (c *wsConn) run() (label string, clean bool, attrs []any) {
 	code, reason, label := c.readLoop()
 	c.cancel()
 	_ = c.ws.CloseNow()
-	clean = code == websocket.StatusNormalClosure && label == "client_closed" ||
+	// A close frame without a status (1005) is as deliberate as a 1000:
+	// several client libraries close that way (the ACP SDK's WebSocket
+	// client among them); a drop sends no close frame at all.
+	clean = (code == websocket.StatusNormalClosure || code == websocket.StatusNoStatusRcvd) && label == "client_closed" ||
 		label == "shutdown" || label == "idle_timeout" || label == "handshake_timeout"
 	return label, clean, []any{"close_code", int(code), "close_reason", reason}
 }
@@ -431,7 +434,10 @@ func (c *wsConn) writeLoop() {
 		c.mu.Unlock()
 		if len(batch) > 0 && !c.writeTimed(batch) {
 			c.mu.Lock()
-			c.closing = true // Send refuses from now on; writing stays set
+			// The socket is broken: Send refuses from now on (writing
+			// stays set), and no close is decided, so the end counts as
+			// connection_lost and the connection may resume.
+			c.closing = true
 			c.mu.Unlock()
 			c.cancel()
 			return

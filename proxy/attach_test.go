@@ -3,10 +3,10 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
-
-	dto "github.com/prometheus/client_model/go"
 	"strings"
 	"testing"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // update is a session/update's update object.

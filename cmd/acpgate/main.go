@@ -132,6 +132,7 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	stopMetrics, err := serveMetrics(srv, cfg.Observability.MetricsListen, log)
 	if err != nil {
+		log.Error("cannot serve metrics", "addr", cfg.Observability.MetricsListen, "err", err)
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
@@ -167,7 +168,6 @@ func serveMetrics(srv *gateway.Server, addr string, log *slog.Logger) (stop func
 	}
 	mln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Error("cannot listen for metrics", "addr", addr, "err", err)
 		return nil, fmt.Errorf("metrics listener: %w", err)
 	}
 	metricsSrv := &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}

@@ -48,10 +48,11 @@ func TestSDKOwnerWithAttachedClient(t *testing.T) {
 	h := newHarness(t)
 	home, work, state := h.mkdir("home"), h.mkdir("work"), h.mkdir("demo-state")
 	agent := shellJoin(gatewayBin, "demo-agent", "--chunk-delay", "-1ms", "--state-dir", state)
-	// The SDK's WebSocket client closes its socket without a status code
-	// (1005), which the gateway takes for a drop: the connection is kept for
-	// a resume until detach_timeout, and only then do the attached clients
-	// hear that it left. A short one keeps the test short.
+	// The SDK's WebSocket client closes its socket with a close frame
+	// without a status code (1005), which the gateway takes for a clean
+	// close: the attached clients hear at once that it left. Its
+	// Streamable-HTTP client may end without a DELETE: then the connection
+	// is kept until detach_timeout, which a short one keeps short.
 	cfg := allowAllPolicy + "sessions:\n  detach_timeout: " + detachTimeout.String() + "\n"
 	g := h.startGatewayWith(t, cfg, agent, home, work)
 	g.waitReady(t, readyLimit)
@@ -205,7 +206,11 @@ func attachScenario(t *testing.T, h *harness, g *gateway, home, work, transport,
 	if !strings.Contains(string(left.Params), ownerName) {
 		t.Errorf("client_disconnected names someone else: %s", left.raw)
 	}
-	t.Logf("client_disconnected for the SDK client %v after it exited (detach_timeout %v)", time.Since(exited).Round(time.Millisecond), detachTimeout)
+	took := time.Since(exited)
+	t.Logf("client_disconnected for the SDK client %v after it exited (detach_timeout %v)", took.Round(time.Millisecond), detachTimeout)
+	if transport == "ws" && took >= detachTimeout {
+		t.Errorf("client_disconnected came %v after the SDK client's WebSocket closed: its close (1005) was taken for a drop", took)
+	}
 	det := peer.call("session/detach", map[string]any{"sessionId": sid}, attachStep)
 	var detRes struct{ SessionID, Status string }
 	peer.mustResult(det, &detRes)
