@@ -565,6 +565,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 		plain(w, http.StatusInternalServerError, "internal error")
 		return
 	}
+	h.remote = r.RemoteAddr
 	if !s.register(&h.link) {
 		h.conn.Close()
 		h.cancel()

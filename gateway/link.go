@@ -29,6 +29,7 @@ type link struct {
 	tenant      string
 	subject     string // who the credential names (auth.Identity.Subject)
 	affinity    string // the balancer's affinity cookie on the opening request (linkInfo)
+	remote      string // the client's address (the admin API)
 	agent       string
 	tenantLabel string
 	log         *slog.Logger
@@ -98,6 +99,7 @@ type transport interface {
 type linkInfo struct {
 	kind, id, tenant, subject, agent string
 	affinity                         string // "NAME=VALUE" of the balancer's affinity cookie, if the request had it
+	remote                           string // the client's address
 	log                              *slog.Logger
 	cfg                              *config.Config
 	handshake, idle                  time.Duration
@@ -105,7 +107,7 @@ type linkInfo struct {
 
 func (l *link) init(s *Server, t transport, in linkInfo) {
 	l.s, l.t, l.kind, l.id, l.tenant, l.subject, l.agent, l.log, l.cfg = s, t, in.kind, in.id, in.tenant, in.subject, in.agent, in.log, in.cfg
-	l.affinity = in.affinity
+	l.affinity, l.remote = in.affinity, in.remote
 	l.tenantLabel = s.metrics.tenants.Label(in.tenant)
 	l.start = time.Now()
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -127,7 +129,7 @@ func (l *link) newConn(noResume bool, onEnd func()) error {
 		}
 	}
 	conn, err := l.s.relay.NewConn(proxy.ConnInfo{ID: l.id, Tenant: l.tenant, Subject: l.subject, Agent: l.agent, Log: l.log,
-		NoResume: noResume, OnEnd: release, Affinity: l.affinity}, l)
+		NoResume: noResume, OnEnd: release, Affinity: l.affinity, Transport: l.kind, Remote: l.remote}, l)
 	if err != nil {
 		l.s.releaseTenant(l.tenant)
 		return fmt.Errorf("new connection: %w", err)
