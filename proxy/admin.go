@@ -178,6 +178,7 @@ func (r *Relay) EndSession(id, by string) error {
 	s.failQueued(nil, why)
 	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
 		s.link.p.Notify(mSessionCancel, sessionIDObject(s.AgentID))
+		s.settleRequests(why) // as a client that cancels does
 		r.awaitPrompts(prompts, adminCancelWait)
 		for _, req := range prompts {
 			if s.link.untrack(req) { // the agent did not answer in time
@@ -190,6 +191,27 @@ func (r *Relay) EndSession(id, by string) error {
 	s.endForAll()
 	r.log.Info("session ended by an administrator", "session", id, "tenant", s.ten.name, "by", by)
 	return nil
+}
+
+// settleRequests answers the agent's requests about s still waiting for
+// a client in their place (a permission request: cancelled) and takes
+// back every client's copy.
+func (s *Session) settleRequests(why string) {
+	for _, in := range s.requests() {
+		in.forget()
+		if !in.claim() {
+			continue
+		}
+		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
+		for _, cp := range in.conns(nil) {
+			cp.conn.withdrawAgentReq(cp.id)
+			cp.conn.deliver(cancelRequestMsg(cp.id))
+		}
+		if in.method == mRequestPerm {
+			s.link.ag.metrics.root.PermissionResolutions.WithLabelValues("cancelled").Inc()
+			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+		}
+	}
 }
 
 // promptsOf lists the client prompts of s in flight through the process.

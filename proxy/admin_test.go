@@ -2,10 +2,28 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 )
+
+// A "deaf" test agent never answers a prompt, nor heeds session/cancel.
+func init() {
+	if os.Getenv("ACPGATE_TEST_AGENT") != "deaf" {
+		return
+	}
+	serveLines(func(m agentLine) {
+		switch m.Method {
+		case "initialize":
+			fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
+		case "session/new":
+			fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
+		}
+	})
+	os.Exit(0)
+}
 
 // An administrator ends a shared session mid-turn: the turn's client gets
 // stopReason "cancelled", both clients are told, and later prompts of
@@ -102,5 +120,51 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	}
 	if err := r.CloseConn("c", "test"); !errors.Is(err, ErrNoSuchConn) {
 		t.Fatalf("closing it again: %v", err)
+	}
+}
+
+// An agent that does not answer the cancelled turn: the gateway answers
+// its client "cancelled" itself, within the bound.
+func TestAdminEndSessionOfADeafAgent(t *testing.T) {
+	r := testPool(t, "deaf", nil)
+	c := newTestConn(t, r, "c")
+	c.init(`{}`)
+	sid := c.newSession("1")
+	c.prompt("2", sid, "hello")
+	waitFor(t, "the prompt to reach the agent", func() bool { return r.PromptsInFlight("") == 1 })
+	start := time.Now()
+	if err := r.EndSession(sid, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < adminCancelWait/2 || d > adminCancelWait+time.Second {
+		t.Errorf("EndSession took %s; the bound is %s", d, adminCancelWait)
+	}
+	if got := c.await("2", nil); !strings.Contains(string(got.Result), `"cancelled"`) {
+		t.Fatalf("the turn's answer: %s", got.raw)
+	}
+	if n := r.PromptsInFlight(""); n != 0 {
+		t.Fatalf("%d prompts in flight after the end", n)
+	}
+}
+
+// A permission request waiting for the turn's client is answered
+// "cancelled" in its place and taken back from the client, as a client
+// that cancels does; the agent then ends the turn.
+func TestAdminEndSessionSettlesPermission(t *testing.T) {
+	r := testPool(t, "permcount", nil)
+	c := newTestConn(t, r, "c")
+	c.init(`{}`)
+	sid := c.newSession("1")
+	c.prompt("2", sid, "hello")
+	perm := c.untilMethod(mRequestPerm, nil)
+	if err := r.EndSession(sid, "test"); err != nil {
+		t.Fatal(err)
+	}
+	withdrawn := false
+	c.await("2", func(m msg) {
+		withdrawn = withdrawn || m.Method == mCancelRequest && strings.Contains(string(m.Params), string(perm.ID))
+	})
+	if !withdrawn {
+		t.Fatal("the permission request was not taken back from the client")
 	}
 }
