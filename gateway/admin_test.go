@@ -225,3 +225,37 @@ func TestAdminTokensReload(t *testing.T) {
 		t.Fatalf("turning the admin API off: %v", err)
 	}
 }
+
+// An administrator closes a Streamable HTTP connection: its streams end and
+// it is gone. Without tenants only the admin token is known.
+func TestAdminClosesHTTPConnection(t *testing.T) {
+	sum := sha256.Sum256([]byte("admintok"))
+	ts := startServer(t, func(c *config.Config) { c.Admin.TokensSHA256 = []string{hex.EncodeToString(sum[:])} })
+	base := "http://" + ts.addr + "/v1/admin/connections"
+	if code, _ := adminCall(t, ts.http, http.MethodGet, base, "tok", nil); code != http.StatusUnauthorized {
+		t.Fatalf("an unknown token without tenants: %d", code)
+	}
+	c := openHTTP(t, ts)
+	events, stop, _ := c.sse("", "")
+	defer stop()
+	var conns struct{ Connections []adminConn }
+	adminCall(t, ts.http, http.MethodGet, base, "admintok", &conns)
+	if len(conns.Connections) != 1 || conns.Connections[0].ID != c.conn || conns.Connections[0].Transport != "http" ||
+		!strings.HasPrefix(conns.Connections[0].Remote, "127.0.0.1:") {
+		t.Fatalf("connections: %+v", conns)
+	}
+	if code, _ := adminCall(t, ts.http, http.MethodDelete, base+"/"+c.conn, "admintok", nil); code != http.StatusOK {
+		t.Fatalf("closing it: %d", code)
+	}
+	deadline := time.After(5 * time.Second)
+	for open := true; open; {
+		select {
+		case _, open = <-events:
+		case <-deadline:
+			t.Fatal("the event stream did not end")
+		}
+	}
+	if st, _ := c.post(nil, `{"jsonrpc":"2.0","id":2,"method":"session/list","params":{}}`); st != http.StatusNotFound {
+		t.Fatalf("a POST after the close: %d", st)
+	}
+}

@@ -88,6 +88,10 @@ func TestAdminEndIdleSession(t *testing.T) {
 		t.Fatal("ending an idle session waited")
 	}
 	c.untilMethod(methodSessionEnded, nil)
+	c.send(`{"jsonrpc":"2.0","id":9,"method":"session/load","params":{"sessionId":"` + sid + `","cwd":"/tmp","mcpServers":[]}}`)
+	if got := c.await("9", nil); got.Error == nil || !strings.Contains(got.Error.Message, "ended by an administrator") {
+		t.Fatalf("loading it again: %s", got.raw)
+	}
 	other := c.newSession("2")
 	c.prompt("3", other, "hello")
 	if got := c.await("3", nil); got.Error != nil {
