@@ -343,13 +343,9 @@ func (v *jwtVerifier) keyFunc(ctx context.Context) jwt.Keyfunc {
 
 // verify checks a JWT and returns its tenant and subject.
 func (v *jwtVerifier) verify(r *http.Request, token string, tenants *tenantTable) (tenant, subject string, _ *Error) {
-	if len(token) > maxJWTBytes {
-		return "", "", unauthorized(ReasonInvalidToken, "the token is too long")
-	}
-	claims := jwt.MapClaims{}
-	tok, err := v.parser.ParseWithClaims(token, claims, v.keyFunc(r.Context()))
-	if err != nil {
-		return "", "", v.jwtError(tok, claims, err)
+	claims, jerr := v.claims(r, token)
+	if jerr != nil {
+		return "", "", jerr
 	}
 	subject, _ = claims["sub"].(string)
 	tenant, ok := claims[v.tenantClaim].(string)
@@ -361,6 +357,20 @@ func (v *jwtVerifier) verify(r *http.Request, token string, tenants *tenantTable
 		return "", "", fail(http.StatusForbidden, ReasonUnknownTenant, "the token's tenant is not configured on this gateway")
 	}
 	return tenant, subject, nil
+}
+
+// claims checks a JWT (signature, issuer, audience, times) and returns
+// its claims.
+func (v *jwtVerifier) claims(r *http.Request, token string) (jwt.MapClaims, *Error) {
+	if len(token) > maxJWTBytes {
+		return nil, unauthorized(ReasonInvalidToken, "the token is too long")
+	}
+	claims := jwt.MapClaims{}
+	tok, err := v.parser.ParseWithClaims(token, claims, v.keyFunc(r.Context()))
+	if err != nil {
+		return nil, v.jwtError(tok, claims, err)
+	}
+	return claims, nil
 }
 
 // jwtError maps a jwt/v5 error to an *Error. The library's own text is not

@@ -129,7 +129,7 @@ func (l *link) newConn(noResume bool, onEnd func()) error {
 		}
 	}
 	conn, err := l.s.relay.NewConn(proxy.ConnInfo{ID: l.id, Tenant: l.tenant, Subject: l.subject, Agent: l.agent, Log: l.log,
-		NoResume: noResume, OnEnd: release, Affinity: l.affinity}, l)
+		NoResume: noResume, OnEnd: release, Affinity: l.affinity, Transport: l.kind, Remote: l.remote}, l)
 	if err != nil {
 		l.s.releaseTenant(l.tenant)
 		return fmt.Errorf("new connection: %w", err)

@@ -49,6 +49,7 @@ type Server struct {
 	log      *slog.Logger
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
+	admins   *auth.Admins        // nil: no admin API
 	launch   *launcher           // nil: the sandbox is off
 	http     *http.Server
 	registry *prometheus.Registry
@@ -92,6 +93,9 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	if next.AuthEnabled() != cur.AuthEnabled() {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
+	if why := adminReloadable(cur, next); why != "" {
+		return errors.New(why)
+	}
 	if changed := restartOnlyChanges(cur, next); len(changed) > 0 {
 		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents, sharing), policy, "+
 			"sharing, agents added or removed and default_agent reload", strings.Join(changed, ", "))
@@ -133,6 +137,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		}
 		return err
 	}
+	_ = s.reloadAdmins(next) // hashes the configuration validated
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
@@ -149,7 +154,7 @@ func restartOnlyChanges(cur, next *config.Config) []string {
 	a, b := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	for i := range a.NumField() {
 		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
-		if key == "tenants" || key == "policy" || key == "sharing" || key == "agents" || key == "default_agent" {
+		if key == "tenants" || key == "policy" || key == "sharing" || key == "agents" || key == "default_agent" || key == "admin" {
 			continue
 		}
 		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
@@ -281,6 +286,10 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, err
 	}
+	admins, err := newAdmins(cfg, authn, log)
+	if err != nil {
+		return fail(err)
+	}
 	var sup []string
 	if opts.Supervisor != nil {
 		sup = opts.Supervisor(0)
@@ -289,7 +298,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
+	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
 		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	var agents []proxy.AgentSpec
@@ -369,6 +378,7 @@ func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Hand
 	r.HandleFunc("/v1/agents", s.handleAgents)
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
+		s.adminRoutes(r) // else on the operations listener (OpsHandler)
 	}
 	if authn != nil {
 		r.Handle("/v1/tickets", authn.TicketsHandler())

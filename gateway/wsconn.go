@@ -168,8 +168,8 @@ func (s *Server) acceptWebSocket(w http.ResponseWriter, r *http.Request, accept 
 		log = log.With("tenant", tenant)
 	}
 	c := &wsConn{ws: ws, nc: uw.conn}
-	c.init(s, c, linkInfo{kind: "websocket", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinityOf(r, cfg), remote: r.RemoteAddr,
-		handshake: cfg.Timeouts.Handshake.D(), idle: cfg.Timeouts.Idle.D()})
+	c.init(s, c, linkInfo{kind: "websocket", id: id, tenant: tenant, subject: who.Subject, agent: agent, log: log, cfg: cfg, affinity: affinityOf(r, cfg),
+		remote: r.RemoteAddr, handshake: cfg.Timeouts.Handshake.D(), idle: cfg.Timeouts.Idle.D()})
 	if every := cfg.WebSocket.PingInterval.D(); every > 0 {
 		c.nextPing = c.start.Add(every)
 	}

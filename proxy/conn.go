@@ -76,6 +76,9 @@ type ConnInfo struct {
 	// connection's opening request carried ("" = none): the initialize
 	// result says it (_meta.acpgate.affinity), for share links.
 	Affinity string
+	// Transport ("websocket", "http") and Remote (the client's address)
+	// are what the admin API lists.
+	Transport, Remote string
 	// NoResume: the transport has no socket to resume (Streamable HTTP,
 	// whose event streams replay by Last-Event-ID): no resume token, no
 	// replay buffer.
@@ -120,6 +123,9 @@ type Conn struct {
 	affinity string // ConnInfo.Affinity
 	keeps    bool   // the outbox keeps what it sends: sinks borrow messages (Sink.Send)
 	onEnd    func()
+	opened   time.Time
+	// transport and remote: ConnInfo's, for the admin API.
+	transport, remote string
 
 	out  outbox       // what the client is sent, numbered, kept for a resume
 	recv atomic.Int64 // client messages received, across sockets
@@ -142,6 +148,7 @@ type Conn struct {
 	detached    bool        // no socket: kept for a resume or a take-over
 	detachSeq   int64       // the last message numbered before the detach
 	detachTimer *time.Timer // ends the connection at sessions.detach_timeout
+	detachedAt  time.Time   // when it last detached
 	resuming    int         // Resume calls not yet attached or aborted
 }
 

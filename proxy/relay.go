@@ -100,12 +100,16 @@ type Relay struct {
 	audit   audit.Recorder // nil: no audit trail
 	prompts bool           // audit prompt text (Config.AuditPrompts)
 
-	mu        sync.Mutex // guards conns, tenants, resumable and agents
+	mu        sync.Mutex // guards conns, tenants, resumable, agents and adminEnded
 	conns     map[*Conn]struct{}
 	resumable map[string]*Conn  // by resume token
 	agents    map[string]*agent // by name, until removed
 	first     string            // the first agent configured (Pool)
 	tenantCfg []TenantConfig    // as configured, for agents added later
+	// adminEnded: the sessions an administrator ended, by the ID clients
+	// see, oldest first in endedOrder (bounded: maxAdminEnded).
+	adminEnded map[string]struct{}
+	endedOrder []string
 
 	mapPaths bool   // some tenant maps paths (set at start: a reload cannot turn it on)
 	instance string // this process's name in resume tokens
@@ -242,6 +246,9 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		clientID:   newClientID(),
 		log:        log,
 		onEnd:      info.OnEnd,
+		opened:     time.Now(),
+		transport:  info.Transport,
+		remote:     info.Remote,
 		ctx:        ctx,
 		cancel:     cancel,
 		sessions:   map[string]*Session{},

@@ -206,6 +206,7 @@ func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	if detach && !c.detached {
 		c.detached = true
 		c.detachSeq = sent
+		c.detachedAt = time.Now()
 		if c.resuming == 0 {
 			c.armDetachLocked()
 		}

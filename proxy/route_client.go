@@ -101,6 +101,10 @@ func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.F
 	c.mu.Lock()
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
+	if sess != nil && sess.adminEnded.Load() || sess == nil && c.relay.wasEndedByAdmin(gwID) {
+		c.endedByAdmin(m, gwID)
+		return nil, "", errAnswered
+	}
 	live := sess != nil && !sess.isLost()
 	switch {
 	case attachesSession(m.Method):

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -29,6 +30,8 @@ type Session struct {
 
 	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
 	meter       meter        // what its agent reported using (usage.go)
+	opened      time.Time    // when it was created or loaded here
+	adminEnded  atomic.Bool  // an administrator ended it (Relay.EndSession): refuse what names it
 
 	// members are the clients attached with session/attach: a copy-on-write
 	// list (nil: none) the agent's reader loads per message. Written under
@@ -73,6 +76,8 @@ type Session struct {
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result.
 	state sessionState
+	// turnEnded is when its last turn ended (the admin API's "since").
+	turnEnded time.Time
 }
 
 // newSession makes a session of the link's process owned by c, holding
@@ -80,7 +85,7 @@ type Session struct {
 func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
 	gwID := c.relay.sealer.Seal(c.scope, agentSID)
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
-		slot: slot, inbound: map[*inReq]struct{}{}, subject: c.subject}
+		slot: slot, inbound: map[*inReq]struct{}{}, subject: c.subject, opened: time.Now()}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.historyBytes(); n > 0 && s.attachable {
 		s.history = &history{limit: n}
@@ -262,6 +267,7 @@ func (s *Session) promptDone(r *outReq) (next queuedTurn, ok bool) {
 	defer s.mu.Unlock()
 	if s.prompt == r {
 		s.prompt = nil
+		s.turnEnded = time.Now()
 	}
 	return s.turnEndedLocked(r)
 }

@@ -170,7 +170,7 @@ func serveMetrics(srv *gateway.Server, addr string, log *slog.Logger) (stop func
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
 	}
-	metricsSrv := &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	metricsSrv := &http.Server{Handler: srv.OpsHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { // ends with metricsSrv.Close (stop)
 		if err := metricsSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics listener failed", "addr", mln.Addr().String(), "err", err)

@@ -59,6 +59,8 @@ type Config struct {
 	// Tenants turns authentication on: every connection belongs to one.
 	Tenants []Tenant `yaml:"tenants"`
 	Auth    Auth     `yaml:"auth"`
+	// Admin turns the admin API on (/v1/admin/...).
+	Admin Admin `yaml:"admin"`
 	// Policy says what remote clients may do with the agent; tenants may
 	// override it key by key.
 	Policy PolicyYAML `yaml:"policy"`
@@ -551,6 +553,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	c.validatePolicies(add)
 	c.validateSharing(add)
+	c.validateAdmin(add)
 	c.validateLog(add)
 	return ps
 }

@@ -1,0 +1,259 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"reflect"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/auth"
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy"
+)
+
+// The admin API: list the connections and sessions, end a session, close
+// a connection. It is served on the operations listener when one is set
+// (OpsHandler), else on the main one, to administrators only (auth.Admins).
+
+// newAdmins is the admin API's credential check (nil: no admin API).
+func newAdmins(cfg *config.Config, authn *auth.Authenticator, log *slog.Logger) (*auth.Admins, error) {
+	if !cfg.Admin.Enabled() {
+		return nil, nil
+	}
+	ac := auth.AdminConfig{TokensSHA256: cfg.Admin.TokensSHA256}
+	if j := cfg.Admin.JWTClaim; j != nil {
+		ac.JWTClaim, ac.JWTValue = j.Claim, j.Value
+	}
+	a, err := auth.NewAdmins(ac, authn, log)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	return a, nil
+}
+
+// adminReloadable says why next's admin settings need a restart ("" if
+// they reload: only the tokens change).
+func adminReloadable(cur, next *config.Config) string {
+	switch {
+	case cur.Admin.Enabled() != next.Admin.Enabled():
+		return "turning the admin API on or off needs a restart"
+	case !reflect.DeepEqual(cur.Admin.JWTClaim, next.Admin.JWTClaim):
+		return "admin.jwt_claim needs a restart"
+	}
+	return ""
+}
+
+// reloadAdmins applies a reload's admin tokens.
+func (s *Server) reloadAdmins(next *config.Config) error {
+	if s.admins == nil {
+		return nil
+	}
+	return s.admins.UpdateTokens(next.Admin.TokensSHA256)
+}
+
+// OpsHandler serves the operations listener (observability.metrics_listen):
+// /metrics, and the admin API when it is configured.
+func (s *Server) OpsHandler() http.Handler {
+	r := chi.NewRouter()
+	r.Handle("/metrics", s.MetricsHandler())
+	s.adminRoutes(r)
+	return r
+}
+
+// adminRoutes mounts the admin API on r, if it is configured.
+func (s *Server) adminRoutes(r chi.Router) {
+	if s.admins == nil {
+		return
+	}
+	r.Get("/v1/admin/connections", s.admin(s.handleAdminConns))
+	r.Get("/v1/admin/sessions", s.admin(s.handleAdminSessions))
+	r.Delete("/v1/admin/sessions/{id}", s.admin(s.handleAdminEndSession))
+	r.Delete("/v1/admin/connections/{id}", s.admin(s.handleAdminCloseConn))
+}
+
+// adminHandler serves an administrator, who.
+type adminHandler func(w http.ResponseWriter, r *http.Request, who auth.Identity)
+
+// admin lets only administrators through to h: a tenant's credential gets
+// 403, none or an unknown one 401. Each refusal is audited.
+func (s *Server) admin(h adminHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		who, err := s.admins.Check(r)
+		if err != nil {
+			var ae *auth.Error
+			if !errors.As(err, &ae) {
+				ae = &auth.Error{Status: http.StatusUnauthorized, Reason: auth.ReasonInvalidToken, Message: "not authenticated"}
+			}
+			s.record(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
+				audit.F("method", r.Method), audit.F("path", r.URL.Path), audit.F("remote", r.RemoteAddr)}})
+			if ae.Status == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="acpgate admin"`)
+			}
+			writeJSONError(w, ae.Status, ae.Reason, ae.Message)
+			return
+		}
+		h(w, r, who)
+	}
+}
+
+// adminConn is a connection as GET /v1/admin/connections lists it.
+type adminConn struct {
+	ID         string     `json:"id"`
+	Tenant     string     `json:"tenant"`
+	Subject    string     `json:"subject"`
+	Agent      string     `json:"agent"`
+	Transport  string     `json:"transport"`
+	Remote     string     `json:"remote"`
+	Opened     time.Time  `json:"opened"`
+	State      string     `json:"state"` // attached or detached
+	DetachedAt *time.Time `json:"detachedAt,omitempty"`
+	Sessions   []string   `json:"sessions"`
+}
+
+// handleAdminConns lists the open connections (?tenant= filters).
+func (s *Server) handleAdminConns(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+	tenant, all := tenantFilter(r)
+	links, _ := s.linksOf("")
+	byID := make(map[string]*link, len(links))
+	for _, l := range links {
+		byID[l.id] = l
+	}
+	out := []adminConn{}
+	for _, c := range s.relay.ConnSnapshots() {
+		if !all && c.Tenant != tenant {
+			continue
+		}
+		ac := adminConn{ID: c.ID, Tenant: c.Tenant, Subject: c.Subject, Agent: c.Agent, Transport: c.Transport,
+			Remote: c.Remote, Opened: c.Opened.UTC(), State: "attached", Sessions: c.Sessions}
+		if l := byID[c.ID]; l != nil { // the socket it has now
+			ac.Transport, ac.Remote = l.kind, l.remote
+		}
+		if c.Detached {
+			ac.State, ac.DetachedAt = "detached", optTime(c.DetachedAt)
+		}
+		out = append(out, ac)
+	}
+	s.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
+		Fields: []audit.Field{audit.F("count", len(out))}})
+	writeAdminJSON(w, http.StatusOK, map[string]any{"connections": out})
+}
+
+// adminSession is a session as GET /v1/admin/sessions lists it.
+type adminSession struct {
+	ID          string             `json:"id"`
+	Tenant      string             `json:"tenant"`
+	Agent       string             `json:"agent"`
+	Clients     int                `json:"clients"`
+	State       string             `json:"state"` // idle, running or detached
+	Since       time.Time          `json:"since"` // when it entered that state
+	TurnStarted *time.Time         `json:"turnStarted,omitempty"`
+	Tokens      map[string]int64   `json:"tokens"`
+	Cost        map[string]float64 `json:"cost"`
+}
+
+// handleAdminSessions lists the live sessions (?tenant= filters).
+func (s *Server) handleAdminSessions(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+	tenant, all := tenantFilter(r)
+	out := []adminSession{}
+	for _, ss := range s.relay.SessionSnapshots(tenant, all) {
+		as := adminSession{ID: ss.ID, Tenant: ss.Tenant, Agent: ss.Agent, Clients: ss.Clients, State: ss.State,
+			Since: ss.Since.UTC(), TurnStarted: optTime(ss.TurnStarted), Tokens: ss.Usage.Tokens, Cost: ss.Usage.Cost}
+		if as.Tokens == nil {
+			as.Tokens = map[string]int64{}
+		}
+		if as.Cost == nil {
+			as.Cost = map[string]float64{}
+		}
+		out = append(out, as)
+	}
+	s.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
+		Fields: []audit.Field{audit.F("count", len(out))}})
+	writeAdminJSON(w, http.StatusOK, map[string]any{"sessions": out})
+}
+
+// handleAdminEndSession ends a session for every client, its running turn
+// cancelled.
+func (s *Server) handleAdminEndSession(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+	id := chi.URLParam(r, "id")
+	var tenant, agent string
+	for _, ss := range s.relay.SessionSnapshots("", true) {
+		if ss.ID == id {
+			tenant, agent = ss.Tenant, ss.Agent
+		}
+	}
+	if err := s.relay.EndSession(id, who.Subject); errors.Is(err, proxy.ErrNoSuchSession) {
+		writeJSONError(w, http.StatusNotFound, "not_found", "no such session")
+		return
+	} else if err != nil {
+		s.log.Error("admin: cannot end a session", "session", id, "err", err)
+		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
+	s.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: tenant, Agent: agent, Session: id})
+	writeAdminJSON(w, http.StatusOK, map[string]string{"sessionId": id, "status": "ended"})
+}
+
+// handleAdminCloseConn closes a connection for good: its socket with 1008
+// "closed by an administrator" (an HTTP connection's streams end), and its
+// resume token is refused.
+func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+	id := chi.URLParam(r, "id")
+	var tenant, agent string
+	for _, c := range s.relay.ConnSnapshots() {
+		if c.ID == id {
+			tenant, agent = c.Tenant, c.Agent
+		}
+	}
+	if err := s.relay.CloseConn(id, who.Subject); errors.Is(err, proxy.ErrNoSuchConn) {
+		writeJSONError(w, http.StatusNotFound, "not_found", "no such connection")
+		return
+	} else if err != nil {
+		s.log.Error("admin: cannot close a connection", "conn", id, "err", err)
+		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
+	links, _ := s.linksOf("")
+	for _, l := range links {
+		if l.id == id {
+			l.closeWith(adminCloseReason, "admin_closed")
+		}
+	}
+	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: tenant, Agent: agent, Conn: id})
+	writeAdminJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
+}
+
+// adminCloseReason is the close reason of a connection an administrator
+// closed (WebSocket 1008).
+const adminCloseReason = "closed by an administrator"
+
+// tenantFilter is the ?tenant= filter: all when absent.
+func tenantFilter(r *http.Request) (tenant string, all bool) {
+	q := r.URL.Query()
+	if !q.Has("tenant") {
+		return "", true
+	}
+	return q.Get("tenant"), false
+}
+
+// optTime is t in UTC, or nil when zero.
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// writeAdminJSON writes v as a JSON body.
+func writeAdminJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

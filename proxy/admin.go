@@ -1,0 +1,346 @@
+package proxy
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// What the admin API sees and does: snapshots of the connections and
+// sessions, and an administrator's end of a session or a connection.
+
+// ConnSnapshot is what the admin API lists of a connection.
+type ConnSnapshot struct {
+	ID, Tenant, Subject, Agent string
+	Transport, Remote          string // as the connection's first socket had them
+	Opened                     time.Time
+	Detached                   bool      // no socket: kept for a resume or a take-over
+	DetachedAt                 time.Time // zero unless Detached
+	Sessions                   []string  // the session IDs it holds, as it sees them
+}
+
+// SessionSnapshot is what the admin API lists of a session.
+type SessionSnapshot struct {
+	ID, Tenant, Agent string
+	Clients           int    // its owner, if any, and its members
+	State             string // SessionIdle, SessionRunning or SessionDetached
+	Since             time.Time
+	TurnStarted       time.Time // zero: no turn running
+	Usage             Usage
+}
+
+// Session states in a SessionSnapshot.
+const (
+	SessionIdle     = "idle"
+	SessionRunning  = "running"
+	SessionDetached = "detached" // no client has a socket
+)
+
+// Errors of EndSession and CloseConn: nothing of that ID.
+var (
+	ErrNoSuchSession = errors.New("no such session")
+	ErrNoSuchConn    = errors.New("no such connection")
+)
+
+// adminCancelWait is how long EndSession waits for the agent to answer a
+// cancelled turn before answering its client "cancelled" itself.
+const adminCancelWait = 2 * time.Second
+
+// maxAdminEnded bounds the ended session IDs remembered for their error.
+const maxAdminEnded = 4096
+
+// ConnSnapshots lists the open connections, attached or detached, in the
+// order they were made.
+func (r *Relay) ConnSnapshots() []ConnSnapshot {
+	conns := r.connList()
+	slices.SortFunc(conns, func(a, b *Conn) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]ConnSnapshot, 0, len(conns))
+	for _, c := range conns {
+		snap := ConnSnapshot{ID: c.id, Tenant: c.tenant, Subject: c.subject, Agent: c.ag.name,
+			Transport: c.transport, Remote: c.remote, Opened: c.opened}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			continue
+		}
+		snap.Detached = c.detached
+		if c.detached {
+			snap.DetachedAt = c.detachedAt
+		}
+		snap.Sessions = make([]string, 0, len(c.sessions))
+		for id := range c.sessions {
+			snap.Sessions = append(snap.Sessions, id)
+		}
+		c.mu.Unlock()
+		slices.Sort(snap.Sessions)
+		out = append(out, snap)
+	}
+	return out
+}
+
+// SessionSnapshots lists the live sessions of tenant ("" with all: every
+// tenant's), oldest first.
+func (r *Relay) SessionSnapshots(tenant string, all bool) []SessionSnapshot {
+	var out []SessionSnapshot
+	for _, s := range r.sessionList() {
+		if !all && s.ten.name != tenant {
+			continue
+		}
+		out = append(out, s.snapshot())
+	}
+	slices.SortFunc(out, func(a, b SessionSnapshot) int {
+		if c := a.Since.Compare(b.Since); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
+// sessionList is every live session of every agent process.
+func (r *Relay) sessionList() []*Session {
+	var out []*Session
+	for _, ag := range r.agentList() {
+		for _, l := range ag.linkList() {
+			for _, s := range *l.sessions.Load() {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// findSession is the live session clients see as id (nil: none).
+func (r *Relay) findSession(id string) *Session {
+	for _, s := range r.sessionList() {
+		if s.GatewayID == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// snapshot is what the admin API lists of s.
+func (s *Session) snapshot() SessionSnapshot {
+	snap := SessionSnapshot{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.usage()}
+	members := s.clientList()
+	snap.Clients = len(members)
+	s.mu.Lock()
+	owner, prompt, running := s.owner.Load(), s.prompt, s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()
+	snap.Since = s.opened
+	if s.turnEnded.After(snap.Since) {
+		snap.Since = s.turnEnded
+	}
+	s.mu.Unlock()
+	if owner != nil {
+		snap.Clients++
+	}
+	switch {
+	case running:
+		snap.State = SessionRunning
+		if prompt != nil {
+			s.link.mu.Lock()
+			snap.TurnStarted = prompt.start
+			s.link.mu.Unlock()
+			snap.Since = snap.TurnStarted
+		}
+	case len(members) == 0 && (owner == nil || owner.Detached()):
+		snap.State = SessionDetached
+		if owner != nil {
+			owner.mu.Lock()
+			snap.Since = owner.detachedAt
+			owner.mu.Unlock()
+		}
+	default:
+		snap.State = SessionIdle
+	}
+	return snap
+}
+
+// EndSession ends the session clients see as id, for an administrator
+// (by names them in the log): its running turn is cancelled on the agent
+// (its client gets stopReason "cancelled", from the gateway if the agent
+// does not answer within adminCancelWait), prompts waiting for a turn are
+// refused, and every client is told and let go. Later requests naming it
+// get an error that says so. An unknown id is ErrNoSuchSession.
+func (r *Relay) EndSession(id, by string) error {
+	s := r.findSession(id)
+	if s == nil || !s.adminEnded.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: %q", ErrNoSuchSession, id)
+	}
+	r.noteAdminEnded(id)
+	why := adminEndedMsg(id)
+	s.failQueued(nil, why)
+	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
+		s.link.p.Notify(mSessionCancel, sessionIDObject(s.AgentID))
+		s.settleRequests(why) // as a client that cancels does
+		r.awaitPrompts(prompts, adminCancelWait)
+		for _, req := range prompts {
+			if s.link.untrack(req) { // the agent did not answer in time
+				req.end()
+				req.conn.deliverFor(jsonrpc.AppendResult(nil, req.clientID, []byte(`{"stopReason":"cancelled"}`)),
+					nil, Facts{ID: req.clientID}, false)
+			}
+		}
+	}
+	s.endForAll()
+	r.log.Info("session ended by an administrator", "session", id, "tenant", s.ten.name, "by", by)
+	return nil
+}
+
+// settleRequests answers the agent's requests about s still waiting for
+// a client in their place (a permission request: cancelled) and takes
+// back every client's copy.
+func (s *Session) settleRequests(why string) {
+	for _, in := range s.requests() {
+		in.forget()
+		if !in.claim() {
+			continue
+		}
+		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
+		for _, cp := range in.conns(nil) {
+			cp.conn.withdrawAgentReq(cp.id)
+			cp.conn.deliver(cancelRequestMsg(cp.id))
+		}
+		if in.method == mRequestPerm {
+			s.link.ag.metrics.root.PermissionResolutions.WithLabelValues("cancelled").Inc()
+			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+		}
+	}
+}
+
+// promptsOf lists the client prompts of s in flight through the process.
+func (l *procLink) promptsOf(s *Session) []*outReq {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*outReq
+	for _, req := range l.pending {
+		if req.method == mSessionPrompt && req.conn != nil && req.sess == s {
+			out = append(out, req)
+		}
+	}
+	return out
+}
+
+// awaitPrompts waits until every one of prompts has ended, or wait has
+// passed.
+func (r *Relay) awaitPrompts(prompts []*outReq, wait time.Duration) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		r.promptMu.Lock()
+		ch := r.promptCh
+		r.promptMu.Unlock()
+		if !slices.ContainsFunc(prompts, func(req *outReq) bool { return !req.ended.Load() }) {
+			return
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// methodSessionEnded tells a session's clients that an administrator
+// ended it.
+const methodSessionEnded = "_acpgate/session_ended"
+
+// endForAll ends s for every client after an administrator's EndSession:
+// each is told (methodSessionEnded) and lets it go (the agent's requests
+// waiting for it are answered in its place); its slots are given back and
+// the agent closes it where it supports session/close.
+func (s *Session) endForAll() {
+	owner := s.drop()
+	current := s.link.removeSession(s)
+	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":"ended by an administrator"}`...)
+	msg := jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params)
+	f := Facts{Method: methodSessionEnded, SessionID: s.GatewayID}
+	members := s.clientList()
+	s.fan.Lock()
+	for _, m := range members {
+		m.send(s, clone(msg), f)
+	}
+	if owner != nil {
+		owner.deliverFor(msg, s, f, false)
+	}
+	s.fan.Unlock()
+	for _, m := range members {
+		m.conn.dropRequestsOf(s)
+	}
+	if owner != nil {
+		owner.dropRequestsOf(s)
+		owner.detach(s)
+	}
+	s.detachMembers()
+	s.ten.event(s.link.ag.metrics, "closed")
+	if current && s.link.p.Init().Caps.Close {
+		s.link.fireAndForget(mSessionClose, sessionIDObject(s.AgentID))
+	}
+}
+
+// adminEndedMsg is the error a request naming a session an administrator
+// ended gets.
+func adminEndedMsg(id string) string {
+	return fmt.Sprintf("session %s was ended by an administrator", id)
+}
+
+// noteAdminEnded remembers that an administrator ended the session id.
+func (r *Relay) noteAdminEnded(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.adminEnded == nil {
+		r.adminEnded = map[string]struct{}{}
+	}
+	if len(r.endedOrder) >= maxAdminEnded {
+		delete(r.adminEnded, r.endedOrder[0])
+		r.endedOrder = slices.Delete(r.endedOrder, 0, 1)
+	}
+	r.adminEnded[id] = struct{}{}
+	r.endedOrder = append(r.endedOrder, id)
+}
+
+// wasEndedByAdmin reports whether an administrator ended the session id.
+func (r *Relay) wasEndedByAdmin(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.adminEnded[id]
+	return ok
+}
+
+// endedByAdmin answers a request naming a session an administrator ended.
+func (c *Conn) endedByAdmin(m *jsonrpc.Message, gwID string) {
+	if m.Kind != jsonrpc.KindRequest {
+		return
+	}
+	c.replyError(m.ID, jsonrpc.CodeNotFound, adminEndedMsg(gwID), sessionIDObject(gwID))
+}
+
+// CloseConn ends the connection id for good, for an administrator: its
+// resume token is refused from now on, and it ends as Close does. The
+// transport closes its socket. An unknown id is ErrNoSuchConn.
+func (r *Relay) CloseConn(id, by string) error {
+	var c *Conn
+	r.mu.Lock()
+	for cc := range r.conns {
+		if cc.id == id {
+			c = cc
+			break
+		}
+	}
+	if c != nil && c.token != "" {
+		delete(r.resumable, c.token)
+	}
+	r.mu.Unlock()
+	if c == nil {
+		return fmt.Errorf("%w: %q", ErrNoSuchConn, id)
+	}
+	c.Close()
+	r.log.Info("connection closed by an administrator", "conn", id, "tenant", c.tenant, "by", by)
+	return nil
+}
