@@ -210,6 +210,7 @@ func (s *Session) settleRequests(why string) {
 		if in.method == mRequestPerm {
 			s.link.ag.metrics.root.PermissionResolutions.WithLabelValues("cancelled").Inc()
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
+			in.permissionResolved(nil, "admin", []byte(`{"outcome":"cancelled"}`))
 		}
 	}
 }
@@ -278,7 +279,7 @@ func (s *Session) endForAll() {
 		owner.detach(s)
 	}
 	s.detachMembers()
-	s.ten.event(s.link.ag.metrics, "closed")
+	s.sessionEvent(nil, "closed", "ended_by_admin")
 	if current && s.link.p.Init().Caps.Close {
 		s.link.fireAndForget(mSessionClose, sessionIDObject(s.AgentID))
 	}

@@ -106,7 +106,8 @@ func (c *Conn) permissionRequested(sess *Session, msg []byte) {
 // permissionResolved records permission.resolved for in, a permission
 // request: outcome is the RequestPermissionOutcome the agent got, by who
 // settled it: "client" (c, the client that answered), or the gateway in
-// the clients' place: "timeout", "policy", "disconnect".
+// the clients' place: "timeout", "policy", "disconnect", "admin" (an
+// administrator ended the session).
 func (in *inReq) permissionResolved(c *Conn, by string, outcome []byte) {
 	if in.method != mRequestPerm || in.sess == nil || in.link.ag.audit == nil {
 		return
