@@ -55,6 +55,8 @@ type Config struct {
 	Log          Log                    `yaml:"log"`
 	// Observability configures metrics.
 	Observability Observability `yaml:"observability"`
+	// Audit configures the audit trail.
+	Audit Audit `yaml:"audit"`
 
 	// Tenants turns authentication on: every connection belongs to one.
 	Tenants []Tenant `yaml:"tenants"`
@@ -552,6 +554,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	c.validatePolicies(add)
 	c.validateSharing(add)
 	c.validateLog(add)
+	c.validateAudit(add)
 	return ps
 }
 
