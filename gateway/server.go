@@ -54,6 +54,7 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	audit    audit.Recorder // nil: no audit trail (audit.file unset)
+	trail    *audit.Log     // the same, to reopen and close
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
 	drain    atomic.Bool // the listener is closing: new connections refused
@@ -275,9 +276,13 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	var trail *audit.Log
 	fail := func(err error) (*Server, error) {
 		if authn != nil {
 			authn.Close()
+		}
+		if trail != nil {
+			_ = trail.Close()
 		}
 		return nil, err
 	}
@@ -289,8 +294,14 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if trail, err = openAudit(cfg, reg, log); err != nil {
+		return fail(err)
+	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
 		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}}
+	if trail != nil {
+		s.audit, s.trail = trail, trail
+	}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
@@ -301,7 +312,9 @@ func New(opts Options) (*Server, error) {
 		}
 		agents = append(agents, spec)
 	}
-	relay, err := proxy.NewRelay(relayConfig(cfg, relayMetrics, agents, sealer, tenants), log)
+	rc := relayConfig(cfg, relayMetrics, agents, sealer, tenants)
+	rc.Audit, rc.AuditPrompts = s.audit, cfg.Audit.IncludePrompts
+	relay, err := proxy.NewRelay(rc, log)
 	if err != nil {
 		s.stopDrains()
 		return fail(err)
@@ -470,6 +483,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
+	}
+	if aerr := s.closeAudit(); aerr != nil && err == nil {
+		err = aerr
 	}
 	if s.authn != nil {
 		s.authn.Close()
