@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/gateway/config"
@@ -46,5 +47,30 @@ func TestAuditTrail(t *testing.T) {
 	}
 	if n, err := audit.Verify([]string{path + ".1", path}, io.Discard); err != nil || n != 2 {
 		t.Fatalf("Verify: %d lines, %v; want 2 intact", n, err)
+	}
+}
+
+// A full disk (/dev/full): the gateway starts, serves prompts and counts
+// the audit trail's failed writes.
+func TestAuditFullDisk(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	ts := startServer(t, func(c *config.Config) { c.Audit.File = "/dev/full" })
+	c := ts.dial()
+	c.initialize()
+	sid := c.newSession()
+	for range 3 {
+		ts.s.record(audit.Event{Event: "test.full"})
+		if text := c.prompt(sid, "hello"); text == "" {
+			t.Fatal("prompt: no reply")
+		}
+	}
+	waitFor(t, 5*time.Second, "a counted write error", func() bool {
+		_, body := ts.get("/metrics")
+		return !strings.Contains(body, "acpgate_audit_write_errors_total 0") && strings.Contains(body, "acpgate_audit_write_errors_total")
+	})
+	if !strings.Contains(ts.logs.String(), "audit trail write failed") {
+		t.Errorf("the write error was not logged")
 	}
 }
