@@ -55,6 +55,7 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	audit    audit.Recorder // nil: no audit trail (audit.file unset)
+	trail    *audit.Log     // the same, to reopen and close
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
 	drain    atomic.Bool // the listener is closing: new connections refused
@@ -280,9 +281,13 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	var trail *audit.Log
 	fail := func(err error) (*Server, error) {
 		if authn != nil {
 			authn.Close()
+		}
+		if trail != nil {
+			_ = trail.Close()
 		}
 		return nil, err
 	}
@@ -298,24 +303,19 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if trail, err = openAudit(cfg, reg, log); err != nil {
+		return fail(err)
+	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
 		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}}
-	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
-	var agents []proxy.AgentSpec
-	for _, a := range cfg.AgentList() {
-		spec, err := s.agentSpec(cfg, a)
-		if err != nil {
-			s.stopDrains()
-			return fail(err)
-		}
-		agents = append(agents, spec)
+	if trail != nil {
+		s.audit, s.trail = trail, trail
 	}
-	relay, err := proxy.NewRelay(relayConfig(cfg, relayMetrics, agents, sealer, tenants), log)
-	if err != nil {
+	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
+	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.stopDrains()
 		return fail(err)
 	}
-	s.relay = relay
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := s.routes(cfg, authn)
 	s.http = &http.Server{
@@ -324,6 +324,27 @@ func New(opts Options) (*Server, error) {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
+}
+
+// startRelay starts the relay (s.relay) with cfg's agents and s's audit
+// trail.
+func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.Sealer, tenants []proxy.TenantConfig) error {
+	var agents []proxy.AgentSpec
+	for _, a := range cfg.AgentList() {
+		spec, err := s.agentSpec(cfg, a)
+		if err != nil {
+			return err
+		}
+		agents = append(agents, spec)
+	}
+	rc := relayConfig(cfg, m, agents, sealer, tenants)
+	rc.Audit, rc.AuditPrompts = s.audit, cfg.Audit.IncludePrompts
+	relay, err := proxy.NewRelay(rc, s.log)
+	if err != nil {
+		return err
+	}
+	s.relay = relay
+	return nil
 }
 
 // relayConfig is the relay's configuration.
@@ -480,6 +501,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
+	}
+	if aerr := s.closeAudit(); aerr != nil && err == nil {
+		err = aerr
 	}
 	if s.authn != nil {
 		s.authn.Close()

@@ -4,6 +4,7 @@
 //	acpgate [serve] [--config FILE] [--listen ADDR] [--agent "CMD ARGS..."]
 //	acpgate demo-agent        a built-in ACP v1 agent on stdio
 //	acpgate check-config --config FILE
+//	acpgate audit verify FILE...
 //	acpgate keygen > session.key
 //	acpgate version
 package main
@@ -27,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/demoagent"
 	"github.com/acpgate/acpgate/gateway"
 	"github.com/acpgate/acpgate/gateway/config"
@@ -53,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return demoAgent(args, stderr)
 	case "check-config":
 		return checkConfig(args, stdout, stderr)
+	case "audit":
+		return auditCmd(args, stdout, stderr)
 	case "version":
 		fmt.Fprintf(stdout, "acpgate %s\n", buildVersion())
 		return 0
@@ -75,6 +79,7 @@ func usage(w io.Writer) {
                   [--allow-unauthenticated] [--log-level LEVEL] [--log-format text|json]
   acpgate demo-agent [--state-dir DIR] [--chunk-delay DURATION]
   acpgate check-config --config FILE
+  acpgate audit verify FILE...     check an audit trail's chain (its files oldest first)
   acpgate keygen > session.key     a new session key (32 random bytes, hex)
   acpgate version
 `)
@@ -180,8 +185,8 @@ func serveMetrics(srv *gateway.Server, addr string, log *slog.Logger) (stop func
 	return func() { _ = metricsSrv.Close() }, nil
 }
 
-// serveUntilSignal serves ln until a signal: SIGHUP reloads the configuration, SIGTERM
-// or SIGINT drains.
+// serveUntilSignal serves ln until a signal: SIGHUP reopens the audit file
+// and reloads the configuration, SIGTERM or SIGINT drains.
 func serveUntilSignal(srv *gateway.Server, ln net.Listener, cfg *config.Config, f serveFlags, log *slog.Logger, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -196,6 +201,9 @@ func serveUntilSignal(srv *gateway.Server, ln net.Listener, cfg *config.Config, 
 			_ = srv.Shutdown(context.Background())
 			return 1
 		case <-hup:
+			// The audit file is opened afresh (logrotate moved it); a
+			// failure is logged and the old file kept.
+			_ = srv.ReopenAudit()
 			// Tenants, tokens and policy reload; the file is read again and
 			// the flags and environment laid over it as at start.
 			next, err := loadConfig(f, stderr)
@@ -488,4 +496,26 @@ func superviseCmd(args []string, stderr io.Writer) int {
 		return 2
 	}
 	return supervise.Run(fs.Args(), *grace, *parent)
+}
+
+// auditCmd is acpgate audit verify FILE...: exit 0 when the chain holds,
+// 1 at the first broken line.
+func auditCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) < 2 || args[0] != "verify" || strings.HasPrefix(args[1], "-") {
+		fmt.Fprintln(stderr, "usage: acpgate audit verify FILE...   (a rotated trail's files oldest first)")
+		return 2
+	}
+	files := args[1:]
+	n, err := audit.Verify(files, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "acpgate audit verify: %v\n", err)
+		fmt.Fprintf(stderr, "%d lines intact before it\n", n)
+		return 1
+	}
+	plural := "s"
+	if len(files) == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(stdout, "%d lines intact in %d file%s\n", n, len(files), plural)
+	return 0
 }

@@ -55,6 +55,8 @@ type Config struct {
 	Log          Log                    `yaml:"log"`
 	// Observability configures metrics.
 	Observability Observability `yaml:"observability"`
+	// Audit configures the audit trail.
+	Audit Audit `yaml:"audit"`
 
 	// Tenants turns authentication on: every connection belongs to one.
 	Tenants []Tenant `yaml:"tenants"`
@@ -555,6 +557,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	c.validateSharing(add)
 	c.validateAdmin(add)
 	c.validateLog(add)
+	c.validateAudit(add)
 	return ps
 }
 

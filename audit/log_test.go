@@ -1,0 +1,446 @@
+package audit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// Every goroutine a test starts must end with it.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func event(i int) Event {
+	return Event{Event: "prompt.started", Tenant: "acme", Subject: "alice", Agent: "default", Conn: "c1",
+		Session: fmt.Sprintf("s%d", i), Fields: []Field{F("turn", i), F("stop", "end_turn")}}
+}
+
+func recordN(l *Log, from, to int) {
+	for i := from; i < to; i++ {
+		l.Record(event(i))
+	}
+}
+
+func readLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+func mustVerify(t *testing.T, want int, files ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	n, err := Verify(files, &out)
+	if err != nil || n != want {
+		t.Fatalf("Verify %v: %d lines, %v; want %d intact", files, n, err, want)
+	}
+	return out.String()
+}
+
+func TestLineAndChain(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := Open(Config{File: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 3)
+	l.Record(Event{Event: "session.closed", Fields: []Field{F("prev", "forged"), F("ts", 1), F("ch", make(chan int))}})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("stat %v, %v; want mode 0600", st, err)
+	}
+	lines := readLines(t, path)
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	want := `,"event":"prompt.started","tenant":"acme","subject":"alice","agent":"default","conn":"c1","session":"s0",` +
+		`"turn":0,"stop":"end_turn","prev":"` + Genesis + `"}`
+	if !strings.HasPrefix(lines[0], `{"ts":"`) || !strings.HasSuffix(lines[0], want) {
+		t.Errorf("line 1 = %s\nwant {\"ts\":…%s", lines[0], want)
+	}
+	var v struct{ TS, Prev string }
+	if err := json.Unmarshal([]byte(lines[0]), &v); err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := time.Parse(time.RFC3339Nano, v.TS); err != nil || len(v.TS) != len("2006-01-02T15:04:05.000000000Z") ||
+		time.Since(ts) > time.Minute {
+		t.Errorf("ts %q: %v", v.TS, err)
+	}
+	for i := 1; i < len(lines); i++ {
+		if !strings.HasSuffix(lines[i], `,"prev":"`+sum([]byte(lines[i-1]))+`"}`) {
+			t.Errorf("line %d does not chain to line %d: %s", i+1, i, lines[i])
+		}
+	}
+	last := lines[3]
+	if !strings.Contains(last, `"ch":"(not encodable: unsupported type: chan int)"`) ||
+		strings.Contains(last, "forged") || strings.Contains(last, `"ts":1`) || strings.Contains(last, `"tenant"`) {
+		t.Errorf("line 4 = %s; want the common keys unset and the reserved fields left out", last)
+	}
+	if out := mustVerify(t, 4, path); out != "" {
+		t.Errorf("Verify notes %q on a whole trail", out)
+	}
+	if h, err := Last([]string{path}); err != nil || h != sum([]byte(last)) {
+		t.Errorf("Last = %s, %v", h, err)
+	}
+}
+
+// A trail reopened after a restart chains to its last line.
+func TestOpenExisting(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	for i := range 3 {
+		l, err := Open(Config{File: path}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recordN(l, 2*i, 2*i+2)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustVerify(t, 6, path)
+}
+
+// A last line cut off is ended with a newline and the next line chains to
+// the one before it: Verify points at the cut line.
+func TestOpenCutOff(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := Open(Config{File: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 3)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readLines(t, path)
+	if err := os.WriteFile(path, []byte(lines[0]+"\n"+lines[1]+"\n"+lines[2][:20]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if _, err := Verify([]string{path}, &out); err == nil || !strings.Contains(err.Error(), "line 3: cut off") {
+		t.Fatalf("Verify: %v; want line 3 cut off", err)
+	}
+	var logs bytes.Buffer
+	l, err = Open(Config{File: path}, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 3, 4)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "cut off") {
+		t.Errorf("no warning logged: %s", logs.String())
+	}
+	got := readLines(t, path)
+	if len(got) != 4 || got[2] != lines[2][:20] || !strings.HasSuffix(got[3], `"prev":"`+sum([]byte(lines[1]))+`"}`) {
+		t.Fatalf("after reopening: %q", got)
+	}
+	if _, err := Verify([]string{path}, &out); err == nil || !strings.Contains(err.Error(), "line 3: not a JSON object") {
+		t.Fatalf("Verify: %v; want line 3 not JSON", err)
+	}
+}
+
+// Reopen (after logrotate moved the file): the new file's first line
+// chains to the old file's last.
+func TestReopen(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := Open(Config{File: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 3)
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reopen(); err != nil { // the pending lines go to the old file
+		t.Fatal(err)
+	}
+	recordN(l, 3, 5)
+	if err := l.Reopen(); err != nil { // a reopen without a rotation changes nothing
+		t.Fatal(err)
+	}
+	recordN(l, 5, 6)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(readLines(t, path+".1")); n != 3 {
+		t.Fatalf("old file: %d lines, want 3", n)
+	}
+	mustVerify(t, 6, path+".1", path)
+	if out := mustVerify(t, 3, path); !strings.Contains(out, "line 1 chains to a line not given") {
+		t.Errorf("Verify of the new file alone: notes %q", out)
+	}
+	if _, err := Verify([]string{path, path + ".1"}, io.Discard); err == nil ||
+		!strings.HasPrefix(err.Error(), path+".1: line 1: prev is not the SHA-256 of the last line of "+path+" (line 3)") {
+		t.Errorf("Verify out of order: %v", err)
+	}
+	if err := l.Reopen(); err == nil {
+		t.Error("Reopen after Close: no error")
+	}
+	l.Record(event(9))
+	if l.Dropped() != 1 {
+		t.Errorf("Record after Close: dropped %d, want 1", l.Dropped())
+	}
+	if err := l.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestReopenFails(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sub", "audit.jsonl")
+	if err := os.Mkdir(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Open(Config{File: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 1)
+	if err := os.Rename(filepath.Dir(path), filepath.Join(dir, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reopen(); err == nil {
+		t.Fatal("Reopen into a missing directory: no error")
+	}
+	recordN(l, 1, 2) // to the old file, still open
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mustVerify(t, 2, filepath.Join(dir, "moved", "audit.jsonl"))
+}
+
+func TestStdout(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "stdout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	old := os.Stdout
+	os.Stdout = f
+	l, err := Open(Config{File: "-"}, nil)
+	os.Stdout = old
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 2)
+	if err := l.Reopen(); err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 2, 3)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(nil); err != nil {
+		t.Fatalf("Close closed standard output: %v", err)
+	}
+	mustVerify(t, 3, f.Name())
+}
+
+// Lines wait at most FlushEvery before they are written.
+func TestFlushEvery(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := Open(Config{File: path, FlushEvery: 20 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	recordN(l, 0, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if b, _ := os.ReadFile(path); len(b) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the line was not written within 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// fakeSink is a file in memory whose writes can stall or fail.
+type fakeSink struct {
+	mu      sync.Mutex
+	data    []byte
+	fail    bool          // writes write half and fail with ENOSPC
+	stall   chan struct{} // writes wait until it is closed
+	stalled chan struct{} // gets one value per write waiting
+}
+
+var errNoSpace = errors.New("no space left on device")
+
+func (s *fakeSink) Write(p []byte) (int, error) {
+	if s.stall != nil {
+		s.stalled <- struct{}{}
+		<-s.stall
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail {
+		s.data = append(s.data, p[:len(p)/2]...)
+		return len(p) / 2, errNoSpace
+	}
+	s.data = append(s.data, p...)
+	return len(p), nil
+}
+
+func (s *fakeSink) Truncate(n int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.data = s.data[:n]
+	return nil
+}
+
+func (s *fakeSink) Close() error { return nil }
+
+func (s *fakeSink) setFail(b bool) {
+	s.mu.Lock()
+	s.fail = b
+	s.mu.Unlock()
+}
+
+// counters counts a Log's hooks.
+type counters struct {
+	written, dropped, errors atomic.Int64
+	errorCh                  chan struct{}
+}
+
+func (c *counters) config(cfg Config) Config {
+	c.errorCh = make(chan struct{}, 16)
+	cfg.Written = func(string) { c.written.Add(1) }
+	cfg.Dropped = func(n int) { c.dropped.Add(int64(n)) }
+	cfg.WriteError = func() {
+		c.errors.Add(1)
+		select {
+		case c.errorCh <- struct{}{}:
+		default:
+		}
+	}
+	return cfg
+}
+
+// A stalled disk: Record does not block; what does not fit is dropped and
+// counted.
+func TestBufferFull(t *testing.T) {
+	sink := &fakeSink{stall: make(chan struct{}), stalled: make(chan struct{}, 100)}
+	var c counters
+	l := start(c.config(Config{File: "fake", Buffer: 4, FlushEvery: time.Millisecond}), slog.New(slog.DiscardHandler), sink, 0, Genesis)
+	recordN(l, 0, 1)
+	<-sink.stalled // the writer waits on the disk
+	done := make(chan struct{})
+	go func() { // ends after its Records, bounded by the test's wait
+		defer close(done)
+		recordN(l, 1, 101)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Record blocked on a stalled disk")
+	}
+	close(sink.stall)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Dropped(); d != 96 || d != c.dropped.Load() || c.written.Load() != 5 {
+		t.Errorf("dropped %d (hook %d), written %d; want 96 dropped (the buffer holds 4), 5 written", d, c.dropped.Load(), c.written.Load())
+	}
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(path, sink.data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustVerify(t, int(c.written.Load()), path)
+}
+
+// A write that fails is counted and undone; the next line chains to the
+// last line written.
+func TestWriteError(t *testing.T) {
+	sink := &fakeSink{}
+	var c counters
+	var logs bytes.Buffer
+	l := start(c.config(Config{File: "fake", FlushEvery: time.Millisecond}), slog.New(slog.NewTextHandler(&logs, nil)), sink, 0, Genesis)
+	recordN(l, 0, 2)
+	waitFor(t, func() bool { return c.written.Load() == 2 })
+	sink.setFail(true)
+	for i := 2; i < 4; i++ { // two failed writes, one logged
+		recordN(l, i, i+1)
+		select {
+		case <-c.errorCh:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no write error counted")
+		}
+	}
+	sink.setFail(false)
+	recordN(l, 4, 5)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c.errors.Load() != 2 || c.dropped.Load() != 2 || c.written.Load() != 3 {
+		t.Errorf("write errors %d, dropped %d, written %d; want 2, 2, 3", c.errors.Load(), c.dropped.Load(), c.written.Load())
+	}
+	if n := strings.Count(logs.String(), "audit trail write failed"); n != 1 {
+		t.Errorf("%d write errors logged, want 1 a minute:\n%s", n, logs.String())
+	}
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(path, sink.data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustVerify(t, 3, path)
+	if lines := readLines(t, path); !strings.Contains(lines[2], `"session":"s4"`) {
+		t.Errorf("line 3 = %s, want s4's", lines[2])
+	}
+}
+
+// /dev/full: every write fails with ENOSPC; Record goes on without
+// blocking, and the errors are counted.
+func TestDevFull(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	var c counters
+	l, err := Open(c.config(Config{File: "/dev/full", FlushEvery: time.Millisecond}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 1)
+	select {
+	case <-c.errorCh:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no write error counted")
+	}
+	recordN(l, 1, 1000)
+	if err := l.Close(); err != nil && !strings.Contains(err.Error(), "no space") {
+		t.Fatal(err)
+	}
+	if c.written.Load() != 0 || c.dropped.Load() != 1000 {
+		t.Errorf("written %d, dropped %d; want 0 and 1000", c.written.Load(), c.dropped.Load())
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
