@@ -77,7 +77,7 @@ func TestAuditTrail(t *testing.T) {
 	c.Initialize("e2e", false) // no file access: the gateway stands in
 	sid := c.newSession(vroot)
 	const secret = "s3cret-content-never-audited"
-	pid := c.Request("session/prompt", textPrompt(sid, "write "+vroot+"/out.txt "+secret))
+	pid := c.Request("session/prompt", textPrompt(sid, "write out.txt "+secret))
 	msgs := readUntil(t, c, "the permission request", turn, isMethod("session/request_permission"))
 	c.Respond(msgs[len(msgs)-1].ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
 	if r := stopReason(t, c.Await(pid, turn, func(rpcMsg) {})); r != "end_turn" {
@@ -115,7 +115,7 @@ func TestAuditTrail(t *testing.T) {
 		}
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("events:\n got %v\nwant %v", got, want)
+		t.Errorf("events:\n got %v\nwant %v\n%s", got, want, mustRead(t, trail))
 	}
 	for _, r := range recs {
 		switch r.Event {
