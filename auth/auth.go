@@ -84,9 +84,9 @@ type Config struct {
 	MaxTickets int
 	// Clock is the time source (default time.Now); tests inject a fake.
 	Clock func() time.Time
-	// OnFailure, if set, is called with the reason of every refused
+	// OnFailure, if set, is called with every refused request and the
 	// request (upgrades and ticket requests alike), for metrics.
-	OnFailure func(reason string)
+	OnFailure func(r *http.Request, reason string)
 }
 
 // Identity is an authenticated client. It never holds the credential.
@@ -162,7 +162,7 @@ func unauthorized(reason, msg string) *Error { return fail(http.StatusUnauthoriz
 // Authenticator checks credentials. It is safe for concurrent use.
 type Authenticator struct {
 	log       *slog.Logger
-	onFailure func(reason string)
+	onFailure func(r *http.Request, reason string)
 	now       func() time.Time
 	origins   []originPattern
 	tenants   atomic.Pointer[tenantTable]
@@ -187,7 +187,7 @@ func New(cfg Config, log *slog.Logger) (*Authenticator, error) {
 	}
 	onFailure := cfg.OnFailure
 	if onFailure == nil {
-		onFailure = func(string) {}
+		onFailure = func(*http.Request, string) {}
 	}
 	now := cfg.Clock
 	if now == nil {
@@ -504,6 +504,6 @@ func (a *Authenticator) logFailure(r *http.Request, err error) {
 	var e *Error
 	if errors.As(err, &e) {
 		a.log.Info("authentication failed", "reason", e.Reason, "remote", r.RemoteAddr)
-		a.onFailure(e.Reason)
+		a.onFailure(r, e.Reason)
 	}
 }

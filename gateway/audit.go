@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
 	"time"
@@ -9,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/acpgate/acpgate/audit"
-	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 )
 
@@ -48,16 +46,12 @@ func (l *link) recordClosed(label string, attrs []any) {
 	l.s.record(l.event("connection.closed", fields...))
 }
 
-// authFailed records auth.failed for a refused request: the reason, never
-// the credential.
-func (s *Server) authFailed(r *http.Request, err error) {
-	if s.audit == nil {
+// authFailed records auth.failed for a request the authenticator refused
+// (an upgrade, a POST, a ticket request…): the reason, never the
+// credential.
+func (s *Server) authFailed(r *http.Request, reason string) {
+	if s == nil || s.audit == nil {
 		return
-	}
-	reason := "refused"
-	var e *auth.Error
-	if errors.As(err, &e) {
-		reason = e.Reason
 	}
 	s.record(audit.Event{Event: "auth.failed", Fields: []audit.Field{
 		audit.F("reason", reason), audit.F("remote", r.RemoteAddr), audit.F("path", r.URL.Path)}})

@@ -323,7 +323,6 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Iden
 	}
 	id, err := s.authn.Upgrade(r)
 	if err != nil {
-		s.authFailed(r, err)
 		auth.WriteError(w, err)
 		return auth.Identity{}, false
 	}

@@ -245,7 +245,7 @@ func newSealer(cfg *config.Config, log *slog.Logger) (*proxy.Sealer, error) {
 	return proxy.NewSealer(keys...)
 }
 
-func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(string)) (*auth.Authenticator, error) {
+func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(*http.Request, string)) (*auth.Authenticator, error) {
 	ac := auth.Config{AllowedOrigins: cfg.Auth.AllowedOrigins, TicketTTL: cfg.Auth.TicketTTL.D(), OnFailure: onFailure,
 		Tenants: authTenants(cfg)}
 	if j := cfg.Auth.JWT; j != nil {
@@ -276,8 +276,12 @@ func New(opts Options) (*Server, error) {
 		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
 	}, []string{"reason"})
 	var authn *auth.Authenticator
+	var srv *Server // set below, before any request is served
 	if cfg.AuthEnabled() {
-		if authn, err = newAuthenticator(cfg, log, func(reason string) { authFailures.WithLabelValues(reason).Inc() }); err != nil {
+		if authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
+			authFailures.WithLabelValues(reason).Inc()
+			srv.authFailed(r, reason)
+		}); err != nil {
 			return nil, err
 		}
 	}
@@ -311,6 +315,7 @@ func New(opts Options) (*Server, error) {
 	if trail != nil {
 		s.audit, s.trail = trail, trail
 	}
+	srv = s
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.stopDrains()

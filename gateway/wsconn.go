@@ -104,7 +104,6 @@ func (s *Server) authenticateUpgrade(w http.ResponseWriter, r *http.Request) (au
 	}
 	id, err := s.authn.Upgrade(r)
 	if err != nil { // counted by the authenticator's OnFailure hook
-		s.authFailed(r, err)
 		auth.WriteError(w, err) // Upgrade has logged the reason (never the token)
 		return auth.Identity{}, nil, false
 	}
