@@ -20,8 +20,11 @@ func TestQuick(t *testing.T) {
 	for _, scenario := range []string{"stream", "fanin", "idle", "setup"} {
 		t.Run(scenario, func(t *testing.T) {
 			args := []string{"-scenario", scenario, "-quick", "-gateway-bin", gwBin, "-timeout", "2m"}
-			if scenario == "stream" {
-				args = append(args, "-resume-off") // the default and resume off, side by side
+			switch scenario {
+			case "stream":
+				args = append(args, "-resume-off", "-audit") // the default, resume off and audit on, side by side
+			case "setup":
+				args = append(args, "-audit")
 			}
 			res, output := runLoad(t, dir, loadBin, scenario, args...)
 			if len(res.Errors) > 0 || res.Command == "" || !res.Quick {
@@ -31,9 +34,10 @@ func TestQuick(t *testing.T) {
 			case "stream":
 				checkStream(t, res.Stream, "gateway")
 				checkStream(t, res.Stream, "gateway"+resumeOffName)
+				checkStream(t, res.Stream, "gateway"+auditOnName)
 				for _, c := range res.Stream.Cases {
-					if c.ResumeOnVsOff <= 0 {
-						t.Errorf("stream %d B: no resume on ÷ off ratio", c.Size)
+					if c.ResumeOnVsOff <= 0 || c.AuditOnVsOff <= 0 {
+						t.Errorf("stream %d B: resume on ÷ off %v, audit on ÷ off %v", c.Size, c.ResumeOnVsOff, c.AuditOnVsOff)
 					}
 				}
 			case "fanin":
@@ -225,8 +229,8 @@ func checkIdle(t *testing.T, r *idleResult) {
 }
 
 func checkSetup(t *testing.T, r *setupResult) {
-	if r == nil || len(r.Paths) != 5 {
-		t.Fatalf("setup: want 5 paths, have %+v", r)
+	if r == nil || len(r.Paths) != 6 {
+		t.Fatalf("setup: want 6 paths (the warm one twice: audit off and on), have %+v", r)
 	}
 	for _, p := range r.Paths {
 		if p.Samples == 0 || p.SessionNew.N != p.Samples || p.Total.P50 <= 0 || len(p.Errors) > 0 || p.Failed > 0 {
@@ -235,7 +239,7 @@ func checkSetup(t *testing.T, r *setupResult) {
 	}
 	// The mixed path reads the gateway's spawn count: at least the warm
 	// process.
-	mixed := r.Paths[4]
+	mixed := r.Paths[5]
 	if mixed.Spawns == nil || mixed.SpawnsAtReady == nil || *mixed.SpawnsAtReady < 1 || *mixed.Spawns < *mixed.SpawnsAtReady {
 		t.Errorf("setup %s: spawns %v, at ready %v", mixed.Path, mixed.Spawns, mixed.SpawnsAtReady)
 	}

@@ -156,7 +156,10 @@ type harness struct {
 	otherBins []string
 	// resumeOff adds, in the stream scenario, the gateway with resume off
 	// (sessions.detach_timeout 0: no replay buffer) next to the default.
-	resumeOff  bool
+	resumeOff bool
+	// audit adds, in the stream and setup scenarios, the gateway with its
+	// audit trail on (audit.file) next to the default, which has it off.
+	audit      bool
 	websocketd string // "" when not installed
 	tmp        string
 	c          counts
@@ -233,6 +236,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
 	transport := fs.String("transport", "ws", "stream and fanin: the gateway paths' client transport: ws (WebSocket), http (Streamable HTTP: POST, SSE) or both")
 	resumeOff := fs.Bool("resume-off", false, "stream: also measure the gateway with resume off (sessions.detach_timeout: 0, no replay buffer) side by side with the default, over WebSocket")
+	auditOn := fs.Bool("audit", false, "stream and setup: also measure the gateway with its audit trail on (audit.file) side by side with the default (off)")
 	httpClient := fs.String("http-client", "lean", "fanin over HTTP: how clients POST: lean (each writes its POSTs on a keep-alive connection and reads the answers itself) or nethttp (Go's http.Client)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -352,7 +356,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	}
 	bins := strings.Split(*gatewayBin, ",")
 	h.gatewayBin, h.otherBins = bins[0], bins[1:]
-	h.resumeOff = *resumeOff
+	h.resumeOff, h.audit = *resumeOff, *auditOn
 	if h.gatewayBin == "" {
 		h.gatewayBin = filepath.Join(h.tmp, "acpgate")
 		fmt.Fprintln(stderr, "load: building ./cmd/acpgate")

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"sync"
 	"syscall"
 	"time"
@@ -355,7 +356,11 @@ type gwConfig struct {
 	historySet   bool
 	historyBytes int
 	maxClients   int
+	audit        bool // audit: {file: a new file under the harness's tmp}
 }
+
+// auditFiles numbers the audit files of the gateways a run starts.
+var auditFiles atomic.Int64
 
 // gatewayYAML is the configuration file the gateway runs with: the load
 // agent, loopback only, and the extension method allowed by the policy.
@@ -395,6 +400,9 @@ limits:
 	}
 	if len(sessions) > 0 {
 		b.WriteString("sessions: {" + strings.Join(sessions, ", ") + "}\n")
+	}
+	if o.audit {
+		fmt.Fprintf(&b, "audit: {file: %q}\n", filepath.Join(h.tmp, fmt.Sprintf("audit-%d.jsonl", auditFiles.Add(1))))
 	}
 	b.WriteString("log: {level: warn}\n")
 	if !h.noPolicyKey {

@@ -134,25 +134,50 @@ func wsSessionFS(url string, fs *fsCaps, limit time.Duration) (setupSample, erro
 	return s, err
 }
 
+// warmSetup is the warm path: new sessions through a gateway with an
+// initialized agent waiting, and with -audit the same through a gateway
+// with its audit trail on, a sample of each in turn.
+func (h *harness) warmSetup(errs *[]string) []*setupPath {
+	cfgs := []gwConfig{{minIdle: 1, maxProcs: 4, perProc: 32}}
+	names := []string{"gateway, warm pool (min_idle 1)"}
+	if h.audit {
+		cfgs = append(cfgs, gwConfig{minIdle: 1, maxProcs: 4, perProc: 32, audit: true})
+		names = append(names, names[0]+auditOnName)
+	}
+	var gws []*server
+	var cols []*setupCollector
+	for i, cfg := range cfgs {
+		gw, err := h.startGateway(cfg, true)
+		if err != nil {
+			*errs = append(*errs, err.Error())
+			continue
+		}
+		defer gw.stop()
+		gws, cols = append(gws, gw), append(cols, &setupCollector{p: &setupPath{Path: names[i], Samples: h.c.SetupWarm}})
+	}
+	fmt.Fprintf(h.log, "load: setup: %d sessions through a warm pool (%d gateways)\n", h.c.SetupWarm, len(gws))
+	for range h.c.SetupWarm {
+		for i, gw := range gws {
+			cols[i].add(wsSession(gw.url))
+			time.Sleep(2 * time.Millisecond) // the previous connection's close settles
+		}
+	}
+	var out []*setupPath
+	for _, c := range cols {
+		out = append(out, c.done())
+	}
+	return out
+}
+
 func (h *harness) runSetup() (*setupResult, error) {
 	res := &setupResult{}
 	var errs []string
 	want := func(name string) bool { return h.setupPaths == nil || h.setupPaths[name] }
 
-	// Warm gateway.
+	// Warm gateway (and with -audit, the same with its audit trail on,
+	// one sample of each in turn).
 	if want("warm") {
-		warm := &setupCollector{p: &setupPath{Path: "gateway, warm pool (min_idle 1)", Samples: h.c.SetupWarm}}
-		if gw, err := h.startGateway(gwConfig{minIdle: 1, maxProcs: 4, perProc: 32}, true); err != nil {
-			errs = append(errs, err.Error())
-		} else {
-			fmt.Fprintf(h.log, "load: setup: %d sessions through a warm pool\n", h.c.SetupWarm)
-			for range h.c.SetupWarm {
-				warm.add(wsSession(gw.url))
-				time.Sleep(2 * time.Millisecond) // the previous connection's close settles
-			}
-			gw.stop()
-		}
-		res.Paths = append(res.Paths, warm.done())
+		res.Paths = append(res.Paths, h.warmSetup(&errs)...)
 	}
 
 	// Cold gateway: a fresh one per sample.

@@ -289,6 +289,9 @@ type streamCase struct {
 	// on, every message kept for a resume) over the same gateway with
 	// resume off, both over a WebSocket.
 	ResumeOnVsOff float64 `json:"gateway_resume_on_vs_off,omitempty"`
+	// With -audit: the gateway with its audit trail on over the default
+	// (off), both over a WebSocket.
+	AuditOnVsOff float64 `json:"gateway_audit_on_vs_off,omitempty"`
 	// Peak RSS (VmHWM) of the gateway and websocketd processes after this
 	// case (cumulative over the cases run so far): what queueing costs.
 	GatewayPeakRSS    int64          `json:"gateway_peak_rss_bytes"`
@@ -351,6 +354,16 @@ func (h *harness) runStream() (*streamResult, error) {
 		}
 		defer g.stop()
 		others, otherNames = append(others, g), append(otherNames, "gateway "+filepath.Base(bin))
+	}
+	if h.audit {
+		on := cfg
+		on.audit = true
+		g, err := h.startGateway(on, true)
+		if err != nil {
+			return nil, err
+		}
+		defer g.stop()
+		others, otherNames = append(others, g), append(otherNames, "gateway"+auditOnName)
 	}
 	if h.resumeOff {
 		off := cfg
@@ -457,6 +470,9 @@ func (h *harness) runStream() (*streamResult, error) {
 		if on, off := byName["gateway"], byName["gateway"+resumeOffName]; on != nil && off != nil && off.MsgsPerSec > 0 {
 			c.ResumeOnVsOff = on.MsgsPerSec / off.MsgsPerSec
 		}
+		if on, off := byName["gateway"+auditOnName], byName["gateway"]; on != nil && off != nil && off.MsgsPerSec > 0 {
+			c.AuditOnVsOff = on.MsgsPerSec / off.MsgsPerSec
+		}
 		if h.profile != "" && h.uses("ws") {
 			p, err := h.profileStream(cfg, c, "ws")
 			if err != nil {
@@ -479,8 +495,12 @@ func (h *harness) runStream() (*streamResult, error) {
 }
 
 // resumeOffName names the gateway with resume off among the compared ones
-// (-resume-off): "gateway (resume off)".
-const resumeOffName = " (resume off)"
+// (-resume-off): "gateway (resume off)"; auditOnName the one with its audit
+// trail on (-audit).
+const (
+	resumeOffName = " (resume off)"
+	auditOnName   = " (audit on)"
+)
 
 func (p *streamPath) aggregate() {
 	var rate, mb, first, srv, cli, agt []float64
@@ -673,6 +693,9 @@ func (r *streamResult) print(w io.Writer) {
 		fmt.Fprintf(tw, "\tgateway ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.GatewayVsWebsocketd))
 		if c.ResumeOnVsOff != 0 {
 			fmt.Fprintf(tw, "\tgateway ÷ gateway%s\t%s\t\t\t\t\t\t\t\n", resumeOffName, fmtRatio(c.ResumeOnVsOff))
+		}
+		if c.AuditOnVsOff != 0 {
+			fmt.Fprintf(tw, "\tgateway%s ÷ gateway\t%s\t\t\t\t\t\t\t\n", auditOnName, fmtRatio(c.AuditOnVsOff))
 		}
 		if c.HTTPVsWS != 0 || c.HTTPVsWebsocketd != 0 {
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ gateway (WebSocket)\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWS))
