@@ -17,8 +17,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
