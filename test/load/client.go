@@ -68,6 +68,9 @@ func (t *wsTransport) Recv() ([]byte, error) {
 
 func (t *wsTransport) Close() error { return t.c.CloseNow() }
 
+// closeClean closes with 1000 and its handshake.
+func (t *wsTransport) closeClean() { _ = t.c.Close(websocket.StatusNormalClosure, "") }
+
 // startPiped starts argv with pipes to its stdin and from its stdout, and
 // its stderr to stderr; it is killed if this process dies.
 func startPiped(argv []string, stderr io.Writer) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {

@@ -122,7 +122,10 @@ func wsSessionFS(url string, fs *fsCaps, limit time.Duration) (setupSample, erro
 	if err != nil {
 		return s, err
 	}
-	defer t.Close()
+	// Closed as a client that is done closes (1000): its session ends at
+	// once, where a dropped socket would keep it for detach_timeout and
+	// fill the pool.
+	defer t.closeClean()
 	var expired atomic.Bool
 	stop := time.AfterFunc(limit-time.Since(start), func() { expired.Store(true); t.Close() })
 	defer stop.Stop()
