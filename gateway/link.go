@@ -316,6 +316,10 @@ func (l *link) goingAway(reason string) { l.closeWith(reason, "shutdown") }
 // Supersede implements proxy.Sink: the client resumed on another socket.
 func (l *link) Supersede() { l.closeWith("superseded by a resumed connection", "superseded") }
 
+// Written implements proxy.WrittenSink: the messages written to the
+// client so far, in the order they were handed over.
+func (l *link) Written() int64 { return l.msgsOut.Load() }
+
 // stallTimeout is how long a full send queue may go without a writer
 // making progress before the client counts as not reading.
 const stallTimeout = time.Second

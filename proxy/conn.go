@@ -48,6 +48,14 @@ type FactSink interface {
 	SendScanned(msg, id []byte, method, sessionID string, wait bool) bool
 }
 
+// WrittenSink is a Sink that counts the messages it has written to its
+// socket, in the order it was handed them, including any it sent of its
+// own accord first (Written). A kept message the sink has written may be
+// pooled once the replay buffer drops it for room.
+type WrittenSink interface {
+	Written() int64
+}
+
 // Facts are what the relay knows of a message it delivers (FactSink).
 type Facts struct {
 	ID        []byte

@@ -23,14 +23,16 @@ import (
 // the outbox keeps messages (limit > 0, Conn.KeepsSent) the sink only
 // borrows them and never gives them back to the buffer pool. The outbox
 // gives a buffer back once the client is known to have read it (so the
-// sink has written it), unless a superseded sink may still hold it
-// (shared); one it drops for room, or at the end, is left to the garbage
-// collector, since a sink may still be writing it.
+// sink has written it), or once it drops it for room after the current
+// sink has written it (WrittenSink), unless a superseded sink may still
+// hold it (shared); any other it drops, and all at the end, are left to
+// the garbage collector, since a sink may still be writing them.
 //
 // The outbox decides nothing about the socket's own queue: the sink does
 // (Sink.Send).
 type outbox struct {
-	limit int // bytes kept for replay; 0 = none (resume is off)
+	limit int          // bytes kept for replay; 0 = none (resume is off)
+	put   func([]byte) // gives a dropped buffer back (nil: jsonrpc.PutBuffer; tests watch it)
 
 	mu     sync.Mutex
 	sink   Sink  // nil while detached
@@ -99,12 +101,16 @@ func (o *outbox) keep(msg []byte, sess *Session) []byte {
 		msg = c
 	}
 	size := max(cap(msg), 512)
+	written := o.writtenLocked()
 	for o.bytes+size > o.limit && o.first < len(o.kept) {
 		e := &o.kept[o.first]
 		if e.seq > o.handed {
 			o.overflow = true // no socket ever got it: resume is no longer exact
 		}
 		o.bytes -= max(cap(e.data), 512)
+		if e.seq > o.shared && e.seq <= written { // the current sink is done with it
+			o.giveBack(e.data)
+		}
 		*e = outEntry{}
 		o.first++
 	}
@@ -116,6 +122,25 @@ func (o *outbox) keep(msg []byte, sess *Session) []byte {
 		o.kept, o.first = o.kept[:n], 0
 	}
 	return msg
+}
+
+// giveBack returns a kept buffer no one holds any more to the pool.
+func (o *outbox) giveBack(b []byte) {
+	if o.put != nil {
+		o.put(b)
+		return
+	}
+	jsonrpc.PutBuffer(b)
+}
+
+// writtenLocked is the number of the last message the current sink has
+// written to its socket (0: none, or a sink that does not say).
+func (o *outbox) writtenLocked() int64 {
+	ws, ok := o.sink.(WrittenSink)
+	if !ok {
+		return 0
+	}
+	return min(o.sinkBase+ws.Written()-o.sinkExtra, o.handed)
 }
 
 // fits reports whether a buffer of capacity c suits a message of n bytes:
@@ -173,7 +198,7 @@ func (o *outbox) ackLocked(written int64) {
 		e := &o.kept[o.first]
 		o.bytes -= max(cap(e.data), 512)
 		if e.seq > o.shared { // written by the current sink, and read
-			jsonrpc.PutBuffer(e.data)
+			o.giveBack(e.data)
 		}
 		*e = outEntry{}
 		o.first++

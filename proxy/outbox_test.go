@@ -136,3 +136,33 @@ func TestWithResumeToken(t *testing.T) {
 		}
 	}
 }
+
+// writtenSink is a recSink that says how many messages it has written.
+type writtenSink struct {
+	recSink
+	written int64
+}
+
+func (w *writtenSink) Written() int64 { return w.written }
+
+// A kept message dropped for room goes back to the buffer pool only once
+// the sink has written it; one it may still be writing is left alone.
+func TestOutboxPoolsOnlyWrittenMessagesItDrops(t *testing.T) {
+	s := &writtenSink{}
+	var pooled []string
+	o := &outbox{limit: 4 * 512, sink: s, put: func(b []byte) { pooled = append(pooled, string(b)) }} // room for 4
+	for i := 1; i <= 6; i++ {
+		o.deliver(append(make([]byte, 0, 512), msgN(i)...), nil, false)
+	}
+	if len(pooled) != 0 {
+		t.Fatalf("pooled %v, dropped before the sink wrote them", pooled)
+	}
+	s.written = 8 // the sink has written everything so far, and 2 more to come
+	for i := 7; i <= 10; i++ {
+		o.deliver(append(make([]byte, 0, 512), msgN(i)...), nil, false)
+	}
+	// Dropped for 7..10: 3..6, all written (1 and 2 went unwritten).
+	if want := `{"n":3} {"n":4} {"n":5} {"n":6}`; strings.Join(pooled, " ") != want {
+		t.Fatalf("pooled %v, want %s", pooled, want)
+	}
+}
