@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,30 +18,6 @@ import (
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/gateway/config"
 )
-
-// events records audit events.
-type events struct {
-	mu  sync.Mutex
-	evs []audit.Event
-}
-
-func (e *events) Record(ev audit.Event) {
-	e.mu.Lock()
-	e.evs = append(e.evs, ev)
-	e.mu.Unlock()
-}
-
-func (e *events) named(name string) []audit.Event {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []audit.Event
-	for _, ev := range e.evs {
-		if ev.Event == name {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
 
 // withAdmin adds the admin token "admintok" to a tenant's configuration.
 func withAdmin(t *testing.T, more func(*config.Config)) func(*config.Config) {
@@ -84,7 +59,7 @@ func adminCall(t *testing.T, hc *http.Client, method, url, token string, out any
 
 func TestAdminAPI(t *testing.T) {
 	ts := startServer(t, withAdmin(t, nil))
-	rec := &events{}
+	rec := &audit.Memory{}
 	ts.s.audit = rec
 	base := "http://" + ts.addr + "/v1/admin/"
 	c := ts.dial("acp", "acp.bearer.tok")
@@ -106,7 +81,7 @@ func TestAdminAPI(t *testing.T) {
 			t.Fatalf("%s credential ending a session: %d", name, code)
 		}
 	}
-	if n := len(rec.named("admin.denied")); n != 9 {
+	if n := len(rec.Events("admin.denied")); n != 9 {
 		t.Fatalf("%d admin.denied events, want 9", n)
 	}
 
@@ -153,12 +128,12 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("the client's socket: %v", err)
 	}
 	for _, name := range []string{"admin.connections.listed", "admin.sessions.listed", "admin.session.ended", "admin.connection.closed"} {
-		evs := rec.named(name)
+		evs := rec.Events(name)
 		if len(evs) == 0 || evs[0].Subject != "token:"+hex.EncodeToString(sha256sum("admintok")[:8]) {
 			t.Fatalf("%s: %+v", name, evs)
 		}
 	}
-	if ev := rec.named("admin.session.ended")[0]; ev.Session != sid || ev.Tenant != "acme" {
+	if ev := rec.Events("admin.session.ended")[0]; ev.Session != sid || ev.Tenant != "acme" {
 		t.Fatalf("admin.session.ended: %+v", ev)
 	}
 }

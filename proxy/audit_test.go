@@ -5,41 +5,26 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/acpgate/acpgate/audit"
 )
 
-// recorder keeps the audit events it is given.
-type recorder struct {
-	mu  sync.Mutex
-	evs []audit.Event
-}
-
-func (r *recorder) Record(ev audit.Event) {
-	r.mu.Lock()
-	r.evs = append(r.evs, ev)
-	r.mu.Unlock()
-}
+// recorder keeps the audit events the relay records.
+type recorder struct{ audit.Memory }
 
 // of returns the events of the given kinds, in order, with their fields as
 // a map.
 func (r *recorder) of(kinds ...string) []auditLine {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var out []auditLine
-	for _, ev := range r.evs {
-		if slices.Contains(kinds, ev.Event) {
-			l := auditLine{Event: ev, f: map[string]any{}}
-			for _, f := range ev.Fields {
-				l.f[f.Key] = f.Value
-			}
-			out = append(out, l)
+	for _, ev := range r.Events(kinds...) {
+		l := auditLine{Event: ev, f: map[string]any{}}
+		for _, f := range ev.Fields {
+			l.f[f.Key] = f.Value
 		}
+		out = append(out, l)
 	}
 	return out
 }

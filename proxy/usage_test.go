@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -87,39 +86,15 @@ func usageAgent() {
 	}
 }
 
-// events records audit events.
-type events struct {
-	mu  sync.Mutex
-	evs []audit.Event
-}
-
-func (e *events) Record(ev audit.Event) {
-	e.mu.Lock()
-	e.evs = append(e.evs, ev)
-	e.mu.Unlock()
-}
-
-func (e *events) of(kind string) []audit.Event {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []audit.Event
-	for _, ev := range e.evs {
-		if ev.Event == kind {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
 // usageRelay is a relay on the usage agent with metrics and an audit trail.
-func usageRelay(t *testing.T, prompts bool) (*Relay, *prometheus.Registry, *events) {
+func usageRelay(t *testing.T, prompts bool) (*Relay, *prometheus.Registry, *audit.Memory) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	evs := &events{}
+	evs := &audit.Memory{}
 	pol := policy.Default()
 	pol.Extensions = []string{"_usage/*"}
 	r, err := NewRelay(Config{
@@ -215,7 +190,7 @@ func TestUsageCounted(t *testing.T) {
 		t.Errorf("session usage = %+v", u)
 	}
 
-	started, ended := evs.of("prompt.started"), evs.of("prompt.ended")
+	started, ended := evs.Events("prompt.started"), evs.Events("prompt.ended")
 	if len(started) != 2 || len(ended) != 2 {
 		t.Fatalf("%d prompt.started and %d prompt.ended, want 2 each", len(started), len(ended))
 	}
@@ -267,14 +242,14 @@ func TestUsagePromptTextAudited(t *testing.T) {
 	c.init(`{}`)
 	sid := c.newSession("1")
 	c.turn("2", sid, nil, `{"stopReason":"end_turn"}`)
-	started := evs.of("prompt.started")
+	started := evs.Events("prompt.started")
 	if len(started) != 1 {
 		t.Fatalf("%d prompt.started", len(started))
 	}
 	if p, _ := fieldMap(started[0])["prompt"].(string); !strings.Contains(p, `"updates"`) {
 		t.Errorf("prompt.started = %+v, want the prompt's text", started[0])
 	}
-	if f := fieldMap(evs.of("prompt.ended")[0]); f["usage"] != nil || f["cost"] != nil {
+	if f := fieldMap(evs.Events("prompt.ended")[0]); f["usage"] != nil || f["cost"] != nil {
 		t.Errorf("prompt.ended = %v: usage or cost though none was reported", f)
 	}
 }
@@ -352,7 +327,7 @@ func TestUsageHostile(t *testing.T) {
 	if u := sessionOf(c, sid).usage(); len(u.Tokens) != 0 {
 		t.Errorf("session tokens = %v, want none", u.Tokens)
 	}
-	if f := fieldMap(evs.of("prompt.ended")[0]); f["usage"] != nil {
+	if f := fieldMap(evs.Events("prompt.ended")[0]); f["usage"] != nil {
 		t.Errorf("prompt.ended usage = %v, want none", f["usage"])
 	}
 }
