@@ -2,14 +2,11 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -89,32 +86,14 @@ func usageAgent() {
 // usageRelay is a relay on the usage agent with metrics and an audit trail.
 func usageRelay(t *testing.T, prompts bool) (*Relay, *prometheus.Registry, *audit.Memory) {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
 	evs := &audit.Memory{}
-	pol := policy.Default()
-	pol.Extensions = []string{"_usage/*"}
-	r, err := NewRelay(Config{
-		Pool: PoolConfig{
-			Agent:        AgentConfig{Command: []string{exe, "-test.run=^$"}, Env: map[string]string{"ACPGATE_TEST_AGENT": "usage"}, StopGrace: 2 * time.Second},
-			MaxProcesses: 1, AcquireTimeout: 10 * time.Second, MaxMessageBytes: 1 << 20,
-		},
-		ClientCaps: AllCapabilities, Metrics: NewMetrics(reg, 10),
-		Tenants: []TenantConfig{{Name: "acme", Policy: &pol}},
-		Audit:   evs, AuditPrompts: prompts,
-	}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := r.Close(ctx); err != nil {
-			t.Errorf("close relay: %v", err)
-		}
+	r := testPool(t, "usage", func(p *PoolConfig) { p.MaxProcesses = 1 }, func(c *Config) {
+		pol := policy.Default()
+		pol.Extensions = []string{"_usage/*"}
+		c.Metrics = NewMetrics(reg, 10)
+		c.Tenants = []TenantConfig{{Name: "acme", Policy: &pol}}
+		c.Audit, c.AuditPrompts = evs, prompts
 	})
 	return r, reg, evs
 }
