@@ -593,10 +593,17 @@ type peer struct {
 
 func dialPeer(t *testing.T, g *gateway) *peer {
 	t.Helper()
+	return dialWith(t, g, "acp")
+}
+
+// dialWith is dialPeer offering the WebSocket subprotocols protos (a
+// tenant's token rides in acp.bearer.<token>).
+func dialWith(t *testing.T, g *gateway, protos ...string) *peer {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	dctx, dcancel := context.WithTimeout(ctx, attachStep)
 	defer dcancel()
-	ws, _, err := websocket.Dial(dctx, g.url(), &websocket.DialOptions{Subprotocols: []string{"acp"}})
+	ws, _, err := websocket.Dial(dctx, g.url(), &websocket.DialOptions{Subprotocols: protos})
 	if err != nil {
 		cancel()
 		t.Fatalf("dial %s: %v", g.url(), err)

@@ -3,14 +3,11 @@
 package interop
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
 	"testing"
-
-	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
@@ -84,18 +81,7 @@ func TestUsageMetered(t *testing.T) {
 // as a browser sends it).
 func dialTenant(t *testing.T, g *gateway, token string) *peer {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	dctx, dcancel := context.WithTimeout(ctx, attachStep)
-	defer dcancel()
-	ws, _, err := websocket.Dial(dctx, g.url(), &websocket.DialOptions{Subprotocols: []string{"acp", "acp.bearer." + token}})
-	if err != nil {
-		cancel()
-		t.Fatalf("dial %s: %v", g.url(), err)
-	}
-	ws.SetReadLimit(64 << 20)
-	p := &peer{t: t, ws: ws, ctx: ctx, cancel: cancel, nextID: 1, changed: make(chan struct{}), stopped: make(chan struct{})}
-	go p.read()
-	return p
+	return dialWith(t, g, "acp", "acp.bearer."+token)
 }
 
 func (p *peer) initialize() {
