@@ -24,7 +24,8 @@ const (
 	maxTurnTokens   = 1e12 // tokens of one kind in one turn
 	maxCostIncrease = 1e9  // a session's cost increase in one report
 	maxCurrencies   = 8    // currencies a session tracks, and a tenant's labels name
-	maxCurrencyLen  = 16
+	maxCurrencyLen  = 16   // a currency label's length
+	maxCurrencyKey  = 64   // a currency's length; longer is invalid
 )
 
 // Labels of the fields metering locates (acp.go's specs).
@@ -97,8 +98,10 @@ func (s *Session) meterLoaded() {
 }
 
 // noteCost takes a report of the session's cumulative cost in currency cur
-// and returns the increase to count, or why it counts nothing.
-func (s *Session) noteCost(cur string, amount float64) (inc float64, reject string) {
+// (as the agent wrote it: each currency has a baseline of its own, even
+// those whose label is "other") and returns the increase to count, or why
+// it counts nothing. label is cur's label, what the session's sums go by.
+func (s *Session) noteCost(cur, label string, amount float64) (inc float64, reject string) {
 	mt := &s.meter
 	replay := mt.replays.Load() > 0
 	mt.mu.Lock()
@@ -114,13 +117,14 @@ func (s *Session) noteCost(cur string, amount float64) (inc float64, reject stri
 		mt.last[cur] = amount // the agent's counter restarted
 		return 0, rejectDecreased
 	case amount-last > maxCostIncrease:
+		setMap(&mt.last, cur, amount) // counted as nothing; the next report counts from here
 		return 0, rejectTooLarge
 	}
 	setMap(&mt.last, cur, amount)
 	inc = amount - last
 	if inc > 0 {
-		addMap(&mt.cost, cur, inc)
-		addMap(&mt.turnCost, cur, inc)
+		addMap(&mt.cost, label, inc)
+		addMap(&mt.turnCost, label, inc)
 	}
 	return inc, ""
 }
@@ -167,9 +171,9 @@ func (r *agentReader) meterUpdate(m *jsonrpc.Message, s *Session) {
 		return // no cost reported
 	}
 	var inc float64
-	cur, amount, reject := parseCost(p.Update.Cost)
+	cur, label, amount, reject := parseCost(p.Update.Cost)
 	if reject == "" {
-		inc, reject = s.noteCost(cur, amount)
+		inc, reject = s.noteCost(cur, label, amount)
 	}
 	am := r.l.ag.metrics
 	if reject != "" {
@@ -178,25 +182,26 @@ func (r *agentReader) meterUpdate(m *jsonrpc.Message, s *Session) {
 		return
 	}
 	if inc > 0 {
-		am.UsageCost.WithLabelValues(s.ten.label, s.ten.currencyLabel(cur)).Add(inc)
+		am.UsageCost.WithLabelValues(s.ten.label, s.ten.currencyLabel(label)).Add(inc)
 	}
 }
 
-// parseCost reads a usage_update's cost: {amount, currency}.
-func parseCost(raw json.RawMessage) (cur string, amount float64, reject string) {
+// parseCost reads a usage_update's cost: {amount, currency}; cur is the
+// currency as written, label what metrics call it (currencyOf).
+func parseCost(raw json.RawMessage) (cur, label string, amount float64, reject string) {
 	var c struct {
 		Amount   json.RawMessage `json:"amount"`
 		Currency json.RawMessage `json:"currency"`
 	}
 	if json.Unmarshal(raw, &c) != nil {
-		return "", 0, rejectInvalid
+		return "", "", 0, rejectInvalid
 	}
 	amount, reject = parseAmount(c.Amount, math.MaxFloat64)
-	cur, ok := currencyOf(c.Currency)
+	cur, label, ok := currencyOf(c.Currency)
 	if reject == "" && !ok {
 		reject = rejectInvalid
 	}
-	return cur, amount, reject
+	return cur, label, amount, reject
 }
 
 // taggedField finds the located tag of the given label.
@@ -230,22 +235,22 @@ func parseAmount(raw json.RawMessage, max float64) (float64, string) {
 	return v, ""
 }
 
-// currencyOf reads a currency code: [A-Za-z0-9_-]{1,16}, else "other".
-// ok false: not a string.
-func currencyOf(raw json.RawMessage) (string, bool) {
-	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return "", false
+// currencyOf reads a currency: cur as written, and its label, cur itself
+// when it is [A-Za-z0-9_-]{1,16}, else "other". ok false: not a string,
+// or longer than maxCurrencyKey.
+func currencyOf(raw json.RawMessage) (cur, label string, ok bool) {
+	if json.Unmarshal(raw, &cur) != nil || len(cur) > maxCurrencyKey {
+		return "", "", false
 	}
-	if s == "" || len(s) > maxCurrencyLen {
-		return "other", true
+	if cur == "" || len(cur) > maxCurrencyLen {
+		return cur, "other", true
 	}
-	for _, c := range []byte(s) {
+	for _, c := range []byte(cur) {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return "other", true
+			return cur, "other", true
 		}
 	}
-	return s, true
+	return cur, cur, true
 }
 
 // currencyLabel bounds the currency labels of the tenant's metrics to

@@ -284,7 +284,7 @@ func TestUsageHostile(t *testing.T) {
 		costUpdate("1", `"US$ dollars, really"`),
 	}, `{"stopReason":"end_turn","usage":{"inputTokens":-3,"outputTokens":1e13,"thoughtTokens":"9","cachedReadTokens":1.5,"cachedWriteTokens":[1]}}`)
 	c.turn("3", sid, nil, `{"stopReason":"end_turn","usage":"many"}`)
-	for i := range 8 { // with "other", a ninth currency: refused
+	for i := range 8 { // with USD (its too-large report set its baseline) and "other": the ninth and tenth refused
 		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"_usage/update","params":{"sessionId":%q,"update":%s}}`, 10+i, sid, costUpdate("0", fmt.Sprintf(`"C%d"`, i))))
 		c.await(fmt.Sprint(10+i), nil)
 	}
@@ -298,7 +298,7 @@ func TestUsageHostile(t *testing.T) {
 	if got := metricValue(t, reg, "acpgate_usage_cost_total", map[string]string{"currency": "other"}); got != 1 {
 		t.Errorf("cost other = %v, want 1 (a malformed currency code)", got)
 	}
-	for reason, want := range map[string]float64{rejectNegative: 2, rejectTooLarge: 3, rejectInvalid: 10, rejectCurrencies: 1} {
+	for reason, want := range map[string]float64{rejectNegative: 2, rejectTooLarge: 3, rejectInvalid: 10, rejectCurrencies: 2} {
 		if got := metricValue(t, reg, "acpgate_usage_rejected_total", map[string]string{"reason": reason}); got != want {
 			t.Errorf("rejected %s = %v, want %v", reason, got, want)
 		}
@@ -308,5 +308,40 @@ func TestUsageHostile(t *testing.T) {
 	}
 	if f := fieldMap(evs.Events("prompt.ended")[0]); f["usage"] != nil {
 		t.Errorf("prompt.ended usage = %v, want none", f["usage"])
+	}
+}
+
+// Each currency has a baseline of its own, even two whose label is
+// "other"; a report counted as too large moves the baseline too.
+func TestCostBaselinePerCurrency(t *testing.T) {
+	s := &Session{}
+	var total float64
+	report := func(cur string, amount float64) string {
+		c, label, ok := currencyOf([]byte(`"` + cur + `"`))
+		if !ok {
+			t.Fatalf("currency %q refused", cur)
+		}
+		inc, reject := s.noteCost(c, label, amount)
+		total += inc
+		return reject
+	}
+	for range 3 { // two odd currencies, one label, alternating
+		report("crédits", 100)
+		report("$$", 5)
+	}
+	if total != 105 {
+		t.Fatalf("counted %v for 100 crédits and 5 $$, each reported three times; want 105", total)
+	}
+	if got := s.usage().Cost["other"]; got != 105 {
+		t.Fatalf("the session's cost under other: %v, want 105", got)
+	}
+	total = 0
+	report("USD", 1)
+	if r := report("USD", 2e9); r != rejectTooLarge {
+		t.Fatalf("a rise of 2e9: %q, want %q", r, rejectTooLarge)
+	}
+	report("USD", 2e9+3)
+	if total != 4 {
+		t.Fatalf("counted %v after a too-large report; want 1 before it and 3 after", total)
 	}
 }
