@@ -210,19 +210,23 @@ func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, wh
 			tenant, agent = c.Tenant, c.Agent
 		}
 	}
-	if err := s.relay.CloseConn(id, who.Subject); errors.Is(err, proxy.ErrNoSuchConn) {
+	// The sockets close with 1008 first, so that the close is counted and
+	// audited as admin_closed, not as the proxy connection's own end.
+	closeSockets := func() {
+		links, _ := s.linksOf("")
+		for _, l := range links {
+			if l.id == id {
+				l.closeWith(adminCloseReason, "admin_closed")
+			}
+		}
+	}
+	if err := s.relay.CloseConn(id, who.Subject, closeSockets); errors.Is(err, proxy.ErrNoSuchConn) {
 		writeJSONError(w, http.StatusNotFound, "not_found", "no such connection")
 		return
 	} else if err != nil {
 		s.log.Error("admin: cannot close a connection", "conn", id, "err", err)
 		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
 		return
-	}
-	links, _ := s.linksOf("")
-	for _, l := range links {
-		if l.id == id {
-			l.closeWith(adminCloseReason, "admin_closed")
-		}
 	}
 	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: tenant, Agent: agent, Conn: id})
 	writeAdminJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})

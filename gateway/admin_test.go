@@ -233,4 +233,6 @@ func TestAdminClosesHTTPConnection(t *testing.T) {
 	if st, _ := c.post(nil, `{"jsonrpc":"2.0","id":2,"method":"session/list","params":{}}`); st != http.StatusNotFound {
 		t.Fatalf("a POST after the close: %d", st)
 	}
+	waitMetrics(t, ts, "the close counted as the administrator's",
+		`acpgate_connections_total{agent="default",reason="admin_closed",tenant="default",transport="http"} 1`)
 }

@@ -323,9 +323,10 @@ func (c *Conn) endedByAdmin(m *jsonrpc.Message, gwID string) {
 }
 
 // CloseConn ends the connection id for good, for an administrator: its
-// resume token is refused from now on, and it ends as Close does. The
-// transport closes its socket. An unknown id is ErrNoSuchConn.
-func (r *Relay) CloseConn(id, by string) error {
+// resume token is refused from now on, then closeSockets (if not nil) lets
+// the transport close its sockets with its own reason, before the
+// connection ends as Close does. An unknown id is ErrNoSuchConn.
+func (r *Relay) CloseConn(id, by string, closeSockets func()) error {
 	var c *Conn
 	r.mu.Lock()
 	for cc := range r.conns {
@@ -340,6 +341,9 @@ func (r *Relay) CloseConn(id, by string) error {
 	r.mu.Unlock()
 	if c == nil {
 		return fmt.Errorf("%w: %q", ErrNoSuchConn, id)
+	}
+	if closeSockets != nil {
+		closeSockets()
 	}
 	c.Close()
 	r.log.Info("connection closed by an administrator", "conn", id, "tenant", c.tenant, "by", by)

@@ -113,7 +113,7 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	if snaps := r.SessionSnapshots("", true); len(snaps) != 1 || snaps[0].State != SessionDetached {
 		t.Fatalf("sessions: %+v", snaps)
 	}
-	if err := r.CloseConn("c", "test"); err != nil {
+	if err := r.CloseConn("c", "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Resume("", "", c.c.token, 0); !errors.Is(err, ErrResumeRefused) {
@@ -122,7 +122,7 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	if conns := r.ConnSnapshots(); len(conns) != 0 {
 		t.Fatalf("connections after the close: %+v", conns)
 	}
-	if err := r.CloseConn("c", "test"); !errors.Is(err, ErrNoSuchConn) {
+	if err := r.CloseConn("c", "test", nil); !errors.Is(err, ErrNoSuchConn) {
 		t.Fatalf("closing it again: %v", err)
 	}
 }
