@@ -176,12 +176,16 @@ func (r *Relay) EndSession(id, by string) error {
 	r.noteAdminEnded(id)
 	why := adminEndedMsg(id)
 	s.failQueued(nil, why)
-	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
+	prompts := s.link.promptsOf(s)
+	if len(prompts) > 0 {
 		s.link.p.Notify(mSessionCancel, sessionIDObject(s.AgentID))
-		s.settleRequests(why) // as a client that cancels does
+	}
+	s.settleRequests(why) // as a client that cancels does, and any left over
+	if len(prompts) > 0 {
 		r.awaitPrompts(prompts, adminCancelWait)
 		for _, req := range prompts {
 			if s.link.untrack(req) { // the agent did not answer in time
+				req.turnOver("cancelled", nil)
 				req.end()
 				req.conn.deliverFor(jsonrpc.AppendResult(nil, req.clientID, []byte(`{"stopReason":"cancelled"}`)),
 					nil, Facts{ID: req.clientID}, false)

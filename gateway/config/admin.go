@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 )
 
 // Admin says who may use the admin API (/v1/admin/...), served on the
@@ -36,7 +37,7 @@ func (c *Config) validateAdmin(add addFunc) {
 	for i, h := range c.Admin.TokensSHA256 {
 		for _, t := range c.Tenants {
 			for _, th := range t.TokensSHA256 {
-				if th == h {
+				if strings.EqualFold(th, h) { // one token, however its hex is written
 					add("admin.tokens_sha256", "entry %d is also a token of tenant %q", i, t.Name)
 				}
 			}

@@ -33,3 +33,15 @@ func TestAdminProblems(t *testing.T) {
 		})
 	}
 }
+
+// An admin token that is also a tenant's is refused however its hex is
+// cased.
+func TestAdminTokenNotATenantsAnyCase(t *testing.T) {
+	sum := strings.Repeat("ab", 32)
+	c := Default()
+	c.Tenants = []Tenant{{Name: "acme", TokensSHA256: []string{sum}}}
+	c.Admin.TokensSHA256 = []string{strings.ToUpper(sum)}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "also a token of tenant") {
+		t.Fatalf("Validate: %v", err)
+	}
+}
