@@ -317,7 +317,9 @@ func (l *link) goingAway(reason string) { l.closeWith(reason, "shutdown") }
 func (l *link) Supersede() { l.closeWith("superseded by a resumed connection", "superseded") }
 
 // Written implements proxy.WrittenSink: the messages written to the
-// client so far, in the order they were handed over.
+// client so far. A WebSocket writes them in the order they were handed
+// over; Streamable HTTP does not (its streams), but it keeps nothing for
+// a resume (proxy.ConnInfo.NoResume), so nothing reads its count.
 func (l *link) Written() int64 { return l.msgsOut.Load() }
 
 // stallTimeout is how long a full send queue may go without a writer

@@ -89,8 +89,8 @@ func (o *outbox) deliverLocked(msg []byte, sess *Session, f Facts, wait bool) (o
 }
 
 // keep keeps msg in the replay buffer and drops the oldest messages past
-// the limit (o.mu held). A dropped buffer is not pooled: the sink may not
-// have written it yet. It returns the buffer to send: msg itself, or, when
+// the limit (o.mu held). A dropped buffer goes back to the pool only if the
+// current sink has written it (writtenLocked). It returns the buffer to send: msg itself, or, when
 // msg sits in a pooled buffer much bigger than it (which would pin memory
 // and count against the limit), a copy that fits; no one else holds msg
 // yet, so it goes back to the pool.
