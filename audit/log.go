@@ -130,21 +130,20 @@ func openFile(path string, log *slog.Logger) (*os.File, int64, string, error) {
 	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
 		return f, 0, Genesis, nil // a device (/dev/full…) or an empty file
 	}
-	last, cut, err := lastLine(path, st.Size())
+	last, whole, err := lastLine(path, st.Size())
 	if err != nil {
 		_ = f.Close()
 		return nil, 0, "", fmt.Errorf("audit: reading the end of %s: %w", path, err)
 	}
-	size := st.Size()
-	if cut {
-		log.Warn("audit file's last line is cut off; ending it with a newline and chaining to the line before", "file", path)
-		if _, err := f.Write([]byte{'\n'}); err != nil {
+	if whole < st.Size() { // a write cut off by a crash: never a line of the trail
+		log.Warn("audit file's last line is cut off; dropping it and chaining to the line before", "file", path,
+			"dropped_bytes", st.Size()-whole)
+		if err := f.Truncate(whole); err != nil {
 			_ = f.Close()
-			return nil, 0, "", fmt.Errorf("audit: %w", err)
+			return nil, 0, "", fmt.Errorf("audit: cutting off the incomplete last line of %s: %w", path, err)
 		}
-		size++
 	}
-	return f, size, last, nil
+	return f, whole, last, nil
 }
 
 // openAppend opens path for appending, creating it 0600.
@@ -157,27 +156,27 @@ func openAppend(path string) (*os.File, error) {
 }
 
 // lastLine returns the hash of the last complete line of the file (of the
-// given size; Genesis when it has none), and whether a cut-off line (no
-// newline) follows it.
-func lastLine(path string, size int64) (hash string, cut bool, err error) {
+// given size; Genesis when it has none), and where the complete lines end
+// (below size when a cut-off line, without its newline, follows them).
+func lastLine(path string, size int64) (hash string, whole int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", false, err
+		return "", 0, err
 	}
 	defer f.Close()
 	end, err := newlineBefore(f, size)
 	if err != nil || end < 0 {
-		return Genesis, size > 0, err
+		return Genesis, 0, err
 	}
 	begin, err := newlineBefore(f, end)
 	if err != nil {
-		return "", false, err
+		return "", 0, err
 	}
 	line := make([]byte, end-begin-1)
 	if _, err := f.ReadAt(line, begin+1); err != nil {
-		return "", false, err
+		return "", 0, err
 	}
-	return sum(line), end != size-1, nil
+	return sum(line), end + 1, nil
 }
 
 // newlineBefore is the offset of the last newline of f before offset

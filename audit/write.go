@@ -3,6 +3,7 @@ package audit
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 )
 
@@ -73,6 +74,7 @@ func (l *Log) flush() error {
 	if len(l.pending) == 0 {
 		return nil
 	}
+	l.size = l.fileSize() // what a cut-back after a failed write goes back to
 	n, err := l.out.Write(l.pending)
 	if err == nil {
 		l.size += int64(n)
@@ -132,4 +134,18 @@ func (l *Log) reopenFile() error {
 	_ = l.out.Close()
 	l.out, l.size = f, st.Size()
 	return nil
+}
+
+// fileSize is the size of the file written to now, which logrotate's
+// copytruncate may have cut since the last write (l.size when it cannot
+// tell: standard output, a device).
+func (l *Log) fileSize() int64 {
+	st, ok := l.out.(interface{ Stat() (os.FileInfo, error) })
+	if !ok {
+		return l.size
+	}
+	if fi, err := st.Stat(); err == nil && fi.Mode().IsRegular() {
+		return fi.Size()
+	}
+	return l.size
 }
