@@ -90,7 +90,7 @@ func (s *Server) admin(h adminHandler) http.HandlerFunc {
 			if !errors.As(err, &ae) {
 				ae = &auth.Error{Status: http.StatusUnauthorized, Reason: auth.ReasonInvalidToken, Message: "not authenticated"}
 			}
-			s.record(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
+			s.recordRefusal(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
 				audit.F("method", r.Method), audit.F("path", r.URL.Path), audit.F("remote", r.RemoteAddr)}})
 			if ae.Status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="acpgate admin"`)

@@ -53,7 +53,7 @@ func (s *Server) authFailed(r *http.Request, reason string) {
 	if s == nil || s.audit == nil {
 		return
 	}
-	s.record(audit.Event{Event: "auth.failed", Fields: []audit.Field{
+	s.recordRefusal(audit.Event{Event: "auth.failed", Fields: []audit.Field{
 		audit.F("reason", reason), audit.F("remote", r.RemoteAddr), audit.F("path", r.URL.Path)}})
 }
 
@@ -102,4 +102,22 @@ func (s *Server) closeAudit() error {
 		return nil
 	}
 	return s.trail.Close()
+}
+
+// recordRefusal records ev, an event anyone can cause without a credential,
+// at most 20 a second (bursts of 100), so that a flood of refused requests
+// cannot crowd the trail's other events out; the next one written says
+// how many were left out (suppressed).
+func (s *Server) recordRefusal(ev audit.Event) {
+	if s.audit == nil {
+		return
+	}
+	if !s.refusals.Allow() {
+		s.refused.Add(1)
+		return
+	}
+	if n := s.refused.Swap(0); n > 0 {
+		ev.Fields = append(ev.Fields, audit.F("suppressed", n))
+	}
+	s.record(ev)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
@@ -55,7 +56,11 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	audit    audit.Recorder // nil: no audit trail (audit.file unset)
-	trail    *audit.Log     // the same, to reopen and close
+	// refusals bounds the events anyone can make the trail write without a
+	// credential (auth.failed, admin.denied); refused counts those left out.
+	refusals *rate.Limiter
+	refused  atomic.Int64
+	trail    *audit.Log // the same, to reopen and close
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
 	drain    atomic.Bool // the listener is closing: new connections refused
@@ -311,7 +316,7 @@ func New(opts Options) (*Server, error) {
 		return fail(err)
 	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
-		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}}
+		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}, refusals: rate.NewLimiter(20, 100)}
 	if trail != nil {
 		s.audit, s.trail = trail, trail
 	}

@@ -59,14 +59,24 @@ func (s *Session) record(c *Conn, kind string, fields ...audit.Field) {
 }
 
 // denied counts a refusal by the tenant's policy or limits and records
-// policy.denied. A flood of rate-limited messages is recorded as the log
-// is: within the connection's log budget.
+// policy.denied: at most 20 a second for one connection (a client that
+// floods refused messages, or an agent refused notifications, must not
+// crowd the trail's other events out); the next one written says how many
+// were left out.
 func (c *Conn) denied(reason, method string) {
 	c.ten.denied(c.ag.metrics, reason)
-	if c.relay.audit == nil || reason == "rate_limited" && !c.logLim.Allow() {
+	if c.relay.audit == nil {
 		return
 	}
-	c.event("policy.denied", "", audit.F("reason", reason), audit.F("method", method))
+	if !c.auditLim.Allow() {
+		c.suppressed.Add(1)
+		return
+	}
+	fields := []audit.Field{audit.F("reason", reason), audit.F("method", method)}
+	if n := c.suppressed.Swap(0); n > 0 {
+		fields = append(fields, audit.F("suppressed", n))
+	}
+	c.event("policy.denied", "", fields...)
 }
 
 // permissionFacts is what the audit trail says of a permission request:

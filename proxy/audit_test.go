@@ -147,3 +147,33 @@ func TestAuditPermissionSettledByDisconnect(t *testing.T) {
 		t.Fatalf("permission.resolved: %+v", ev)
 	}
 }
+
+// A flood of refused messages writes at most 20 policy.denied events a
+// second for one connection; the next one written says how many were left
+// out.
+func TestAuditDeniedIsBounded(t *testing.T) {
+	rec := &recorder{}
+	r := testPool(t, "demo", nil, func(c *Config) { c.Audit = rec })
+	c := newTestConn(t, r, "flood")
+	c.init(`{}`)
+	refused := func(id int) {
+		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"_nope/x","params":{}}`, id))
+		if m := c.await(fmt.Sprint(id), nil); m.Error == nil {
+			t.Fatalf("_nope/x was not refused: %s", m.raw)
+		}
+	}
+	start := time.Now()
+	for i := range 60 {
+		refused(10 + i)
+	}
+	refill := int(20*time.Since(start).Seconds()) + 1
+	if n := len(rec.of("policy.denied")); n < 20 || n > 20+refill {
+		t.Fatalf("%d policy.denied events for 60 refusals in %s; want the burst of 20 and at most %d refilled", n, time.Since(start), refill)
+	}
+	time.Sleep(200 * time.Millisecond)
+	refused(100)
+	evs := rec.of("policy.denied")
+	if last := evs[len(evs)-1]; last.f["suppressed"] == nil || last.f["suppressed"].(int64) != int64(61-len(evs)) {
+		t.Fatalf("the event after the flood: %+v; want suppressed %d (61 refusals, %d events)", last, 61-len(evs), len(evs))
+	}
+}

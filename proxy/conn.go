@@ -124,7 +124,12 @@ type Conn struct {
 	resolve  jsonrpc.Resolver
 
 	limiter *rate.Limiter    // the connection's message rate; nil = none
-	logLim  *pool.LogLimiter // bounds what one client can make the gateway log
+	logLim  *pool.LogLimiter // bounds what one client can make the gateway log (under handleMu)
+	// auditLim bounds the policy.denied events one connection's client, or
+	// its agent, can make the audit trail write; suppressed counts those
+	// left out since the last one written.
+	auditLim   *rate.Limiter
+	suppressed atomic.Int64
 
 	// Static after construction.
 	token    string // the resume token ("" = resume off); never logged
