@@ -314,7 +314,7 @@ type WebSocket struct {
 	WriteTimeout Duration `yaml:"write_timeout"`
 }
 
-// Observability configures /metrics.
+// Observability configures /metrics and tracing.
 type Observability struct {
 	// MetricsListen serves /metrics on a separate address (for example
 	// 127.0.0.1:9090) instead of the main listener. "" = the main one.
@@ -322,6 +322,8 @@ type Observability struct {
 	// TenantLabelLimit caps how many tenants get their own label value in
 	// metrics; the rest are "other".
 	TenantLabelLimit int `yaml:"tenant_label_limit"`
+	// Tracing configures OpenTelemetry traces (tracing.go).
+	Tracing Tracing `yaml:"tracing"`
 }
 
 // Log configures logging.
@@ -558,6 +560,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	c.validateAdmin(add)
 	c.validateLog(add)
 	c.validateAudit(add)
+	c.validateTracing(add)
 	return ps
 }
 
