@@ -42,7 +42,7 @@ func (s *Server) agentSpec(cfg *config.Config, a config.AgentEntry) (proxy.Agent
 		Pool: proxy.PoolConfig{
 			Agent: proxy.AgentConfig{
 				Command:     cmd,
-				Env:         a.Env,
+				Env:         withTracingEnv(s.tracing.agentEnv(a.Name, ""), a.Env),
 				Dir:         a.Dir,
 				Supervisor:  sup,
 				StopGrace:   a.StopGrace.D(),

@@ -25,6 +25,9 @@ type launcher struct {
 	user *sandbox.User
 	cfg  atomic.Pointer[config.Config]
 	seq  atomic.Int64
+	// tracing gives agents their OTEL_* variables; nil: none. Set before
+	// the first launch.
+	tracing *tracing
 }
 
 // newLauncher returns nil when the sandbox is off. With mode required and
@@ -77,6 +80,13 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 	return l, nil
 }
 
+// setTracing makes agents export their traces where the gateway's go.
+func (l *launcher) setTracing(t *tracing) {
+	if l != nil {
+		l.tracing = t
+	}
+}
+
 // update takes a reloaded configuration (tenants and their paths).
 func (l *launcher) update(cfg *config.Config) { l.cfg.Store(cfg) }
 
@@ -121,7 +131,7 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 			env = append(env, k+"="+v)
 		}
 	}
-	env = append(proxy.AppendEnv(env, agent.Env), "HOME="+home, "TMPDIR="+tmp)
+	env = append(proxy.AppendEnv(env, withTracingEnv(l.tracing.agentEnv(agentName, name), agent.Env)), "HOME="+home, "TMPDIR="+tmp)
 
 	ro, rw := cfg.SandboxPaths(t, agent)
 	if exe != "" {

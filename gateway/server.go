@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
@@ -76,6 +77,9 @@ type Server struct {
 	agentDrains sync.WaitGroup     // one per removed agent being drained
 	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
 	stopDrains  context.CancelFunc // cancels drainCtx
+
+	tracing *tracing                 // nil: tracing off
+	tracer  *sdktrace.TracerProvider // the same, to flush at Shutdown
 }
 
 // Reload applies a new configuration's tenants, tokens and policy without
@@ -315,8 +319,13 @@ func New(opts Options) (*Server, error) {
 	if trail, err = openAudit(cfg, reg, log); err != nil {
 		return fail(err)
 	}
+	tr, tracer, err := startTracing(cfg, opts.Version, log)
+	if err != nil {
+		return fail(err)
+	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
-		registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{}, refusals: rate.NewLimiter(20, 100)}
+		tracing: tr, tracer: tracer, registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{},
+		refusals: rate.NewLimiter(20, 100)}
 	if trail != nil {
 		s.audit, s.trail = trail, trail
 	}
@@ -324,6 +333,7 @@ func New(opts Options) (*Server, error) {
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.stopDrains()
+		s.closeTracing(context.Background())
 		return fail(err)
 	}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
@@ -336,9 +346,10 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// startRelay starts the relay (s.relay) with cfg's agents and s's audit
-// trail.
+// startRelay starts the relay (s.relay) with cfg's agents, s's audit
+// trail and tracing.
 func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.Sealer, tenants []proxy.TenantConfig) error {
+	s.launch.setTracing(s.tracing)
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
 		spec, err := s.agentSpec(cfg, a)
@@ -349,6 +360,7 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.
 	}
 	rc := relayConfig(cfg, m, agents, sealer, tenants)
 	rc.Audit, rc.AuditPrompts = s.audit, cfg.Audit.IncludePrompts
+	rc.Tracing = s.TracerProvider()
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
 		return err
@@ -515,6 +527,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if aerr := s.closeAudit(); aerr != nil { // logged and counted, never a failed shutdown
 		s.log.Error("audit trail: the last events were not written", "err", aerr)
 	}
+	s.closeTracing(ctx)
 	if s.authn != nil {
 		s.authn.Close()
 	}

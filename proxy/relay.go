@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
@@ -44,6 +45,8 @@ type Config struct {
 	// to prompt.started.
 	Audit        audit.Recorder
 	AuditPrompts bool
+	// Tracing makes the relay's spans; nil = no tracing.
+	Tracing trace.TracerProvider
 }
 
 // SessionsConfig says how long a connection outlives its socket.

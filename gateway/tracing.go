@@ -1,0 +1,221 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/url"
+	"os"
+	"path"
+	"slices"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/acpgate/acpgate/gateway/config"
+)
+
+// tracing is where traces go, from observability.tracing or the standard
+// OTEL_EXPORTER_OTLP_* variables (the file's endpoint wins). A nil
+// *tracing is tracing off: no exporter, no goroutine, no connection.
+type tracing struct {
+	cfg      *config.Tracing // nil: the OTEL_* variables configure the exporter
+	protocol string          // grpc, http/protobuf or http/json
+	// agentVars are the exporter's OTEL_* variables agent processes get;
+	// attrs is the operator's OTEL_RESOURCE_ATTRIBUTES.
+	agentVars map[string]string
+	attrs     string
+}
+
+// Variables of the OTel specification the gateway reads itself (the SDK
+// reads the rest: headers, timeouts, sampler, batch processor).
+const (
+	envEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
+	envTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	envProtocol       = "OTEL_EXPORTER_OTLP_PROTOCOL"
+	envTracesProtocol = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	envHeaders        = "OTEL_EXPORTER_OTLP_HEADERS"
+	envTracesHeaders  = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+	envAttributes     = "OTEL_RESOURCE_ATTRIBUTES"
+)
+
+// newTracing reads where traces go; nil when tracing is off: no endpoint,
+// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none.
+func newTracing(cfg *config.Config, getenv func(string) string) (*tracing, error) {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") || getenv("OTEL_TRACES_EXPORTER") == "none" {
+		return nil, nil
+	}
+	t := &tracing{agentVars: map[string]string{}, attrs: getenv(envAttributes)}
+	if c := cfg.Observability.Tracing; c.Endpoint != "" {
+		t.cfg = &c
+		t.protocol = orElse(c.Protocol, "http/protobuf")
+		t.agentVars[envEndpoint] = c.TracingURL()
+		t.agentVars[envProtocol] = t.protocol
+		if len(c.Headers) > 0 {
+			t.agentVars[envHeaders] = encodeList(c.Headers)
+		}
+		return t, nil
+	}
+	if getenv(envEndpoint) == "" && getenv(envTracesEndpoint) == "" {
+		return nil, nil
+	}
+	t.protocol = orElse(getenv(envTracesProtocol), orElse(getenv(envProtocol), "http/protobuf"))
+	switch t.protocol {
+	case "grpc", "http/protobuf", "http/json":
+	default:
+		return nil, fmt.Errorf("tracing: OTLP protocol %q is not grpc, http/protobuf or http/json", t.protocol)
+	}
+	for _, k := range []string{envEndpoint, envTracesEndpoint, envHeaders, envTracesHeaders} {
+		if v := getenv(k); v != "" {
+			t.agentVars[k] = v
+		}
+	}
+	t.agentVars[envProtocol] = t.protocol
+	return t, nil
+}
+
+// startTracing builds the tracer provider when tracing is on; both nil
+// when it is off.
+func startTracing(cfg *config.Config, version string, log *slog.Logger) (*tracing, *sdktrace.TracerProvider, error) {
+	t, err := newTracing(cfg, os.Getenv)
+	if t == nil || err != nil {
+		return nil, nil, err
+	}
+	tp, err := t.provider(context.Background(), version, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("tracing on", "protocol", t.protocol, "endpoint_from", map[bool]string{true: "observability.tracing", false: "OTEL_* variables"}[t.cfg != nil])
+	return t, tp, nil
+}
+
+// agentEnv is the OTEL_* environment of a process of agent for tenant (""
+// = a process of no one tenant): the gateway's exporter settings, and
+// resource attributes naming the agent and tenant after the operator's.
+// Nil when tracing is off.
+func (t *tracing) agentEnv(agent, tenant string) map[string]string {
+	if t == nil {
+		return nil
+	}
+	env := maps.Clone(t.agentVars)
+	attrs := []string{"acpgate.agent=" + escapeValue(agent)}
+	if tenant != "" {
+		attrs = append(attrs, "acpgate.tenant="+escapeValue(tenant))
+	}
+	if t.attrs != "" {
+		attrs = append([]string{t.attrs}, attrs...)
+	}
+	env[envAttributes] = strings.Join(attrs, ",")
+	return env
+}
+
+// withTracingEnv is an agent's environment: the tracing variables, under
+// the ones the operator configured for the agent (those win).
+func withTracingEnv(tracingEnv, agentEnv map[string]string) map[string]string {
+	if len(tracingEnv) == 0 {
+		return agentEnv
+	}
+	env := maps.Clone(tracingEnv)
+	maps.Copy(env, agentEnv)
+	return env
+}
+
+// provider builds the SDK's tracer provider: the OTLP exporter behind a
+// batch span processor (OTEL_BSP_* apply), the sampler of
+// OTEL_TRACES_SAMPLER (the SDK reads it, as no sampler is given) and a
+// resource naming this replica. Its Shutdown flushes.
+func (t *tracing) provider(ctx context.Context, version string, log *slog.Logger) (*sdktrace.TracerProvider, error) {
+	exp, err := t.exporter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	res, err := tracingResource(ctx, version)
+	if err != nil {
+		_ = exp.Shutdown(ctx)
+		return nil, fmt.Errorf("tracing: resource: %w", err)
+	}
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing: export failed", "err", err) }))
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
+
+// exporter is the OTLP span exporter. Neither kind connects before its
+// first export.
+func (t *tracing) exporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+	if t.protocol == "grpc" {
+		var opts []otlptracegrpc.Option
+		if t.cfg != nil {
+			opts = append(opts, otlptracegrpc.WithEndpointURL(t.cfg.TracingURL()), otlptracegrpc.WithHeaders(t.cfg.Headers))
+		}
+		return otlptracegrpc.New(ctx, opts...)
+	}
+	var opts []otlptracehttp.Option
+	if t.cfg != nil {
+		u, err := url.Parse(t.cfg.TracingURL())
+		if err != nil {
+			return nil, err
+		}
+		u.Path = path.Join("/", u.Path, "v1/traces") // a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT
+		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()), otlptracehttp.WithHeaders(t.cfg.Headers))
+	}
+	return otlptracehttp.New(ctx, opts...)
+}
+
+// tracingResource names the gateway: service.name acpgate, its version
+// and this replica (the host name: a pod's name), under what
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES say.
+func tracingResource(ctx context.Context, version string) (*resource.Resource, error) {
+	attrs := []attribute.KeyValue{attribute.String("service.name", "acpgate"), attribute.String("service.version", version)}
+	if host, err := os.Hostname(); err == nil {
+		attrs = append(attrs, attribute.String("service.instance.id", fmt.Sprintf("%s/%d", host, os.Getpid())))
+	}
+	return resource.New(ctx, resource.WithAttributes(attrs...), resource.WithTelemetrySDK(), resource.WithFromEnv())
+}
+
+// TracerProvider is the gateway's tracer provider; nil when tracing is
+// off.
+func (s *Server) TracerProvider() trace.TracerProvider {
+	if s.tracer == nil {
+		return nil
+	}
+	return s.tracer
+}
+
+// closeTracing flushes the spans still queued and stops the exporter.
+func (s *Server) closeTracing(ctx context.Context) {
+	if s.tracer == nil {
+		return
+	}
+	if err := s.tracer.Shutdown(ctx); err != nil {
+		s.log.Warn("tracing: the last spans were not exported", "err", err)
+	}
+}
+
+// encodeList is vars as an OTEL_* list: k=v pairs joined by commas, each
+// value percent-encoded.
+func encodeList(vars map[string]string) string {
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(vars)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k + "=" + escapeValue(vars[k]))
+	}
+	return b.String()
+}
+
+// escapeValue percent-encodes v for an OTEL_* list.
+func escapeValue(v string) string { return strings.ReplaceAll(url.QueryEscape(v), "+", "%20") }
+
+func orElse(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
