@@ -104,7 +104,7 @@ type Jaeger struct {
 
 // config is Jaeger's configuration (OTel Collector style): the memory
 // store, the OTLP receiver and the query API, every port a free loopback
-// one, no internal metrics server.
+// one; no internal metrics server, no traces of its own.
 const config = `service:
   extensions: [jaeger_storage, jaeger_query]
   pipelines:
@@ -124,6 +124,7 @@ extensions:
         memory:
           max_traces: 10000
   jaeger_query:
+    enable_tracing: false # its own spans would go to localhost:4317
     storage:
       traces: memstore
     http:
@@ -162,6 +163,7 @@ func Start(t testing.TB) *Jaeger {
 	defer logf.Close()
 	j.cmd = exec.Command(bin, "--config", cfgPath)
 	j.cmd.Stdout, j.cmd.Stderr = logf, logf // files: no copying goroutines
+	j.cmd.Env = harness.EnvWithout("OTEL_")
 	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := j.cmd.Start(); err != nil {
 		t.Fatalf("start jaeger: %v", err)
@@ -169,6 +171,7 @@ func Start(t testing.TB) *Jaeger {
 	exited := make(chan error, 1)
 	go func() { exited <- j.cmd.Wait() }() // ends when Jaeger exits (at the latest, the cleanup's kill)
 	t.Cleanup(func() {
+		j.http.CloseIdleConnections()
 		_ = j.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
