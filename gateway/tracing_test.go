@@ -3,10 +3,12 @@ package gateway
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -174,6 +176,34 @@ func TestTracingSettings(t *testing.T) {
 		}
 		if tc.name == "config wins" && tr.agentEnv("a", "")[envEndpoint] != "http://file:4318" {
 			t.Errorf("%s: agents get %v", tc.name, tr.agentEnv("a", ""))
+		}
+	}
+}
+
+// TestTracingSandboxedAgentEnv: with the sandbox a process serves one
+// tenant, named in its resource attributes; the agent's env still wins.
+func TestTracingSandboxedAgentEnv(t *testing.T) {
+	clearOTel(t)
+	t.Setenv(envEndpoint, "http://collector:4318")
+	cfg := config.Default()
+	cfg.Tenants = []config.Tenant{{Name: "acme", Root: t.TempDir()}, {Name: "globex", Root: t.TempDir()}}
+	cfg.Sandbox.Home = t.TempDir()
+	cfg.Agent.Env = map[string]string{envProtocol: "grpc"}
+	tr, err := newTracing(cfg, os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &launcher{log: slog.New(slog.DiscardHandler)}
+	l.cfg.Store(cfg)
+	l.setTracing(tr)
+	launch, err := l.launch(config.DefaultAgentName, "", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{envEndpoint + "=http://collector:4318", envProtocol + "=grpc",
+		envAttributes + "=acpgate.agent=default,acpgate.tenant=acme"} {
+		if !slices.Contains(launch.Env, want) {
+			t.Errorf("environment lacks %s: %v", want, launch.Env)
 		}
 	}
 }
