@@ -9,7 +9,8 @@
 # ACPGATE_REQUIRE_INTEROP, _OPS, _BROWSER and _SCALE make the interop, ops,
 # browser and scale-out tests fail, rather than skip, when node/npm,
 # prometheus/promtool, chromium or haproxy are missing (.ci/run installs
-# them).
+# them). ACPGATE_REQUIRE_JAEGER does the same for the tracing tests' Jaeger
+# (.ci/run builds it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"

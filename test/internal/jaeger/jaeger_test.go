@@ -2,6 +2,8 @@ package jaeger
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +74,17 @@ func TestSmoke(t *testing.T) {
 				t.Errorf("an unknown trace: %v", err)
 			}
 		})
+	}
+}
+
+// TestVersion: Version is the release test/jaeger's go.mod requires (the
+// cache file is named after it).
+func TestVersion(t *testing.T) {
+	b, err := os.ReadFile("../../jaeger/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "\tgithub.com/jaegertracing/jaeger "+Version+" ") {
+		t.Fatalf("test/jaeger/go.mod does not require github.com/jaegertracing/jaeger %s", Version)
 	}
 }
