@@ -44,6 +44,7 @@ const (
 	envHeaders        = "OTEL_EXPORTER_OTLP_HEADERS"
 	envTracesHeaders  = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
 	envAttributes     = "OTEL_RESOURCE_ATTRIBUTES"
+	envServiceName    = "OTEL_SERVICE_NAME"
 )
 
 // newTracing reads where traces go; nil when tracing is off: no endpoint,
@@ -53,6 +54,9 @@ func newTracing(cfg *config.Config, getenv func(string) string) (*tracing, error
 		return nil, nil
 	}
 	t := &tracing{agentVars: map[string]string{}, attrs: getenv(envAttributes)}
+	if getenv(envServiceName) != "" {
+		t.agentVars[envServiceName] = "" // the gateway's name, inherited, would make agents' spans its own
+	}
 	if c := cfg.Observability.Tracing; c.Endpoint != "" {
 		t.cfg = &c
 		t.protocol = orElse(c.Protocol, "http/protobuf")

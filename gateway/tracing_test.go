@@ -110,19 +110,21 @@ func TestTracingAgentEnv(t *testing.T) {
 	t.Setenv(envEndpoint, "http://collector:4318")
 	t.Setenv(envAttributes, "deployment.environment=prod")
 	t.Setenv(envHeaders, "api-key=secret")
+	t.Setenv(envServiceName, "gateway")
 	tr, err := newTracing(config.Default(), os.Getenv)
 	if err != nil || tr == nil {
 		t.Fatalf("newTracing = %v, %v", tr, err)
 	}
 	env := tr.agentEnv("claude", "acme corp")
 	want := map[string]string{
-		envEndpoint:   "http://collector:4318",
-		envProtocol:   "http/protobuf",
-		envHeaders:    "api-key=secret",
-		envAttributes: "deployment.environment=prod,acpgate.agent=claude,acpgate.tenant=acme%20corp",
+		envEndpoint:    "http://collector:4318",
+		envProtocol:    "http/protobuf",
+		envHeaders:     "api-key=secret",
+		envServiceName: "",
+		envAttributes:  "deployment.environment=prod,acpgate.agent=claude,acpgate.tenant=acme%20corp",
 	}
 	for k, v := range want {
-		if env[k] != v {
+		if got, ok := env[k]; !ok || got != v {
 			t.Errorf("%s = %q, want %q", k, env[k], v)
 		}
 	}

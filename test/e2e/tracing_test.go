@@ -52,7 +52,7 @@ func TestTracingJaeger(t *testing.T) {
 	c, sid := dialSession(t, g, t.TempDir())
 	promptOK(t, c, sid, "hello")
 	for _, kv := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + j.OTLPHTTP(), "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
-		"OTEL_RESOURCE_ATTRIBUTES=deployment.environment=e2e,acpgate.agent=default"} {
+		"OTEL_RESOURCE_ATTRIBUTES=deployment.environment=e2e,acpgate.agent=default", "OTEL_SERVICE_NAME="} {
 		if len(agentsWithEnv(g, kv)) == 0 {
 			t.Errorf("no agent process has %s", kv)
 		}
