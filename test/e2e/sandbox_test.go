@@ -330,12 +330,14 @@ func TestSandboxNetwork(t *testing.T) {
 func TestSandboxMemoryLimit(t *testing.T) {
 	requireLandlock(t)
 	// RLIMIT_DATA counts reserved writable memory, thread stacks too, so
-	// the limit sits well above what the agent uses at rest.
-	e := startSandboxed(t, policyAllowFake+"sandbox: {limits: {memory: 256MiB}}\n")
+	// the limit sits well above what the agent uses at rest, and above what
+	// a -race supervisor reserves (over 400 MiB: below that, its next
+	// allocation after the limit fails, more likely the bigger the binary).
+	e := startSandboxed(t, policyAllowFake+"sandbox: {limits: {memory: 768MiB}}\n")
 	c := dialToken(t, e.g, e.tokens["acme"])
 	m := c.Call("_fake/host", map[string]any{"op": "alloc", "mib": 1024}, 30*time.Second)
 	if m.Error == nil {
-		t.Fatalf("1 GiB allocated under a 256 MiB limit: %s", m.Raw)
+		t.Fatalf("1 GiB allocated under a 768 MiB limit: %s", m.Raw)
 	}
 	t.Logf("answer: %s", m.Raw)
 	e.g.WaitLog(t, "agent exited", "", "", 10*time.Second)
@@ -366,7 +368,9 @@ func TestSandboxCgroup(t *testing.T) {
 		t.Skipf("skipped: cannot create a cgroup under %s: %v", filepath.Dir(parent), err)
 	}
 	t.Cleanup(func() { os.Remove(parent) })
-	e := startSandboxed(t, policyAllowFake+fmt.Sprintf("sandbox: {cgroup: %q, limits: {memory: 128MiB, processes: 64}}\n", parent))
+	// memory also sets RLIMIT_DATA: above a -race supervisor's reservation,
+	// as in TestSandboxMemoryLimit.
+	e := startSandboxed(t, policyAllowFake+fmt.Sprintf("sandbox: {cgroup: %q, limits: {memory: 768MiB, processes: 64}}\n", parent))
 	c := dialToken(t, e.g, e.tokens["acme"])
 	cg := host(t, c, map[string]any{"op": "read", "path": "/proc/self/cgroup"})
 	if !strings.Contains(cg.Data, "agent-acme-") {
@@ -374,7 +378,7 @@ func TestSandboxCgroup(t *testing.T) {
 	}
 	m := c.Call("_fake/host", map[string]any{"op": "alloc", "mib": 1024}, 30*time.Second)
 	if m.Error == nil {
-		t.Fatalf("1 GiB allocated under a 128 MiB limit: %s", m.Raw)
+		t.Fatalf("1 GiB allocated under a 768 MiB limit: %s", m.Raw)
 	}
 	e.g.WaitLog(t, "agent exited", "", "", 10*time.Second)
 }
