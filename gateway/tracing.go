@@ -10,6 +10,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -64,6 +65,8 @@ func newTracing(cfg *config.Config, getenv func(string) string) (*tracing, error
 		t.agentVars[envProtocol] = t.protocol
 		if len(c.Headers) > 0 {
 			t.agentVars[envHeaders] = encodeList(c.Headers)
+		} else {
+			t.copyEnv(getenv, envHeaders, envTracesHeaders)
 		}
 		return t, nil
 	}
@@ -76,13 +79,18 @@ func newTracing(cfg *config.Config, getenv func(string) string) (*tracing, error
 	default:
 		return nil, fmt.Errorf("tracing: OTLP protocol %q is not grpc, http/protobuf or http/json", t.protocol)
 	}
-	for _, k := range []string{envEndpoint, envTracesEndpoint, envHeaders, envTracesHeaders} {
+	t.copyEnv(getenv, envEndpoint, envTracesEndpoint, envHeaders, envTracesHeaders)
+	t.agentVars[envProtocol] = t.protocol
+	return t, nil
+}
+
+// copyEnv passes the variables that are set on to agents.
+func (t *tracing) copyEnv(getenv func(string) string, keys ...string) {
+	for _, k := range keys {
 		if v := getenv(k); v != "" {
 			t.agentVars[k] = v
 		}
 	}
-	t.agentVars[envProtocol] = t.protocol
-	return t, nil
 }
 
 // startTracing builds the tracer provider when tracing is on; both nil
@@ -155,7 +163,10 @@ func (t *tracing) exporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 	if t.protocol == "grpc" {
 		var opts []otlptracegrpc.Option
 		if t.cfg != nil {
-			opts = append(opts, otlptracegrpc.WithEndpointURL(t.cfg.TracingURL()), otlptracegrpc.WithHeaders(t.cfg.Headers))
+			opts = append(opts, otlptracegrpc.WithEndpointURL(t.cfg.TracingURL()))
+			if len(t.cfg.Headers) > 0 { // else OTEL_EXPORTER_OTLP_HEADERS applies
+				opts = append(opts, otlptracegrpc.WithHeaders(t.cfg.Headers))
+			}
 		}
 		return otlptracegrpc.New(ctx, opts...)
 	}
@@ -166,7 +177,10 @@ func (t *tracing) exporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 			return nil, err
 		}
 		u.Path = path.Join("/", u.Path, "v1/traces") // a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT
-		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()), otlptracehttp.WithHeaders(t.cfg.Headers))
+		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+		if len(t.cfg.Headers) > 0 {
+			opts = append(opts, otlptracehttp.WithHeaders(t.cfg.Headers))
+		}
 	}
 	return otlptracehttp.New(ctx, opts...)
 }
@@ -191,11 +205,15 @@ func (s *Server) TracerProvider() trace.TracerProvider {
 	return s.tracer
 }
 
-// closeTracing flushes the spans still queued and stops the exporter.
+// closeTracing flushes the spans still queued and stops the exporter,
+// within 5s even when ctx ended (a drain that took all its time still
+// gets its spans out).
 func (s *Server) closeTracing(ctx context.Context) {
 	if s.tracer == nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	if err := s.tracer.Shutdown(ctx); err != nil {
 		s.log.Warn("tracing: the last spans were not exported", "err", err)
 	}

@@ -163,7 +163,7 @@ func TestTracingSettings(t *testing.T) {
 		{name: "disabled", env: map[string]string{envEndpoint: "http://c:4318", "OTEL_SDK_DISABLED": "true"}},
 		{name: "exporter none", env: map[string]string{envEndpoint: "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}},
 		{name: "config", cfg: config.Tracing{Endpoint: "c:4317", Protocol: "grpc"}, on: true, prot: "grpc"},
-		{name: "config wins", env: map[string]string{envEndpoint: "http://env:4318"}, cfg: config.Tracing{Endpoint: "http://file:4318"},
+		{name: "config wins", env: map[string]string{envEndpoint: "http://env:4318", envHeaders: "k=v"}, cfg: config.Tracing{Endpoint: "http://file:4318"},
 			on: true, prot: "http/protobuf"},
 	} {
 		cfg := config.Default()
@@ -176,7 +176,7 @@ func TestTracingSettings(t *testing.T) {
 		if tr != nil && tr.protocol != tc.prot {
 			t.Errorf("%s: protocol %q, want %q", tc.name, tr.protocol, tc.prot)
 		}
-		if tc.name == "config wins" && tr.agentEnv("a", "")[envEndpoint] != "http://file:4318" {
+		if e := tr.agentEnv("a", ""); tc.name == "config wins" && (e[envEndpoint] != "http://file:4318" || e[envHeaders] != "k=v") {
 			t.Errorf("%s: agents get %v", tc.name, tr.agentEnv("a", ""))
 		}
 	}

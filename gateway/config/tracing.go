@@ -15,7 +15,8 @@ type Tracing struct {
 	Endpoint string `yaml:"endpoint"`
 	// Protocol is "http/protobuf" (the default) or "grpc".
 	Protocol string `yaml:"protocol"`
-	// Headers are sent with every export (an API key, say).
+	// Headers are sent with every export (an API key, say); none:
+	// OTEL_EXPORTER_OTLP_HEADERS applies.
 	Headers map[string]string `yaml:"headers"`
 }
 
