@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
@@ -44,6 +45,8 @@ type Config struct {
 	// to prompt.started.
 	Audit        audit.Recorder
 	AuditPrompts bool
+	// Tracing makes the relay's spans (trace.go); nil = tracing off.
+	Tracing trace.TracerProvider
 }
 
 // SessionsConfig says how long a connection outlives its socket.
@@ -99,6 +102,7 @@ type Relay struct {
 	resume  SessionsConfig
 	audit   audit.Recorder // nil: no audit trail
 	prompts bool           // audit prompt text (Config.AuditPrompts)
+	tracer  trace.Tracer   // nil: tracing off (Config.Tracing)
 
 	mu        sync.Mutex // guards conns, tenants, resumable, agents and adminEnded
 	conns     map[*Conn]struct{}
@@ -155,6 +159,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{
+		tracer:    tracerOf(cfg.Tracing),
 		metrics:   metrics,
 		sealer:    sealer,
 		log:       log,
