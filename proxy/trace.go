@@ -233,6 +233,9 @@ func answerSpan(span trace.Span, m *jsonrpc.Message) {
 // params. Everything else in _meta passes as it is. No edit: params is not
 // an object, or its _meta is not one.
 func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
+	if span == nil {
+		return jsonrpc.Edit{}, false
+	}
 	sc := span.SpanContext()
 	tp := make([]byte, 0, 64)
 	tp = append(tp, `"00-`...)
