@@ -270,3 +270,29 @@ func TestTraceparentEdit(t *testing.T) {
 		}
 	}
 }
+
+type nopExporter struct{}
+
+func (nopExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (nopExporter) Shutdown(context.Context) error                             { return nil }
+
+// traceTurnForBench makes the session's updates count on a traced turn, as
+// a prompt's would: tracing on, every span sampled, exported nowhere.
+func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
+	return func(r *Relay, s *Session) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		r.tracer = tracerOf(tp)
+		_, span := r.tracer.Start(context.Background(), mSessionPrompt)
+		b.Cleanup(func() { span.End() })
+		s.turnTrace.Store(&turnTrace{relay: r, span: span})
+	}
+}
+
+func BenchmarkRouteSessionUpdate300BTraced(b *testing.B) {
+	benchFanOut(b, 160, 0, 0, 0, traceTurnForBench(b))
+}
+
+func BenchmarkRouteSessionUpdate20KBTraced(b *testing.B) {
+	benchFanOut(b, 20000, 0, 0, 0, traceTurnForBench(b))
+}
