@@ -43,7 +43,9 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.handleDetach(m)
 		return
 	}
+	span := c.startSpan(m)
 	if c.readOnlyWrite(m) || !c.checkPolicy(m) {
+		gatewaySpan(span)
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
@@ -52,13 +54,13 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.denied("path_outside_root", m.Method)
 		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
+			failSpan(span, jsonrpc.CodeInvalidParams, pathErr.Error())
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
 		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	span := c.startSpan(m)
 	if span != nil {
 		ctx = trace.ContextWithSpan(ctx, span) // the pool wait's parent
 	}

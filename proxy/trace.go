@@ -327,6 +327,7 @@ type turnTrace struct {
 	first   atomic.Bool
 	mu      sync.Mutex
 	tools   map[string]trace.Span // by toolCallId, until final
+	ended   bool                  // the turn's span has ended: no more tool spans
 }
 
 // traceTurn makes req, a prompt going to the agent now, the session's
@@ -369,6 +370,9 @@ func (t *turnTrace) update(m *jsonrpc.Message) {
 	u := p.Update
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.ended {
+		return
+	}
 	span := t.tools[u.ToolCallID]
 	if span == nil && string(kind) == "tool_call" {
 		span = t.relay.childSpan(t.span, SpanToolCall, trace.WithAttributes(attribute.String(attrToolCallID, u.ToolCallID)))
@@ -406,7 +410,7 @@ func (t *turnTrace) end() {
 		s.SetAttributes(attribute.String(attrToolStatus, "unfinished"))
 		s.End()
 	}
-	t.tools = nil
+	t.tools, t.ended = nil, true
 	t.mu.Unlock()
 	t.span.SetAttributes(attribute.Int64(attrUpdates, t.updates.Load()))
 }

@@ -296,3 +296,23 @@ func BenchmarkRouteSessionUpdate300BTraced(b *testing.B) {
 func BenchmarkRouteSessionUpdate20KBTraced(b *testing.B) {
 	benchFanOut(b, 20000, 0, 0, 0, traceTurnForBench(b))
 }
+
+// BenchmarkTurnTraceUpdate is what tracing adds to one session/update of a
+// traced turn (not a tool call): the count and the kind's look-up.
+func BenchmarkTurnTraceUpdate(b *testing.B) {
+	r := &Relay{}
+	var s Session
+	traceTurnForBench(b)(r, &s)
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}`)
+	if err := sc.Scan(line, &m, func(*jsonrpc.Message) *jsonrpc.Spec { return specUpdate }); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for range b.N {
+		if t := s.turnTrace.Load(); t != nil {
+			t.update(&m)
+		}
+	}
+}
