@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
@@ -397,6 +398,12 @@ func (s *Server) lookupSession(w http.ResponseWriter, r *http.Request, who auth.
 }
 
 // postScanners are the scanners of client POSTs, which run concurrently.
+// postTrace is the trace context of a POST's traceparent and tracestate
+// headers: the parent of its request's span unless params._meta names one.
+func postTrace(r *http.Request) trace.SpanContext {
+	return proxy.ParseTraceparent(r.Header.Get("traceparent"), r.Header.Get("tracestate"))
+}
+
 var postScanners = sync.Pool{New: func() any { return new(postScan) }}
 
 // postScan is one scan of a POSTed message: the relay's scanner, once; the
@@ -466,7 +473,7 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	}
 	h.read(len(msg))
 	if p.err == nil {
-		h.conn.HandleScanned(&h.link, m)
+		h.conn.HandleScannedTrace(&h.link, m, postTrace(r))
 	} else {
 		h.conn.HandleFrom(&h.link, msg) // the relay answers what is not JSON-RPC
 	}
@@ -578,7 +585,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 	h.recordOpened()
 	reply := h.initReply // Send clears the field once it has answered
 	h.read(len(msg))
-	h.conn.HandleScanned(&h.link, m)
+	h.conn.HandleScannedTrace(&h.link, m, postTrace(r))
 	select {
 	case reply := <-reply:
 		h.answerInit(w, reply)

@@ -24,8 +24,9 @@ func (d *discardSink) Supersede()                   {}
 func benchRoute(b *testing.B, textLen, replay int) { benchFanOut(b, textLen, replay, 0, 0) }
 
 // benchFanOut is benchRoute with the session's attach history (history
-// bytes, -1: none) and members more clients attached to the session.
-func benchFanOut(b *testing.B, textLen, replay, history, members int) {
+// bytes, -1: none) and members more clients attached to the session; setup
+// runs on the relay and the session before the loop.
+func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...func(*Relay, *Session)) {
 	metrics := nopMetrics()
 	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: metrics}
 	r.resume.HistoryBytes = history
@@ -42,6 +43,9 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int) {
 		m := r.newConnForBench(&discardSink{})
 		m.ag = ag
 		s.addMember(&member{conn: m, id: newClientID()}, members+1)
+	}
+	for _, f := range setup {
+		f(r, s)
 	}
 	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + agentSID +
 		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"` +

@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -122,6 +124,9 @@ type Conn struct {
 	msg      jsonrpc.Message
 	edits    []jsonrpc.Edit
 	resolve  jsonrpc.Resolver
+	// traceParent: the trace context of the message in hand from its
+	// transport (a POST's traceparent header; HandleScannedTrace).
+	traceParent trace.SpanContext
 
 	limiter *rate.Limiter    // the connection's message rate; nil = none
 	logLim  *pool.LogLimiter // bounds what one client can make the gateway log (under handleMu)
@@ -170,7 +175,11 @@ func clientSpec(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind == jsonrpc.KindResponse {
 		return nil
 	}
-	return paramsSpec(m.Method, true)
+	s := paramsSpec(m.Method, true)
+	if t := metaSpecs[s]; t != nil { // params._meta's trace context (trace.go)
+		return t
+	}
+	return s
 }
 
 // KeepsSent reports whether the connection keeps what it sends for a
@@ -308,6 +317,21 @@ func (c *Conn) HandleScanned(sink Sink, m *jsonrpc.Message) {
 	c.handled()
 }
 
+// HandleScannedTrace is HandleScanned with the trace context the
+// transport carried the message in (a POST's traceparent header, see
+// ParseTraceparent): the parent of the request's span unless its
+// params._meta names one.
+func (c *Conn) HandleScannedTrace(sink Sink, m *jsonrpc.Message, parent trace.SpanContext) {
+	c.handleMu.Lock()
+	if c.countFrom(sink) {
+		c.traceParent = parent
+		c.handleMessage(m)
+		c.traceParent = trace.SpanContext{}
+	}
+	c.handleMu.Unlock()
+	c.handled()
+}
+
 // handleMessage processes one scanned client message (c.handleMu held).
 func (c *Conn) handleMessage(m *jsonrpc.Message) {
 	if len(m.ID) > maxIDBytes || len(m.Method) > maxMethodBytes {
@@ -326,7 +350,11 @@ func (c *Conn) handleMessage(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	switch {
 	case !initialized && m.Method == mInitialize && m.Kind == jsonrpc.KindRequest:
+		span := c.startSpan(m)
 		c.handleInitialize(m)
+		if span != nil {
+			span.End()
+		}
 	case !initialized:
 		if m.Kind == jsonrpc.KindRequest {
 			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is not initialized: the first request must be initialize", nil)
@@ -632,6 +660,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 			return
 		}
 	}
+	answerSpan(in.span, m)
 	in.forget()
 	if !in.claim() {
 		c.log.Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
@@ -663,7 +692,9 @@ func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 	if p := home.Process(); p != nil && p.Alive() && !p.Retiring() {
 		return c.ag.link(p), nil
 	}
+	wait := c.relay.poolWait(ctx)
 	lease, err := c.ag.pool.Acquire(ctx, prof, false)
+	endWait(wait, err)
 	if err != nil {
 		return nil, err
 	}
@@ -707,8 +738,9 @@ func (c *Conn) forgetClientReq(r *outReq) {
 }
 
 // trackAgentReq registers an agent request (about sess, if any) for this
-// client and returns it, with the id the client sees.
-func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *Session) (*inReq, int64, error) {
+// client and returns it, with the id the client sees. span is its span
+// (nil: not traced), ended when it is forgotten.
+func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *Session, span trace.Span) (*inReq, int64, error) {
 	// Only this process's reader adds to l.inbound, so the check holds.
 	l.mu.Lock()
 	dup := l.inbound[string(agentID)] != nil
@@ -716,7 +748,7 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	if dup {
 		return nil, 0, errDuplicateAgentID
 	}
-	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess}
+	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
 	id, ok := c.addAgentReq(in)
 	if !ok {
 		return nil, 0, errConnClosed

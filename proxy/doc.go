@@ -92,4 +92,15 @@
 // served by the file stand-in), and is delivered: the Conn's outbox numbers
 // it, keeps it for a resume, and hands it to the Sink, whose bounded queue
 // decides what a slow client costs.
+//
+// # Tracing
+//
+// With Config.Tracing, each client request has a span named by its method
+// (trace.go), carried by its outReq and ended with it; a prompt's span is
+// its session's turn (Session.turnTrace), under which the pool wait, the
+// first update, the agent's requests to the client, the file stand-in and
+// each tool call are spans, and the updates a count. The client's
+// params._meta.traceparent (or a POST's header) is its parent; the line
+// the agent gets names it in _meta.traceparent, the one edit made to
+// _meta. Without it nothing of this runs.
 package proxy

@@ -63,6 +63,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 	} else if sess != nil {
 		root = sess.cwd
 	}
+	span := conn.relay.fsSpan(sess, m)
 	l.fsSlots <- struct{}{}
 	l.p.Go(func() {
 		defer func() { <-l.fsSlots }()
@@ -72,7 +73,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 		} else {
 			result, err = serveFs(method, root, &params, l.p.MaxMessageBytes())
 		}
-		outcome := "ok"
+		outcome, code := "ok", 0
 		var out []byte
 		if err != nil {
 			outcome = "error"
@@ -80,6 +81,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 			if !errors.As(err, &fe) {
 				fe = &fsError{jsonrpc.CodeInternalError, err.Error()}
 			}
+			code = fe.code
 			out = jsonrpc.AppendError(nil, id, fe.code, fe.msg, nil)
 			conn.log.Debug("file request served by the gateway failed", "method", method, "err", err)
 		} else {
@@ -87,6 +89,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 			conn.standInDone(sess, method, &params, result)
 		}
 		l.ag.metrics.FsServed.WithLabelValues(method, outcome).Inc()
+		endFsSpan(span, outcome, code)
 		l.p.SendCtrl(append(out, '\n'))
 	})
 }

@@ -217,6 +217,10 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		if in.sess != nil {
 			in.sess.requestDone(in)
 		}
+		if in.span != nil {
+			spanError(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")
+			in.span.End()
+		}
 		log := l.p.Log()
 		for _, cp := range in.conns(nil) {
 			cp.conn.forgetAgentReq(cp.id)

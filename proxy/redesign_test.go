@@ -187,7 +187,7 @@ func TestQuotaHeldWhileHolderEndsDuringLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	f, _ := m.FieldOf(jsonrpc.FieldSessionID, -1)
-	b.c.send(ctx, m, rt, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}})
+	b.c.send(ctx, m, rt, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}}, nil)
 	if got := b.await("2", nil); got.Error != nil {
 		t.Fatalf("session/load: %s", got.raw)
 	}

@@ -45,7 +45,7 @@ type Config struct {
 	// to prompt.started.
 	Audit        audit.Recorder
 	AuditPrompts bool
-	// Tracing makes the relay's spans; nil = no tracing.
+	// Tracing makes the relay's spans (trace.go); nil = tracing off.
 	Tracing trace.TracerProvider
 }
 
@@ -102,6 +102,7 @@ type Relay struct {
 	resume  SessionsConfig
 	audit   audit.Recorder // nil: no audit trail
 	prompts bool           // audit prompt text (Config.AuditPrompts)
+	tracer  trace.Tracer   // nil: tracing off (Config.Tracing)
 
 	mu        sync.Mutex // guards conns, tenants, resumable, agents and adminEnded
 	conns     map[*Conn]struct{}
@@ -158,6 +159,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{
+		tracer:    tracerOf(cfg.Tracing),
 		metrics:   metrics,
 		sealer:    sealer,
 		log:       log,

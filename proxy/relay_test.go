@@ -47,6 +47,9 @@ func TestMain(m *testing.M) {
 	case "usage":
 		usageAgent()
 		os.Exit(0)
+	case "traced":
+		tracedAgent()
+		os.Exit(0)
 	case "init-error":
 		var req struct {
 			ID json.RawMessage `json:"id"`

@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
@@ -88,6 +91,11 @@ type outReq struct {
 	next     *queuedTurn
 	turn     bool         // a prompt counted in its session's turn (Session.running); under the session's lock
 	began    atomic.Int64 // a prompt: unix nanos it went to the agent, until its turn is counted (turnOver)
+	// span is the request's (nil: tracing off); answered: the agent's
+	// answer set its status; turnTrace: a traced prompt's turn (trace.go).
+	span      trace.Span
+	answered  bool
+	turnTrace *turnTrace
 }
 
 // end finishes a request that has been taken from its process's table:
@@ -101,6 +109,7 @@ func (r *outReq) end() {
 		r.conn.forgetClientReq(r)
 	}
 	r.hold.release()
+	r.endSpan()
 	if r.method == mSessionPrompt && r.conn != nil {
 		if r.sess != nil {
 			if next, ok := r.sess.promptDone(r); ok && r.holdNext {
@@ -142,6 +151,7 @@ type inReq struct {
 	// answered is set by whoever answers the agent first: the client, or
 	// the gateway in its place (disconnect, client_request timeout).
 	answered atomic.Bool
+	span     trace.Span // nil: not traced; ended when it is forgotten
 }
 
 // claim reports whether the caller is the one to answer in: true once.
@@ -164,6 +174,9 @@ func (in *inReq) forget() {
 	in.link.mu.Unlock()
 	if in.sess != nil {
 		in.sess.requestDone(in)
+	}
+	if in.span != nil {
+		in.span.End()
 	}
 }
 
@@ -272,6 +285,9 @@ func (in *inReq) leave(c *Conn) (id int64, had, last bool) {
 // answerInPlace answers the request for its clients, the last of which
 // has left: a permission request is cancelled, anything else refused.
 func (in *inReq) answerInPlace(c *Conn, why string) {
+	if in.span != nil {
+		in.span.SetAttributes(attribute.String(attrOutcome, why))
+	}
 	in.forget()
 	if !in.claim() {
 		return

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -110,6 +112,13 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	edits, created, ok := r.answerEdits(m, req)
 	if created != nil {
 		c.attach(created) // counted before the request's tenant slot is given back
+	}
+	if req.span != nil {
+		req.answered = true
+		answerSpan(req.span, m)
+		if created != nil {
+			req.span.SetAttributes(attribute.String(attrSession, created.GatewayID))
+		}
 	}
 	if req.method == mSessionPrompt && req.sess != nil {
 		r.meterTurn(req, m)
@@ -297,6 +306,9 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	if m.Method == mSessionUpdate && rc.sess != nil {
 		r.meterUpdate(m, rc.sess)
+		if t := rc.sess.turnTrace.Load(); t != nil {
+			t.update(m)
+		}
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {
@@ -466,7 +478,12 @@ func (r *agentReader) splice(m *jsonrpc.Message, conn *Conn, edits []jsonrpc.Edi
 // new owner.
 func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []jsonrpc.Edit) {
 	l, conn := r.l, rc.conn
-	in, connID, err := conn.trackAgentReq(l, m.ID, m.Method, rc.sess)
+	span := conn.relay.agentReqSpan(rc.sess, m)
+	in, connID, err := conn.trackAgentReq(l, m.ID, m.Method, rc.sess, span)
+	if err != nil && span != nil {
+		spanError(span, jsonrpc.CodeInternalError, err.Error())
+		span.End()
+	}
 	if errors.Is(err, errDuplicateAgentID) {
 		// Two requests with one id: the client's answer could not be
 		// told apart. The second is refused; the first goes on.

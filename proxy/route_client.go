@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -41,7 +43,9 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.handleDetach(m)
 		return
 	}
+	span := c.startSpan(m)
 	if c.readOnlyWrite(m) || !c.checkPolicy(m) {
+		gatewaySpan(span)
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
@@ -50,24 +54,31 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.denied("path_outside_root", m.Method)
 		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
+			failSpan(span, jsonrpc.CodeInvalidParams, pathErr.Error())
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
 		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
+	if span != nil {
+		ctx = trace.ContextWithSpan(ctx, span) // the pool wait's parent
+	}
 	rt, edits, err := c.route(ctx, m, edits)
 	switch {
 	case errors.Is(err, errAnswered):
+		gatewaySpan(span)
 		return
 	case err != nil:
 		c.log.Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
+			failSpan(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 		}
 		return
 	}
-	c.send(ctx, m, rt, edits)
+	routedSpan(span, rt, m)
+	c.send(ctx, m, rt, edits, span)
 }
 
 // route chooses the handler for the class of m: about a session, creating
@@ -166,7 +177,9 @@ func (c *Conn) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string,
 // placeLoad finds the process for a load and, for a request, routes the
 // session to c from now on. h holds what the load took so far.
 func (c *Conn) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID string, sess *Session, h *hold) (*routed, error) {
+	wait := c.relay.poolWait(ctx)
 	lease, err := c.ag.placeSession(ctx, c.profile(), agentSID)
+	endWait(wait, err)
 	if err != nil {
 		h.release()
 		return nil, err
@@ -214,7 +227,9 @@ func (c *Conn) routeCreate(ctx context.Context, m *jsonrpc.Message) (*routed, er
 		}
 		h.quota = true
 	}
+	wait := c.relay.poolWait(ctx)
 	lease, err := c.ag.pool.Acquire(ctx, c.profile(), true)
+	endWait(wait, err)
 	if err != nil {
 		h.release()
 		return nil, err
@@ -245,14 +260,17 @@ func (c *Conn) closeLost(m *jsonrpc.Message, sess *Session) {
 
 // send tracks a request (its hold goes with it) and passes the message to
 // its process with the edits spliced in. A notification holds nothing.
-func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits []jsonrpc.Edit) {
+func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits []jsonrpc.Edit, span trace.Span) {
 	var req *outReq
 	if m.Kind == jsonrpc.KindRequest {
-		req = c.track(m, rt)
+		req = c.track(m, rt, span)
 		if req == nil {
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
+		if e, ok := traceparentEdit(m, span); ok {
+			edits = append(edits, e)
+		}
 	} else {
 		rt.h.release()
 	}
@@ -265,6 +283,7 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 	if rt.sess != nil && m.Method == mSessionPrompt {
 		rt.sess.promptStart.Store(time.Now().UnixNano())
 		if req != nil {
+			rt.sess.traceTurn(req)
 			c.promptBegins(req, nil, m.Payload)
 		}
 	}
@@ -282,7 +301,7 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 
 // track registers a request with the connection and its process. It
 // answers and returns nil when either has ended meanwhile.
-func (c *Conn) track(m *jsonrpc.Message, rt *routed) *outReq {
+func (c *Conn) track(m *jsonrpc.Message, rt *routed, span trace.Span) *outReq {
 	req := &outReq{
 		conn:     c,
 		clientID: append([]byte(nil), m.ID...),
@@ -291,16 +310,19 @@ func (c *Conn) track(m *jsonrpc.Message, rt *routed) *outReq {
 		cwd:      createdCwd(m),
 		start:    time.Now(),
 		hold:     rt.h,
+		span:     span,
 	}
 	var ok bool
 	if rt.h.request, ok = rt.link.p.HoldRequest(); !ok || !rt.link.track(req) {
 		rt.h.release()
+		failSpan(span, jsonrpc.CodeInternalError, "the agent process exited")
 		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 		return nil
 	}
 	if !c.trackClientReq(req) { // the connection closed meanwhile
 		if rt.link.untrack(req) {
 			req.hold.release()
+			gatewaySpan(span)
 		}
 		return nil
 	}
@@ -347,6 +369,7 @@ func (s *Session) startTurn(t queuedTurn) {
 	}
 	s.announcePrompt(c, t.blocks)
 	s.promptStart.Store(time.Now().UnixNano())
+	s.traceTurn(t.req)
 	c.promptBegins(t.req, t.blocks, nil)
 	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)

@@ -28,10 +28,11 @@ type Session struct {
 	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
-	promptStart atomic.Int64 // unix nanos of the running prompt until its first update
-	meter       meter        // what its agent reported using (usage.go)
-	opened      time.Time    // when it was created or loaded here
-	adminEnded  atomic.Bool  // an administrator ended it (Relay.EndSession): refuse what names it
+	promptStart atomic.Int64              // unix nanos of the running prompt until its first update
+	turnTrace   atomic.Pointer[turnTrace] // the traced turn in flight (nil: none or tracing off)
+	meter       meter                     // what its agent reported using (usage.go)
+	opened      time.Time                 // when it was created or loaded here
+	adminEnded  atomic.Bool               // an administrator ended it (Relay.EndSession): refuse what names it
 
 	// members are the clients attached with session/attach: a copy-on-write
 	// list (nil: none) the agent's reader loads per message. Written under

@@ -57,6 +57,7 @@ const (
 	FieldURI                 // a URI that may be a file:// URI
 	FieldElement             // an array element or object value as a whole (for filtering)
 	FieldTag                 // a discriminator to inspect, e.g. a content block's "type"
+	FieldMeta                // a _meta object, located whole so that members can be added to it
 )
 
 // Spec is a tree of payload fields to locate. The zero Spec locates nothing.

@@ -1,0 +1,318 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+)
+
+// tracedAgent answers a prompt with a tool call, a permission request
+// about it, the tool call's completion and a chunk; its result carries the
+// prompt line as the agent read it (_meta.line). _demo/fail is an error.
+func tracedAgent() {
+	in := bufio.NewReaderSize(os.Stdin, 1<<20)
+	out := bufio.NewWriter(os.Stdout)
+	var promptID json.RawMessage
+	var promptLine string
+	update := func(u string) {
+		fmt.Fprintf(out, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":%s}}`+"\n", u)
+	}
+	for {
+		line, err := in.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		var m agentLine
+		_ = json.Unmarshal(line, &m)
+		switch m.Method {
+		case "initialize":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
+		case "session/new":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
+		case "session/prompt":
+			promptID, promptLine = m.ID, strings.TrimSuffix(string(line), "\n")
+			update(`{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Edit main.go","kind":"edit","status":"pending"}`)
+			fmt.Fprintln(out, `{"jsonrpc":"2.0","id":"perm1","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1"},"options":[{"optionId":"allow","name":"Allow","kind":"allow_once"}]}}`)
+		case "_demo/fail":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32042,"message":"nope"}}`+"\n", m.ID)
+		case "":
+			update(`{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed"}`)
+			update(`{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"done"}}`)
+			q, _ := json.Marshal(promptLine)
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"stopReason":"end_turn","_meta":{"line":%s}}}`+"\n", promptID, q)
+		}
+		out.Flush()
+	}
+}
+
+// tracedRelay is a relay on the traced agent, recording its spans (rec
+// nil: tracing off).
+func tracedRelay(t *testing.T, on bool) (*Relay, *tracetest.SpanRecorder) {
+	t.Helper()
+	if !on {
+		return testPool(t, "traced", nil), nil
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return testPool(t, "traced", nil, func(c *Config) { c.Tracing = tp }), rec
+}
+
+// promptLine runs a prompt (params as given, sessionId added first),
+// answers its permission request and returns the prompt line the agent
+// read.
+func promptLine(t *testing.T, tc *testConn, sid, params string) string {
+	t.Helper()
+	tc.send(`{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"sessionId":"` + sid + `",` + params + `}}`)
+	m := tc.await("9", func(m msg) {
+		if m.Method == mRequestPerm {
+			tc.send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
+		}
+	})
+	var res struct {
+		Meta struct {
+			Line string `json:"line"`
+		} `json:"_meta"`
+	}
+	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil || res.Meta.Line == "" {
+		t.Fatalf("prompt: %s", m.raw)
+	}
+	return res.Meta.Line
+}
+
+func spanNamed(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.ReadOnlySpan {
+	t.Helper()
+	for _, s := range rec.Ended() {
+		if s.Name() == name {
+			return s
+		}
+	}
+	t.Fatalf("no span %q ended", name)
+	return nil
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	out := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		out[kv.Key] = kv.Value
+	}
+	return out
+}
+
+func TestTraceTurn(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	sid := tc.newSession("1")
+	const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	line := promptLine(t, tc, sid, `"prompt":[],"_meta":{"traceparent":"`+parent+`","tracestate":"k=v"}`)
+
+	p := spanNamed(t, rec, mSessionPrompt)
+	if got := p.Parent().SpanID().String(); got != "b7ad6b7169203331" || p.SpanContext().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+		t.Errorf("prompt span's parent = %s in trace %s", got, p.SpanContext().TraceID())
+	}
+	if ts := p.SpanContext().TraceState().Get("k"); ts != "v" {
+		t.Errorf("tracestate k = %q", ts)
+	}
+	a := attrs(p)
+	want := map[attribute.Key]string{attrRPCSystem: "jsonrpc", attrRPCMethod: mSessionPrompt, attrRequestID: "9", attrSession: sid}
+	for k, v := range want {
+		if a[k].AsString() != v {
+			t.Errorf("%s = %q, want %q", k, a[k].AsString(), v)
+		}
+	}
+	if a[attrProcess].AsString() == "" {
+		t.Error("no process attribute")
+	}
+	if n := a[attrUpdates].AsInt64(); n != 3 {
+		t.Errorf("updates = %d, want 3", n)
+	}
+	// The agent got the gateway's span as its parent; tracestate passed.
+	wantTP := fmt.Sprintf(`"traceparent":"00-%s-%s-01","tracestate":"k=v"`, p.SpanContext().TraceID(), p.SpanContext().SpanID())
+	if !strings.Contains(line, wantTP) {
+		t.Errorf("agent read %s, want %s in it", line, wantTP)
+	}
+	isChild := func(name string) sdktrace.ReadOnlySpan {
+		s := spanNamed(t, rec, name)
+		if s.Parent().SpanID() != p.SpanContext().SpanID() {
+			t.Errorf("%s is not a child of the prompt's span", name)
+		}
+		return s
+	}
+	isChild(SpanFirstUpdate)
+	perm := isChild(mRequestPerm)
+	if perm.EndTime().Sub(perm.StartTime()) <= 0 || perm.Status().Code == codes.Error {
+		t.Errorf("permission span: %v, status %v", perm.EndTime().Sub(perm.StartTime()), perm.Status())
+	}
+	tool := attrs(isChild(SpanToolCall))
+	if tool[attrToolCallID].AsString() != "t1" || tool[attrToolKind].AsString() != "edit" ||
+		tool[attrToolTitle].AsString() != "Edit main.go" || tool[attrToolStatus].AsString() != "completed" {
+		t.Errorf("tool call span attributes: %v", tool)
+	}
+	newSpan := spanNamed(t, rec, mSessionNew)
+	wait := spanNamed(t, rec, SpanPoolWait)
+	if wait.Parent().SpanID() != newSpan.SpanContext().SpanID() {
+		t.Error("the pool wait is not a child of session/new")
+	}
+	if newSpan.Parent().IsValid() {
+		t.Error("session/new without a traceparent has a parent")
+	}
+}
+
+func TestTraceWithoutParentStartsATrace(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	sid := tc.newSession("1")
+	line := promptLine(t, tc, sid, `"prompt":[]`)
+	p := spanNamed(t, rec, mSessionPrompt)
+	if p.Parent().IsValid() {
+		t.Errorf("prompt span has parent %s", p.Parent().SpanID())
+	}
+	want := fmt.Sprintf(`"params":{"_meta":{"traceparent":"00-%s-%s-01"},"sessionId":"s1","prompt":[]}}`, p.SpanContext().TraceID(), p.SpanContext().SpanID())
+	if !strings.Contains(line, want) {
+		t.Errorf("agent read %s, want %s in it", line, want)
+	}
+}
+
+func TestTraceErrorAnswer(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	tc.send(`{"jsonrpc":"2.0","id":5,"method":"_demo/fail","params":{}}`)
+	if m := tc.await("5", nil); m.Error == nil || m.Error.Code != -32042 {
+		t.Fatalf("answer: %s", m.raw)
+	}
+	s := spanNamed(t, rec, "_demo/fail")
+	if s.Status().Code != codes.Error || attrs(s)[attrErrorCode].AsInt64() != -32042 {
+		t.Errorf("status %v, attributes %v", s.Status(), s.Attributes())
+	}
+}
+
+// The header of a Streamable HTTP POST is the parent of a request that
+// names none in its _meta.
+func TestTraceHeaderParent(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	if err := ScanClient(&sc, []byte(`{"jsonrpc":"2.0","id":5,"method":"_demo/fail","params":{}}`), &m); err != nil {
+		t.Fatal(err)
+	}
+	parent := ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "")
+	tc.c.HandleScannedTrace(tc.s, &m, parent)
+	tc.await("5", nil)
+	if s := spanNamed(t, rec, "_demo/fail"); s.Parent().SpanID() != parent.SpanID() {
+		t.Errorf("parent = %s", s.Parent().SpanID())
+	}
+}
+
+// With tracing off the agent reads the prompt as the client sent it, but
+// for the id and the session ID.
+func TestTraceOffPassesMetaAsItIs(t *testing.T) {
+	r, _ := tracedRelay(t, false)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	sid := tc.newSession("1")
+	params := `"prompt":[],"_meta":{ "x" : 1 ,"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tracestate":"a=b"}`
+	line := promptLine(t, tc, sid, params)
+	id := regexp.MustCompile(`"id":(\d+)`).FindStringSubmatch(line)
+	want := `{"jsonrpc":"2.0","id":` + id[1] + `,"method":"session/prompt","params":{"sessionId":"s1",` + params + `}}`
+	if line != want {
+		t.Errorf("agent read\n%s\nwant\n%s", line, want)
+	}
+}
+
+func TestTraceparentEdit(t *testing.T) {
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{1, 2, 3},
+		SpanID:     trace.SpanID{4, 5, 6},
+		TraceFlags: trace.FlagsSampled,
+	})
+	span := trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), sc))
+	tp := `"traceparent":"00-01020300000000000000000000000000-0405060000000000-01"`
+	for _, c := range []struct{ params, want string }{
+		{`{"sessionId":"x"}`, `{` + `"_meta":{` + tp + `},"sessionId":"x"}`},
+		{`{ }`, `{"_meta":{` + tp + `} }`},
+		{`{"_meta":{}}`, `{"_meta":{` + tp + `}}`},
+		{`{"_meta":{"a":[1]}}`, `{"_meta":{` + tp + `,"a":[1]}}`},
+		{`{"_meta":{"traceparent":"old","b":2}}`, `{"_meta":{` + tp + `,"b":2}}`},
+		{`{"_meta":null}`, `{"_meta":null}`},
+		{`[1]`, `[1]`},
+	} {
+		var s jsonrpc.Scanner
+		var m jsonrpc.Message
+		raw := `{"jsonrpc":"2.0","id":1,"method":"_x/y","params":` + c.params + `}`
+		if err := ScanClient(&s, []byte(raw), &m); err != nil {
+			t.Fatal(err)
+		}
+		var edits []jsonrpc.Edit
+		if e, ok := traceparentEdit(&m, span); ok {
+			edits = append(edits, e)
+		}
+		got := string(jsonrpc.Splice(nil, m.Raw, edits))
+		if want := `{"jsonrpc":"2.0","id":1,"method":"_x/y","params":` + c.want + `}`; got != want {
+			t.Errorf("%s:\n got %s\nwant %s", c.params, got, want)
+		}
+	}
+}
+
+type nopExporter struct{}
+
+func (nopExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (nopExporter) Shutdown(context.Context) error                             { return nil }
+
+// traceTurnForBench makes the session's updates count on a traced turn, as
+// a prompt's would: tracing on, every span sampled, exported nowhere.
+func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
+	return func(r *Relay, s *Session) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		r.tracer = tracerOf(tp)
+		_, span := r.tracer.Start(context.Background(), mSessionPrompt)
+		b.Cleanup(func() { span.End() })
+		s.turnTrace.Store(&turnTrace{relay: r, span: span})
+	}
+}
+
+func BenchmarkRouteSessionUpdate300BTraced(b *testing.B) {
+	benchFanOut(b, 160, 0, 0, 0, traceTurnForBench(b))
+}
+
+func BenchmarkRouteSessionUpdate20KBTraced(b *testing.B) {
+	benchFanOut(b, 20000, 0, 0, 0, traceTurnForBench(b))
+}
+
+// BenchmarkTurnTraceUpdate is what tracing adds to one session/update of a
+// traced turn (not a tool call): the count and the kind's look-up.
+func BenchmarkTurnTraceUpdate(b *testing.B) {
+	r := &Relay{}
+	var s Session
+	traceTurnForBench(b)(r, &s)
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}`)
+	if err := sc.Scan(line, &m, func(*jsonrpc.Message) *jsonrpc.Spec { return specUpdate }); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for range b.N {
+		if t := s.turnTrace.Load(); t != nil {
+			t.update(&m)
+		}
+	}
+}
