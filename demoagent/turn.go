@@ -110,12 +110,19 @@ func (a *agent) startPrompt(m *message) error {
 	var p struct {
 		SessionID string            `json:"sessionId"`
 		Prompt    []json.RawMessage `json:"prompt"`
+		Meta      json.RawMessage   `json:"_meta"`
 	}
 	if err := decodeParams(m.Params, &p); err != nil {
 		return err
 	}
 	if p.SessionID == "" {
 		return invalidParams("sessionId is required")
+	}
+	var meta struct {
+		Traceparent string `json:"traceparent"`
+	}
+	if json.Unmarshal(p.Meta, &meta) == nil && meta.Traceparent != "" { // an agent that traces nests under it
+		a.log.Printf("session %s: prompt with traceparent %.55s", p.SessionID, meta.Traceparent)
 	}
 	if p.Prompt == nil {
 		return invalidParams("prompt is required")

@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/jaeger"
@@ -113,4 +116,96 @@ func TestTracingOff(t *testing.T) {
 	if strings.Contains(g.LogText(), "tracing on") {
 		t.Error("the log says tracing is on")
 	}
+}
+
+// TestTracingTurnStory: a turn whose prompt carries the client's
+// traceparent, with a tool call, a permission and a write the gateway's
+// stand-in makes, appears in Jaeger under the client's trace: the turn's
+// span (the client's span its parent) and, under it, the time to the
+// first update, the permission request, the tool call and the stand-in's
+// write. The agent gets a traceparent of that trace naming the turn's
+// span. A turn without one makes a trace of its own; over Streamable HTTP
+// a POST's traceparent header is the parent.
+func TestTracingTurnStory(t *testing.T) {
+	j := jaeger.Start(t)
+	service := "acpgate-e2e-" + harness.RandomHex(t, 4)
+	g := tracedGateway(t, j, service, gwOpts{})
+	c := dial(t, g)
+	c.Initialize("e2e", false) // no file access: the gateway stands in
+	sid := c.newSession(t.TempDir())
+	traceID, clientSpan := harness.RandomHex(t, 16), harness.RandomHex(t, 8)
+	params := textPrompt(sid, "write out.txt traced")
+	params["_meta"] = map[string]any{"traceparent": "00-" + traceID + "-" + clientSpan + "-01"}
+	pid := c.Request("session/prompt", params)
+	msgs := readUntil(t, c, "the permission request", turn, isMethod("session/request_permission"))
+	c.Respond(msgs[len(msgs)-1].ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
+	if r := stopReason(t, c.Await(pid, turn, func(rpcMsg) {})); r != "end_turn" {
+		t.Fatalf("the traced turn ended %q", r)
+	}
+	promptOK(t, c, sid, "no traceparent here")
+
+	hp := &httpPeer{t: t, g: g, hc: &http.Client{}}
+	hp.initialize()
+	httpTrace, httpSpan := harness.RandomHex(t, 16), harness.RandomHex(t, 8)
+	if resp, body := hp.req(http.MethodPost, fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":%q,"mcpServers":[]}}`, t.TempDir()),
+		map[string]string{"traceparent": "00-" + httpTrace + "-" + httpSpan + "-01"}); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST session/new: %d %q", resp.StatusCode, body)
+	}
+	c.Close()
+
+	var tr jaeger.Trace
+	j.Wait(t, service, 20*time.Second, func([]jaeger.Trace) bool {
+		var err error
+		tr, err = j.Trace(traceID)
+		_, standIn := tr.Span("acpgate.fs_standin")
+		_, turn := tr.Span("session/prompt") // ends last
+		return err == nil && standIn && turn
+	})
+	turnSpan, ok := tr.Span("session/prompt")
+	if !ok || turnSpan.Parent() != clientSpan {
+		t.Fatalf("no session/prompt span under the client's span %s: %+v", clientSpan, tr.Spans)
+	}
+	for k, want := range map[string]any{"rpc.system": "jsonrpc", "rpc.method": "session/prompt", "acpgate.session": sid, "acpgate.transport": "websocket"} {
+		if v, _ := turnSpan.Tag(k); v != want {
+			t.Errorf("session/prompt: %s = %v, want %v", k, v, want)
+		}
+	}
+	for _, op := range []string{"acpgate.first_update", "session/request_permission", "acpgate.tool_call", "acpgate.fs_standin"} {
+		s, ok := tr.Span(op)
+		if !ok {
+			t.Errorf("no %s span in the turn's trace", op)
+			continue
+		}
+		if p := s.Parent(); p != turnSpan.SpanID && op != "acpgate.fs_standin" {
+			t.Errorf("%s: parent %s, want the turn's span %s", op, p, turnSpan.SpanID)
+		}
+	}
+	if s, ok := tr.Span("acpgate.tool_call"); ok {
+		if v, _ := s.Tag("acpgate.tool_call.kind"); v != "edit" {
+			t.Errorf("the tool call's kind: %v, want edit", v)
+		}
+	}
+	want, got := "traceparent 00-"+traceID+"-"+turnSpan.SpanID+"-", false
+	for _, l := range g.Logs() {
+		if line, _ := l["line"].(string); l["msg"] == "agent stderr" && strings.Contains(line, want) {
+			got = true
+		}
+	}
+	if !got {
+		t.Errorf("the agent did not get a traceparent naming the turn's span (%s)", want)
+	}
+
+	trs := j.Wait(t, service, 20*time.Second, func(trs []jaeger.Trace) bool {
+		prompts, httpNew := 0, false
+		for _, tr := range trs {
+			if s, ok := tr.Span("session/prompt"); ok && tr.TraceID != traceID && s.Parent() == "" {
+				prompts++
+			}
+			if s, ok := tr.Span("session/new"); ok && tr.TraceID == httpTrace && s.Parent() == httpSpan {
+				httpNew = true
+			}
+		}
+		return prompts >= 1 && httpNew
+	})
+	t.Logf("%d traces of %s", len(trs), service)
 }
