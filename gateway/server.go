@@ -479,7 +479,10 @@ func (s *Server) ready() string {
 
 // MetricsHandler serves the Prometheus metrics.
 func (s *Server) MetricsHandler() http.Handler {
-	return promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
+	// OpenMetrics when the scraper asks for it (Prometheus does): latency
+	// histograms carry trace_id exemplars then.
+	return promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		EnableOpenMetrics: true})
 }
 
 // Shutdown drains the gateway: it turns not-ready and stops accepting, lets

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -104,7 +105,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
 	}
-	l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)).Observe(since(req.start))
+	observe(l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)), since(req.start), req.span)
 	c := req.conn
 	if c == nil {
 		return // the gateway's own request (session/close): answer not needed
@@ -360,7 +361,11 @@ func (r *agentReader) recipient(m *jsonrpc.Message, edits []jsonrpc.Edit) (recip
 		}
 		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: rc.sess.quotedID})
 		if t := rc.sess.promptStart.Load(); t != 0 && m.Method == mSessionUpdate && rc.sess.promptStart.CompareAndSwap(t, 0) {
-			r.l.ag.metrics.FirstUpdate.Observe(time.Since(time.Unix(0, t)).Seconds())
+			var turn trace.Span
+			if tt := rc.sess.turnTrace.Load(); tt != nil {
+				turn = tt.span
+			}
+			observe(r.l.ag.metrics.FirstUpdate, time.Since(time.Unix(0, t)).Seconds(), turn)
 		}
 	}
 	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok && !r.requestRecipient(m, f, &rc) {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -475,4 +476,20 @@ func endFsSpan(s trace.Span, outcome string, code int) {
 		s.SetStatus(codes.Error, outcome)
 	}
 	s.End()
+}
+
+// observe records v in a latency histogram, with the trace of span (nil:
+// none) as its exemplar when that is sampled, so that a latency on a
+// dashboard leads to the trace behind it (exemplars are exposed when
+// /metrics is scraped as OpenMetrics).
+func observe(o prometheus.Observer, v float64, span trace.Span) {
+	if span != nil {
+		if sc := span.SpanContext(); sc.IsSampled() {
+			if eo, ok := o.(prometheus.ExemplarObserver); ok {
+				eo.ObserveWithExemplar(v, prometheus.Labels{"trace_id": sc.TraceID().String()})
+				return
+			}
+		}
+	}
+	o.Observe(v)
 }

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -208,4 +210,22 @@ func TestTracingTurnStory(t *testing.T) {
 		return prompts >= 1 && httpNew
 	})
 	t.Logf("%d traces of %s", len(trs), service)
+
+	// An OpenMetrics scrape: the latency histograms' exemplars name traces
+	// Jaeger has.
+	req, _ := http.NewRequest(http.MethodGet, "http://"+g.Addr+"/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	ex := regexp.MustCompile(`(?m)^acpgate_(?:request_duration|prompt_first_update)_seconds_bucket\{[^}]*\} \d+ # \{trace_id="([0-9a-f]{32})"\}`).FindAllSubmatch(body, -1)
+	if len(ex) == 0 {
+		t.Fatalf("no trace_id exemplar in the OpenMetrics scrape (%s)", resp.Header.Get("Content-Type"))
+	}
+	if _, err := j.Trace(string(ex[0][1])); err != nil {
+		t.Errorf("the exemplar's trace %s: %v", ex[0][1], err)
+	}
 }
