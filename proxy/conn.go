@@ -122,6 +122,7 @@ type Conn struct {
 	handleMu sync.Mutex
 	sc       jsonrpc.Scanner
 	msg      jsonrpc.Message
+	rlog     *slog.Logger // the request in hand's log: log, with its trace when it is traced (handleCall)
 	edits    []jsonrpc.Edit
 	resolve  jsonrpc.Resolver
 	// traceParent: the trace context of the message in hand from its
@@ -555,7 +556,7 @@ func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
 // and counts it. The error never carries MCP commands, env or headers.
 func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
 	c.denied(reason, m.Method)
-	c.log.Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
+	c.reqLog().Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, code, err.Error(), nil)
 	}
@@ -570,7 +571,7 @@ func (c *Conn) reserveQuota(m *jsonrpc.Message, move bool) bool {
 		return true
 	}
 	c.denied("session_quota", m.Method)
-	c.log.Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
+	c.reqLog().Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
 	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
 		c.tenant, max), nil)
 	return false

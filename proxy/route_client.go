@@ -44,6 +44,8 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	span := c.startSpan(m)
+	c.rlog = withTrace(c.log, span)
+	defer func() { c.rlog = nil }()
 	if c.readOnlyWrite(m) || !c.checkPolicy(m) {
 		gatewaySpan(span)
 		return
@@ -52,7 +54,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	edits, pathErr := c.ten.mapToAgent(m, c.edits[:0])
 	if pathErr != nil {
 		c.denied("path_outside_root", m.Method)
-		c.log.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
+		c.rlog.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
 			failSpan(span, jsonrpc.CodeInvalidParams, pathErr.Error())
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
@@ -70,7 +72,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		gatewaySpan(span)
 		return
 	case err != nil:
-		c.log.Warn("no agent for request", "method", m.Method, "err", err)
+		c.rlog.Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
 			failSpan(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -492,4 +493,27 @@ func observe(o prometheus.Observer, v float64, span trace.Span) {
 		}
 	}
 	o.Observe(v)
+}
+
+// withTrace is log with the trace_id and span_id of span (nil, or not
+// sampled and not from a client's trace: log itself), for lines about the
+// request it traces.
+func withTrace(log *slog.Logger, span trace.Span) *slog.Logger {
+	if span == nil {
+		return log
+	}
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		return log
+	}
+	return log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
+}
+
+// reqLog is the log for a line about the client request in hand: with its
+// trace during handleCall, else the connection's (c.handleMu held).
+func (c *Conn) reqLog() *slog.Logger {
+	if c.rlog != nil {
+		return c.rlog
+	}
+	return c.log
 }

@@ -145,6 +145,12 @@ func TestTracingTurnStory(t *testing.T) {
 		t.Fatalf("the traced turn ended %q", r)
 	}
 	promptOK(t, c, sid, "no traceparent here")
+	// A log line about a traced request carries its trace.
+	refusedTrace := harness.RandomHex(t, 16)
+	if m := c.Call("_nope/x", map[string]any{"_meta": map[string]string{"traceparent": "00-" + refusedTrace + "-" + clientSpan + "-01"}}, turn); m.Error == nil {
+		t.Fatalf("_nope/x was not refused: %s", m.Raw)
+	}
+	g.WaitLog(t, "refused by policy", "trace_id", refusedTrace, 10*time.Second) // the log line about it carries its trace
 
 	hp := &httpPeer{t: t, g: g, hc: &http.Client{}}
 	hp.initialize()
