@@ -22,7 +22,7 @@ func TestQuick(t *testing.T) {
 			args := []string{"-scenario", scenario, "-quick", "-gateway-bin", gwBin, "-timeout", "2m"}
 			switch scenario {
 			case "stream":
-				args = append(args, "-resume-off", "-audit") // the default, resume off and audit on, side by side
+				args = append(args, "-resume-off", "-audit", "-tracing") // the default, resume off, audit and tracing on, side by side
 			case "setup":
 				args = append(args, "-audit")
 			}
@@ -35,9 +35,10 @@ func TestQuick(t *testing.T) {
 				checkStream(t, res.Stream, "gateway")
 				checkStream(t, res.Stream, "gateway"+resumeOffName)
 				checkStream(t, res.Stream, "gateway"+auditOnName)
+				checkStream(t, res.Stream, "gateway"+tracingOnName)
 				for _, c := range res.Stream.Cases {
-					if c.ResumeOnVsOff <= 0 || c.AuditOnVsOff <= 0 {
-						t.Errorf("stream %d B: resume on ÷ off %v, audit on ÷ off %v", c.Size, c.ResumeOnVsOff, c.AuditOnVsOff)
+					if c.ResumeOnVsOff <= 0 || c.AuditOnVsOff <= 0 || c.TracingOnVsOff <= 0 {
+						t.Errorf("stream %d B: resume on ÷ off %v, audit on ÷ off %v, tracing on ÷ off %v", c.Size, c.ResumeOnVsOff, c.AuditOnVsOff, c.TracingOnVsOff)
 					}
 				}
 			case "fanin":

@@ -159,7 +159,11 @@ type harness struct {
 	resumeOff bool
 	// audit adds, in the stream and setup scenarios, the gateway with its
 	// audit trail on (audit.file) next to the default, which has it off.
-	audit      bool
+	audit bool
+	// tracing adds, in the stream scenario, the gateway with tracing on
+	// (every span sampled, exported over OTLP/HTTP to a collector in the
+	// harness that drops them) next to the default, which has it off.
+	tracing    bool
 	websocketd string // "" when not installed
 	tmp        string
 	c          counts
@@ -236,6 +240,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
 	transport := fs.String("transport", "ws", "stream and fanin: the gateway paths' client transport: ws (WebSocket), http (Streamable HTTP: POST, SSE) or both")
 	resumeOff := fs.Bool("resume-off", false, "stream: also measure the gateway with resume off (sessions.detach_timeout: 0, no replay buffer) side by side with the default, over WebSocket")
+	tracingOn := fs.Bool("tracing", false, "stream: also measure the gateway with tracing on (every span sampled, exported over OTLP/HTTP to a collector that drops them) side by side with the default (off)")
 	auditOn := fs.Bool("audit", false, "stream and setup: also measure the gateway with its audit trail on (audit.file) side by side with the default (off)")
 	httpClient := fs.String("http-client", "lean", "fanin over HTTP: how clients POST: lean (each writes its POSTs on a keep-alive connection and reads the answers itself) or nethttp (Go's http.Client)")
 	if err := fs.Parse(args); err != nil {
@@ -356,7 +361,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	}
 	bins := strings.Split(*gatewayBin, ",")
 	h.gatewayBin, h.otherBins = bins[0], bins[1:]
-	h.resumeOff, h.audit = *resumeOff, *auditOn
+	h.resumeOff, h.audit, h.tracing = *resumeOff, *auditOn, *tracingOn
 	if h.gatewayBin == "" {
 		h.gatewayBin = filepath.Join(h.tmp, "acpgate")
 		fmt.Fprintln(stderr, "load: building ./cmd/acpgate")

@@ -356,7 +356,8 @@ type gwConfig struct {
 	historySet   bool
 	historyBytes int
 	maxClients   int
-	audit        bool // audit: {file: a new file under the harness's tmp}
+	audit        bool   // audit: {file: a new file under the harness's tmp}
+	traceTo      string // observability.tracing.endpoint ("" = tracing off)
 }
 
 // auditFiles numbers the audit files of the gateways a run starts.
@@ -400,6 +401,9 @@ limits:
 	}
 	if len(sessions) > 0 {
 		b.WriteString("sessions: {" + strings.Join(sessions, ", ") + "}\n")
+	}
+	if o.traceTo != "" {
+		fmt.Fprintf(&b, "observability: {tracing: {endpoint: %q}}\n", o.traceTo)
 	}
 	if o.audit {
 		fmt.Fprintf(&b, "audit: {file: %q}\n", filepath.Join(h.tmp, fmt.Sprintf("audit-%d.jsonl", auditFiles.Add(1))))

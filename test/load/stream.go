@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -292,6 +294,9 @@ type streamCase struct {
 	// With -audit: the gateway with its audit trail on over the default
 	// (off), both over a WebSocket.
 	AuditOnVsOff float64 `json:"gateway_audit_on_vs_off,omitempty"`
+	// With -tracing: the gateway with tracing on (always sampled) over
+	// the default (off), both over a WebSocket.
+	TracingOnVsOff float64 `json:"gateway_tracing_on_vs_off,omitempty"`
 	// Peak RSS (VmHWM) of the gateway and websocketd processes after this
 	// case (cumulative over the cases run so far): what queueing costs.
 	GatewayPeakRSS    int64          `json:"gateway_peak_rss_bytes"`
@@ -354,6 +359,21 @@ func (h *harness) runStream() (*streamResult, error) {
 		}
 		defer g.stop()
 		others, otherNames = append(others, g), append(otherNames, "gateway "+filepath.Base(bin))
+	}
+	if h.tracing {
+		collector, err := startNullCollector()
+		if err != nil {
+			return nil, err
+		}
+		defer collector.Close()
+		on := cfg
+		on.traceTo = "http://" + collector.Listener.Addr().String()
+		g, err := h.startGateway(on, true)
+		if err != nil {
+			return nil, err
+		}
+		defer g.stop()
+		others, otherNames = append(others, g), append(otherNames, "gateway"+tracingOnName)
 	}
 	if h.audit {
 		on := cfg
@@ -473,6 +493,9 @@ func (h *harness) runStream() (*streamResult, error) {
 		if on, off := byName["gateway"+auditOnName], byName["gateway"]; on != nil && off != nil && off.MsgsPerSec > 0 {
 			c.AuditOnVsOff = on.MsgsPerSec / off.MsgsPerSec
 		}
+		if on, off := byName["gateway"+tracingOnName], byName["gateway"]; on != nil && off != nil && off.MsgsPerSec > 0 {
+			c.TracingOnVsOff = on.MsgsPerSec / off.MsgsPerSec
+		}
 		if h.profile != "" && h.uses("ws") {
 			p, err := h.profileStream(cfg, c, "ws")
 			if err != nil {
@@ -500,6 +523,7 @@ func (h *harness) runStream() (*streamResult, error) {
 const (
 	resumeOffName = " (resume off)"
 	auditOnName   = " (audit on)"
+	tracingOnName = " (tracing on)"
 )
 
 func (p *streamPath) aggregate() {
@@ -697,6 +721,9 @@ func (r *streamResult) print(w io.Writer) {
 		if c.AuditOnVsOff != 0 {
 			fmt.Fprintf(tw, "\tgateway%s ÷ gateway\t%s\t\t\t\t\t\t\t\n", auditOnName, fmtRatio(c.AuditOnVsOff))
 		}
+		if c.TracingOnVsOff != 0 {
+			fmt.Fprintf(tw, "\tgateway%s ÷ gateway\t%s\t\t\t\t\t\t\t\n", tracingOnName, fmtRatio(c.TracingOnVsOff))
+		}
 		if c.HTTPVsWS != 0 || c.HTTPVsWebsocketd != 0 {
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ gateway (WebSocket)\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWS))
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWebsocketd))
@@ -738,4 +765,15 @@ func (r *streamResult) print(w io.Writer) {
 			c.ProfileHTTP.print(w, fmt.Sprintf("%d × %s over HTTP", c.Chunks, fmtBytes(float64(c.Size))))
 		}
 	}
+}
+
+// startNullCollector is an OTLP/HTTP trace receiver on loopback that
+// answers every export and keeps nothing: the gateway pays for making and
+// exporting its spans, and no backend competes for the CPU.
+func startNullCollector() (*httptest.Server, error) {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	})), nil
 }
