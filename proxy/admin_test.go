@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -14,14 +13,7 @@ func init() {
 	if os.Getenv("ACPGATE_TEST_AGENT") != "deaf" {
 		return
 	}
-	serveLines(func(m agentLine) {
-		switch m.Method {
-		case "initialize":
-			fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
-		case "session/new":
-			fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
-		}
-	})
+	serveLines(func(m agentLine) { answerSetup(os.Stdout, m) })
 	os.Exit(0)
 }
 

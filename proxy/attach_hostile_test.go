@@ -18,11 +18,11 @@ func permCountingAgent() {
 	answers, next := 0, 0
 	prompts := map[string]json.RawMessage{} // permission request id → the prompt's id
 	serveLines(func(m agentLine) {
+		if answerSetup(out, m) {
+			out.Flush()
+			return
+		}
 		switch m.Method {
-		case "initialize":
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
-		case "session/new":
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
 		case "session/prompt":
 			next++
 			pid := "p" + strconv.Itoa(next)

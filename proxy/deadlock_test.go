@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime"
@@ -50,6 +52,21 @@ func floodingAgent() {
 type agentLine struct {
 	ID     json.RawMessage `json:"id"`
 	Method string          `json:"method"`
+	raw    []byte          // the line as read, without its newline
+}
+
+// answerSetup answers initialize and session/new (the session is "s1")
+// on out and reports whether m was one of them.
+func answerSetup(out io.Writer, m agentLine) bool {
+	switch m.Method {
+	case "initialize":
+		fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
+	case "session/new":
+		fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
+	default:
+		return false
+	}
+	return true
 }
 
 // serveLines runs a single-threaded test agent: each line of its stdin,
@@ -63,6 +80,7 @@ func serveLines(handle func(m agentLine)) {
 		}
 		var m agentLine
 		_ = json.Unmarshal(line, &m)
+		m.raw = bytes.TrimSuffix(line, []byte("\n"))
 		handle(m)
 	}
 }

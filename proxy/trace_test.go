@@ -23,27 +23,20 @@ import (
 // about it, the tool call's completion and a chunk; its result carries the
 // prompt line as the agent read it (_meta.line). _demo/fail is an error.
 func tracedAgent() {
-	in := bufio.NewReaderSize(os.Stdin, 1<<20)
 	out := bufio.NewWriter(os.Stdout)
 	var promptID json.RawMessage
 	var promptLine string
 	update := func(u string) {
 		fmt.Fprintf(out, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":%s}}`+"\n", u)
 	}
-	for {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
+	serveLines(func(m agentLine) {
+		defer out.Flush()
+		if answerSetup(out, m) {
 			return
 		}
-		var m agentLine
-		_ = json.Unmarshal(line, &m)
 		switch m.Method {
-		case "initialize":
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}`+"\n", m.ID)
-		case "session/new":
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
 		case "session/prompt":
-			promptID, promptLine = m.ID, strings.TrimSuffix(string(line), "\n")
+			promptID, promptLine = m.ID, string(m.raw)
 			update(`{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Edit main.go","kind":"edit","status":"pending"}`)
 			fmt.Fprintln(out, `{"jsonrpc":"2.0","id":"perm1","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1"},"options":[{"optionId":"allow","name":"Allow","kind":"allow_once"}]}}`)
 		case "_demo/fail":
@@ -54,8 +47,7 @@ func tracedAgent() {
 			q, _ := json.Marshal(promptLine)
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"stopReason":"end_turn","_meta":{"line":%s}}}`+"\n", promptID, q)
 		}
-		out.Flush()
-	}
+	})
 }
 
 // tracedRelay is a relay on the traced agent, recording its spans (rec
