@@ -429,6 +429,13 @@ type faninResult struct {
 	// from before there was an HTTP path have none: "ws".
 	Transports []string   `json:"transports,omitempty"`
 	HTTP       *faninHTTP `json:"gateway_http,omitempty"`
+	// With -tracing: a gateway with tracing on (every request a sampled
+	// span, exported to a collector that drops them), WebSocket clients,
+	// at the fixed rate; and it minus the untraced gateway (µs).
+	Traced            *faninRun `json:"gateway_traced,omitempty"`
+	TracingAddedP50   float64   `json:"tracing_added_p50_us,omitempty"`
+	TracingAddedP99   float64   `json:"tracing_added_p99_us,omitempty"`
+	TracingAddedCPUUS float64   `json:"tracing_added_cpu_us,omitempty"`
 }
 
 // faninHTTP is the gateway over Streamable HTTP (a POST per request, the
@@ -470,6 +477,9 @@ func (r *faninResult) problems() []string {
 	if r.HTTP != nil {
 		check("gateway"+httpSuffix, r.HTTP.Gateway)
 	}
+	if r.Traced != nil {
+		check("gateway"+tracingOnName, *r.Traced)
+	}
 	check("direct", r.Direct)
 	if r.Stray > 0 {
 		out = append(out, fmt.Sprintf("fanin: %d answers matched no request", r.Stray))
@@ -500,7 +510,7 @@ func (h *harness) runFanin() (*faninResult, error) {
 	}()
 	// gatewayPath starts, if the run uses transport mode, a gateway and
 	// its fleet of clients on mode (what names the clients in an error).
-	gatewayPath := func(mode, what string) (*server, *faninFleet, error) {
+	gatewayPath := func(mode, what string, cfg gwConfig) (*server, *faninFleet, error) {
 		if !h.uses(mode) {
 			return nil, nil, nil
 		}
@@ -516,13 +526,26 @@ func (h *harness) runFanin() (*faninResult, error) {
 		stops = append(stops, f.close)
 		return srv, f, nil
 	}
-	gw, gf, err := gatewayPath("ws", "gateway clients")
+	gw, gf, err := gatewayPath("ws", "gateway clients", cfg)
 	if err != nil {
 		return nil, err
 	}
-	hgw, hf, err := gatewayPath("http", "gateway clients over HTTP")
+	hgw, hf, err := gatewayPath("http", "gateway clients over HTTP", cfg)
 	if err != nil {
 		return nil, err
+	}
+	var tf *faninFleet // -tracing: the WebSocket path again, traced
+	if h.tracing && gf != nil {
+		collector, err := startNullCollector()
+		if err != nil {
+			return nil, err
+		}
+		stops = append(stops, collector.Close)
+		traced := cfg
+		traced.traceTo = "http://" + collector.Listener.Addr().String()
+		if _, tf, err = gatewayPath("ws", "traced gateway clients", traced); err != nil {
+			return nil, err
+		}
 	}
 	if hf != nil {
 		res.HTTP = &faninHTTP{Client: h.httpClient}
@@ -545,7 +568,7 @@ func (h *harness) runFanin() (*faninResult, error) {
 	// A short warm-up of every path, then the fixed rate, the paths
 	// interleaved, repetitions pooled.
 	fleets := []*faninFleet{}
-	for _, f := range []*faninFleet{gf, hf, df} {
+	for _, f := range []*faninFleet{gf, hf, tf, df} {
 		if f != nil {
 			fleets = append(fleets, f)
 		}
@@ -573,6 +596,8 @@ func (h *harness) runFanin() (*faninResult, error) {
 			res.Gateway = x
 		case hf:
 			res.HTTP.Gateway = x
+		case tf:
+			res.Traced = &x
 		case df:
 			res.Direct = x
 		}
@@ -583,6 +608,11 @@ func (h *harness) runFanin() (*faninResult, error) {
 		res.AddedP50 = res.Gateway.Latency.P50 - res.Direct.Latency.P50
 		res.AddedP99 = res.Gateway.Latency.P99 - res.Direct.Latency.P99
 		res.AddedP999 = res.Gateway.Latency.P999 - res.Direct.Latency.P999
+	}
+	if x := res.Traced; x != nil {
+		res.TracingAddedP50 = x.Latency.P50 - res.Gateway.Latency.P50
+		res.TracingAddedP99 = x.Latency.P99 - res.Gateway.Latency.P99
+		res.TracingAddedCPUUS = x.ServerCPUUS - res.Gateway.ServerCPUUS
 	}
 	if x := res.HTTP; x != nil {
 		x.AddedFromSendP99 = x.Gateway.FromSend.P99 - res.Direct.FromSend.P99
@@ -708,6 +738,10 @@ func (r *faninResult) print(w io.Writer) {
 	if x := r.HTTP; x != nil {
 		row("gateway"+httpSuffix, x.Gateway)
 		fmt.Fprintf(tw, "\tgateway (HTTP) − direct\t\t%s\t%s\t%s\t\t\t\t\t\t\n", fmtUS(x.AddedP50), fmtUS(x.AddedP99), fmtUS(x.AddedP999))
+	}
+	if x := r.Traced; x != nil {
+		row("gateway"+tracingOnName, *x)
+		fmt.Fprintf(tw, "\tgateway%s − gateway\t\t%s\t%s\t\t\t%+.1f µs\t\t\t\t\n", tracingOnName, fmtUS(r.TracingAddedP50), fmtUS(r.TracingAddedP99), r.TracingAddedCPUUS)
 	}
 	tw.Flush()
 	if r.hasWS() {

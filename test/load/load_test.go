@@ -25,6 +25,8 @@ func TestQuick(t *testing.T) {
 				args = append(args, "-resume-off", "-audit", "-tracing") // the default, resume off, audit and tracing on, side by side
 			case "setup":
 				args = append(args, "-audit")
+			case "fanin":
+				args = append(args, "-tracing")
 			}
 			res, output := runLoad(t, dir, loadBin, scenario, args...)
 			if len(res.Errors) > 0 || res.Command == "" || !res.Quick {
@@ -43,6 +45,9 @@ func TestQuick(t *testing.T) {
 				}
 			case "fanin":
 				checkFanin(t, res.Fanin)
+				if res.Fanin.Traced == nil || res.Fanin.Traced.Answered == 0 {
+					t.Errorf("fanin: no traced gateway path")
+				}
 			case "idle":
 				checkIdle(t, res.Idle)
 			case "setup":

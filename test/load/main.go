@@ -160,7 +160,7 @@ type harness struct {
 	// audit adds, in the stream and setup scenarios, the gateway with its
 	// audit trail on (audit.file) next to the default, which has it off.
 	audit bool
-	// tracing adds, in the stream scenario, the gateway with tracing on
+	// tracing adds, in the stream and fanin scenarios, the gateway with tracing on
 	// (every span sampled, exported over OTLP/HTTP to a collector in the
 	// harness that drops them) next to the default, which has it off.
 	tracing    bool
@@ -240,7 +240,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	setupPaths := fs.String("setup-paths", "all", "setup: the paths to run, a comma-separated list of "+strings.Join(setupPathNames, ", ")+" or all")
 	transport := fs.String("transport", "ws", "stream and fanin: the gateway paths' client transport: ws (WebSocket), http (Streamable HTTP: POST, SSE) or both")
 	resumeOff := fs.Bool("resume-off", false, "stream: also measure the gateway with resume off (sessions.detach_timeout: 0, no replay buffer) side by side with the default, over WebSocket")
-	tracingOn := fs.Bool("tracing", false, "stream: also measure the gateway with tracing on (every span sampled, exported over OTLP/HTTP to a collector that drops them) side by side with the default (off)")
+	tracingOn := fs.Bool("tracing", false, "stream and fanin: also measure the gateway with tracing on (every span sampled, exported over OTLP/HTTP to a collector that drops them) side by side with the default (off)")
 	auditOn := fs.Bool("audit", false, "stream and setup: also measure the gateway with its audit trail on (audit.file) side by side with the default (off)")
 	httpClient := fs.String("http-client", "lean", "fanin over HTTP: how clients POST: lean (each writes its POSTs on a keep-alive connection and reads the answers itself) or nethttp (Go's http.Client)")
 	if err := fs.Parse(args); err != nil {
