@@ -368,11 +368,19 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, who auth.Identit
 	s.mu.Lock()
 	h := s.httpConns[id]
 	s.mu.Unlock()
-	if h == nil || !h.owns(who) || h.agent != agent {
+	if h == nil || !h.owns(who) || h.agent != agent || h.ending() {
 		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
 		return nil
 	}
 	return h
+}
+
+// ending reports whether a close of the connection is decided (a DELETE,
+// a drain, an administrator): it is gone for its client, even while it
+// still leaves the registry.
+func (h *httpConn) ending() bool {
+	_, _, closing := h.closeState()
+	return closing
 }
 
 // sessionHeader reads Acp-Session-Id ("" when absent), refusing one over
@@ -658,7 +666,7 @@ func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
 // the connection ends. Headers go out at once: the SDK client waits for
 // them before it posts to the session.
 func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
-	who, agent, ok := s.authenticateAgent(w, r) // refused while draining // an anonymous request learns nothing else
+	who, agent, ok := s.authenticateAgent(w, r) // refused while draining; an anonymous request learns nothing else
 	if !ok {
 		return
 	}
