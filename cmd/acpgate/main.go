@@ -298,7 +298,7 @@ func loadConfig(f serveFlags, stderr io.Writer) (*config.Config, error) {
 func ignoredEnv(name string) bool {
 	return strings.HasPrefix(name, "ACPGATE_DEMO_") || strings.HasPrefix(name, "ACPGATE_PORT") ||
 		strings.HasPrefix(name, "ACPGATE_SERVICE_") || strings.HasPrefix(name, "ACPGATE_REQUIRE_") ||
-		strings.HasPrefix(name, "ACPGATE_E2E_")
+		strings.HasPrefix(name, "ACPGATE_E2E_") || name == "ACPGATE_JAEGER_BIN"
 }
 
 func newLogger(c config.Log, w io.Writer) *slog.Logger {

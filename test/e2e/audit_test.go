@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // auditRecord is one line of the audit trail as the test reads it.
@@ -89,7 +90,8 @@ func TestAuditTrail(t *testing.T) {
 		t.Fatalf("session/close: %s", m.Raw)
 	}
 	c.Close()
-	g.Stop(syscall.SIGTERM) // flushes the trail
+	g.WaitLog(t, "connection closed", "conn", c.ConnID, 10*time.Second) // closed by the client, not by the drain
+	g.Stop(syscall.SIGTERM)                                             // flushes the trail
 
 	recs := readTrail(t, trail)
 	want := []string{"auth.failed", "connection.opened", "session.created", "prompt.started", "permission.requested",
