@@ -181,21 +181,11 @@ func (s *Server) handleAdminSessions(w http.ResponseWriter, r *http.Request, who
 // cancelled.
 func (s *Server) handleAdminEndSession(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	id := chi.URLParam(r, "id")
-	var tenant, agent string
-	for _, ss := range s.relay.SessionSnapshots("", true) {
-		if ss.ID == id {
-			tenant, agent = ss.Tenant, ss.Agent
-		}
-	}
-	if err := s.relay.EndSession(id, who.Subject); errors.Is(err, proxy.ErrNoSuchSession) {
-		writeJSONError(w, http.StatusNotFound, "not_found", "no such session")
-		return
-	} else if err != nil {
-		s.log.Error("admin: cannot end a session", "session", id, "err", err)
-		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+	owner, err := s.relay.EndSession(id, who.Subject)
+	if s.adminFailed(w, err, proxy.ErrNoSuchSession, "no such session", "session", id) {
 		return
 	}
-	s.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: tenant, Agent: agent, Session: id})
+	s.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Session: id})
 	writeAdminJSON(w, http.StatusOK, map[string]string{"sessionId": id, "status": "ended"})
 }
 
@@ -204,12 +194,6 @@ func (s *Server) handleAdminEndSession(w http.ResponseWriter, r *http.Request, w
 // resume token is refused.
 func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	id := chi.URLParam(r, "id")
-	var tenant, agent string
-	for _, c := range s.relay.ConnSnapshots() {
-		if c.ID == id {
-			tenant, agent = c.Tenant, c.Agent
-		}
-	}
 	// The sockets close with 1008 first, so that the close is counted and
 	// audited as admin_closed, not as the proxy connection's own end.
 	closeSockets := func() {
@@ -220,16 +204,28 @@ func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, wh
 			}
 		}
 	}
-	if err := s.relay.CloseConn(id, who.Subject, closeSockets); errors.Is(err, proxy.ErrNoSuchConn) {
-		writeJSONError(w, http.StatusNotFound, "not_found", "no such connection")
-		return
-	} else if err != nil {
-		s.log.Error("admin: cannot close a connection", "conn", id, "err", err)
-		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+	owner, err := s.relay.CloseConn(id, who.Subject, closeSockets)
+	if s.adminFailed(w, err, proxy.ErrNoSuchConn, "no such connection", "conn", id) {
 		return
 	}
-	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: tenant, Agent: agent, Conn: id})
+	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
 	writeAdminJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
+}
+
+// adminFailed answers an admin action that failed: 404 (notFound says
+// what) when err is unknown, 500 (logged with key and id) for any other
+// error. It reports whether it answered.
+func (s *Server) adminFailed(w http.ResponseWriter, err, unknown error, notFound, key, id string) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, unknown):
+		writeJSONError(w, http.StatusNotFound, "not_found", notFound)
+	default:
+		s.log.Error("admin: the action failed", key, id, "err", err)
+		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+	}
+	return true
 }
 
 // adminCloseReason is the close reason of a connection an administrator

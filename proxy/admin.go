@@ -167,11 +167,12 @@ func (s *Session) snapshot() SessionSnapshot {
 // (its client gets stopReason "cancelled", from the gateway if the agent
 // does not answer within adminCancelWait), prompts waiting for a turn are
 // refused, and every client is told and let go. Later requests naming it
-// get an error that says so. An unknown id is ErrNoSuchSession.
-func (r *Relay) EndSession(id, by string) error {
+// get an error that says so. An unknown id is ErrNoSuchSession. It
+// returns whose session it was.
+func (r *Relay) EndSession(id, by string) (Owner, error) {
 	s := r.findSession(id)
 	if s == nil || !s.adminEnded.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: %q", ErrNoSuchSession, id)
+		return Owner{}, fmt.Errorf("%w: %q", ErrNoSuchSession, id)
 	}
 	r.noteAdminEnded(id)
 	why := adminEndedMsg(id)
@@ -194,8 +195,11 @@ func (r *Relay) EndSession(id, by string) error {
 	}
 	s.endForAll()
 	r.log.Info("session ended by an administrator", "session", id, "tenant", s.ten.name, "by", by)
-	return nil
+	return Owner{Tenant: s.ten.name, Agent: s.link.ag.name}, nil
 }
+
+// Owner is whose a session or connection an administrator acted on was.
+type Owner struct{ Tenant, Agent string }
 
 // settleRequests answers the agent's requests about s still waiting for
 // a client in their place (a permission request: cancelled) and takes
@@ -329,8 +333,9 @@ func (c *Conn) endedByAdmin(m *jsonrpc.Message, gwID string) {
 // CloseConn ends the connection id for good, for an administrator: its
 // resume token is refused from now on, then closeSockets (if not nil) lets
 // the transport close its sockets with its own reason, before the
-// connection ends as Close does. An unknown id is ErrNoSuchConn.
-func (r *Relay) CloseConn(id, by string, closeSockets func()) error {
+// connection ends as Close does. An unknown id is ErrNoSuchConn. It
+// returns whose connection it was.
+func (r *Relay) CloseConn(id, by string, closeSockets func()) (Owner, error) {
 	var c *Conn
 	r.mu.Lock()
 	for cc := range r.conns {
@@ -344,12 +349,12 @@ func (r *Relay) CloseConn(id, by string, closeSockets func()) error {
 	}
 	r.mu.Unlock()
 	if c == nil {
-		return fmt.Errorf("%w: %q", ErrNoSuchConn, id)
+		return Owner{}, fmt.Errorf("%w: %q", ErrNoSuchConn, id)
 	}
 	if closeSockets != nil {
 		closeSockets()
 	}
 	c.Close()
 	r.log.Info("connection closed by an administrator", "conn", id, "tenant", c.tenant, "by", by)
-	return nil
+	return Owner{Tenant: c.tenant, Agent: c.ag.name}, nil
 }

@@ -35,7 +35,7 @@ func TestAdminEndSessionCancelsTheTurn(t *testing.T) {
 	if conns := r.ConnSnapshots(); len(conns) != 2 || len(conns[0].Sessions) != 1 || conns[0].Sessions[0] != sid {
 		t.Fatalf("connections: %+v", conns)
 	}
-	if err := r.EndSession(sid, "test"); err != nil {
+	if _, err := r.EndSession(sid, "test"); err != nil {
 		t.Fatal(err)
 	}
 	ended := false
@@ -58,7 +58,7 @@ func TestAdminEndSessionCancelsTheTurn(t *testing.T) {
 	if snaps := r.SessionSnapshots("", true); len(snaps) != 0 {
 		t.Fatalf("sessions after the end: %+v", snaps)
 	}
-	if err := r.EndSession(sid, "test"); !errors.Is(err, ErrNoSuchSession) {
+	if _, err := r.EndSession(sid, "test"); !errors.Is(err, ErrNoSuchSession) {
 		t.Fatalf("ending it again: %v", err)
 	}
 }
@@ -73,7 +73,7 @@ func TestAdminEndIdleSession(t *testing.T) {
 		t.Fatalf("sessions: %+v", snaps)
 	}
 	start := time.Now()
-	if err := r.EndSession(sid, "test"); err != nil {
+	if _, err := r.EndSession(sid, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if time.Since(start) > time.Second {
@@ -105,7 +105,7 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	if snaps := r.SessionSnapshots("", true); len(snaps) != 1 || snaps[0].State != SessionDetached {
 		t.Fatalf("sessions: %+v", snaps)
 	}
-	if err := r.CloseConn("c", "test", nil); err != nil {
+	if _, err := r.CloseConn("c", "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Resume("", "", c.c.token, 0); !errors.Is(err, ErrResumeRefused) {
@@ -114,7 +114,7 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	if conns := r.ConnSnapshots(); len(conns) != 0 {
 		t.Fatalf("connections after the close: %+v", conns)
 	}
-	if err := r.CloseConn("c", "test", nil); !errors.Is(err, ErrNoSuchConn) {
+	if _, err := r.CloseConn("c", "test", nil); !errors.Is(err, ErrNoSuchConn) {
 		t.Fatalf("closing it again: %v", err)
 	}
 }
@@ -129,7 +129,7 @@ func TestAdminEndSessionOfADeafAgent(t *testing.T) {
 	c.prompt("2", sid, "hello")
 	waitFor(t, "the prompt to reach the agent", func() bool { return r.PromptsInFlight("") == 1 })
 	start := time.Now()
-	if err := r.EndSession(sid, "test"); err != nil {
+	if _, err := r.EndSession(sid, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d < adminCancelWait/2 || d > adminCancelWait+time.Second {
@@ -153,7 +153,7 @@ func TestAdminEndSessionSettlesPermission(t *testing.T) {
 	sid := c.newSession("1")
 	c.prompt("2", sid, "hello")
 	perm := c.untilMethod(mRequestPerm, nil)
-	if err := r.EndSession(sid, "test"); err != nil {
+	if _, err := r.EndSession(sid, "test"); err != nil {
 		t.Fatal(err)
 	}
 	withdrawn := false
