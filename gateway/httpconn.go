@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -752,6 +753,7 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 	var buf []byte
 	for {
 		var n int
+		h.gather(st)
 		buf, n = h.takeEvents(st, buf[:0])
 		if n > 0 {
 			ok := writeSSE(rc, w, buf, writeTimeout)
@@ -782,6 +784,17 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 				return
 			}
 		}
+	}
+}
+
+// gather lets the relay's goroutines run once before the stream's writer
+// takes a small queue, as a WebSocket's writer does (wsConn.gatherLocked).
+func (h *httpConn) gather(st *sseStream) {
+	h.mu.Lock()
+	small := len(st.queue) < smallBatch
+	h.mu.Unlock()
+	if small {
+		runtime.Gosched()
 	}
 }
 

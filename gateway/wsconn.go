@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -417,10 +418,15 @@ func (c *wsConn) startWriterLocked() {
 // writeLoop writes the queue in batches until it is empty, then ends. A
 // batch is corked: its frames leave in as few write(2) calls as fit. A
 // decided close goes out after what was queued before it.
+//
+// A small queue waits for the relay's goroutines to run once first
+// (gatherLocked): a writer as fast as the relay would otherwise take one
+// message at a time, one write(2) each, and stay that way.
 func (c *wsConn) writeLoop() {
 	defer c.bg.Done()
 	for {
 		c.mu.Lock()
+		c.gatherLocked()
 		batch := c.q
 		if len(batch) == 0 && !c.closing {
 			c.writing = false
@@ -452,6 +458,22 @@ func (c *wsConn) writeLoop() {
 			return
 		}
 	}
+}
+
+// smallBatch is the queue under which the writer yields once before it
+// takes it (see writeLoop).
+const smallBatch = 16
+
+// gatherLocked lets the relay's goroutines run once before the writer
+// takes a small queue (c.mu held; released meanwhile). With nothing else to
+// run it returns at once; a lone answer waits no longer than that.
+func (c *wsConn) gatherLocked() {
+	if len(c.q) >= smallBatch || c.closing {
+		return
+	}
+	c.mu.Unlock()
+	runtime.Gosched()
+	c.mu.Lock()
 }
 
 // writeTimed writes a batch within write_timeout: one timer, re-armed per

@@ -304,6 +304,8 @@ type streamCase struct {
 	Profile           *profileResult `json:"profile,omitempty"`
 	// The same in-process gateway's profile with the client on HTTP.
 	ProfileHTTP *profileResult `json:"profile_http,omitempty"`
+	// ProfileResumeOff: the same as Profile with resume off (-resume-off).
+	ProfileResumeOff *profileResult `json:"profile_resume_off,omitempty"`
 }
 
 type streamResult struct {
@@ -503,6 +505,15 @@ func (h *harness) runStream() (*streamResult, error) {
 			}
 			c.Profile = p
 		}
+		if h.profile != "" && h.resumeOff {
+			off := cfg
+			off.noResume = true
+			p, err := h.profileStream(off, c, "ws")
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("profile %d B, resume off: %v", c.Size, err))
+			}
+			c.ProfileResumeOff = p
+		}
 		if h.profile != "" && h.uses("http") {
 			p, err := h.profileStream(cfg, c, "http")
 			if err != nil {
@@ -646,6 +657,9 @@ func (h *harness) profileStream(cfg gwConfig, c *streamCase, mode string) (*prof
 	if mode == "http" {
 		path = fmt.Sprintf("%s.stream-http-%dB.pprof", h.profile, c.Size)
 		url, sub, name = httpURL(g.url), "", "gateway (HTTP, in-process, profiled)"
+	} else if cfg.noResume {
+		path = fmt.Sprintf("%s.stream-resume-off-%dB.pprof", h.profile, c.Size)
+		name = "gateway (resume off, in-process, profiled)"
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -763,6 +777,9 @@ func (r *streamResult) print(w io.Writer) {
 		}
 		if c.ProfileHTTP != nil {
 			c.ProfileHTTP.print(w, fmt.Sprintf("%d × %s over HTTP", c.Chunks, fmtBytes(float64(c.Size))))
+		}
+		if c.ProfileResumeOff != nil {
+			c.ProfileResumeOff.print(w, fmt.Sprintf("%d × %s with resume off", c.Chunks, fmtBytes(float64(c.Size))))
 		}
 	}
 }
