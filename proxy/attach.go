@@ -107,7 +107,7 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 		c.leaveSession(s, false)
 		return
 	}
-	c.log.Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
+	c.reqLog().Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
 }
 
 // info is a peer's name and version.
@@ -154,7 +154,7 @@ func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOn
 func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, bool) {
 	c.relay.metrics.Attaches.WithLabelValues("refused").Inc()
 	c.denied("attach", m.Method)
-	c.log.Info("session/attach refused", "why", why)
+	c.reqLog().Info("session/attach refused", "why", why)
 	c.replyError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
 	return nil, false, false
 }

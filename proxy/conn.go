@@ -352,7 +352,9 @@ func (c *Conn) handleMessage(m *jsonrpc.Message) {
 	switch {
 	case !initialized && m.Method == mInitialize && m.Kind == jsonrpc.KindRequest:
 		span := c.startSpan(m)
+		c.rlog = withTrace(c.log, span)
 		c.handleInitialize(m)
+		c.rlog = nil
 		if span != nil {
 			span.End()
 		}
@@ -461,7 +463,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		cancel()
 		if err != nil {
 			c.initArrived.Store(false)
-			c.log.Warn("initialize: no agent", "err", err)
+			c.reqLog().Warn("initialize: no agent", "err", err)
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 			return
 		}
@@ -479,7 +481,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		c.mu.Unlock()
 		home.Release()
 		if err != nil {
-			c.log.Error("the agent's initialize result cannot be filtered; refusing", "err", err)
+			c.reqLog().Error("the agent's initialize result cannot be filtered; refusing", "err", err)
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
 		}
 		return
@@ -487,7 +489,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.Caps
 	c.info = initClientInfo(m.Payload)
 	c.mu.Unlock()
-	c.log.Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
+	c.reqLog().Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }
 
@@ -657,14 +659,14 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 		// An error or a cancellation settles nothing while another client
 		// of the session may still answer: only this client's copy goes.
 		if _, _, last := in.leave(c); !last {
-			c.log.Debug("a client declined an agent request others may answer", "method", in.method)
+			withTrace(c.log, in.span).Debug("a client declined an agent request others may answer", "method", in.method)
 			return
 		}
 	}
 	answerSpan(in.span, m)
 	in.forget()
 	if !in.claim() {
-		c.log.Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
+		withTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
 		return
 	}
 	// The other clients hear it was settled before the agent goes on.
@@ -677,7 +679,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
-		c.log.Debug("answer for an exited agent dropped", "err", err)
+		withTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
 	}
 }
 

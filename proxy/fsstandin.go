@@ -83,7 +83,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 			}
 			code = fe.code
 			out = jsonrpc.AppendError(nil, id, fe.code, fe.msg, nil)
-			conn.log.Debug("file request served by the gateway failed", "method", method, "err", err)
+			withTrace(conn.log, span).Debug("file request served by the gateway failed", "method", method, "err", err)
 		} else {
 			out = jsonrpc.AppendResult(nil, id, result)
 			conn.standInDone(sess, method, &params, result)

@@ -227,7 +227,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 			log = cp.conn.log
 		}
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
-		log.Info("the client did not answer an agent request in time; answered in its place",
+		withTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
 			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
 		if in.method == mRequestPerm {
 			l.ag.metrics.root.PermissionResolutions.WithLabelValues("timeout").Inc()

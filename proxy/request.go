@@ -298,7 +298,7 @@ func (in *inReq) answerInPlace(c *Conn, why string) {
 		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 		in.permissionResolved(nil, "disconnect", []byte(`{"outcome":"cancelled"}`))
 	}
-	c.log.Info("answered an agent request for a disconnected client", "method", in.method)
+	withTrace(c.log, in.span).Info("answered an agent request for a disconnected client", "method", in.method)
 }
 
 // withdraw takes back the copies of the other clients once c answered: a

@@ -211,7 +211,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 		sid, isStr = m.String(f)
 	}
 	if !isStr || sid == "" {
-		r.l.p.Log().Warn("agent answered a session-creating request without a sessionId", "method", req.method)
+		withTrace(r.l.p.Log(), req.span).Warn("agent answered a session-creating request without a sessionId", "method", req.method)
 		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
 			"the agent answered "+req.method+" without a sessionId", nil))
 		return jsonrpc.Edit{}, nil, false
@@ -433,7 +433,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 	conn, isReq := rc.conn, m.Kind == jsonrpc.KindRequest
 	standIn, err := r.allowAgent(conn, m.Method)
 	if err != nil {
-		log := r.l.p.Log()
+		log := rc.sess.turnLog(r.l.p.Log())
 		conn.denied("agent_method", m.Method)
 		if !isReq {
 			log.Debug("agent notification refused by policy; dropped", "method", m.Method, "err", err)
@@ -450,7 +450,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 	if outside != "" {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
-		r.l.p.Log().Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
+		rc.sess.turnLog(r.l.p.Log()).Warn("agent asked for a path outside the tenant root; refused", "method", m.Method, "field", outside, "tenant", conn.tenant)
 		conn.denied("path_outside_root", m.Method)
 		r.refuse(m, jsonrpc.CodeInvalidParams, "params."+outside+": outside the workspace of this session; the gateway refused it")
 		return nil, false

@@ -32,20 +32,23 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
-	switch m.Method {
-	case mCancelRequest:
+	if m.Method == mCancelRequest {
 		c.forwardCancelRequest(m)
-		return
-	case mSessionAttach:
-		c.handleAttach(m)
-		return
-	case mSessionDetach:
-		c.handleDetach(m)
 		return
 	}
 	span := c.startSpan(m)
 	c.rlog = withTrace(c.log, span)
 	defer func() { c.rlog = nil }()
+	switch m.Method {
+	case mSessionAttach:
+		c.handleAttach(m)
+		gatewaySpan(span)
+		return
+	case mSessionDetach:
+		c.handleDetach(m)
+		gatewaySpan(span)
+		return
+	}
 	if c.readOnlyWrite(m) || !c.checkPolicy(m) {
 		gatewaySpan(span)
 		return
@@ -352,7 +355,7 @@ func (c *Conn) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, out []byte)
 		return false
 	case !now:
 		c.relay.metrics.PromptsQueued.Inc()
-		c.log.Debug("prompt waits for another client's turn", "session", s.GatewayID)
+		c.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
 	s.announcePrompt(c, t.blocks)

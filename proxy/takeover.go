@@ -55,7 +55,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		c.adopt(in)
 	}
 	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
-	c.log.Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
+	c.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
 	owner.endIfEmpty()
 	return true
 }

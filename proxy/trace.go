@@ -509,6 +509,18 @@ func withTrace(log *slog.Logger, span trace.Span) *slog.Logger {
 	return log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
 }
 
+// turnLog is log with the trace of the session's traced turn, if one runs
+// (s may be nil): for a line about what the agent does in that turn.
+func (s *Session) turnLog(log *slog.Logger) *slog.Logger {
+	if s == nil {
+		return log
+	}
+	if t := s.turnTrace.Load(); t != nil {
+		return withTrace(log, t.span)
+	}
+	return log
+}
+
 // reqLog is the log for a line about the client request in hand: with its
 // trace during handleCall, else the connection's (c.handleMu held).
 func (c *Conn) reqLog() *slog.Logger {

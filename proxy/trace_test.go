@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"regexp"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/acpgate/acpgate/internal/syncbuf"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -306,5 +308,55 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 		if t := s.turnTrace.Load(); t != nil {
 			t.update(&m)
 		}
+	}
+}
+
+// A log line about a traced request carries its trace: the initialize's,
+// and a session/attach's, which the gateway answers itself and which has a
+// span of its own.
+func TestTraceLogLines(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	var logs syncbuf.Buffer
+	s := &sink{ch: make(chan []byte, 1000)}
+	c, err := r.NewConn(ConnInfo{ID: "c1", Log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testConn{t: t, c: c, s: s}
+	t.Cleanup(c.Close)
+	const initTrace, attachTrace = "0af7651916cd43dd8448eb211c80319c", "1bf7651916cd43dd8448eb211c80319d"
+	tc.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{},"_meta":{"traceparent":"00-` + initTrace + `-b7ad6b7169203331-01"}}}`)
+	if m := tc.await("1", nil); m.Error != nil {
+		t.Fatalf("initialize: %s", m.raw)
+	}
+	owner := newTestConn(t, r, "c0")
+	owner.init(`{}`)
+	sid := owner.newSession("3")
+	tc.send(`{"jsonrpc":"2.0","id":2,"method":"session/attach","params":{"sessionId":"` + sid + `","_meta":{"traceparent":"00-` + attachTrace + `-b7ad6b7169203331-01"}}}`)
+	if m := tc.await("2", nil); m.Error != nil {
+		t.Fatalf("attach: %s", m.raw)
+	}
+	lines := map[string]map[string]any{}
+	for l := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
+		var v map[string]any
+		if json.Unmarshal([]byte(l), &v) == nil {
+			lines[v["msg"].(string)] = v
+		}
+	}
+	for msg, span := range map[string]sdktrace.ReadOnlySpan{
+		"initialized":            spanNamed(t, rec, mInitialize),
+		"attached to a session": spanNamed(t, rec, mSessionAttach),
+	} {
+		l, ok := lines[msg]
+		if !ok {
+			t.Errorf("no log line %q in\n%s", msg, logs.String())
+			continue
+		}
+		if l["trace_id"] != span.SpanContext().TraceID().String() || l["span_id"] != span.SpanContext().SpanID().String() {
+			t.Errorf("%q: trace_id %v span_id %v, want %s %s", msg, l["trace_id"], l["span_id"], span.SpanContext().TraceID(), span.SpanContext().SpanID())
+		}
+	}
+	if tid := spanNamed(t, rec, mSessionAttach).SpanContext().TraceID().String(); tid != attachTrace {
+		t.Errorf("session/attach's span is in trace %s, want the client's %s", tid, attachTrace)
 	}
 }
