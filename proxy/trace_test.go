@@ -344,7 +344,7 @@ func TestTraceLogLines(t *testing.T) {
 		}
 	}
 	for msg, span := range map[string]sdktrace.ReadOnlySpan{
-		"initialized":            spanNamed(t, rec, mInitialize),
+		"initialized":           spanNamed(t, rec, mInitialize),
 		"attached to a session": spanNamed(t, rec, mSessionAttach),
 	} {
 		l, ok := lines[msg]
