@@ -1,8 +1,10 @@
 package e2e
 
 import (
-	"fmt"
+	"context"
+	"encoding/json"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"regexp"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/acpgate/acpgate/test/internal/acpclient"
 	"github.com/acpgate/acpgate/test/internal/harness"
 	"github.com/acpgate/acpgate/test/internal/jaeger"
 	"github.com/acpgate/acpgate/test/internal/proctree"
@@ -120,44 +123,114 @@ func TestTracingOff(t *testing.T) {
 	}
 }
 
-// TestTracingTurnStory: a turn whose prompt carries the client's
-// traceparent, with a tool call, a permission and a write the gateway's
+// TestTracingTurnStory: a turn whose prompt carries the client's trace
+// context, with a tool call, a permission and a write the gateway's
 // stand-in makes, appears in Jaeger under the client's trace: the turn's
 // span (the client's span its parent) and, under it, the time to the
 // first update, the permission request, the tool call and the stand-in's
 // write. The agent gets a traceparent of that trace naming the turn's
-// span. A turn without one makes a trace of its own; over Streamable HTTP
-// a POST's traceparent header is the parent.
+// span. A turn without one makes a trace of its own. The same over a
+// WebSocket (params._meta.traceparent) and over Streamable HTTP (the
+// POST's traceparent header; params._meta.traceparent wins over it).
 func TestTracingTurnStory(t *testing.T) {
 	j := jaeger.Start(t)
-	service := "acpgate-e2e-" + harness.RandomHex(t, 4)
-	g := tracedGateway(t, j, service, gwOpts{})
-	c := dial(t, g)
-	c.Initialize("e2e", false) // no file access: the gateway stands in
-	sid := c.newSession(t.TempDir())
+	for _, tt := range []struct {
+		name, transport string // transport: the spans' acpgate.transport
+		dial            func(*testing.T, *gateway) traceClient
+	}{
+		{"websocket", "websocket", dialTraceWS},
+		{"http header", "http", func(t *testing.T, g *gateway) traceClient { return dialTraceHTTP(t, g, false) }},
+		{"http _meta over the header", "http", func(t *testing.T, g *gateway) traceClient { return dialTraceHTTP(t, g, true) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			service := "acpgate-e2e-" + harness.RandomHex(t, 4)
+			g := tracedGateway(t, j, service, gwOpts{})
+			turnStory(t, j, g, service, tt.dial(t, g), tt.transport)
+		})
+	}
+}
+
+// traceClient is a client of one session, with no file access (the
+// gateway stands in), over one transport.
+type traceClient interface {
+	// request sends a request with the trace context traceparent ("":
+	// none) as the transport carries it, and returns its id.
+	request(method string, params map[string]any, traceparent string) int
+	Respond(id json.RawMessage, result any)
+	// Next is the next message for the client, failing the test after
+	// timeout.
+	Next(timeout time.Duration) rpcMsg
+	// opened: the session sid is open.
+	opened(sid string)
+	connectionID() string
+	Close()
+}
+
+func w3cTraceparent(traceID, spanID string) string { return "00-" + traceID + "-" + spanID + "-01" }
+
+// withTraceparent is params with _meta.traceparent set.
+func withTraceparent(params map[string]any, traceparent string) map[string]any {
+	p := maps.Clone(params)
+	p["_meta"] = map[string]any{"traceparent": traceparent}
+	return p
+}
+
+// awaitTrace reads c until the answer to id (see acpclient.Client.Await).
+func awaitTrace(t *testing.T, c traceClient, id int, other func(rpcMsg)) rpcMsg {
+	t.Helper()
+	deadline := time.Now().Add(turn)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("no response to request %d within %s", id, turn)
+		}
+		m := c.Next(left)
+		if answer, unexpected := acpclient.AwaitStep(m, id, other); answer {
+			return m
+		} else if unexpected {
+			t.Fatalf("unexpected message while waiting for %d: %s", id, m.Raw)
+		}
+	}
+}
+
+// turnStory runs the traced turn, an untraced one and a refused traced
+// request on c, then checks what Jaeger and the gateway's log have of
+// them. transport is the spans' acpgate.transport.
+func turnStory(t *testing.T, j *jaeger.Jaeger, g *gateway, service string, c traceClient, transport string) {
+	newTrace, newSpan := harness.RandomHex(t, 16), harness.RandomHex(t, 8)
+	m := awaitTrace(t, c, c.request("session/new", map[string]any{"cwd": t.TempDir(), "mcpServers": []any{}}, w3cTraceparent(newTrace, newSpan)), nil)
+	sid := m.NewSessionID()
+	if sid == "" {
+		t.Fatalf("session/new: %s", m.Raw)
+	}
+	c.opened(sid)
 	traceID, clientSpan := harness.RandomHex(t, 16), harness.RandomHex(t, 8)
-	params := textPrompt(sid, "write out.txt traced")
-	params["_meta"] = map[string]any{"traceparent": "00-" + traceID + "-" + clientSpan + "-01"}
-	pid := c.Request("session/prompt", params)
-	msgs := readUntil(t, c, "the permission request", turn, isMethod("session/request_permission"))
-	c.Respond(msgs[len(msgs)-1].ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": "allow"}})
-	if r := stopReason(t, c.Await(pid, turn, func(rpcMsg) {})); r != "end_turn" {
+	pid := c.request("session/prompt", textPrompt(sid, "write out.txt traced"), w3cTraceparent(traceID, clientSpan))
+	var perm rpcMsg
+	for deadline := time.Now().Add(turn); perm.Method != "session/request_permission"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no permission request within %s", turn)
+		}
+		perm = c.Next(time.Until(deadline))
+	}
+	c.Respond(perm.ID, allow)
+	if r := stopReason(t, awaitTrace(t, c, pid, func(rpcMsg) {})); r != "end_turn" {
 		t.Fatalf("the traced turn ended %q", r)
 	}
-	promptOK(t, c, sid, "no traceparent here")
+	onUpdate, _ := collectText(t, sid)
+	if r := stopReason(t, awaitTrace(t, c, c.request("session/prompt", textPrompt(sid, "no traceparent here"), ""), onUpdate)); r != "end_turn" {
+		t.Fatalf("the untraced turn ended %q", r)
+	}
 	// A log line about a traced request carries its trace.
 	refusedTrace := harness.RandomHex(t, 16)
-	if m := c.Call("_nope/x", map[string]any{"_meta": map[string]string{"traceparent": "00-" + refusedTrace + "-" + clientSpan + "-01"}}, turn); m.Error == nil {
+	if m := awaitTrace(t, c, c.request("_nope/x", map[string]any{}, w3cTraceparent(refusedTrace, clientSpan)), nil); m.Error == nil {
 		t.Fatalf("_nope/x was not refused: %s", m.Raw)
 	}
-	g.WaitLog(t, "refused by policy", "trace_id", refusedTrace, 10*time.Second) // the log line about it carries its trace
-
-	hp := &httpPeer{t: t, g: g, hc: &http.Client{}}
-	hp.initialize()
-	httpTrace, httpSpan := harness.RandomHex(t, 16), harness.RandomHex(t, 8)
-	if resp, body := hp.req(http.MethodPost, fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":%q,"mcpServers":[]}}`, t.TempDir()),
-		map[string]string{"traceparent": "00-" + httpTrace + "-" + httpSpan + "-01"}); resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("POST session/new: %d %q", resp.StatusCode, body)
+	g.WaitLog(t, "refused by policy", "trace_id", refusedTrace, 10*time.Second)
+	for _, l := range g.Logs() {
+		if l["msg"] == "refused by policy" && l["trace_id"] == refusedTrace && l["conn"] != c.connectionID() {
+			t.Errorf("the log line of the refused request names connection %v, want %s: %v", l["conn"], c.connectionID(), l)
+		}
 	}
 	c.Close()
 
@@ -173,7 +246,7 @@ func TestTracingTurnStory(t *testing.T) {
 	if !ok || turnSpan.Parent() != clientSpan {
 		t.Fatalf("no session/prompt span under the client's span %s: %+v", clientSpan, tr.Spans)
 	}
-	for k, want := range map[string]any{"rpc.system": "jsonrpc", "rpc.method": "session/prompt", "acpgate.session": sid, "acpgate.transport": "websocket"} {
+	for k, want := range map[string]any{"rpc.system": "jsonrpc", "rpc.method": "session/prompt", "acpgate.session": sid, "acpgate.transport": transport} {
 		if v, _ := turnSpan.Tag(k); v != want {
 			t.Errorf("session/prompt: %s = %v, want %v", k, v, want)
 		}
@@ -204,16 +277,18 @@ func TestTracingTurnStory(t *testing.T) {
 	}
 
 	trs := j.Wait(t, service, 20*time.Second, func(trs []jaeger.Trace) bool {
-		prompts, httpNew := 0, false
+		prompts, opened := 0, false
 		for _, tr := range trs {
 			if s, ok := tr.Span("session/prompt"); ok && tr.TraceID != traceID && s.Parent() == "" {
-				prompts++
+				if v, _ := s.Tag("acpgate.transport"); v == transport {
+					prompts++
+				}
 			}
-			if s, ok := tr.Span("session/new"); ok && tr.TraceID == httpTrace && s.Parent() == httpSpan {
-				httpNew = true
+			if s, ok := tr.Span("session/new"); ok && tr.TraceID == newTrace && s.Parent() == newSpan {
+				opened = true
 			}
 		}
-		return prompts >= 1 && httpNew
+		return prompts >= 1 && opened
 	})
 	t.Logf("%d traces of %s", len(trs), service)
 
@@ -233,5 +308,136 @@ func TestTracingTurnStory(t *testing.T) {
 	}
 	if _, err := j.Trace(string(ex[0][1])); err != nil {
 		t.Errorf("the exemplar's trace %s: %v", ex[0][1], err)
+	}
+}
+
+// wsTraceClient is a traceClient over a WebSocket: the trace context goes
+// in params._meta.
+type wsTraceClient struct{ *client }
+
+func dialTraceWS(t *testing.T, g *gateway) traceClient {
+	c := dial(t, g)
+	c.Initialize("e2e", false) // no file access: the gateway stands in
+	return wsTraceClient{c}
+}
+
+func (c wsTraceClient) request(method string, params map[string]any, traceparent string) int {
+	c.T.Helper()
+	if traceparent != "" {
+		params = withTraceparent(params, traceparent)
+	}
+	return c.Request(method, params)
+}
+
+func (c wsTraceClient) opened(string) {}
+
+func (c wsTraceClient) connectionID() string { return c.ConnID }
+
+// httpTraceClient is a traceClient over Streamable HTTP: each message a
+// POST (a request's answer comes on an event stream), read from the
+// connection's event stream and, once the session is open, the session's.
+// The trace context goes in the POST's traceparent header, or with meta
+// in params._meta, the header naming another trace.
+type httpTraceClient struct {
+	*httpPeer
+	meta   bool
+	ctx    context.Context // the event streams'
+	id     int             // the last request's
+	sid    string
+	events chan string // the streams' data lines
+}
+
+func dialTraceHTTP(t *testing.T, g *gateway, meta bool) traceClient {
+	hc := &http.Client{}
+	t.Cleanup(hc.CloseIdleConnections)
+	c := &httpTraceClient{httpPeer: &httpPeer{t: t, g: g, hc: hc}, meta: meta, id: 1, events: make(chan string, 1000)}
+	c.initialize() // id 1, no file access: the gateway stands in
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.ctx = ctx
+	c.listen("")
+	return c
+}
+
+// listen GETs the event stream of session ("": the connection's).
+func (c *httpTraceClient) listen(session string) {
+	c.t.Helper()
+	resp, events := c.stream(c.ctx, session)
+	if resp.StatusCode != http.StatusOK {
+		c.t.Fatalf("GET the event stream of %q: %d", session, resp.StatusCode)
+	}
+	go func() { // ends with the stream
+		for d := range events {
+			select {
+			case c.events <- d:
+			case <-c.ctx.Done():
+			}
+		}
+	}()
+}
+
+func (c *httpTraceClient) post(v any, hdr map[string]string) {
+	c.t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if resp, body := c.req(http.MethodPost, string(b), hdr); resp.StatusCode != http.StatusAccepted {
+		c.t.Fatalf("POST %s: %d %q", b, resp.StatusCode, body)
+	}
+}
+
+func (c *httpTraceClient) request(method string, params map[string]any, traceparent string) int {
+	c.t.Helper()
+	c.id++
+	hdr := map[string]string{}
+	if sid, ok := params["sessionId"].(string); ok {
+		hdr["Acp-Session-Id"] = sid
+	}
+	switch {
+	case traceparent != "" && c.meta:
+		params = withTraceparent(params, traceparent)
+		hdr["traceparent"] = w3cTraceparent(harness.RandomHex(c.t, 16), harness.RandomHex(c.t, 8))
+	case traceparent != "":
+		hdr["traceparent"] = traceparent
+	}
+	c.post(acpclient.Request(c.id, method, params), hdr)
+	return c.id
+}
+
+func (c *httpTraceClient) Respond(id json.RawMessage, result any) {
+	c.t.Helper()
+	c.post(acpclient.Response(id, result), map[string]string{"Acp-Session-Id": c.sid})
+}
+
+func (c *httpTraceClient) Next(timeout time.Duration) rpcMsg {
+	c.t.Helper()
+	select {
+	case d := <-c.events:
+		var m rpcMsg
+		if err := json.Unmarshal([]byte(d), &m); err != nil {
+			c.t.Fatalf("event %q: %v", d, err)
+		}
+		m.Raw = []byte(d)
+		return m
+	case <-time.After(timeout):
+		c.t.Fatalf("no event within %s", timeout)
+	}
+	return rpcMsg{}
+}
+
+func (c *httpTraceClient) opened(sid string) {
+	c.t.Helper()
+	c.sid = sid
+	c.listen(sid)
+}
+
+func (c *httpTraceClient) connectionID() string { return c.conn }
+
+// Close DELETEs the connection.
+func (c *httpTraceClient) Close() {
+	c.t.Helper()
+	if resp, body := c.req(http.MethodDelete, "", nil); resp.StatusCode != http.StatusAccepted {
+		c.t.Errorf("DELETE: %d %q", resp.StatusCode, body)
 	}
 }
