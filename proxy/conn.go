@@ -122,7 +122,8 @@ type Conn struct {
 	handleMu sync.Mutex
 	sc       jsonrpc.Scanner
 	msg      jsonrpc.Message
-	rlog     *slog.Logger // the request in hand's log: log, with its trace when it is traced (handleCall)
+	rspan    trace.Span   // the request in hand's span, if it is traced (handleCall)
+	rlog     *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
 	edits    []jsonrpc.Edit
 	resolve  jsonrpc.Resolver
 	// traceParent: the trace context of the message in hand from its
@@ -352,9 +353,9 @@ func (c *Conn) handleMessage(m *jsonrpc.Message) {
 	switch {
 	case !initialized && m.Method == mInitialize && m.Kind == jsonrpc.KindRequest:
 		span := c.startSpan(m)
-		c.rlog = withTrace(c.log, span)
+		c.rspan = span
 		c.handleInitialize(m)
-		c.rlog = nil
+		c.rspan, c.rlog = nil, nil
 		if span != nil {
 			span.End()
 		}

@@ -62,7 +62,7 @@ func TestMain(m *testing.M) {
 
 // testPool is a relay on a test agent (mode: see TestMain); mutate changes
 // its pool's config, opts the relay's.
-func testPool(t *testing.T, mode string, mutate func(*PoolConfig), opts ...func(*Config)) *Relay {
+func testPool(t testing.TB, mode string, mutate func(*PoolConfig), opts ...func(*Config)) *Relay {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -115,12 +115,12 @@ func (s *sink) Send(msg []byte, _ bool) bool {
 }
 
 type testConn struct {
-	t *testing.T
+	t testing.TB
 	c *Conn
 	s *sink
 }
 
-func newTestConn(t *testing.T, r *Relay, name string) *testConn {
+func newTestConn(t testing.TB, r *Relay, name string) *testConn {
 	s := &sink{ch: make(chan []byte, 1000)}
 	c, err := r.NewConn(ConnInfo{ID: name}, s)
 	if err != nil {

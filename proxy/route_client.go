@@ -37,8 +37,8 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	span := c.startSpan(m)
-	c.rlog = withTrace(c.log, span)
-	defer func() { c.rlog = nil }()
+	c.rspan = span
+	defer func() { c.rspan, c.rlog = nil, nil }()
 	switch m.Method {
 	case mSessionAttach:
 		c.handleAttach(m)
@@ -57,7 +57,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	edits, pathErr := c.ten.mapToAgent(m, c.edits[:0])
 	if pathErr != nil {
 		c.denied("path_outside_root", m.Method)
-		c.rlog.Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
+		c.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
 			failSpan(span, jsonrpc.CodeInvalidParams, pathErr.Error())
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
@@ -75,7 +75,7 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		gatewaySpan(span)
 		return
 	case err != nil:
-		c.rlog.Warn("no agent for request", "method", m.Method, "err", err)
+		c.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
 			failSpan(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)

@@ -524,8 +524,11 @@ func (s *Session) turnLog(log *slog.Logger) *slog.Logger {
 // reqLog is the log for a line about the client request in hand: with its
 // trace during handleCall, else the connection's (c.handleMu held).
 func (c *Conn) reqLog() *slog.Logger {
-	if c.rlog != nil {
-		return c.rlog
+	if c.rspan == nil {
+		return c.log
 	}
-	return c.log
+	if c.rlog == nil {
+		c.rlog = withTrace(c.log, c.rspan)
+	}
+	return c.rlog
 }

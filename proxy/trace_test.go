@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -360,3 +361,31 @@ func TestTraceLogLines(t *testing.T) {
 		t.Errorf("session/attach's span is in trace %s, want the client's %s", tid, attachTrace)
 	}
 }
+
+// benchEcho is a client request's round trip through the relay to the demo
+// agent and back: _demo/echo, with tracing off or on (every span sampled,
+// batched to an exporter that drops them).
+func benchEcho(b *testing.B, traced bool) {
+	var opts []func(*Config)
+	if traced {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(nopExporter{}))
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		opts = append(opts, func(c *Config) { c.Tracing = tp })
+	}
+	r := testPool(b, "demo", nil, opts...)
+	tc := newTestConn(b, r, "c1")
+	tc.init(`{}`)
+	sid := tc.newSession("1")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		id := strconv.Itoa(i + 10)
+		tc.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"_demo/echo","params":{"n":` + id + `,"sessionId":"` + sid + `"}}`)
+		if m := tc.await(id, nil); m.Error != nil {
+			b.Fatalf("echo: %s", m.raw)
+		}
+	}
+}
+
+func BenchmarkEcho(b *testing.B)       { benchEcho(b, false) }
+func BenchmarkEchoTraced(b *testing.B) { benchEcho(b, true) }
