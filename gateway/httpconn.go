@@ -406,13 +406,13 @@ func (s *Server) lookupSession(w http.ResponseWriter, r *http.Request, who auth.
 	return h, session, ok
 }
 
-// postScanners are the scanners of client POSTs, which run concurrently.
 // postTrace is the trace context of a POST's traceparent and tracestate
 // headers: the parent of its request's span unless params._meta names one.
 func postTrace(r *http.Request) trace.SpanContext {
 	return proxy.ParseTraceparent(r.Header.Get("traceparent"), r.Header.Get("tracestate"))
 }
 
+// postScanners are the scanners of client POSTs, which run concurrently.
 var postScanners = sync.Pool{New: func() any { return new(postScan) }}
 
 // postScan is one scan of a POSTed message: the relay's scanner, once; the

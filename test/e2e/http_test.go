@@ -80,14 +80,18 @@ func (p *httpPeer) stream(ctx context.Context, session string) (*http.Response, 
 		p.t.Fatalf("GET /acp: %v", err)
 	}
 	out := make(chan string, 1000)
-	go func() { // ends with the body
+	go func() { // ends with the body, or with ctx
 		defer close(out)
 		defer resp.Body.Close()
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		for sc.Scan() {
 			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				out <- d
+				select {
+				case out <- d:
+				case <-ctx.Done(): // the reader stopped: so does this
+					return
+				}
 			}
 		}
 	}()
