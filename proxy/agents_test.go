@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -37,31 +36,12 @@ func twoAgents(t *testing.T, tenants []TenantConfig) *Relay {
 		pol := policy.Default()
 		tenants = []TenantConfig{{Policy: &pol}}
 	}
-	r, err := NewRelay(Config{Agents: []AgentSpec{spec("a"), spec("b")}, ClientCaps: AllCapabilities, Tenants: tenants},
-		slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := r.Close(ctx); err != nil {
-			t.Errorf("close relay: %v", err)
-		}
-	})
-	return r
+	return startRelay(t, Config{Agents: []AgentSpec{spec("a"), spec("b")}, ClientCaps: AllCapabilities, Tenants: tenants})
 }
 
 func agentConn(t *testing.T, r *Relay, tenant, agent string) *testConn {
 	t.Helper()
-	s := &sink{ch: make(chan []byte, 1000)}
-	c, err := r.NewConn(ConnInfo{ID: agent + "-conn", Tenant: tenant, Agent: agent}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := &testConn{t: t, c: c, s: s}
-	t.Cleanup(tc.c.Close)
-	return tc
+	return connWith(t, r, ConnInfo{ID: agent + "-conn", Tenant: tenant, Agent: agent})
 }
 
 // A session ID is bound to the agent that issued it: the other agent (of

@@ -88,6 +88,12 @@ func testPool(t testing.TB, mode string, mutate func(*PoolConfig), opts ...func(
 	for _, o := range opts {
 		o(&rc)
 	}
+	return startRelay(t, rc)
+}
+
+// startRelay is a relay on rc, closed when the test ends.
+func startRelay(t testing.TB, rc Config) *Relay {
+	t.Helper()
 	r, err := NewRelay(rc, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -121,8 +127,15 @@ type testConn struct {
 }
 
 func newTestConn(t testing.TB, r *Relay, name string) *testConn {
+	return connWith(t, r, ConnInfo{ID: name})
+}
+
+// connWith is a client of r's connection made with info, closed when the
+// test ends.
+func connWith(t testing.TB, r *Relay, info ConnInfo) *testConn {
+	t.Helper()
 	s := &sink{ch: make(chan []byte, 1000)}
-	c, err := r.NewConn(ConnInfo{ID: name}, s)
+	c, err := r.NewConn(info, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -318,13 +318,7 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 func TestTraceLogLines(t *testing.T) {
 	r, rec := tracedRelay(t, true)
 	var logs syncbuf.Buffer
-	s := &sink{ch: make(chan []byte, 1000)}
-	c, err := r.NewConn(ConnInfo{ID: "c1", Log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := &testConn{t: t, c: c, s: s}
-	t.Cleanup(c.Close)
+	tc := connWith(t, r, ConnInfo{ID: "c1", Log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	const initTrace, attachTrace = "0af7651916cd43dd8448eb211c80319c", "1bf7651916cd43dd8448eb211c80319d"
 	tc.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{},"_meta":{"traceparent":"00-` + initTrace + `-b7ad6b7169203331-01"}}}`)
 	if m := tc.await("1", nil); m.Error != nil {
