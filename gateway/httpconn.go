@@ -789,11 +789,12 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 
 // gather lets the relay's goroutines run once before the stream's writer
 // takes a small queue, as a WebSocket's writer does (wsConn.gatherLocked).
+// An empty queue needs no gathering: the writer waits for a wake.
 func (h *httpConn) gather(st *sseStream) {
 	h.mu.Lock()
-	small := len(st.queue) < smallBatch
+	n := len(st.queue)
 	h.mu.Unlock()
-	if small {
+	if n > 0 && n < smallBatch {
 		runtime.Gosched()
 	}
 }

@@ -67,12 +67,13 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 	var p attachParams
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		c.replyError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
+		c.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
 		return
 	}
+	c.spanSession(p.SessionID)
 	if err := p.check(); err != nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		c.replyError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
+		c.answerError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
 		return
 	}
 	s, readOnly, ok := c.mayAttach(m, p)
@@ -127,7 +128,7 @@ func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOn
 	s = c.ag.heldSession(agentSID)
 	if s == nil || s.ten != c.ten || s.isLost() {
 		metrics.Attaches.WithLabelValues("not_found").Inc()
-		c.replyError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
+		c.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
 			"(it has ended, or its clients are connected to another replica: attach through the replica that serves it)",
 			sessionIDObject(p.SessionID))
 		return nil, false, false
@@ -145,7 +146,7 @@ func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOn
 	c.mu.Unlock()
 	if held && s.memberOf(c) == nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
+		c.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
 		return nil, false, false
 	}
 	return s, p.Meta.Acpgate.ReadOnly || other && sharing.ReadOnlyForOthers, true
@@ -155,7 +156,7 @@ func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, boo
 	c.relay.metrics.Attaches.WithLabelValues("refused").Inc()
 	c.denied("attach", m.Method)
 	c.reqLog().Info("session/attach refused", "why", why)
-	c.replyError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
+	c.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
 	return nil, false, false
 }
 
@@ -175,7 +176,7 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 		s.fan.Unlock()
 		if full {
 			c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-			c.replyError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
+			c.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
 		} else {
 			c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
 			c.notFound(m, s.GatewayID, false)
@@ -202,7 +203,7 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 		}
 		mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
 		c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-		c.replyError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
+		c.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
 		if !add {
 			c.relay.metrics.AttachedClients.Dec() // counted when it first attached
 		}
@@ -265,10 +266,11 @@ func (c *Conn) handleDetach(m *jsonrpc.Message) {
 	}
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
 		if m.Kind == jsonrpc.KindRequest {
-			c.replyError(m.ID, jsonrpc.CodeInvalidParams, "session/detach needs params.sessionId (a string)", nil)
+			c.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/detach needs params.sessionId (a string)", nil)
 		}
 		return
 	}
+	c.spanSession(p.SessionID)
 	c.mu.Lock()
 	s := c.sessions[p.SessionID]
 	c.mu.Unlock()
@@ -364,7 +366,7 @@ func (c *Conn) readOnlyWrite(m *jsonrpc.Message) bool {
 	}
 	c.denied("read_only", m.Method)
 	if m.Kind == jsonrpc.KindRequest {
-		c.replyError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
+		c.answerError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
 	}
 	return true
 }

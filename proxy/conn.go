@@ -235,6 +235,15 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 	c.deliver(jsonrpc.AppendError(nil, id, code, msg, data))
 }
 
+// answerError answers the request in hand with an error and records it on
+// the request's span, if it is traced (c.handleMu held).
+func (c *Conn) answerError(id []byte, code int, msg string, data []byte) {
+	if c.rspan != nil {
+		spanError(c.rspan, code, msg)
+	}
+	c.replyError(id, code, msg, data)
+}
+
 // HandleFrom processes one frame the client sent on sink's socket: one
 // message, or several newline-delimited ones (jsonrpc.Messages), each
 // handled as if it had come alone. A frame from a socket that is no longer
@@ -598,7 +607,7 @@ func (c *Conn) notFound(m *jsonrpc.Message, gwID string, lost bool) {
 		msg = "session not found: its agent process exited; load the session again"
 	}
 	data := sessionIDObject(gwID)
-	c.replyError(m.ID, jsonrpc.CodeNotFound, msg, data)
+	c.answerError(m.ID, jsonrpc.CodeNotFound, msg, data)
 }
 
 // forwardCancelRequest translates $/cancel_request for one of the client's

@@ -509,6 +509,14 @@ func withTrace(log *slog.Logger, span trace.Span) *slog.Logger {
 	return log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
 }
 
+// spanSession names the session of the request in hand on its span, if it
+// is traced (c.handleMu held): for requests the gateway answers itself.
+func (c *Conn) spanSession(id string) {
+	if c.rspan != nil {
+		c.rspan.SetAttributes(attribute.String(attrSession, id))
+	}
+}
+
 // turnLog is log with the trace of the session's traced turn, if one runs
 // (s may be nil): for a line about what the agent does in that turn.
 func (s *Session) turnLog(log *slog.Logger) *slog.Logger {

@@ -314,22 +314,42 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 
 // A log line about a traced request carries its trace: the initialize's,
 // and a session/attach's, which the gateway answers itself and which has a
-// span of its own.
+// span of its own, as session/detach has; a refused attach's span says so.
 func TestTraceLogLines(t *testing.T) {
 	r, rec := tracedRelay(t, true)
 	var logs syncbuf.Buffer
 	tc := connWith(t, r, ConnInfo{ID: "c1", Log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	const initTrace, attachTrace = "0af7651916cd43dd8448eb211c80319c", "1bf7651916cd43dd8448eb211c80319d"
-	tc.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{},"_meta":{"traceparent":"00-` + initTrace + `-b7ad6b7169203331-01"}}}`)
-	if m := tc.await("1", nil); m.Error != nil {
+	call := func(id, method, params, traceID string) msg {
+		t.Helper()
+		tc.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"` + method + `","params":{` + params + `"_meta":{"traceparent":"00-` + traceID + `-b7ad6b7169203331-01"}}}`)
+		return tc.await(id, nil)
+	}
+	const initTrace, attachTrace, detachTrace, refusedTrace = "0af7651916cd43dd8448eb211c80319c",
+		"1bf7651916cd43dd8448eb211c80319d", "2cf7651916cd43dd8448eb211c80319e", "3df7651916cd43dd8448eb211c80319f"
+	if m := call("1", mInitialize, `"protocolVersion":1,"clientCapabilities":{},`, initTrace); m.Error != nil {
 		t.Fatalf("initialize: %s", m.raw)
 	}
 	owner := newTestConn(t, r, "c0")
 	owner.init(`{}`)
 	sid := owner.newSession("3")
-	tc.send(`{"jsonrpc":"2.0","id":2,"method":"session/attach","params":{"sessionId":"` + sid + `","_meta":{"traceparent":"00-` + attachTrace + `-b7ad6b7169203331-01"}}}`)
-	if m := tc.await("2", nil); m.Error != nil {
+	if m := call("2", mSessionAttach, `"sessionId":"`+sid+`",`, attachTrace); m.Error != nil {
 		t.Fatalf("attach: %s", m.raw)
+	}
+	if m := call("4", mSessionDetach, `"sessionId":"`+sid+`",`, detachTrace); m.Error != nil {
+		t.Fatalf("detach: %s", m.raw)
+	}
+	if m := call("5", mSessionAttach, `"sessionId":"nope",`, refusedTrace); m.Error == nil {
+		t.Fatalf("attach to an unknown session: %s", m.raw)
+	}
+	inTrace := func(traceID string) sdktrace.ReadOnlySpan {
+		t.Helper()
+		for _, s := range rec.Ended() {
+			if s.SpanContext().TraceID().String() == traceID {
+				return s
+			}
+		}
+		t.Fatalf("no span ended in trace %s", traceID)
+		return nil
 	}
 	lines := map[string]map[string]any{}
 	for l := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
@@ -339,8 +359,8 @@ func TestTraceLogLines(t *testing.T) {
 		}
 	}
 	for msg, span := range map[string]sdktrace.ReadOnlySpan{
-		"initialized":           spanNamed(t, rec, mInitialize),
-		"attached to a session": spanNamed(t, rec, mSessionAttach),
+		"initialized":           inTrace(initTrace),
+		"attached to a session": inTrace(attachTrace),
 	} {
 		l, ok := lines[msg]
 		if !ok {
@@ -351,8 +371,14 @@ func TestTraceLogLines(t *testing.T) {
 			t.Errorf("%q: trace_id %v span_id %v, want %s %s", msg, l["trace_id"], l["span_id"], span.SpanContext().TraceID(), span.SpanContext().SpanID())
 		}
 	}
-	if tid := spanNamed(t, rec, mSessionAttach).SpanContext().TraceID().String(); tid != attachTrace {
-		t.Errorf("session/attach's span is in trace %s, want the client's %s", tid, attachTrace)
+	for traceID, name := range map[string]string{attachTrace: mSessionAttach, detachTrace: mSessionDetach} {
+		s := inTrace(traceID)
+		if s.Name() != name || attrs(s)[attrSession].AsString() != sid || s.Status().Code == codes.Error {
+			t.Errorf("%s's span: %s, session %q, status %v", name, s.Name(), attrs(s)[attrSession].AsString(), s.Status())
+		}
+	}
+	if s := inTrace(refusedTrace); s.Status().Code != codes.Error || attrs(s)[attrErrorCode].AsInt64() != jsonrpc.CodeNotFound {
+		t.Errorf("the refused attach's span: status %v, attributes %v", s.Status(), s.Attributes())
 	}
 }
 

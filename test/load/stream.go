@@ -505,7 +505,7 @@ func (h *harness) runStream() (*streamResult, error) {
 			}
 			c.Profile = p
 		}
-		if h.profile != "" && h.resumeOff {
+		if h.profile != "" && h.resumeOff && h.uses("ws") {
 			off := cfg
 			off.noResume = true
 			p, err := h.profileStream(off, c, "ws")
