@@ -789,12 +789,14 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 
 // gather lets the relay's goroutines run once before the stream's writer
 // takes a small queue, as a WebSocket's writer does (wsConn.gatherLocked).
-// An empty queue needs no gathering: the writer waits for a wake.
+// An empty one too: after a write, what the relay queues meanwhile goes out
+// without the writer first sleeping on its wake channel (interleaved, 9
+// runs each, yielding on an empty queue streamed 5% more 20 KB messages).
 func (h *httpConn) gather(st *sseStream) {
 	h.mu.Lock()
-	n := len(st.queue)
+	small := len(st.queue) < smallBatch
 	h.mu.Unlock()
-	if n > 0 && n < smallBatch {
+	if small {
 		runtime.Gosched()
 	}
 }
