@@ -297,6 +297,8 @@ type streamCase struct {
 	// With -tracing: the gateway with tracing on (always sampled) over
 	// the default (off), both over a WebSocket.
 	TracingOnVsOff float64 `json:"gateway_tracing_on_vs_off,omitempty"`
+	// Paired: the same comparisons run by run (see pairedRatio).
+	Paired []*pairedRatio `json:"paired,omitempty"`
 	// Peak RSS (VmHWM) of the gateway and websocketd processes after this
 	// case (cumulative over the cases run so far): what queueing costs.
 	GatewayPeakRSS    int64          `json:"gateway_peak_rss_bytes"`
@@ -498,6 +500,12 @@ func (h *harness) runStream() (*streamResult, error) {
 		if on, off := byName["gateway"+tracingOnName], byName["gateway"]; on != nil && off != nil && off.MsgsPerSec > 0 {
 			c.TracingOnVsOff = on.MsgsPerSec / off.MsgsPerSec
 		}
+		for _, ab := range [][2]string{{"gateway", "gateway" + resumeOffName}, {"gateway" + httpSuffix, "gateway"},
+			{"gateway" + auditOnName, "gateway"}, {"gateway" + tracingOnName, "gateway"}} {
+			if pr := paired(byName[ab[0]], byName[ab[1]]); pr != nil {
+				c.Paired = append(c.Paired, pr)
+			}
+		}
 		if h.profile != "" && h.uses("ws") {
 			p, err := h.profileStream(cfg, c, "ws")
 			if err != nil {
@@ -557,6 +565,39 @@ func (p *streamPath) aggregate() {
 		p.MinMsgs, p.MaxMsgs = slices.Min(rate), slices.Max(rate)
 	}
 	p.ServerCPUPM, p.ClientCPUPM, p.AgentCPUPM = median(srv), median(cli), median(agt)
+}
+
+// pairedRatio is path A's rate over path B's, run by run: the paths take
+// turns, so run i of each saw the host in about the same state, and the
+// host's drift between runs (often larger than the difference measured)
+// cancels out of each run's ratio. The median and the middle half of those
+// ratios.
+type pairedRatio struct {
+	Of     string  `json:"of"` // "A ÷ B"
+	Runs   int     `json:"runs"`
+	Median float64 `json:"median"`
+	Q1     float64 `json:"q1"`
+	Q3     float64 `json:"q3"`
+}
+
+// paired compares a and b run by run; nil unless both have the same runs,
+// all of them measured.
+func paired(a, b *streamPath) *pairedRatio {
+	if a == nil || b == nil || len(a.Samples) == 0 || len(a.Samples) != len(b.Samples) {
+		return nil
+	}
+	rate := func(s streamSample) float64 { return float64(s.Msgs) / (float64(s.ElapsedNS) / 1e9) }
+	var rs []float64
+	for i, sa := range a.Samples {
+		sb := b.Samples[i]
+		if sa.ElapsedNS <= 0 || sb.ElapsedNS <= 0 || sa.Msgs == 0 || sb.Msgs == 0 {
+			return nil
+		}
+		rs = append(rs, rate(sa)/rate(sb))
+	}
+	slices.Sort(rs)
+	return &pairedRatio{Of: a.Path + " ÷ " + b.Path, Runs: len(rs), Median: median(rs),
+		Q1: median(rs[:(len(rs)+1)/2]), Q3: median(rs[len(rs)/2:])}
 }
 
 // streamChild is a running `load stream-client`.
@@ -741,6 +782,9 @@ func (r *streamResult) print(w io.Writer) {
 		if c.HTTPVsWS != 0 || c.HTTPVsWebsocketd != 0 {
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ gateway (WebSocket)\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWS))
 			fmt.Fprintf(tw, "\tgateway (HTTP) ÷ websocketd\t%s\t\t\t\t\t\t\t\n", fmtRatio(c.HTTPVsWebsocketd))
+		}
+		for _, pr := range c.Paired { // the middle half in the (min–max) column
+			fmt.Fprintf(tw, "\t%s, run by run (%d)\t%s\t%s–%s\t\t\t\t\t\t\n", pr.Of, pr.Runs, fmtRatio(pr.Median), fmtRatio(pr.Q1), fmtRatio(pr.Q3))
 		}
 	}
 	tw.Flush()
