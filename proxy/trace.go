@@ -439,14 +439,11 @@ func (r *outReq) endSpan() {
 // agentReqSpan starts the span of an agent request to the client, under
 // the session's turn (nil: tracing off, or no turn traced).
 func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	if r.tracer == nil || s == nil {
+	turn := s.turnSpan()
+	if r.tracer == nil || turn == nil {
 		return nil
 	}
-	t := s.turnTrace.Load()
-	if t == nil {
-		return nil
-	}
-	return r.childSpan(t.span, m.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+	return r.childSpan(turn, m.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String(attrRPCSystem, "jsonrpc"),
 		attribute.String(attrRPCMethod, m.Method),
 		attribute.String(attrRequestID, string(m.ID)),
@@ -456,14 +453,11 @@ func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
 
 // fsSpan starts the span of the file stand-in serving m.
 func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	if r.tracer == nil || s == nil {
+	turn := s.turnSpan()
+	if r.tracer == nil || turn == nil {
 		return nil
 	}
-	t := s.turnTrace.Load()
-	if t == nil {
-		return nil
-	}
-	return r.childSpan(t.span, SpanFsStandIn, trace.WithAttributes(attribute.String(attrRPCMethod, m.Method)))
+	return r.childSpan(turn, SpanFsStandIn, trace.WithAttributes(attribute.String(attrRPCMethod, m.Method)))
 }
 
 // endFsSpan ends the stand-in's span with its outcome.
@@ -520,13 +514,19 @@ func (c *Conn) spanSession(id string) {
 // turnLog is log with the trace of the session's traced turn, if one runs
 // (s may be nil): for a line about what the agent does in that turn.
 func (s *Session) turnLog(log *slog.Logger) *slog.Logger {
+	return withTrace(log, s.turnSpan())
+}
+
+// turnSpan is the span of the session's traced turn (nil: s is nil, or no
+// turn of it is traced).
+func (s *Session) turnSpan() trace.Span {
 	if s == nil {
-		return log
+		return nil
 	}
 	if t := s.turnTrace.Load(); t != nil {
-		return withTrace(log, t.span)
+		return t.span
 	}
-	return log
+	return nil
 }
 
 // reqLog is the log for a line about the client request in hand: with its
