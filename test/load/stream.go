@@ -364,40 +364,38 @@ func (h *harness) runStream() (*streamResult, error) {
 		defer g.stop()
 		others, otherNames = append(others, g), append(otherNames, "gateway "+filepath.Base(bin))
 	}
+	// The variants of the same build, each a gateway of its own; tracing
+	// exports to a collector that drops what it gets.
+	collectorURL := ""
 	if h.tracing {
 		collector, err := startNullCollector()
 		if err != nil {
 			return nil, err
 		}
 		defer collector.Close()
-		on := cfg
-		on.traceTo = "http://" + collector.Listener.Addr().String()
-		g, err := h.startGateway(on, true)
-		if err != nil {
-			return nil, err
-		}
-		defer g.stop()
-		others, otherNames = append(others, g), append(otherNames, "gateway"+tracingOnName)
+		collectorURL = "http://" + collector.Listener.Addr().String()
 	}
-	if h.audit {
-		on := cfg
-		on.audit = true
-		g, err := h.startGateway(on, true)
-		if err != nil {
-			return nil, err
-		}
-		defer g.stop()
-		others, otherNames = append(others, g), append(otherNames, "gateway"+auditOnName)
+	variants := []struct {
+		on   bool
+		name string
+		set  func(*gwConfig)
+	}{
+		{h.tracing, tracingOnName, func(c *gwConfig) { c.traceTo = collectorURL }},
+		{h.audit, auditOnName, func(c *gwConfig) { c.audit = true }},
+		{h.resumeOff, resumeOffName, func(c *gwConfig) { c.noResume = true }},
 	}
-	if h.resumeOff {
-		off := cfg
-		off.noResume = true
-		g, err := h.startGateway(off, true)
+	for _, v := range variants {
+		if !v.on {
+			continue
+		}
+		vc := cfg
+		v.set(&vc)
+		g, err := h.startGateway(vc, true)
 		if err != nil {
 			return nil, err
 		}
 		defer g.stop()
-		others, otherNames = append(others, g), append(otherNames, "gateway"+resumeOffName)
+		others, otherNames = append(others, g), append(otherNames, "gateway"+v.name)
 	}
 	var wsd *server
 	if h.websocketd != "" {
