@@ -85,8 +85,8 @@ type queued struct {
 
 // Open opens (or creates) the trail and starts its writer. An existing
 // file's trail goes on: its first new line chains to the file's last
-// complete line; a last line cut off (no newline) is ended with one and
-// left for Verify to report.
+// complete line; a last line cut off (no newline), which no crash-free
+// write leaves, is cut away first (logged).
 func Open(cfg Config, log *slog.Logger) (*Log, error) {
 	if cfg.File == "" {
 		return nil, errors.New("audit: no file")

@@ -123,8 +123,7 @@ func (l *Log) reopenFile() error {
 	_ = l.flush() // counted and logged
 	f, err := openAppend(l.cfg.File)
 	if err != nil {
-		l.log.Error("audit trail not reopened; writing on to the old file", "file", l.cfg.File, "err", err)
-		return err
+		return err // the caller logs it
 	}
 	st, err := f.Stat()
 	if err != nil {

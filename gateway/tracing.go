@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -60,7 +61,7 @@ func newTracing(cfg *config.Config, getenv func(string) string) (*tracing, error
 	}
 	if c := cfg.Observability.Tracing; c.Endpoint != "" {
 		t.cfg = &c
-		t.protocol = orElse(c.Protocol, "http/protobuf")
+		t.protocol = cmp.Or(c.Protocol, "http/protobuf")
 		t.agentVars[envEndpoint] = c.TracingURL()
 		t.agentVars[envProtocol] = t.protocol
 		if len(c.Headers) > 0 {
@@ -73,7 +74,7 @@ func newTracing(cfg *config.Config, getenv func(string) string) (*tracing, error
 	if getenv(envEndpoint) == "" && getenv(envTracesEndpoint) == "" {
 		return nil, nil
 	}
-	t.protocol = orElse(getenv(envTracesProtocol), orElse(getenv(envProtocol), "http/protobuf"))
+	t.protocol = cmp.Or(getenv(envTracesProtocol), getenv(envProtocol), "http/protobuf")
 	switch t.protocol {
 	case "grpc", "http/protobuf", "http/json":
 	default:
@@ -234,10 +235,3 @@ func encodeList(vars map[string]string) string {
 
 // escapeValue percent-encodes v for an OTEL_* list.
 func escapeValue(v string) string { return strings.ReplaceAll(url.QueryEscape(v), "+", "%20") }
-
-func orElse(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}

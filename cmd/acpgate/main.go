@@ -201,9 +201,11 @@ func serveUntilSignal(srv *gateway.Server, ln net.Listener, cfg *config.Config, 
 			_ = srv.Shutdown(context.Background())
 			return 1
 		case <-hup:
-			// The audit file is opened afresh (logrotate moved it); a
-			// failure is logged and the old file kept.
-			_ = srv.ReopenAudit()
+			// The audit file is opened afresh (logrotate moved it); on a
+			// failure the old file is kept.
+			if err := srv.ReopenAudit(); err != nil {
+				log.Error("audit trail not reopened; writing on to the old file", "err", err)
+			}
 			// Tenants, tokens and policy reload; the file is read again and
 			// the flags and environment laid over it as at start.
 			next, err := loadConfig(f, stderr)
