@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -141,7 +140,7 @@ func (s *Server) handleAdminConns(w http.ResponseWriter, r *http.Request, who au
 	}
 	s.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
 		Fields: []audit.Field{audit.F("count", len(out))}})
-	writeAdminJSON(w, http.StatusOK, map[string]any{"connections": out})
+	writeJSON(w, http.StatusOK, map[string]any{"connections": out})
 }
 
 // adminSession is a session as GET /v1/admin/sessions lists it.
@@ -174,7 +173,7 @@ func (s *Server) handleAdminSessions(w http.ResponseWriter, r *http.Request, who
 	}
 	s.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
 		Fields: []audit.Field{audit.F("count", len(out))}})
-	writeAdminJSON(w, http.StatusOK, map[string]any{"sessions": out})
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
 }
 
 // handleAdminEndSession ends a session for every client, its running turn
@@ -186,7 +185,7 @@ func (s *Server) handleAdminEndSession(w http.ResponseWriter, r *http.Request, w
 		return
 	}
 	s.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Session: id})
-	writeAdminJSON(w, http.StatusOK, map[string]string{"sessionId": id, "status": "ended"})
+	writeJSON(w, http.StatusOK, map[string]string{"sessionId": id, "status": "ended"})
 }
 
 // handleAdminCloseConn closes a connection for good: its socket with 1008
@@ -209,7 +208,7 @@ func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, wh
 		return
 	}
 	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
-	writeAdminJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
+	writeJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
 }
 
 // adminFailed answers an admin action that failed: 404 (notFound says
@@ -248,12 +247,4 @@ func optTime(t time.Time) *time.Time {
 	}
 	u := t.UTC()
 	return &u
-}
-
-// writeAdminJSON writes v as a JSON body.
-func writeAdminJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }

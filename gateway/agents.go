@@ -153,9 +153,7 @@ func (s *Server) handleAgents(w http.ResponseWriter, r *http.Request) {
 		out.Agents = append(out.Agents, agentJSON{Name: a.Name, AgentInfo: info, ProtocolVersion: st.ProtocolVersion,
 			Ready: st.Ready, Default: a.Name == def})
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 // agentChanges compares the agents of two configurations: which were

@@ -189,10 +189,15 @@ func (s *Server) acceptWebSocket(w http.ResponseWriter, r *http.Request, accept 
 }
 
 func writeJSONError(w http.ResponseWriter, status int, reason, msg string) {
+	writeJSON(w, status, map[string]string{"error": reason, "message": msg})
+}
+
+// writeJSON answers with v as JSON, never cached.
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": reason, "message": msg})
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // frameQueue bounds the client frames read but not yet handled. The reader
