@@ -112,12 +112,10 @@ func (s *Server) recordRefusal(ev audit.Event) {
 	if s.audit == nil {
 		return
 	}
-	if !s.refusals.Allow() {
-		s.refused.Add(1)
+	fields, ok := s.refusals.Let(ev.Fields)
+	if !ok {
 		return
 	}
-	if n := s.refused.Swap(0); n > 0 {
-		ev.Fields = append(ev.Fields, audit.F("suppressed", n))
-	}
+	ev.Fields = fields
 	s.record(ev)
 }

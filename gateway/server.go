@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
@@ -58,9 +57,8 @@ type Server struct {
 	metrics  *metrics
 	audit    audit.Recorder // nil: no audit trail (audit.file unset)
 	// refusals bounds the events anyone can make the trail write without a
-	// credential (auth.failed, admin.denied); refused counts those left out.
-	refusals *rate.Limiter
-	refused  atomic.Int64
+	// credential (auth.failed, admin.denied).
+	refusals *audit.Limiter
 	trail    *audit.Log // the same, to reopen and close
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
@@ -325,7 +323,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
 		tracing: tr, tracer: tracer, registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{},
-		refusals: rate.NewLimiter(20, 100)}
+		refusals: audit.NewLimiter(20, 100)}
 	if trail != nil {
 		s.audit, s.trail = trail, trail
 	}

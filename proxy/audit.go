@@ -68,13 +68,9 @@ func (c *Conn) denied(reason, method string) {
 	if c.relay.audit == nil {
 		return
 	}
-	if !c.auditLim.Allow() {
-		c.suppressed.Add(1)
+	fields, ok := c.auditLim.Let([]audit.Field{audit.F("reason", reason), audit.F("method", method)})
+	if !ok {
 		return
-	}
-	fields := []audit.Field{audit.F("reason", reason), audit.F("method", method)}
-	if n := c.suppressed.Swap(0); n > 0 {
-		fields = append(fields, audit.F("suppressed", n))
 	}
 	c.event("policy.denied", "", fields...)
 }

@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -133,10 +134,8 @@ type Conn struct {
 	limiter *rate.Limiter    // the connection's message rate; nil = none
 	logLim  *pool.LogLimiter // bounds what one client can make the gateway log (under handleMu)
 	// auditLim bounds the policy.denied events one connection's client, or
-	// its agent, can make the audit trail write; suppressed counts those
-	// left out since the last one written.
-	auditLim   *rate.Limiter
-	suppressed atomic.Int64
+	// its agent, can make the audit trail write.
+	auditLim *audit.Limiter
 
 	// Static after construction.
 	token    string // the resume token ("" = resume off); never logged

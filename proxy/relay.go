@@ -264,7 +264,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.resolve = clientSpec
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
 	c.logLim = pool.NewLogLimiter(20, time.Second)
-	c.auditLim = rate.NewLimiter(20, 20)
+	c.auditLim = audit.NewLimiter(20, 20)
 	c.out.sink = sink
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
 		c.out.limit = r.resume.ReplayBufferBytes
