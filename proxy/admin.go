@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -183,7 +184,11 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	}
 	s.settleRequests(why) // as a client that cancels does, and any left over
 	if len(prompts) > 0 {
-		r.awaitPrompts(prompts, adminCancelWait)
+		ctx, cancel := context.WithTimeout(context.Background(), adminCancelWait)
+		_ = r.waitPromptsUntil(ctx, func() bool { // past the bound, the gateway answers for the agent
+			return !slices.ContainsFunc(prompts, func(req *outReq) bool { return !req.ended.Load() })
+		})
+		cancel()
 		for _, req := range prompts {
 			if s.link.untrack(req) { // the agent did not answer in time
 				req.turnOver("cancelled", nil)
@@ -234,26 +239,6 @@ func (l *procLink) promptsOf(s *Session) []*outReq {
 		}
 	}
 	return out
-}
-
-// awaitPrompts waits until every one of prompts has ended, or wait has
-// passed.
-func (r *Relay) awaitPrompts(prompts []*outReq, wait time.Duration) {
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	for {
-		r.promptMu.Lock()
-		ch := r.promptCh
-		r.promptMu.Unlock()
-		if !slices.ContainsFunc(prompts, func(req *outReq) bool { return !req.ended.Load() }) {
-			return
-		}
-		select {
-		case <-ch:
-		case <-t.C:
-			return
-		}
-	}
 }
 
 // methodSessionEnded tells a session's clients that an administrator

@@ -384,11 +384,17 @@ func (r *Relay) promptsChanged() {
 // WaitPrompts waits until the agent ("" = every agent) has no prompt in
 // flight (PromptsInFlight), or ctx ends. Each prompt's end wakes it.
 func (r *Relay) WaitPrompts(ctx context.Context, agent string) error {
+	return r.waitPromptsUntil(ctx, func() bool { return r.PromptsInFlight(agent) == 0 })
+}
+
+// waitPromptsUntil waits until done holds, checked again at each prompt's
+// end, or ctx ends.
+func (r *Relay) waitPromptsUntil(ctx context.Context, done func() bool) error {
 	for {
 		r.promptMu.Lock()
 		ch := r.promptCh
 		r.promptMu.Unlock()
-		if r.PromptsInFlight(agent) == 0 {
+		if done() {
 			return nil
 		}
 		select {
