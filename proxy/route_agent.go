@@ -306,9 +306,10 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	if m.Method == mSessionUpdate && rc.sess != nil {
-		r.meterUpdate(m, rc.sess)
+		kind := sessionUpdateKind(m)
+		r.meterUpdate(m, rc.sess, kind)
 		if t := rc.sess.turnTrace.Load(); t != nil {
-			t.update(m)
+			t.update(m, kind)
 		}
 	}
 	edits, ok := r.gate(m, rc)

@@ -342,19 +342,15 @@ func (s *Session) traceTurn(req *outReq) {
 	s.turnTrace.Store(req.turnTrace)
 }
 
-// update counts a session/update on the turn's span; a tool_call starts a
-// tool span, a tool_call_update with a final status ends it.
-func (t *turnTrace) update(m *jsonrpc.Message) {
+// update counts a session/update on the turn's span; kind is its
+// sessionUpdate tag (sessionUpdateKind): a tool_call starts a tool span, a
+// tool_call_update with a final status ends it.
+func (t *turnTrace) update(m *jsonrpc.Message, kind []byte) {
 	t.updates.Add(1)
 	if t.first.CompareAndSwap(false, true) {
 		s := t.relay.childSpan(t.span, SpanFirstUpdate, trace.WithTimestamp(t.sent))
 		s.End()
 	}
-	f, ok := taggedField(m, labelUpdateKind)
-	if !ok {
-		return
-	}
-	kind, _ := m.RawString(f)
 	if string(kind) != "tool_call" && string(kind) != "tool_call_update" {
 		return
 	}

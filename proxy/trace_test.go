@@ -293,7 +293,8 @@ func BenchmarkRouteSessionUpdate20KBTraced(b *testing.B) {
 }
 
 // BenchmarkTurnTraceUpdate is what tracing adds to one session/update of a
-// traced turn (not a tool call): the count and the kind's look-up.
+// traced turn (not a tool call): the count, and the kind's look-up that
+// metering shares with it.
 func BenchmarkTurnTraceUpdate(b *testing.B) {
 	r := &Relay{}
 	var s Session
@@ -307,7 +308,7 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 	b.ReportAllocs()
 	for range b.N {
 		if t := s.turnTrace.Load(); t != nil {
-			t.update(&m)
+			t.update(&m, sessionUpdateKind(&m))
 		}
 	}
 }

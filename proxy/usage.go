@@ -152,14 +152,21 @@ func addMap[V int64 | float64](m *map[string]V, k string, v V) {
 	(*m)[k] += v
 }
 
-// meterUpdate counts a usage_update's cost. Other session/update kinds
-// cost one look at the located sessionUpdate tag.
-func (r *agentReader) meterUpdate(m *jsonrpc.Message, s *Session) {
+// sessionUpdateKind is a session/update's sessionUpdate tag, as the scanner
+// located it (nil: none).
+func sessionUpdateKind(m *jsonrpc.Message) []byte {
 	f, ok := taggedField(m, labelUpdateKind)
 	if !ok {
-		return
+		return nil
 	}
-	if kind, _ := m.RawString(f); string(kind) != "usage_update" {
+	kind, _ := m.RawString(f)
+	return kind
+}
+
+// meterUpdate counts a usage_update's cost (kind: the update's
+// sessionUpdate tag, sessionUpdateKind). Other kinds cost nothing more.
+func (r *agentReader) meterUpdate(m *jsonrpc.Message, s *Session, kind []byte) {
+	if string(kind) != "usage_update" {
 		return
 	}
 	var p struct {
