@@ -121,6 +121,9 @@ func TestAttachSharesOneSession(t *testing.T) {
 	if resolved.ResolvedBy == nil || resolved.ResolvedBy.Name != "phone" || !strings.Contains(string(resolved.Outcome), "allow") {
 		t.Fatalf("permission_resolved: %+v", resolved)
 	}
+	if complete.StopReason != "end_turn" {
+		t.Errorf("turn_complete: stopReason %q, want end_turn", complete.StopReason)
+	}
 	if got := owner.await("4", nil); !strings.Contains(string(got.Result), "end_turn") {
 		t.Fatalf("the owner's turn: %s", got.raw)
 	}

@@ -491,18 +491,14 @@ func (s *Session) turnComplete(prompter *Conn, answer *jsonrpc.Message) {
 	if s.members.Load() == nil {
 		return
 	}
-	var res struct {
-		StopReason string `json:"stopReason"`
-	}
-	if answer.IsError {
-		res.StopReason = "error"
-	} else {
-		_ = json.Unmarshal(answer.Payload, &res)
+	stop := "error"
+	if !answer.IsError {
+		stop, _ = stopReasonOf(answer)
 	}
 	body, _ := json.Marshal(struct {
 		SessionUpdate string `json:"sessionUpdate"`
 		StopReason    string `json:"stopReason"`
-	}{"turn_complete", res.StopReason})
+	}{"turn_complete", stop})
 	s.toMembers(body, prompter)
 }
 

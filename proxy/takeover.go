@@ -214,14 +214,12 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 	if owner == nil || owner == req.conn && !owner.Detached() || s.memberOf(req.conn) != nil {
 		return // the usual case: the client that asked reads the answer
 	}
-	var res struct {
-		StopReason string `json:"stopReason"`
-	}
+	stop := ""
 	if !m.IsError {
-		_ = json.Unmarshal(m.Payload, &res) // a stopReason only: one small struct
+		stop, _ = stopReasonOf(m)
 	}
 	if owner == req.conn { // ended while its owner is detached
-		s.endedWhileDetached(res.StopReason)
+		s.endedWhileDetached(stop)
 		return
 	}
 	// Taken over while the turn ran: the new owner hears of its end.
@@ -229,7 +227,7 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 	if m.IsError {
 		params = append(append(params, `,"error":`...), m.Payload...)
 	} else {
-		params = append(append(params, `,"stopReason":`...), strconv.Quote(res.StopReason)...)
+		params = append(append(params, `,"stopReason":`...), strconv.Quote(stop)...)
 	}
 	params = append(params, '}')
 	owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))

@@ -340,14 +340,26 @@ func promptText(blocks []json.RawMessage) string {
 	return strings.Join(texts, "\n")
 }
 
+// stopReasonOf is the stopReason of a session/prompt's answer as the
+// scanner located it (specPromptResult); ok: the answer has one ("" if it
+// is not a string).
+func stopReasonOf(m *jsonrpc.Message) (stop string, ok bool) {
+	f, ok := taggedField(m, labelStopReason)
+	if !ok {
+		return "", false
+	}
+	stop, _ = m.String(f)
+	return stop, true
+}
+
 // meterTurn counts the end of req's turn, answered by m (nil: ended
 // without an answer): its tokens and time, and prompt.ended. Only the
 // first call for a turn that began counts.
 func (r *agentReader) meterTurn(req *outReq, m *jsonrpc.Message) {
 	stop, usage := "error", []byte(nil)
 	if m != nil && !m.IsError {
-		if f, ok := taggedField(m, labelStopReason); ok {
-			stop, _ = m.String(f)
+		if s, ok := stopReasonOf(m); ok {
+			stop = s
 		}
 		if f, ok := taggedField(m, labelUsage); ok {
 			usage = m.Bytes(f)
