@@ -195,26 +195,17 @@ func (c *Conn) clientFsDone(in *inReq, m *jsonrpc.Message) {
 	c.fsEvent(in.sess, in.method, req.Params.Path, n, "client")
 }
 
-// standInDone records what the file stand-in did for c's session: params
-// as the agent sent them (its path is mapped back to the tenant's view),
-// result what it answered.
-func (c *Conn) standInDone(sess *Session, method string, params *fsParams, result []byte) {
+// standInDone records what the file stand-in did for c's session: path as
+// the agent sent it (mapped back to the tenant's view here), n the bytes
+// of content it read or wrote.
+func (c *Conn) standInDone(sess *Session, method, path string, n int) {
 	if c.relay.audit == nil {
 		return
 	}
-	path := params.Path
 	if mapper := c.ten.mapper.Load(); mapper != nil {
 		if p, ok := mapper.ToClient(path); ok {
 			path = p
 		}
-	}
-	n := 0
-	if method == mFsWrite {
-		if params.Content != nil {
-			n = len(*params.Content)
-		}
-	} else {
-		n = contentLen(result)
 	}
 	c.fsEvent(sess, method, path, n, "gateway")
 }

@@ -68,10 +68,11 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 	l.p.Go(func() {
 		defer func() { <-l.fsSlots }()
 		var result []byte
+		n := 0
 		if err != nil {
 			err = &fsError{jsonrpc.CodeInvalidParams, "invalid " + method + " params: " + err.Error()}
 		} else {
-			result, err = serveFs(method, root, &params, l.p.MaxMessageBytes())
+			result, n, err = serveFs(method, root, &params, l.p.MaxMessageBytes())
 		}
 		outcome, code := "ok", 0
 		var out []byte
@@ -86,7 +87,7 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 			withTrace(conn.log, span).Debug("file request served by the gateway failed", "method", method, "err", err)
 		} else {
 			out = jsonrpc.AppendResult(nil, id, result)
-			conn.standInDone(sess, method, &params, result)
+			conn.standInDone(sess, method, params.Path, n)
 		}
 		l.ag.metrics.FsServed.WithLabelValues(method, outcome).Inc()
 		endFsSpan(span, outcome, code)
@@ -94,44 +95,46 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 	})
 }
 
-// serveFs performs one fs request under root and returns its result.
-func serveFs(method, root string, params *fsParams, maxBytes int) ([]byte, error) {
+// serveFs performs one fs request under root and returns its result and
+// the bytes of content it read or wrote (for the audit trail).
+func serveFs(method, root string, params *fsParams, maxBytes int) ([]byte, int, error) {
 	if root == "" || !filepath.IsAbs(root) {
-		return nil, &fsError{jsonrpc.CodeInternalError, "the client does not offer file access and this session has no workspace root the gateway could serve files from"}
+		return nil, 0, &fsError{jsonrpc.CodeInternalError, "the client does not offer file access and this session has no workspace root the gateway could serve files from"}
 	}
 	rel, err := relUnder(root, params.Path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	dir, err := os.OpenRoot(root)
 	if err != nil {
-		return nil, fmt.Errorf("%s: open the workspace root: %w", method, err)
+		return nil, 0, fmt.Errorf("%s: open the workspace root: %w", method, err)
 	}
 	defer dir.Close()
 	switch method {
 	case mFsRead:
 		content, err := readLines(dir, rel, params.Line, params.Limit, maxBytes)
 		if err != nil {
-			return nil, fsFailure(method, params.Path, err)
+			return nil, 0, fsFailure(method, params.Path, err)
 		}
-		return json.Marshal(struct {
+		result, err := json.Marshal(struct {
 			Content string `json:"content"`
 		}{content})
+		return result, len(content), err
 	case mFsWrite:
 		if params.Content == nil {
-			return nil, &fsError{jsonrpc.CodeInvalidParams, "fs/write_text_file needs params.content"}
+			return nil, 0, &fsError{jsonrpc.CodeInvalidParams, "fs/write_text_file needs params.content"}
 		}
 		if d := filepath.Dir(rel); d != "." {
 			if err := dir.MkdirAll(d, 0o755); err != nil {
-				return nil, fsFailure(method, params.Path, err)
+				return nil, 0, fsFailure(method, params.Path, err)
 			}
 		}
 		if err := dir.WriteFile(rel, []byte(*params.Content), 0o644); err != nil {
-			return nil, fsFailure(method, params.Path, err)
+			return nil, 0, fsFailure(method, params.Path, err)
 		}
-		return []byte("{}"), nil
+		return []byte("{}"), len(*params.Content), nil
 	}
-	return nil, &fsError{jsonrpc.CodeMethodNotFound, method + " is not a file method"}
+	return nil, 0, &fsError{jsonrpc.CodeMethodNotFound, method + " is not a file method"}
 }
 
 // relUnder returns path relative to root, refusing a path that is not

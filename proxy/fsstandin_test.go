@@ -77,7 +77,7 @@ func TestServeFs(t *testing.T) {
 			if tc.root == "-" {
 				r = ""
 			}
-			res, err := serveFs(tc.method, r, &tc.params, 1024)
+			res, _, err := serveFs(tc.method, r, &tc.params, 1024)
 			if tc.code != 0 {
 				var fe *fsError
 				if !errors.As(err, &fe) || fe.code != tc.code || !strings.Contains(fe.msg, tc.errPart) {
