@@ -172,7 +172,7 @@ func (s *Session) snapshot() SessionSnapshot {
 // returns whose session it was.
 func (r *Relay) EndSession(id, by string) (Owner, error) {
 	s := r.findSession(id)
-	if s == nil || !s.adminEnded.CompareAndSwap(false, true) {
+	if s == nil || !s.closing() {
 		return Owner{}, fmt.Errorf("%w: %q", ErrNoSuchSession, id)
 	}
 	r.noteAdminEnded(id)
@@ -198,7 +198,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 			}
 		}
 	}
-	s.endForAll()
+	s.end(endAdmin, nil)
 	r.log.Info("session ended by an administrator", "session", id, "tenant", s.ten.name, "by", by)
 	return Owner{Tenant: s.ten.name, Agent: s.link.ag.name}, nil
 }
@@ -245,17 +245,13 @@ func (l *procLink) promptsOf(s *Session) []*outReq {
 // ended it.
 const methodSessionEnded = "_acpgate/session_ended"
 
-// endForAll ends s for every client after an administrator's EndSession:
-// each is told (methodSessionEnded) and lets it go (the agent's requests
-// waiting for it are answered in its place); its slots are given back and
-// the agent closes it where it supports session/close.
-func (s *Session) endForAll() {
-	owner := s.drop()
-	current := s.link.removeSession(s)
+// tellEnded tells every client of s that an administrator ended it
+// (methodSessionEnded), then each gives up the agent's requests waiting
+// for it (answered in their place).
+func (s *Session) tellEnded(owner *Conn, members []*member) {
 	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":"ended by an administrator"}`...)
 	msg := jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params)
 	f := Facts{Method: methodSessionEnded, SessionID: s.GatewayID}
-	members := s.clientList()
 	s.fan.Lock()
 	for _, m := range members {
 		m.send(s, clone(msg), f)
@@ -269,12 +265,6 @@ func (s *Session) endForAll() {
 	}
 	if owner != nil {
 		owner.dropRequestsOf(s)
-		owner.detach(s)
-	}
-	s.detachMembers()
-	s.sessionEvent(nil, "closed", "ended_by_admin")
-	if current && s.link.p.Init().Caps.Close {
-		s.link.fireAndForget(mSessionClose, sessionIDObject(s.AgentID))
 	}
 }
 

@@ -196,25 +196,13 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 		c.deliverMember(msg, s, f, true) // may wait for this client to read
 	}
 	s.fan.Lock()
-	defer s.fan.Unlock()
 	if mem.overrun { // the session outran the replay: what c missed is gone
-		for _, b := range mem.backlog {
-			jsonrpc.PutBuffer(b.msg)
-		}
-		mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
-		c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-		c.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
-		if !add {
-			c.relay.metrics.AttachedClients.Dec() // counted when it first attached
-		}
-		if _, orphaned := s.removeMember(c); orphaned { // ended off the fan lock
-			c.relay.bg.Go(func() {
-				s.sessionEvent(nil, "closed", "last_client_left")
-				s.link.finishSession(s, false)
-			})
-		}
+		e := c.overran(m, s, mem, add)
+		s.fan.Unlock()
+		e.run()      // no client left: the session ends, off the fan lock
 		return false // the caller lets go of s
 	}
+	defer s.fan.Unlock()
 	if add { // the others know of c before c can act
 		s.toMembersLocked(presenceBody("client_connected", mem.peer()), c)
 	}
@@ -231,6 +219,23 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 		}
 	}
 	return true
+}
+
+// overran fails an attach whose session sent more than maxBacklog during
+// its replay: mem leaves the session; with no client left the session
+// ends, by the teardown returned (s.fan held).
+func (c *Conn) overran(m *jsonrpc.Message, s *Session, mem *member, add bool) *ending {
+	for _, b := range mem.backlog {
+		jsonrpc.PutBuffer(b.msg)
+	}
+	mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
+	c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+	c.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
+	if !add {
+		c.relay.metrics.AttachedClients.Dec() // counted when it first attached
+	}
+	_, e := s.removeMember(c)
+	return e
 }
 
 // attachResult is session/attach's result for mem.
@@ -294,25 +299,16 @@ func (c *Conn) handleDetach(m *jsonrpc.Message) {
 // does.
 func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
-	if mem, orphaned := s.removeMember(c); mem != nil {
+	if mem, e := s.removeMember(c); mem != nil {
 		c.relay.metrics.AttachedClients.Dec()
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", mem.peer(), nil)
-		if orphaned {
-			s.sessionEvent(c, "closed", "last_client_left")
-			s.link.finishSession(s, false)
-		}
+		e.run() // c was its last client: the session ends
 		return
 	}
-	owned, kept := s.ownerLeave(c)
-	switch {
-	case !owned:
-	case kept:
+	if owned, kept := s.ownerLeave(c, prompting); owned && kept {
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", connPeer(c), nil)
-	default:
-		s.sessionEvent(c, "closed", "client_left")
-		s.link.finishSession(s, prompting)
 	}
 }
 

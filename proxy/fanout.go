@@ -416,6 +416,14 @@ func (s *Session) failQueued(c *Conn, why string) {
 	clear(s.queue[len(kept):])
 	s.queue = kept
 	s.mu.Unlock()
+	s.failTurns(failed, why)
+}
+
+// failTurns refuses prompts taken from the queue, with why.
+func (s *Session) failTurns(failed []queuedTurn, why string) {
+	if len(failed) == 0 {
+		return
+	}
 	s.link.ag.metrics.root.PromptsQueued.Sub(float64(len(failed)))
 	for _, t := range failed {
 		if s.link.untrack(t.req) {
@@ -507,7 +515,7 @@ func (s *Session) turnComplete(prompter *Conn, answer *jsonrpc.Message) {
 func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lost || s.ended {
+	if !s.live() {
 		return false, false
 	}
 	cur := s.clientList()
@@ -523,15 +531,16 @@ func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
 	return true, false
 }
 
-// removeMember detaches c; orphaned reports that no client is left (no
-// owner, no member): the session must end.
-func (s *Session) removeMember(c *Conn) (m *member, orphaned bool) {
+// removeMember detaches c. With no client left (no owner, no member) the
+// session ends: the ending returned is its teardown, for the caller to run
+// off every lock (nil: it lives on).
+func (s *Session) removeMember(c *Conn) (m *member, e *ending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.clientList()
 	i := slices.IndexFunc(cur, func(m *member) bool { return m.conn == c })
 	if i < 0 {
-		return nil, false
+		return nil, nil
 	}
 	m = cur[i]
 	next := slices.Delete(slices.Clone(cur), i, i+1)
@@ -540,23 +549,8 @@ func (s *Session) removeMember(c *Conn) (m *member, orphaned bool) {
 	} else {
 		s.members.Store(&next)
 	}
-	orphaned = len(next) == 0 && s.owner.Load() == nil && !s.lost && !s.ended
-	if orphaned {
-		s.ended = true
-		slot := s.takeSlotLocked()
-		defer slot.Release()
+	if len(next) == 0 && s.owner.Load() == nil {
+		e = s.endingLocked(endLastClientLeft, c)
 	}
-	return m, orphaned
-}
-
-// detachMembers detaches every member: the session was closed or replaced.
-func (s *Session) detachMembers() {
-	s.mu.Lock()
-	ms := s.clientList()
-	s.members.Store(nil)
-	s.mu.Unlock()
-	for _, m := range ms {
-		m.conn.detach(s)
-		m.conn.relay.metrics.AttachedClients.Dec()
-	}
+	return m, e
 }

@@ -177,10 +177,7 @@ func (l *procLink) failRoutes(reason error) {
 	l.sessions.Store(&empty)
 	l.mu.Unlock()
 	for _, s := range sessions {
-		s.retire()
-		if owner := s.markLost(); owner != nil {
-			s.sessionEvent(owner, "lost", "agent_exited")
-		}
+		s.end(endAgentExited, nil)
 	}
 	msg := fmt.Sprintf("the agent process exited (%v) before answering", reason)
 	for _, r := range pending {

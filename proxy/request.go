@@ -67,9 +67,7 @@ func (h *hold) release() {
 		h.replay.meter.replays.Add(-1)
 	}
 	if h.attach != nil {
-		h.attach.link.removeSession(h.attach)
-		h.attach.drop()
-		c.detach(h.attach)
+		h.attach.end(endLoadFailed, c)
 	}
 }
 

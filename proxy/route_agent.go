@@ -188,15 +188,9 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 	case req.method == mSessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
-		// The client closed (or deleted) it: the session and its quota slot are free.
-		r.l.removeSession(req.sess)
-		if owner := req.sess.drop(); owner != nil && owner != c {
-			owner.detach(req.sess) // closed by a member: for every client
-		}
-		c.detach(req.sess)
-		req.sess.detachMembers()
-		req.sess.failQueued(nil, "the session was closed")
-		req.sess.sessionEvent(c, "closed", "")
+		// The client closed (or deleted) it, for every client: the session
+		// and its quota slot are free.
+		req.sess.end(endClosed, c)
 	}
 	return edits, created, true
 }

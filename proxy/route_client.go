@@ -117,7 +117,7 @@ func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.F
 	c.mu.Lock()
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
-	if sess != nil && sess.adminEnded.Load() || sess == nil && c.relay.wasEndedByAdmin(gwID) {
+	if sess != nil && sess.stage() == stageClosing || sess == nil && c.relay.wasEndedByAdmin(gwID) {
 		c.endedByAdmin(m, gwID)
 		return nil, "", errAnswered
 	}

@@ -32,7 +32,7 @@ type Session struct {
 	turnTrace   atomic.Pointer[turnTrace] // the traced turn in flight (nil: none or tracing off)
 	meter       meter                     // what its agent reported using (usage.go)
 	opened      time.Time                 // when it was created or loaded here
-	adminEnded  atomic.Bool               // an administrator ended it (Relay.EndSession): refuse what names it
+	life        atomic.Uint32             // its lifeStage (life.go); written under mu
 
 	// members are the clients attached with session/attach: a copy-on-write
 	// list (nil: none) the agent's reader loads per message. Written under
@@ -47,9 +47,7 @@ type Session struct {
 	// has none (ended, replaced, lost). Written under mu only.
 	owner atomic.Pointer[Conn]
 
-	mu    sync.Mutex
-	lost  bool // the agent process died
-	ended bool // closed, replaced, or left by its last client: nobody may attach
+	mu sync.Mutex
 	// holders counts the connections that hold the session (the owner,
 	// and a lost session's last owner until it closes it). While it is
 	// above zero the session holds one of its tenant's session slots
@@ -99,55 +97,27 @@ func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *S
 func (s *Session) Owner() *Conn { return s.owner.Load() }
 
 // ownerLeave ends c's ownership, in one decision: while members remain the
-// session lives on for them (kept); else it has ended, and its slot is
-// given back. owned false: c did not own it (or it was lost).
-func (s *Session) ownerLeave(c *Conn) (owned, kept bool) {
+// session lives on for them (kept); else it ends (endClientLeft; prompting:
+// c had a prompt in flight, cancelled on the agent). owned false: c did not
+// own it, or it was not live.
+func (s *Session) ownerLeave(c *Conn, prompting bool) (owned, kept bool) {
 	s.mu.Lock()
-	if s.owner.Load() != c || s.lost {
+	if s.owner.Load() != c || !s.live() {
 		s.mu.Unlock()
 		return false, false
 	}
-	s.owner.Store(nil)
 	if s.members.Load() != nil {
+		s.owner.Store(nil)
 		s.mu.Unlock()
 		return true, true
 	}
-	s.ended = true
-	slot := s.takeSlotLocked()
+	e := s.endingLocked(endClientLeft, c)
 	s.mu.Unlock()
-	slot.Release()
+	if e != nil {
+		e.running = e.running || prompting
+	}
+	e.run()
 	return true, false
-}
-
-// drop ends the session whoever holds it (a failed load, a newer load of
-// the same session, session/close) and returns the owner it had.
-func (s *Session) drop() *Conn {
-	s.mu.Lock()
-	owner := s.owner.Swap(nil)
-	s.ended = true
-	slot := s.takeSlotLocked()
-	s.mu.Unlock()
-	slot.Release()
-	return owner
-}
-
-// markLost records that the agent process died; it returns the owner.
-func (s *Session) markLost() *Conn {
-	s.mu.Lock()
-	s.lost = true
-	clear(s.inbound) // the agent's death answers them
-	slot := s.takeSlotLocked()
-	owner := s.owner.Load()
-	s.mu.Unlock()
-	slot.Release()
-	return owner
-}
-
-// takeSlotLocked removes the slot, to be released once (s.mu held).
-func (s *Session) takeSlotLocked() *pool.Lease {
-	slot := s.slot
-	s.slot = nil
-	return slot
 }
 
 // moveOwner makes to the owner if from still owns the session and it is
@@ -155,7 +125,7 @@ func (s *Session) takeSlotLocked() *pool.Lease {
 func (s *Session) moveOwner(from, to *Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.owner.Load() != from || s.lost {
+	if s.owner.Load() != from || !s.live() {
 		return false
 	}
 	s.owner.Store(to)
@@ -201,7 +171,7 @@ func (s *Session) unheld(log *slog.Logger) {
 func (s *Session) addRequest(in *inReq) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lost {
+	if s.isLost() {
 		return false
 	}
 	s.inbound[in] = struct{}{}
@@ -226,13 +196,6 @@ func (s *Session) requests() []*inReq {
 		out = append(out, in)
 	}
 	return out
-}
-
-// isLost reports whether the session's agent process died.
-func (s *Session) isLost() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lost
 }
 
 // endedWhileDetached records that a turn ended while the owner had no
@@ -284,45 +247,18 @@ func (l *procLink) addSession(c *Conn, agentSID, cwd string, slot *pool.Lease) *
 	old := l.putSessionLocked(agentSID, s)
 	l.mu.Unlock()
 	if old != nil {
-		if prev := old.drop(); prev != nil && prev != c {
-			prev.detach(old)
-		}
-		old.detachMembers() // they watched the session this load replaces
-		old.failQueued(nil, "the session was loaded again by another client")
-		old.retire()
+		old.end(endReplaced, c) // its members watched the session this load replaces
 	}
 	return s
 }
 
-// removeSession forgets s (closed, failed to load, or ended) and reports
-// whether it was still the process's session of its ID (not replaced by a
-// newer load of the same agent session, which the agent must keep).
+// removeSession forgets s (it has ended) and reports whether it was still
+// the process's session of its ID (not replaced by a newer load of the same
+// agent session, which the agent must keep).
 func (l *procLink) removeSession(s *Session) bool {
 	l.mu.Lock()
-	current := l.deleteSessionLocked(s)
-	l.mu.Unlock()
-	s.retire()
-	return current
-}
-
-// finishSession ends s on the agent once no client holds it: a turn still
-// running is cancelled, prompts waiting for one are refused, and the
-// session is closed where the agent supports session/close. Nothing is
-// sent for a session a newer load has replaced.
-func (l *procLink) finishSession(s *Session, prompting bool) {
-	running := prompting || s.promptRunning()
-	current := l.removeSession(s)
-	s.failQueued(nil, "the session has ended")
-	if !current {
-		return
-	}
-	params := sessionIDObject(s.AgentID)
-	if running {
-		l.p.Notify(mSessionCancel, params)
-	}
-	if l.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
-		l.fireAndForget(mSessionClose, params)
-	}
+	defer l.mu.Unlock()
+	return l.deleteSessionLocked(s)
 }
 
 // truncate shortens s to n bytes for a log line, marking the cut.

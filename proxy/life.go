@@ -1,0 +1,178 @@
+package proxy
+
+import "github.com/acpgate/acpgate/proxy/pool"
+
+// A session's life is one state, moved forward only, under Session.mu:
+//
+//	live ──► closing ──► ended      (an administrator's EndSession)
+//	live ──────────────► ended      (closed, replaced, failed to load, left by its clients)
+//	live ──────────────► lost       (its agent process died)
+//
+// Whatever ends it calls Session.end with the cause (or, where the decision
+// that it ends is made under the session's lock, takes an ending there and
+// runs it after unlocking). The transition happens once; the teardown it
+// returns runs once, off every lock, and the cause alone decides which of
+// its steps apply.
+type lifeStage uint32
+
+const (
+	stageLive    lifeStage = iota // served: its clients may use it
+	stageClosing                     // an administrator is ending it: what names it is refused
+	stageLost                        // its agent process died; its clients still name it until they close it
+	stageEnded                       // over, for every client
+)
+
+// endCause is why a session's life ended.
+type endCause uint8
+
+const (
+	endClosed         endCause = iota // the agent answered a client's session/close or session/delete
+	endReplaced                       // another client loaded the same agent session (the newest load wins)
+	endLoadFailed                     // the load or resume that routed it here ended without success
+	endClientLeft                     // its owner, its only client, left (the connection ended or detached)
+	endLastClientLeft                 // its last attached client left after its owner had
+	endAdmin                          // an administrator ended it (Relay.EndSession)
+	endAgentExited                    // its agent process died: the session is lost
+)
+
+// endSteps is what an end does, by cause.
+type endSteps struct {
+	detach   bool   // every client forgets the session (the one that caused a replacement keeps its index entry)
+	notice   bool   // every client is told it ended (methodSessionEnded) and gives up the agent's requests
+	queued   string // prompts waiting for a turn are refused with this ("": none are)
+	onAgent  bool   // the agent is told: a running turn cancelled, the session closed where it can be
+	event    string // the audit trail's session.<event> ("": none)
+	reason   string // its reason field
+	keepSeen bool   // the clients still name it (lost): they forget it when they close it
+}
+
+var endTable = [...]endSteps{
+	endClosed:         {detach: true, queued: "the session was closed", event: "closed"},
+	endReplaced:       {detach: true, queued: "the session was loaded again by another client"},
+	endLoadFailed:     {detach: true, queued: "the session failed to load"},
+	endClientLeft:     {queued: "the session has ended", onAgent: true, event: "closed", reason: "client_left"},
+	endLastClientLeft: {queued: "the session has ended", onAgent: true, event: "closed", reason: "last_client_left"},
+	endAdmin:          {detach: true, notice: true, queued: "the session was ended by an administrator", onAgent: true, event: "closed", reason: "ended_by_admin"},
+	endAgentExited:    {keepSeen: true, event: "lost", reason: "agent_exited"},
+}
+
+// ending is a session's teardown, decided under its lock and run once
+// after it is released.
+type ending struct {
+	s       *Session
+	cause   endCause
+	by      *Conn // the client that caused it (nil: the gateway)
+	owner   *Conn // the owner it had
+	members []*member
+	slot    *pool.Lease
+	queued  []queuedTurn
+	running bool // a turn was in flight: the agent is asked to cancel it
+}
+
+// stage is where the session is in its life.
+func (s *Session) stage() lifeStage { return lifeStage(s.life.Load()) }
+
+// live reports whether the session is served (not closing, lost or ended).
+func (s *Session) live() bool { return s.stage() == stageLive }
+
+// isLost reports whether the session's agent process died.
+func (s *Session) isLost() bool { return s.stage() == stageLost }
+
+// closing marks the session as being ended by an administrator: false if
+// it was not live (ended, lost, or another administrator got there first).
+func (s *Session) closing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stage() != stageLive {
+		return false
+	}
+	s.life.Store(uint32(stageClosing))
+	return true
+}
+
+// end ends the session for cause; by is the client that caused it (nil:
+// the gateway). It reports whether this call ended it: only the first does.
+func (s *Session) end(cause endCause, by *Conn) bool {
+	s.mu.Lock()
+	e := s.endingLocked(cause, by)
+	s.mu.Unlock()
+	e.run()
+	return e != nil
+}
+
+// endingLocked moves the session to the end of its life and takes what the
+// teardown gives back, or returns nil if it has ended already (s.mu held).
+func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
+	st := s.stage()
+	if st == stageEnded || st == stageLost || st == stageClosing && cause != endAdmin {
+		if st == stageClosing && cause != endAgentExited {
+			// The administrator's end runs the teardown; a client leaving
+			// meanwhile only lets go of its part.
+			if s.owner.Load() == by {
+				s.owner.Store(nil)
+			}
+		}
+		return nil
+	}
+	steps := endTable[cause]
+	e := &ending{s: s, cause: cause, by: by, owner: s.owner.Load(), slot: s.slot,
+		running: s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()}
+	s.slot = nil
+	if steps.keepSeen {
+		s.life.Store(uint32(stageLost))
+		clear(s.inbound) // the agent's death answers them
+		return e
+	}
+	s.life.Store(uint32(stageEnded))
+	s.owner.Store(nil)
+	if steps.detach {
+		e.members = s.clientList()
+		s.members.Store(nil)
+	}
+	if steps.queued != "" {
+		e.queued, s.queue = s.queue, nil
+	}
+	return e
+}
+
+// run is the teardown: what the session held is given back, its clients
+// let go of it, and the agent hears of it, as its cause says. A nil ending
+// (the session had ended already) does nothing.
+func (e *ending) run() {
+	if e == nil {
+		return
+	}
+	s, steps := e.s, endTable[e.cause]
+	e.slot.Release()
+	current := s.link.removeSession(s) // not for a replaced one: the newer load's session has its ID
+	s.retire()
+	if steps.notice {
+		s.tellEnded(e.owner, e.members)
+	}
+	if steps.detach {
+		if e.owner != nil && !(e.cause == endReplaced && e.owner == e.by) {
+			e.owner.detach(s)
+		}
+		for _, m := range e.members {
+			m.conn.detach(s)
+			m.conn.relay.metrics.AttachedClients.Dec()
+		}
+	}
+	s.failTurns(e.queued, steps.queued)
+	by := e.by
+	if e.cause == endAgentExited {
+		by = e.owner // its last owner is told it was lost
+	}
+	if steps.event != "" && (by != nil || e.cause != endAgentExited) {
+		s.sessionEvent(by, steps.event, steps.reason)
+	}
+	if steps.onAgent && current {
+		params := sessionIDObject(s.AgentID)
+		if e.running && e.cause != endAdmin { // EndSession has cancelled its turn already
+			s.link.p.Notify(mSessionCancel, params)
+		}
+		if s.link.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
+			s.link.fireAndForget(mSessionClose, params)
+		}
+	}
+}
