@@ -131,13 +131,12 @@ func (s *Session) snapshot() SessionSnapshot {
 	snap := SessionSnapshot{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.usage()}
 	members := s.clientList()
 	snap.Clients = len(members)
-	s.mu.Lock()
-	owner, prompt, running := s.owner.Load(), s.prompt, s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()
+	owner := s.owner.Load()
+	prompt, running, lastEnded := s.turn.since()
 	snap.Since = s.opened
-	if s.turnEnded.After(snap.Since) {
-		snap.Since = s.turnEnded
+	if lastEnded.After(snap.Since) {
+		snap.Since = lastEnded
 	}
-	s.mu.Unlock()
 	if owner != nil {
 		snap.Clients++
 	}

@@ -259,7 +259,7 @@ func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed
 		sessionState
 		Meta map[string]any `json:"_meta"`
 	}{s.GatewayID, mem.id, clients, policy, mem.readOnly, st,
-		map[string]any{"acpgate": map[string]any{"replayed": replayed, "historyTrimmed": trimmed, "turn": s.turnName()}}})
+		map[string]any{"acpgate": map[string]any{"replayed": replayed, "historyTrimmed": trimmed, "turn": s.turn.name()}}})
 	return res
 }
 
@@ -325,21 +325,6 @@ func (c *Conn) dropRequestsOf(s *Session) {
 			in.answerInPlace(c, "the client detached")
 		}
 	}
-}
-
-// turnName says whether a turn is in flight: "running" or "idle".
-func (s *Session) turnName() string {
-	if s.promptRunning() {
-		return "running"
-	}
-	return "idle"
-}
-
-// promptRunning reports whether a turn is in flight.
-func (s *Session) promptRunning() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()
 }
 
 // readOnlyWrite refuses m if it names a session c is a read-only member

@@ -97,7 +97,7 @@
 //
 // With Config.Tracing, each client request has a span named by its method
 // (trace.go), carried by its outReq and ended with it; a prompt's span is
-// its session's turn (Session.turnTrace), under which the pool wait, the
+// its session's turn (turn.trace), under which the pool wait, the
 // first update, the agent's requests to the client, the file stand-in and
 // each tool call are spans, and the updates a count. The client's
 // params._meta.traceparent (or a POST's header) is its parent; the line

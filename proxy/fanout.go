@@ -97,9 +97,6 @@ func newClientID() string {
 // attach result follows.
 const maxStateUpdate = 16 << 10
 
-// maxQueuedPrompts bounds the prompts waiting for another client's turn.
-const maxQueuedPrompts = 8
-
 // Defaults of SessionsConfig.
 const (
 	defaultHistoryBytes = 2 << 20
@@ -346,78 +343,9 @@ func presenceBody(event string, who peer) []byte {
 	return body
 }
 
-// queuedTurn is a prompt waiting for another client's turn: tracked with
-// its process already, its line ready to send.
-type queuedTurn struct {
-	req    *outReq
-	line   []byte
-	blocks []json.RawMessage // the prompt as its client sent it
-}
-
-// takeTurn decides a prompt's fate on a shared session: it runs now (no
-// turn in flight, or the turn is its own client's: a single client's
-// behaviour is unchanged), waits for the turn in flight, or is refused (the
-// queue is full).
-func (s *Session) takeTurn(t queuedTurn) (now, full bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.running == 0 && len(s.queue) == 0: // nobody's turn: it is this client's
-		s.prompt, s.turnConn = t.req, t.req.conn
-	case s.running > 0 && s.turnConn == t.req.conn: // its own turn goes on
-	case len(s.queue) >= maxQueuedPrompts:
-		return false, true
-	default:
-		s.queue = append(s.queue, t)
-		return false, false
-	}
-	s.running++
-	t.req.turn = true
-	return true, false
-}
-
-// turnEndedLocked counts the end of r, a prompt of the turn, and returns
-// the prompt that waited for the turn to end, if any: its turn starts now
-// (s.mu held).
-func (s *Session) turnEndedLocked(r *outReq) (next queuedTurn, ok bool) {
-	if !r.turn {
-		return next, false // a prompt that waited and ended before its turn
-	}
-	r.turn = false
-	if s.running--; s.running > 0 {
-		return next, false
-	}
-	s.turnConn = nil
-	for len(s.queue) > 0 {
-		next, s.queue = s.queue[0], s.queue[1:]
-		s.link.ag.metrics.root.PromptsQueued.Dec()
-		if !next.req.ended.Load() && s.link.isPending(next.req) {
-			s.prompt, s.turnConn, s.running = next.req, next.req.conn, 1
-			next.req.turn = true
-			return next, true
-		}
-	}
-	return next, false
-}
-
 // failQueued refuses the prompts waiting for a turn: c's (nil: all), with
 // why.
-func (s *Session) failQueued(c *Conn, why string) {
-	s.mu.Lock()
-	var failed []queuedTurn
-	kept := s.queue[:0]
-	for _, t := range s.queue {
-		if c == nil || t.req.conn == c {
-			failed = append(failed, t)
-		} else {
-			kept = append(kept, t)
-		}
-	}
-	clear(s.queue[len(kept):])
-	s.queue = kept
-	s.mu.Unlock()
-	s.failTurns(failed, why)
-}
+func (s *Session) failQueued(c *Conn, why string) { s.failTurns(s.turn.dropQueued(c), why) }
 
 // failTurns refuses prompts taken from the queue, with why.
 func (s *Session) failTurns(failed []queuedTurn, why string) {
@@ -431,14 +359,6 @@ func (s *Session) failTurns(failed []queuedTurn, why string) {
 			t.req.conn.replyError(t.req.clientID, jsonrpc.CodeRequestCancelled, why, nil)
 		}
 	}
-}
-
-// isRunning reports whether r is a prompt of the turn in flight (not one
-// still waiting for it).
-func (s *Session) isRunning(r *outReq) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return r.turn
 }
 
 // announcePrompt shows a prompt that is about to go to the agent to the

@@ -115,8 +115,8 @@ func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
 		return nil
 	}
 	steps := endTable[cause]
-	e := &ending{s: s, cause: cause, by: by, owner: s.owner.Load(), slot: s.slot,
-		running: s.running > 0 || s.prompt != nil && !s.prompt.ended.Load()}
+	e := &ending{s: s, cause: cause, by: by, owner: s.owner.Load(), slot: s.slot}
+	e.queued, e.running = s.turn.ending(steps.queued != "" && !steps.keepSeen)
 	s.slot = nil
 	if steps.keepSeen {
 		s.life.Store(uint32(stageLost))
@@ -128,9 +128,6 @@ func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
 	if steps.detach {
 		e.members = s.clientList()
 		s.members.Store(nil)
-	}
-	if steps.queued != "" {
-		e.queued, s.queue = s.queue, nil
 	}
 	return e
 }

@@ -66,8 +66,8 @@ func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session
 	a.attach(sa)
 	sb = l.addSession(b, "sess-b", "/tmp", nil)
 	b.attach(sb)
-	sa.endedWhileDetached("end_turn")
-	sb.endedWhileDetached("end_turn")
+	sa.turn.endedWhileDetached("end_turn")
+	sb.turn.endedWhileDetached("end_turn")
 	return a, b, sa, sb
 }
 

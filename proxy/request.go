@@ -82,12 +82,12 @@ type outReq struct {
 	cwd      string   // session/new and the like: the cwd the client asked for
 	start    time.Time
 	hold     *hold       // nil for the gateway's own requests
-	ended    atomic.Bool // end has run (Session.promptStarted)
+	ended    atomic.Bool // end has run (turn.started)
 	// A prompt whose answer is being delivered: the prompt that waited for
 	// its turn starts once the answer is out (startNext), not at end.
 	holdNext bool
 	next     *queuedTurn
-	turn     bool         // a prompt counted in its session's turn (Session.running); under the session's lock
+	turn     bool         // a prompt counted in its session's turn (turn.running); under the turn's lock
 	began    atomic.Int64 // a prompt: unix nanos it went to the agent, until its turn is counted (turnOver)
 	// span is the request's (nil: tracing off); answered: the agent's
 	// answer set its status; turnTrace: a traced prompt's turn (trace.go).
@@ -110,7 +110,11 @@ func (r *outReq) end() {
 	r.endSpan()
 	if r.method == mSessionPrompt && r.conn != nil {
 		if r.sess != nil {
-			if next, ok := r.sess.promptDone(r); ok && r.holdNext {
+			next, ok, dequeued := r.sess.turn.done(r, r.sess.link.isPending)
+			if dequeued > 0 {
+				r.conn.relay.metrics.PromptsQueued.Sub(float64(dequeued))
+			}
+			if ok && r.holdNext {
 				r.next = &next
 			} else if ok {
 				r.conn.relay.bg.Go(func() { r.sess.startTurn(next) })

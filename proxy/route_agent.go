@@ -302,7 +302,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	if m.Method == mSessionUpdate && rc.sess != nil {
 		kind := sessionUpdateKind(m)
 		r.meterUpdate(m, rc.sess, kind)
-		if t := rc.sess.turnTrace.Load(); t != nil {
+		if t := rc.sess.turn.trace.Load(); t != nil {
 			t.update(m, kind)
 		}
 	}
@@ -355,9 +355,9 @@ func (r *agentReader) recipient(m *jsonrpc.Message, edits []jsonrpc.Edit) (recip
 			return rc, false
 		}
 		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: rc.sess.quotedID})
-		if t := rc.sess.promptStart.Load(); t != 0 && m.Method == mSessionUpdate && rc.sess.promptStart.CompareAndSwap(t, 0) {
+		if t := rc.sess.turn.firstUpdate.Load(); t != 0 && m.Method == mSessionUpdate && rc.sess.turn.firstUpdate.CompareAndSwap(t, 0) {
 			var turn trace.Span
-			if tt := rc.sess.turnTrace.Load(); tt != nil {
+			if tt := rc.sess.turn.trace.Load(); tt != nil {
 				turn = tt.span
 			}
 			observe(r.l.ag.metrics.FirstUpdate, time.Since(time.Unix(0, t)).Seconds(), turn)

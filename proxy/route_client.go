@@ -286,7 +286,7 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 		return // waits for another client's turn, or refused
 	}
 	if rt.sess != nil && m.Method == mSessionPrompt {
-		rt.sess.promptStart.Store(time.Now().UnixNano())
+		rt.sess.turn.firstUpdate.Store(time.Now().UnixNano())
 		if req != nil {
 			rt.sess.traceTurn(req)
 			c.promptBegins(req, nil, m.Payload)
@@ -341,11 +341,11 @@ func (c *Conn) track(m *jsonrpc.Message, rt *routed, span trace.Span) *outReq {
 func (c *Conn) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, out []byte) bool {
 	s := rt.sess
 	if !s.shared() {
-		s.promptStarted(req)
+		s.turn.started(req)
 		return true
 	}
 	t := queuedTurn{req: req, line: out, blocks: promptBlocks(m.Payload)}
-	now, full := s.takeTurn(t)
+	now, full := s.turn.take(t)
 	switch {
 	case full:
 		if rt.link.untrack(req) {
@@ -373,7 +373,7 @@ func (s *Session) startTurn(t queuedTurn) {
 		return
 	}
 	s.announcePrompt(c, t.blocks)
-	s.promptStart.Store(time.Now().UnixNano())
+	s.turn.firstUpdate.Store(time.Now().UnixNano())
 	s.traceTurn(t.req)
 	c.promptBegins(t.req, t.blocks, nil)
 	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait

@@ -28,8 +28,7 @@ type Session struct {
 	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
-	promptStart atomic.Int64              // unix nanos of the running prompt until its first update
-	turnTrace   atomic.Pointer[turnTrace] // the traced turn in flight (nil: none or tracing off)
+	turn        turn                      // its prompts: the one in flight, those waiting (turn.go)
 	meter       meter                     // what its agent reported using (usage.go)
 	opened      time.Time                 // when it was created or loaded here
 	life        atomic.Uint32             // its lifeStage (life.go); written under mu
@@ -57,26 +56,11 @@ type Session struct {
 	// for a client's answer (a take-over sends them again to the new
 	// owner).
 	inbound map[*inReq]struct{}
-	// endedDetached and stopReason: a turn ended while its owner had no
-	// socket, and how; a take-over reports it.
-	endedDetached bool
-	stopReason    string
-	// prompt is the session's turn in flight (nil: none).
-	prompt *outReq
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
-	// queue: prompts of other clients waiting for the turn in flight
-	// (session/attach), oldest first. running counts the prompts of the
-	// turn sent to the agent and not ended (a client may send a second
-	// during its own turn); turnConn is whose turn it is.
-	queue    []queuedTurn
-	running  int
-	turnConn *Conn
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result.
 	state sessionState
-	// turnEnded is when its last turn ended (the admin API's "since").
-	turnEnded time.Time
 }
 
 // newSession makes a session of the link's process owned by c, holding
@@ -129,7 +113,7 @@ func (s *Session) moveOwner(from, to *Conn) bool {
 		return false
 	}
 	s.owner.Store(to)
-	s.endedDetached, s.stopReason = false, ""
+	s.turn.taken()
 	return true
 }
 
@@ -196,44 +180,6 @@ func (s *Session) requests() []*inReq {
 		out = append(out, in)
 	}
 	return out
-}
-
-// endedWhileDetached records that a turn ended while the owner had no
-// socket.
-func (s *Session) endedWhileDetached(stopReason string) {
-	s.mu.Lock()
-	s.endedDetached, s.stopReason = true, stopReason
-	s.mu.Unlock()
-}
-
-// turnState says what a take-over finds: the owner, whether a turn is
-// running, whether one ended while detached, and how.
-func (s *Session) turnState() (owner *Conn, running, ended bool, stopReason string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.owner.Load(), s.prompt != nil, s.endedDetached, s.stopReason
-}
-
-// promptStarted records the session's turn in flight, unless it has ended
-// already (the agent died as it was sent).
-func (s *Session) promptStarted(r *outReq) {
-	s.mu.Lock()
-	if !r.ended.Load() {
-		s.prompt = r
-	}
-	s.mu.Unlock()
-}
-
-// promptDone forgets r, the session's turn, once it has ended, and
-// returns the prompt that waited for it, if any: it is the turn now.
-func (s *Session) promptDone(r *outReq) (next queuedTurn, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.prompt == r {
-		s.prompt = nil
-		s.turnEnded = time.Now()
-	}
-	return s.turnEndedLocked(r)
 }
 
 // addSession registers a session the agent now serves for c; cwd is its

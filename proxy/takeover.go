@@ -25,7 +25,8 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	if s == nil {
 		return false
 	}
-	owner, running, ended, stop := s.turnState()
+	owner := s.Owner()
+	running, ended, stop := s.turn.found()
 	if owner == nil || owner == c || owner.tenant != c.tenant || !owner.Detached() {
 		return false
 	}
@@ -219,7 +220,7 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 		stop, _ = stopReasonOf(m)
 	}
 	if owner == req.conn { // ended while its owner is detached
-		s.endedWhileDetached(stop)
+		s.turn.endedWhileDetached(stop)
 		return
 	}
 	// Taken over while the turn ran: the new owner hears of its end.

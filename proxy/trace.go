@@ -339,7 +339,7 @@ func (s *Session) traceTurn(req *outReq) {
 		return
 	}
 	req.turnTrace = &turnTrace{relay: req.conn.relay, span: req.span, sent: time.Now()}
-	s.turnTrace.Store(req.turnTrace)
+	s.turn.trace.Store(req.turnTrace)
 }
 
 // update counts a session/update on the turn's span; kind is its
@@ -423,7 +423,7 @@ func (r *outReq) endSpan() {
 	if t := r.turnTrace; t != nil {
 		t.end()
 		if r.sess != nil {
-			r.sess.turnTrace.CompareAndSwap(t, nil)
+			r.sess.turn.trace.CompareAndSwap(t, nil)
 		}
 	}
 	if !r.answered {
@@ -519,7 +519,7 @@ func (s *Session) turnSpan() trace.Span {
 	if s == nil {
 		return nil
 	}
-	if t := s.turnTrace.Load(); t != nil {
+	if t := s.turn.trace.Load(); t != nil {
 		return t.span
 	}
 	return nil

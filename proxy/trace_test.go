@@ -280,7 +280,7 @@ func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
 		r.tracer = tracerOf(tp)
 		_, span := r.tracer.Start(context.Background(), mSessionPrompt)
 		b.Cleanup(func() { span.End() })
-		s.turnTrace.Store(&turnTrace{relay: r, span: span})
+		s.turn.trace.Store(&turnTrace{relay: r, span: span})
 	}
 }
 
@@ -307,7 +307,7 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for range b.N {
-		if t := s.turnTrace.Load(); t != nil {
+		if t := s.turn.trace.Load(); t != nil {
 			t.update(&m, sessionUpdateKind(&m))
 		}
 	}
