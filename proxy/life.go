@@ -17,9 +17,9 @@ type lifeStage uint32
 
 const (
 	stageLive    lifeStage = iota // served: its clients may use it
-	stageClosing                     // an administrator is ending it: what names it is refused
-	stageLost                        // its agent process died; its clients still name it until they close it
-	stageEnded                       // over, for every client
+	stageClosing                  // an administrator is ending it: what names it is refused
+	stageLost                     // its agent process died; its clients still name it until they close it
+	stageEnded                    // over, for every client
 )
 
 // endCause is why a session's life ended.

@@ -28,10 +28,10 @@ type Session struct {
 	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
-	turn        turn                      // its prompts: the one in flight, those waiting (turn.go)
-	meter       meter                     // what its agent reported using (usage.go)
-	opened      time.Time                 // when it was created or loaded here
-	life        atomic.Uint32             // its lifeStage (life.go); written under mu
+	turn   turn          // its prompts: the one in flight, those waiting (turn.go)
+	meter  meter         // what its agent reported using (usage.go)
+	opened time.Time     // when it was created or loaded here
+	life   atomic.Uint32 // its lifeStage (life.go); written under mu
 
 	// members are the clients attached with session/attach: a copy-on-write
 	// list (nil: none) the agent's reader loads per message. Written under
