@@ -190,7 +190,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 		cancel()
 		for _, req := range prompts {
 			if s.link.untrack(req) { // the agent did not answer in time
-				req.turnOver("cancelled", nil)
+				req.turnEnded("cancelled", nil)
 				req.end()
 				req.conn.deliverFor(jsonrpc.AppendResult(nil, req.clientID, []byte(`{"stopReason":"cancelled"}`)),
 					nil, Facts{ID: req.clientID}, false)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -70,8 +71,10 @@ type agent struct {
 	timeouts Timeouts
 	mapPaths bool // some tenant maps paths: locate path fields in agent output
 	metrics  *agentMetrics
-	isolate  bool           // two tenants never share a process of this agent
-	audit    audit.Recorder // the relay's audit trail (nil: none)
+	isolate  bool             // two tenants never share a process of this agent
+	audit    audit.Recorder   // the relay's audit trail (nil: none)
+	obs      *observe.Set     // what watches its sessions (events.go)
+	dec      observe.Deciders // what decides for them
 	// gatesReady: readiness waits for this agent. Agents configured at
 	// start do; one a reload added does once its pool has had a process
 	// ready, so that adding an agent never takes a ready replica (and every
@@ -133,7 +136,9 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
 	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name), isolate: isolate,
-		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit}
+		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit,
+		dec: r.deciders}
+	ag.obs = r.observers(ag, r.extraObs)
 	cfg.Metrics = ag.metrics.poolMetrics()
 	cfg.NewHandler = ag.newLink
 	ag.pool = pool.New(cfg, r.log.With("agent", spec.Name))

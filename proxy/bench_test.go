@@ -32,6 +32,7 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	r.resume.HistoryBytes = history
 	am := metrics.forAgent(DefaultAgent)
 	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procLink{}}
+	ag.obs = r.observers(ag, nil)
 	l := ag.newLink(nil).(*procLink) // the hot path never reaches the process
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)

@@ -27,6 +27,7 @@ func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
 	c := r.newConnForBench(nil)
 	c.log = r.log
 	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	c.ag.obs = r.observers(c.ag, nil)
 	c.ten.maxSessions = 1
 	if ok, _ := c.ten.tryReserve(false); !ok {
 		t.Fatal("the tenant's only slot was refused")
@@ -99,6 +100,8 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 		r.tenants = map[string]*tenant{"": ten}
 		r.conns = map[*Conn]struct{}{}
 		ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	ag.obs = r.observers(ag, nil)
+		ag.obs = r.observers(ag, nil)
 		l := ag.newLink(nil).(*procLink) // take-overs never reach the process
 		a, b, sa, sb := detachedPair(r, ag, l)
 		ma, mb := loadMsg(t, a, 1, sb.GatewayID), loadMsg(t, b, 1, sa.GatewayID)
@@ -282,6 +285,7 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	r.tenants = map[string]*tenant{"": ten}
 	r.conns = map[*Conn]struct{}{}
 	ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	ag.obs = r.observers(ag, nil)
 	l := ag.newLink(nil).(*procLink)
 	a, b, sa, _ := detachedPair(r, ag, l)
 	count := func() int {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
@@ -47,6 +48,12 @@ type Config struct {
 	AuditPrompts bool
 	// Tracing makes the relay's spans (trace.go); nil = tracing off.
 	Tracing trace.TracerProvider
+	// Observers watch every session's events beside the relay's metrics,
+	// the audit trail and tracing; Deciders decide, in order, whether a
+	// prompt may go to the agent and may answer an agent's permission
+	// request in the clients' place (package observe).
+	Observers []observe.Observer
+	Deciders  []observe.Decider
 }
 
 // SessionsConfig says how long a connection outlives its socket.
@@ -101,8 +108,12 @@ type Relay struct {
 	cancel  context.CancelFunc
 	resume  SessionsConfig
 	audit   audit.Recorder // nil: no audit trail
-	prompts bool           // audit prompt text (Config.AuditPrompts)
-	tracer  trace.Tracer   // nil: tracing off (Config.Tracing)
+	// What watches and decides for every agent's sessions besides the
+	// built-in observers (Config.Observers, Config.Deciders).
+	extraObs []observe.Observer
+	deciders observe.Deciders
+	prompts  bool         // audit prompt text (Config.AuditPrompts)
+	tracer   trace.Tracer // nil: tracing off (Config.Tracing)
 
 	mu        sync.Mutex // guards conns, tenants, resumable, agents and adminEnded
 	conns     map[*Conn]struct{}
@@ -174,6 +185,8 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		resume:    cfg.Sessions,
 		audit:     cfg.Audit,
 		prompts:   cfg.AuditPrompts,
+		extraObs:  cfg.Observers,
+		deciders:  cfg.Deciders,
 		agents:    map[string]*agent{},
 		first:     cfg.Agents[0].Name,
 		tenantCfg: cfg.Tenants,

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -88,12 +89,12 @@ type outReq struct {
 	holdNext bool
 	next     *queuedTurn
 	turn     bool         // a prompt counted in its session's turn (turn.running); under the turn's lock
-	began    atomic.Int64 // a prompt: unix nanos it went to the agent, until its turn is counted (turnOver)
+	began    atomic.Int64 // a prompt: unix nanos it went to the agent, until its turn is counted (turnEnded)
 	// span is the request's (nil: tracing off); answered: the agent's
-	// answer set its status; turnTrace: a traced prompt's turn (trace.go).
-	span      trace.Span
-	answered  bool
-	turnTrace *turnTrace
+	// answer set its status; oturn: a prompt's turn as observers know it.
+	span     trace.Span
+	answered bool
+	oturn    *observe.Turn
 }
 
 // end finishes a request that has been taken from its process's table:
@@ -101,7 +102,7 @@ type outReq struct {
 func (r *outReq) end() {
 	r.ended.Store(true)
 	if r.method == mSessionPrompt && r.conn != nil && r.sess != nil {
-		r.turnOver("error", nil) // ended unanswered (an answer counted it already)
+		r.turnEnded("error", nil) // ended unanswered (an answer counted it already)
 	}
 	if r.conn != nil {
 		r.conn.forgetClientReq(r)

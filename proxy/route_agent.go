@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // agentReader routes the messages one agent process writes. It runs on the
@@ -21,6 +20,7 @@ type agentReader struct {
 	msg     jsonrpc.Message
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
+	event   observe.Event // what observers hear of a session/update, reused
 }
 
 func newAgentReader(l *procLink) *agentReader {
@@ -105,7 +105,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
 	}
-	observe(l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)), since(req.start), req.span)
+	observeLatency(l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)), since(req.start), req.span)
 	c := req.conn
 	if c == nil {
 		return // the gateway's own request (session/close): answer not needed
@@ -122,7 +122,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		}
 	}
 	if req.method == mSessionPrompt && req.sess != nil {
-		r.meterTurn(req, m)
+		meterTurn(req, m)
 		req.sess.turnComplete(c, m) // before the next turn is announced
 		req.holdNext = true
 		defer req.startNext() // once this answer is out
@@ -300,11 +300,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	if m.Method == mSessionUpdate && rc.sess != nil {
-		kind := sessionUpdateKind(m)
-		r.meterUpdate(m, rc.sess, kind)
-		if t := rc.sess.turn.trace.Load(); t != nil {
-			t.update(m, kind)
-		}
+		rc.sess.updated(m, sessionUpdateKind(m), &r.event)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {
@@ -355,13 +351,6 @@ func (r *agentReader) recipient(m *jsonrpc.Message, edits []jsonrpc.Edit) (recip
 			return rc, false
 		}
 		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: rc.sess.quotedID})
-		if t := rc.sess.turn.firstUpdate.Load(); t != 0 && m.Method == mSessionUpdate && rc.sess.turn.firstUpdate.CompareAndSwap(t, 0) {
-			var turn trace.Span
-			if tt := rc.sess.turn.trace.Load(); tt != nil {
-				turn = tt.span
-			}
-			observe(r.l.ag.metrics.FirstUpdate, time.Since(time.Unix(0, t)).Seconds(), turn)
-		}
 	}
 	if f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1); ok && !r.requestRecipient(m, f, &rc) {
 		return rc, false
@@ -519,8 +508,8 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	default:
 		conn.deliver(out)
 	}
-	if m.Method == mRequestPerm {
-		conn.permissionRequested(rc.sess, kept)
+	if m.Method == mRequestPerm && rc.sess != nil {
+		rc.sess.permissionRequested(conn, kept)
 	}
 	if rc.sess != nil && (m.Method == mRequestPerm || m.Method == mElicitCreate) {
 		// Every other client of the session that may answer gets it too.

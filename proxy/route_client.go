@@ -268,6 +268,14 @@ func (c *Conn) closeLost(m *jsonrpc.Message, sess *Session) {
 func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits []jsonrpc.Edit, span trace.Span) {
 	var req *outReq
 	if m.Kind == jsonrpc.KindRequest {
+		if rt.sess != nil && m.Method == mSessionPrompt {
+			if refusal := c.refusePrompt(rt.sess, nil, m.Payload); refusal != nil { // never reaches the agent
+				rt.h.release()
+				failSpan(span, refusal.Code, refusal.Message)
+				c.replyError(m.ID, refusal.Code, refusal.Message, refusal.Data)
+				return
+			}
+		}
 		req = c.track(m, rt, span)
 		if req == nil {
 			return
@@ -285,12 +293,8 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 	if rt.sess != nil && m.Method == mSessionPrompt && req != nil && !c.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
 	}
-	if rt.sess != nil && m.Method == mSessionPrompt {
-		rt.sess.turn.firstUpdate.Store(time.Now().UnixNano())
-		if req != nil {
-			rt.sess.traceTurn(req)
-			c.promptBegins(req, nil, m.Payload)
-		}
+	if rt.sess != nil && m.Method == mSessionPrompt && req != nil {
+		rt.sess.turnStarted(req, nil, m.Payload)
 	}
 	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
 	err := rt.link.p.Send(ctx, out)
@@ -372,10 +376,15 @@ func (s *Session) startTurn(t queuedTurn) {
 		}
 		return
 	}
+	if refusal := c.refusePrompt(s, t.blocks, nil); refusal != nil {
+		if s.link.untrack(t.req) {
+			t.req.end()
+			c.replyError(t.req.clientID, refusal.Code, refusal.Message, refusal.Data)
+		}
+		return
+	}
 	s.announcePrompt(c, t.blocks)
-	s.turn.firstUpdate.Store(time.Now().UnixNano())
-	s.traceTurn(t.req)
-	c.promptBegins(t.req, t.blocks, nil)
+	s.turnStarted(t.req, t.blocks, nil)
 	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -23,6 +24,7 @@ type Session struct {
 	cwd       string    // its cwd as the client asked for it (the fs stand-in's root without a tenant root)
 	link      *procLink // the process that serves it
 	ten       *tenant   // whose session quota it counts against
+	info      *observe.Session
 
 	subject    string   // the credential subject of the client that made it (Sharing)
 	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
@@ -69,6 +71,7 @@ func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *S
 	gwID := c.relay.sealer.Seal(c.scope, agentSID)
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
 		slot: slot, inbound: map[*inReq]struct{}{}, subject: c.subject, opened: time.Now()}
+	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.historyBytes(); n > 0 && s.attachable {
 		s.history = &history{limit: n}

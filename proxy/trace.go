@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"maps"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
@@ -32,10 +29,8 @@ const TracerName = "github.com/acpgate/acpgate/proxy"
 
 // Span names besides the request spans (named by their method).
 const (
-	SpanPoolWait    = "acpgate.pool.wait"
-	SpanFirstUpdate = "acpgate.first_update"
-	SpanToolCall    = "acpgate.tool_call"
-	SpanFsStandIn   = "acpgate.fs_standin"
+	SpanPoolWait  = "acpgate.pool.wait"
+	SpanFsStandIn = "acpgate.fs_standin"
 )
 
 // Span attributes.
@@ -50,11 +45,6 @@ const (
 	attrProcess      = "acpgate.process"
 	attrSession      = "acpgate.session"
 	attrTransport    = "acpgate.transport"
-	attrUpdates      = "acpgate.session.updates"
-	attrToolCallID   = "acpgate.tool_call.id"
-	attrToolKind     = "acpgate.tool_call.kind"
-	attrToolTitle    = "acpgate.tool_call.title"
-	attrToolStatus   = "acpgate.tool_call.status"
 	attrOutcome      = "acpgate.outcome"
 )
 
@@ -319,112 +309,12 @@ func endWait(s trace.Span, err error) {
 	s.End()
 }
 
-// turnTrace is what a turn's span gathers while it runs: the updates, the
-// first one's arrival, the tool calls not yet final.
-type turnTrace struct {
-	relay   *Relay
-	span    trace.Span
-	sent    time.Time
-	updates atomic.Int64
-	first   atomic.Bool
-	mu      sync.Mutex
-	tools   map[string]trace.Span // by toolCallId, until final
-	ended   bool                  // the turn's span has ended: no more tool spans
-}
-
-// traceTurn makes req, a prompt going to the agent now, the session's
-// traced turn.
-func (s *Session) traceTurn(req *outReq) {
-	if req.span == nil {
-		return
-	}
-	req.turnTrace = &turnTrace{relay: req.conn.relay, span: req.span, sent: time.Now()}
-	s.turn.trace.Store(req.turnTrace)
-}
-
-// update counts a session/update on the turn's span; kind is its
-// sessionUpdate tag (sessionUpdateKind): a tool_call starts a tool span, a
-// tool_call_update with a final status ends it.
-func (t *turnTrace) update(m *jsonrpc.Message, kind []byte) {
-	t.updates.Add(1)
-	if t.first.CompareAndSwap(false, true) {
-		s := t.relay.childSpan(t.span, SpanFirstUpdate, trace.WithTimestamp(t.sent))
-		s.End()
-	}
-	if string(kind) != "tool_call" && string(kind) != "tool_call_update" {
-		return
-	}
-	var p struct {
-		Update struct {
-			ToolCallID string `json:"toolCallId"`
-			Kind       string `json:"kind"`
-			Title      string `json:"title"`
-			Status     string `json:"status"`
-		} `json:"update"`
-	}
-	if json.Unmarshal(m.Payload, &p) != nil || p.Update.ToolCallID == "" {
-		return
-	}
-	u := p.Update
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ended {
-		return
-	}
-	span := t.tools[u.ToolCallID]
-	if span == nil && string(kind) == "tool_call" {
-		span = t.relay.childSpan(t.span, SpanToolCall, trace.WithAttributes(attribute.String(attrToolCallID, u.ToolCallID)))
-		if t.tools == nil {
-			t.tools = map[string]trace.Span{}
-		}
-		t.tools[u.ToolCallID] = span
-	}
-	if span == nil {
-		return
-	}
-	if u.Kind != "" {
-		span.SetAttributes(attribute.String(attrToolKind, u.Kind))
-	}
-	if u.Title != "" {
-		span.SetAttributes(attribute.String(attrToolTitle, u.Title))
-	}
-	if u.Status != "" {
-		span.SetAttributes(attribute.String(attrToolStatus, u.Status))
-	}
-	if u.Status == "completed" || u.Status == "failed" {
-		if u.Status == "failed" {
-			span.SetStatus(codes.Error, "the tool call failed")
-		}
-		span.End()
-		delete(t.tools, u.ToolCallID)
-	}
-}
-
-// end ends the tool spans still open (the turn ended first) and sets the
-// update count.
-func (t *turnTrace) end() {
-	t.mu.Lock()
-	for _, s := range t.tools {
-		s.SetAttributes(attribute.String(attrToolStatus, "unfinished"))
-		s.End()
-	}
-	t.tools, t.ended = nil, true
-	t.mu.Unlock()
-	t.span.SetAttributes(attribute.Int64(attrUpdates, t.updates.Load()))
-}
-
 // endSpan ends a request's span: its turn's too, if it is a traced prompt.
 // An answer (answerSpan) has set its status; ended unanswered, it gets
 // the reason given.
 func (r *outReq) endSpan() {
 	if r.span == nil {
 		return
-	}
-	if t := r.turnTrace; t != nil {
-		t.end()
-		if r.sess != nil {
-			r.sess.turn.trace.CompareAndSwap(t, nil)
-		}
 	}
 	if !r.answered {
 		r.span.SetStatus(codes.Error, "ended without the agent's answer")
@@ -469,11 +359,11 @@ func endFsSpan(s trace.Span, outcome string, code int) {
 	s.End()
 }
 
-// observe records v in a latency histogram, with the trace of span (nil:
+// observeLatency records v in a latency histogram, with the trace of span (nil:
 // none) as its exemplar when that is sampled, so that a latency on a
 // dashboard leads to the trace behind it (exemplars are exposed when
 // /metrics is scraped as OpenMetrics).
-func observe(o prometheus.Observer, v float64, span trace.Span) {
+func observeLatency(o prometheus.Observer, v float64, span trace.Span) {
 	if span != nil {
 		if sc := span.SpanContext(); sc.IsSampled() {
 			if eo, ok := o.(prometheus.ExemplarObserver); ok {
@@ -519,8 +409,8 @@ func (s *Session) turnSpan() trace.Span {
 	if s == nil {
 		return nil
 	}
-	if t := s.turn.trace.Load(); t != nil {
-		return t.span
+	if t := s.turn.cur.Load(); t != nil {
+		return t.Span
 	}
 	return nil
 }

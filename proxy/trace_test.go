@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -20,11 +21,24 @@ import (
 
 	"github.com/acpgate/acpgate/internal/syncbuf"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // tracedAgent answers a prompt with a tool call, a permission request
 // about it, the tool call's completion and a chunk; its result carries the
 // prompt line as the agent read it (_meta.line). _demo/fail is an error.
+// The turn's children and their attributes, as package tracing names them.
+const (
+	SpanFirstUpdate = tracing.SpanFirstUpdate
+	SpanToolCall    = tracing.SpanToolCall
+	attrUpdates     = "acpgate.session.updates"
+	attrToolCallID  = "acpgate.tool_call.id"
+	attrToolKind    = "acpgate.tool_call.kind"
+	attrToolTitle   = "acpgate.tool_call.title"
+	attrToolStatus  = "acpgate.tool_call.status"
+)
+
 func tracedAgent() {
 	out := bufio.NewWriter(os.Stdout)
 	var promptID json.RawMessage
@@ -278,9 +292,13 @@ func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
 		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 		r.tracer = tracerOf(tp)
+		ag := s.link.ag
+		ag.obs = r.observers(ag, nil)
 		_, span := r.tracer.Start(context.Background(), mSessionPrompt)
 		b.Cleanup(func() { span.End() })
-		s.turn.trace.Store(&turnTrace{relay: r, span: span})
+		t := &observe.Turn{Start: time.Now(), Span: span}
+		s.turn.cur.Store(t)
+		ag.obs.Observe(&observe.Event{Kind: observe.TurnStarted, Session: s.info, Turn: t})
 	}
 }
 
@@ -296,9 +314,13 @@ func BenchmarkRouteSessionUpdate20KBTraced(b *testing.B) {
 // traced turn (not a tool call): the count, and the kind's look-up that
 // metering shares with it.
 func BenchmarkTurnTraceUpdate(b *testing.B) {
-	r := &Relay{}
-	var s Session
-	traceTurnForBench(b)(r, &s)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr := tracing.New(tracerOf(tp))
+	_, span := tracerOf(tp).Start(context.Background(), mSessionPrompt)
+	b.Cleanup(func() { span.End() })
+	turn := &observe.Turn{Start: time.Now(), Span: span}
+	tr.Observe(&observe.Event{Kind: observe.TurnStarted, Turn: turn})
 	var sc jsonrpc.Scanner
 	var m jsonrpc.Message
 	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}`)
@@ -307,9 +329,7 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for range b.N {
-		if t := s.turn.trace.Load(); t != nil {
-			t.update(&m, sessionUpdateKind(&m))
-		}
+		tr.Observe(&observe.Event{Kind: observe.Update, Turn: turn, UpdateKind: sessionUpdateKind(&m), Params: m.Payload})
 	}
 }
 

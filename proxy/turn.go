@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // turn is a session's turn: the prompt the agent is working on, the
@@ -14,8 +16,8 @@ import (
 // waited is still pending), taken after Session.mu where both are held.
 type turn struct {
 	// Read by the agent's reader without a lock.
-	firstUpdate atomic.Int64              // unix nanos the running prompt went to the agent, until its first update
-	trace       atomic.Pointer[turnTrace] // the traced turn in flight (nil: none, or tracing off)
+	firstUpdate atomic.Int64                 // unix nanos the running prompt went to the agent, until its first update
+	cur         atomic.Pointer[observe.Turn] // the prompt in flight as observers know it (nil: none)
 
 	mu sync.Mutex
 	// prompt is the turn in flight (nil: none); running counts its prompts

@@ -5,13 +5,11 @@ import (
 	"maps"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // Metering counts what agents report using (ACP usage_update and
@@ -163,12 +161,11 @@ func sessionUpdateKind(m *jsonrpc.Message) []byte {
 	return kind
 }
 
-// meterUpdate counts a usage_update's cost (kind: the update's
-// sessionUpdate tag, sessionUpdateKind). Other kinds cost nothing more.
-func (r *agentReader) meterUpdate(m *jsonrpc.Message, s *Session, kind []byte) {
-	if string(kind) != "usage_update" {
-		return
-	}
+// meterCost meters a usage_update's cost: an increase of the session's
+// cumulative cost is reported to observers (observe.CostReported), a report
+// that fails the checks counts nothing (observe.UsageRejected). e is the
+// caller's event, reused.
+func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 	var p struct {
 		Update struct {
 			Cost json.RawMessage `json:"cost"`
@@ -182,15 +179,16 @@ func (r *agentReader) meterUpdate(m *jsonrpc.Message, s *Session, kind []byte) {
 	if reject == "" {
 		inc, reject = s.noteCost(cur, label, amount)
 	}
-	am := r.l.ag.metrics
-	if reject != "" {
-		am.UsageRejected.WithLabelValues(reject).Inc()
-		r.l.p.Log().Debug("agent usage_update counted as nothing", "reason", reject, "session", s.GatewayID)
+	switch {
+	case reject != "":
+		s.link.p.Log().Debug("agent usage_update counted as nothing", "reason", reject, "session", s.GatewayID)
+		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
+	case inc > 0:
+		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencyLabel(label), Amount: inc}
+	default:
 		return
 	}
-	if inc > 0 {
-		am.UsageCost.WithLabelValues(s.ten.label, s.ten.currencyLabel(label)).Add(inc)
-	}
+	s.link.ag.obs.Observe(e)
 }
 
 // parseCost reads a usage_update's cost: {amount, currency}; cur is the
@@ -276,11 +274,11 @@ func (t *tenant) currencyLabel(cur string) string {
 }
 
 // turnTokens reads a PromptResponse's usage: the token counts that pass
-// the checks, by kind label; each failing one is counted as rejected.
-func turnTokens(raw []byte, am *agentMetrics) map[string]int64 {
+// the checks, by kind label; each failing one is reported rejected.
+func (s *Session) turnTokens(raw []byte) map[string]int64 {
 	var u map[string]json.RawMessage
 	if json.Unmarshal(raw, &u) != nil {
-		am.UsageRejected.WithLabelValues(rejectInvalid).Inc()
+		s.emit(&observe.Event{Kind: observe.UsageRejected, Reason: rejectInvalid})
 		return nil
 	}
 	var out map[string]int64
@@ -294,50 +292,12 @@ func turnTokens(raw []byte, am *agentMetrics) map[string]int64 {
 			reject = rejectInvalid
 		}
 		if reject != "" {
-			am.UsageRejected.WithLabelValues(reject).Inc()
+			s.emit(&observe.Event{Kind: observe.UsageRejected, Reason: reject})
 			continue
 		}
 		setMap(&out, k.kind, int64(n))
 	}
 	return out
-}
-
-// promptBegins notes that req, a prompt, goes to the agent now: its
-// turn's time and cost count from here; prompt.started is recorded (with
-// its text when Config.AuditPrompts). blocks: the prompt's, if read
-// already; else they are read from params when needed.
-func (c *Conn) promptBegins(req *outReq, blocks []json.RawMessage, params []byte) {
-	s := req.sess
-	s.meter.mu.Lock()
-	clear(s.meter.turnCost)
-	s.meter.mu.Unlock()
-	req.began.Store(time.Now().UnixNano())
-	if !c.relay.auditing() {
-		return
-	}
-	if !c.relay.prompts {
-		c.event("prompt.started", s.GatewayID)
-		return
-	}
-	if blocks == nil {
-		blocks = promptBlocks(params)
-	}
-	c.event("prompt.started", s.GatewayID, audit.F("prompt", promptText(blocks)))
-}
-
-// promptText joins the text blocks of a prompt.
-func promptText(blocks []json.RawMessage) string {
-	var texts []string
-	for _, b := range blocks {
-		var blk struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if json.Unmarshal(b, &blk) == nil && blk.Type == "text" {
-			texts = append(texts, blk.Text)
-		}
-	}
-	return strings.Join(texts, "\n")
 }
 
 // stopReasonOf is the stopReason of a session/prompt's answer as the
@@ -352,12 +312,11 @@ func stopReasonOf(m *jsonrpc.Message) (stop string, ok bool) {
 	return stop, true
 }
 
-// meterTurn counts the end of req's turn, answered by m (nil: ended
-// without an answer): its tokens and time, and prompt.ended. Only the
-// first call for a turn that began counts.
-func (r *agentReader) meterTurn(req *outReq, m *jsonrpc.Message) {
+// meterTurn counts the end of req's turn, answered by m: its stop reason
+// and the usage it reports (req.turnEnded).
+func meterTurn(req *outReq, m *jsonrpc.Message) {
 	stop, usage := "error", []byte(nil)
-	if m != nil && !m.IsError {
+	if !m.IsError {
 		if s, ok := stopReasonOf(m); ok {
 			stop = s
 		}
@@ -365,40 +324,5 @@ func (r *agentReader) meterTurn(req *outReq, m *jsonrpc.Message) {
 			usage = m.Bytes(f)
 		}
 	}
-	req.turnOver(stop, usage)
-}
-
-// turnOver counts the end of a prompt's turn once: its time, its tokens
-// (usage: PromptResponse.usage, nil: none) and prompt.ended.
-func (req *outReq) turnOver(stop string, usage []byte) {
-	began := req.began.Swap(0)
-	if began == 0 {
-		return
-	}
-	s, c := req.sess, req.conn
-	am := s.link.ag.metrics
-	d := time.Since(time.Unix(0, began))
-	am.PromptSeconds.WithLabelValues(s.ten.label).Add(d.Seconds())
-	var tokens map[string]int64
-	if usage != nil {
-		tokens = turnTokens(usage, am)
-		for k, n := range tokens {
-			am.UsageTokens.WithLabelValues(s.ten.label, k).Add(float64(n))
-		}
-		s.noteTokens(tokens)
-	}
-	s.meter.mu.Lock()
-	cost := maps.Clone(s.meter.turnCost)
-	s.meter.mu.Unlock()
-	if !c.relay.auditing() {
-		return
-	}
-	fields := []audit.Field{audit.F("stop_reason", stop), audit.F("duration_ms", d.Milliseconds())}
-	if len(tokens) > 0 {
-		fields = append(fields, audit.F("usage", tokens))
-	}
-	if len(cost) > 0 {
-		fields = append(fields, audit.F("cost", cost))
-	}
-	c.event("prompt.ended", s.GatewayID, fields...)
+	req.turnEnded(stop, usage)
 }

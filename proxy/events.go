@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"encoding/json"
+	"maps"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
+)
+
+// What watches a session (metrics, the audit trail, tracing) and what
+// decides for it hear of it here, and only here: the session and its turn
+// turn what happens into an observe.Event for the agent's observers (built
+// in AddAgent: the relay's metrics, then Config.Observers, the audit trail
+// and tracing), and ask its deciders (Config.Deciders). Routing code calls
+// the functions of this file; it never records anything itself.
+
+// client is c as observers see it (nil: the gateway).
+func (c *Conn) client() observe.Client {
+	if c == nil {
+		return observe.Client{}
+	}
+	return observe.Client{Conn: c.id, Subject: c.subject}
+}
+
+// emit gives e, an event of s, to its agent's observers.
+func (s *Session) emit(e *observe.Event) {
+	e.Session = s.info
+	s.link.ag.obs.Observe(e)
+}
+
+// sessionEvents maps what happened to a session to its event kind.
+var sessionEvents = map[string]observe.Kind{
+	"created": observe.SessionCreated, "loaded": observe.SessionLoaded,
+	"closed": observe.SessionClosed, "lost": observe.SessionLost,
+}
+
+// sessionEvent says what happened to s (created, loaded, closed, lost): c
+// is the client that did it, nil when the gateway did (its last client
+// gone). reason says why it closed or was lost ("" when a client asked).
+func (s *Session) sessionEvent(c *Conn, what, reason string) {
+	s.emit(&observe.Event{Kind: sessionEvents[what], Client: c.client(), Reason: reason})
+}
+
+// curTurn is the session's turn in flight as observers know it (nil:
+// none).
+func (s *Session) curTurn() *observe.Turn {
+	if s == nil {
+		return nil
+	}
+	return s.turn.cur.Load()
+}
+
+// refusePrompt asks the deciders whether a prompt of c (blocks, or its
+// params) may go to the agent or wait for its turn; a refusal is the error
+// c gets.
+func (c *Conn) refusePrompt(s *Session, blocks []json.RawMessage, params []byte) *observe.Refusal {
+	if len(c.ag.dec) == 0 {
+		return nil
+	}
+	e := &observe.Event{Kind: observe.TurnStarted, Session: s.info, Client: c.client(), Prompt: blocks, Params: params}
+	return c.ag.dec.Prompt(e)
+}
+
+// turnStarted makes req, a prompt going to the agent now, its session's
+// turn: its time, cost and span count from here. blocks: the prompt's, if
+// read already (nil: observers read params).
+func (s *Session) turnStarted(req *outReq, blocks []json.RawMessage, params []byte) {
+	t := &observe.Turn{Start: time.Now(), Span: req.span}
+	req.oturn = t
+	s.turn.cur.Store(t)
+	s.turn.firstUpdate.Store(t.Start.UnixNano())
+	s.meter.mu.Lock()
+	clear(s.meter.turnCost)
+	s.meter.mu.Unlock()
+	req.began.Store(t.Start.UnixNano())
+	s.emit(&observe.Event{Kind: observe.TurnStarted, Client: req.conn.client(), Turn: t, Prompt: blocks, Params: params})
+}
+
+// updated is a session/update of s from its agent (kind: its
+// sessionUpdate tag): a usage_update's cost is metered, and observers hear
+// of the update. e is the reader's own event, reused.
+func (s *Session) updated(m *jsonrpc.Message, kind []byte, e *observe.Event) {
+	if string(kind) == "usage_update" {
+		s.meterCost(m, e)
+	}
+	*e = observe.Event{Kind: observe.Update, Session: s.info, Turn: s.curTurn(), UpdateKind: kind, Params: m.Payload}
+	if t := s.turn.firstUpdate.Load(); t != 0 && s.turn.firstUpdate.CompareAndSwap(t, 0) {
+		e.First, e.Duration = true, time.Since(time.Unix(0, t))
+	}
+	s.link.ag.obs.Observe(e)
+}
+
+// turnEnded counts the end of req's turn once, answered with stop and
+// usage (PromptResponse.usage, nil: none): its time, its tokens and cost.
+func (req *outReq) turnEnded(stop string, usage []byte) {
+	began := req.began.Swap(0)
+	if began == 0 {
+		return
+	}
+	s := req.sess
+	e := &observe.Event{Kind: observe.TurnEnded, Client: req.conn.client(), Turn: req.oturn, StopReason: stop,
+		Duration: time.Since(time.Unix(0, began))}
+	if usage != nil {
+		e.Tokens = s.turnTokens(usage)
+		s.noteTokens(e.Tokens)
+	}
+	s.meter.mu.Lock()
+	e.Cost = maps.Clone(s.meter.turnCost)
+	s.meter.mu.Unlock()
+	s.turn.cur.CompareAndSwap(req.oturn, nil)
+	s.emit(e)
+}
+
+// permissionRequested says that msg, the agent's permission request as c
+// is sent it (its paths as the tenant sees them), went to the clients.
+func (s *Session) permissionRequested(c *Conn, msg []byte) {
+	s.emit(&observe.Event{Kind: observe.PermissionRequested, Client: c.client(), Turn: s.curTurn(), Msg: msg})
+}
+
+// permissionResolved says how in, a permission request, was settled:
+// outcome is the RequestPermissionOutcome the agent got, by who settled
+// it: "client" (c, the client that answered), or the gateway in the
+// clients' place: "timeout", "disconnect", "admin" (an administrator
+// ended the session), or a decider's name.
+func (in *inReq) permissionResolved(c *Conn, by string, outcome []byte) {
+	if in.method != mRequestPerm || in.sess == nil {
+		return
+	}
+	in.link.mu.Lock()
+	msg := in.msg
+	in.link.mu.Unlock()
+	if by != "client" {
+		c = nil
+	}
+	in.sess.emit(&observe.Event{Kind: observe.PermissionResolved, Client: c.client(), Msg: msg, By: by, Outcome: outcome})
+}
+
+// permissionRefused says that an agent's permission request (raw, as the
+// agent sent it) was refused by the tenant's policy before any client saw
+// it.
+func (s *Session) permissionRefused(raw []byte) {
+	s.emit(&observe.Event{Kind: observe.PermissionResolved, Msg: raw, By: "policy", Outcome: []byte(`{"outcome":"refused"}`)})
+}
+
+// fileServed says what was read or written for the agent of c's session
+// (sess may be nil): path as the tenant sees it, n bytes of content, by
+// "client" or "gateway" (the stand-in).
+func (c *Conn) fileServed(sess *Session, method, path string, n int, by string) {
+	e := &observe.Event{Kind: observe.FileServed, Client: c.client(), Method: method, Path: path, Bytes: n, By: by}
+	if sess == nil {
+		e.Session = &observe.Session{Tenant: c.tenant, Label: c.ten.label, Agent: c.ag.name}
+		c.ag.obs.Observe(e)
+		return
+	}
+	sess.emit(e)
+}

@@ -1,0 +1,184 @@
+// Package observe is the one point where what watches a session (metrics,
+// the audit trail, tracing) and what decides for it (budgets, permission
+// rules) plug into the relay. The session and its turn feed an Observer
+// every event of their life and ask a Decider before a prompt goes to the
+// agent and before an agent's permission request goes to the clients. The
+// relay knows them by these interfaces only; none of them is called with a
+// relay lock held.
+package observe
+
+import (
+	"encoding/json"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Session is what observers know of a session. Static once made.
+type Session struct {
+	ID     string // as its clients see it (never the agent's own ID)
+	Tenant string
+	Label  string // the tenant's label on metrics
+	Agent  string
+	Cwd    string // as the client asked for it
+}
+
+// Client is who acted: the zero Client is the gateway itself.
+type Client struct {
+	Conn    string // the connection's ID
+	Subject string // its credential's subject
+}
+
+// Turn is one prompt of a session while the agent works on it.
+type Turn struct {
+	Start time.Time  // when it went to the agent
+	Span  trace.Span // its request's span (nil: not traced)
+}
+
+// Kind is what happened.
+type Kind uint8
+
+// The events, and the Event fields each sets beside Session (and Client
+// where a client acted).
+const (
+	SessionCreated      Kind = iota + 1 // session/new answered
+	SessionLoaded                       // session/load or resume answered, or taken over
+	SessionClosed                       // Reason: "" (a client closed it) or why the gateway did
+	SessionLost                         // Reason: its agent process died
+	TurnStarted                         // Turn; Prompt (its content blocks as sent; nil: read them from Params); Params
+	Update                              // Turn (nil: between turns); UpdateKind; Params: the session/update's; First: the turn's first, Duration after it started
+	CostReported                        // Turn; Currency (a metrics label); Amount: the session's cost increase
+	UsageRejected                       // Reason: why an agent's usage report counts nothing
+	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
+	PermissionRequested                 // Msg: the request as a client is sent it
+	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", or a decider's; Outcome
+	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
+)
+
+// Event is one event of a session's life. Observers must not keep it, nor
+// the slices it points to, past the call.
+type Event struct {
+	Kind    Kind
+	Session *Session
+	Client  Client
+	Turn    *Turn
+
+	Reason     string
+	UpdateKind []byte
+	Msg        []byte
+	Prompt     []json.RawMessage
+	Params     []byte
+	First      bool
+	StopReason string
+	Duration   time.Duration
+	Tokens     map[string]int64   // by kind: input, output, thought, cached_read, cached_write
+	Cost       map[string]float64 // by currency label
+	Currency   string
+	Amount     float64
+	Method     string
+	Path       string
+	Bytes      int
+	By         string
+	Outcome    []byte // a RequestPermissionOutcome
+}
+
+// Observer watches sessions. Observe runs on the session's hot paths (the
+// agent's reader, a client's handler): it must not block, nor call back
+// into the relay.
+type Observer interface {
+	Observe(e *Event)
+}
+
+// Refusal is a decider's no: the JSON-RPC error the client gets.
+type Refusal struct {
+	Code    int
+	Message string
+	Data    []byte // error.data as JSON (nil: none)
+}
+
+// Decision answers an agent's permission request in the clients' place.
+type Decision struct {
+	Outcome []byte // the RequestPermissionOutcome the agent gets
+	By      string // who decided, for the clients and the audit trail
+}
+
+// Decider decides for sessions, before the clients are asked.
+type Decider interface {
+	// Prompt is asked before a prompt (e: TurnStarted, Turn nil) goes to
+	// the agent, or waits for its turn: a Refusal answers it instead.
+	Prompt(e *Event) *Refusal
+	// Permission is asked before an agent's permission request (e:
+	// PermissionRequested, Msg as the agent sent it, its paths the
+	// tenant's) goes to the clients: ok answers the agent with d, and no
+	// client is asked.
+	Permission(e *Event) (d Decision, ok bool)
+}
+
+// Selective is an Observer that takes only some kinds of events; one that
+// does not implement it takes every kind.
+type Selective interface {
+	Wants(k Kind) bool
+}
+
+// Set is many observers as one, each called in order with the kinds it
+// wants. A nil Set observes nothing.
+type Set struct {
+	all   []Observer
+	wants uint64 // a bit per Kind some observer wants
+}
+
+// NewSet makes a Set of os (nil ones left out).
+func NewSet(os ...Observer) *Set {
+	s := &Set{}
+	for _, o := range os {
+		if o == nil {
+			continue
+		}
+		s.all = append(s.all, o)
+		for k := Kind(1); k < 64; k++ {
+			if sel, ok := o.(Selective); !ok || sel.Wants(k) {
+				s.wants |= 1 << k
+			}
+		}
+	}
+	return s
+}
+
+// Wants reports whether some observer takes events of kind k: a caller may
+// skip building an event nobody takes.
+func (s *Set) Wants(k Kind) bool { return s != nil && s.wants&(1<<k) != 0 }
+
+// Observe passes e to each observer that wants it.
+func (s *Set) Observe(e *Event) {
+	if !s.Wants(e.Kind) {
+		return
+	}
+	for _, o := range s.all {
+		if sel, ok := o.(Selective); !ok || sel.Wants(e.Kind) {
+			o.Observe(e)
+		}
+	}
+}
+
+// Deciders is many deciders as one: the first refusal or decision wins.
+type Deciders []Decider
+
+// Prompt asks each in order until one refuses.
+func (ds Deciders) Prompt(e *Event) *Refusal {
+	for _, d := range ds {
+		if r := d.Prompt(e); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+// Permission asks each in order until one decides.
+func (ds Deciders) Permission(e *Event) (Decision, bool) {
+	for _, d := range ds {
+		if dec, ok := d.Permission(e); ok {
+			return dec, true
+		}
+	}
+	return Decision{}, false
+}
