@@ -100,7 +100,7 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 		r.tenants = map[string]*tenant{"": ten}
 		r.conns = map[*Conn]struct{}{}
 		ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
-	ag.obs = r.observers(ag, nil)
+		ag.obs = r.observers(ag, nil)
 		ag.obs = r.observers(ag, nil)
 		l := ag.newLink(nil).(*procLink) // take-overs never reach the process
 		a, b, sa, sb := detachedPair(r, ag, l)

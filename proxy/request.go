@@ -358,6 +358,12 @@ func (in *inReq) resolution(by *Conn, outcome []byte) []byte {
 	in.link.mu.Lock()
 	msg := in.msg
 	in.link.mu.Unlock()
+	return s.resolution(msg, by, outcome)
+}
+
+// resolution is the permission_resolved update of msg, a permission
+// request of the session, settled by by (nil: the gateway) with outcome.
+func (s *Session) resolution(msg []byte, by *Conn, outcome []byte) []byte {
 	var req struct {
 		Params struct {
 			ToolCall struct {

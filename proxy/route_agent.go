@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -307,6 +308,9 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	if m.Kind == jsonrpc.KindRequest {
+		if m.Method == mRequestPerm && rc.sess != nil && r.decided(m, rc.sess, edits) {
+			return
+		}
 		if s := rc.sess; s != nil && s.shared() {
 			s.fan.Lock() // an attach sees the request whole, or not at all
 			defer s.fan.Unlock()
@@ -446,6 +450,32 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 		return nil, false
 	}
 	return edits, true
+}
+
+// decided lets the agent's deciders answer m, a permission request about
+// s, in the clients' place (edits: the tenant's view of its paths): the
+// agent gets the decision, the session's members hear how it was settled,
+// and no client is asked. false: no decider decided.
+func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Edit) bool {
+	dec := r.l.ag.dec
+	if len(dec) == 0 {
+		return false
+	}
+	es := slices.Clone(edits)
+	jsonrpc.SortEdits(es)
+	view := jsonrpc.Splice(nil, m.Raw, es)
+	d, ok := dec.Permission(&observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view})
+	if !ok {
+		return false
+	}
+	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
+	r.l.p.SendCtrl(append(jsonrpc.AppendResult(nil, m.ID, result), '\n'))
+	s.emit(&observe.Event{Kind: observe.PermissionResolved, Turn: s.curTurn(), Msg: view, By: d.By, Outcome: d.Outcome})
+	if body := s.resolution(view, nil, d.Outcome); body != nil && s.members.Load() != nil {
+		s.toMembers(body, nil)
+	}
+	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By)
+	return true
 }
 
 // refuse answers an agent request with an error in the client's place.

@@ -58,11 +58,12 @@ func tracedAgent() {
 			fmt.Fprintln(out, `{"jsonrpc":"2.0","id":"perm1","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1"},"options":[{"optionId":"allow","name":"Allow","kind":"allow_once"}]}}`)
 		case "_demo/fail":
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32042,"message":"nope"}}`+"\n", m.ID)
-		case "":
+		case "": // the permission request's answer
 			update(`{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed"}`)
 			update(`{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"done"}}`)
 			q, _ := json.Marshal(promptLine)
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"stopReason":"end_turn","_meta":{"line":%s}}}`+"\n", promptID, q)
+			a, _ := json.Marshal(string(m.raw))
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"stopReason":"end_turn","_meta":{"line":%s,"answer":%s}}}`+"\n", promptID, q, a)
 		}
 	})
 }
