@@ -297,7 +297,8 @@ func (r *Relay) wasEndedByAdmin(id string) bool {
 }
 
 // endedByAdmin answers a request naming a session an administrator ended.
-func (c *Conn) endedByAdmin(m *jsonrpc.Message, gwID string) {
+func (cr *clientReader) endedByAdmin(m *jsonrpc.Message, gwID string) {
+	c := cr.c
 	if m.Kind != jsonrpc.KindRequest {
 		return
 	}

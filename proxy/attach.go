@@ -59,7 +59,8 @@ func (p *attachParams) check() error {
 // history the policy asks for, the result, the session's pending permission
 // requests (re-issued with ids of its own, unless it is read-only), then
 // live traffic: the fan lock makes each message reach it exactly once.
-func (c *Conn) handleAttach(m *jsonrpc.Message) {
+func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
+	c := cr.c
 	if m.Kind != jsonrpc.KindRequest {
 		return // a notification can get no answer: dropped
 	}
@@ -67,23 +68,23 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 	var p attachParams
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		c.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
+		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
 		return
 	}
-	c.spanSession(p.SessionID)
+	cr.spanSession(p.SessionID)
 	if err := p.check(); err != nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		c.answerError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
+		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
 		return
 	}
-	s, readOnly, ok := c.mayAttach(m, p)
+	s, readOnly, ok := cr.mayAttach(m, p)
 	if !ok {
 		return
 	}
 	if mem := s.memberOf(c); mem != nil {
 		// Attached already (a page reloaded on a resumed connection): the
 		// replay and result again, nothing added.
-		if !c.joinSession(m, s, mem, p.HistoryPolicy, false) {
+		if !cr.joinSession(m, s, mem, p.HistoryPolicy, false) {
 			c.detach(s)
 		}
 		return
@@ -98,7 +99,7 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 		mem.info = connPeer(c).info()
 	}
 	c.attach(s) // routed to c from now on (and counted once for its tenant)
-	if !c.joinSession(m, s, mem, p.HistoryPolicy, true) {
+	if !cr.joinSession(m, s, mem, p.HistoryPolicy, true) {
 		c.detach(s)
 		return
 	}
@@ -108,7 +109,7 @@ func (c *Conn) handleAttach(m *jsonrpc.Message) {
 		c.leaveSession(s, false)
 		return
 	}
-	c.reqLog().Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
+	cr.reqLog().Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
 }
 
 // info is a peer's name and version.
@@ -117,18 +118,19 @@ func (p peer) info() clientInfo { return clientInfo{Name: p.Name, Version: p.Ver
 // mayAttach finds the live session p names and decides whether c may
 // attach to it, and read-only or not. Another tenant's session fails as an
 // unknown one does.
-func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOnly, ok bool) {
+func (cr *clientReader) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOnly, ok bool) {
+	c := cr.c
 	metrics := c.relay.metrics
 	agentSID, err := c.relay.sealer.Open(c.scope, p.SessionID)
 	if err != nil {
 		metrics.Attaches.WithLabelValues("not_found").Inc()
-		c.notFound(m, p.SessionID, false)
+		cr.notFound(m, p.SessionID, false)
 		return nil, false, false
 	}
 	s = c.ag.heldSession(agentSID)
 	if s == nil || s.ten != c.ten || s.isLost() {
 		metrics.Attaches.WithLabelValues("not_found").Inc()
-		c.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
+		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
 			"(it has ended, or its clients are connected to another replica: attach through the replica that serves it)",
 			sessionIDObject(p.SessionID))
 		return nil, false, false
@@ -137,26 +139,27 @@ func (c *Conn) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOn
 	other := c.subject != s.subject
 	switch {
 	case sharing.Attach == SharingOff:
-		return c.refuseAttach(m, "attach is off for this tenant")
+		return cr.refuseAttach(m, "attach is off for this tenant")
 	case other && sharing.Attach != SharingTenant:
-		return c.refuseAttach(m, "the session belongs to another subject")
+		return cr.refuseAttach(m, "the session belongs to another subject")
 	}
 	c.mu.Lock()
 	held := c.sessions[p.SessionID] == s
 	c.mu.Unlock()
 	if held && s.memberOf(c) == nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		c.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
+		cr.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
 		return nil, false, false
 	}
 	return s, p.Meta.Acpgate.ReadOnly || other && sharing.ReadOnlyForOthers, true
 }
 
-func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, bool) {
+func (cr *clientReader) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, bool) {
+	c := cr.c
 	c.relay.metrics.Attaches.WithLabelValues("refused").Inc()
 	c.denied("attach", m.Method)
-	c.reqLog().Info("session/attach refused", "why", why)
-	c.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
+	cr.reqLog().Info("session/attach refused", "why", why)
+	cr.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
 	return nil, false, false
 }
 
@@ -166,7 +169,8 @@ func (c *Conn) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, boo
 // without the session's fan lock (a slow client must not hold the agent's
 // reader up): what the session sends meanwhile waits in the member's
 // backlog, so each message reaches c once and in order.
-func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string, add bool) bool {
+func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string, add bool) bool {
+	c := cr.c
 	s.fan.Lock()
 	ok, full := true, false
 	if add {
@@ -176,10 +180,10 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 		s.fan.Unlock()
 		if full {
 			c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-			c.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
+			cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
 		} else {
 			c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
-			c.notFound(m, s.GatewayID, false)
+			cr.notFound(m, s.GatewayID, false)
 		}
 		return false
 	}
@@ -197,7 +201,7 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 	}
 	s.fan.Lock()
 	if mem.overrun { // the session outran the replay: what c missed is gone
-		e := c.overran(m, s, mem, add)
+		e := cr.overran(m, s, mem, add)
 		s.fan.Unlock()
 		e.run()      // no client left: the session ends, off the fan lock
 		return false // the caller lets go of s
@@ -224,13 +228,14 @@ func (c *Conn) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy s
 // overran fails an attach whose session sent more than maxBacklog during
 // its replay: mem leaves the session; with no client left the session
 // ends, by the teardown returned (s.fan held).
-func (c *Conn) overran(m *jsonrpc.Message, s *Session, mem *member, add bool) *ending {
+func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add bool) *ending {
+	c := cr.c
 	for _, b := range mem.backlog {
 		jsonrpc.PutBuffer(b.msg)
 	}
 	mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
 	c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-	c.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
+	cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
 	if !add {
 		c.relay.metrics.AttachedClients.Dec() // counted when it first attached
 	}
@@ -265,22 +270,23 @@ func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed
 
 // handleDetach serves session/detach: c stops being a client of the
 // session. The session lives on while another client holds it.
-func (c *Conn) handleDetach(m *jsonrpc.Message) {
+func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
+	c := cr.c
 	var p struct {
 		SessionID string `json:"sessionId"`
 	}
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
 		if m.Kind == jsonrpc.KindRequest {
-			c.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/detach needs params.sessionId (a string)", nil)
+			cr.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/detach needs params.sessionId (a string)", nil)
 		}
 		return
 	}
-	c.spanSession(p.SessionID)
+	cr.spanSession(p.SessionID)
 	c.mu.Lock()
 	s := c.sessions[p.SessionID]
 	c.mu.Unlock()
 	if s == nil {
-		c.notFound(m, p.SessionID, false)
+		cr.notFound(m, p.SessionID, false)
 		return
 	}
 	c.leaveSession(s, false) // a turn running is cancelled if c was its last client (finishSession)
@@ -330,7 +336,8 @@ func (c *Conn) dropRequestsOf(s *Session) {
 // readOnlyWrite refuses m if it names a session c is a read-only member
 // of: every method but session/detach, before the policy looks at it, so
 // that each gets the one documented error.
-func (c *Conn) readOnlyWrite(m *jsonrpc.Message) bool {
+func (cr *clientReader) readOnlyWrite(m *jsonrpc.Message) bool {
+	c := cr.c
 	f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
 	if !ok {
 		return false
@@ -347,7 +354,7 @@ func (c *Conn) readOnlyWrite(m *jsonrpc.Message) bool {
 	}
 	c.denied("read_only", m.Method)
 	if m.Kind == jsonrpc.KindRequest {
-		c.answerError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
+		cr.answerError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
 	}
 	return true
 }

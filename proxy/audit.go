@@ -41,7 +41,8 @@ func (c *Conn) denied(reason, method string) {
 
 // clientFsDone records what c's client did for the agent's file request
 // in, which it answered with m (a result).
-func (c *Conn) clientFsDone(in *inReq, m *jsonrpc.Message) {
+func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
+	c := cr.c
 	in.link.mu.Lock()
 	msg := in.msg
 	in.link.mu.Unlock()

@@ -82,8 +82,8 @@ func (r *Relay) newConnForBench(s Sink) *Conn {
 	pol := policy.Default()
 	ten.conf.Store(&TenantConfig{Policy: &pol})
 	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
-	c.sc.Methods = knownMethods
-	c.resolve = clientSpec
+	c.cr = clientReader{c: c, resolve: clientSpec}
+	c.cr.sc.Methods = knownMethods
 	c.out.sink = s
 	return c
 }

@@ -117,22 +117,13 @@ type Conn struct {
 	ctx               context.Context
 	cancel            context.CancelFunc
 
-	// Used only by the goroutine that calls Handle, one at a time: with a
-	// resume, the old socket's last message may still be in hand when the
-	// new socket's first arrives (handleMu).
+	// handleMu: the client's messages are handled one at a time, whichever
+	// socket they came on (with a resume, the old socket's last message may
+	// still be in hand when the new socket's first arrives). cr is what
+	// handles them, used only under it.
 	handleMu sync.Mutex
-	sc       jsonrpc.Scanner
-	msg      jsonrpc.Message
-	rspan    trace.Span   // the request in hand's span, if it is traced (handleCall)
-	rlog     *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
-	edits    []jsonrpc.Edit
-	resolve  jsonrpc.Resolver
-	// traceParent: the trace context of the message in hand from its
-	// transport (a POST's traceparent header; HandleScannedTrace).
-	traceParent trace.SpanContext
+	cr       clientReader
 
-	limiter *rate.Limiter    // the connection's message rate; nil = none
-	logLim  *pool.LogLimiter // bounds what one client can make the gateway log (under handleMu)
 	// auditLim bounds the policy.denied events one connection's client, or
 	// its agent, can make the audit trail write.
 	auditLim *audit.Limiter
@@ -169,6 +160,27 @@ type Conn struct {
 	detachTimer *time.Timer // ends the connection at sessions.detach_timeout
 	detachedAt  time.Time   // when it last detached
 	resuming    int         // Resume calls not yet attached or aborted
+}
+
+// clientReader handles what a client sends: it scans each message,
+// applies the connection's limits and its tenant's policy, and routes it
+// (route_client.go) or serves it (session/attach, a take-over). It is the
+// connection's read side, as agentReader is a process's: used only by the
+// goroutine that holds the connection's handleMu.
+type clientReader struct {
+	c       *Conn
+	sc      jsonrpc.Scanner
+	msg     jsonrpc.Message
+	rspan   trace.Span   // the request in hand's span, if it is traced (handleCall)
+	rlog    *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
+	edits   []jsonrpc.Edit
+	resolve jsonrpc.Resolver
+	// traceParent: the trace context of the message in hand from its
+	// transport (a POST's traceparent header; HandleScannedTrace).
+	traceParent trace.SpanContext
+
+	limiter *rate.Limiter    // the connection's message rate; nil = none
+	logLim  *pool.LogLimiter // bounds what one client can make the gateway log
 }
 
 // clientSpec locates what the relay rewrites in a client message.
@@ -236,9 +248,10 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 
 // answerError answers the request in hand with an error and records it on
 // the request's span, if it is traced (c.handleMu held).
-func (c *Conn) answerError(id []byte, code int, msg string, data []byte) {
-	if c.rspan != nil {
-		spanError(c.rspan, code, msg)
+func (cr *clientReader) answerError(id []byte, code int, msg string, data []byte) {
+	c := cr.c
+	if cr.rspan != nil {
+		spanError(cr.rspan, code, msg)
 	}
 	c.replyError(id, code, msg, data)
 }
@@ -252,7 +265,7 @@ func (c *Conn) answerError(id []byte, code int, msg string, data []byte) {
 func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 	c.handleMu.Lock() // counted and handled in one order, whichever socket
 	if c.countFrom(sink) {
-		jsonrpc.Messages(frame, c.handleLocked)
+		jsonrpc.Messages(frame, c.cr.handleLocked)
 	}
 	c.handleMu.Unlock()
 	c.handled()
@@ -276,15 +289,16 @@ func (c *Conn) countFrom(sink Sink) bool {
 func (c *Conn) Handle(frame []byte) {
 	c.handleMu.Lock()
 	c.recv.Add(1)
-	jsonrpc.Messages(frame, c.handleLocked)
+	jsonrpc.Messages(frame, c.cr.handleLocked)
 	c.handleMu.Unlock()
 	c.handled()
 }
 
 // handleLocked processes one client message (c.handleMu held).
-func (c *Conn) handleLocked(frame []byte) {
-	m := &c.msg
-	if err := c.sc.Scan(frame, m, c.resolve); err != nil {
+func (cr *clientReader) handleLocked(frame []byte) {
+	c := cr.c
+	m := &cr.msg
+	if err := cr.sc.Scan(frame, m, cr.resolve); err != nil {
 		var se *jsonrpc.ScanError
 		errors.As(err, &se)
 		switch se.Class {
@@ -295,7 +309,7 @@ func (c *Conn) handleLocked(frame []byte) {
 		}
 		return
 	}
-	c.handleMessage(m)
+	cr.handleMessage(m)
 }
 
 // handled follows the handling of a frame (handleMu released): a take-over
@@ -321,7 +335,7 @@ func ScanClient(sc *jsonrpc.Scanner, frame []byte, m *jsonrpc.Message) error {
 func (c *Conn) HandleScanned(sink Sink, m *jsonrpc.Message) {
 	c.handleMu.Lock()
 	if c.countFrom(sink) {
-		c.handleMessage(m)
+		c.cr.handleMessage(m)
 	}
 	c.handleMu.Unlock()
 	c.handled()
@@ -334,25 +348,26 @@ func (c *Conn) HandleScanned(sink Sink, m *jsonrpc.Message) {
 func (c *Conn) HandleScannedTrace(sink Sink, m *jsonrpc.Message, parent trace.SpanContext) {
 	c.handleMu.Lock()
 	if c.countFrom(sink) {
-		c.traceParent = parent
-		c.handleMessage(m)
-		c.traceParent = trace.SpanContext{}
+		c.cr.traceParent = parent
+		c.cr.handleMessage(m)
+		c.cr.traceParent = trace.SpanContext{}
 	}
 	c.handleMu.Unlock()
 	c.handled()
 }
 
 // handleMessage processes one scanned client message (c.handleMu held).
-func (c *Conn) handleMessage(m *jsonrpc.Message) {
+func (cr *clientReader) handleMessage(m *jsonrpc.Message) {
+	c := cr.c
 	if len(m.ID) > maxIDBytes || len(m.Method) > maxMethodBytes {
 		c.replyError(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: ids are limited to %d bytes and method names to %d", maxIDBytes, maxMethodBytes), nil)
 		return
 	}
 	if m.Kind == jsonrpc.KindResponse {
-		c.handleResponse(m)
+		cr.handleResponse(m)
 		return
 	}
-	if !c.allow(m) {
+	if !cr.allow(m) {
 		return
 	}
 	c.mu.Lock()
@@ -360,10 +375,10 @@ func (c *Conn) handleMessage(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	switch {
 	case !initialized && m.Method == mInitialize && m.Kind == jsonrpc.KindRequest:
-		span := c.startSpan(m)
-		c.rspan = span
-		c.handleInitialize(m)
-		c.rspan, c.rlog = nil, nil
+		span := cr.startSpan(m)
+		cr.rspan = span
+		cr.handleInitialize(m)
+		cr.rspan, cr.rlog = nil, nil
 		if span != nil {
 			span.End()
 		}
@@ -376,7 +391,7 @@ func (c *Conn) handleMessage(m *jsonrpc.Message) {
 			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is already initialized", nil)
 		}
 	default:
-		c.handleCall(m)
+		cr.handleCall(m)
 	}
 }
 
@@ -391,14 +406,15 @@ const codeBusy = -32006
 
 // allow applies the connection's and the tenant's rate limits and the
 // pending-request cap. Cancellations always pass: they reduce load.
-func (c *Conn) allow(m *jsonrpc.Message) bool {
+func (cr *clientReader) allow(m *jsonrpc.Message) bool {
+	c := cr.c
 	if (m.Method == mSessionCancel || m.Method == mCancelRequest) && m.Kind == jsonrpc.KindNotification && len(m.Raw) <= maxFreeCancelBytes {
 		return true
 	}
 	var why string
 	switch {
-	case c.limiter != nil && !c.limiter.Allow():
-		why = fmt.Sprintf("rate limit: at most %g messages per second on this connection", float64(c.limiter.Limit()))
+	case cr.limiter != nil && !cr.limiter.Allow():
+		why = fmt.Sprintf("rate limit: at most %g messages per second on this connection", float64(cr.limiter.Limit()))
 	case c.ten.limiter != nil && !c.ten.limiter.Allow():
 		why = fmt.Sprintf("rate limit: tenant %q is over its message rate", c.tenant)
 	case m.Kind == jsonrpc.KindRequest && c.relay.limits.MaxPendingRequests > 0 && c.pending() >= c.relay.limits.MaxPendingRequests:
@@ -409,7 +425,7 @@ func (c *Conn) allow(m *jsonrpc.Message) bool {
 	c.denied("rate_limited", m.Method)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, codeBusy, why, nil)
-	} else if c.logLim.Allow() {
+	} else if cr.logLim.Allow() {
 		c.log.Info("notification dropped", "method", m.Method, "why", why)
 	}
 	return false
@@ -457,7 +473,8 @@ func (c *Conn) Busy() bool {
 // answer, at once. Only before any agent process has ever initialized (a
 // cold pool) does it wait for one, up to pool.acquire_timeout; the
 // handshake timeout does not run meanwhile (HandshakeDone).
-func (c *Conn) handleInitialize(m *jsonrpc.Message) {
+func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
+	c := cr.c
 	prof, err := c.relay.profileFor(c, m.Payload)
 	if err != nil {
 		c.replyError(m.ID, jsonrpc.CodeInvalidParams, "initialize: "+err.Error(), nil)
@@ -472,7 +489,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		cancel()
 		if err != nil {
 			c.initArrived.Store(false)
-			c.reqLog().Warn("initialize: no agent", "err", err)
+			cr.reqLog().Warn("initialize: no agent", "err", err)
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 			return
 		}
@@ -490,7 +507,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 		c.mu.Unlock()
 		home.Release()
 		if err != nil {
-			c.reqLog().Error("the agent's initialize result cannot be filtered; refusing", "err", err)
+			cr.reqLog().Error("the agent's initialize result cannot be filtered; refusing", "err", err)
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent's initialize result is malformed", nil)
 		}
 		return
@@ -498,7 +515,7 @@ func (c *Conn) handleInitialize(m *jsonrpc.Message) {
 	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.Caps
 	c.info = initClientInfo(m.Payload)
 	c.mu.Unlock()
-	c.reqLog().Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
+	cr.reqLog().Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }
 
@@ -531,13 +548,14 @@ func createdCwd(m *jsonrpc.Message) string {
 // a method that is off (or the agent never advertised) gets -32601, a
 // disallowed MCP server, prompt content type or additionalDirectories gets
 // -32602. Nothing refused reaches the agent.
-func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
+func (cr *clientReader) checkPolicy(m *jsonrpc.Message) bool {
+	c := cr.c
 	pol := c.ten.policy(c.ag.name)
 	c.mu.Lock()
 	caps := c.caps
 	c.mu.Unlock()
 	if err := pol.AllowClientMethod(m.Method, caps); err != nil {
-		c.refuse(m, jsonrpc.CodeMethodNotFound, "method", err)
+		cr.refuse(m, jsonrpc.CodeMethodNotFound, "method", err)
 		return false
 	}
 	blocks, servers := 0, 0
@@ -556,7 +574,7 @@ func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
 			err, reason = pol.CheckAdditionalDirectories(caps), "additional_directories"
 		}
 		if err != nil {
-			c.refuse(m, jsonrpc.CodeInvalidParams, reason, err)
+			cr.refuse(m, jsonrpc.CodeInvalidParams, reason, err)
 			return false
 		}
 	}
@@ -565,9 +583,10 @@ func (c *Conn) checkPolicy(m *jsonrpc.Message) bool {
 
 // refuse answers a message the policy refused (a notification is dropped)
 // and counts it. The error never carries MCP commands, env or headers.
-func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
+func (cr *clientReader) refuse(m *jsonrpc.Message, code int, reason string, err error) {
+	c := cr.c
 	c.denied(reason, m.Method)
-	c.reqLog().Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
+	cr.reqLog().Info("refused by policy", "method", m.Method, "reason", reason, "err", err)
 	if m.Kind == jsonrpc.KindRequest {
 		c.replyError(m.ID, code, err.Error(), nil)
 	}
@@ -576,13 +595,14 @@ func (c *Conn) refuse(m *jsonrpc.Message, code int, reason string, err error) {
 // reserveQuota holds one of the tenant's session slots for m, or answers m
 // with the quota error. A session that moves from another of the tenant's
 // connections (move) is already counted: its slot is held past the cap.
-func (c *Conn) reserveQuota(m *jsonrpc.Message, move bool) bool {
+func (cr *clientReader) reserveQuota(m *jsonrpc.Message, move bool) bool {
+	c := cr.c
 	ok, max := c.ten.tryReserve(move)
 	if ok {
 		return true
 	}
 	c.denied("session_quota", m.Method)
-	c.reqLog().Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
+	cr.reqLog().Info("tenant session quota reached", "tenant", c.tenant, "max_sessions", max)
 	c.replyError(m.ID, codeQuota, fmt.Sprintf("session quota reached: tenant %q may hold at most %d sessions; close one first",
 		c.tenant, max), nil)
 	return false
@@ -596,7 +616,8 @@ func (c *Conn) profile() Profile {
 }
 
 // notFound answers a request for a session this connection does not hold.
-func (c *Conn) notFound(m *jsonrpc.Message, gwID string, lost bool) {
+func (cr *clientReader) notFound(m *jsonrpc.Message, gwID string, lost bool) {
+	c := cr.c
 	if m.Kind != jsonrpc.KindRequest {
 		c.log.Debug("notification for an unknown session dropped", "method", m.Method)
 		return
@@ -606,12 +627,13 @@ func (c *Conn) notFound(m *jsonrpc.Message, gwID string, lost bool) {
 		msg = "session not found: its agent process exited; load the session again"
 	}
 	data := sessionIDObject(gwID)
-	c.answerError(m.ID, jsonrpc.CodeNotFound, msg, data)
+	cr.answerError(m.ID, jsonrpc.CodeNotFound, msg, data)
 }
 
 // forwardCancelRequest translates $/cancel_request for one of the client's
 // requests in flight.
-func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
+func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
+	c := cr.c
 	f, ok := m.FieldOf(jsonrpc.FieldRequestID, -1)
 	if !ok {
 		if m.Kind == jsonrpc.KindRequest {
@@ -648,7 +670,8 @@ func (c *Conn) forwardCancelRequest(m *jsonrpc.Message) {
 }
 
 // handleResponse forwards the client's answer to an agent's request.
-func (c *Conn) handleResponse(m *jsonrpc.Message) {
+func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
+	c := cr.c
 	id, ok := parseAgentID(m.ID)
 	c.mu.Lock()
 	in := c.agentReqs[id]
@@ -659,7 +682,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 			c.log.Debug("client answered an agent request after it was withdrawn; dropped", "id", id)
 			return
 		}
-		if c.logLim.Allow() {
+		if cr.logLim.Allow() {
 			c.log.Warn("client answered a request id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		}
 		return
@@ -681,7 +704,7 @@ func (c *Conn) handleResponse(m *jsonrpc.Message) {
 	// The other clients hear it was settled before the agent goes on.
 	in.withdraw(c, m)
 	if (in.method == mFsRead || in.method == mFsWrite) && !m.IsError {
-		c.clientFsDone(in, m)
+		cr.clientFsDone(in, m)
 	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
 	c.ag.metrics.message(dirClientToAgent, in.method, len(out))

@@ -79,7 +79,7 @@ func loadMsg(t testing.TB, c *Conn, id int, gwID string) *jsonrpc.Message {
 	sc.Methods = knownMethods
 	m := new(jsonrpc.Message)
 	frame := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/load","params":{"sessionId":%q,"cwd":"/tmp","mcpServers":[]}}`, id, gwID)
-	if err := sc.Scan([]byte(frame), m, c.resolve); err != nil {
+	if err := sc.Scan([]byte(frame), m, c.cr.resolve); err != nil {
 		t.Fatal(err)
 	}
 	return m
@@ -118,7 +118,7 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 			c.handleMu.Lock()
 			ready.Done()
 			<-start
-			*took = c.takeOver(m, agentSID)
+			*took = c.cr.takeOver(m, agentSID)
 			c.handleMu.Unlock()
 			c.handled()
 		}
@@ -171,7 +171,7 @@ func TestQuotaHeldWhileHolderEndsDuringLoad(t *testing.T) {
 	// b's load of a's session passes its quota check (the session moves:
 	// it is already counted)...
 	m := loadMsg(t, b.c, 2, sid)
-	if !b.c.ag.heldByTenant(agentSID, "") || !b.c.reserveQuota(m, true) {
+	if !b.c.ag.heldByTenant(agentSID, "") || !b.c.cr.reserveQuota(m, true) {
 		t.Fatal("the load of a session the tenant holds was refused")
 	}
 	h := &hold{conn: b.c, quota: true}
@@ -185,12 +185,12 @@ func TestQuotaHeldWhileHolderEndsDuringLoad(t *testing.T) {
 	// The load goes on and completes.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rt, err := b.c.placeLoad(ctx, m, agentSID, nil, h)
+	rt, err := b.c.cr.placeLoad(ctx, m, agentSID, nil, h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f, _ := m.FieldOf(jsonrpc.FieldSessionID, -1)
-	b.c.send(ctx, m, rt, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}}, nil)
+	b.c.cr.send(ctx, m, rt, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}}, nil)
 	if got := b.await("2", nil); got.Error != nil {
 		t.Fatalf("session/load: %s", got.raw)
 	}

@@ -273,10 +273,9 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		clientReqs: map[string]*outReq{},
 		agentReqs:  map[int64]*inReq{},
 	}
-	c.sc.Methods = knownMethods
-	c.resolve = clientSpec
-	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
-	c.logLim = pool.NewLogLimiter(20, time.Second)
+	c.cr = clientReader{c: c, resolve: clientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
+		logLim: pool.NewLogLimiter(20, time.Second)}
+	c.cr.sc.Methods = knownMethods
 	c.auditLim = audit.NewLimiter(20, 20)
 	c.out.sink = sink
 	if r.resume.DetachTimeout > 0 && !info.NoResume {

@@ -26,38 +26,39 @@ type routed struct {
 // handleCall routes a client request or notification to an agent process:
 // it checks the message, lets one handler per class of message choose the
 // process and take what the request holds, then sends it.
-func (c *Conn) handleCall(m *jsonrpc.Message) {
+func (cr *clientReader) handleCall(m *jsonrpc.Message) {
+	c := cr.c
 	isReq := m.Kind == jsonrpc.KindRequest
 	if isReq && c.inFlight(m.ID) {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
 	if m.Method == mCancelRequest {
-		c.forwardCancelRequest(m)
+		cr.forwardCancelRequest(m)
 		return
 	}
-	span := c.startSpan(m)
-	c.rspan = span
-	defer func() { c.rspan, c.rlog = nil, nil }()
+	span := cr.startSpan(m)
+	cr.rspan = span
+	defer func() { cr.rspan, cr.rlog = nil, nil }()
 	switch m.Method {
 	case mSessionAttach:
-		c.handleAttach(m)
+		cr.handleAttach(m)
 		gatewaySpan(span)
 		return
 	case mSessionDetach:
-		c.handleDetach(m)
+		cr.handleDetach(m)
 		gatewaySpan(span)
 		return
 	}
-	if c.readOnlyWrite(m) || !c.checkPolicy(m) {
+	if cr.readOnlyWrite(m) || !cr.checkPolicy(m) {
 		gatewaySpan(span)
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
-	edits, pathErr := c.ten.mapToAgent(m, c.edits[:0])
+	edits, pathErr := c.ten.mapToAgent(m, cr.edits[:0])
 	if pathErr != nil {
 		c.denied("path_outside_root", m.Method)
-		c.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
+		cr.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
 			failSpan(span, jsonrpc.CodeInvalidParams, pathErr.Error())
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
@@ -69,13 +70,13 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 	if span != nil {
 		ctx = trace.ContextWithSpan(ctx, span) // the pool wait's parent
 	}
-	rt, edits, err := c.route(ctx, m, edits)
+	rt, edits, err := cr.route(ctx, m, edits)
 	switch {
 	case errors.Is(err, errAnswered):
 		gatewaySpan(span)
 		return
 	case err != nil:
-		c.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
+		cr.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
 			failSpan(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
@@ -83,30 +84,31 @@ func (c *Conn) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	routedSpan(span, rt, m)
-	c.send(ctx, m, rt, edits, span)
+	cr.send(ctx, m, rt, edits, span)
 }
 
 // route chooses the handler for the class of m: about a session, creating
 // one, or neither (the connection's home process).
-func (c *Conn) route(ctx context.Context, m *jsonrpc.Message, edits []jsonrpc.Edit) (*routed, []jsonrpc.Edit, error) {
+func (cr *clientReader) route(ctx context.Context, m *jsonrpc.Message, edits []jsonrpc.Edit) (*routed, []jsonrpc.Edit, error) {
 	if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-		rt, agentSID, err := c.routeSession(ctx, m, f)
+		rt, agentSID, err := cr.routeSession(ctx, m, f)
 		if err != nil {
 			return nil, edits, err
 		}
 		return rt, append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}), nil
 	}
 	if createsSession(m.Method) {
-		rt, err := c.routeCreate(ctx, m)
+		rt, err := cr.routeCreate(ctx, m)
 		return rt, edits, err
 	}
-	rt, err := c.routeHome(ctx)
+	rt, err := cr.routeHome(ctx)
 	return rt, edits, err
 }
 
 // routeSession routes a message that names a session: a load or resume, a
 // delete, a close of a lost session, or anything for a live one.
-func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.Field) (*routed, string, error) {
+func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.Field) (*routed, string, error) {
+	c := cr.c
 	gwID, isStr := m.String(f)
 	if !isStr {
 		if m.Kind == jsonrpc.KindRequest {
@@ -118,29 +120,29 @@ func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.F
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
 	if sess != nil && sess.stage() == stageClosing || sess == nil && c.relay.wasEndedByAdmin(gwID) {
-		c.endedByAdmin(m, gwID)
+		cr.endedByAdmin(m, gwID)
 		return nil, "", errAnswered
 	}
 	live := sess != nil && !sess.isLost()
 	switch {
 	case attachesSession(m.Method):
-		return c.routeAttach(ctx, m, gwID, sess, live)
+		return cr.routeAttach(ctx, m, gwID, sess, live)
 	case !live && m.Method == mSessionDelete:
 		agentSID, err := c.relay.sealer.Open(c.scope, gwID)
 		if err != nil {
-			c.notFound(m, gwID, false)
+			cr.notFound(m, gwID, false)
 			return nil, "", errAnswered
 		}
-		rt, err := c.routeHome(ctx)
+		rt, err := cr.routeHome(ctx)
 		return rt, agentSID, err
 	case !live && sess != nil && m.Method == mSessionClose:
-		c.closeLost(m, sess)
+		cr.closeLost(m, sess)
 		return nil, "", errAnswered
 	case !live:
-		c.notFound(m, gwID, sess != nil)
+		cr.notFound(m, gwID, sess != nil)
 		return nil, "", errAnswered
 	}
-	rt, err := c.routeLive(m, sess)
+	rt, err := cr.routeLive(m, sess)
 	return rt, sess.AgentID, err
 }
 
@@ -149,10 +151,11 @@ func (c *Conn) routeSession(ctx context.Context, m *jsonrpc.Message, f jsonrpc.F
 // session may be taken over, or the load goes to the process that still
 // serves the session (or any with room), and the session is routed to this
 // connection from now on, before the agent replays its history.
-func (c *Conn) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string, sess *Session, live bool) (*routed, string, error) {
+func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string, sess *Session, live bool) (*routed, string, error) {
+	c := cr.c
 	agentSID, err := c.relay.sealer.Open(c.scope, gwID)
 	if err != nil {
-		c.notFound(m, gwID, false)
+		cr.notFound(m, gwID, false)
 		return nil, "", errAnswered
 	}
 	if live {
@@ -161,7 +164,7 @@ func (c *Conn) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string,
 		return &routed{link: sess.link, sess: sess, h: h}, agentSID, nil
 	}
 	isReq := m.Kind == jsonrpc.KindRequest
-	if isReq && c.takeOver(m, agentSID) {
+	if isReq && cr.takeOver(m, agentSID) {
 		return nil, "", errAnswered
 	}
 	h := &hold{conn: c}
@@ -170,18 +173,19 @@ func (c *Conn) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string,
 	// its slot is reserved past the cap, so that the holder ending
 	// meanwhile never lets another session in over the quota.
 	if isReq && sess == nil {
-		if !c.reserveQuota(m, c.ag.heldByTenant(agentSID, c.tenant)) {
+		if !cr.reserveQuota(m, c.ag.heldByTenant(agentSID, c.tenant)) {
 			return nil, "", errAnswered
 		}
 		h.quota = true
 	}
-	rt, err := c.placeLoad(ctx, m, agentSID, sess, h)
+	rt, err := cr.placeLoad(ctx, m, agentSID, sess, h)
 	return rt, agentSID, err
 }
 
 // placeLoad finds the process for a load and, for a request, routes the
 // session to c from now on. h holds what the load took so far.
-func (c *Conn) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID string, sess *Session, h *hold) (*routed, error) {
+func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID string, sess *Session, h *hold) (*routed, error) {
+	c := cr.c
 	wait := c.relay.poolWait(ctx)
 	lease, err := c.ag.placeSession(ctx, c.profile(), agentSID)
 	endWait(wait, err)
@@ -204,10 +208,11 @@ func (c *Conn) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID strin
 // session-creating request naming a session (session/fork) makes a new
 // session on the same process: it takes a tenant slot and a process slot
 // like session/new.
-func (c *Conn) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
+func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
+	c := cr.c
 	h := &hold{conn: c}
 	if createsSession(m.Method) && m.Kind == jsonrpc.KindRequest {
-		if !c.reserveQuota(m, false) {
+		if !cr.reserveQuota(m, false) {
 			return nil, errAnswered
 		}
 		h.quota = true
@@ -224,10 +229,11 @@ func (c *Conn) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
 
 // routeCreate routes session/new (and the like) to a process with room,
 // holding a tenant slot and a process slot until the agent answers.
-func (c *Conn) routeCreate(ctx context.Context, m *jsonrpc.Message) (*routed, error) {
+func (cr *clientReader) routeCreate(ctx context.Context, m *jsonrpc.Message) (*routed, error) {
+	c := cr.c
 	h := &hold{conn: c}
 	if m.Kind == jsonrpc.KindRequest {
-		if !c.reserveQuota(m, false) {
+		if !cr.reserveQuota(m, false) {
 			return nil, errAnswered
 		}
 		h.quota = true
@@ -245,7 +251,8 @@ func (c *Conn) routeCreate(ctx context.Context, m *jsonrpc.Message) (*routed, er
 
 // routeHome routes a message that names no session to the connection's
 // home process.
-func (c *Conn) routeHome(ctx context.Context) (*routed, error) {
+func (cr *clientReader) routeHome(ctx context.Context) (*routed, error) {
+	c := cr.c
 	l, err := c.homeProc(ctx)
 	if err != nil {
 		return nil, err
@@ -255,7 +262,8 @@ func (c *Conn) routeHome(ctx context.Context) (*routed, error) {
 
 // closeLost answers session/close for a session whose agent died: closing
 // it only has to forget it here.
-func (c *Conn) closeLost(m *jsonrpc.Message, sess *Session) {
+func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
+	c := cr.c
 	c.detach(sess)
 	sess.sessionEvent(c, "closed", "")
 	if m.Kind == jsonrpc.KindRequest {
@@ -265,7 +273,8 @@ func (c *Conn) closeLost(m *jsonrpc.Message, sess *Session) {
 
 // send tracks a request (its hold goes with it) and passes the message to
 // its process with the edits spliced in. A notification holds nothing.
-func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits []jsonrpc.Edit, span trace.Span) {
+func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits []jsonrpc.Edit, span trace.Span) {
+	c := cr.c
 	var req *outReq
 	if m.Kind == jsonrpc.KindRequest {
 		if rt.sess != nil && m.Method == mSessionPrompt {
@@ -276,7 +285,7 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 				return
 			}
 		}
-		req = c.track(m, rt, span)
+		req = cr.track(m, rt, span)
 		if req == nil {
 			return
 		}
@@ -288,9 +297,9 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 		rt.h.release()
 	}
 	jsonrpc.SortEdits(edits)
-	c.edits = edits
+	cr.edits = edits
 	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
-	if rt.sess != nil && m.Method == mSessionPrompt && req != nil && !c.takeTurn(m, rt, req, out) {
+	if rt.sess != nil && m.Method == mSessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
 	}
 	if rt.sess != nil && m.Method == mSessionPrompt && req != nil {
@@ -310,7 +319,8 @@ func (c *Conn) send(ctx context.Context, m *jsonrpc.Message, rt *routed, edits [
 
 // track registers a request with the connection and its process. It
 // answers and returns nil when either has ended meanwhile.
-func (c *Conn) track(m *jsonrpc.Message, rt *routed, span trace.Span) *outReq {
+func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *outReq {
+	c := cr.c
 	req := &outReq{
 		conn:     c,
 		clientID: append([]byte(nil), m.ID...),
@@ -342,7 +352,8 @@ func (c *Conn) track(m *jsonrpc.Message, rt *routed, span trace.Span) *outReq {
 // unless another client's turn runs: then it waits (queued, sent when that
 // turn ends) or, with the queue full, is refused. It reports whether the
 // prompt goes to the agent now.
-func (c *Conn) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, out []byte) bool {
+func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, out []byte) bool {
+	c := cr.c
 	s := rt.sess
 	if !s.shared() {
 		s.turn.started(req)
@@ -359,7 +370,7 @@ func (c *Conn) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, out []byte)
 		return false
 	case !now:
 		c.relay.metrics.PromptsQueued.Inc()
-		c.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
+		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
 	s.announcePrompt(c, t.blocks)

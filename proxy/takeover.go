@@ -20,7 +20,8 @@ import (
 // agent's session agentSID, as a take-over if a detached connection of c's
 // tenant holds that session and a turn ran while it was detached. It
 // reports whether it answered m.
-func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
+func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
+	c := cr.c
 	s := c.ag.heldSession(agentSID)
 	if s == nil {
 		return false
@@ -46,7 +47,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		meta["stopReason"] = stop
 	}
 	result, _ := json.Marshal(map[string]any{"_meta": map[string]any{"acpgate": meta}})
-	if !c.moveSession(s, owner, jsonrpc.AppendResult(nil, m.ID, result)) {
+	if !cr.moveSession(s, owner, jsonrpc.AppendResult(nil, m.ID, result)) {
 		return false
 	}
 	c.attach(s) // before the owner lets go: the session keeps its tenant slot
@@ -56,7 +57,7 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		c.adopt(in)
 	}
 	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
-	c.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
+	cr.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
 	owner.endIfEmpty()
 	return true
 }
@@ -67,7 +68,8 @@ func (c *Conn) takeOver(m *jsonrpc.Message, agentSID string) bool {
 // messages reach c after those, in order. The outboxes are locked in the
 // order of their connections (lockOutboxes): two connections taking each
 // other's sessions over at once cannot deadlock.
-func (c *Conn) moveSession(s *Session, owner *Conn, answer []byte) bool {
+func (cr *clientReader) moveSession(s *Session, owner *Conn, answer []byte) bool {
+	c := cr.c
 	owner.mu.Lock()
 	since := owner.detachSeq
 	owner.mu.Unlock()

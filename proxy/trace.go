@@ -142,13 +142,14 @@ func ParseTraceparent(traceparent, tracestate string) trace.SpanContext {
 
 // startSpan starts the span of client request m (nil: tracing off, or not
 // a request), a child of the context the client names.
-func (c *Conn) startSpan(m *jsonrpc.Message) trace.Span {
+func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
+	c := cr.c
 	t := c.relay.tracer
 	if t == nil || m.Kind != jsonrpc.KindRequest {
 		return nil
 	}
 	ctx := context.Background()
-	if sc := traceParent(m, c.traceParent); sc.IsValid() {
+	if sc := traceParent(m, cr.traceParent); sc.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
 	_, span := t.Start(ctx, m.Method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
@@ -391,9 +392,9 @@ func withTrace(log *slog.Logger, span trace.Span) *slog.Logger {
 
 // spanSession names the session of the request in hand on its span, if it
 // is traced (c.handleMu held): for requests the gateway answers itself.
-func (c *Conn) spanSession(id string) {
-	if c.rspan != nil {
-		c.rspan.SetAttributes(attribute.String(attrSession, id))
+func (cr *clientReader) spanSession(id string) {
+	if cr.rspan != nil {
+		cr.rspan.SetAttributes(attribute.String(attrSession, id))
 	}
 }
 
@@ -417,12 +418,13 @@ func (s *Session) turnSpan() trace.Span {
 
 // reqLog is the log for a line about the client request in hand: with its
 // trace during handleCall, else the connection's (c.handleMu held).
-func (c *Conn) reqLog() *slog.Logger {
-	if c.rspan == nil {
+func (cr *clientReader) reqLog() *slog.Logger {
+	c := cr.c
+	if cr.rspan == nil {
 		return c.log
 	}
-	if c.rlog == nil {
-		c.rlog = withTrace(c.log, c.rspan)
+	if cr.rlog == nil {
+		cr.rlog = withTrace(c.log, cr.rspan)
 	}
-	return c.rlog
+	return cr.rlog
 }
