@@ -216,7 +216,7 @@ func (s *Session) settleRequests(why string) {
 		}
 		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
 		for _, cp := range in.conns(nil) {
-			cp.conn.withdrawAgentReq(cp.id)
+			cp.conn.reqs.withdraw(cp.id)
 			cp.conn.deliver(cancelRequestMsg(cp.id))
 		}
 		if in.method == mRequestPerm {

@@ -326,7 +326,7 @@ func (c *Conn) dropRequestsOf(s *Session) {
 		if !had {
 			continue
 		}
-		c.forgetAgentReq(id)
+		c.reqs.forgetAgent(id)
 		if last {
 			in.answerInPlace(c, "the client detached")
 		}

@@ -81,7 +81,7 @@ func (r *Relay) newConnForBench(s Sink) *Conn {
 	ten := &tenant{metrics: r.metrics, label: "default"}
 	pol := policy.Default()
 	ten.conf.Store(&TenantConfig{Policy: &pol})
-	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, clientReqs: map[string]*outReq{}, agentReqs: map[int64]*inReq{}}
+	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, reqs: newRequests()}
 	c.cr = clientReader{c: c, resolve: clientSpec}
 	c.cr.sc.Methods = knownMethods
 	c.out.sink = s

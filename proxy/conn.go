@@ -124,6 +124,8 @@ type Conn struct {
 	handleMu sync.Mutex
 	cr       clientReader
 
+	reqs requests // in flight either way
+
 	// auditLim bounds the policy.denied events one connection's client, or
 	// its agent, can make the audit trail write.
 	auditLim *audit.Limiter
@@ -151,15 +153,11 @@ type Conn struct {
 	caps        policy.AgentCaps    // what the agent advertised
 	home        *pool.Lease         // the process of the connection's session-less requests
 	sessions    map[string]*Session // by gateway session ID
-	clientReqs  map[string]*outReq  // client requests in flight, by the client's raw id
-	agentReqs   map[int64]*inReq    // agent requests waiting for this client, by connection-side id
-	withdrawn   map[int64]bool      // recent ids withdrawn with $/cancel_request (their late answers are expected)
-	nextID      int64
-	detached    bool        // no socket: kept for a resume or a take-over
-	detachSeq   int64       // the last message numbered before the detach
-	detachTimer *time.Timer // ends the connection at sessions.detach_timeout
-	detachedAt  time.Time   // when it last detached
-	resuming    int         // Resume calls not yet attached or aborted
+	detached    bool                // no socket: kept for a resume or a take-over
+	detachSeq   int64               // the last message numbered before the detach
+	detachTimer *time.Timer         // ends the connection at sessions.detach_timeout
+	detachedAt  time.Time           // when it last detached
+	resuming    int                 // Resume calls not yet attached or aborted
 }
 
 // clientReader handles what a client sends: it scans each message,
@@ -417,7 +415,7 @@ func (cr *clientReader) allow(m *jsonrpc.Message) bool {
 		why = fmt.Sprintf("rate limit: at most %g messages per second on this connection", float64(cr.limiter.Limit()))
 	case c.ten.limiter != nil && !c.ten.limiter.Allow():
 		why = fmt.Sprintf("rate limit: tenant %q is over its message rate", c.tenant)
-	case m.Kind == jsonrpc.KindRequest && c.relay.limits.MaxPendingRequests > 0 && c.pending() >= c.relay.limits.MaxPendingRequests:
+	case m.Kind == jsonrpc.KindRequest && c.relay.limits.MaxPendingRequests > 0 && c.reqs.pending() >= c.relay.limits.MaxPendingRequests:
 		why = fmt.Sprintf("too many requests in flight: at most %d per connection; wait for answers", c.relay.limits.MaxPendingRequests)
 	default:
 		return true
@@ -455,18 +453,10 @@ func clientReason(err error) string {
 	return "internal error"
 }
 
-func (c *Conn) pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.clientReqs)
-}
-
 // Busy reports whether requests are in flight either way (a running prompt
 // among them), so an idle timeout must wait.
 func (c *Conn) Busy() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.clientReqs) > 0 || len(c.agentReqs) > 0
+	return c.reqs.busy()
 }
 
 // handleInitialize answers the client's initialize from the agent's cached
@@ -641,9 +631,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		}
 		return
 	}
-	c.mu.Lock()
-	req := c.clientReqs[string(m.Bytes(f))]
-	c.mu.Unlock()
+	req := c.reqs.clientReq(m.Bytes(f))
 	if req == nil {
 		if m.Kind == jsonrpc.KindRequest {
 			c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
@@ -673,12 +661,9 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	c := cr.c
 	id, ok := parseAgentID(m.ID)
-	c.mu.Lock()
-	in := c.agentReqs[id]
-	delete(c.agentReqs, id)
-	c.mu.Unlock()
+	in := c.reqs.takeAgent(id)
 	if !ok || in == nil {
-		if c.wasWithdrawn(id) {
+		if c.reqs.wasWithdrawn(id) {
 			c.log.Debug("client answered an agent request after it was withdrawn; dropped", "id", id)
 			return
 		}
@@ -746,32 +731,6 @@ func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 	return c.ag.link(lease.Process()), nil
 }
 
-// inFlight reports whether a request with the client's raw id is in flight.
-func (c *Conn) inFlight(id []byte) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.clientReqs[string(id)] != nil
-}
-
-func (c *Conn) trackClientReq(r *outReq) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return false
-	}
-	c.clientReqs[string(r.clientID)] = r
-	return true
-}
-
-// forgetClientReq removes a client request that has ended.
-func (c *Conn) forgetClientReq(r *outReq) {
-	c.mu.Lock()
-	if c.clientReqs[string(r.clientID)] == r {
-		delete(c.clientReqs, string(r.clientID))
-	}
-	c.mu.Unlock()
-}
-
 // trackAgentReq registers an agent request (about sess, if any) for this
 // client and returns it, with the id the client sees. span is its span
 // (nil: not traced), ended when it is forgotten.
@@ -784,7 +743,7 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 		return nil, 0, errDuplicateAgentID
 	}
 	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
-	id, ok := c.addAgentReq(in)
+	id, ok := c.reqs.addAgent(in)
 	if !ok {
 		return nil, 0, errConnClosed
 	}
@@ -792,7 +751,7 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	in.connID = id // guarded by l.mu, as a take-over moves it
 	l.mu.Unlock()
 	if sess != nil && !sess.addRequest(in) {
-		c.forgetAgentReq(id)
+		c.reqs.forgetAgent(id)
 		return nil, 0, errSessionLost
 	}
 	l.mu.Lock()
@@ -805,12 +764,6 @@ var (
 	errDuplicateAgentID = errors.New("request id is already in flight")
 	errSessionLost      = errors.New("the session's agent process has exited")
 )
-
-func (c *Conn) forgetAgentReq(id int64) {
-	c.mu.Lock()
-	delete(c.agentReqs, id)
-	c.mu.Unlock()
-}
 
 // attach makes s one of the connection's sessions. A session created for a
 // connection that has closed meanwhile is closed on the agent.
@@ -860,14 +813,15 @@ func (c *Conn) Close() {
 		return
 	}
 	c.closed = true
-	sessions, agentReqs, clientReqs, home := c.sessions, c.agentReqs, c.clientReqs, c.home
-	c.sessions, c.agentReqs, c.clientReqs, c.home = nil, nil, nil, nil
+	sessions, home := c.sessions, c.home
+	c.sessions, c.home = nil, nil
 	wasDetached := c.detached
 	c.detached = false
 	if c.detachTimer != nil {
 		c.detachTimer.Stop()
 	}
 	c.mu.Unlock()
+	clientReqs, agentReqs := c.reqs.close()
 	c.cancel()
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()
@@ -931,44 +885,4 @@ func declines(m *jsonrpc.Message) bool {
 		Action string `json:"action"` // elicitation
 	}
 	return json.Unmarshal(m.Payload, &res) == nil && (res.Outcome.Outcome == "cancelled" || res.Action == "cancel" || res.Action == "decline")
-}
-
-// maxWithdrawn bounds the withdrawn ids a connection remembers.
-const maxWithdrawn = 64
-
-// withdrawAgentReq forgets an agent request the client was sent, now
-// withdrawn with $/cancel_request: the client may still answer it.
-func (c *Conn) withdrawAgentReq(id int64) {
-	c.mu.Lock()
-	delete(c.agentReqs, id)
-	if len(c.withdrawn) >= maxWithdrawn {
-		clear(c.withdrawn)
-	}
-	if c.withdrawn == nil {
-		c.withdrawn = map[int64]bool{}
-	}
-	c.withdrawn[id] = true
-	c.mu.Unlock()
-}
-
-// wasWithdrawn reports (once) whether id was withdrawn lately.
-func (c *Conn) wasWithdrawn(id int64) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := c.withdrawn[id]
-	delete(c.withdrawn, id)
-	return w
-}
-
-// addAgentReq gives in an id of c's and registers it; false once c has
-// closed.
-func (c *Conn) addAgentReq(in *inReq) (int64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return 0, false
-	}
-	c.nextID++
-	c.agentReqs[c.nextID] = in
-	return c.nextID, true
 }

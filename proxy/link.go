@@ -188,7 +188,7 @@ func (l *procLink) failRoutes(reason error) {
 	}
 	for _, in := range inbound {
 		for _, cp := range in.conns(nil) {
-			cp.conn.forgetAgentReq(cp.id)
+			cp.conn.reqs.forgetAgent(cp.id)
 		}
 	}
 }
@@ -220,7 +220,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		}
 		log := l.p.Log()
 		for _, cp := range in.conns(nil) {
-			cp.conn.forgetAgentReq(cp.id)
+			cp.conn.reqs.forgetAgent(cp.id)
 			log = cp.conn.log
 		}
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()

@@ -105,7 +105,7 @@ func (r *outReq) end() {
 		r.turnEnded("error", nil) // ended unanswered (an answer counted it already)
 	}
 	if r.conn != nil {
-		r.conn.forgetClientReq(r)
+		r.conn.reqs.forgetClient(r)
 	}
 	r.hold.release()
 	r.endSpan()
@@ -225,14 +225,14 @@ func (in *inReq) copyTo(c *Conn) {
 	if msg == nil || in.answered.Load() {
 		return
 	}
-	id, ok := c.addAgentReq(in)
+	id, ok := c.reqs.addAgent(in)
 	if !ok {
 		return
 	}
 	in.link.mu.Lock()
 	if in.answered.Load() { // answered meanwhile: withdrawn before it is sent
 		in.link.mu.Unlock()
-		c.forgetAgentReq(id)
+		c.reqs.forgetAgent(id)
 		return
 	}
 	in.copies = append(in.copies, inCopy{c, id})
@@ -314,7 +314,7 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 		defer s.fan.Unlock()
 	}
 	for _, cp := range in.conns(c) {
-		cp.conn.withdrawAgentReq(cp.id)
+		cp.conn.reqs.withdraw(cp.id)
 		cp.conn.deliver(cancelRequestMsg(cp.id))
 	}
 	if in.method != mRequestPerm {

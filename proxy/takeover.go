@@ -53,7 +53,7 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	c.attach(s) // before the owner lets go: the session keeps its tenant slot
 	owner.detach(s)
 	s.sessionEvent(c, "loaded", "")
-	for _, in := range owner.takeAgentReqs(s) {
+	for _, in := range owner.takeRequestsOf(s) {
 		c.adopt(in)
 	}
 	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
@@ -120,8 +120,9 @@ func (c *Conn) endIfEmpty() {
 	}
 	defer c.handleMu.Unlock()
 	c.mu.Lock()
-	empty := c.detached && !c.closed && len(c.sessions) == 0 && len(c.clientReqs) == 0 && len(c.agentReqs) == 0
+	empty := c.detached && !c.closed && len(c.sessions) == 0
 	c.mu.Unlock()
+	empty = empty && c.reqs.empty()
 	if empty {
 		c.log.Info("every session of the detached connection was taken over; ending it")
 		c.Close()
@@ -150,16 +151,13 @@ func (ag *agent) heldByTenant(sid, tenant string) bool {
 	return owner != nil && owner.tenant == tenant
 }
 
-// takeAgentReqs removes and returns the agent requests about s waiting for
-// c.
-func (c *Conn) takeAgentReqs(s *Session) []*inReq {
+// takeRequestsOf removes and returns the agent requests about s waiting
+// for c.
+func (c *Conn) takeRequestsOf(s *Session) []*inReq {
 	ins := s.requests()
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	out := ins[:0]
 	for _, in := range ins {
-		if _, id := in.route(); c.agentReqs[id] == in {
-			delete(c.agentReqs, id)
+		if _, id := in.route(); c.reqs.takeIfOurs(id, in) {
 			out = append(out, in)
 		}
 	}
@@ -171,13 +169,7 @@ func (c *Conn) takeAgentReqs(s *Session) []*inReq {
 // taken it from c already (then that take-over sends it).
 func (c *Conn) handOver(in *inReq, owner *Conn) {
 	_, id := in.route()
-	c.mu.Lock()
-	mine := c.agentReqs[id] == in
-	if mine {
-		delete(c.agentReqs, id)
-	}
-	c.mu.Unlock()
-	if mine {
+	if c.reqs.takeIfOurs(id, in) {
 		owner.adopt(in)
 	}
 }
@@ -196,7 +188,7 @@ func (c *Conn) adopt(in *inReq) {
 	if msg == nil {
 		return
 	}
-	id, ok := c.addAgentReq(in)
+	id, ok := c.reqs.addAgent(in)
 	if !ok {
 		return
 	}
