@@ -209,7 +209,7 @@ type Owner struct{ Tenant, Agent string }
 // a client in their place (a permission request: cancelled) and takes
 // back every client's copy.
 func (s *Session) settleRequests(why string) {
-	for _, in := range s.requests() {
+	for _, in := range s.inbound.list() {
 		in.forget()
 		if !in.claim() {
 			continue
@@ -244,10 +244,11 @@ func (l *procLink) promptsOf(s *Session) []*outReq {
 // ended it.
 const methodSessionEnded = "_acpgate/session_ended"
 
-// tellEnded tells every client of s that an administrator ended it
-// (methodSessionEnded), then each gives up the agent's requests waiting
+// tell tells every client of the session an administrator ended that it
+// has (methodSessionEnded), then each gives up the agent's requests waiting
 // for it (answered in their place).
-func (s *Session) tellEnded(owner *Conn, members []*member) {
+func (e *ending) tell() {
+	s, owner, members := e.s, e.owner, e.members
 	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":"ended by an administrator"}`...)
 	msg := jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params)
 	f := Facts{Method: methodSessionEnded, SessionID: s.GatewayID}

@@ -216,7 +216,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	}
 	mem.backlog, mem.backlogB, mem.catching = nil, 0, false
 	if !mem.readOnly {
-		for _, in := range s.requests() {
+		for _, in := range s.inbound.list() {
 			if (in.method == mRequestPerm || in.method == mElicitCreate) && !in.sentTo(c) {
 				in.copyTo(c)
 			}
@@ -245,9 +245,7 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add
 
 // attachResult is session/attach's result for mem.
 func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed bool) []byte {
-	s.mu.Lock()
-	st := s.state
-	s.mu.Unlock()
+	st := s.state.get()
 	clients := []peer{}
 	if o := s.Owner(); o != nil {
 		clients = append(clients, connPeer(o))
@@ -321,7 +319,7 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 // dropRequestsOf gives up c's copies of the agent's requests about s: each
 // is answered in c's place only when no other client has one.
 func (c *Conn) dropRequestsOf(s *Session) {
-	for _, in := range s.requests() {
+	for _, in := range s.inbound.list() {
 		id, had, last := in.leave(c)
 		if !had {
 			continue

@@ -292,19 +292,19 @@ func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 // The attach result follows the session's mode and config options: as the
 // agent's result gave them, then as its updates change them.
 func TestSessionStateFollowsUpdates(t *testing.T) {
-	s := &Session{attachable: true}
-	s.noteResult([]byte(`{"sessionId":"x","modes":{"currentModeId":"ask","availableModes":[{"id":"ask"},{"id":"code"}]},"configOptions":[{"id":"a"}]}`))
-	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"current_mode_update","currentModeId":"code"}}}`))
-	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"config_option_update","configOptions":[{"id":"b"}]}}}`))
-	s.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"tool_call_update","toolCallId":"t"}}}`))
+	var a agentState
+	a.noteResult([]byte(`{"sessionId":"x","modes":{"currentModeId":"ask","availableModes":[{"id":"ask"},{"id":"code"}]},"configOptions":[{"id":"a"}]}`))
+	a.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"current_mode_update","currentModeId":"code"}}}`))
+	a.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"config_option_update","configOptions":[{"id":"b"}]}}}`))
+	a.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"tool_call_update","toolCallId":"t"}}}`))
 	var modes struct {
 		CurrentModeID string `json:"currentModeId"`
 	}
-	if err := json.Unmarshal(s.state.Modes, &modes); err != nil || modes.CurrentModeID != "code" {
-		t.Errorf("modes = %s, want currentModeId code", s.state.Modes)
+	if err := json.Unmarshal(a.cur.Modes, &modes); err != nil || modes.CurrentModeID != "code" {
+		t.Errorf("modes = %s, want currentModeId code", a.cur.Modes)
 	}
-	if string(s.state.ConfigOptions) != `[{"id":"b"}]` {
-		t.Errorf("configOptions = %s, want the update's", s.state.ConfigOptions)
+	if string(a.cur.ConfigOptions) != `[{"id":"b"}]` {
+		t.Errorf("configOptions = %s, want the update's", a.cur.ConfigOptions)
 	}
 }
 

@@ -750,7 +750,7 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	l.mu.Lock()
 	in.connID = id // guarded by l.mu, as a take-over moves it
 	l.mu.Unlock()
-	if sess != nil && !sess.addRequest(in) {
+	if sess != nil && !sess.inbound.add(in) {
 		c.reqs.forgetAgent(id)
 		return nil, 0, errSessionLost
 	}

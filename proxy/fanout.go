@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -165,16 +166,6 @@ func (h *history) kept() int { return len(h.prev.ends) + len(h.cur.ends) }
 // release drops every message (the session has ended).
 func (h *history) release() { h.prev, h.cur = histGen{}, histGen{} }
 
-// retire lets the session's history go once the session has ended.
-func (s *Session) retire() {
-	if s.history == nil {
-		return
-	}
-	s.fan.Lock()
-	s.history.release()
-	s.fan.Unlock()
-}
-
 // sessionState is what a session/attach result reports of the session's
 // configuration, as the agent last gave it (raw JSON; nil: never given).
 type sessionState struct {
@@ -183,25 +174,36 @@ type sessionState struct {
 	Models        json.RawMessage `json:"models,omitempty"`
 }
 
+// agentState is the configuration the agent last reported of a session,
+// for session/attach's result. Its lock is a leaf.
+type agentState struct {
+	mu  sync.Mutex
+	cur sessionState
+}
+
+// get is the configuration last reported.
+func (a *agentState) get() sessionState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cur
+}
+
 // noteResult records the configuration a session/new, load or resume
 // result carries.
-func (s *Session) noteResult(result []byte) {
-	if !s.attachable {
-		return
-	}
+func (a *agentState) noteResult(result []byte) {
 	var st sessionState
 	if json.Unmarshal(result, &st) != nil {
 		return
 	}
-	s.mu.Lock()
-	s.state = st
-	s.mu.Unlock()
+	a.mu.Lock()
+	a.cur = st
+	a.mu.Unlock()
 }
 
 // noteUpdate keeps the recorded configuration current: a mode or config
 // option change the agent reports. Those are small: a message over
 // maxStateUpdate is not searched (streamed content is most of the bytes).
-func (s *Session) noteUpdate(msg []byte) {
+func (a *agentState) noteUpdate(msg []byte) {
 	if len(msg) > maxStateUpdate || !bytes.Contains(msg, []byte(`_update"`)) {
 		return // most updates are chunks: one short search rules them out
 	}
@@ -222,17 +224,17 @@ func (s *Session) noteUpdate(msg []byte) {
 		return
 	}
 	u := n.Params.Update
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	switch {
-	case u.SessionUpdate == "current_mode_update" && u.CurrentModeID != nil && s.state.Modes != nil:
+	case u.SessionUpdate == "current_mode_update" && u.CurrentModeID != nil && a.cur.Modes != nil:
 		var modes map[string]json.RawMessage
-		if json.Unmarshal(s.state.Modes, &modes) == nil {
+		if json.Unmarshal(a.cur.Modes, &modes) == nil {
 			modes["currentModeId"] = u.CurrentModeID
-			s.state.Modes, _ = json.Marshal(modes)
+			a.cur.Modes, _ = json.Marshal(modes)
 		}
 	case u.SessionUpdate == "config_option_update" && u.ConfigOptions != nil:
-		s.state.ConfigOptions = u.ConfigOptions
+		a.cur.ConfigOptions = u.ConfigOptions
 	}
 }
 
@@ -287,7 +289,7 @@ func (s *Session) deliverAll(primary *Conn, msg []byte, f Facts, wait bool) {
 	if s.history != nil {
 		s.history.add(msg)
 	}
-	s.noteUpdate(msg)
+	s.state.noteUpdate(msg)
 	ms := s.clientList()
 	for _, m := range ms {
 		if m.conn != primary {

@@ -120,7 +120,7 @@ func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
 	s.slot = nil
 	if steps.keepSeen {
 		s.life.Store(uint32(stageLost))
-		clear(s.inbound) // the agent's death answers them
+		s.inbound.close() // the agent's death answers them
 		return e
 	}
 	s.life.Store(uint32(stageEnded))
@@ -142,9 +142,13 @@ func (e *ending) run() {
 	s, steps := e.s, endTable[e.cause]
 	e.slot.Release()
 	current := s.link.removeSession(s) // not for a replaced one: the newer load's session has its ID
-	s.retire()
+	if s.history != nil {              // let the history go
+		s.fan.Lock()
+		s.history.release()
+		s.fan.Unlock()
+	}
 	if steps.notice {
-		s.tellEnded(e.owner, e.members)
+		e.tell()
 	}
 	if steps.detach {
 		if e.owner != nil && !(e.cause == endReplaced && e.owner == e.by) {

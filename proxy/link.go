@@ -212,7 +212,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 	l.mu.Unlock()
 	for _, in := range expired {
 		if in.sess != nil {
-			in.sess.requestDone(in)
+			in.sess.inbound.done(in)
 		}
 		if in.span != nil {
 			spanError(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")

@@ -176,7 +176,7 @@ func (in *inReq) forget() {
 	}
 	in.link.mu.Unlock()
 	if in.sess != nil {
-		in.sess.requestDone(in)
+		in.sess.inbound.done(in)
 	}
 	if in.span != nil {
 		in.span.End()

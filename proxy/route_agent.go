@@ -183,7 +183,9 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		edits, created = append(edits, e), s
 	case req.hold.attach != nil:
 		s := req.hold.attach
-		s.noteResult(m.Payload)
+		if s.attachable {
+			s.state.noteResult(m.Payload)
+		}
 		req.hold.keepAttach()
 		s.sessionEvent(c, "loaded", "")
 	case req.method == mSessionList:
@@ -212,7 +214,9 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 		return jsonrpc.Edit{}, nil, false
 	}
 	s := r.l.addSession(c, sid, req.cwd, req.hold.takeSlot())
-	s.noteResult(m.Payload)
+	if s.attachable {
+		s.state.noteResult(m.Payload)
+	}
 	s.sessionEvent(c, "created", "")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }

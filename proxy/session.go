@@ -30,7 +30,14 @@ type Session struct {
 	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
-	turn   turn          // its prompts: the one in flight, those waiting (turn.go)
+	turn turn // its prompts: the one in flight, those waiting (turn.go)
+	// inbound are the agent's requests about the session still waiting
+	// for a client's answer (a take-over sends them again to the new
+	// owner).
+	inbound waiting
+	// state: the modes, config options and models the agent last reported,
+	// for session/attach's result (kept for a session clients may attach to).
+	state  agentState
 	meter  meter         // what its agent reported using (usage.go)
 	opened time.Time     // when it was created or loaded here
 	life   atomic.Uint32 // its lifeStage (life.go); written under mu
@@ -54,15 +61,8 @@ type Session struct {
 	// above zero the session holds one of its tenant's session slots
 	// (tenant.sessions), once however many hold it.
 	holders int
-	// inbound are the agent's requests about the session still waiting
-	// for a client's answer (a take-over sends them again to the new
-	// owner).
-	inbound map[*inReq]struct{}
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
-	// state: the modes, config options and models the agent last reported,
-	// for session/attach's result.
-	state sessionState
 }
 
 // newSession makes a session of the link's process owned by c, holding
@@ -70,7 +70,7 @@ type Session struct {
 func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
 	gwID := c.relay.sealer.Seal(c.scope, agentSID)
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
-		slot: slot, inbound: map[*inReq]struct{}{}, subject: c.subject, opened: time.Now()}
+		slot: slot, subject: c.subject, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.historyBytes(); n > 0 && s.attachable {
@@ -152,39 +152,6 @@ func (s *Session) unheld(log *slog.Logger) {
 	}
 }
 
-// addRequest records an agent request about the session waiting for a
-// client; false once the session has been lost (the agent's death answers
-// its requests).
-func (s *Session) addRequest(in *inReq) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.isLost() {
-		return false
-	}
-	s.inbound[in] = struct{}{}
-	return true
-}
-
-// requestDone forgets an agent request about the session: answered, by
-// the client or in its place.
-func (s *Session) requestDone(in *inReq) {
-	s.mu.Lock()
-	delete(s.inbound, in)
-	s.mu.Unlock()
-}
-
-// requests lists the agent requests about the session still waiting for
-// a client.
-func (s *Session) requests() []*inReq {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]*inReq, 0, len(s.inbound))
-	for in := range s.inbound {
-		out = append(out, in)
-	}
-	return out
-}
-
 // addSession registers a session the agent now serves for c; cwd is its
 // working directory as the agent got it; it holds slot, committed now.
 // Another connection that held the same agent session loses it: the
@@ -212,3 +179,52 @@ func (l *procLink) removeSession(s *Session) bool {
 
 // truncate shortens s to n bytes for a log line, marking the cut.
 func truncate(s string, n int) string { return pool.Truncate(s, n) }
+
+// waiting is a set of agent requests waiting for a client's answer. Once
+// closed (the agent died: its death answers them) it takes no more. Its
+// lock is a leaf.
+type waiting struct {
+	mu     sync.Mutex
+	closed bool
+	set    map[*inReq]struct{}
+}
+
+// add records in; false once closed.
+func (w *waiting) add(in *inReq) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	if w.set == nil {
+		w.set = map[*inReq]struct{}{}
+	}
+	w.set[in] = struct{}{}
+	return true
+}
+
+// done forgets in: answered, by a client or in its place.
+func (w *waiting) done(in *inReq) {
+	w.mu.Lock()
+	delete(w.set, in)
+	w.mu.Unlock()
+}
+
+// list is the requests still waiting.
+func (w *waiting) list() []*inReq {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]*inReq, 0, len(w.set))
+	for in := range w.set {
+		out = append(out, in)
+	}
+	return out
+}
+
+// close forgets them all and takes no more.
+func (w *waiting) close() {
+	w.mu.Lock()
+	w.closed = true
+	clear(w.set)
+	w.mu.Unlock()
+}

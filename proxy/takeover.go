@@ -154,7 +154,7 @@ func (ag *agent) heldByTenant(sid, tenant string) bool {
 // takeRequestsOf removes and returns the agent requests about s waiting
 // for c.
 func (c *Conn) takeRequestsOf(s *Session) []*inReq {
-	ins := s.requests()
+	ins := s.inbound.list()
 	out := ins[:0]
 	for _, in := range ins {
 		if _, id := in.route(); c.reqs.takeIfOurs(id, in) {

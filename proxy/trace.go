@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // Tracing (Config.Tracing): a span per client request, named by its
@@ -326,7 +327,7 @@ func (r *outReq) endSpan() {
 // agentReqSpan starts the span of an agent request to the client, under
 // the session's turn (nil: tracing off, or no turn traced).
 func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	turn := s.turnSpan()
+	turn := turnSpan(s.curTurn())
 	if r.tracer == nil || turn == nil {
 		return nil
 	}
@@ -340,7 +341,7 @@ func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
 
 // fsSpan starts the span of the file stand-in serving m.
 func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	turn := s.turnSpan()
+	turn := turnSpan(s.curTurn())
 	if r.tracer == nil || turn == nil {
 		return nil
 	}
@@ -401,19 +402,15 @@ func (cr *clientReader) spanSession(id string) {
 // turnLog is log with the trace of the session's traced turn, if one runs
 // (s may be nil): for a line about what the agent does in that turn.
 func (s *Session) turnLog(log *slog.Logger) *slog.Logger {
-	return withTrace(log, s.turnSpan())
+	return withTrace(log, turnSpan(s.curTurn()))
 }
 
-// turnSpan is the span of the session's traced turn (nil: s is nil, or no
-// turn of it is traced).
-func (s *Session) turnSpan() trace.Span {
-	if s == nil {
+// turnSpan is the span of a traced turn (nil: t is nil, or not traced).
+func turnSpan(t *observe.Turn) trace.Span {
+	if t == nil {
 		return nil
 	}
-	if t := s.turn.cur.Load(); t != nil {
-		return t.Span
-	}
-	return nil
+	return t.Span
 }
 
 // reqLog is the log for a line about the client request in hand: with its
