@@ -21,6 +21,7 @@ import (
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	spans "github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // Streamable HTTP on /acp, the transport of the official SDK's
@@ -409,7 +410,7 @@ func (s *Server) lookupSession(w http.ResponseWriter, r *http.Request, who auth.
 // postTrace is the trace context of a POST's traceparent and tracestate
 // headers: the parent of its request's span unless params._meta names one.
 func postTrace(r *http.Request) trace.SpanContext {
-	return proxy.ParseTraceparent(r.Header.Get("traceparent"), r.Header.Get("tracestate"))
+	return spans.ParseTraceparent(r.Header.Get("traceparent"), r.Header.Get("tracestate"))
 }
 
 // postScanners are the scanners of client POSTs, which run concurrently.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
@@ -249,7 +250,7 @@ func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
 func (cr *clientReader) answerError(id []byte, code int, msg string, data []byte) {
 	c := cr.c
 	if cr.rspan != nil {
-		spanError(cr.rspan, code, msg)
+		tracing.Error(cr.rspan, code, msg)
 	}
 	c.replyError(id, code, msg, data)
 }
@@ -676,14 +677,16 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 		// An error or a cancellation settles nothing while another client
 		// of the session may still answer: only this client's copy goes.
 		if _, _, last := in.leave(c); !last {
-			withTrace(c.log, in.span).Debug("a client declined an agent request others may answer", "method", in.method)
+			tracing.WithTrace(c.log, in.span).Debug("a client declined an agent request others may answer", "method", in.method)
 			return
 		}
 	}
-	answerSpan(in.span, m)
+	if m.IsError {
+		tracing.Answer(in.span, m.Payload)
+	}
 	in.forget()
 	if !in.claim() {
-		withTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
+		tracing.WithTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
 		return
 	}
 	// The other clients hear it was settled before the agent goes on.
@@ -696,7 +699,7 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
-		withTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
+		tracing.WithTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
 	}
 }
 
@@ -712,9 +715,9 @@ func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 	if p := home.Process(); p != nil && p.Alive() && !p.Retiring() {
 		return c.ag.link(p), nil
 	}
-	wait := c.relay.poolWait(ctx)
+	wait := tracing.PoolWait(c.relay.tracer, ctx)
 	lease, err := c.ag.pool.Acquire(ctx, prof, false)
-	endWait(wait, err)
+	tracing.EndWait(wait, err)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // The gateway stands in for a client without file access.
@@ -84,13 +85,13 @@ func (r *agentReader) standInFs(conn *Conn, sess *Session, m *jsonrpc.Message) {
 			}
 			code = fe.code
 			out = jsonrpc.AppendError(nil, id, fe.code, fe.msg, nil)
-			withTrace(conn.log, span).Debug("file request served by the gateway failed", "method", method, "err", err)
+			tracing.WithTrace(conn.log, span).Debug("file request served by the gateway failed", "method", method, "err", err)
 		} else {
 			out = jsonrpc.AppendResult(nil, id, result)
 			conn.standInDone(sess, method, params.Path, n)
 		}
 		l.ag.metrics.FsServed.WithLabelValues(method, outcome).Inc()
-		endFsSpan(span, outcome, code)
+		tracing.EndOutcome(span, outcome, code)
 		l.p.SendCtrl(append(out, '\n'))
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -215,7 +216,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 			in.sess.inbound.done(in)
 		}
 		if in.span != nil {
-			spanError(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")
+			tracing.Error(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")
 			in.span.End()
 		}
 		log := l.p.Log()
@@ -224,7 +225,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 			log = cp.conn.log
 		}
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
-		withTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
+		tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
 			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
 		if in.method == mRequestPerm {
 			l.ag.metrics.root.PermissionResolutions.WithLabelValues("timeout").Inc()
@@ -257,7 +258,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 		if r.conn == nil {
 			continue // the gateway's own fire-and-forget request
 		}
-		withTrace(l.p.Log(), r.span).Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
+		tracing.WithTrace(l.p.Log(), r.span).Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
 		if r.method == mSessionPrompt && r.sess != nil && (!r.sess.shared() || r.sess.turn.isRunning(r)) {
 			// Not for a prompt still waiting: the turn running is another's.
 			l.p.Notify(mSessionCancel, sessionIDObject(r.sess.AgentID))

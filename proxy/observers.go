@@ -46,7 +46,7 @@ func (o metricsObserver) Observe(e *observe.Event) {
 			if e.Turn != nil {
 				span = e.Turn.Span
 			}
-			observeLatency(am.FirstUpdate, e.Duration.Seconds(), span)
+			tracing.ObserveLatency(am.FirstUpdate, e.Duration.Seconds(), span)
 		}
 	case observe.CostReported:
 		am.UsageCost.WithLabelValues(label, e.Currency).Add(e.Amount)

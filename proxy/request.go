@@ -12,6 +12,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
@@ -289,7 +290,7 @@ func (in *inReq) leave(c *Conn) (id int64, had, last bool) {
 // has left: a permission request is cancelled, anything else refused.
 func (in *inReq) answerInPlace(c *Conn, why string) {
 	if in.span != nil {
-		in.span.SetAttributes(attribute.String(attrOutcome, why))
+		in.span.SetAttributes(attribute.String(tracing.AttrOutcome, why))
 	}
 	in.forget()
 	if !in.claim() {
@@ -301,7 +302,7 @@ func (in *inReq) answerInPlace(c *Conn, why string) {
 		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 		in.permissionResolved(nil, "disconnect", []byte(`{"outcome":"cancelled"}`))
 	}
-	withTrace(c.log, in.span).Info("answered an agent request for a disconnected client", "method", in.method)
+	tracing.WithTrace(c.log, in.span).Info("answered an agent request for a disconnected client", "method", in.method)
 }
 
 // withdraw takes back the copies of the other clients once c answered: a

@@ -11,6 +11,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // agentReader routes the messages one agent process writes. It runs on the
@@ -106,7 +107,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
 	}
-	observeLatency(l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)), since(req.start), req.span)
+	tracing.ObserveLatency(l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)), since(req.start), req.span)
 	c := req.conn
 	if c == nil {
 		return // the gateway's own request (session/close): answer not needed
@@ -117,9 +118,11 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	if req.span != nil {
 		req.answered = true
-		answerSpan(req.span, m)
+		if m.IsError {
+			tracing.Answer(req.span, m.Payload)
+		}
 		if created != nil {
-			req.span.SetAttributes(attribute.String(attrSession, created.GatewayID))
+			req.span.SetAttributes(attribute.String(tracing.AttrSession, created.GatewayID))
 		}
 	}
 	if req.method == mSessionPrompt && req.sess != nil {
@@ -208,7 +211,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 		sid, isStr = m.String(f)
 	}
 	if !isStr || sid == "" {
-		withTrace(r.l.p.Log(), req.span).Warn("agent answered a session-creating request without a sessionId", "method", req.method)
+		tracing.WithTrace(r.l.p.Log(), req.span).Warn("agent answered a session-creating request without a sessionId", "method", req.method)
 		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
 			"the agent answered "+req.method+" without a sessionId", nil))
 		return jsonrpc.Edit{}, nil, false
@@ -504,7 +507,7 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	span := conn.relay.agentReqSpan(rc.sess, m)
 	in, connID, err := conn.trackAgentReq(l, m.ID, m.Method, rc.sess, span)
 	if err != nil && span != nil {
-		spanError(span, jsonrpc.CodeInternalError, err.Error())
+		tracing.Error(span, jsonrpc.CodeInternalError, err.Error())
 		span.End()
 	}
 	if errors.Is(err, errDuplicateAgentID) {

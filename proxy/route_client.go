@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // errAnswered: the handler has answered the client itself (an error, a
@@ -43,15 +44,15 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 	switch m.Method {
 	case mSessionAttach:
 		cr.handleAttach(m)
-		gatewaySpan(span)
+		tracing.AnsweredByGateway(span)
 		return
 	case mSessionDetach:
 		cr.handleDetach(m)
-		gatewaySpan(span)
+		tracing.AnsweredByGateway(span)
 		return
 	}
 	if cr.readOnlyWrite(m) || !cr.checkPolicy(m) {
-		gatewaySpan(span)
+		tracing.AnsweredByGateway(span)
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
@@ -60,7 +61,7 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 		c.denied("path_outside_root", m.Method)
 		cr.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
-			failSpan(span, jsonrpc.CodeInvalidParams, pathErr.Error())
+			tracing.Fail(span, jsonrpc.CodeInvalidParams, pathErr.Error())
 			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
 		}
 		return
@@ -73,12 +74,12 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 	rt, edits, err := cr.route(ctx, m, edits)
 	switch {
 	case errors.Is(err, errAnswered):
-		gatewaySpan(span)
+		tracing.AnsweredByGateway(span)
 		return
 	case err != nil:
 		cr.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
-			failSpan(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
+			tracing.Fail(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
 			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
 		}
 		return
@@ -186,9 +187,9 @@ func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwI
 // session to c from now on. h holds what the load took so far.
 func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID string, sess *Session, h *hold) (*routed, error) {
 	c := cr.c
-	wait := c.relay.poolWait(ctx)
+	wait := tracing.PoolWait(c.relay.tracer, ctx)
 	lease, err := c.ag.placeSession(ctx, c.profile(), agentSID)
-	endWait(wait, err)
+	tracing.EndWait(wait, err)
 	if err != nil {
 		h.release()
 		return nil, err
@@ -238,9 +239,9 @@ func (cr *clientReader) routeCreate(ctx context.Context, m *jsonrpc.Message) (*r
 		}
 		h.quota = true
 	}
-	wait := c.relay.poolWait(ctx)
+	wait := tracing.PoolWait(c.relay.tracer, ctx)
 	lease, err := c.ag.pool.Acquire(ctx, c.profile(), true)
-	endWait(wait, err)
+	tracing.EndWait(wait, err)
 	if err != nil {
 		h.release()
 		return nil, err
@@ -280,7 +281,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 		if rt.sess != nil && m.Method == mSessionPrompt {
 			if refusal := c.refusePrompt(rt.sess, nil, m.Payload); refusal != nil { // never reaches the agent
 				rt.h.release()
-				failSpan(span, refusal.Code, refusal.Message)
+				tracing.Fail(span, refusal.Code, refusal.Message)
 				c.replyError(m.ID, refusal.Code, refusal.Message, refusal.Data)
 				return
 			}
@@ -334,14 +335,14 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 	var ok bool
 	if rt.h.request, ok = rt.link.p.HoldRequest(); !ok || !rt.link.track(req) {
 		rt.h.release()
-		failSpan(span, jsonrpc.CodeInternalError, "the agent process exited")
+		tracing.Fail(span, jsonrpc.CodeInternalError, "the agent process exited")
 		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 		return nil
 	}
 	if !c.reqs.trackClient(req) { // the connection closed meanwhile
 		if rt.link.untrack(req) {
 			req.hold.release()
-			gatewaySpan(span)
+			tracing.AnsweredByGateway(span)
 		}
 		return nil
 	}

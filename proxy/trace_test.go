@@ -32,6 +32,13 @@ import (
 const (
 	SpanFirstUpdate = tracing.SpanFirstUpdate
 	SpanToolCall    = tracing.SpanToolCall
+	SpanPoolWait    = tracing.SpanPoolWait
+	attrErrorCode   = tracing.AttrErrorCode
+	attrProcess     = tracing.AttrProcess
+	attrRPCMethod   = tracing.AttrRPCMethod
+	attrRPCSystem   = tracing.AttrRPCSystem
+	attrRequestID   = tracing.AttrRequestID
+	attrSession     = tracing.AttrSession
 	attrUpdates     = "acpgate.session.updates"
 	attrToolCallID  = "acpgate.tool_call.id"
 	attrToolKind    = "acpgate.tool_call.kind"
@@ -223,7 +230,7 @@ func TestTraceHeaderParent(t *testing.T) {
 	if err := ScanClient(&sc, []byte(`{"jsonrpc":"2.0","id":5,"method":"_demo/fail","params":{}}`), &m); err != nil {
 		t.Fatal(err)
 	}
-	parent := ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "")
+	parent := tracing.ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "")
 	tc.c.HandleScannedTrace(tc.s, &m, parent)
 	tc.await("5", nil)
 	if s := spanNamed(t, rec, "_demo/fail"); s.Parent().SpanID() != parent.SpanID() {
