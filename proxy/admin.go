@@ -220,7 +220,6 @@ func (s *Session) settleRequests(why string) {
 			cp.conn.deliver(cancelRequestMsg(cp.id))
 		}
 		if in.method == mRequestPerm {
-			s.link.ag.metrics.root.PermissionResolutions.WithLabelValues("cancelled").Inc()
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 			in.permissionResolved(nil, "admin", []byte(`{"outcome":"cancelled"}`))
 		}

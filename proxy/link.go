@@ -228,7 +228,6 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
 			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
 		if in.method == mRequestPerm {
-			l.ag.metrics.root.PermissionResolutions.WithLabelValues("timeout").Inc()
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 			in.permissionResolved(nil, "timeout", []byte(`{"outcome":"cancelled"}`))
 		}

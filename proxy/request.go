@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"strconv"
 	"sync/atomic"
@@ -298,7 +297,6 @@ func (in *inReq) answerInPlace(c *Conn, why string) {
 	}
 	in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
 	if in.method == mRequestPerm {
-		c.relay.metrics.PermissionResolutions.WithLabelValues("disconnect").Inc()
 		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 		in.permissionResolved(nil, "disconnect", []byte(`{"outcome":"cancelled"}`))
 	}
@@ -330,11 +328,6 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 			outcome = res.Outcome
 		}
 	}
-	label := "cancelled"
-	if bytes.Contains(outcome, []byte(`"selected"`)) {
-		label = "selected"
-	}
-	c.relay.metrics.PermissionResolutions.WithLabelValues(label).Inc()
 	in.permissionResolved(c, "client", outcome)
 	if body := in.resolution(c, outcome); body != nil {
 		in.sess.toMembersLocked(body, nil)
