@@ -321,3 +321,28 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	a.out.release()
 	b.out.release()
 }
+
+// The relay's workers: Close waits for what runs, and once it has begun
+// nothing more starts (Relay.Close closes them after the agents' readers,
+// which start work, have stopped).
+func TestWorkersCloseWaitsThenRefuses(t *testing.T) {
+	var w workers
+	release, ran := make(chan struct{}), make(chan struct{})
+	w.Go(func() { close(ran); <-release })
+	<-ran
+	closed := make(chan struct{})
+	go func() { w.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while work ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return once the work ended")
+	}
+	w.Go(func() { t.Error("work started after Close") })
+	w.Close() // again: nothing to wait for
+}

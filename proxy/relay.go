@@ -96,7 +96,7 @@ func newLimiter(perSecond float64, burst int) *rate.Limiter {
 // Relay multiplexes client connections onto the agent pool. It is the ACP
 // core: it knows nothing of HTTP or WebSockets.
 type Relay struct {
-	bg      sync.WaitGroup // connections ending off the deliverer's stack (overflowed)
+	bg      workers // what must not run on its caller's stack
 	metrics *Metrics
 	sealer  *Sealer
 	log     *slog.Logger
@@ -480,15 +480,45 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 	return nil
 }
 
-// Close cancels waiting requests and stops every agent process.
+// Close cancels waiting requests and stops every agent process (their
+// readers end first), then waits for the relay's own goroutines.
 func (r *Relay) Close(ctx context.Context) error {
 	r.cancel()
-	r.bg.Wait()
 	var errs []error
-	for _, ag := range r.agentList() {
+	for _, ag := range r.agentList() { // their readers and exit handlers end first: they start work
 		if err := ag.pool.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("agent %q: %w", ag.name, err))
 		}
 	}
+	r.bg.Close()
 	return errors.Join(errs...)
+}
+
+// workers runs what must not run on its caller's stack, which may be an
+// agent's reader or hold a session's fan lock: a prompt that waited for
+// its turn starts, an agent request is answered in its clients' place, an
+// overflowed connection ends. Relay.Close closes it once the agents'
+// readers have stopped: it waits for what runs, and nothing more starts
+// (the agents are gone).
+type workers struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Go runs f on a goroutine of its own, unless the workers have closed.
+func (w *workers) Go(f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.closed {
+		w.wg.Go(f)
+	}
+}
+
+// Close lets nothing more start and waits for what runs.
+func (w *workers) Close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.wg.Wait()
 }
