@@ -118,7 +118,7 @@ type adminConn struct {
 // handleAdminConns lists the open connections (?tenant= filters).
 func (s *Server) handleAdminConns(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	tenant, all := tenantFilter(r)
-	links, _ := s.linksOf("")
+	links, _ := s.links.linksOf("")
 	byID := make(map[string]*link, len(links))
 	for _, l := range links {
 		byID[l.id] = l
@@ -196,7 +196,7 @@ func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, wh
 	// The sockets close with 1008 first, so that the close is counted and
 	// audited as admin_closed, not as the proxy connection's own end.
 	closeSockets := func() {
-		links, _ := s.linksOf("")
+		links, _ := s.links.linksOf("")
 		for _, l := range links {
 			if l.id == id {
 				l.closeWith(adminCloseReason, "admin_closed")

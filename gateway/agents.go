@@ -234,7 +234,7 @@ func (s *Server) drainAgent(name string, stopGrace time.Duration) {
 	log := s.log.With("agent", name)
 	log.Info("agent removed: draining")
 	s.finishPrompts(s.drainCtx, name, cfg.ShutdownGrace.D())
-	links, _ := s.linksOf(name)
+	links, _ := s.links.linksOf(name)
 	for _, l := range links {
 		l.goingAway("agent removed")
 	}
@@ -244,7 +244,7 @@ func (s *Server) drainAgent(name string, stopGrace time.Duration) {
 	defer stopWait()
 	stop := context.AfterFunc(s.drainCtx, stopWait) // Shutdown ends the wait, not the agent's stop
 	defer stop()
-	s.waitLinks(waitCtx, name)
+	s.links.waitLinks(waitCtx, name)
 	if err := s.relay.CloseAgent(ctx, name); err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("agent drain incomplete", "err", err)
 	}

@@ -44,7 +44,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 	build.Set(1)
 	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "acpgate_send_queue_messages", Help: "Messages waiting in client send queues (all connections).",
-	}, s.queuedMessages)
+	}, s.links.queued)
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "acpgate_ready", Help: "1 when /readyz answers 200.",
 	}, func() float64 { return gaugeBool(s.ready() == "") })
@@ -56,7 +56,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 			ConstLabels: prometheus.Labels{"kind": kind},
 		}, f)
 	}
-	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.drain.Load()) })
+	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.links.refusing()) })
 	drainAgents := drains("agent", func() float64 {
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -46,7 +46,6 @@ type Options struct {
 // Server is a running gateway.
 type Server struct {
 	opts     Options
-	cfg      *config.Config
 	log      *slog.Logger
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
@@ -59,18 +58,14 @@ type Server struct {
 	// refusals bounds the events anyone can make the trail write without a
 	// credential (auth.failed, admin.denied).
 	refusals *audit.Limiter
-	trail    *audit.Log // the same, to reopen and close
+	trail    *audit.Log    // the same, to reopen and close
+	links    *linkRegistry // every open connection; refusing once the listener closes
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
-	drain    atomic.Bool // the listener is closing: new connections refused
 
-	mu           sync.Mutex
-	links        map[*link]struct{}   // the registry: every connection, either transport
-	httpConns    map[string]*httpConn // Streamable-HTTP connections by ID
-	linksChanged chan struct{}        // closed (and replaced) when a link leaves the registry
-	tenantConns  map[string]int       // open connections per tenant
-	wg           sync.WaitGroup       // one per registered link, until its serve returns
-	draining     map[string]struct{}  // agents a reload removed, until drained
+	mu       sync.Mutex
+	cfg      *config.Config      // the running configuration: Reload swaps it
+	draining map[string]struct{} // agents a reload removed, until drained
 
 	agentDrains sync.WaitGroup     // one per removed agent being drained
 	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
@@ -321,8 +316,8 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
-		tracing: tr, tracer: tracer, registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{},
+	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: newLinkRegistry(),
+		tracing: tr, tracer: tracer, registry: reg, draining: map[string]struct{}{},
 		refusals: audit.NewLimiter(20, 100)}
 	if trail != nil {
 		s.audit, s.trail = trail, trail
@@ -461,7 +456,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 // ready returns why the gateway is not ready, or "".
 func (s *Server) ready() string {
 	switch {
-	case s.notReady.Load() || s.drain.Load():
+	case s.notReady.Load() || s.links.refusing():
 		return "draining"
 	case !s.started.Load():
 		return "starting"
@@ -497,22 +492,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}
-	s.drain.Store(true)
+	s.links.refuse()
 	// The listener closes now; Shutdown also waits for open SSE streams,
 	// which end with their connections below.
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
 	s.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
-	links, _ := s.linksOf("")
+	links, _ := s.links.linksOf("")
 	for _, l := range links {
 		l.goingAway("gateway shutting down")
 	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }() // ends when the last link's serve returns
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
+	s.links.waitServed(ctx)
 	var err error
 	select {
 	case err = <-httpDone:
