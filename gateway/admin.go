@@ -89,7 +89,7 @@ func (s *Server) admin(h adminHandler) http.HandlerFunc {
 			if !errors.As(err, &ae) {
 				ae = &auth.Error{Status: http.StatusUnauthorized, Reason: auth.ReasonInvalidToken, Message: "not authenticated"}
 			}
-			s.recordRefusal(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
+			s.audit.refusal(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
 				audit.F("method", r.Method), audit.F("path", r.URL.Path), audit.F("remote", r.RemoteAddr)}})
 			if ae.Status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="acpgate admin"`)
@@ -138,7 +138,7 @@ func (s *Server) handleAdminConns(w http.ResponseWriter, r *http.Request, who au
 		}
 		out = append(out, ac)
 	}
-	s.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
+	s.audit.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
 		Fields: []audit.Field{audit.F("count", len(out))}})
 	writeJSON(w, http.StatusOK, map[string]any{"connections": out})
 }
@@ -171,7 +171,7 @@ func (s *Server) handleAdminSessions(w http.ResponseWriter, r *http.Request, who
 		}
 		out = append(out, as)
 	}
-	s.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
+	s.audit.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
 		Fields: []audit.Field{audit.F("count", len(out))}})
 	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
 }
@@ -184,7 +184,7 @@ func (s *Server) handleAdminEndSession(w http.ResponseWriter, r *http.Request, w
 	if s.adminFailed(w, err, proxy.ErrNoSuchSession, "no such session", "session", id) {
 		return
 	}
-	s.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Session: id})
+	s.audit.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Session: id})
 	writeJSON(w, http.StatusOK, map[string]string{"sessionId": id, "status": "ended"})
 }
 
@@ -207,7 +207,7 @@ func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, wh
 	if s.adminFailed(w, err, proxy.ErrNoSuchConn, "no such connection", "conn", id) {
 		return
 	}
-	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
+	s.audit.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
 	writeJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
 }
 

@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
@@ -54,11 +53,7 @@ type Server struct {
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
-	audit    audit.Recorder // nil: no audit trail (audit.file unset)
-	// refusals bounds the events anyone can make the trail write without a
-	// credential (auth.failed, admin.denied).
-	refusals *audit.Limiter
-	trail    *audit.Log    // the same, to reopen and close
+	audit    *auditTrail
 	links    *linkRegistry // every open connection; refusing once the listener closes
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
@@ -278,22 +273,21 @@ func New(opts Options) (*Server, error) {
 		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
 	}, []string{"reason"})
 	var authn *auth.Authenticator
-	var srv *Server // set below, before any request is served
+	var trail *auditTrail // set below, before any request is served
 	if cfg.AuthEnabled() {
 		if authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
 			authFailures.WithLabelValues(reason).Inc()
-			srv.authFailed(r, reason)
+			trail.authFailed(r, reason)
 		}); err != nil {
 			return nil, err
 		}
 	}
-	var trail *audit.Log
 	fail := func(err error) (*Server, error) {
 		if authn != nil {
 			authn.Close()
 		}
 		if trail != nil {
-			_ = trail.Close()
+			_ = trail.close()
 		}
 		return nil, err
 	}
@@ -317,12 +311,7 @@ func New(opts Options) (*Server, error) {
 		return fail(err)
 	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: newLinkRegistry(),
-		tracing: tr, tracer: tracer, registry: reg, draining: map[string]struct{}{},
-		refusals: audit.NewLimiter(20, 100)}
-	if trail != nil {
-		s.audit, s.trail = trail, trail
-	}
-	srv = s
+		tracing: tr, tracer: tracer, registry: reg, draining: map[string]struct{}{}, audit: trail}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.stopDrains()
@@ -352,7 +341,7 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.
 		agents = append(agents, spec)
 	}
 	rc := relayConfig(cfg, m, agents, sealer, tenants)
-	rc.Audit, rc.AuditPrompts = s.audit, cfg.Audit.IncludePrompts
+	rc.Audit, rc.AuditPrompts = s.audit.rec, cfg.Audit.IncludePrompts
 	rc.Tracing = s.TracerProvider()
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
@@ -515,7 +504,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
 	}
-	if aerr := s.closeAudit(); aerr != nil { // logged and counted, never a failed shutdown
+	if aerr := s.audit.close(); aerr != nil { // logged and counted, never a failed shutdown
 		s.log.Error("audit trail: the last events were not written", "err", aerr)
 	}
 	s.closeTracing(ctx)
