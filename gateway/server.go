@@ -20,7 +20,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
@@ -66,8 +65,7 @@ type Server struct {
 	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
 	stopDrains  context.CancelFunc // cancels drainCtx
 
-	tracing *tracing                 // nil: tracing off
-	tracer  *sdktrace.TracerProvider // the same, to flush at Shutdown
+	tracing *tracing // nil: tracing off
 }
 
 // Reload applies a new configuration's tenants, tokens and policy without
@@ -306,16 +304,16 @@ func New(opts Options) (*Server, error) {
 	if trail, err = openAudit(cfg, reg, log); err != nil {
 		return fail(err)
 	}
-	tr, tracer, err := startTracing(cfg, opts.Version, log)
+	tr, err := startTracing(cfg, opts.Version, log)
 	if err != nil {
 		return fail(err)
 	}
 	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: newLinkRegistry(),
-		tracing: tr, tracer: tracer, registry: reg, draining: map[string]struct{}{}, audit: trail}
+		tracing: tr, registry: reg, draining: map[string]struct{}{}, audit: trail}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.stopDrains()
-		s.closeTracing(context.Background())
+		s.tracing.close(context.Background(), log)
 		return fail(err)
 	}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
@@ -507,7 +505,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if aerr := s.audit.close(); aerr != nil { // logged and counted, never a failed shutdown
 		s.log.Error("audit trail: the last events were not written", "err", aerr)
 	}
-	s.closeTracing(ctx)
+	s.tracing.close(ctx, s.log)
 	if s.authn != nil {
 		s.authn.Close()
 	}

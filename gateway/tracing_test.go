@@ -53,7 +53,7 @@ func TestTracingOffByDefault(t *testing.T) {
 	if tp := ts.s.TracerProvider(); tp != nil {
 		t.Fatalf("TracerProvider = %T, want nil", tp)
 	}
-	if ts.s.tracing != nil || ts.s.tracer != nil {
+	if ts.s.tracing != nil {
 		t.Fatal("tracing set up with no endpoint")
 	}
 	c := ts.dial()
