@@ -47,7 +47,7 @@ type Server struct {
 	log      *slog.Logger
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
-	admins   *auth.Admins        // nil: no admin API
+	admin    *adminAPI           // nil: no admin API
 	launch   *launcher           // nil: the sandbox is off
 	http     *http.Server
 	registry *prometheus.Registry
@@ -133,7 +133,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		}
 		return err
 	}
-	_ = s.reloadAdmins(next) // hashes the configuration validated
+	_ = s.admin.reload(next) // hashes the configuration validated
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
@@ -308,13 +308,16 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: newLinkRegistry(),
+	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
 		tracing: tr, registry: reg, draining: map[string]struct{}{}, audit: trail}
 	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.stopDrains()
 		s.tracing.close(context.Background(), log)
 		return fail(err)
+	}
+	if admins != nil {
+		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, log: log}
 	}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := s.routes(cfg, authn)
@@ -401,7 +404,7 @@ func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Hand
 	r.HandleFunc("/v1/agents", s.handleAgents)
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
-		s.adminRoutes(r) // else on the operations listener (OpsHandler)
+		s.admin.routes(r) // else on the operations listener (OpsHandler)
 	}
 	if authn != nil {
 		r.Handle("/v1/tickets", authn.TicketsHandler())
