@@ -57,11 +57,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 		}, f)
 	}
 	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.links.refusing()) })
-	drainAgents := drains("agent", func() float64 {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return float64(len(s.draining))
-	})
+	drainAgents := drains("agent", func() float64 { return float64(s.agents.drainsInProgress()) })
 	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready, drainGateway, drainAgents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -43,7 +43,7 @@ type Options struct {
 
 // Server is a running gateway.
 type Server struct {
-	opts     Options
+	// Static after New.
 	log      *slog.Logger
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
@@ -52,20 +52,16 @@ type Server struct {
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
-	audit    *auditTrail
+	audit    *auditTrail   // what the gateway itself writes to the audit trail
+	tracing  *tracing      // nil: tracing off
 	links    *linkRegistry // every open connection; refusing once the listener closes
+	agents   *agents       // agent specs, agents a reload adds, removed agents' drains
+
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
 
-	mu       sync.Mutex
-	cfg      *config.Config      // the running configuration: Reload swaps it
-	draining map[string]struct{} // agents a reload removed, until drained
-
-	agentDrains sync.WaitGroup     // one per removed agent being drained
-	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
-	stopDrains  context.CancelFunc // cancels drainCtx
-
-	tracing *tracing // nil: tracing off
+	mu  sync.Mutex
+	cfg *config.Config // the running configuration: Reload swaps it
 }
 
 // Reload applies a new configuration's tenants, tokens and policy without
@@ -102,7 +98,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 			strings.Join(restart, ", "))
 	}
 	for _, name := range added {
-		if s.retiring(name) {
+		if s.agents.retiring(name) {
 			return fmt.Errorf("agent %q is still draining after its removal; reload again once it has stopped", name)
 		}
 	}
@@ -123,7 +119,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	// Added agents run before they are routed to; removed ones are no
 	// longer routed to before they retire. An agent that cannot be added
 	// undoes the whole reload.
-	if err := s.addAgents(next, added); err != nil {
+	if err := s.agents.add(next, added); err != nil {
 		if s.launch != nil {
 			s.launch.update(cur)
 		}
@@ -137,7 +133,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
-	s.retireAgents(cur, removed)
+	s.agents.retire(cur, removed)
 	return nil
 }
 
@@ -308,11 +304,11 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
-		tracing: tr, registry: reg, draining: map[string]struct{}{}, audit: trail}
-	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
+	s := &Server{cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
+		tracing: tr, registry: reg, audit: trail}
+	s.agents = newAgents(opts, launch, tr, s.links, log)
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
-		s.stopDrains()
+		s.agents.stopDrains()
 		s.tracing.close(context.Background(), log)
 		return fail(err)
 	}
@@ -335,7 +331,7 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.
 	s.launch.setTracing(s.tracing)
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
-		spec, err := s.agentSpec(cfg, a)
+		spec, err := s.agents.spec(cfg, a)
 		if err != nil {
 			return err
 		}
@@ -348,7 +344,7 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.
 	if err != nil {
 		return err
 	}
-	s.relay = relay
+	s.relay, s.agents.relay = relay, relay
 	return nil
 }
 
@@ -474,7 +470,6 @@ func (s *Server) MetricsHandler() http.Handler {
 // process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.notReady.Store(true)
-	defer s.stopDrains()
 	if d := s.config().ShutdownDelay.D(); d > 0 {
 		s.log.Info("not ready; still accepting while load balancers catch up", "shutdown_delay", d)
 		select {
@@ -487,7 +482,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// which end with their connections below.
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
-	s.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
+	s.agents.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
 	links, _ := s.links.linksOf("")
 	for _, l := range links {
 		l.goingAway("gateway shutting down")
@@ -499,8 +494,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	s.stopDrains() // removed agents still draining stop now, with the rest
-	s.agentDrains.Wait()
+	s.agents.stopDrains()   // removed agents still draining stop now, with the rest
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr

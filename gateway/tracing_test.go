@@ -84,7 +84,7 @@ func TestTracingFromConfigExportsOnShutdown(t *testing.T) {
 		t.Fatal("no tracer provider with an endpoint")
 	}
 	cfg := ts.s.config()
-	spec, err := ts.s.agentSpec(cfg, cfg.AgentList()[0])
+	spec, err := ts.s.agents.spec(cfg, cfg.AgentList()[0])
 	if err != nil {
 		t.Fatal(err)
 	}
