@@ -188,7 +188,6 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 		initCh:   make(chan []byte, 1),
 	}
 	a.initID = a.NextID()
-	a.handler = p.cfg.NewHandler(a)
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); p.bringUp(a, told.Tenant) }()
@@ -215,8 +214,14 @@ func (p *Pool) victimLocked(want Profile) *Process {
 	return victim
 }
 
-// bringUp starts a process and initializes it; on failure the pool backs off.
+// bringUp makes the process's handler, starts the process and initializes
+// it; on failure the pool backs off. The handler is made with no lock held:
+// it is the relay's code.
 func (p *Pool) bringUp(a *Process, tenant string) {
+	h := p.cfg.NewHandler(a)
+	p.mu.Lock()
+	a.handler = h
+	p.mu.Unlock()
 	start := time.Now()
 	p.cfg.Metrics.Spawns.Inc()
 	err := a.start(&p.cfg, tenant)
@@ -242,16 +247,18 @@ func (p *Pool) bringUp(a *Process, tenant string) {
 // success is cached and the process becomes ready.
 func (p *Pool) started(a *Process, start time.Time, err error) {
 	p.mu.Lock()
+	neverRan := false
 	if err != nil {
 		p.fails++
 		p.lastErr = err
 		backoff := 100 * time.Millisecond << min(p.fails-1, 9) // up to ~51 s
 		p.retryAt = time.Now().Add(min(backoff, 30*time.Second))
 		a.mu.Lock()
-		neverRan := a.cmd == nil
+		neverRan = a.cmd == nil
 		a.mu.Unlock()
 		if neverRan { // nothing will reap it
 			a.state.Store(uint32(Dead))
+			close(a.exited)
 			p.removeLocked(a)
 		}
 	} else {
@@ -266,6 +273,9 @@ func (p *Pool) started(a *Process, start time.Time, err error) {
 	}
 	p.changedLocked()
 	p.mu.Unlock()
+	if neverRan {
+		a.handler.Exited(err) // as waitLoop would have
+	}
 	if err != nil {
 		p.log.Error("agent failed to start", "process", a.id, "err", err)
 		return

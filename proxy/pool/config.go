@@ -79,7 +79,8 @@ type Config struct {
 	FileAccess *[2]bool
 
 	// NewHandler makes the handler of a process's output, ticks and exit
-	// when the process is created; nil = lines are dropped.
+	// before the process starts, with no pool lock held; nil = lines are
+	// dropped.
 	NewHandler func(*Process) Handler
 	// Metrics receives the pool's metrics; nil = not exported.
 	Metrics *Metrics
@@ -132,7 +133,8 @@ type Handler interface {
 	// whenever it is woken: the handler expires what waited too long.
 	Tick(now time.Time)
 	// Exited is called once, after the process was reaped and its reader
-	// has finished: everything still routed through it has failed.
+	// has finished, or its start failed: everything still routed through
+	// it has failed.
 	Exited(reason error)
 }
 

@@ -21,9 +21,15 @@ func (p *Pool) maintain() {
 			p.maintainLocked(now)
 		}
 		procs := append([]*Process(nil), p.procs...)
+		handlers := make([]Handler, len(procs)) // nil for a process not started yet
+		for i, a := range procs {
+			handlers[i] = a.handler
+		}
 		p.mu.Unlock()
-		for _, a := range procs {
-			a.handler.Tick(now)
+		for i, a := range procs {
+			if handlers[i] != nil {
+				handlers[i].Tick(now)
+			}
 			if p.cfg.RecycleAfter > 0 && a.age() >= p.cfg.RecycleAfter {
 				a.Retire("age")
 			}

@@ -44,13 +44,18 @@ var ErrAgentExited = errors.New("agent exited")
 // does. All methods may be called concurrently.
 type Process struct {
 	// Static after construction.
-	pool    *Pool
-	id      int64
-	log     *slog.Logger
+	pool   *Pool
+	id     int64
+	log    *slog.Logger
+	writeQ chan []byte   // client messages, relayed with backpressure
+	exited chan struct{} // closed when the process is reaped (or its start failed), before Handler.Exited
+	stopCh chan struct{} // closed by Stop: the writer closes stdin
+
+	// Set by bringUp under the pool's lock before the process starts,
+	// read-only afterwards. Until then only the maintainer can see the
+	// process and a nil handler, which it skips.
 	handler Handler
-	writeQ  chan []byte   // client messages, relayed with backpressure
-	exited  chan struct{} // closed when the process is reaped, before Handler.Exited
-	stopCh  chan struct{} // closed by Stop: the writer closes stdin
+
 	// ctrl holds the gateway's own messages to the agent (answers in a
 	// client's place, refusals, cancels, closes): never blocking, so the
 	// agent's reader goroutine can always go on reading; the writer drains
@@ -111,7 +116,8 @@ func (a *Process) Alive() bool { return a.State() == Ready }
 // Retiring reports whether the process takes no new sessions.
 func (a *Process) Retiring() bool { return a.retiring.Load() }
 
-// Handler is the process's handler (Config.NewHandler).
+// Handler is the process's handler (Config.NewHandler); it is set before
+// the process starts, so a process a Lease holds has it.
 func (a *Process) Handler() Handler { return a.handler }
 
 // Init is the agent's answer to the pool's initialize (zero before Ready).
