@@ -94,7 +94,7 @@ func (p *Pool) tryAcquireLocked(want Profile, forSession bool) (*Lease, error) {
 	}
 	if best.prof.Tenant != want.Tenant { // a fresh warm process, now the tenant's
 		best.prof.Tenant = want.Tenant
-		best.log.Info("agent process assigned to tenant", "tenant", want.Tenant)
+		best.Log().Info("agent process assigned to tenant", "tenant", want.Tenant)
 	}
 	best.claimed = true
 	kind := kindHome
@@ -164,7 +164,7 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 		if victim == nil {
 			return false, nil
 		}
-		victim.log.Info("stopping an unused agent process to make room", "for_tenant", want.Tenant)
+		victim.Log().Info("stopping an unused agent process to make room", "for_tenant", want.Tenant)
 		victim.Stop()
 		return true, nil
 	}
@@ -180,13 +180,13 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 		pool:     p,
 		id:       p.nextID,
 		prof:     told,
-		log:      p.log.With("process", p.nextID),
 		writeQ:   make(chan []byte, 256),
 		exited:   make(chan struct{}),
 		stopCh:   make(chan struct{}),
 		ctrlWake: make(chan struct{}, 1),
 		initCh:   make(chan []byte, 1),
 	}
+	a.log.Store(p.log.With("process", a.id))
 	a.initID = a.NextID()
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
@@ -280,7 +280,7 @@ func (p *Pool) started(a *Process, start time.Time, err error) {
 		p.log.Error("agent failed to start", "process", a.id, "err", err)
 		return
 	}
-	a.log.Info("agent ready", "protocol_version", a.init.Version, "took", time.Since(start).Round(time.Millisecond))
+	a.Log().Info("agent ready", "protocol_version", a.init.Version, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // Retire marks a as taking no new sessions, for reason ("sessions" or
@@ -295,7 +295,7 @@ func (a *Process) Retire(reason string) {
 	a.pool.changedLocked()
 	a.pool.mu.Unlock()
 	a.pool.cfg.Metrics.Recycled.WithLabelValues(reason).Inc()
-	a.log.Info("agent process retiring: it takes no new sessions and stops when its last one ends",
+	a.Log().Info("agent process retiring: it takes no new sessions and stops when its last one ends",
 		"reason", reason, "sessions_served", served)
 }
 

@@ -53,7 +53,7 @@ func (p *Pool) maintainLocked(now time.Time) {
 			idle++
 		}
 		if a.Retiring() && unusedLocked(a) {
-			a.log.Info("stopping a retired agent process: its last session has ended")
+			a.Log().Info("stopping a retired agent process: its last session has ended")
 			a.Stop()
 		}
 		// A process is quiet from the first round that finds it ready with
@@ -76,7 +76,7 @@ func (p *Pool) maintainLocked(now time.Time) {
 		if isBase {
 			idle--
 		}
-		a.log.Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))
+		a.Log().Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))
 		a.Stop()
 	}
 }

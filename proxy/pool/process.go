@@ -46,15 +46,18 @@ type Process struct {
 	// Static after construction.
 	pool   *Pool
 	id     int64
-	log    *slog.Logger
 	writeQ chan []byte   // client messages, relayed with backpressure
 	exited chan struct{} // closed when the process is reaped (or its start failed), before Handler.Exited
 	stopCh chan struct{} // closed by Stop: the writer closes stdin
 
 	// Set by bringUp under the pool's lock before the process starts,
-	// read-only afterwards. Until then only the maintainer can see the
-	// process and a nil handler, which it skips.
+	// read-only afterwards. Until then its only reader is the maintainer,
+	// which skips a nil handler.
 	handler Handler
+
+	// log names the process; spawn adds its agent_pid once, so it is read
+	// with Log.
+	log atomic.Pointer[slog.Logger]
 
 	// ctrl holds the gateway's own messages to the agent (answers in a
 	// client's place, refusals, cancels, closes): never blocking, so the
@@ -105,7 +108,7 @@ func (a *Process) String() string { return "agent#" + strconv.FormatInt(a.id, 10
 func (a *Process) ID() int64 { return a.id }
 
 // Log is the process's logger.
-func (a *Process) Log() *slog.Logger { return a.log }
+func (a *Process) Log() *slog.Logger { return a.log.Load() }
 
 // State returns where the process is in its life.
 func (a *Process) State() State { return State(a.state.Load()) }
@@ -172,9 +175,9 @@ func (a *Process) start(cfg *Config, tenant string) error {
 		return err
 	}
 	if launch.Sandbox != "" {
-		a.log.Info("agent started", "argv0", ac.Command[0], "tenant", tenant, "sandbox", launch.Sandbox)
+		a.Log().Info("agent started", "argv0", ac.Command[0], "tenant", tenant, "sandbox", launch.Sandbox)
 	} else {
-		a.log.Info("agent started", "argv0", ac.Command[0])
+		a.Log().Info("agent started", "argv0", ac.Command[0])
 	}
 	readerDone := make(chan struct{})
 	a.Go(a.writeLoop)
@@ -238,8 +241,8 @@ func (a *Process) spawn(ac *AgentConfig, launch Launch) (*exec.Cmd, error) {
 	}
 	a.mu.Lock() // Stop and Kill may read cmd from another goroutine
 	a.cmd, a.stdin, a.stdout, a.stderr = cmd, files[1], files[2], files[4]
-	a.log = a.log.With("agent_pid", cmd.Process.Pid)
 	a.mu.Unlock()
+	a.log.Store(a.Log().With("agent_pid", cmd.Process.Pid))
 	if a.State() == Stopping { // stopped while it started
 		a.signalStop(cmd)
 	}
@@ -278,7 +281,7 @@ func (a *Process) SendCtrl(msg []byte) {
 	a.ctrlMu.Lock()
 	if a.ctrlBytes+len(msg) > maxCtrlBytes {
 		a.ctrlMu.Unlock()
-		a.log.Error("agent is not reading its input; stopping it", "queued_bytes", a.ctrlBytes)
+		a.Log().Error("agent is not reading its input; stopping it", "queued_bytes", a.ctrlBytes)
 		a.Stop()
 		return
 	}
@@ -327,7 +330,7 @@ func (a *Process) writeLoop() {
 			return
 		}
 		if err := a.write(w, msg); err != nil {
-			a.log.Debug("agent stdin closed", "err", err)
+			a.Log().Debug("agent stdin closed", "err", err)
 			a.drainWrites()
 			return
 		}
@@ -376,11 +379,11 @@ func (a *Process) readLoop(maxBytes int) {
 			var tooLong *jsonrpc.LineTooLongError
 			if errors.As(err, &tooLong) {
 				a.pool.cfg.Metrics.LineTooLong.Inc()
-				a.log.Warn("agent sent a line over the message limit; skipped", "bytes", tooLong.Size, "limit", tooLong.Limit)
+				a.Log().Warn("agent sent a line over the message limit; skipped", "bytes", tooLong.Size, "limit", tooLong.Limit)
 				continue
 			}
 			if err != io.EOF && !errors.Is(err, os.ErrClosed) {
-				a.log.Debug("agent stdout", "err", err)
+				a.Log().Debug("agent stdout", "err", err)
 			}
 			return
 		}
@@ -448,7 +451,7 @@ func (a *Process) stderrLoop() {
 		a.stderrTail = append(a.stderrTail, Truncate(text, 512))
 		a.mu.Unlock()
 		if lim.Allow() {
-			a.log.Debug("agent stderr", "line", Truncate(text, 2048))
+			a.Log().Debug("agent stderr", "line", Truncate(text, 2048))
 		}
 	}
 }
@@ -481,9 +484,9 @@ func (a *Process) waitLoop(cmd *exec.Cmd, readerDone <-chan struct{}) {
 	a.mu.Unlock()
 	a.pool.cfg.Metrics.Exits.WithLabelValues(exitLabel(wasStopping, a.initFailed.Load(), err)).Inc()
 	if wasStopping {
-		a.log.Info("agent stopped", "exit", exitErr)
+		a.Log().Info("agent stopped", "exit", exitErr)
 	} else {
-		a.log.Warn("agent exited", "exit", exitErr, "stderr_tail", tail)
+		a.Log().Warn("agent exited", "exit", exitErr, "stderr_tail", tail)
 	}
 	close(a.exited)
 	a.handler.Exited(exitErr)
@@ -555,7 +558,7 @@ func (a *Process) signalStop(cmd *exec.Cmd) {
 		select {
 		case <-a.exited:
 		case <-t.C:
-			a.log.Warn("agent ignored SIGTERM; killing its process group", "grace", grace)
+			a.Log().Warn("agent ignored SIGTERM; killing its process group", "grace", grace)
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		}
 	})
