@@ -169,13 +169,6 @@ func (p *Pool) Stats() Stats {
 	return s
 }
 
-// Processes is a snapshot of the pool's processes.
-func (p *Pool) Processes() []*Process {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]*Process(nil), p.procs...)
-}
-
 // Close stops every agent process (SIGTERM to its group, SIGKILL after the
 // grace period) and waits until all are reaped or ctx ends.
 func (p *Pool) Close(ctx context.Context) error {

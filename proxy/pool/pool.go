@@ -92,13 +92,6 @@ func (p *Pool) changedLocked() {
 	p.kickMaintainer()
 }
 
-// Changed wakes everything waiting for capacity and the maintainer.
-func (p *Pool) Changed() {
-	p.mu.Lock()
-	p.changedLocked()
-	p.mu.Unlock()
-}
-
 func (p *Pool) kickMaintainer() {
 	select {
 	case p.kick <- struct{}{}:
