@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -131,8 +132,8 @@ type Conn struct {
 	// transport (a POST's traceparent header; HandleScannedTrace).
 	traceParent trace.SpanContext
 
-	limiter *rate.Limiter    // the connection's message rate; nil = none
-	logLim  *pool.LogLimiter // bounds what one client can make the gateway log (under handleMu)
+	limiter *rate.Limiter // the connection's message rate; nil = none
+	logLim  *logx.Limiter // bounds what one client can make the gateway log (under handleMu)
 	// auditLim bounds the policy.denied events one connection's client, or
 	// its agent, can make the audit trail write.
 	auditLim *audit.Limiter

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
@@ -263,7 +264,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.sc.Methods = knownMethods
 	c.resolve = clientSpec
 	c.limiter = newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst)
-	c.logLim = pool.NewLogLimiter(20, time.Second)
+	c.logLim = logx.NewLimiter(20, time.Second)
 	c.auditLim = audit.NewLimiter(20, 20)
 	c.out.sink = sink
 	if r.resume.DetachTimeout > 0 && !info.NoResume {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
@@ -326,4 +327,4 @@ func (l *procLink) finishSession(s *Session, prompting bool) {
 }
 
 // truncate shortens s to n bytes for a log line, marking the cut.
-func truncate(s string, n int) string { return pool.Truncate(s, n) }
+func truncate(s string, n int) string { return logx.Truncate(s, n) }

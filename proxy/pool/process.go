@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -432,7 +433,7 @@ const stderrTailLines = 20
 func (a *Process) stderrLoop() {
 	defer a.stderr.Close()
 	lr := jsonrpc.NewLineReader(a.stderr, 64<<10)
-	lim := NewLogLimiter(20, time.Second)
+	lim := logx.NewLimiter(20, time.Second)
 	for {
 		line, err := lr.Next()
 		if err != nil {
@@ -448,10 +449,10 @@ func (a *Process) stderrLoop() {
 			copy(a.stderrTail, a.stderrTail[1:])
 			a.stderrTail = a.stderrTail[:stderrTailLines-1]
 		}
-		a.stderrTail = append(a.stderrTail, Truncate(text, 512))
+		a.stderrTail = append(a.stderrTail, logx.Truncate(text, 512))
 		a.mu.Unlock()
 		if lim.Allow() {
-			a.Log().Debug("agent stderr", "line", Truncate(text, 2048))
+			a.Log().Debug("agent stderr", "line", logx.Truncate(text, 2048))
 		}
 	}
 }
@@ -572,35 +573,4 @@ func (a *Process) kill() {
 	if cmd != nil && cmd.Process != nil && a.State() != Dead { // a reaped group's id may be reused
 		_ = killGroup(cmd.Process.Pid)
 	}
-}
-
-// Truncate shortens s to n bytes, marking the cut.
-func Truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// LogLimiter allows n events per period. It is not safe for concurrent use.
-type LogLimiter struct {
-	n      int
-	period time.Duration
-	start  time.Time
-	count  int
-}
-
-// NewLogLimiter allows n events per period.
-func NewLogLimiter(n int, period time.Duration) *LogLimiter {
-	return &LogLimiter{n: n, period: period}
-}
-
-// Allow reports whether one more event may be logged now.
-func (l *LogLimiter) Allow() bool {
-	now := time.Now()
-	if now.Sub(l.start) > l.period {
-		l.start, l.count = now, 0
-	}
-	l.count++
-	return l.count <= l.n
 }
