@@ -28,8 +28,9 @@ func (ag *agents) retire(cur *config.Config, removed []string) {
 }
 
 // drain ends a removed agent as Shutdown ends the gateway: running prompts
-// get grace (shutdown_grace) to finish, then are cancelled; its sockets
-// close with 1001 (going away); its processes stop.
+// get grace (shutdown_grace) to finish, then are cancelled; its
+// connections close (a WebSocket with 1001, going away); its processes
+// stop.
 func (ag *agents) drain(name string, grace, stopGrace time.Duration) {
 	log := ag.log.With("agent", name)
 	log.Info("agent removed: draining")

@@ -412,7 +412,7 @@ func postTrace(r *http.Request) trace.SpanContext {
 var postScanners = sync.Pool{New: func() any { return new(postScan) }}
 
 // postScan is one scan of a POSTed message: the relay's scanner, once; the
-// relay handles the message as scanned (proxy.Conn.HandleScanned).
+// relay handles the message as scanned (proxy.Conn.HandleScannedTrace).
 type postScan struct {
 	sc  jsonrpc.Scanner
 	m   jsonrpc.Message

@@ -31,7 +31,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 			Name: "acpgate_connections_total", Help: "Client connections that ended, by close reason, transport (websocket, http) and agent.",
 		}, []string{"tenant", "reason", "transport", "agent"}),
 		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed (1008) because the client read slower than its agent wrote.",
+			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed because the client read slower than its agent wrote (a WebSocket with 1008).",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_config_reloads_total", Help: "SIGHUP configuration reloads, by result (success, failure).",

@@ -1,6 +1,7 @@
-// Package gateway is acpgate's HTTP surface: the /acp WebSocket endpoint,
-// health and readiness probes, and connection draining. The ACP logic
-// itself lives in package proxy.
+// Package gateway is acpgate's HTTP surface: /acp over WebSocket and
+// Streamable HTTP, /v1/agents, tickets, probes, metrics, the admin API and
+// the browser client; reloads and draining. The ACP logic itself lives in
+// package proxy.
 package gateway
 
 import (
@@ -246,7 +247,7 @@ func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(*http
 	return auth.New(ac, log)
 }
 
-// New builds a server and starts its agent pool.
+// New builds a server and starts its agents' pools.
 func New(opts Options) (*Server, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {
@@ -466,8 +467,8 @@ func (s *Server) MetricsHandler() http.Handler {
 
 // Shutdown drains the gateway: it turns not-ready and stops accepting, lets
 // running prompts finish for up to shutdown_grace, then cancels them,
-// closes every WebSocket with 1001 (going away) and stops every agent
-// process group.
+// closes every connection (a WebSocket with 1001, going away) and stops
+// every agent process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.notReady.Store(true)
 	if d := s.config().ShutdownDelay.D(); d > 0 {
@@ -509,7 +510,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Relay returns the ACP relay (tests and metrics).
+// Relay returns the ACP relay (tests and test/load).
 func (s *Server) Relay() *proxy.Relay { return s.relay }
 
 // newConnID is a connection's ID: a random (version 4) UUID, as the SDK's

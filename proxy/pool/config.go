@@ -154,9 +154,9 @@ type Metrics struct {
 	PoolWait           prometheus.Observer
 	Recycled           *prometheus.CounterVec // reason: sessions, age
 	LineTooLong        prometheus.Counter     // agent lines over the message limit, skipped
-	// DoubleReleases counts leases released more than once or counters
-	// that would have gone below zero, by what (session, home, request):
-	// a bug, logged too.
+	// DoubleReleases counts leases released more than once, by kind
+	// (session, home, request), and counters that would have gone below
+	// zero (session_count, home_count, request_count): a bug, logged too.
 	DoubleReleases *prometheus.CounterVec
 }
 
