@@ -190,7 +190,7 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 	a.initID = a.NextID()
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
-	go func() { defer p.wg.Done(); p.bringUp(a, told.Tenant) }()
+	go func() { defer p.wg.Done(); p.bringUp(a, told) }()
 	return true, nil
 }
 
@@ -215,20 +215,20 @@ func (p *Pool) victimLocked(want Profile) *Process {
 }
 
 // bringUp makes the process's handler, starts the process and initializes
-// it; on failure the pool backs off. The handler is made with no lock held:
-// it is the relay's code.
-func (p *Pool) bringUp(a *Process, tenant string) {
+// it, telling it told; on failure the pool backs off. The handler is made
+// with no lock held: it is the relay's code.
+func (p *Pool) bringUp(a *Process, told Profile) {
 	h := p.cfg.NewHandler(a)
 	p.mu.Lock()
 	a.handler = h
 	p.mu.Unlock()
 	start := time.Now()
 	p.cfg.Metrics.Spawns.Inc()
-	err := a.start(&p.cfg, tenant)
+	err := a.start(&p.cfg, told.Tenant)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Agent.InitTimeout)
 		initStart := time.Now()
-		err = a.initialize(ctx, &p.cfg)
+		err = a.initialize(ctx, &p.cfg, told)
 		cancel()
 		if err != nil {
 			a.initFailed.Store(true)
