@@ -16,9 +16,18 @@ import (
 	"github.com/acpgate/acpgate/proxy"
 )
 
-// The admin API: list the connections and sessions, end a session, close
-// a connection. It is served on the operations listener when one is set
-// (OpsHandler), else on the main one, to administrators only (auth.Admins).
+// adminAPI is the admin API: list the connections and sessions, end a
+// session, close a connection. It is served on the operations listener
+// when one is set (OpsHandler), else on the main one, to administrators
+// only. A nil *adminAPI is none (admin unset).
+type adminAPI struct {
+	// Static after construction.
+	admins *auth.Admins
+	relay  *proxy.Relay
+	links  *linkRegistry
+	audit  *auditTrail
+	log    *slog.Logger
+}
 
 // newAdmins is the admin API's credential check (nil: no admin API).
 func newAdmins(cfg *config.Config, authn *auth.Authenticator, log *slog.Logger) (*auth.Admins, error) {
@@ -48,12 +57,12 @@ func adminReloadable(cur, next *config.Config) string {
 	return ""
 }
 
-// reloadAdmins applies a reload's admin tokens.
-func (s *Server) reloadAdmins(next *config.Config) error {
-	if s.admins == nil {
+// reload applies a reload's admin tokens.
+func (a *adminAPI) reload(next *config.Config) error {
+	if a == nil {
 		return nil
 	}
-	return s.admins.UpdateTokens(next.Admin.TokensSHA256)
+	return a.admins.UpdateTokens(next.Admin.TokensSHA256)
 }
 
 // OpsHandler serves the operations listener (observability.metrics_listen):
@@ -61,35 +70,35 @@ func (s *Server) reloadAdmins(next *config.Config) error {
 func (s *Server) OpsHandler() http.Handler {
 	r := chi.NewRouter()
 	r.Handle("/metrics", s.MetricsHandler())
-	s.adminRoutes(r)
+	s.admin.routes(r)
 	return r
 }
 
-// adminRoutes mounts the admin API on r, if it is configured.
-func (s *Server) adminRoutes(r chi.Router) {
-	if s.admins == nil {
+// routes mounts the admin API on r, if it is configured.
+func (a *adminAPI) routes(r chi.Router) {
+	if a == nil {
 		return
 	}
-	r.Get("/v1/admin/connections", s.admin(s.handleAdminConns))
-	r.Get("/v1/admin/sessions", s.admin(s.handleAdminSessions))
-	r.Delete("/v1/admin/sessions/{id}", s.admin(s.handleAdminEndSession))
-	r.Delete("/v1/admin/connections/{id}", s.admin(s.handleAdminCloseConn))
+	r.Get("/v1/admin/connections", a.check(a.listConns))
+	r.Get("/v1/admin/sessions", a.check(a.listSessions))
+	r.Delete("/v1/admin/sessions/{id}", a.check(a.endSession))
+	r.Delete("/v1/admin/connections/{id}", a.check(a.closeConn))
 }
 
 // adminHandler serves an administrator, who.
 type adminHandler func(w http.ResponseWriter, r *http.Request, who auth.Identity)
 
-// admin lets only administrators through to h: a tenant's credential gets
+// check lets only administrators through to h: a tenant's credential gets
 // 403, none or an unknown one 401. Each refusal is audited.
-func (s *Server) admin(h adminHandler) http.HandlerFunc {
+func (a *adminAPI) check(h adminHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		who, err := s.admins.Check(r)
+		who, err := a.admins.Check(r)
 		if err != nil {
 			var ae *auth.Error
 			if !errors.As(err, &ae) {
 				ae = &auth.Error{Status: http.StatusUnauthorized, Reason: auth.ReasonInvalidToken, Message: "not authenticated"}
 			}
-			s.recordRefusal(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
+			a.audit.refusal(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
 				audit.F("method", r.Method), audit.F("path", r.URL.Path), audit.F("remote", r.RemoteAddr)}})
 			if ae.Status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="acpgate admin"`)
@@ -115,16 +124,16 @@ type adminConn struct {
 	Sessions   []string   `json:"sessions"`
 }
 
-// handleAdminConns lists the open connections (?tenant= filters).
-func (s *Server) handleAdminConns(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+// listConns lists the open connections (?tenant= filters).
+func (a *adminAPI) listConns(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	tenant, all := tenantFilter(r)
-	links, _ := s.linksOf("")
+	links, _ := a.links.linksOf("")
 	byID := make(map[string]*link, len(links))
 	for _, l := range links {
 		byID[l.id] = l
 	}
 	out := []adminConn{}
-	for _, c := range s.relay.ConnSnapshots() {
+	for _, c := range a.relay.ConnSnapshots() {
 		if !all && c.Tenant != tenant {
 			continue
 		}
@@ -138,7 +147,7 @@ func (s *Server) handleAdminConns(w http.ResponseWriter, r *http.Request, who au
 		}
 		out = append(out, ac)
 	}
-	s.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
+	a.audit.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
 		Fields: []audit.Field{audit.F("count", len(out))}})
 	writeJSON(w, http.StatusOK, map[string]any{"connections": out})
 }
@@ -156,11 +165,11 @@ type adminSession struct {
 	Cost        map[string]float64 `json:"cost"`
 }
 
-// handleAdminSessions lists the live sessions (?tenant= filters).
-func (s *Server) handleAdminSessions(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+// listSessions lists the live sessions (?tenant= filters).
+func (a *adminAPI) listSessions(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	tenant, all := tenantFilter(r)
 	out := []adminSession{}
-	for _, ss := range s.relay.SessionSnapshots(tenant, all) {
+	for _, ss := range a.relay.SessionSnapshots(tenant, all) {
 		as := adminSession{ID: ss.ID, Tenant: ss.Tenant, Agent: ss.Agent, Clients: ss.Clients, State: ss.State,
 			Since: ss.Since.UTC(), TurnStarted: optTime(ss.TurnStarted), Tokens: ss.Usage.Tokens, Cost: ss.Usage.Cost}
 		if as.Tokens == nil {
@@ -171,57 +180,57 @@ func (s *Server) handleAdminSessions(w http.ResponseWriter, r *http.Request, who
 		}
 		out = append(out, as)
 	}
-	s.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
+	a.audit.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
 		Fields: []audit.Field{audit.F("count", len(out))}})
 	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
 }
 
-// handleAdminEndSession ends a session for every client, its running turn
+// endSession ends a session for every client, its running turn
 // cancelled.
-func (s *Server) handleAdminEndSession(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+func (a *adminAPI) endSession(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	id := chi.URLParam(r, "id")
-	owner, err := s.relay.EndSession(id, who.Subject)
-	if s.adminFailed(w, err, proxy.ErrNoSuchSession, "no such session", "session", id) {
+	owner, err := a.relay.EndSession(id, who.Subject)
+	if a.failed(w, err, proxy.ErrNoSuchSession, "no such session", "session", id) {
 		return
 	}
-	s.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Session: id})
+	a.audit.record(audit.Event{Event: "admin.session.ended", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Session: id})
 	writeJSON(w, http.StatusOK, map[string]string{"sessionId": id, "status": "ended"})
 }
 
-// handleAdminCloseConn closes a connection for good: its socket with 1008
+// closeConn closes a connection for good: its socket with 1008
 // "closed by an administrator" (an HTTP connection's streams end), and its
 // resume token is refused.
-func (s *Server) handleAdminCloseConn(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+func (a *adminAPI) closeConn(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	id := chi.URLParam(r, "id")
 	// The sockets close with 1008 first, so that the close is counted and
 	// audited as admin_closed, not as the proxy connection's own end.
 	closeSockets := func() {
-		links, _ := s.linksOf("")
+		links, _ := a.links.linksOf("")
 		for _, l := range links {
 			if l.id == id {
 				l.closeWith(adminCloseReason, "admin_closed")
 			}
 		}
 	}
-	owner, err := s.relay.CloseConn(id, who.Subject, closeSockets)
-	if s.adminFailed(w, err, proxy.ErrNoSuchConn, "no such connection", "conn", id) {
+	owner, err := a.relay.CloseConn(id, who.Subject, closeSockets)
+	if a.failed(w, err, proxy.ErrNoSuchConn, "no such connection", "conn", id) {
 		return
 	}
-	s.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
+	a.audit.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
 	writeJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
 }
 
-// adminFailed answers an admin action that failed: 404 (notFound says
+// failed answers an admin action that failed: 404 (notFound says
 // what) when err is unknown, 500 (logged with key and id) for any other
 // error. It reports whether it answered.
-func (s *Server) adminFailed(w http.ResponseWriter, err, unknown error, notFound, key, id string) bool {
+func (a *adminAPI) failed(w http.ResponseWriter, err, unknown error, notFound, key, id string) bool {
 	switch {
 	case err == nil:
 		return false
 	case errors.Is(err, unknown):
 		writeJSONError(w, http.StatusNotFound, "not_found", notFound)
 	default:
-		s.log.Error("admin: the action failed", key, id, "err", err)
+		a.log.Error("admin: the action failed", key, id, "err", err)
 		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
 	}
 	return true

@@ -60,7 +60,7 @@ func adminCall(t *testing.T, hc *http.Client, method, url, token string, out any
 func TestAdminAPI(t *testing.T) {
 	ts := startServer(t, withAdmin(t, nil))
 	rec := &audit.Memory{}
-	ts.s.audit = rec
+	ts.s.audit.rec = rec
 	base := "http://" + ts.addr + "/v1/admin/"
 	c := ts.dial("acp", "acp.bearer.tok")
 	c.initialize()

@@ -3,11 +3,12 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -16,24 +17,52 @@ import (
 	"github.com/acpgate/acpgate/proxy"
 )
 
-// agentSpec is what the relay needs to run a configured agent: its
-// command (the demo agent's without one), its supervisor, its launcher
-// when the sandbox is on, and its pool.
-func (s *Server) agentSpec(cfg *config.Config, a config.AgentEntry) (proxy.AgentSpec, error) {
+// agents is the gateway's side of the configured agents: what the relay
+// runs each with, the agents a reload adds, and the drains of those it
+// removes (drain.go).
+type agents struct {
+	// Static after construction.
+	opts     Options   // DemoAgent, Supervisor and Version
+	launch   *launcher // nil: the sandbox is off
+	tracing  *tracing  // nil: tracing off
+	links    *linkRegistry
+	log      *slog.Logger
+	drainCtx context.Context    // ends removed agents' grace (stopDrains)
+	cancel   context.CancelFunc // cancels drainCtx
+
+	// Set once the relay has started, before anything is served.
+	relay *proxy.Relay
+
+	drains sync.WaitGroup // one per removed agent being drained
+
+	mu       sync.Mutex
+	draining map[string]struct{} // agents a reload removed, until drained
+}
+
+func newAgents(opts Options, launch *launcher, tr *tracing, links *linkRegistry, log *slog.Logger) *agents {
+	ag := &agents{opts: opts, launch: launch, tracing: tr, links: links, log: log, draining: map[string]struct{}{}}
+	ag.drainCtx, ag.cancel = context.WithCancel(context.Background())
+	return ag
+}
+
+// spec is what the relay needs to run a configured agent: its command
+// (the demo agent's without one), its supervisor, its launcher when the
+// sandbox is on, and its pool.
+func (ag *agents) spec(cfg *config.Config, a config.AgentEntry) (proxy.AgentSpec, error) {
 	cmd := a.Command
 	if len(cmd) == 0 {
-		cmd = s.opts.DemoAgent
+		cmd = ag.opts.DemoAgent
 	}
 	if len(cmd) == 0 {
 		return proxy.AgentSpec{}, fmt.Errorf("agent %q: no command", a.Name)
 	}
 	var sup []string
-	if s.opts.Supervisor != nil {
-		sup = s.opts.Supervisor(a.StopGrace.D())
+	if ag.opts.Supervisor != nil {
+		sup = ag.opts.Supervisor(a.StopGrace.D())
 	}
 	var launch func(string) (proxy.Launch, error)
-	if s.launch != nil {
-		launch = s.launch.forAgent(a.Name, cmd)
+	if ag.launch != nil {
+		launch = ag.launch.forAgent(a.Name, cmd)
 	}
 	p := a.Pool
 	return proxy.AgentSpec{
@@ -42,14 +71,14 @@ func (s *Server) agentSpec(cfg *config.Config, a config.AgentEntry) (proxy.Agent
 		Pool: proxy.PoolConfig{
 			Agent: proxy.AgentConfig{
 				Command:     cmd,
-				Env:         withTracingEnv(s.tracing.agentEnv(a.Name, ""), a.Env),
+				Env:         withTracingEnv(ag.tracing.agentEnv(a.Name, ""), a.Env),
 				Dir:         a.Dir,
 				Supervisor:  sup,
 				StopGrace:   a.StopGrace.D(),
 				InitTimeout: a.InitTimeout.D(),
 				Launch:      launch,
 			},
-			TenantBound:           s.launch != nil,
+			TenantBound:           ag.launch != nil,
 			MinIdle:               p.MinIdle,
 			MaxProcesses:          p.MaxProcesses,
 			MaxSessionsPerProcess: p.MaxSessionsPerProcess,
@@ -58,7 +87,7 @@ func (s *Server) agentSpec(cfg *config.Config, a config.AgentEntry) (proxy.Agent
 			IdleTimeout:           p.IdleTimeout.D(),
 			RecycleAfterSessions:  p.RecycleAfterSessions,
 			RecycleAfter:          p.RecycleAfter.D(),
-			ClientVersion:         s.opts.Version,
+			ClientVersion:         ag.opts.Version,
 		},
 		Timeouts: proxy.Timeouts{
 			ClientRequest: cfg.Timeouts.ClientRequest.D(),
@@ -77,7 +106,7 @@ func (s *Server) routeAgent(w http.ResponseWriter, r *http.Request, tenant strin
 	if name == "" {
 		name = cfg.DefaultAgentOf()
 	}
-	if name == "" || cfg.AgentNamed(name) == nil || s.retiring(name) {
+	if name == "" || cfg.AgentNamed(name) == nil || s.agents.retiring(name) {
 		writeJSONError(w, http.StatusNotFound, "unknown_agent", fmt.Sprintf("no agent named %q here (GET /v1/agents lists them)", name))
 		return "", false
 	}
@@ -96,14 +125,6 @@ func tenantOf(cfg *config.Config, name string) *config.Tenant {
 		}
 	}
 	return nil
-}
-
-// retiring reports whether a reload removed the agent and it is draining.
-func (s *Server) retiring(name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.draining[name]
-	return ok
 }
 
 // agentJSON is one entry of GET /v1/agents.
@@ -184,74 +205,28 @@ func agentChanges(cur, next *config.Config) (added, removed, restart []string) {
 	return added, removed, restart
 }
 
-// addAgents starts the pools of the agents a reload added; if one fails,
-// those it added are stopped again.
-func (s *Server) addAgents(next *config.Config, added []string) error {
+// add starts the pools of the agents a reload added; if one fails, those
+// it added are stopped again.
+func (ag *agents) add(next *config.Config, added []string) error {
 	for i, name := range added {
-		spec, err := s.agentSpec(next, config.AgentEntry{Name: name, NamedAgent: next.AgentNamed(name)})
+		spec, err := ag.spec(next, config.AgentEntry{Name: name, NamedAgent: next.AgentNamed(name)})
 		if err == nil {
-			err = s.relay.AddAgent(spec)
+			err = ag.relay.AddAgent(spec)
 		}
 		if err != nil {
 			for _, undo := range added[:i] {
-				s.relay.RetireAgent(undo)
+				ag.relay.RetireAgent(undo)
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+next.AgentNamed(undo).StopGrace.D())
-				if cerr := s.relay.CloseAgent(ctx, undo); cerr != nil {
-					s.log.Warn("undoing a reload: stopping an added agent", "agent", undo, "err", cerr)
+				if cerr := ag.relay.CloseAgent(ctx, undo); cerr != nil {
+					ag.log.Warn("undoing a reload: stopping an added agent", "agent", undo, "err", cerr)
 				}
 				cancel()
 			}
 			return fmt.Errorf("add agent %q: %w", name, err)
 		}
-		s.log.Info("agent added", "agent", name)
+		ag.log.Info("agent added", "agent", name)
 	}
 	return nil
-}
-
-// retireAgents retires the agents a reload removed: they take no new
-// connection and are drained in the background as a shutdown drains the
-// gateway.
-func (s *Server) retireAgents(cur *config.Config, removed []string) {
-	for _, name := range removed {
-		s.relay.RetireAgent(name)
-		s.mu.Lock()
-		s.draining[name] = struct{}{}
-		s.mu.Unlock()
-		stopGrace := cur.AgentNamed(name).StopGrace.D()
-		s.agentDrains.Add(1)
-		go func() { // ends within shutdown_grace and the agent's stop grace, or with Shutdown
-			defer s.agentDrains.Done()
-			s.drainAgent(name, stopGrace)
-		}()
-	}
-}
-
-// drainAgent ends a removed agent as Shutdown ends the gateway: running
-// prompts get shutdown_grace to finish, then are cancelled; its sockets
-// close with 1001 (going away); its processes stop.
-func (s *Server) drainAgent(name string, stopGrace time.Duration) {
-	cfg := s.config()
-	log := s.log.With("agent", name)
-	log.Info("agent removed: draining")
-	s.finishPrompts(s.drainCtx, name, cfg.ShutdownGrace.D())
-	links, _ := s.linksOf(name)
-	for _, l := range links {
-		l.goingAway("agent removed")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+stopGrace)
-	defer cancel()
-	waitCtx, stopWait := context.WithCancel(ctx)
-	defer stopWait()
-	stop := context.AfterFunc(s.drainCtx, stopWait) // Shutdown ends the wait, not the agent's stop
-	defer stop()
-	s.waitLinks(waitCtx, name)
-	if err := s.relay.CloseAgent(ctx, name); err != nil && !errors.Is(err, context.Canceled) {
-		log.Warn("agent drain incomplete", "err", err)
-	}
-	s.mu.Lock()
-	delete(s.draining, name)
-	s.mu.Unlock()
-	log.Info("agent removed: drained")
 }
 
 // MaxStopGrace is the longest stop grace of the agents configured now.

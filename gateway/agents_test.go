@@ -157,9 +157,7 @@ func TestReloadKeepsServing(t *testing.T) {
 	if code != http.StatusAccepted && code != http.StatusOK {
 		t.Errorf("POST on /acp after default_agent changed: %d %s", code, body)
 	}
-	ts.s.mu.Lock()
-	h := ts.s.httpConns[c.conn]
-	ts.s.mu.Unlock()
+	h := ts.s.links.httpConn(c.conn)
 	if h == nil || h.agent != "a" {
 		t.Errorf("the connection's agent changed: %+v", h)
 	}

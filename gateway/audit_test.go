@@ -20,17 +20,17 @@ import (
 func TestAuditTrail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
 	ts := startServer(t, func(c *config.Config) { c.Audit = config.Audit{File: path, IncludePrompts: true} })
-	if ts.s.audit == nil {
+	if !ts.s.audit.on() {
 		t.Fatal("no audit recorder")
 	}
-	ts.s.record(audit.Event{Event: "test.one", Tenant: "acme"})
+	ts.s.audit.record(audit.Event{Event: "test.one", Tenant: "acme"})
 	if err := os.Rename(path, path+".1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := ts.s.ReopenAudit(); err != nil {
 		t.Fatal(err)
 	}
-	ts.s.record(audit.Event{Event: "test.two"})
+	ts.s.audit.record(audit.Event{Event: "test.two"})
 	next := *ts.s.config()
 	next.Audit.File = path + ".other"
 	if err := ts.s.Reload(&next); err == nil || !strings.Contains(err.Error(), "audit settings need a restart") {
@@ -61,7 +61,7 @@ func TestAuditFullDisk(t *testing.T) {
 	c.initialize()
 	sid := c.newSession()
 	for range 3 {
-		ts.s.record(audit.Event{Event: "test.full"})
+		ts.s.audit.record(audit.Event{Event: "test.full"})
 		if text := c.prompt(sid, "hello"); text == "" {
 			t.Fatal("prompt: no reply")
 		}

@@ -2,30 +2,103 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/acpgate/acpgate/gateway/config"
 )
+
+// retire retires the agents a reload removed from cur: they take no new
+// connection and are drained in the background as a shutdown drains the
+// gateway.
+func (ag *agents) retire(cur *config.Config, removed []string) {
+	for _, name := range removed {
+		ag.relay.RetireAgent(name)
+		ag.mu.Lock()
+		ag.draining[name] = struct{}{}
+		ag.mu.Unlock()
+		stopGrace := cur.AgentNamed(name).StopGrace.D()
+		grace := cur.ShutdownGrace.D() // restart-only: the same in the new configuration
+		ag.drains.Add(1)
+		go func() { // ends within shutdown_grace and the agent's stop grace, or with stopDrains
+			defer ag.drains.Done()
+			ag.drain(name, grace, stopGrace)
+		}()
+	}
+}
+
+// drain ends a removed agent as Shutdown ends the gateway: running prompts
+// get grace (shutdown_grace) to finish, then are cancelled; its
+// connections close (a WebSocket with 1001, going away); its processes
+// stop.
+func (ag *agents) drain(name string, grace, stopGrace time.Duration) {
+	log := ag.log.With("agent", name)
+	log.Info("agent removed: draining")
+	ag.finishPrompts(ag.drainCtx, name, grace)
+	links, _ := ag.links.linksOf(name)
+	for _, l := range links {
+		l.goingAway("agent removed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+stopGrace)
+	defer cancel()
+	waitCtx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	stop := context.AfterFunc(ag.drainCtx, stopWait) // Shutdown ends the wait, not the agent's stop
+	defer stop()
+	ag.links.waitLinks(waitCtx, name)
+	if err := ag.relay.CloseAgent(ctx, name); err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn("agent drain incomplete", "err", err)
+	}
+	ag.mu.Lock()
+	delete(ag.draining, name)
+	ag.mu.Unlock()
+	log.Info("agent removed: drained")
+}
+
+// retiring reports whether a reload removed the agent and it is draining.
+func (ag *agents) retiring(name string) bool {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	_, ok := ag.draining[name]
+	return ok
+}
+
+// drainsInProgress counts the removed agents still draining.
+func (ag *agents) drainsInProgress() int {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	return len(ag.draining)
+}
+
+// stopDrains cuts the drains of removed agents short (their prompts' grace
+// and the wait for their connections) and waits for them to end: each
+// still stops its agent's processes first.
+func (ag *agents) stopDrains() {
+	ag.cancel()
+	ag.drains.Wait()
+}
 
 // finishPrompts lets the running prompts of agent ("" = every agent) finish
 // for up to grace, or until ctx ends, then cancels those left (a drain).
 // Both waits are woken by the relay as each prompt's answer reaches its
 // client (proxy.Relay.WaitPrompts).
-func (s *Server) finishPrompts(ctx context.Context, agent string, grace time.Duration) {
-	log := s.log
+func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Duration) {
+	log := ag.log
 	if agent != "" {
 		log = log.With("agent", agent)
 	}
-	if n := s.relay.PromptsInFlight(agent); n > 0 {
+	if n := ag.relay.PromptsInFlight(agent); n > 0 {
 		log.Info("letting running prompts finish", "prompts", n, "grace", grace)
 	}
 	wctx, cancel := context.WithTimeout(ctx, grace)
 	defer cancel()
-	if s.relay.WaitPrompts(wctx, agent) == nil {
+	if ag.relay.WaitPrompts(wctx, agent) == nil {
 		return
 	}
 	// Those left are cancelled; their clients get the stopReason
 	// "cancelled" if the agents answer within cancelWait (even when ctx
 	// has ended).
-	s.relay.CancelPrompts(agent, cancelWait)
+	ag.relay.CancelPrompts(agent, cancelWait)
 }
 
 // cancelWait is how long a drain waits for the agents to answer the

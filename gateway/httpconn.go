@@ -317,7 +317,7 @@ func plain(w http.ResponseWriter, status int, msg string) {
 // credential) to a plain HTTP request and returns who it is (empty
 // without authentication).
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Identity, bool) {
-	if s.drain.Load() {
+	if s.links.refusing() {
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return auth.Identity{}, false
 	}
@@ -341,9 +341,7 @@ func (s *Server) authenticateAgent(w http.ResponseWriter, r *http.Request) (who 
 		return auth.Identity{}, "", false
 	}
 	if id := r.Header.Get(ConnectionIDHeader); id != "" {
-		s.mu.Lock()
-		h := s.httpConns[id]
-		s.mu.Unlock()
+		h := s.links.httpConn(id)
 		if p := chi.URLParam(r, "agent"); h != nil && h.owns(who) && (p == "" || p == h.agent) {
 			return who, h.agent, true
 		}
@@ -367,9 +365,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, who auth.Identit
 		plain(w, http.StatusBadRequest, "Missing Acp-Connection-Id")
 		return nil
 	}
-	s.mu.Lock()
-	h := s.httpConns[id]
-	s.mu.Unlock()
+	h := s.links.httpConn(id)
 	if h == nil || !h.owns(who) || h.agent != agent || h.ending() {
 		plain(w, http.StatusNotFound, "Unknown Acp-Connection-Id")
 		return nil
@@ -417,7 +413,7 @@ func postTrace(r *http.Request) trace.SpanContext {
 var postScanners = sync.Pool{New: func() any { return new(postScan) }}
 
 // postScan is one scan of a POSTed message: the relay's scanner, once; the
-// relay handles the message as scanned (proxy.Conn.HandleScanned).
+// relay handles the message as scanned (proxy.Conn.HandleScannedTrace).
 type postScan struct {
 	sc  jsonrpc.Scanner
 	m   jsonrpc.Message
@@ -584,7 +580,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 		plain(w, http.StatusInternalServerError, "internal error")
 		return
 	}
-	if !s.register(&h.link) {
+	if !s.links.register(&h.link) {
 		h.conn.Close()
 		h.cancel()
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")

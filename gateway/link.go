@@ -123,7 +123,7 @@ func (l *link) init(s *Server, t transport, in linkInfo) {
 // (taken by admit) until it ends for good: onEnd runs then too.
 func (l *link) newConn(noResume bool, onEnd func()) error {
 	release := func() {
-		l.s.releaseTenant(l.tenant)
+		l.s.links.giveSlot(l.tenant)
 		if onEnd != nil {
 			onEnd()
 		}
@@ -131,7 +131,7 @@ func (l *link) newConn(noResume bool, onEnd func()) error {
 	conn, err := l.s.relay.NewConn(proxy.ConnInfo{ID: l.id, Tenant: l.tenant, Subject: l.subject, Agent: l.agent, Log: l.log,
 		NoResume: noResume, OnEnd: release, Affinity: l.affinity, Transport: l.kind, Remote: l.remote}, l)
 	if err != nil {
-		l.s.releaseTenant(l.tenant)
+		l.s.links.giveSlot(l.tenant)
 		return fmt.Errorf("new connection: %w", err)
 	}
 	l.setConn(conn)
@@ -155,7 +155,11 @@ func (l *link) giveBack(msg []byte) {
 // admit counts a new connection against its tenant's max_connections, or
 // answers 429.
 func (s *Server) admit(w http.ResponseWriter, tenant string) bool {
-	if s.admitTenant(tenant) {
+	limit := 0
+	if t := tenantOf(s.config(), tenant); t != nil {
+		limit = t.MaxConnections
+	}
+	if s.links.takeSlot(tenant, limit) {
 		return true
 	}
 	s.metrics.authFailures.WithLabelValues("too_many_connections").Inc()
@@ -164,91 +168,12 @@ func (s *Server) admit(w http.ResponseWriter, tenant string) bool {
 	return false
 }
 
-// admitTenant counts a connection against its tenant's max_connections.
-func (s *Server) admitTenant(tenant string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	limit := 0
-	if t := tenantOf(s.cfg, tenant); t != nil { // s.cfg changes on reload, under s.mu
-		limit = t.MaxConnections
-	}
-	if limit > 0 && s.tenantConns[tenant] >= limit {
-		return false
-	}
-	s.tenantConns[tenant]++
-	return true
-}
-
-func (s *Server) releaseTenant(tenant string) {
-	s.mu.Lock()
-	s.tenantConns[tenant]--
-	s.mu.Unlock()
-}
-
-// register adds l to the registry, and to the server's wait group until
-// serve returns; false while the gateway drains.
-func (s *Server) register(l *link) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.drain.Load() {
-		return false
-	}
-	s.links[l] = struct{}{}
-	if h, ok := l.t.(*httpConn); ok {
-		s.httpConns[l.id] = h
-	}
-	s.wg.Add(1)
-	return true
-}
-
-// unregister removes l from the registry and wakes those waiting for it
-// to change.
-func (s *Server) unregister(l *link) {
-	s.mu.Lock()
-	delete(s.links, l)
-	if h, ok := s.httpConns[l.id]; ok && &h.link == l {
-		delete(s.httpConns, l.id)
-	}
-	close(s.linksChanged)
-	s.linksChanged = make(chan struct{})
-	s.mu.Unlock()
-}
-
-// linksOf returns the registered links of agent ("" = all) and a channel
-// closed when the registry next changes.
-func (s *Server) linksOf(agent string) ([]*link, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*link
-	for l := range s.links {
-		if agent == "" || l.agent == agent {
-			out = append(out, l)
-		}
-	}
-	return out, s.linksChanged
-}
-
-// waitLinks waits until no link of agent ("" = all) is left, or ctx ends.
-func (s *Server) waitLinks(ctx context.Context, agent string) {
-	for {
-		left, changed := s.linksOf(agent)
-		if len(left) == 0 {
-			return
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
 // serve runs a registered link until run returns why it ended (label, the
 // metrics reason; clean: the proxy connection ends for good, else it may
 // detach), then ends it: it waits for the goroutines the connection
 // started, tells the proxy connection and leaves the registry.
 func (l *link) serve(run func() (label string, clean bool, attrs []any)) {
-	defer l.s.wg.Done()
+	defer l.s.links.serveDone()
 	l.startTimer()
 	label, clean, attrs := run()
 	l.cancel()
@@ -261,7 +186,7 @@ func (l *link) serve(run func() (label string, clean bool, attrs []any)) {
 	l.mu.Unlock()
 	l.bg.Wait()
 	l.conn.SocketEnded(l, clean)
-	l.s.unregister(l)
+	l.s.links.unregister(l)
 	if opened {
 		l.s.metrics.connsOpen.WithLabelValues(l.tenantLabel, l.kind, l.agent).Dec()
 		l.s.metrics.connsTotal.WithLabelValues(l.tenantLabel, label, l.kind, l.agent).Inc()
@@ -538,18 +463,6 @@ func (l *link) tick() {
 		timer.Reset(untilOrNever(next, time.Now()))
 	}
 	l.mu.Unlock()
-}
-
-// queuedMessages sums the send queues of every open connection.
-func (s *Server) queuedMessages() float64 {
-	links, _ := s.linksOf("")
-	n := 0
-	for _, l := range links {
-		l.mu.Lock()
-		n += l.queued
-		l.mu.Unlock()
-	}
-	return float64(n)
 }
 
 // affinityOf is "NAME=VALUE" of the affinity cookie cfg names, if r

@@ -106,9 +106,7 @@ func waitMetrics(t *testing.T, ts *testServer, what string, lines ...string) {
 func TestSendScannedRoutesLikeSend(t *testing.T) {
 	ts := startServer(t, nil)
 	hc := openHTTP(t, ts)
-	ts.s.mu.Lock()
-	h := ts.s.httpConns[hc.conn]
-	ts.s.mu.Unlock()
+	h := ts.s.links.httpConn(hc.conn)
 	update := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{}}}`
 	if !h.Send([]byte(update), false) || !h.SendScanned([]byte(update), nil, "session/update", "s1", false) {
 		t.Fatal("refused")

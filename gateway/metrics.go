@@ -31,7 +31,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 			Name: "acpgate_connections_total", Help: "Client connections that ended, by close reason, transport (websocket, http) and agent.",
 		}, []string{"tenant", "reason", "transport", "agent"}),
 		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed (1008) because the client read slower than its agent wrote.",
+			Name: "acpgate_slow_client_disconnects_total", Help: "Connections closed because the client read slower than its agent wrote (a WebSocket with 1008).",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_config_reloads_total", Help: "SIGHUP configuration reloads, by result (success, failure).",
@@ -44,7 +44,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 	build.Set(1)
 	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "acpgate_send_queue_messages", Help: "Messages waiting in client send queues (all connections).",
-	}, s.queuedMessages)
+	}, s.links.queued)
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "acpgate_ready", Help: "1 when /readyz answers 200.",
 	}, func() float64 { return gaugeBool(s.ready() == "") })
@@ -56,12 +56,8 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authF
 			ConstLabels: prometheus.Labels{"kind": kind},
 		}, f)
 	}
-	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.drain.Load()) })
-	drainAgents := drains("agent", func() float64 {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return float64(len(s.draining))
-	})
+	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.links.refusing()) })
+	drainAgents := drains("agent", func() float64 { return float64(s.agents.drainsInProgress()) })
 	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready, drainGateway, drainAgents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

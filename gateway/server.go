@@ -1,6 +1,7 @@
-// Package gateway is acpgate's HTTP surface: the /acp WebSocket endpoint,
-// health and readiness probes, and connection draining. The ACP logic
-// itself lives in package proxy.
+// Package gateway is acpgate's HTTP surface: /acp over WebSocket and
+// Streamable HTTP, /v1/agents, tickets, probes, metrics, the admin API and
+// the browser client; reloads and draining. The ACP logic itself lives in
+// package proxy.
 package gateway
 
 import (
@@ -20,9 +21,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
@@ -45,39 +44,25 @@ type Options struct {
 
 // Server is a running gateway.
 type Server struct {
-	opts     Options
-	cfg      *config.Config
+	// Static after New.
 	log      *slog.Logger
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
-	admins   *auth.Admins        // nil: no admin API
+	admin    *adminAPI           // nil: no admin API
 	launch   *launcher           // nil: the sandbox is off
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
-	audit    audit.Recorder // nil: no audit trail (audit.file unset)
-	// refusals bounds the events anyone can make the trail write without a
-	// credential (auth.failed, admin.denied).
-	refusals *audit.Limiter
-	trail    *audit.Log // the same, to reopen and close
+	audit    *auditTrail   // what the gateway itself writes to the audit trail
+	tracing  *tracing      // nil: tracing off
+	links    *linkRegistry // every open connection; refusing once the listener closes
+	agents   *agents       // agent specs, agents a reload adds, removed agents' drains
+
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
-	drain    atomic.Bool // the listener is closing: new connections refused
 
-	mu           sync.Mutex
-	links        map[*link]struct{}   // the registry: every connection, either transport
-	httpConns    map[string]*httpConn // Streamable-HTTP connections by ID
-	linksChanged chan struct{}        // closed (and replaced) when a link leaves the registry
-	tenantConns  map[string]int       // open connections per tenant
-	wg           sync.WaitGroup       // one per registered link, until its serve returns
-	draining     map[string]struct{}  // agents a reload removed, until drained
-
-	agentDrains sync.WaitGroup     // one per removed agent being drained
-	drainCtx    context.Context    // ends removed agents' grace (Shutdown)
-	stopDrains  context.CancelFunc // cancels drainCtx
-
-	tracing *tracing                 // nil: tracing off
-	tracer  *sdktrace.TracerProvider // the same, to flush at Shutdown
+	mu  sync.Mutex
+	cfg *config.Config // the running configuration: Reload swaps it
 }
 
 // Reload applies a new configuration's tenants, tokens and policy without
@@ -114,7 +99,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 			strings.Join(restart, ", "))
 	}
 	for _, name := range added {
-		if s.retiring(name) {
+		if s.agents.retiring(name) {
 			return fmt.Errorf("agent %q is still draining after its removal; reload again once it has stopped", name)
 		}
 	}
@@ -135,7 +120,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	// Added agents run before they are routed to; removed ones are no
 	// longer routed to before they retire. An agent that cannot be added
 	// undoes the whole reload.
-	if err := s.addAgents(next, added); err != nil {
+	if err := s.agents.add(next, added); err != nil {
 		if s.launch != nil {
 			s.launch.update(cur)
 		}
@@ -145,11 +130,11 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		}
 		return err
 	}
-	_ = s.reloadAdmins(next) // hashes the configuration validated
+	_ = s.admin.reload(next) // hashes the configuration validated
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
-	s.retireAgents(cur, removed)
+	s.agents.retire(cur, removed)
 	return nil
 }
 
@@ -262,7 +247,7 @@ func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(*http
 	return auth.New(ac, log)
 }
 
-// New builds a server and starts its agent pool.
+// New builds a server and starts its agents' pools.
 func New(opts Options) (*Server, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {
@@ -283,22 +268,21 @@ func New(opts Options) (*Server, error) {
 		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
 	}, []string{"reason"})
 	var authn *auth.Authenticator
-	var srv *Server // set below, before any request is served
+	var trail *auditTrail // set below, before any request is served
 	if cfg.AuthEnabled() {
 		if authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
 			authFailures.WithLabelValues(reason).Inc()
-			srv.authFailed(r, reason)
+			trail.authFailed(r, reason)
 		}); err != nil {
 			return nil, err
 		}
 	}
-	var trail *audit.Log
 	fail := func(err error) (*Server, error) {
 		if authn != nil {
 			authn.Close()
 		}
 		if trail != nil {
-			_ = trail.Close()
+			_ = trail.close()
 		}
 		return nil, err
 	}
@@ -317,22 +301,20 @@ func New(opts Options) (*Server, error) {
 	if trail, err = openAudit(cfg, reg, log); err != nil {
 		return fail(err)
 	}
-	tr, tracer, err := startTracing(cfg, opts.Version, log)
+	tr, err := startTracing(cfg, opts.Version, log)
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{opts: opts, cfg: cfg, log: log, authn: authn, admins: admins, launch: launch, links: map[*link]struct{}{}, tenantConns: map[string]int{},
-		tracing: tr, tracer: tracer, registry: reg, httpConns: map[string]*httpConn{}, linksChanged: make(chan struct{}), draining: map[string]struct{}{},
-		refusals: audit.NewLimiter(20, 100)}
-	if trail != nil {
-		s.audit, s.trail = trail, trail
-	}
-	srv = s
-	s.drainCtx, s.stopDrains = context.WithCancel(context.Background())
+	s := &Server{cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
+		tracing: tr, registry: reg, audit: trail}
+	s.agents = newAgents(opts, launch, tr, s.links, log)
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
-		s.stopDrains()
-		s.closeTracing(context.Background())
+		s.agents.stopDrains()
+		s.tracing.close(context.Background(), log)
 		return fail(err)
+	}
+	if admins != nil {
+		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, log: log}
 	}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := s.routes(cfg, authn)
@@ -350,20 +332,20 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.
 	s.launch.setTracing(s.tracing)
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
-		spec, err := s.agentSpec(cfg, a)
+		spec, err := s.agents.spec(cfg, a)
 		if err != nil {
 			return err
 		}
 		agents = append(agents, spec)
 	}
 	rc := relayConfig(cfg, m, agents, sealer, tenants)
-	rc.Audit, rc.AuditPrompts = s.audit, cfg.Audit.IncludePrompts
+	rc.Audit, rc.AuditPrompts = s.audit.rec, cfg.Audit.IncludePrompts
 	rc.Tracing = s.TracerProvider()
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
 		return err
 	}
-	s.relay = relay
+	s.relay, s.agents.relay = relay, relay
 	return nil
 }
 
@@ -419,7 +401,7 @@ func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Hand
 	r.HandleFunc("/v1/agents", s.handleAgents)
 	if cfg.Observability.MetricsListen == "" {
 		r.Handle("/metrics", s.MetricsHandler())
-		s.adminRoutes(r) // else on the operations listener (OpsHandler)
+		s.admin.routes(r) // else on the operations listener (OpsHandler)
 	}
 	if authn != nil {
 		r.Handle("/v1/tickets", authn.TicketsHandler())
@@ -461,7 +443,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 // ready returns why the gateway is not ready, or "".
 func (s *Server) ready() string {
 	switch {
-	case s.notReady.Load() || s.drain.Load():
+	case s.notReady.Load() || s.links.refusing():
 		return "draining"
 	case !s.started.Load():
 		return "starting"
@@ -485,11 +467,10 @@ func (s *Server) MetricsHandler() http.Handler {
 
 // Shutdown drains the gateway: it turns not-ready and stops accepting, lets
 // running prompts finish for up to shutdown_grace, then cancels them,
-// closes every WebSocket with 1001 (going away) and stops every agent
-// process group.
+// closes every connection (a WebSocket with 1001, going away) and stops
+// every agent process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.notReady.Store(true)
-	defer s.stopDrains()
 	if d := s.config().ShutdownDelay.D(); d > 0 {
 		s.log.Info("not ready; still accepting while load balancers catch up", "shutdown_delay", d)
 		select {
@@ -497,45 +478,39 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}
-	s.drain.Store(true)
+	s.links.refuse()
 	// The listener closes now; Shutdown also waits for open SSE streams,
 	// which end with their connections below.
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
-	s.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
-	links, _ := s.linksOf("")
+	s.agents.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
+	links, _ := s.links.linksOf("")
 	for _, l := range links {
 		l.goingAway("gateway shutting down")
 	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }() // ends when the last link's serve returns
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
+	s.links.waitServed(ctx)
 	var err error
 	select {
 	case err = <-httpDone:
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	s.stopDrains() // removed agents still draining stop now, with the rest
-	s.agentDrains.Wait()
+	s.agents.stopDrains()   // removed agents still draining stop now, with the rest
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
 	}
-	if aerr := s.closeAudit(); aerr != nil { // logged and counted, never a failed shutdown
+	if aerr := s.audit.close(); aerr != nil { // logged and counted, never a failed shutdown
 		s.log.Error("audit trail: the last events were not written", "err", aerr)
 	}
-	s.closeTracing(ctx)
+	s.tracing.close(ctx, s.log)
 	if s.authn != nil {
 		s.authn.Close()
 	}
 	return err
 }
 
-// Relay returns the ACP relay (tests and metrics).
+// Relay returns the ACP relay (tests and test/load).
 func (s *Server) Relay() *proxy.Relay { return s.relay }
 
 // newConnID is a connection's ID: a random (version 4) UUID, as the SDK's

@@ -227,10 +227,9 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 // wsConns returns the server's open WebSocket connections.
 func (ts *testServer) wsConns() []*wsConn {
-	ts.s.mu.Lock()
-	defer ts.s.mu.Unlock()
+	links, _ := ts.s.links.linksOf("")
 	var out []*wsConn
-	for l := range ts.s.links {
+	for _, l := range links {
 		if c, ok := l.t.(*wsConn); ok {
 			out = append(out, c)
 		}
@@ -240,9 +239,8 @@ func (ts *testServer) wsConns() []*wsConn {
 
 // sockets is the number of open client connections.
 func (s *Server) sockets() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.links)
+	links, _ := s.links.linksOf("")
+	return len(links)
 }
 
 // --- client ---

@@ -34,6 +34,7 @@ type tracing struct {
 	// attrs is the operator's OTEL_RESOURCE_ATTRIBUTES.
 	agentVars map[string]string
 	attrs     string
+	tp        *sdktrace.TracerProvider // startTracing's; nil in a tracing only read (newTracing)
 }
 
 // Variables of the OTel specification the gateway reads itself (the SDK
@@ -94,19 +95,18 @@ func (t *tracing) copyEnv(getenv func(string) string, keys ...string) {
 	}
 }
 
-// startTracing builds the tracer provider when tracing is on; both nil
-// when it is off.
-func startTracing(cfg *config.Config, version string, log *slog.Logger) (*tracing, *sdktrace.TracerProvider, error) {
+// startTracing reads where traces go and builds the tracer provider; nil
+// when tracing is off.
+func startTracing(cfg *config.Config, version string, log *slog.Logger) (*tracing, error) {
 	t, err := newTracing(cfg, os.Getenv)
 	if t == nil || err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	tp, err := t.provider(context.Background(), version, log)
-	if err != nil {
-		return nil, nil, err
+	if t.tp, err = t.provider(context.Background(), version, log); err != nil {
+		return nil, err
 	}
 	log.Info("tracing on", "protocol", t.protocol, "endpoint_from", map[bool]string{true: "observability.tracing", false: "OTEL_* variables"}[t.cfg != nil])
-	return t, tp, nil
+	return t, nil
 }
 
 // agentEnv is the OTEL_* environment of a process of agent for tenant (""
@@ -200,23 +200,23 @@ func tracingResource(ctx context.Context, version string) (*resource.Resource, e
 // TracerProvider is the gateway's tracer provider; nil when tracing is
 // off.
 func (s *Server) TracerProvider() trace.TracerProvider {
-	if s.tracer == nil {
+	if s.tracing == nil || s.tracing.tp == nil {
 		return nil
 	}
-	return s.tracer
+	return s.tracing.tp
 }
 
-// closeTracing flushes the spans still queued and stops the exporter,
-// within 5s even when ctx ended (a drain that took all its time still
-// gets its spans out).
-func (s *Server) closeTracing(ctx context.Context) {
-	if s.tracer == nil {
+// close flushes the spans still queued and stops the exporter, within 5s
+// even when ctx ended (a drain that took all its time still gets its spans
+// out). A nil t does nothing.
+func (t *tracing) close(ctx context.Context, log *slog.Logger) {
+	if t == nil || t.tp == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := s.tracer.Shutdown(ctx); err != nil {
-		s.log.Warn("tracing: the last spans were not exported", "err", err)
+	if err := t.tp.Shutdown(ctx); err != nil {
+		log.Warn("tracing: the last spans were not exported", "err", err)
 	}
 }
 

@@ -53,7 +53,7 @@ func TestTracingOffByDefault(t *testing.T) {
 	if tp := ts.s.TracerProvider(); tp != nil {
 		t.Fatalf("TracerProvider = %T, want nil", tp)
 	}
-	if ts.s.tracing != nil || ts.s.tracer != nil {
+	if ts.s.tracing != nil {
 		t.Fatal("tracing set up with no endpoint")
 	}
 	c := ts.dial()
@@ -84,7 +84,7 @@ func TestTracingFromConfigExportsOnShutdown(t *testing.T) {
 		t.Fatal("no tracer provider with an endpoint")
 	}
 	cfg := ts.s.config()
-	spec, err := ts.s.agentSpec(cfg, cfg.AgentList()[0])
+	spec, err := ts.s.agents.spec(cfg, cfg.AgentList()[0])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ type wsConn struct {
 }
 
 func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
-	if s.drain.Load() {
+	if s.links.refusing() {
 		http.Error(w, "the gateway is shutting down", http.StatusServiceUnavailable)
 		return
 	}
@@ -75,7 +75,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	if !s.register(&c.link) {
+	if !s.links.register(&c.link) {
 		c.conn.Close()
 		c.cancel()
 		_ = c.ws.Close(websocket.StatusGoingAway, "gateway shutting down")
@@ -91,7 +91,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// The connection no longer needs this handler's goroutine (and its
-	// request): the server owns the reader through s.wg.
+	// request): the server owns the reader through the registry.
 	go c.serve(c.run)
 }
 
@@ -156,7 +156,7 @@ func (s *Server) acceptWebSocket(w http.ResponseWriter, r *http.Request, accept 
 		if resumed != nil {
 			resumed.AbortResume()
 		} else {
-			s.releaseTenant(tenant)
+			s.links.giveSlot(tenant)
 		}
 		s.log.Info("websocket upgrade refused", "err", err, "remote", r.RemoteAddr)
 		return nil // Accept has written the HTTP error

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -178,8 +179,8 @@ type clientReader struct {
 	// transport (a POST's traceparent header; HandleScannedTrace).
 	traceParent trace.SpanContext
 
-	limiter *rate.Limiter    // the connection's message rate; nil = none
-	logLim  *pool.LogLimiter // bounds what one client can make the gateway log
+	limiter *rate.Limiter // the connection's message rate; nil = none
+	logLim  *logx.Limiter // bounds what one client can make the gateway log
 }
 
 // clientSpec locates what the relay rewrites in a client message.

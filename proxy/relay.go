@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -273,7 +274,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		reqs:      newRequests(),
 	}
 	c.cr = clientReader{c: c, resolve: clientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
-		logLim: pool.NewLogLimiter(20, time.Second)}
+		logLim: logx.NewLimiter(20, time.Second)}
 	c.cr.sc.Methods = knownMethods
 	c.auditLim = audit.NewLimiter(20, 20)
 	c.out.sink = sink

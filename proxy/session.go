@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -178,7 +179,7 @@ func (l *procLink) removeSession(s *Session) bool {
 }
 
 // truncate shortens s to n bytes for a log line, marking the cut.
-func truncate(s string, n int) string { return pool.Truncate(s, n) }
+func truncate(s string, n int) string { return logx.Truncate(s, n) }
 
 // waiting is a set of agent requests waiting for a client's answer. Once
 // closed (the agent died: its death answers them) it takes no more. Its

@@ -39,7 +39,8 @@ func Splice(dst, raw []byte, edits []Edit) []byte {
 // message, fresh buffers were most of the garbage collector's work).
 // bufPool holds boxes with a buffer in them; boxPool the empty boxes, so
 // that neither getting nor putting a buffer allocates a box, and a Put
-// never lands on a box that still holds a buffer.
+// never lands on a box that still holds a buffer. Built with -tags poison,
+// nothing is pooled: PutBuffer scribbles over the buffer (poison_on.go).
 var (
 	bufPool sync.Pool
 	boxPool = sync.Pool{New: func() any { return new([]byte) }}
@@ -50,6 +51,9 @@ const maxPooled = 256 << 10
 
 // GetBuffer returns an empty buffer with room for at least n bytes.
 func GetBuffer(n int) []byte {
+	if poisoning { // nothing is reused
+		return make([]byte, 0, max(n, 512))
+	}
 	bp, _ := bufPool.Get().(*[]byte)
 	if bp == nil {
 		return make([]byte, 0, max(n, 512))
@@ -65,6 +69,10 @@ func GetBuffer(n int) []byte {
 
 // PutBuffer gives a message buffer back once it is no longer used.
 func PutBuffer(b []byte) {
+	if poisoning {
+		poison(b)
+		return
+	}
 	if cap(b) == 0 || cap(b) > maxPooled {
 		return
 	}

@@ -1,6 +1,7 @@
-//go:build !race
+//go:build !race && !poison
 
-// (The race detector makes sync.Pool drop items at random.)
+// (The race detector makes sync.Pool drop items at random; -tags poison
+// reuses nothing.)
 
 package jsonrpc
 

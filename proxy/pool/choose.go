@@ -94,7 +94,7 @@ func (p *Pool) tryAcquireLocked(want Profile, forSession bool) (*Lease, error) {
 	}
 	if best.prof.Tenant != want.Tenant { // a fresh warm process, now the tenant's
 		best.prof.Tenant = want.Tenant
-		best.log.Info("agent process assigned to tenant", "tenant", want.Tenant)
+		best.Log().Info("agent process assigned to tenant", "tenant", want.Tenant)
 	}
 	best.claimed = true
 	kind := kindHome
@@ -164,7 +164,7 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 		if victim == nil {
 			return false, nil
 		}
-		victim.log.Info("stopping an unused agent process to make room", "for_tenant", want.Tenant)
+		victim.Log().Info("stopping an unused agent process to make room", "for_tenant", want.Tenant)
 		victim.Stop()
 		return true, nil
 	}
@@ -180,18 +180,17 @@ func (p *Pool) spawnLocked(want Profile) (progress bool, err error) {
 		pool:     p,
 		id:       p.nextID,
 		prof:     told,
-		log:      p.log.With("process", p.nextID),
 		writeQ:   make(chan []byte, 256),
 		exited:   make(chan struct{}),
 		stopCh:   make(chan struct{}),
 		ctrlWake: make(chan struct{}, 1),
 		initCh:   make(chan []byte, 1),
 	}
+	a.log.Store(p.log.With("process", a.id))
 	a.initID = a.NextID()
-	a.handler = p.cfg.NewHandler(a)
 	p.procs = append(p.procs, a)
 	p.wg.Add(1)
-	go func() { defer p.wg.Done(); p.bringUp(a, told.Tenant) }()
+	go func() { defer p.wg.Done(); p.bringUp(a, told) }()
 	return true, nil
 }
 
@@ -215,15 +214,21 @@ func (p *Pool) victimLocked(want Profile) *Process {
 	return victim
 }
 
-// bringUp starts a process and initializes it; on failure the pool backs off.
-func (p *Pool) bringUp(a *Process, tenant string) {
+// bringUp makes the process's handler, starts the process and initializes
+// it, telling it told; on failure the pool backs off. The handler is made
+// with no lock held: it is the relay's code.
+func (p *Pool) bringUp(a *Process, told Profile) {
+	h := p.cfg.NewHandler(a)
+	p.mu.Lock()
+	a.handler = h
+	p.mu.Unlock()
 	start := time.Now()
 	p.cfg.Metrics.Spawns.Inc()
-	err := a.start(&p.cfg, tenant)
+	err := a.start(&p.cfg, told.Tenant)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Agent.InitTimeout)
 		initStart := time.Now()
-		err = a.initialize(ctx, &p.cfg)
+		err = a.initialize(ctx, &p.cfg, told)
 		cancel()
 		if err != nil {
 			a.initFailed.Store(true)
@@ -242,16 +247,18 @@ func (p *Pool) bringUp(a *Process, tenant string) {
 // success is cached and the process becomes ready.
 func (p *Pool) started(a *Process, start time.Time, err error) {
 	p.mu.Lock()
+	neverRan := false
 	if err != nil {
 		p.fails++
 		p.lastErr = err
 		backoff := 100 * time.Millisecond << min(p.fails-1, 9) // up to ~51 s
 		p.retryAt = time.Now().Add(min(backoff, 30*time.Second))
 		a.mu.Lock()
-		neverRan := a.cmd == nil
+		neverRan = a.cmd == nil
 		a.mu.Unlock()
 		if neverRan { // nothing will reap it
 			a.state.Store(uint32(Dead))
+			close(a.exited)
 			p.removeLocked(a)
 		}
 	} else {
@@ -266,11 +273,14 @@ func (p *Pool) started(a *Process, start time.Time, err error) {
 	}
 	p.changedLocked()
 	p.mu.Unlock()
+	if neverRan {
+		a.handler.Exited(err) // as waitLoop would have
+	}
 	if err != nil {
 		p.log.Error("agent failed to start", "process", a.id, "err", err)
 		return
 	}
-	a.log.Info("agent ready", "protocol_version", a.init.Version, "took", time.Since(start).Round(time.Millisecond))
+	a.Log().Info("agent ready", "protocol_version", a.init.Version, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // Retire marks a as taking no new sessions, for reason ("sessions" or
@@ -285,7 +295,7 @@ func (a *Process) Retire(reason string) {
 	a.pool.changedLocked()
 	a.pool.mu.Unlock()
 	a.pool.cfg.Metrics.Recycled.WithLabelValues(reason).Inc()
-	a.log.Info("agent process retiring: it takes no new sessions and stops when its last one ends",
+	a.Log().Info("agent process retiring: it takes no new sessions and stops when its last one ends",
 		"reason", reason, "sessions_served", served)
 }
 

@@ -79,7 +79,8 @@ type Config struct {
 	FileAccess *[2]bool
 
 	// NewHandler makes the handler of a process's output, ticks and exit
-	// when the process is created; nil = lines are dropped.
+	// before the process starts, with no pool lock held; nil = lines are
+	// dropped.
 	NewHandler func(*Process) Handler
 	// Metrics receives the pool's metrics; nil = not exported.
 	Metrics *Metrics
@@ -132,7 +133,8 @@ type Handler interface {
 	// whenever it is woken: the handler expires what waited too long.
 	Tick(now time.Time)
 	// Exited is called once, after the process was reaped and its reader
-	// has finished: everything still routed through it has failed.
+	// has finished, or its start failed: everything still routed through
+	// it has failed.
 	Exited(reason error)
 }
 
@@ -152,9 +154,9 @@ type Metrics struct {
 	PoolWait           prometheus.Observer
 	Recycled           *prometheus.CounterVec // reason: sessions, age
 	LineTooLong        prometheus.Counter     // agent lines over the message limit, skipped
-	// DoubleReleases counts leases released more than once or counters
-	// that would have gone below zero, by what (session, home, request):
-	// a bug, logged too.
+	// DoubleReleases counts leases released more than once, by kind
+	// (session, home, request), and counters that would have gone below
+	// zero (session_count, home_count, request_count): a bug, logged too.
 	DoubleReleases *prometheus.CounterVec
 }
 

@@ -21,9 +21,15 @@ func (p *Pool) maintain() {
 			p.maintainLocked(now)
 		}
 		procs := append([]*Process(nil), p.procs...)
+		handlers := make([]Handler, len(procs)) // nil for a process not started yet
+		for i, a := range procs {
+			handlers[i] = a.handler
+		}
 		p.mu.Unlock()
-		for _, a := range procs {
-			a.handler.Tick(now)
+		for i, a := range procs {
+			if handlers[i] != nil {
+				handlers[i].Tick(now)
+			}
 			if p.cfg.RecycleAfter > 0 && a.age() >= p.cfg.RecycleAfter {
 				a.Retire("age")
 			}
@@ -47,7 +53,7 @@ func (p *Pool) maintainLocked(now time.Time) {
 			idle++
 		}
 		if a.Retiring() && unusedLocked(a) {
-			a.log.Info("stopping a retired agent process: its last session has ended")
+			a.Log().Info("stopping a retired agent process: its last session has ended")
 			a.Stop()
 		}
 		// A process is quiet from the first round that finds it ready with
@@ -70,7 +76,7 @@ func (p *Pool) maintainLocked(now time.Time) {
 		if isBase {
 			idle--
 		}
-		a.log.Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))
+		a.Log().Info("stopping idle agent", "idle_for", now.Sub(a.idleAt).Round(time.Second))
 		a.Stop()
 	}
 }
@@ -161,13 +167,6 @@ func (p *Pool) Stats() Stats {
 		s.PerProcess = append(s.PerProcess, a.sessions)
 	}
 	return s
-}
-
-// Processes is a snapshot of the pool's processes.
-func (p *Pool) Processes() []*Process {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]*Process(nil), p.procs...)
 }
 
 // Close stops every agent process (SIGTERM to its group, SIGKILL after the

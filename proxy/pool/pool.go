@@ -9,8 +9,8 @@
 // the counters its leases keep, under its one lock; every release that
 // frees capacity wakes the waiters at once.
 //
-// Lock order: Pool.mu before Process.mu; nothing is called with either held
-// except the pool's own helpers.
+// Lock order: Pool.mu before Process.mu. The relay's code (Config.NewHandler,
+// the Handler, AgentConfig.Launch) is never called with either held.
 package pool
 
 import (
@@ -90,13 +90,6 @@ func (p *Pool) changedLocked() {
 	close(p.notify)
 	p.notify = make(chan struct{})
 	p.kickMaintainer()
-}
-
-// Changed wakes everything waiting for capacity and the maintainer.
-func (p *Pool) Changed() {
-	p.mu.Lock()
-	p.changedLocked()
-	p.mu.Unlock()
 }
 
 func (p *Pool) kickMaintainer() {

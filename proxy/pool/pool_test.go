@@ -255,3 +255,73 @@ func TestWarmTenant(t *testing.T) {
 		t.Errorf("warm tenant %q, want c (b has an idle process)", got)
 	}
 }
+
+// NewHandler runs with no pool lock held: a handler may use the pool's
+// API (here Profile, which takes the pool's lock) while it is made.
+func TestNewHandlerRunsUnlocked(t *testing.T) {
+	made := make(chan Profile, 4)
+	p, _ := testPool(t, nil, func(c *Config) {
+		c.NewHandler = func(a *Process) Handler {
+			select {
+			case made <- a.Profile():
+			default:
+			}
+			return newRecorder(a)
+		}
+	})
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := p.Acquire(context.Background(), Profile{Version: 1}, false)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	select {
+	case l := <-got:
+		if prof := <-made; prof.Version != 1 {
+			t.Errorf("the handler saw profile %+v", prof)
+		}
+		l.Release()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no process within 10 s: NewHandler deadlocked on the pool's lock")
+	}
+}
+
+// A process whose command cannot start is never reaped, yet its handler
+// hears of its end, as of any exit.
+func TestFailedStartTellsHandler(t *testing.T) {
+	p, handlers := testPool(t, nil, func(c *Config) {
+		c.Agent.Command = []string{"/nonexistent/acpgate-pool-test-agent"}
+		c.MaxProcesses = 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := p.Acquire(ctx, Profile{Version: 1}, false); err == nil {
+		t.Fatal("a lease on a process that cannot start")
+	}
+	n := 0
+	handlers.Range(func(k, v any) bool {
+		n++
+		select {
+		case err := <-v.(*recorder).exited:
+			if err == nil {
+				t.Error("Exited without the start's error")
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("the handler of a process that never started never heard of its end")
+		}
+		select {
+		case <-k.(*Process).Exited():
+		default:
+			t.Error("Exited() is not closed for a process that never started")
+		}
+		return true
+	})
+	if n == 0 {
+		t.Fatal("no handler was made")
+	}
+	if st := p.Stats(); st.Processes != 0 {
+		t.Errorf("%d processes left, want 0", st.Processes)
+	}
+}

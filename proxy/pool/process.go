@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -44,13 +45,21 @@ var ErrAgentExited = errors.New("agent exited")
 // does. All methods may be called concurrently.
 type Process struct {
 	// Static after construction.
-	pool    *Pool
-	id      int64
-	log     *slog.Logger
+	pool   *Pool
+	id     int64
+	writeQ chan []byte   // client messages, relayed with backpressure
+	exited chan struct{} // closed when the process is reaped (or its start failed), before Handler.Exited
+	stopCh chan struct{} // closed by Stop: the writer closes stdin
+
+	// Set by bringUp under the pool's lock before the process starts,
+	// read-only afterwards. Until then its only reader is the maintainer,
+	// which skips a nil handler.
 	handler Handler
-	writeQ  chan []byte   // client messages, relayed with backpressure
-	exited  chan struct{} // closed when the process is reaped, before Handler.Exited
-	stopCh  chan struct{} // closed by Stop: the writer closes stdin
+
+	// log names the process; spawn adds its agent_pid once, so it is read
+	// with Log.
+	log atomic.Pointer[slog.Logger]
+
 	// ctrl holds the gateway's own messages to the agent (answers in a
 	// client's place, refusals, cancels, closes): never blocking, so the
 	// agent's reader goroutine can always go on reading; the writer drains
@@ -100,7 +109,7 @@ func (a *Process) String() string { return "agent#" + strconv.FormatInt(a.id, 10
 func (a *Process) ID() int64 { return a.id }
 
 // Log is the process's logger.
-func (a *Process) Log() *slog.Logger { return a.log }
+func (a *Process) Log() *slog.Logger { return a.log.Load() }
 
 // State returns where the process is in its life.
 func (a *Process) State() State { return State(a.state.Load()) }
@@ -111,7 +120,8 @@ func (a *Process) Alive() bool { return a.State() == Ready }
 // Retiring reports whether the process takes no new sessions.
 func (a *Process) Retiring() bool { return a.retiring.Load() }
 
-// Handler is the process's handler (Config.NewHandler).
+// Handler is the process's handler (Config.NewHandler); it is set before
+// the process starts, so a process a Lease holds has it.
 func (a *Process) Handler() Handler { return a.handler }
 
 // Init is the agent's answer to the pool's initialize (zero before Ready).
@@ -166,9 +176,9 @@ func (a *Process) start(cfg *Config, tenant string) error {
 		return err
 	}
 	if launch.Sandbox != "" {
-		a.log.Info("agent started", "argv0", ac.Command[0], "tenant", tenant, "sandbox", launch.Sandbox)
+		a.Log().Info("agent started", "argv0", ac.Command[0], "tenant", tenant, "sandbox", launch.Sandbox)
 	} else {
-		a.log.Info("agent started", "argv0", ac.Command[0])
+		a.Log().Info("agent started", "argv0", ac.Command[0])
 	}
 	readerDone := make(chan struct{})
 	a.Go(a.writeLoop)
@@ -232,8 +242,8 @@ func (a *Process) spawn(ac *AgentConfig, launch Launch) (*exec.Cmd, error) {
 	}
 	a.mu.Lock() // Stop and Kill may read cmd from another goroutine
 	a.cmd, a.stdin, a.stdout, a.stderr = cmd, files[1], files[2], files[4]
-	a.log = a.log.With("agent_pid", cmd.Process.Pid)
 	a.mu.Unlock()
+	a.log.Store(a.Log().With("agent_pid", cmd.Process.Pid))
 	if a.State() == Stopping { // stopped while it started
 		a.signalStop(cmd)
 	}
@@ -272,7 +282,7 @@ func (a *Process) SendCtrl(msg []byte) {
 	a.ctrlMu.Lock()
 	if a.ctrlBytes+len(msg) > maxCtrlBytes {
 		a.ctrlMu.Unlock()
-		a.log.Error("agent is not reading its input; stopping it", "queued_bytes", a.ctrlBytes)
+		a.Log().Error("agent is not reading its input; stopping it", "queued_bytes", a.ctrlBytes)
 		a.Stop()
 		return
 	}
@@ -321,7 +331,7 @@ func (a *Process) writeLoop() {
 			return
 		}
 		if err := a.write(w, msg); err != nil {
-			a.log.Debug("agent stdin closed", "err", err)
+			a.Log().Debug("agent stdin closed", "err", err)
 			a.drainWrites()
 			return
 		}
@@ -370,11 +380,11 @@ func (a *Process) readLoop(maxBytes int) {
 			var tooLong *jsonrpc.LineTooLongError
 			if errors.As(err, &tooLong) {
 				a.pool.cfg.Metrics.LineTooLong.Inc()
-				a.log.Warn("agent sent a line over the message limit; skipped", "bytes", tooLong.Size, "limit", tooLong.Limit)
+				a.Log().Warn("agent sent a line over the message limit; skipped", "bytes", tooLong.Size, "limit", tooLong.Limit)
 				continue
 			}
 			if err != io.EOF && !errors.Is(err, os.ErrClosed) {
-				a.log.Debug("agent stdout", "err", err)
+				a.Log().Debug("agent stdout", "err", err)
 			}
 			return
 		}
@@ -423,7 +433,7 @@ const stderrTailLines = 20
 func (a *Process) stderrLoop() {
 	defer a.stderr.Close()
 	lr := jsonrpc.NewLineReader(a.stderr, 64<<10)
-	lim := NewLogLimiter(20, time.Second)
+	lim := logx.NewLimiter(20, time.Second)
 	for {
 		line, err := lr.Next()
 		if err != nil {
@@ -439,10 +449,10 @@ func (a *Process) stderrLoop() {
 			copy(a.stderrTail, a.stderrTail[1:])
 			a.stderrTail = a.stderrTail[:stderrTailLines-1]
 		}
-		a.stderrTail = append(a.stderrTail, Truncate(text, 512))
+		a.stderrTail = append(a.stderrTail, logx.Truncate(text, 512))
 		a.mu.Unlock()
 		if lim.Allow() {
-			a.log.Debug("agent stderr", "line", Truncate(text, 2048))
+			a.Log().Debug("agent stderr", "line", logx.Truncate(text, 2048))
 		}
 	}
 }
@@ -475,9 +485,9 @@ func (a *Process) waitLoop(cmd *exec.Cmd, readerDone <-chan struct{}) {
 	a.mu.Unlock()
 	a.pool.cfg.Metrics.Exits.WithLabelValues(exitLabel(wasStopping, a.initFailed.Load(), err)).Inc()
 	if wasStopping {
-		a.log.Info("agent stopped", "exit", exitErr)
+		a.Log().Info("agent stopped", "exit", exitErr)
 	} else {
-		a.log.Warn("agent exited", "exit", exitErr, "stderr_tail", tail)
+		a.Log().Warn("agent exited", "exit", exitErr, "stderr_tail", tail)
 	}
 	close(a.exited)
 	a.handler.Exited(exitErr)
@@ -549,7 +559,7 @@ func (a *Process) signalStop(cmd *exec.Cmd) {
 		select {
 		case <-a.exited:
 		case <-t.C:
-			a.log.Warn("agent ignored SIGTERM; killing its process group", "grace", grace)
+			a.Log().Warn("agent ignored SIGTERM; killing its process group", "grace", grace)
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		}
 	})
@@ -563,35 +573,4 @@ func (a *Process) kill() {
 	if cmd != nil && cmd.Process != nil && a.State() != Dead { // a reaped group's id may be reused
 		_ = killGroup(cmd.Process.Pid)
 	}
-}
-
-// Truncate shortens s to n bytes, marking the cut.
-func Truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// LogLimiter allows n events per period. It is not safe for concurrent use.
-type LogLimiter struct {
-	n      int
-	period time.Duration
-	start  time.Time
-	count  int
-}
-
-// NewLogLimiter allows n events per period.
-func NewLogLimiter(n int, period time.Duration) *LogLimiter {
-	return &LogLimiter{n: n, period: period}
-}
-
-// Allow reports whether one more event may be logged now.
-func (l *LogLimiter) Allow() bool {
-	now := time.Now()
-	if now.Sub(l.start) > l.period {
-		l.start, l.count = now, 0
-	}
-	l.count++
-	return l.count <= l.n
 }

@@ -124,10 +124,10 @@ type Init struct {
 	Caps    policy.AgentCaps // what the agent advertised, for the policy
 }
 
-// initialize sends the pool's one initialize to a fresh process and waits
-// for the answer.
-func (a *Process) initialize(ctx context.Context, cfg *Config) error {
-	resp, err := a.call(ctx, "initialize", initializeParams(a.prof, cfg.ClientName, cfg.ClientVersion))
+// initialize sends the pool's one initialize, telling the process told,
+// and waits for the answer.
+func (a *Process) initialize(ctx context.Context, cfg *Config, told Profile) error {
+	resp, err := a.call(ctx, "initialize", initializeParams(told, cfg.ClientName, cfg.ClientVersion))
 	if err != nil {
 		return fmt.Errorf("initialize: %w", err)
 	}
