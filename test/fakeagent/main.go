@@ -32,7 +32,10 @@
 //	                    and answer {"ok":..., "data":..., "err":...}
 //
 // session/prompt answers "You said: <text>" in one agent_message_chunk and
-// ends the turn. Requests for other methods get -32601; notifications and
+// ends the turn. A prompt "sleep <seconds>" (at most 60) is a silent turn,
+// as an agent that works without streaming makes: nothing for that long,
+// then only the answer {"stopReason":"end_turn"}; other messages are handled
+// meanwhile. Requests for other methods get -32601; notifications and
 // responses are ignored. Every loop is bounded by its params.
 package main
 
@@ -43,7 +46,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
 )
@@ -56,8 +62,10 @@ type message struct {
 
 type agent struct {
 	mode     string
-	out      *bufio.Writer
 	sessions int
+
+	mu  sync.Mutex // guards out: silent turns answer from goroutines of their own
+	out *bufio.Writer
 }
 
 func main() {
@@ -83,6 +91,8 @@ func main() {
 }
 
 func (a *agent) writeLine(b []byte) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.out.Write(b)
 	a.out.WriteByte('\n')
 	a.out.Flush()
@@ -147,6 +157,15 @@ func (a *agent) handle(line []byte) {
 		for _, b := range p.Prompt {
 			if b.Type == "text" {
 				text.WriteString(b.Text)
+			}
+		}
+		if secs, ok := strings.CutPrefix(text.String(), "sleep "); ok {
+			if f, err := strconv.ParseFloat(secs, 64); err == nil && f >= 0 && f <= 60 {
+				go func() { // ends with the turn, at most 60 s later
+					time.Sleep(time.Duration(f * float64(time.Second)))
+					a.result(m.ID, map[string]string{"stopReason": "end_turn"})
+				}()
+				return
 			}
 		}
 		if text.String() == "duplicate request ids" {
