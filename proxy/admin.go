@@ -189,11 +189,9 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 		})
 		cancel()
 		for _, req := range prompts {
-			if s.link.untrack(req) { // the agent did not answer in time
+			if s.link.take(req) { // the agent did not answer in time
 				req.turnEnded("cancelled", nil)
-				req.end()
-				req.conn.deliverFor(jsonrpc.AppendResult(nil, req.clientID, []byte(`{"stopReason":"cancelled"}`)),
-					nil, Facts{ID: req.clientID}, false)
+				req.fail(jsonrpc.AppendResult(nil, req.clientID, []byte(`{"stopReason":"cancelled"}`)))
 			}
 		}
 	}

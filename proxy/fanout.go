@@ -356,9 +356,8 @@ func (s *Session) failTurns(failed []queuedTurn, why string) {
 	}
 	s.link.ag.metrics.root.PromptsQueued.Sub(float64(len(failed)))
 	for _, t := range failed {
-		if s.link.untrack(t.req) {
-			t.req.end()
-			t.req.conn.replyError(t.req.clientID, jsonrpc.CodeRequestCancelled, why, nil)
+		if s.link.take(t.req) {
+			t.req.failWith(jsonrpc.CodeRequestCancelled, why, nil)
 		}
 	}
 }

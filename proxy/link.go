@@ -124,6 +124,30 @@ func (l *procLink) untrack(r *outReq) bool {
 	return true
 }
 
+// take removes r if it is still in flight, for the gateway to answer it
+// (outReq.fail); false if someone else took it. A client's prompt counts
+// as running until that answer is queued.
+func (l *procLink) take(r *outReq) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending[r.agentID] != r {
+		return false
+	}
+	delete(l.pending, r.agentID)
+	l.answeringLocked(r)
+	return true
+}
+
+// answeringLocked counts r, a request taken for the gateway to answer, as
+// running until its answer is queued if it is a client's prompt (l.mu
+// held).
+func (l *procLink) answeringLocked(r *outReq) {
+	if r.method == mSessionPrompt && r.conn != nil && r.sess != nil {
+		r.answering = true
+		l.answering++
+	}
+}
+
 // isPending reports whether r is still in flight (not answered, expired
 // or failed).
 func (l *procLink) isPending(r *outReq) bool {
@@ -173,6 +197,9 @@ func (l *procLink) failRoutes(reason error) {
 	l.dead = true
 	pending, inbound := l.pending, l.inbound
 	l.pending, l.inbound = map[int64]*outReq{}, map[string]*inReq{}
+	for _, r := range pending {
+		l.answeringLocked(r)
+	}
 	sessions := *l.sessions.Load()
 	empty := map[string]*Session{}
 	l.sessions.Store(&empty)
@@ -183,8 +210,7 @@ func (l *procLink) failRoutes(reason error) {
 	msg := fmt.Sprintf("the agent process exited (%v) before answering", reason)
 	for _, r := range pending {
 		if r.conn != nil {
-			r.end()
-			r.conn.deliver(jsonrpc.AppendError(nil, r.clientID, jsonrpc.CodeInternalError, msg, nil))
+			r.failWith(jsonrpc.CodeInternalError, msg, nil)
 		}
 	}
 	for _, in := range inbound {
@@ -249,6 +275,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 			continue
 		}
 		delete(l.pending, id)
+		l.answeringLocked(r)
 		expired = append(expired, r)
 	}
 	l.mu.Unlock()
@@ -262,8 +289,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 			// Not for a prompt still waiting: the turn running is another's.
 			l.p.Notify(mSessionCancel, sessionIDObject(r.sess.AgentID))
 		}
-		r.end()
-		r.conn.replyError(r.clientID, jsonrpc.CodeInternalError,
+		r.failWith(jsonrpc.CodeInternalError,
 			fmt.Sprintf("the agent did not answer %s within %s", r.method, now.Sub(r.start).Round(time.Second)), nil)
 	}
 }

@@ -84,6 +84,10 @@ type outReq struct {
 	start    time.Time
 	hold     *hold       // nil for the gateway's own requests
 	ended    atomic.Bool // end has run (turn.started)
+	// answering: the gateway took the request from its process's table to
+	// answer it itself (procLink.take); a prompt counts as running until
+	// that answer is in its client's queue (fail). Under link.mu.
+	answering bool
 	// A prompt whose answer is being delivered: the prompt that waited for
 	// its turn starts once the answer is out (startNext), not at end.
 	holdNext bool
@@ -123,6 +127,33 @@ func (r *outReq) end() {
 		}
 		r.conn.relay.promptsChanged()
 	}
+}
+
+// fail ends r, taken from its process's table to be answered by the
+// gateway (procLink.take, failRoutes, expireRequests), and gives its client
+// msg, the gateway's answer. A prompt counted as running until msg is in
+// the client's queue: a drain that waits for it never closes the client
+// first.
+func (r *outReq) fail(msg []byte) {
+	r.end()
+	r.conn.deliverFor(msg, nil, Facts{ID: r.clientID}, false)
+	if l := r.link; l != nil {
+		l.mu.Lock()
+		counted := r.answering
+		r.answering = false
+		if counted {
+			l.answering--
+		}
+		l.mu.Unlock()
+		if counted {
+			r.conn.relay.promptsChanged()
+		}
+	}
+}
+
+// failWith is fail with a JSON-RPC error.
+func (r *outReq) failWith(code int, msg string, data []byte) {
+	r.fail(jsonrpc.AppendError(nil, r.clientID, code, msg, data))
 }
 
 // startNext starts the prompt that waited for r's turn (holdNext).

@@ -312,9 +312,8 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	case err == nil:
 	case req == nil:
 		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
-	case rt.link.untrack(req): // answer only if no one else did (the agent's death answers all)
-		req.end()
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+	case rt.link.take(req): // answer only if no one else did (the agent's death answers all)
+		req.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
 	}
 }
 
@@ -364,9 +363,8 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 	now, full := s.turn.take(t)
 	switch {
 	case full:
-		if rt.link.untrack(req) {
-			req.end()
-			c.replyError(m.ID, codeBusy, fmt.Sprintf("%d prompts already wait for this session's turn; try again when one has run", maxQueuedPrompts), nil)
+		if rt.link.take(req) {
+			req.failWith(codeBusy, fmt.Sprintf("%d prompts already wait for this session's turn; try again when one has run", maxQueuedPrompts), nil)
 		}
 		return false
 	case !now:
@@ -389,9 +387,8 @@ func (s *Session) startTurn(t queuedTurn) {
 		return
 	}
 	if refusal := c.refusePrompt(s, t.blocks, nil); refusal != nil {
-		if s.link.untrack(t.req) {
-			t.req.end()
-			c.replyError(t.req.clientID, refusal.Code, refusal.Message, refusal.Data)
+		if s.link.take(t.req) {
+			t.req.failWith(refusal.Code, refusal.Message, refusal.Data)
 		}
 		return
 	}
@@ -400,8 +397,7 @@ func (s *Session) startTurn(t queuedTurn) {
 	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := s.link.p.Send(ctx, t.line); err != nil && s.link.untrack(t.req) {
-		t.req.end()
-		c.replyError(t.req.clientID, jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+	if err := s.link.p.Send(ctx, t.line); err != nil && s.link.take(t.req) {
+		t.req.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
 	}
 }
