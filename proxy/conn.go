@@ -34,10 +34,10 @@ type Sink interface {
 	// borrows msg and must neither change nor pool it. With wait false it
 	// never blocks: when the client has fallen too far behind, the sink
 	// closes its socket and returns false (the connection then detaches and
-	// keeps the messages for a resume). With wait true it may wait, up to
-	// about a second, for room while the client keeps reading: backpressure,
-	// which the relay asks for only when no other client's session shares
-	// the agent process.
+	// keeps the messages for a resume). With wait true it may wait for room
+	// as long as the client keeps reading, until its writer has made no
+	// progress for a second: backpressure, which the relay asks for only
+	// when no other client's session shares the agent process.
 	Send(msg []byte, wait bool) bool
 	// Supersede closes the socket: the client resumed on another one.
 	Supersede()

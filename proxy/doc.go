@@ -1,106 +1,152 @@
 // Package proxy is acpgate's ACP core: it multiplexes client connections
 // onto pooled agent processes. It knows nothing of HTTP or WebSockets: a
-// transport feeds a Conn the client's frames and gives it a Sink to send
+// transport feeds a Conn the client's messages and gives it a Sink to send
 // through.
 //
 // # The parts and who owns what
 //
 //   - Relay: the registry. It owns the agents (by name), the tenants, the
-//     open connections and the resume tokens, under Relay.mu.
+//     open connections and the resume tokens, under Relay.mu, and the
+//     relay's own goroutines (workers: a prompt that waited for its turn
+//     starts, an agent request is answered in its clients' place, an
+//     overflowed connection ends), which Relay.Close waits for once the
+//     agents' readers have stopped.
 //   - agent: one named agent. It owns its pool (package pool, which runs and
-//     chooses the processes and knows nothing of messages) and the procLink
-//     of each live process.
+//     chooses the processes and knows nothing of messages), the procLink of
+//     each live process, and what watches and decides for its sessions
+//     (an observe.Set and observe.Deciders, built by AddAgent).
 //   - procLink: the relay's side of one process, the pool.Handler the pool
 //     hands the agent's lines, ticks and exit to. It owns the routes of the
 //     messages that cross the process: client requests in flight (pending,
 //     by the agent-side id), agent requests waiting for a client (inbound),
-//     and the process's sessions by the agent's own session ID, in a
-//     copy-on-write map the agent's reader reads without a lock.
+//     the prompt answers the gateway is handing over (answering), and the
+//     process's sessions by the agent's own session ID, in a copy-on-write
+//     map the agent's reader reads without a lock. Its agentReader is the
+//     process's read side: it runs on the pool's read goroutine only.
 //   - Session: one ACP session, the one place that says who holds it: its
-//     owner (the plain client that created or loaded it) and its members
-//     (clients that attached, ACP RFD #533), who all get its messages in
-//     one order; see fanout.go and attach.go. Its
-//     owner (an atomic pointer the reader loads per message) changes only
-//     through its methods, under its own lock: a load by another connection
-//     (the newest load wins), a take-over of a detached connection's
-//     session, the owner's end, the agent's death. Under that lock it also
-//     owns its turn in flight (the client's session/prompt), the agent's
-//     requests about it still waiting for a client (a take-over sends them
-//     again from this list), whether it was lost or ended while detached,
-//     its process session slot (a pool.Lease) until it ends, and its
-//     tenant session slot: one however many connections hold it, given
-//     back when the last lets go (Session.held, unheld).
-//   - Conn: one client connection. It owns what it was sent (its outbox:
-//     numbered, kept for a resume; a kept message is tagged with its
+//     owner (the plain client that created or loaded it; an atomic pointer
+//     the reader loads per message) and its members (clients that attached,
+//     ACP RFD #533), who all get its messages in one order (fanout.go,
+//     attach.go). Its life is one stage, live, closing, lost or ended,
+//     moved forward once under Session.mu; Session.end(cause) runs the
+//     teardown once, off every lock, its steps chosen by the cause
+//     (life.go). It owns its process session slot (a pool.Lease) until it
+//     ends, its tenant session slot while any connection holds it
+//     (holders), the agent's requests about it waiting for a client
+//     (waiting), the configuration the agent last reported (agentState),
+//     what session/attach replays (history, under fan), what its agent
+//     reported using (meter), and its turn.
+//   - turn: the session's prompts: the one the agent works on, those of
+//     other clients waiting for it, when it started and last ended, its span
+//     as observers know it (observe.Turn), and a turn that ended while the
+//     owner was detached (turn.go).
+//   - Conn: one client connection, the client record: the index of its
+//     sessions by the ID it sees, its home process lease, its outbox
+//     (numbered, kept for a resume; a kept message is tagged with its
 //     session, so a take-over finds the session's messages since the
-//     detach), the index of its sessions by the ID it sees, and the ids of
-//     its requests in flight either way: a client's answer or cancellation
-//     names its own id, so the connection resolves it. Its home process
-//     lease serves its requests that name no session.
+//     detach), its socket's state (resume.go), and its requests in flight
+//     either way (requests: a client's answer or cancellation names its own
+//     id). Its clientReader is its read side: it scans each message, applies
+//     the limits and the tenant's policy, and routes it, used only under
+//     Conn.handleMu.
 //   - hold: what handling one client request takes (a tenant slot, a
 //     process slot, the request's count on its process, a load's session
-//     route), made in one place, carried by the outReq and released once,
-//     whichever way the request ends. A second release is logged and
-//     counted (acpgate_double_releases_total).
+//     route), carried by the outReq and released once, whichever way the
+//     request ends; a second release is logged and counted
+//     (acpgate_double_releases_total). The handlers that route a request
+//     make it (route_client.go).
 //
 // # Lock order
 //
 // Outer before inner; no lock is held while a lock earlier in a line is
 // taken:
 //
-//	Conn.handleMu → Session.fan → Conn.mu → Conn.out.mu → Session.mu
+//	Conn.handleMu → Session.fan → Conn.mu → Conn.out.mu → Session.mu → turn.mu → procLink.mu
 //	                                        Conn.out.mu → the Sink's own lock
+//	                                                      Session.mu → waiting.mu
 //	Relay.mu → pool.Pool.mu → pool.Process.mu
 //
 // Session.fan orders what a session's clients get (the agent's messages,
 // others' prompts, presence, an attach's result and backlog, a permission
-// request's copies and their withdrawal). It is taken by the agent's reader
-// and by a connection's handler (under its handleMu), never while a Conn or
-// Session lock is held, and nothing done under it waits for a handleMu, ends
-// a connection or a session, or takes another session's fan: a connection
-// that overflows meanwhile ends on a goroutine of its own (Relay.bg), and
-// an attach's replay, which may wait for its client, goes out without it.
+// request's copies and their withdrawal, an administrator's notice). It is
+// taken by the agent's reader, a connection's handler (under its
+// handleMu), the admin API's EndSession and a session's end, never while a
+// Conn or Session lock is held, and nothing done under it waits for a
+// handleMu, ends a connection or a session, or takes another session's
+// fan: a connection that overflows meanwhile ends on a worker, and an
+// attach's replay, which may wait for its client, goes out without it.
 //
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// Session.meter.mu and Relay.promptMu are leaves: nothing else is taken while one is held, and a
-// lease is released with no lock held.
+// meter.mu, agentState.mu, waiting.mu, requests.mu, workers.mu,
+// Relay.promptMu and TenantLabels.mu are leaves. The pool calls no relay
+// code with its locks held, and a session's slot is released by its end's
+// teardown, off every lock.
 //
 // # How a client message travels
 //
-// The transport calls Conn.HandleFrom with a frame. Under handleMu the
-// frame's messages are scanned one at a time (jsonrpc.Scanner, no copy)
-// and checked: rate limits, the initialize handshake, the tenant's policy,
-// paths under the tenant's root. handleCall then lets one small handler per
-// class of message choose the process and take the request's hold: a
-// message about a live session goes to its process; a load or resume to
-// the process that serves the session (or is taken over from a detached
-// connection); session/new to a process with room; anything else to the
-// connection's home process. send tracks the request with the connection
-// and the procLink, splices the edits in (the sealed session ID opened, the
-// id renumbered, paths mapped) and queues the line on the process.
+// The transport calls Conn.HandleFrom with a frame (Streamable HTTP scans
+// a POST first, with ScanClient, and calls HandleScannedTrace). Under
+// handleMu the clientReader scans each message (jsonrpc.Scanner, no copy)
+// and checks it: rate limits, the initialize handshake, the tenant's
+// policy, paths under the tenant's root. handleCall then lets one small
+// handler per class of message choose the process and take the request's
+// hold: a message about a live session goes to its process; a load or
+// resume to the process that serves the session (or is taken over from a
+// detached connection); session/new to a process with room; anything else
+// to the connection's home process. send asks the deciders about a prompt,
+// tracks the request with the connection and the procLink, splices the
+// edits in (the sealed session ID opened, the id renumbered, paths mapped,
+// the traceparent) and queues the line on the process.
 //
 // # How an agent line travels
 //
 // The process's read goroutine hands each line to its procLink. The
 // agentReader scans it. An answer takes its request from pending, settles
 // what it means for the session (created, loaded, closed, listed), ends the
-// request (its hold released) and is delivered to the client that asked.
-// A request or notification finds its recipient by the session's owner (or
-// the request it is about), passes the tenant's policy and root (or is
-// served by the file stand-in), and is delivered: the Conn's outbox numbers
-// it, keeps it for a resume, and hands it to the Sink, whose bounded queue
+// request (its hold released) and is delivered to the client that asked; a
+// prompt's answer counts as running until it is in that client's queue,
+// and so does an answer the gateway gives in the agent's place (a drain
+// waits for both). A request or notification finds its recipient by the
+// session's owner (or the request it is about), passes the tenant's policy
+// and root (or is served by the file stand-in, or a permission request
+// answered by a decider), and is delivered: the Conn's outbox numbers it,
+// keeps it for a resume, and hands it to the Sink, whose bounded queue
 // decides what a slow client costs.
+//
+// # What watches and what decides
+//
+// The session and its turn are the one place that tells observers what
+// happens (events.go): created, loaded, closed and lost, a turn started and
+// ended (its stop reason, time, tokens and cost), each update (the first of
+// a turn marked), cost reported and usage rejected, permission requested
+// and resolved, files served. The relay's metrics (observers.go), the audit
+// trail (observe/audittrail) and the turns' spans (observe/tracing) are
+// observers, beside Config.Observers. Config.Deciders are asked before a
+// prompt goes to the agent (a refusal is the client's answer) and before an
+// agent's permission request goes to the clients (a decision answers the
+// agent, and no client is asked). Routing code records nothing itself.
 //
 // # Tracing
 //
 // With Config.Tracing, each client request has a span named by its method
-// (trace.go), carried by its outReq and ended with it; a prompt's span is
-// its session's turn (turn.trace), under which the pool wait, the
-// first update, the agent's requests to the client, the file stand-in and
-// each tool call are spans, and the updates a count. The client's
-// params._meta.traceparent (or a POST's header) is its parent; the line
-// the agent gets names it in _meta.traceparent, the one edit made to
-// _meta. Without it nothing of this runs.
+// (observe/tracing), carried by its outReq and ended with it; a prompt's
+// span is its turn's, under which the pool wait, the first update, the
+// agent's requests to the client, the file stand-in and each tool call are
+// spans, and the updates a count. The client's params._meta.traceparent (or
+// a POST's header) is its parent; the line the agent gets names it in
+// _meta.traceparent, the one edit made to _meta. Without it none of this
+// runs.
+//
+// # Pooled buffers
+//
+// A message the relay delivers is a pooled buffer (jsonrpc.GetBuffer) that
+// the Sink owns once it has it, unless the connection keeps what it sends
+// for a resume (Conn.KeepsSent): then the outbox owns it, the Sink only
+// borrows it, and the outbox pools it when it drops it from the replay
+// buffer once the Sink has written it (WrittenSink). A build with -tags
+// poison scribbles over every released buffer and panics on a second
+// release, so that a use after release fails the tests (test/run.sh runs
+// proxy and gateway so).
 package proxy
