@@ -320,7 +320,7 @@ func (c *Conn) handled() {
 	}
 }
 
-// ScanClient scans a client message as a connection does (HandleScanned):
+// ScanClient scans a client message as a connection does (HandleScannedTrace):
 // the fields the relay rewrites are located. sc is the caller's, reused.
 func ScanClient(sc *jsonrpc.Scanner, frame []byte, m *jsonrpc.Message) error {
 	if sc.Methods == nil {
@@ -329,21 +329,11 @@ func ScanClient(sc *jsonrpc.Scanner, frame []byte, m *jsonrpc.Message) error {
 	return sc.Scan(frame, m, clientSpec)
 }
 
-// HandleScanned processes one client message from sink's socket that the
-// caller has scanned with ScanClient (Streamable HTTP reads each POST
-// once), as HandleFrom would. m is not kept after it returns.
-func (c *Conn) HandleScanned(sink Sink, m *jsonrpc.Message) {
-	c.handleMu.Lock()
-	if c.countFrom(sink) {
-		c.cr.handleMessage(m)
-	}
-	c.handleMu.Unlock()
-	c.handled()
-}
-
-// HandleScannedTrace is HandleScanned with the trace context the
-// transport carried the message in (a POST's traceparent header, see
-// ParseTraceparent): the parent of the request's span unless its
+// HandleScannedTrace processes one client message from sink's socket
+// that the caller has scanned with ScanClient (Streamable HTTP reads each
+// POST once), as HandleFrom would, with the trace context the transport
+// carried it in (a POST's traceparent header, see
+// tracing.ParseTraceparent): the parent of the request's span unless its
 // params._meta names one.
 func (c *Conn) HandleScannedTrace(sink Sink, m *jsonrpc.Message, parent trace.SpanContext) {
 	c.handleMu.Lock()
