@@ -33,19 +33,21 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if binPath, err = harness.Prebuilt(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	fail := func(what string, err error) {
+		fmt.Fprintln(os.Stderr, what, err)
+		os.RemoveAll(dir)
 		os.Exit(1)
+	}
+	if binPath, err = harness.Prebuilt(); err != nil {
+		fail("memory:", err)
 	} else if binPath != "" {
 		fmt.Fprintln(os.Stderr, "memory: using the prebuilt gateway", binPath)
 	} else if binPath, err = harness.Build(dir, false); err != nil {
-		fmt.Fprintln(os.Stderr, "build acpgate:", err)
-		os.Exit(1)
+		fail("build acpgate:", err)
 	}
 	fakePath = filepath.Join(dir, "fakeagent")
 	if err := harness.BuildFakeAgent(fakePath); err != nil {
-		fmt.Fprintln(os.Stderr, "build fakeagent:", err)
-		os.Exit(1)
+		fail("build fakeagent:", err)
 	}
 	harness.Main(m, func() { os.RemoveAll(dir) })
 }
