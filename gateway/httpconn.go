@@ -193,14 +193,17 @@ func (h *httpConn) pushLocked(route string, msg []byte) bool {
 }
 
 // dropQueuedLocked implements transport.
-func (h *httpConn) dropQueuedLocked() {
+func (h *httpConn) dropQueuedLocked() (n, bytes int) {
 	for _, st := range h.streams {
 		for i, ev := range st.queue {
+			bytes += len(ev.msg)
 			h.giveBack(ev.msg)
 			st.queue[i] = sseEvent{}
 		}
+		n += len(st.queue)
 		st.queue = nil
 	}
+	return n, bytes
 }
 
 // closeLocked implements transport: run, waiting for the close, returns.
@@ -749,12 +752,13 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 	defer keepAlive.Stop()
 	var buf []byte
 	for {
-		var n int
+		var n, size int
 		h.gather(st)
-		buf, n = h.takeEvents(st, buf[:0])
+		buf, n, size = h.takeEvents(st, buf[:0])
 		if n > 0 {
 			ok := writeSSE(rc, w, buf, writeTimeout)
 			h.mu.Lock()
+			h.tookLocked(n, size) // counted as queued until written
 			h.writing--
 			h.wroteAt = time.Now()
 			h.progressLocked()
@@ -762,6 +766,9 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 			h.wrote(n, len(buf))
 			if !ok {
 				return
+			}
+			if cap(buf) > maxIdleFrameBuf {
+				buf = nil // a big batch's copy is not kept for the stream's life
 			}
 			continue
 		}
@@ -798,10 +805,16 @@ func (h *httpConn) gather(st *sseStream) {
 	}
 }
 
+// maxIdleFrameBuf is the largest framing buffer a stream's writer keeps
+// between batches.
+const maxIdleFrameBuf = 1 << 20
+
 // takeEvents frames what st queues into buf and keeps it for Last-Event-ID:
 // the events are framed before they are kept, for once kept, another
-// stream's writer may evict (and recycle) them. It returns how many.
-func (h *httpConn) takeEvents(st *sseStream, buf []byte) ([]byte, int) {
+// stream's writer may evict (and recycle) them. It returns how many, and
+// their size: they count as queued until the writer has written buf
+// (tookLocked).
+func (h *httpConn) takeEvents(st *sseStream, buf []byte) ([]byte, int, int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	events := st.queue
@@ -817,10 +830,9 @@ func (h *httpConn) takeEvents(st *sseStream, buf []byte) ([]byte, int) {
 		h.keep(st, ev)
 	}
 	if len(events) > 0 {
-		h.tookLocked(len(events), size)
 		h.writing++
 	}
-	return buf, len(events)
+	return buf, len(events), size
 }
 
 // writeSSE writes and flushes within the write timeout: a receiver that

@@ -56,9 +56,9 @@ type link struct {
 	closeLabel  string // the metrics label of the close
 	closeReq    chan struct{}
 	opened      bool          // counted in acpgate_connections_open
-	queued      int           // messages the transport's queues hold
+	queued      int           // messages handed to the transport and not yet written: queued or being written
 	queuedBytes int           // their bytes
-	queuedSince int64         // unix nanos the queues last became non-empty
+	queuedSince int64         // unix nanos queued last became non-zero
 	room        chan struct{} // closed when a writer takes messages; nil until a sender waits
 	timer       *time.Timer   // runs tick
 
@@ -80,8 +80,10 @@ type transport interface {
 	// pushLocked appends msg to queue and wakes its writer; false refuses
 	// it (the transport has decided a close).
 	pushLocked(queue string, msg []byte) bool
-	// dropQueuedLocked gives back what the queues hold (a slow client).
-	dropQueuedLocked()
+	// dropQueuedLocked gives back what the queues hold (a slow client) and
+	// says how many messages and bytes that was; what a writer is writing
+	// stays counted until it is done with it (tookLocked).
+	dropQueuedLocked() (n, bytes int)
 	// closeLocked starts the end of the connection after what is queued
 	// (closeReason and closeLabel are set).
 	closeLocked()
@@ -359,15 +361,19 @@ func (l *link) waitRoomLocked(n int) {
 // for every transport.
 func (l *link) slowLocked() {
 	queued, bytes := l.queued, l.queuedBytes
-	l.t.dropQueuedLocked()
-	l.queued, l.queuedBytes = 0, 0
+	n, dropped := l.t.dropQueuedLocked()
+	l.queued, l.queuedBytes = l.queued-n, l.queuedBytes-dropped
 	l.closeLocked("client too slow: send queue full", "slow_client")
 	l.s.metrics.slowDisconnects.Inc()
 	l.log.Warn("closing slow client", "queued_msgs", queued, "queued_bytes", bytes)
 }
 
-// tookLocked records that a writer took n messages of size bytes off the
-// queues: senders waiting for room wake.
+// tookLocked records that a writer is done with n messages of size bytes
+// it took off the queues (written, or given up with the socket): senders
+// waiting for room wake. A writer calls it after its writes, not when it
+// takes the messages: what it is writing to a client that stopped reading
+// counts against send_queue_bytes too, or the queue could fill again
+// behind it and the connection hold twice its bound.
 func (l *link) tookLocked(n, bytes int) {
 	l.queued -= n
 	l.queuedBytes -= bytes

@@ -147,8 +147,12 @@ func BenchmarkHTTPSend(b *testing.B) {
 					} else {
 						h.Send(m, false)
 					}
-					buf, _ = h.takeEvents(st, buf[:0])
+					var n, size int
+					buf, n, size = h.takeEvents(st, buf[:0])
+					h.mu.Lock()
+					h.tookLocked(n, size)
 					h.writing--
+					h.mu.Unlock()
 				}
 			})
 		}

@@ -845,6 +845,36 @@ func TestSlowConsumerClosedWithPolicyViolation(t *testing.T) {
 	}
 }
 
+// What a writer is writing to a client that stopped reading counts against
+// send_queue_bytes until it is written: the queue does not fill again
+// behind it (a connection once held the bound twice over, a stuck batch and
+// a full queue).
+func TestSendQueueCountsWhatIsBeingWritten(t *testing.T) {
+	ts := slowClientServer(t) // send_queue_bytes 2 MiB, 32 KiB socket buffers
+	slow := ts.dialWith(smallBufferClient(t), "acp")
+	slow.initialize()
+	conns := ts.wsConns()
+	if len(conns) != 1 {
+		t.Fatalf("%d WebSocket connections, want 1", len(conns))
+	}
+	sc := conns[0]
+	pad := strings.Repeat("x", 600<<10) // more than the sockets' buffers take
+	accepted := 0
+	for i := range 64 {
+		msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","method":"_test/big","params":{"n":%d,"pad":%q}}`, i, pad)
+		if !sc.Send(msg, false) {
+			break
+		}
+		accepted += len(msg)
+	}
+	if _, label, closing := sc.closeState(); !closing || label != "slow_client" {
+		t.Fatalf("the client that does not read was not cut off (closing %v, %q)", closing, label)
+	}
+	if limit := ts.s.config().Limits.SendQueueBytes; accepted > limit {
+		t.Fatalf("the connection took %d bytes for a client that does not read; send_queue_bytes is %d", accepted, limit)
+	}
+}
+
 // Shutdown while the pool is still starting an agent process. Under -race
 // this catches unsynchronised access to the process's state: the pool's
 // Close reads what the starting goroutine writes.

@@ -357,12 +357,15 @@ func (c *wsConn) pushLocked(_ string, msg []byte) bool {
 }
 
 // dropQueuedLocked implements transport.
-func (c *wsConn) dropQueuedLocked() {
+func (c *wsConn) dropQueuedLocked() (n, bytes int) {
 	for i, m := range c.q {
+		bytes += len(m)
 		c.giveBack(m)
 		c.q[i] = nil
 	}
+	n = len(c.q)
 	c.q = c.q[:0]
+	return n, bytes
 }
 
 // closeLocked implements transport: the writer sends the close frame after
@@ -439,11 +442,16 @@ func (c *wsConn) writeLoop() {
 			return
 		}
 		c.q, c.spare = c.spare[:0], nil
-		c.tookLocked(len(batch), c.queuedBytes) // the one queue is all of the link's
 		closing, code, reason := c.closing, c.closeCode, c.closeReason
 		c.mu.Unlock()
-		if len(batch) > 0 && !c.writeTimed(batch) {
-			c.mu.Lock()
+		size := 0
+		for _, m := range batch {
+			size += len(m)
+		}
+		written := len(batch) == 0 || c.writeTimed(batch)
+		c.mu.Lock()
+		c.tookLocked(len(batch), size) // counted as queued until now
+		if !written {
 			// The socket is broken: Send refuses from now on (writing
 			// stays set), and no close is decided, so the end counts as
 			// connection_lost and the connection may resume.
@@ -452,7 +460,6 @@ func (c *wsConn) writeLoop() {
 			c.cancel()
 			return
 		}
-		c.mu.Lock()
 		if c.spare == nil {
 			c.spare = batch[:0]
 		}

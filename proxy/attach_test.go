@@ -252,6 +252,32 @@ func TestHistoryKeepsTheNewestWithinItsLimit(t *testing.T) {
 	}
 }
 
+// A message bigger than half the history's limit is not kept, nor anything
+// before it (a replay must not skip it), and the buffers never hold more
+// than the limit: a 16 MB update once made a 2 MiB history hold 16 MB.
+func TestHistoryKeepsNoMessageOverHalfItsLimit(t *testing.T) {
+	const limit = 100_000
+	h := &history{limit: limit}
+	for i, size := range []int{30_000, 20_000, 45_000, limit/2 + 1, limit, 40_000, 9_000, 50_000, 3 * limit} {
+		h.add(make([]byte, size))
+		if c := cap(h.prev.buf) + cap(h.cur.buf); h.bytes() > limit || c > limit {
+			t.Fatalf("after message %d (%d bytes) the history holds %d bytes in buffers of %d for a %d byte limit", i, size, h.bytes(), c, limit)
+		}
+		var kept []int
+		h.each(func(m []byte) { kept = append(kept, len(m)) })
+		switch size {
+		case limit/2 + 1, limit, 3 * limit:
+			if len(kept) != 0 || !h.trimmed {
+				t.Fatalf("after a %d byte message the history keeps %v (trimmed %v), want nothing and trimmed", size, kept, h.trimmed)
+			}
+		default:
+			if len(kept) == 0 || kept[len(kept)-1] != size {
+				t.Fatalf("after a %d byte message the history keeps %v, want it last", size, kept)
+			}
+		}
+	}
+}
+
 // A client that declines (cancels, or answers with an error) a permission
 // request others may answer settles nothing: the other client's answer
 // still reaches the agent. A member attaching again (a reloaded page on a

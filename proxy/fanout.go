@@ -123,8 +123,9 @@ func (r *Relay) maxClients() int {
 // messages go to the current one; when it would pass half the limit, it
 // becomes the previous one and the old previous one's buffer, emptied, is
 // the current one. So a history keeps at least the newest half of its
-// limit and at most its limit, and once it has filled up it allocates
-// nothing: the two buffers take turns.
+// limit (unless a message bigger than that came: see add) and at most its
+// limit, and once it has filled up it allocates nothing: the two buffers
+// take turns.
 type history struct {
 	limit     int
 	prev, cur histGen
@@ -137,10 +138,27 @@ type histGen struct {
 	ends []int
 }
 
+// add keeps msg as the newest message. A message bigger than half the
+// limit is not kept, and neither is anything older (a replay must not skip
+// one): the history starts again after it. The buffers grow as append
+// would, but never past half the limit each, so that what they hold stays
+// within the limit (a 16 MB update once made a 2 MiB history hold 16 MB).
 func (h *history) add(msg []byte) {
-	if len(h.cur.buf) > 0 && len(h.cur.buf)+len(msg) > max(h.limit/2, 1) {
+	half := max(h.limit/2, 1)
+	if len(msg) > half {
+		h.trimmed = true
+		h.prev = histGen{buf: h.prev.buf[:0], ends: h.prev.ends[:0]}
+		h.cur = histGen{buf: h.cur.buf[:0], ends: h.cur.ends[:0]}
+		return
+	}
+	if len(h.cur.buf) > 0 && len(h.cur.buf)+len(msg) > half {
 		h.trimmed = h.trimmed || len(h.prev.ends) > 0
 		h.prev, h.cur = h.cur, histGen{buf: h.prev.buf[:0], ends: h.prev.ends[:0]}
+	}
+	if n := len(h.cur.buf) + len(msg); n > cap(h.cur.buf) {
+		b := make([]byte, len(h.cur.buf), min(max(n, 2*cap(h.cur.buf)), half))
+		copy(b, h.cur.buf)
+		h.cur.buf = b
 	}
 	h.cur.buf = append(h.cur.buf, msg...)
 	h.cur.ends = append(h.cur.ends, len(h.cur.buf))

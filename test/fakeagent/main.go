@@ -35,7 +35,10 @@
 // ends the turn. A prompt "sleep <seconds>" (at most 60) is a silent turn,
 // as an agent that works without streaming makes: nothing for that long,
 // then only the answer {"stopReason":"end_turn"}; other messages are handled
-// meanwhile. Requests for other methods get -32601; notifications and
+// meanwhile. A prompt "stream chunks=N size=S" gets N agent_message_chunk
+// notifications of S bytes each (N <= 1,000,000, S <= 16 MiB), written as
+// fast as stdout takes them, then the end of its turn (a flood for the
+// memory tests). Requests for other methods get -32601; notifications and
 // responses are ignored. Every loop is bounded by its params.
 package main
 
@@ -168,6 +171,12 @@ func (a *agent) handle(line []byte) {
 				return
 			}
 		}
+		var chunks, size int
+		if _, err := fmt.Sscanf(text.String(), "stream chunks=%d size=%d", &chunks, &size); err == nil {
+			a.stream(p.SessionID, min(max(chunks, 0), 1_000_000), min(max(size, 0), 16<<20))
+			a.result(m.ID, map[string]string{"stopReason": "end_turn"})
+			return
+		}
 		if text.String() == "duplicate request ids" {
 			// Two requests to the client with one id, both in flight.
 			for range 2 {
@@ -227,6 +236,24 @@ func (a *agent) handle(line []byte) {
 	default:
 		a.fail(m.ID, -32601, "method not found: "+m.Method)
 	}
+}
+
+// stream writes n agent_message_chunk notifications of session sid, each
+// size bytes long (or as short as one can be), flushing only when the
+// buffer fills.
+func (a *agent) stream(sid string, n, size int) {
+	sidJSON, _ := json.Marshal(sid)
+	head := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
+		`,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"`
+	const tail = `"}}}}`
+	line := []byte(head + strings.Repeat("x", max(size-len(head)-len(tail), 0)) + tail)
+	a.mu.Lock() // a silent turn may answer meanwhile
+	defer a.mu.Unlock()
+	for range n {
+		a.out.Write(line)
+		a.out.WriteByte('\n')
+	}
+	a.out.Flush()
 }
 
 // garbage returns lines no JSON-RPC peer should act on, and two valid
