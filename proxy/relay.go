@@ -16,6 +16,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // Config configures a Relay.
@@ -29,7 +30,7 @@ type Config struct {
 	// with it.
 	ClientCaps Profile
 	// Sealer seals session IDs; nil = a random key per gateway process.
-	Sealer *Sealer
+	Sealer *sessionid.Sealer
 	// Tenants lists who may connect; none = one anonymous tenant "" with
 	// no path mapping.
 	Tenants []TenantConfig
@@ -98,7 +99,7 @@ func newLimiter(perSecond float64, burst int) *rate.Limiter {
 type Relay struct {
 	bg      sync.WaitGroup // connections ending off the deliverer's stack (overflowed)
 	metrics *Metrics
-	sealer  *Sealer
+	sealer  *sessionid.Sealer
 	log     *slog.Logger
 	caps    Profile
 	isolate bool
@@ -142,7 +143,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	}
 	sealer := cfg.Sealer
 	if sealer == nil {
-		sealer = NewRandomSealer()
+		sealer = sessionid.NewRandom()
 	}
 	metrics := cfg.Metrics
 	if metrics == nil {
@@ -258,7 +259,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		tenant:     info.Tenant,
 		ten:        ten,
 		ag:         ag,
-		scope:      sealScope(info.Tenant, name),
+		scope:      sessionid.Scope(info.Tenant, name),
 		subject:    info.Subject,
 		affinity:   info.Affinity,
 		clientID:   newClientID(),
