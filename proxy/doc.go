@@ -64,7 +64,7 @@
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// Session.meter.mu and Relay.promptMu are leaves: nothing else is taken while one is held, and a
+// Session.meter's lock and Relay.promptMu are leaves: nothing else is taken while one is held, and a
 // lease is released with no lock held.
 //
 // # How a client message travels

@@ -193,7 +193,7 @@ func (c *Conn) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID strin
 	l := c.ag.link(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
 		h.attach = l.addSession(c, agentSID, sessionCwd(m), h.takeSlot())
-		h.attach.meterLoaded()
+		h.attach.meter.Loaded()
 		h.replaying(h.attach)
 		c.attach(h.attach)
 	}

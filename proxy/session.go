@@ -9,6 +9,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // Session is one ACP session as the gateway routes it: the one place that
@@ -31,7 +32,7 @@ type Session struct {
 	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
 
 	turn   turn          // its prompts: the one in flight, those waiting (turn.go)
-	meter  meter         // what its agent reported using (usage.go)
+	meter  usage.Meter   // what its agent reported using
 	opened time.Time     // when it was created or loaded here
 	life   atomic.Uint32 // its lifeStage (life.go); written under mu
 

@@ -14,6 +14,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // TenantConfig is one tenant as the relay needs it.
@@ -185,6 +186,24 @@ func (t *tenant) event(am *agentMetrics, e string) {
 // denied counts a refusal by reason.
 func (t *tenant) denied(am *agentMetrics, reason string) {
 	am.Denials.WithLabelValues(t.label, reason).Inc()
+}
+
+// currencyLabel bounds the currency labels of the tenant's metrics to
+// the first usage.MaxCurrencies seen; the rest are "other".
+func (t *tenant) currencyLabel(cur string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.currencies[cur]; ok || cur == usage.OtherCurrency {
+		return cur
+	}
+	if len(t.currencies) >= usage.MaxCurrencies {
+		return usage.OtherCurrency
+	}
+	if t.currencies == nil {
+		t.currencies = map[string]struct{}{}
+	}
+	t.currencies[cur] = struct{}{}
+	return cur
 }
 
 // pathError is a client path the tenant may not use.
