@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/clientcaps"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -350,7 +351,7 @@ func (r *Relay) Conns() int {
 // tenant's policy is applied to each fs request, so a reload takes effect);
 // a terminal the policy turns off is never told to an agent.
 func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
-	p, err := clientProfile(initParams)
+	p, err := clientcaps.Parse(initParams)
 	if err != nil {
 		return Profile{}, err
 	}

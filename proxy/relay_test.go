@@ -468,26 +468,6 @@ func TestConcurrentClients(t *testing.T) {
 	wg.Wait()
 }
 
-func TestClientProfile(t *testing.T) {
-	for _, tc := range []struct {
-		params string
-		want   Profile
-		err    bool
-	}{
-		{`{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true},"terminal":true}}`, Profile{Version: 1, FsRead: true, Terminal: true}, false},
-		{`{"protocolVersion":1,"clientCapabilities":{"fs":"garbage","elicitation":{"form":{}}}}`, Profile{Version: 1, ElicitForm: true}, false},
-		{`{"protocolVersion":2,"info":{"name":"x","version":"1"},"capabilities":{"auth":{"terminal":{}},"elicitation":{"url":{}}}}`, Profile{Version: 2, AuthTerminal: true, ElicitURL: true}, false},
-		{`{"protocolVersion":9}`, Profile{Version: 2}, false},
-		{`{"clientCapabilities":{}}`, Profile{}, true},
-		{`[]`, Profile{}, true},
-	} {
-		got, err := clientProfile([]byte(tc.params))
-		if (err != nil) != tc.err || got != tc.want {
-			t.Errorf("%s: %+v %v, want %+v", tc.params, got, err, tc.want)
-		}
-	}
-}
-
 // TestTenantBoundPool: with processes bound to a tenant from their start
 // (the sandbox), warm processes are started for a tenant, a process is
 // never handed to another tenant, and each start is launched for its
