@@ -177,11 +177,6 @@ func (t *tenant) added(am *agentMetrics, n int) {
 	am.SessionsActive.WithLabelValues(t.label).Add(float64(n))
 }
 
-// event counts a session event (created, loaded, closed, lost).
-func (t *tenant) event(am *agentMetrics, e string) {
-	am.SessionsTotal.WithLabelValues(t.label, e).Inc()
-}
-
 // denied counts a refusal by reason.
 func (t *tenant) denied(am *agentMetrics, reason string) {
 	am.Denials.WithLabelValues(t.label, reason).Inc()
