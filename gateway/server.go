@@ -26,6 +26,7 @@ import (
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 	"github.com/acpgate/acpgate/web"
 )
 
@@ -224,7 +225,7 @@ func (s *Server) config() *config.Config {
 
 // newSealer seals session IDs with the configured keys, or with a random
 // key (IDs then die with the process).
-func newSealer(cfg *config.Config, log *slog.Logger) (*proxy.Sealer, error) {
+func newSealer(cfg *config.Config, log *slog.Logger) (*sessionid.Sealer, error) {
 	keys, err := cfg.SessionKeys()
 	if err != nil {
 		return nil, err
@@ -232,9 +233,9 @@ func newSealer(cfg *config.Config, log *slog.Logger) (*proxy.Sealer, error) {
 	if len(keys) == 0 {
 		log.Warn("no session_key_file configured: using a random key; session IDs will not survive a restart " +
 			"or work across replicas (acpgate keygen > session.key)")
-		return proxy.NewRandomSealer(), nil
+		return sessionid.NewRandom(), nil
 	}
-	return proxy.NewSealer(keys...)
+	return sessionid.New(keys...)
 }
 
 func newAuthenticator(cfg *config.Config, log *slog.Logger, onFailure func(*http.Request, string)) (*auth.Authenticator, error) {
@@ -328,7 +329,7 @@ func New(opts Options) (*Server, error) {
 
 // startRelay starts the relay (s.relay) with cfg's agents, s's audit
 // trail and tracing.
-func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.Sealer, tenants []proxy.TenantConfig) error {
+func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *sessionid.Sealer, tenants []proxy.TenantConfig) error {
 	s.launch.setTracing(s.tracing)
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
@@ -350,7 +351,7 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *proxy.
 }
 
 // relayConfig is the relay's configuration.
-func relayConfig(cfg *config.Config, m *proxy.Metrics, agents []proxy.AgentSpec, sealer *proxy.Sealer,
+func relayConfig(cfg *config.Config, m *proxy.Metrics, agents []proxy.AgentSpec, sealer *sessionid.Sealer,
 	tenants []proxy.TenantConfig) proxy.Config {
 	return proxy.Config{
 		Metrics: m,

@@ -128,7 +128,7 @@ func (r *Relay) findSession(id string) *Session {
 
 // snapshot is what the admin API lists of s.
 func (s *Session) snapshot() SessionSnapshot {
-	snap := SessionSnapshot{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.usage()}
+	snap := SessionSnapshot{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.meter.Usage()}
 	members := s.clientList()
 	snap.Clients = len(members)
 	owner := s.owner.Load()

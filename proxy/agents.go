@@ -14,11 +14,12 @@ import (
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // DefaultAgent is the name of the agent of a relay configured without named
-// agents (Config.Pool alone).
-const DefaultAgent = "default"
+// agents (Config.Pool alone); its session IDs are bound to the tenant alone.
+const DefaultAgent = sessionid.DefaultAgent
 
 // ErrUnknownAgent: no agent of that name is configured (or it is being
 // removed). ErrAgentNotAllowed: the tenant may not use the agent.

@@ -68,26 +68,6 @@ func TestSessionIDBoundToAgent(t *testing.T) {
 	}
 }
 
-// The scope of the agent named "default" is the tenant alone, so the IDs a
-// single-agent gateway issued open unchanged; any other agent's differ.
-func TestSealScope(t *testing.T) {
-	s := NewRandomSealer()
-	id := s.Seal("acme", "agent-sid")
-	if got, err := s.Open(sealScope("acme", DefaultAgent), id); err != nil || got != "agent-sid" {
-		t.Errorf("default agent: Open = %q, %v", got, err)
-	}
-	if _, err := s.Open(sealScope("acme", "codex"), id); err == nil {
-		t.Error("an ID of the default agent opened for agent codex")
-	}
-	other := s.Seal(sealScope("acme", "codex"), "agent-sid")
-	if other == id {
-		t.Error("two agents' IDs for one session are the same")
-	}
-	if _, err := s.Open(sealScope("acme", "claude"), other); err == nil {
-		t.Error("agent codex's ID opened for agent claude")
-	}
-}
-
 // A tenant's agents list is enforced by the relay too, unknown and retired
 // agents take no connection, and CloseAgent ends a retired agent's
 // connections and forgets it.

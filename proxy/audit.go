@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/fsstandin"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -47,7 +48,7 @@ func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
 	msg := in.msg
 	in.link.mu.Unlock()
 	var req struct {
-		Params fsParams `json:"params"`
+		Params fsstandin.Params `json:"params"`
 	}
 	_ = json.Unmarshal(msg, &req)
 	n := 0

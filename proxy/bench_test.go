@@ -10,6 +10,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 type discardSink struct{ n int }
@@ -28,7 +29,7 @@ func benchRoute(b *testing.B, textLen, replay int) { benchFanOut(b, textLen, rep
 // runs on the relay and the session before the loop.
 func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...func(*Relay, *Session)) {
 	metrics := nopMetrics()
-	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: metrics}
+	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: metrics}
 	r.resume.HistoryBytes = history
 	am := metrics.forAgent(DefaultAgent)
 	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procLink{}}

@@ -110,7 +110,7 @@ type Conn struct {
 	tenant string
 	ten    *tenant
 	ag     *agent // the agent the connection uses, its pool and metrics
-	scope  string // what its session IDs are sealed to (sealScope)
+	scope  string // what its session IDs are sealed to (sessionid.Scope)
 	// subject is who the credential names (ConnInfo.Subject); clientID
 	// names the connection to the other clients of a session it holds
 	// (session/attach's connectedClients).

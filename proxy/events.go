@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"encoding/json"
-	"maps"
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -71,9 +70,7 @@ func (s *Session) turnStarted(req *outReq, blocks []json.RawMessage, params []by
 	req.oturn = t
 	s.turn.cur.Store(t)
 	s.turn.firstUpdate.Store(t.Start.UnixNano())
-	s.meter.mu.Lock()
-	clear(s.meter.turnCost)
-	s.meter.mu.Unlock()
+	s.meter.TurnStarted()
 	req.began.Store(t.Start.UnixNano())
 	s.emit(&observe.Event{Kind: observe.TurnStarted, Client: req.conn.client(), Turn: t, Prompt: blocks, Params: params})
 }
@@ -104,11 +101,9 @@ func (req *outReq) turnEnded(stop string, usage []byte) {
 		Duration: time.Since(time.Unix(0, began))}
 	if usage != nil {
 		e.Tokens = s.turnTokens(usage)
-		s.noteTokens(e.Tokens)
+		s.meter.NoteTokens(e.Tokens)
 	}
-	s.meter.mu.Lock()
-	e.Cost = maps.Clone(s.meter.turnCost)
-	s.meter.mu.Unlock()
+	e.Cost = s.meter.TurnCost()
 	s.turn.cur.CompareAndSwap(req.oturn, nil)
 	s.emit(e)
 }

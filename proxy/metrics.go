@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // Metrics are the relay's Prometheus metrics. Labels are bounded: methods
@@ -115,7 +116,7 @@ func (m *Metrics) forAgent(name string) *agentMetrics {
 	}
 	// Exported at 0 from the start, so rates and alerts see the first one.
 	atZero(am.Recycled, "sessions", "age")
-	atZero(am.UsageRejected, rejectInvalid, rejectNegative, rejectTooLarge, rejectDecreased, rejectCurrencies)
+	atZero(am.UsageRejected, usage.RejectInvalid, usage.RejectNegative, usage.RejectTooLarge, usage.RejectDecreased, usage.RejectCurrencies)
 	return am
 }
 

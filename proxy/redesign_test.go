@@ -17,13 +17,14 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // A request's hold is given back once: a second release changes nothing,
 // and is counted and logged as the bug it is.
 func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
 	var logs syncbuf.Buffer
-	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
+	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
 	c := r.newConnForBench(nil)
 	c.log = r.log
 	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
@@ -95,7 +96,7 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 	}
 	pol := policy.Default()
 	for i := range rounds {
-		r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.DiscardHandler), metrics: nopMetrics()}
+		r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: nopMetrics()}
 		ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 		r.tenants = map[string]*tenant{"": ten}
 		r.conns = map[*Conn]struct{}{}
@@ -280,7 +281,7 @@ func TestFactSinkGetsWhatAScanFinds(t *testing.T) {
 func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	var logs syncbuf.Buffer
 	pol := policy.Default()
-	r := &Relay{sealer: NewRandomSealer(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
+	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
 	ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 	r.tenants = map[string]*tenant{"": ten}
 	r.conns = map[*Conn]struct{}{}

@@ -14,9 +14,11 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/clientcaps"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // Config configures a Relay.
@@ -30,7 +32,7 @@ type Config struct {
 	// with it.
 	ClientCaps Profile
 	// Sealer seals session IDs; nil = a random key per gateway process.
-	Sealer *Sealer
+	Sealer *sessionid.Sealer
 	// Tenants lists who may connect; none = one anonymous tenant "" with
 	// no path mapping.
 	Tenants []TenantConfig
@@ -99,7 +101,7 @@ func newLimiter(perSecond float64, burst int) *rate.Limiter {
 type Relay struct {
 	bg      workers // what must not run on its caller's stack
 	metrics *Metrics
-	sealer  *Sealer
+	sealer  *sessionid.Sealer
 	log     *slog.Logger
 	caps    Profile
 	isolate bool
@@ -143,7 +145,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	}
 	sealer := cfg.Sealer
 	if sealer == nil {
-		sealer = NewRandomSealer()
+		sealer = sessionid.NewRandom()
 	}
 	metrics := cfg.Metrics
 	if metrics == nil {
@@ -259,7 +261,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		tenant:    info.Tenant,
 		ten:       ten,
 		ag:        ag,
-		scope:     sealScope(info.Tenant, name),
+		scope:     sessionid.Scope(info.Tenant, name),
 		subject:   info.Subject,
 		affinity:  info.Affinity,
 		clientID:  newClientID(),
@@ -348,7 +350,7 @@ func (r *Relay) Conns() int {
 // tenant's policy is applied to each fs request, so a reload takes effect);
 // a terminal the policy turns off is never told to an agent.
 func (r *Relay) profileFor(c *Conn, initParams []byte) (Profile, error) {
-	p, err := clientProfile(initParams)
+	p, err := clientcaps.Parse(initParams)
 	if err != nil {
 		return Profile{}, err
 	}

@@ -65,7 +65,7 @@ func (h *hold) release() {
 	h.slot.Release()
 	h.request.Release()
 	if h.replay != nil {
-		h.replay.meter.replays.Add(-1)
+		h.replay.meter.ReplayEnded()
 	}
 	if h.attach != nil {
 		h.attach.end(endLoadFailed, c)

@@ -198,7 +198,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, agent
 	l := c.ag.link(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
 		h.attach = l.addSession(c, agentSID, sessionCwd(m), h.takeSlot())
-		h.attach.meterLoaded()
+		h.attach.meter.Loaded()
 		h.replaying(h.attach)
 		c.attach(h.attach)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // Session is one ACP session as the gateway routes it: the one place that
@@ -39,7 +40,7 @@ type Session struct {
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result (kept for a session clients may attach to).
 	state  agentState
-	meter  meter         // what its agent reported using (usage.go)
+	meter  usage.Meter   // what its agent reported using
 	opened time.Time     // when it was created or loaded here
 	life   atomic.Uint32 // its lifeStage (life.go); written under mu
 

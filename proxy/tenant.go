@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -13,7 +11,9 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
+	"github.com/acpgate/acpgate/proxy/pathrewrite"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // TenantConfig is one tenant as the relay needs it.
@@ -182,149 +182,38 @@ func (t *tenant) denied(am *agentMetrics, reason string) {
 	am.Denials.WithLabelValues(t.label, reason).Inc()
 }
 
-// pathError is a client path the tenant may not use.
-type pathError struct {
-	label string
-	err   error
+// currencyLabel bounds the currency labels of the tenant's metrics to
+// the first usage.MaxCurrencies seen; the rest are "other".
+func (t *tenant) currencyLabel(cur string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.currencies[cur]; ok || cur == usage.OtherCurrency {
+		return cur
+	}
+	if len(t.currencies) >= usage.MaxCurrencies {
+		return usage.OtherCurrency
+	}
+	if t.currencies == nil {
+		t.currencies = map[string]struct{}{}
+	}
+	t.currencies[cur] = struct{}{}
+	return cur
 }
 
-func (e *pathError) Error() string { return "params." + e.label + ": " + e.err.Error() }
-
 // mapToAgent rewrites the path and file URI fields of a client message from
-// the tenant's virtual root to its host root. A path outside the root, or
-// one that escapes it through a symlink, is refused naming the field.
+// the tenant's virtual root to its host root (pathrewrite.ToAgent).
 func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc.Edit, error) {
-	mapper := t.mapper.Load()
-	if mapper == nil {
-		return edits, nil
-	}
-	for _, f := range m.Fields {
-		if f.Kind != jsonrpc.FieldPath && f.Kind != jsonrpc.FieldURI {
-			continue
-		}
-		v, ok := m.String(f)
-		if !ok {
-			return edits, &pathError{f.Label, errors.New("must be a string")}
-		}
-		var mapped string
-		var err error
-		if f.Kind == jsonrpc.FieldPath {
-			mapped, err = mapper.ToAgent(v)
-		} else {
-			mapped, err = mapper.URIToAgent(v)
-		}
-		if err != nil {
-			return edits, &pathError{f.Label, err}
-		}
-		if mapped != v {
-			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
-		}
-	}
-	return edits, nil
+	return pathrewrite.ToAgent(t.mapper.Load(), m, edits)
 }
 
 // mapToClient rewrites the path and file URI fields of an agent message
-// from the host root to the virtual root. Host paths outside the root are redacted, except in a
-// request that asks the client to act on the file: then outside is
-// returned as the label of the offending field, and nothing is edited.
+// from the host root to the virtual root (pathrewrite.ToClient).
 func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined bool) ([]jsonrpc.Edit, string) {
-	mapper := t.mapper.Load()
-	if mapper == nil {
-		return edits, ""
-	}
-	for _, f := range m.Fields {
-		if f.Kind != jsonrpc.FieldPath && f.Kind != jsonrpc.FieldURI {
-			continue
-		}
-		v, ok := m.String(f)
-		if !ok {
-			continue // not a string: nothing to map, passed as it is
-		}
-		// Outside the root, both return the redacted stand-in
-		// ("/<outside-workspace>/<basename>", or its file URI).
-		var mapped string
-		if f.Kind == jsonrpc.FieldPath {
-			mapped, ok = mapper.ToClient(v)
-		} else {
-			mapped, ok = mapper.URIToClient(v)
-		}
-		if !ok && confined {
-			return edits, f.Label
-		}
-		if mapped != v {
-			edits = append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
-		}
-	}
-	return edits, ""
+	return pathrewrite.ToClient(t.mapper.Load(), m, edits, confined)
 }
 
-// scrubHostRoot replaces the tenant's host root with its virtual root
-// wherever it still appears in agent output (free text: tool titles,
-// rawInput, messages), so a tenant never learns where its files live on the
-// host. Only whole path prefixes match ("/srv/acme" not in "/srv/acme2").
-// Roots with characters JSON escapes are left alone.
+// scrubHostRoot replaces the tenant's host root with its virtual root in
+// agent output (pathrewrite.ScrubHostRoot).
 func (t *tenant) scrubHostRoot(out []byte) []byte {
-	m := t.mapper.Load()
-	if m == nil || m.Root() == m.VirtualRoot() {
-		return out
-	}
-	root, virt := m.Root(), m.VirtualRoot()
-	if !jsonPlain(root) || !jsonPlain(virt) {
-		return out
-	}
-	i := bytes.Index(out, []byte(root))
-	if i < 0 {
-		return out
-	}
-	if virt == "/" {
-		virt = ""
-	}
-	var b []byte // from the pool once there is something to replace
-	rest := out
-	for ; i >= 0; i = bytes.Index(rest, []byte(root)) {
-		end := i + len(root)
-		if end < len(rest) && !pathBoundary(rest[end]) || i > 0 && !pathStart(rest[i-1]) {
-			if b != nil { // not a path: copied as it is (before b, out's prefix is implied)
-				b = append(b, rest[:end]...)
-			}
-			rest = rest[end:]
-			continue
-		}
-		if b == nil {
-			b = jsonrpc.GetBuffer(len(out) + 64)
-			b = append(b, out[:len(out)-len(rest)]...)
-		}
-		b = append(b, rest[:i]...)
-		b = append(b, virt...)
-		if (end == len(rest) || rest[end] != '/') && virt == "" {
-			b = append(b, '/')
-		}
-		rest = rest[end:]
-	}
-	if b == nil {
-		return out
-	}
-	b = append(b, rest...)
-	jsonrpc.PutBuffer(out)
-	return b
-}
-
-// pathBoundary: the byte after a root that ends a path component.
-func pathBoundary(c byte) bool {
-	return c == '/' || c == '"' || c == '\\' || c == ' ' || c == '\'' || c == '`' || c == ':' || c == ')' || c == ']' || c == ',' || c == '\n' || c == '\t'
-}
-
-// pathStart: the byte before a root where a path may start.
-func pathStart(c byte) bool {
-	return c == '"' || c == ' ' || c == '\'' || c == '`' || c == '(' || c == '[' || c == '=' || c == ':' || c == ',' || c == '\n' || c == '\t' || c == '>'
-}
-
-// jsonPlain reports whether s appears in JSON text as itself.
-func jsonPlain(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
-			return false
-		}
-	}
-	return true
+	return pathrewrite.ScrubHostRoot(t.mapper.Load(), out)
 }

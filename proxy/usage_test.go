@@ -12,6 +12,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/proxy/policy"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // usageAgent plays what each prompt's text says: {"updates":[…],
@@ -164,7 +165,7 @@ func TestUsageCounted(t *testing.T) {
 		t.Errorf("prompt seconds = %v, want > 0", got)
 	}
 	s := sessionOf(c, sid)
-	u := s.usage()
+	u := s.meter.Usage()
 	if u.Tokens["input"] != 110 || u.Tokens["cached_write"] != 3 || u.Cost["USD"] != 1.25 {
 		t.Errorf("session usage = %+v", u)
 	}
@@ -266,7 +267,7 @@ func TestUsageCostDecreaseAndReplay(t *testing.T) {
 	if got := cost(); got != 3 {
 		t.Fatalf("cost after a turn on the loaded session = %v, want 3", got)
 	}
-	if got := metricValue(t, reg, "acpgate_usage_rejected_total", map[string]string{"reason": rejectDecreased}); got != 1 {
+	if got := metricValue(t, reg, "acpgate_usage_rejected_total", map[string]string{"reason": usage.RejectDecreased}); got != 1 {
 		t.Errorf("rejected decreased = %v, want 1", got)
 	}
 }
@@ -298,50 +299,15 @@ func TestUsageHostile(t *testing.T) {
 	if got := metricValue(t, reg, "acpgate_usage_cost_total", map[string]string{"currency": "other"}); got != 1 {
 		t.Errorf("cost other = %v, want 1 (a malformed currency code)", got)
 	}
-	for reason, want := range map[string]float64{rejectNegative: 2, rejectTooLarge: 3, rejectInvalid: 10, rejectCurrencies: 2} {
+	for reason, want := range map[string]float64{usage.RejectNegative: 2, usage.RejectTooLarge: 3, usage.RejectInvalid: 10, usage.RejectCurrencies: 2} {
 		if got := metricValue(t, reg, "acpgate_usage_rejected_total", map[string]string{"reason": reason}); got != want {
 			t.Errorf("rejected %s = %v, want %v", reason, got, want)
 		}
 	}
-	if u := sessionOf(c, sid).usage(); len(u.Tokens) != 0 {
+	if u := sessionOf(c, sid).meter.Usage(); len(u.Tokens) != 0 {
 		t.Errorf("session tokens = %v, want none", u.Tokens)
 	}
 	if f := fieldMap(evs.Events("prompt.ended")[0]); f["usage"] != nil {
 		t.Errorf("prompt.ended usage = %v, want none", f["usage"])
-	}
-}
-
-// Each currency has a baseline of its own, even two whose label is
-// "other"; a report counted as too large moves the baseline too.
-func TestCostBaselinePerCurrency(t *testing.T) {
-	s := &Session{}
-	var total float64
-	report := func(cur string, amount float64) string {
-		c, label, ok := currencyOf([]byte(`"` + cur + `"`))
-		if !ok {
-			t.Fatalf("currency %q refused", cur)
-		}
-		inc, reject := s.noteCost(c, label, amount)
-		total += inc
-		return reject
-	}
-	for range 3 { // two odd currencies, one label, alternating
-		report("crédits", 100)
-		report("$$", 5)
-	}
-	if total != 105 {
-		t.Fatalf("counted %v for 100 crédits and 5 $$, each reported three times; want 105", total)
-	}
-	if got := s.usage().Cost["other"]; got != 105 {
-		t.Fatalf("the session's cost under other: %v, want 105", got)
-	}
-	total = 0
-	report("USD", 1)
-	if r := report("USD", 2e9); r != rejectTooLarge {
-		t.Fatalf("a rise of 2e9: %q, want %q", r, rejectTooLarge)
-	}
-	report("USD", 2e9+3)
-	if total != 4 {
-		t.Fatalf("counted %v after a too-large report; want 1 before it and 3 after", total)
 	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package sessionid
 
 import (
 	"strings"
@@ -12,7 +12,7 @@ func FuzzSealerOpen(f *testing.F) {
 	for i := range key {
 		key[i] = byte(i)
 	}
-	s, err := NewSealer(key)
+	s, err := New(key)
 	if err != nil {
 		f.Fatal(err)
 	}

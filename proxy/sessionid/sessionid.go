@@ -1,4 +1,6 @@
-package proxy
+// Package sessionid seals an agent's own session IDs into the opaque IDs
+// clients see, bound to a tenant and an agent, and opens them again.
+package sessionid
 
 import (
 	"crypto/aes"
@@ -13,7 +15,7 @@ import (
 
 // Sealer turns an agent's own session ID into the opaque ID a client sees
 // and back. IDs are sealed with AES-256-GCM under a key derived from the
-// gateway's session key; the scope (the tenant and the agent, sealScope) is
+// gateway's session key; the scope (the tenant and the agent, Scope) is
 // authenticated data, so an ID opens only for the tenant and the agent it
 // was issued for. The nonce is derived from the scope and the agent session ID (a synthetic IV), so the same session always has
 // the same client-visible ID without the gateway keeping a table: IDs survive
@@ -31,10 +33,10 @@ const sealVersion = 1
 
 var b64 = base64.RawURLEncoding
 
-// NewSealer derives sealing keys from one or more keys (each at least 32
+// New derives sealing keys from one or more keys (each at least 32
 // bytes). New IDs are sealed with the first; every key opens IDs, so older
 // keys can be kept while IDs issued under them are still in use.
-func NewSealer(keys ...[]byte) (*Sealer, error) {
+func New(keys ...[]byte) (*Sealer, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("session key: none given")
 	}
@@ -61,14 +63,14 @@ func NewSealer(keys ...[]byte) (*Sealer, error) {
 	return s, nil
 }
 
-// NewRandomSealer seals with a fresh random key: IDs are valid only for
+// NewRandom seals with a fresh random key: IDs are valid only for
 // this gateway process.
-func NewRandomSealer() *Sealer {
+func NewRandom() *Sealer {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		panic(fmt.Sprintf("crypto/rand: %v", err)) // never fails on Linux
 	}
-	s, err := NewSealer(key)
+	s, err := New(key)
 	if err != nil {
 		panic(err)
 	}
@@ -79,18 +81,22 @@ func aad(scope string) []byte {
 	return append([]byte{sealVersion}, scope...)
 }
 
-// sealScope is what a session ID is bound to: the tenant, and the agent
+// DefaultAgent is the name of the agent whose IDs are bound to the tenant
+// alone (Scope).
+const DefaultAgent = "default"
+
+// Scope is what a session ID is bound to: the tenant, and the agent
 // unless it is the one named DefaultAgent, so that the IDs a single-agent
 // gateway issued open unchanged once its agent: block is named "default"
 // among several. Neither name holds a NUL (both are validated names).
-func sealScope(tenant, agent string) string {
+func Scope(tenant, agent string) string {
 	if agent == DefaultAgent {
 		return tenant
 	}
 	return tenant + "\x00" + agent
 }
 
-// Seal returns the client-visible ID of agentSID in scope (sealScope).
+// Seal returns the client-visible ID of agentSID in scope (Scope).
 func (s *Sealer) Seal(scope, agentSID string) string { return s.keys[0].seal(scope, agentSID) }
 
 func (k sealKey) seal(scope, agentSID string) string {
@@ -113,7 +119,7 @@ var errBadSessionID = errors.New("unknown session")
 const maxSessionIDLen = 4096
 
 // Open returns the agent session ID sealed in id, if id was issued in scope
-// (sealScope) under one of the keys. Every failure is the same error: a
+// (Scope) under one of the keys. Every failure is the same error: a
 // caller cannot tell a forged ID from another tenant's or another agent's,
 // or one that never existed.
 func (s *Sealer) Open(scope, id string) (string, error) {

@@ -1,0 +1,152 @@
+package usage
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Each currency has a baseline of its own, even two whose label is
+// "other"; a report counted as too large moves the baseline too.
+func TestCostBaselinePerCurrency(t *testing.T) {
+	var mt Meter
+	var total float64
+	report := func(cur string, amount float64) string {
+		c, label, ok := currencyOf([]byte(`"` + cur + `"`))
+		if !ok {
+			t.Fatalf("currency %q refused", cur)
+		}
+		inc, reject := mt.NoteCost(c, label, amount)
+		total += inc
+		return reject
+	}
+	for range 3 { // two odd currencies, one label, alternating
+		report("crédits", 100)
+		report("$$", 5)
+	}
+	if total != 105 {
+		t.Fatalf("counted %v for 100 crédits and 5 $$, each reported three times; want 105", total)
+	}
+	if got := mt.Usage().Cost["other"]; got != 105 {
+		t.Fatalf("the session's cost under other: %v, want 105", got)
+	}
+	total = 0
+	report("USD", 1)
+	if r := report("USD", 2e9); r != RejectTooLarge {
+		t.Fatalf("a rise of 2e9: %q, want %q", r, RejectTooLarge)
+	}
+	report("USD", 2e9+3)
+	if total != 4 {
+		t.Fatalf("counted %v after a too-large report; want 1 before it and 3 after", total)
+	}
+}
+
+// A cumulative cost that goes down counts nothing and is the new baseline.
+func TestCostDecreased(t *testing.T) {
+	var mt Meter
+	for _, step := range []struct {
+		amount, inc float64
+		reject      string
+	}{{5, 5, ""}, {3, 0, RejectDecreased}, {4, 1, ""}, {4, 0, ""}} {
+		inc, reject := mt.NoteCost("USD", "USD", step.amount)
+		if inc != step.inc || reject != step.reject {
+			t.Errorf("report %v: %v, %q; want %v, %q", step.amount, inc, reject, step.inc, step.reject)
+		}
+	}
+	if got := mt.Usage().Cost["USD"]; got != 6 {
+		t.Errorf("session cost %v, want 6", got)
+	}
+}
+
+// A session tracks MaxCurrencies currencies; a further one counts nothing,
+// the ones it knows still count.
+func TestCostCurrenciesCap(t *testing.T) {
+	var mt Meter
+	for i := range MaxCurrencies {
+		cur := string(rune('A' + i))
+		if _, reject := mt.NoteCost(cur, cur, 1); reject != "" {
+			t.Fatalf("currency %d of %d: %q", i+1, MaxCurrencies, reject)
+		}
+	}
+	if inc, reject := mt.NoteCost("Z", "Z", 1); inc != 0 || reject != RejectCurrencies {
+		t.Errorf("one currency too many: %v, %q; want 0, %q", inc, reject, RejectCurrencies)
+	}
+	if inc, reject := mt.NoteCost("A", "A", 3); inc != 2 || reject != "" {
+		t.Errorf("a known currency after the cap: %v, %q; want 2", inc, reject)
+	}
+}
+
+// What a replay brings, and a loaded session's first amount, only set the
+// baseline; the turn's share is what it counted since it started.
+func TestCostReplayAndLoad(t *testing.T) {
+	var mt Meter
+	mt.ReplayStarted()
+	if inc, reject := mt.NoteCost("USD", "USD", 10); inc != 0 || reject != "" {
+		t.Errorf("during a replay: %v, %q; want 0", inc, reject)
+	}
+	mt.ReplayEnded()
+	mt.TurnStarted()
+	if inc, _ := mt.NoteCost("USD", "USD", 12); inc != 2 {
+		t.Errorf("after the replay: %v, want 2", inc)
+	}
+	if got := mt.TurnCost(); !maps.Equal(got, map[string]float64{"USD": 2}) {
+		t.Errorf("turn cost %v", got)
+	}
+	mt.TurnStarted()
+	if got := mt.TurnCost(); len(got) != 0 {
+		t.Errorf("turn cost after a new turn started: %v", got)
+	}
+
+	var loaded Meter
+	loaded.Loaded()
+	if inc, _ := loaded.NoteCost("EUR", "EUR", 7); inc != 0 {
+		t.Errorf("a loaded session's first amount counted %v", inc)
+	}
+	if inc, _ := loaded.NoteCost("EUR", "EUR", 8); inc != 1 {
+		t.Errorf("a loaded session's second amount counted %v, want 1", inc)
+	}
+}
+
+func TestParseCost(t *testing.T) {
+	for _, tc := range []struct {
+		raw, cur, label string
+		amount          float64
+		reject          string
+	}{
+		{`{"amount":1.5,"currency":"USD"}`, "USD", "USD", 1.5, ""},
+		{`{"amount":0,"currency":"crédits"}`, "crédits", "other", 0, ""},
+		{`{"amount":1,"currency":""}`, "", "other", 1, ""},
+		{`{"amount":1,"currency":"ABCDEFGHIJKLMNOPQ"}`, "ABCDEFGHIJKLMNOPQ", "other", 1, ""},
+		{`{"amount":-1,"currency":"USD"}`, "USD", "USD", 0, RejectNegative},
+		{`{"amount":-1e400,"currency":"USD"}`, "USD", "USD", 0, RejectNegative},
+		{`{"amount":1e400,"currency":"USD"}`, "USD", "USD", 0, RejectTooLarge},
+		{`{"amount":"1","currency":"USD"}`, "USD", "USD", 0, RejectInvalid},
+		{`{"amount":1,"currency":5}`, "", "", 1, RejectInvalid},
+		{`{"amount":1,"currency":"` + strings.Repeat("A", 65) + `"}`, "", "", 1, RejectInvalid},
+		{`[1]`, "", "", 0, RejectInvalid},
+	} {
+		cur, label, amount, reject := ParseCost([]byte(tc.raw))
+		if reject != tc.reject || reject == "" && (cur != tc.cur || label != tc.label || amount != tc.amount) {
+			t.Errorf("%.40s: %q, %q, %v, %q; want %q, %q, %v, %q", tc.raw, cur, label, amount, reject,
+				tc.cur, tc.label, tc.amount, tc.reject)
+		}
+	}
+}
+
+func TestParseTokens(t *testing.T) {
+	tokens, rejects := ParseTokens([]byte(`{"inputTokens":3,"outputTokens":null,"thoughtTokens":1.5,
+		"cachedReadTokens":-2,"cachedWriteTokens":2e12,"other":1,"totalTokens":9}`))
+	if !maps.Equal(tokens, map[string]int64{"input": 3}) {
+		t.Errorf("tokens %v", tokens)
+	}
+	if want := []string{RejectInvalid, RejectNegative, RejectTooLarge}; !slices.Equal(rejects, want) {
+		t.Errorf("rejects %q, want %q", rejects, want)
+	}
+	if tokens, rejects := ParseTokens([]byte(`"x"`)); tokens != nil || !slices.Equal(rejects, []string{RejectInvalid}) {
+		t.Errorf("not an object: %v, %q", tokens, rejects)
+	}
+	if tokens, rejects := ParseTokens([]byte(`{"inputTokens":1e12,"cachedReadTokens":0}`)); !maps.Equal(tokens, map[string]int64{"input": 1e12, "cached_read": 0}) || rejects != nil {
+		t.Errorf("at the limit: %v, %q", tokens, rejects)
+	}
+}
