@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -179,7 +180,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	s.failQueued(nil, why)
 	prompts := s.link.promptsOf(s)
 	if len(prompts) > 0 {
-		s.link.p.Notify(mSessionCancel, sessionIDObject(s.AgentID))
+		s.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(s.AgentID))
 	}
 	s.settleRequests(why) // as a client that cancels does, and any left over
 	if len(prompts) > 0 {
@@ -217,7 +218,7 @@ func (s *Session) settleRequests(why string) {
 			cp.conn.reqs.withdraw(cp.id)
 			cp.conn.deliver(cancelRequestMsg(cp.id))
 		}
-		if in.method == mRequestPerm {
+		if in.method == acp.RequestPermission {
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 			in.permissionResolved(nil, "admin", []byte(`{"outcome":"cancelled"}`))
 		}
@@ -230,7 +231,7 @@ func (l *procLink) promptsOf(s *Session) []*outReq {
 	defer l.mu.Unlock()
 	var out []*outReq
 	for _, req := range l.pending {
-		if req.method == mSessionPrompt && req.conn != nil && req.sess == s {
+		if req.method == acp.SessionPrompt && req.conn != nil && req.sess == s {
 			out = append(out, req)
 		}
 	}
@@ -300,7 +301,7 @@ func (cr *clientReader) endedByAdmin(m *jsonrpc.Message, gwID string) {
 	if m.Kind != jsonrpc.KindRequest {
 		return
 	}
-	c.replyError(m.ID, jsonrpc.CodeNotFound, adminEndedMsg(gwID), sessionIDObject(gwID))
+	c.replyError(m.ID, jsonrpc.CodeNotFound, adminEndedMsg(gwID), acp.SessionIDObject(gwID))
 }
 
 // CloseConn ends the connection id for good, for an administrator: its

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/acpgate/acpgate/proxy/acp"
 )
 
 // A "deaf" test agent never answers a prompt, nor heeds session/cancel.
@@ -24,7 +26,7 @@ func TestAdminEndSessionCancelsTheTurn(t *testing.T) {
 	r := testPool(t, "demo", nil)
 	owner, peerC, sid := sharedSession(t, r, "")
 	owner.prompt("3", sid, "slow")
-	owner.untilMethod(mSessionUpdate, nil) // the turn runs
+	owner.untilMethod(acp.SessionUpdate, nil) // the turn runs
 	snaps := r.SessionSnapshots("", true)
 	if len(snaps) != 1 || snaps[0].ID != sid || snaps[0].State != SessionRunning || snaps[0].Clients != 2 || snaps[0].TurnStarted.IsZero() {
 		t.Fatalf("sessions while the turn runs: %+v", snaps)
@@ -152,13 +154,13 @@ func TestAdminEndSessionSettlesPermission(t *testing.T) {
 	c.init(`{}`)
 	sid := c.newSession("1")
 	c.prompt("2", sid, "hello")
-	perm := c.untilMethod(mRequestPerm, nil)
+	perm := c.untilMethod(acp.RequestPermission, nil)
 	if _, err := r.EndSession(sid, "test"); err != nil {
 		t.Fatal(err)
 	}
 	withdrawn := false
 	c.await("2", func(m msg) {
-		withdrawn = withdrawn || m.Method == mCancelRequest && strings.Contains(string(m.Params), string(perm.ID))
+		withdrawn = withdrawn || m.Method == acp.CancelRequest && strings.Contains(string(m.Params), string(perm.ID))
 	})
 	if !withdrawn {
 		t.Fatal("the permission request was not taken back from the client")

@@ -1,21 +1,12 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
 
-	"github.com/go-json-experiment/json/jsontext"
-
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
-)
-
-// session/attach and session/detach are the gateway's own methods: they
-// never reach the agent, so attach works on any agent (RFD #533).
-const (
-	mSessionAttach = "session/attach"
-	mSessionDetach = "session/detach"
 )
 
 // Error codes of session/attach and of what an attached client may not do.
@@ -132,7 +123,7 @@ func (cr *clientReader) mayAttach(m *jsonrpc.Message, p attachParams) (s *Sessio
 		metrics.Attaches.WithLabelValues("not_found").Inc()
 		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
 			"(it has ended, or its clients are connected to another replica: attach through the replica that serves it)",
-			sessionIDObject(p.SessionID))
+			acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
 	sharing := c.ten.sharing()
@@ -148,7 +139,7 @@ func (cr *clientReader) mayAttach(m *jsonrpc.Message, p attachParams) (s *Sessio
 	c.mu.Unlock()
 	if held && s.memberOf(c) == nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
-		cr.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", sessionIDObject(p.SessionID))
+		cr.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
 	return s, p.Meta.Acpgate.ReadOnly || other && sharing.ReadOnlyForOthers, true
@@ -195,7 +186,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 		replayed, trimmed = s.history.kept(), s.history.trimmed
 	}
 	s.fan.Unlock()
-	f := Facts{Method: mSessionUpdate, SessionID: s.GatewayID}
+	f := Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID}
 	for _, msg := range replay {
 		c.deliverMember(msg, s, f, true) // may wait for this client to read
 	}
@@ -217,7 +208,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	mem.backlog, mem.backlogB, mem.catching = nil, 0, false
 	if !mem.readOnly {
 		for _, in := range s.inbound.list() {
-			if (in.method == mRequestPerm || in.method == mElicitCreate) && !in.sentTo(c) {
+			if (in.method == acp.RequestPermission || in.method == acp.ElicitationCreate) && !in.sentTo(c) {
 				in.copyTo(c)
 			}
 		}
@@ -357,85 +348,8 @@ func (cr *clientReader) readOnlyWrite(m *jsonrpc.Message) bool {
 	return true
 }
 
-// withAttachCapability adds agentCapabilities.sessionCapabilities.attach
-// to an initialize result (the gateway serves session/attach itself),
-// creating the objects on the way where the agent sent none. The rest is
-// copied as it is.
-func withAttachCapability(result []byte) []byte {
-	path := []string{"agentCapabilities", "sessionCapabilities"}
-	open, empty, depth, has, ok := findObject(result, path, "attach")
-	if !ok || has {
-		return result
-	}
-	ins := `"attach":{}`
-	for i := len(path) - 1; i >= depth; i-- {
-		ins = strconv.Quote(path[i]) + ":{" + ins + "}"
-	}
-	if !empty {
-		ins += ","
-	}
-	return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: []byte(ins)}})
-}
-
-// findObject walks doc's objects along path as far as they exist: open is
-// the offset just past the '{' of the deepest one found (depth levels of
-// path), empty whether it has no member, has whether it holds key (when
-// the whole path was found). ok false: doc is not an object, or a level of
-// path is not an object.
-func findObject(doc []byte, path []string, key string) (open int, empty bool, depth int, has, ok bool) {
-	dec := jsontext.NewDecoder(bytes.NewReader(doc))
-	enter := func() bool {
-		at := int(dec.InputOffset())
-		if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
-			return false
-		}
-		open = at + bytes.IndexByte(doc[at:], '{') + 1
-		empty = dec.PeekKind() == '}'
-		return true
-	}
-	if !enter() {
-		return 0, false, 0, false, false
-	}
-	for depth < len(path) {
-		found := false
-		for dec.PeekKind() != '}' {
-			name, err := dec.ReadToken()
-			if err != nil {
-				return 0, false, 0, false, false
-			}
-			if name.String() == path[depth] {
-				if dec.PeekKind() != '{' || !enter() {
-					return 0, false, 0, false, false
-				}
-				found = true
-				break
-			}
-			if dec.SkipValue() != nil {
-				return 0, false, 0, false, false
-			}
-		}
-		if !found {
-			return open, empty, depth, false, true
-		}
-		depth++
-	}
-	for dec.PeekKind() != '}' {
-		name, err := dec.ReadToken()
-		if err != nil {
-			return 0, false, 0, false, false
-		}
-		if name.String() == key {
-			return open, empty, depth, true, true
-		}
-		if dec.SkipValue() != nil {
-			return 0, false, 0, false, false
-		}
-	}
-	return open, empty, depth, false, true
-}
-
 // cancelRequestMsg is $/cancel_request for the id a client was sent.
 func cancelRequestMsg(id int64) []byte {
 	params := append(strconv.AppendInt([]byte(`{"requestId":`), id, 10), '}')
-	return jsonrpc.AppendRequest(nil, nil, mCancelRequest, params)
+	return jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params)
 }

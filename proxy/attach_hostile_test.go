@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/acpgate/acpgate/proxy/acp"
 )
 
 // permCountingAgent asks for a permission on every prompt, ends the turn
@@ -65,7 +67,7 @@ func TestTwoAnswersOneReachesTheAgent(t *testing.T) {
 	for i := range rounds {
 		pid := strconv.Itoa(100 + i)
 		a.prompt(pid, sid, "go")
-		qa, qb := a.untilMethod(mRequestPerm, nil), b.untilMethod(mRequestPerm, nil)
+		qa, qb := a.untilMethod(acp.RequestPermission, nil), b.untilMethod(acp.RequestPermission, nil)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for _, q := range []struct {

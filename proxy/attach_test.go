@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -62,7 +63,7 @@ func (tc *testConn) untilMethod(method string, seen *[]update) msg {
 		if m.Method == method {
 			return m
 		}
-		if m.Method == mSessionUpdate && seen != nil {
+		if m.Method == acp.SessionUpdate && seen != nil {
 			*seen = append(*seen, m.update())
 		}
 	}
@@ -96,14 +97,14 @@ func TestAttachSharesOneSession(t *testing.T) {
 	}
 
 	owner.prompt("4", sid, "permission")
-	ownerReq := owner.untilMethod(mRequestPerm, nil)
+	ownerReq := owner.untilMethod(acp.RequestPermission, nil)
 	var peerUpdates []update
-	peerReq := peerC.untilMethod(mRequestPerm, &peerUpdates)
+	peerReq := peerC.untilMethod(acp.RequestPermission, &peerUpdates)
 	if len(peerUpdates) == 0 || peerUpdates[0].SessionUpdate != "prompt_received" {
 		t.Fatalf("the member did not see the prompt first: %+v", peerUpdates)
 	}
 	peerC.send(`{"jsonrpc":"2.0","id":` + string(peerReq.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
-	cancel := owner.untilMethod(mCancelRequest, nil)
+	cancel := owner.untilMethod(acp.CancelRequest, nil)
 	if !strings.Contains(string(cancel.Params), `"requestId":`+string(ownerReq.ID)) {
 		t.Fatalf("the owner's copy was withdrawn with %s, want its id %s", cancel.raw, ownerReq.ID)
 	}
@@ -161,7 +162,7 @@ func TestPromptOfAnotherClientWaitsForTheTurn(t *testing.T) {
 	r := testPool(t, "demo", nil)
 	owner, peerC, sid := sharedSession(t, r, "")
 	owner.prompt("3", sid, "slow")
-	owner.untilMethod(mSessionUpdate, nil) // the turn runs
+	owner.untilMethod(acp.SessionUpdate, nil) // the turn runs
 	peerC.prompt("4", sid, "after you")
 	waitFor(t, "the member's prompt to wait", func() bool { return gaugeValue(r.metrics.PromptsQueued) == 1 })
 	owner.send(`{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"` + sid + `"}}`)
@@ -293,8 +294,8 @@ func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 		t.Fatalf("attach again: %s, want two clients", res.raw)
 	}
 	owner.prompt("4", sid, "permission")
-	ownerReq := owner.untilMethod(mRequestPerm, nil)
-	peerReq := peerC.untilMethod(mRequestPerm, nil)
+	ownerReq := owner.untilMethod(acp.RequestPermission, nil)
+	peerReq := peerC.untilMethod(acp.RequestPermission, nil)
 	peerC.send(`{"jsonrpc":"2.0","id":` + string(peerReq.ID) + `,"result":{"outcome":{"outcome":"cancelled"}}}`)
 	owner.send(`{"jsonrpc":"2.0","id":` + string(ownerReq.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
 	var text strings.Builder

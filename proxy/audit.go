@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/fsstandin"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -52,7 +53,7 @@ func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
 	}
 	_ = json.Unmarshal(msg, &req)
 	n := 0
-	if in.method == mFsWrite {
+	if in.method == acp.FsWrite {
 		if req.Params.Content != nil {
 			n = len(*req.Params.Content)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/acp"
 )
 
 // recorder keeps the audit events the relay records.
@@ -78,7 +79,7 @@ func TestAuditEvents(t *testing.T) {
 	const secret = "the-file-content-never-audited"
 	path := filepath.Join(dir, "out.txt")
 	standIn.prompt("2", sid, "write "+path+" "+secret)
-	req := standIn.untilMethod(mRequestPerm, nil)
+	req := standIn.untilMethod(acp.RequestPermission, nil)
 	standIn.send(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
 	if m := standIn.await("2", nil); m.Error != nil {
 		t.Fatalf("the write turn: %s", m.raw)
@@ -106,7 +107,7 @@ func TestAuditEvents(t *testing.T) {
 	reader.init(fsCaps)
 	sid2 := reader.sessionIn("1", dir)
 	reader.prompt("2", sid2, "read "+path)
-	fsReq := reader.untilMethod(mFsRead, nil)
+	fsReq := reader.untilMethod(acp.FsRead, nil)
 	reader.send(`{"jsonrpc":"2.0","id":` + string(fsReq.ID) + `,"result":{"content":"twelve bytes"}}`)
 	if m := reader.await("2", nil); m.Error != nil {
 		t.Fatalf("the read turn: %s", m.raw)
@@ -140,7 +141,7 @@ func TestAuditPermissionSettledByDisconnect(t *testing.T) {
 	c.init(`{}`)
 	sid := c.newSession("1")
 	c.prompt("2", sid, "permission")
-	c.untilMethod(mRequestPerm, nil)
+	c.untilMethod(acp.RequestPermission, nil)
 	c.c.Close()
 	ev := rec.waitEvents(t, 1, "permission.resolved")[0]
 	if ev.f["by"] != "disconnect" || ev.f["outcome"] != "cancelled" || ev.Conn != "" || ev.Session != sid {

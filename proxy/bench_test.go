@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -83,8 +84,8 @@ func (r *Relay) newConnForBench(s Sink) *Conn {
 	pol := policy.Default()
 	ten.conf.Store(&TenantConfig{Policy: &pol})
 	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, reqs: newRequests()}
-	c.cr = clientReader{c: c, resolve: clientSpec}
-	c.cr.sc.Methods = knownMethods
+	c.cr = clientReader{c: c, resolve: acp.ClientSpec}
+	c.cr.sc.Methods = acp.Methods
 	c.out.sink = s
 	return c
 }

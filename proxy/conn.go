@@ -18,6 +18,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -183,18 +184,6 @@ type clientReader struct {
 	logLim  *logx.Limiter // bounds what one client can make the gateway log
 }
 
-// clientSpec locates what the relay rewrites in a client message.
-func clientSpec(m *jsonrpc.Message) *jsonrpc.Spec {
-	if m.Kind == jsonrpc.KindResponse {
-		return nil
-	}
-	s := paramsSpec(m.Method, true)
-	if t := metaSpecs[s]; t != nil { // params._meta's trace context (trace.go)
-		return t
-	}
-	return s
-}
-
 // KeepsSent reports whether the connection keeps what it sends for a
 // resume: its sinks borrow the messages they are sent and must not pool
 // them (Sink.Send).
@@ -324,9 +313,9 @@ func (c *Conn) handled() {
 // the fields the relay rewrites are located. sc is the caller's, reused.
 func ScanClient(sc *jsonrpc.Scanner, frame []byte, m *jsonrpc.Message) error {
 	if sc.Methods == nil {
-		sc.Methods = knownMethods
+		sc.Methods = acp.Methods
 	}
-	return sc.Scan(frame, m, clientSpec)
+	return sc.Scan(frame, m, acp.ClientSpec)
 }
 
 // HandleScannedTrace processes one client message from sink's socket
@@ -364,7 +353,7 @@ func (cr *clientReader) handleMessage(m *jsonrpc.Message) {
 	initialized := c.initialized
 	c.mu.Unlock()
 	switch {
-	case !initialized && m.Method == mInitialize && m.Kind == jsonrpc.KindRequest:
+	case !initialized && m.Method == acp.Initialize && m.Kind == jsonrpc.KindRequest:
 		span := cr.startSpan(m)
 		cr.rspan = span
 		cr.handleInitialize(m)
@@ -376,7 +365,7 @@ func (cr *clientReader) handleMessage(m *jsonrpc.Message) {
 		if m.Kind == jsonrpc.KindRequest {
 			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is not initialized: the first request must be initialize", nil)
 		}
-	case m.Method == mInitialize:
+	case m.Method == acp.Initialize:
 		if m.Kind == jsonrpc.KindRequest {
 			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is already initialized", nil)
 		}
@@ -398,7 +387,7 @@ const codeBusy = -32006
 // pending-request cap. Cancellations always pass: they reduce load.
 func (cr *clientReader) allow(m *jsonrpc.Message) bool {
 	c := cr.c
-	if (m.Method == mSessionCancel || m.Method == mCancelRequest) && m.Kind == jsonrpc.KindNotification && len(m.Raw) <= maxFreeCancelBytes {
+	if (m.Method == acp.SessionCancel || m.Method == acp.CancelRequest) && m.Kind == jsonrpc.KindNotification && len(m.Raw) <= maxFreeCancelBytes {
 		return true
 	}
 	var why string
@@ -482,7 +471,7 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 		result = withAcpgateMeta(result, c.token, c.affinity)
 	}
 	if err == nil && c.ten.sharing().Attach != SharingOff {
-		result = withAttachCapability(result)
+		result = acp.WithAttachCapability(result)
 	}
 	c.mu.Lock()
 	if c.closed || err != nil {
@@ -520,7 +509,7 @@ func sessionCwd(m *jsonrpc.Message) string {
 
 // createdCwd is sessionCwd for a request that creates a session.
 func createdCwd(m *jsonrpc.Message) string {
-	if !createsSession(m.Method) {
+	if !acp.CreatesSession(m.Method) {
 		return ""
 	}
 	return sessionCwd(m)
@@ -608,7 +597,7 @@ func (cr *clientReader) notFound(m *jsonrpc.Message, gwID string, lost bool) {
 	if lost {
 		msg = "session not found: its agent process exited; load the session again"
 	}
-	data := sessionIDObject(gwID)
+	data := acp.SessionIDObject(gwID)
 	cr.answerError(m.ID, jsonrpc.CodeNotFound, msg, data)
 }
 
@@ -640,7 +629,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		// notification.
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		params := append(append([]byte(`{"requestId":`), agentID...), '}')
-		out = jsonrpc.AppendRequest(nil, nil, mCancelRequest, params)
+		out = jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params)
 	} else {
 		out = jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
 	}
@@ -682,7 +671,7 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	}
 	// The other clients hear it was settled before the agent goes on.
 	in.withdraw(c, m)
-	if (in.method == mFsRead || in.method == mFsWrite) && !m.IsError {
+	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
 		cr.clientFsDone(in, m)
 	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
@@ -828,7 +817,7 @@ func (c *Conn) Close() {
 	}
 	prompting := make(map[*Session]bool)
 	for _, r := range clientReqs {
-		if r.method == mSessionPrompt && r.sess != nil {
+		if r.method == acp.SessionPrompt && r.sess != nil {
 			prompting[r.sess] = true
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 )
@@ -120,7 +121,7 @@ func (s *Session) permissionRequested(c *Conn, msg []byte) {
 // clients' place: "timeout", "disconnect", "admin" (an administrator
 // ended the session), or a decider's name.
 func (in *inReq) permissionResolved(c *Conn, by string, outcome []byte) {
-	if in.method != mRequestPerm || in.sess == nil {
+	if in.method != acp.RequestPermission || in.sess == nil {
 		return
 	}
 	in.link.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -326,14 +327,14 @@ func (s *Session) update(body []byte) []byte {
 	params := make([]byte, 0, len(body)+len(s.quotedID)+32)
 	params = append(append(append(params, `{"sessionId":`...), s.quotedID...), `,"update":`...)
 	params = append(append(params, body...), '}')
-	return jsonrpc.AppendRequest(jsonrpc.GetBuffer(len(params)+64), nil, mSessionUpdate, params)
+	return jsonrpc.AppendRequest(jsonrpc.GetBuffer(len(params)+64), nil, acp.SessionUpdate, params)
 }
 
 // toMembers sends an update to every member but skip (s.fan held).
 func (s *Session) toMembersLocked(body []byte, skip *Conn) {
 	for _, m := range s.clientList() {
 		if m.conn != skip {
-			m.send(s, s.update(body), Facts{Method: mSessionUpdate, SessionID: s.GatewayID})
+			m.send(s, s.update(body), Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID})
 		}
 	}
 }
@@ -409,7 +410,7 @@ func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
 	}{"prompt_received", blocks, by})
 	s.fan.Lock()
 	defer s.fan.Unlock()
-	f := Facts{Method: mSessionUpdate, SessionID: s.GatewayID}
+	f := Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID}
 	for _, body := range chunks {
 		msg := s.update(body)
 		if s.history != nil {
@@ -440,7 +441,7 @@ func (s *Session) turnComplete(prompter *Conn, answer *jsonrpc.Message) {
 	}
 	stop := "error"
 	if !answer.IsError {
-		stop, _ = stopReasonOf(answer)
+		stop, _ = acp.StopReason(answer)
 	}
 	body, _ := json.Marshal(struct {
 		SessionUpdate string `json:"sessionUpdate"`

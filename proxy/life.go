@@ -1,6 +1,9 @@
 package proxy
 
-import "github.com/acpgate/acpgate/proxy/pool"
+import (
+	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/pool"
+)
 
 // A session's life is one state, moved forward only, under Session.mu:
 //
@@ -168,12 +171,12 @@ func (e *ending) run() {
 		s.sessionEvent(by, steps.event, steps.reason)
 	}
 	if steps.onAgent && current {
-		params := sessionIDObject(s.AgentID)
+		params := acp.SessionIDObject(s.AgentID)
 		if e.running && e.cause != endAdmin { // EndSession has cancelled its turn already
-			s.link.p.Notify(mSessionCancel, params)
+			s.link.p.Notify(acp.SessionCancel, params)
 		}
 		if s.link.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
-			s.link.fireAndForget(mSessionClose, params)
+			s.link.fireAndForget(acp.SessionClose, params)
 		}
 	}
 }

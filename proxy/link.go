@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -142,7 +143,7 @@ func (l *procLink) take(r *outReq) bool {
 // running until its answer is queued if it is a client's prompt (l.mu
 // held).
 func (l *procLink) answeringLocked(r *outReq) {
-	if r.method == mSessionPrompt && r.conn != nil && r.sess != nil {
+	if r.method == acp.SessionPrompt && r.conn != nil && r.sess != nil {
 		r.answering = true
 		l.answering++
 	}
@@ -182,7 +183,7 @@ func (l *procLink) fireAndForget(method string, params []byte) {
 // a permission request is cancelled, anything else gets error code.
 func (l *procLink) answerForClient(agentID []byte, method string, code int, why string) {
 	var out []byte
-	if method == mRequestPerm {
+	if method == acp.RequestPermission {
 		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
 	} else {
 		out = jsonrpc.AppendError(nil, agentID, code, why, nil)
@@ -253,7 +254,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
 		tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
 			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
-		if in.method == mRequestPerm {
+		if in.method == acp.RequestPermission {
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 			in.permissionResolved(nil, "timeout", []byte(`{"outcome":"cancelled"}`))
 		}
@@ -268,7 +269,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 	l.mu.Lock()
 	for id, r := range l.pending {
 		limit := reqTimeout
-		if r.method == mSessionPrompt {
+		if r.method == acp.SessionPrompt {
 			limit = promptTimeout
 		}
 		if limit <= 0 || now.Sub(r.start) < limit {
@@ -285,9 +286,9 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 			continue // the gateway's own fire-and-forget request
 		}
 		tracing.WithTrace(l.p.Log(), r.span).Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
-		if r.method == mSessionPrompt && r.sess != nil && (!r.sess.shared() || r.sess.turn.isRunning(r)) {
+		if r.method == acp.SessionPrompt && r.sess != nil && (!r.sess.shared() || r.sess.turn.isRunning(r)) {
 			// Not for a prompt still waiting: the turn running is another's.
-			l.p.Notify(mSessionCancel, sessionIDObject(r.sess.AgentID))
+			l.p.Notify(acp.SessionCancel, acp.SessionIDObject(r.sess.AgentID))
 		}
 		r.failWith(jsonrpc.CodeInternalError,
 			fmt.Sprintf("the agent did not answer %s within %s", r.method, now.Sub(r.start).Round(time.Second)), nil)
@@ -300,7 +301,7 @@ func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, req := range l.pending {
-		if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+		if req.method == acp.SessionPrompt && req.conn != nil && req.sess != nil {
 			running = append(running, req)
 		}
 	}

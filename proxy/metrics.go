@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/usage"
 )
@@ -311,7 +312,7 @@ func nopMetrics() *Metrics { return NewMetrics(prometheus.NewRegistry(), 0) }
 
 // methodLabel bounds a method name to the known ACP methods.
 func methodLabel(method string) string {
-	if _, ok := knownMethods[method]; ok {
+	if _, ok := acp.Methods[method]; ok {
 		return method
 	}
 	if strings.HasPrefix(method, "_") {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -154,7 +155,7 @@ func TestDeciderAnswersPermission(t *testing.T) {
 	sid := c.newSession("1")
 	c.send(`{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[]}}`)
 	m := c.await("9", func(m msg) {
-		if m.Method == mRequestPerm {
+		if m.Method == acp.RequestPermission {
 			t.Errorf("the client was asked: %s", m.raw)
 		}
 	})

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/acpgate/acpgate/internal/syncbuf"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -77,7 +78,7 @@ func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session
 // scans it.
 func loadMsg(t testing.TB, c *Conn, id int, gwID string) *jsonrpc.Message {
 	var sc jsonrpc.Scanner
-	sc.Methods = knownMethods
+	sc.Methods = acp.Methods
 	m := new(jsonrpc.Message)
 	frame := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/load","params":{"sessionId":%q,"cwd":"/tmp","mcpServers":[]}}`, id, gwID)
 	if err := sc.Scan([]byte(frame), m, c.cr.resolve); err != nil {

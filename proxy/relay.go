@@ -14,6 +14,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/clientcaps"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
@@ -275,9 +276,9 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		sessions:  map[string]*Session{},
 		reqs:      newRequests(),
 	}
-	c.cr = clientReader{c: c, resolve: clientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
+	c.cr = clientReader{c: c, resolve: acp.ClientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
 		logLim: logx.NewLimiter(20, time.Second)}
-	c.cr.sc.Methods = knownMethods
+	c.cr.sc.Methods = acp.Methods
 	c.auditLim = audit.NewLimiter(20, 20)
 	c.out.sink = sink
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
@@ -426,7 +427,7 @@ func (r *Relay) waitPromptsUntil(ctx context.Context, done func() bool) error {
 func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
 	running, _ := r.runningPrompts(agent)
 	for _, req := range running {
-		req.link.p.Notify(mSessionCancel, sessionIDObject(req.sess.AgentID))
+		req.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(req.sess.AgentID))
 	}
 	if len(running) > 0 {
 		r.log.Info("cancelled running prompts", "count", len(running), "agent", agent)

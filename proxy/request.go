@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -105,7 +106,7 @@ type outReq struct {
 // the connection forgets it and its hold is released.
 func (r *outReq) end() {
 	r.ended.Store(true)
-	if r.method == mSessionPrompt && r.conn != nil && r.sess != nil {
+	if r.method == acp.SessionPrompt && r.conn != nil && r.sess != nil {
 		r.turnEnded("error", nil) // ended unanswered (an answer counted it already)
 	}
 	if r.conn != nil {
@@ -113,7 +114,7 @@ func (r *outReq) end() {
 	}
 	r.hold.release()
 	r.endSpan()
-	if r.method == mSessionPrompt && r.conn != nil {
+	if r.method == acp.SessionPrompt && r.conn != nil {
 		if r.sess != nil {
 			next, ok, dequeued := r.sess.turn.done(r, r.sess.link.isPending)
 			if dequeued > 0 {
@@ -327,7 +328,7 @@ func (in *inReq) answerInPlace(c *Conn, why string) {
 		return
 	}
 	in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
-	if in.method == mRequestPerm {
+	if in.method == acp.RequestPermission {
 		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 		in.permissionResolved(nil, "disconnect", []byte(`{"outcome":"cancelled"}`))
 	}
@@ -347,7 +348,7 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 		cp.conn.reqs.withdraw(cp.id)
 		cp.conn.deliver(cancelRequestMsg(cp.id))
 	}
-	if in.method != mRequestPerm {
+	if in.method != acp.RequestPermission {
 		return
 	}
 	outcome := []byte(`{"outcome":"cancelled"}`)

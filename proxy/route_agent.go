@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -27,7 +28,7 @@ type agentReader struct {
 
 func newAgentReader(l *procLink) *agentReader {
 	r := &agentReader{l: l}
-	r.sc.Methods = knownMethods
+	r.sc.Methods = acp.Methods
 	r.resolve = r.specFor
 	return r
 }
@@ -35,7 +36,7 @@ func newAgentReader(l *procLink) *agentReader {
 func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	paths := r.l.ag.mapPaths
 	if m.Kind != jsonrpc.KindResponse {
-		return paramsSpec(m.Method, paths)
+		return acp.ParamsSpec(m.Method, paths)
 	}
 	id, ok := parseAgentID(m.ID)
 	if !ok {
@@ -47,7 +48,7 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if req == nil {
 		return nil
 	}
-	return resultSpec(req.method, m.IsError, paths)
+	return acp.ResultSpec(req.method, m.IsError, paths)
 }
 
 // parseAgentID reads an id the gateway issued to an agent (a positive
@@ -102,7 +103,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent or already answered; dropped", "id", id)
 		return
 	}
-	if req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+	if req.method == acp.SessionPrompt && req.conn != nil && req.sess != nil {
 		// A prompt still counts as running (a drain waits for it) until
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
@@ -125,14 +126,14 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			req.span.SetAttributes(attribute.String(tracing.AttrSession, created.GatewayID))
 		}
 	}
-	if req.method == mSessionPrompt && req.sess != nil {
+	if req.method == acp.SessionPrompt && req.sess != nil {
 		meterTurn(req, m)
 		req.sess.turnComplete(c, m) // before the next turn is announced
 		req.holdNext = true
 		defer req.startNext() // once this answer is out
 	}
 	req.end()
-	if req.method == mSessionPrompt && req.sess != nil {
+	if req.method == acp.SessionPrompt && req.sess != nil {
 		promptEnded(req, m) // after end: a detached owner left with nothing ends
 	}
 	if !ok {
@@ -152,7 +153,7 @@ func (l *procLink) takeAnswered(id int64) *outReq {
 	defer l.mu.Unlock()
 	req := l.pending[id]
 	delete(l.pending, id)
-	if req != nil && req.method == mSessionPrompt && req.conn != nil && req.sess != nil {
+	if req != nil && req.method == acp.SessionPrompt && req.conn != nil && req.sess != nil {
 		l.answering++
 	}
 	return req
@@ -178,7 +179,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 			edits = append(edits, r.errorSessionEdit(m, f, req))
 		}
-	case createsSession(req.method):
+	case acp.CreatesSession(req.method):
 		e, s, ok := r.created(m, req)
 		if !ok {
 			return nil, nil, false
@@ -191,9 +192,9 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		}
 		req.hold.keepAttach()
 		s.sessionEvent(c, "loaded", "")
-	case req.method == mSessionList:
+	case req.method == acp.SessionList:
 		edits = r.listEdits(m, c, edits)
-	case (req.method == mSessionClose || req.method == mSessionDelete) && req.sess != nil:
+	case (req.method == acp.SessionClose || req.method == acp.SessionDelete) && req.sess != nil:
 		// The client closed (or deleted) it, for every client: the session
 		// and its quota slot are free.
 		req.sess.end(endClosed, c)
@@ -307,15 +308,15 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
-	if m.Method == mSessionUpdate && rc.sess != nil {
-		rc.sess.updated(m, sessionUpdateKind(m), &r.event)
+	if m.Method == acp.SessionUpdate && rc.sess != nil {
+		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {
 		return
 	}
 	if m.Kind == jsonrpc.KindRequest {
-		if m.Method == mRequestPerm && rc.sess != nil && r.decided(m, rc.sess, edits) {
+		if m.Method == acp.RequestPermission && rc.sess != nil && r.decided(m, rc.sess, edits) {
 			return
 		}
 		if s := rc.sess; s != nil && s.shared() {
@@ -379,7 +380,7 @@ func (r *agentReader) recipient(m *jsonrpc.Message, edits []jsonrpc.Edit) (recip
 func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *recipient) bool {
 	raw := m.Bytes(f)
 	l := r.l
-	if m.Method == mCancelRequest {
+	if m.Method == acp.CancelRequest {
 		l.mu.Lock()
 		in := l.inbound[string(raw)]
 		var connID int64
@@ -436,12 +437,12 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 		}
 		log.Info("agent request refused by policy", "method", m.Method, "err", err)
 		r.refuse(m, jsonrpc.CodeMethodNotFound, err.Error())
-		if m.Method == mRequestPerm && rc.sess != nil {
+		if m.Method == acp.RequestPermission && rc.sess != nil {
 			rc.sess.permissionRefused(m.Raw)
 		}
 		return nil, false
 	}
-	edits, outside := conn.ten.mapToClient(m, rc.edits, isReq && confinedRequest(m.Method))
+	edits, outside := conn.ten.mapToClient(m, rc.edits, isReq && acp.Confined(m.Method))
 	if outside != "" {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
@@ -545,10 +546,10 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	default:
 		conn.deliver(out)
 	}
-	if m.Method == mRequestPerm && rc.sess != nil {
+	if m.Method == acp.RequestPermission && rc.sess != nil {
 		rc.sess.permissionRequested(conn, kept)
 	}
-	if rc.sess != nil && (m.Method == mRequestPerm || m.Method == mElicitCreate) {
+	if rc.sess != nil && (m.Method == acp.RequestPermission || m.Method == acp.ElicitationCreate) {
 		// Every other client of the session that may answer gets it too.
 		for _, mem := range rc.sess.clientList() {
 			if !mem.readOnly && !mem.catching && mem.conn != conn { // one catching up gets it after its replay
@@ -565,17 +566,17 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 // client did not offer it or its tenant's policy does not let agents ask
 // clients for it.
 func (r *agentReader) allowAgent(conn *Conn, method string) (standIn bool, err error) {
-	if method != mFsRead && method != mFsWrite && !strings.HasPrefix(method, "terminal/") {
+	if method != acp.FsRead && method != acp.FsWrite && !strings.HasPrefix(method, "terminal/") {
 		// The hot path (session/update) takes no lock here.
 		return false, conn.ten.policy(conn.ag.name).AllowAgentMethod(method)
 	}
 	told := r.l.p.Profile()
-	if method == mFsRead || method == mFsWrite {
-		if method == mFsRead && !told.FsRead || method == mFsWrite && !told.FsWrite {
+	if method == acp.FsRead || method == acp.FsWrite {
+		if method == acp.FsRead && !told.FsRead || method == acp.FsWrite && !told.FsWrite {
 			return false, fmt.Errorf("%s needs a client capability this agent process was not told of", method)
 		}
 		conn.mu.Lock()
-		offered := method == mFsRead && conn.prof.FsRead || method == mFsWrite && conn.prof.FsWrite
+		offered := method == acp.FsRead && conn.prof.FsRead || method == acp.FsWrite && conn.prof.FsWrite
 		conn.mu.Unlock()
 		return !offered || conn.ten.policy(conn.ag.name).AllowAgentMethod(method) != nil, nil
 	}

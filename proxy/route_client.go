@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
@@ -34,7 +35,7 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
-	if m.Method == mCancelRequest {
+	if m.Method == acp.CancelRequest {
 		cr.forwardCancelRequest(m)
 		return
 	}
@@ -42,11 +43,11 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 	cr.rspan = span
 	defer func() { cr.rspan, cr.rlog = nil, nil }()
 	switch m.Method {
-	case mSessionAttach:
+	case acp.SessionAttach:
 		cr.handleAttach(m)
 		tracing.AnsweredByGateway(span)
 		return
-	case mSessionDetach:
+	case acp.SessionDetach:
 		cr.handleDetach(m)
 		tracing.AnsweredByGateway(span)
 		return
@@ -98,7 +99,7 @@ func (cr *clientReader) route(ctx context.Context, m *jsonrpc.Message, edits []j
 		}
 		return rt, append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: jsonrpc.AppendQuote(nil, agentSID)}), nil
 	}
-	if createsSession(m.Method) {
+	if acp.CreatesSession(m.Method) {
 		rt, err := cr.routeCreate(ctx, m)
 		return rt, edits, err
 	}
@@ -126,9 +127,9 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	}
 	live := sess != nil && !sess.isLost()
 	switch {
-	case attachesSession(m.Method):
+	case acp.AttachesSession(m.Method):
 		return cr.routeAttach(ctx, m, gwID, sess, live)
-	case !live && m.Method == mSessionDelete:
+	case !live && m.Method == acp.SessionDelete:
 		agentSID, err := c.relay.sealer.Open(c.scope, gwID)
 		if err != nil {
 			cr.notFound(m, gwID, false)
@@ -136,7 +137,7 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 		}
 		rt, err := cr.routeHome(ctx)
 		return rt, agentSID, err
-	case !live && sess != nil && m.Method == mSessionClose:
+	case !live && sess != nil && m.Method == acp.SessionClose:
 		cr.closeLost(m, sess)
 		return nil, "", errAnswered
 	case !live:
@@ -212,7 +213,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, agent
 func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
 	c := cr.c
 	h := &hold{conn: c}
-	if createsSession(m.Method) && m.Kind == jsonrpc.KindRequest {
+	if acp.CreatesSession(m.Method) && m.Kind == jsonrpc.KindRequest {
 		if !cr.reserveQuota(m, false) {
 			return nil, errAnswered
 		}
@@ -278,7 +279,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	c := cr.c
 	var req *outReq
 	if m.Kind == jsonrpc.KindRequest {
-		if rt.sess != nil && m.Method == mSessionPrompt {
+		if rt.sess != nil && m.Method == acp.SessionPrompt {
 			if refusal := c.refusePrompt(rt.sess, nil, m.Payload); refusal != nil { // never reaches the agent
 				rt.h.release()
 				tracing.Fail(span, refusal.Code, refusal.Message)
@@ -300,10 +301,10 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
 	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
-	if rt.sess != nil && m.Method == mSessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
+	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
 	}
-	if rt.sess != nil && m.Method == mSessionPrompt && req != nil {
+	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil {
 		rt.sess.turnStarted(req, nil, m.Payload)
 	}
 	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))

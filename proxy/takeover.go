@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strconv"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -211,7 +212,7 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 	}
 	stop := ""
 	if !m.IsError {
-		stop, _ = stopReasonOf(m)
+		stop, _ = acp.StopReason(m)
 	}
 	if owner == req.conn { // ended while its owner is detached
 		s.turn.endedWhileDetached(stop)

@@ -2,12 +2,12 @@ package proxy
 
 import (
 	"log/slog"
-	"maps"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -25,42 +25,6 @@ import (
 // TracerName names the relay's tracer (its instrumentation scope).
 const TracerName = "github.com/acpgate/acpgate/proxy"
 
-// Labels of the trace context fields located in a client's params._meta.
-const (
-	labelTraceparent = "_meta.traceparent"
-	labelTracestate  = "_meta.tracestate"
-)
-
-var (
-	specMeta = &jsonrpc.Spec{Kind: jsonrpc.FieldMeta, Label: "_meta", Fields: fields{
-		"traceparent": {Kind: jsonrpc.FieldTag, Label: labelTraceparent},
-		"tracestate":  {Kind: jsonrpc.FieldTag, Label: labelTracestate},
-	}}
-	// metaSpecs: each spec of client params (paramsSpec with paths) with
-	// params._meta located too.
-	metaSpecs = func() map[*jsonrpc.Spec]*jsonrpc.Spec {
-		out := map[*jsonrpc.Spec]*jsonrpc.Spec{}
-		add := func(s *jsonrpc.Spec) {
-			if out[s] == nil {
-				c := *s
-				c.Fields = maps.Clone(s.Fields)
-				if c.Fields == nil {
-					c.Fields = fields{}
-				}
-				c.Fields["_meta"] = specMeta
-				out[s] = &c
-			}
-		}
-		for _, s := range []*jsonrpc.Spec{specSessionParam, specCancelRequest, specElicitation, specUpdate} {
-			add(s)
-		}
-		for _, s := range pathParams {
-			add(s)
-		}
-		return out
-	}()
-)
-
 // tracerOf is the relay's tracer from Config.Tracing (nil: off).
 func tracerOf(tp trace.TracerProvider) trace.Tracer {
 	if tp == nil {
@@ -72,7 +36,7 @@ func tracerOf(tp trace.TracerProvider) trace.Tracer {
 // traceParent is the trace context a client message names: its
 // params._meta (traceparent, tracestate), else parent (a POST's header).
 func traceParent(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext {
-	idx := metaIndex(m)
+	idx := acp.MetaIndex(m)
 	if idx < 0 {
 		return parent
 	}
@@ -81,9 +45,9 @@ func traceParent(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext
 		if f.Kind != jsonrpc.FieldTag || f.Parent != idx {
 			continue
 		}
-		if v, ok := m.String(f); ok && f.Label == labelTraceparent {
+		if v, ok := m.String(f); ok && f.Label == acp.LabelTraceparent {
 			tp = v
-		} else if ok && f.Label == labelTracestate {
+		} else if ok && f.Label == acp.LabelTracestate {
 			ts = v
 		}
 	}
@@ -91,16 +55,6 @@ func traceParent(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext
 		return sc
 	}
 	return parent
-}
-
-// metaIndex is the index in m.Fields of params._meta (-1: none).
-func metaIndex(m *jsonrpc.Message) int {
-	for i, f := range m.Fields {
-		if f.Kind == jsonrpc.FieldMeta && f.Parent == -1 {
-			return i
-		}
-	}
-	return -1
 }
 
 // startSpan starts the span of client request m (nil: tracing off, or not
@@ -144,7 +98,7 @@ func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
 		return jsonrpc.Edit{}, false
 	}
 	tp := tracing.Traceparent(span)
-	idx := metaIndex(m)
+	idx := acp.MetaIndex(m)
 	if idx < 0 {
 		if len(m.Payload) == 0 || m.Payload[0] != '{' {
 			return jsonrpc.Edit{}, false
@@ -157,7 +111,7 @@ func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
 		return jsonrpc.Edit{Start: at, End: at, Repl: repl}, true
 	}
 	for _, f := range m.Fields[idx+1:] {
-		if f.Parent == idx && f.Label == labelTraceparent {
+		if f.Parent == idx && f.Label == acp.LabelTraceparent {
 			return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: tp}, true
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/internal/syncbuf"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -95,7 +96,7 @@ func promptLine(t *testing.T, tc *testConn, sid, params string) string {
 	t.Helper()
 	tc.send(`{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"sessionId":"` + sid + `",` + params + `}}`)
 	m := tc.await("9", func(m msg) {
-		if m.Method == mRequestPerm {
+		if m.Method == acp.RequestPermission {
 			tc.send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
 		}
 	})
@@ -137,7 +138,7 @@ func TestTraceTurn(t *testing.T) {
 	const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	line := promptLine(t, tc, sid, `"prompt":[],"_meta":{"traceparent":"`+parent+`","tracestate":"k=v"}`)
 
-	p := spanNamed(t, rec, mSessionPrompt)
+	p := spanNamed(t, rec, acp.SessionPrompt)
 	if got := p.Parent().SpanID().String(); got != "b7ad6b7169203331" || p.SpanContext().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
 		t.Errorf("prompt span's parent = %s in trace %s", got, p.SpanContext().TraceID())
 	}
@@ -145,7 +146,7 @@ func TestTraceTurn(t *testing.T) {
 		t.Errorf("tracestate k = %q", ts)
 	}
 	a := attrs(p)
-	want := map[attribute.Key]string{attrRPCSystem: "jsonrpc", attrRPCMethod: mSessionPrompt, attrRequestID: "9", attrSession: sid}
+	want := map[attribute.Key]string{attrRPCSystem: "jsonrpc", attrRPCMethod: acp.SessionPrompt, attrRequestID: "9", attrSession: sid}
 	for k, v := range want {
 		if a[k].AsString() != v {
 			t.Errorf("%s = %q, want %q", k, a[k].AsString(), v)
@@ -170,7 +171,7 @@ func TestTraceTurn(t *testing.T) {
 		return s
 	}
 	isChild(SpanFirstUpdate)
-	perm := isChild(mRequestPerm)
+	perm := isChild(acp.RequestPermission)
 	if perm.EndTime().Sub(perm.StartTime()) <= 0 || perm.Status().Code == codes.Error {
 		t.Errorf("permission span: %v, status %v", perm.EndTime().Sub(perm.StartTime()), perm.Status())
 	}
@@ -179,7 +180,7 @@ func TestTraceTurn(t *testing.T) {
 		tool[attrToolTitle].AsString() != "Edit main.go" || tool[attrToolStatus].AsString() != "completed" {
 		t.Errorf("tool call span attributes: %v", tool)
 	}
-	newSpan := spanNamed(t, rec, mSessionNew)
+	newSpan := spanNamed(t, rec, acp.SessionNew)
 	wait := spanNamed(t, rec, SpanPoolWait)
 	if wait.Parent().SpanID() != newSpan.SpanContext().SpanID() {
 		t.Error("the pool wait is not a child of session/new")
@@ -195,7 +196,7 @@ func TestTraceWithoutParentStartsATrace(t *testing.T) {
 	tc.init(`{}`)
 	sid := tc.newSession("1")
 	line := promptLine(t, tc, sid, `"prompt":[]`)
-	p := spanNamed(t, rec, mSessionPrompt)
+	p := spanNamed(t, rec, acp.SessionPrompt)
 	if p.Parent().IsValid() {
 		t.Errorf("prompt span has parent %s", p.Parent().SpanID())
 	}
@@ -302,7 +303,7 @@ func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
 		r.tracer = tracerOf(tp)
 		ag := s.link.ag
 		ag.obs = r.observers(ag, nil)
-		_, span := r.tracer.Start(context.Background(), mSessionPrompt)
+		_, span := r.tracer.Start(context.Background(), acp.SessionPrompt)
 		b.Cleanup(func() { span.End() })
 		t := &observe.Turn{Start: time.Now(), Span: span}
 		s.turn.cur.Store(t)
@@ -325,19 +326,19 @@ func BenchmarkTurnTraceUpdate(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tr := tracing.New(tracerOf(tp))
-	_, span := tracerOf(tp).Start(context.Background(), mSessionPrompt)
+	_, span := tracerOf(tp).Start(context.Background(), acp.SessionPrompt)
 	b.Cleanup(func() { span.End() })
 	turn := &observe.Turn{Start: time.Now(), Span: span}
 	tr.Observe(&observe.Event{Kind: observe.TurnStarted, Turn: turn})
 	var sc jsonrpc.Scanner
 	var m jsonrpc.Message
 	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}`)
-	if err := sc.Scan(line, &m, func(*jsonrpc.Message) *jsonrpc.Spec { return specUpdate }); err != nil {
+	if err := sc.Scan(line, &m, func(*jsonrpc.Message) *jsonrpc.Spec { return acp.SpecUpdate }); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for range b.N {
-		tr.Observe(&observe.Event{Kind: observe.Update, Turn: turn, UpdateKind: sessionUpdateKind(&m), Params: m.Payload})
+		tr.Observe(&observe.Event{Kind: observe.Update, Turn: turn, UpdateKind: acp.UpdateKind(&m), Params: m.Payload})
 	}
 }
 
@@ -355,19 +356,19 @@ func TestTraceLogLines(t *testing.T) {
 	}
 	const initTrace, attachTrace, detachTrace, refusedTrace = "0af7651916cd43dd8448eb211c80319c",
 		"1bf7651916cd43dd8448eb211c80319d", "2cf7651916cd43dd8448eb211c80319e", "3df7651916cd43dd8448eb211c80319f"
-	if m := call("1", mInitialize, `"protocolVersion":1,"clientCapabilities":{},`, initTrace); m.Error != nil {
+	if m := call("1", acp.Initialize, `"protocolVersion":1,"clientCapabilities":{},`, initTrace); m.Error != nil {
 		t.Fatalf("initialize: %s", m.raw)
 	}
 	owner := newTestConn(t, r, "c0")
 	owner.init(`{}`)
 	sid := owner.newSession("3")
-	if m := call("2", mSessionAttach, `"sessionId":"`+sid+`",`, attachTrace); m.Error != nil {
+	if m := call("2", acp.SessionAttach, `"sessionId":"`+sid+`",`, attachTrace); m.Error != nil {
 		t.Fatalf("attach: %s", m.raw)
 	}
-	if m := call("4", mSessionDetach, `"sessionId":"`+sid+`",`, detachTrace); m.Error != nil {
+	if m := call("4", acp.SessionDetach, `"sessionId":"`+sid+`",`, detachTrace); m.Error != nil {
 		t.Fatalf("detach: %s", m.raw)
 	}
-	if m := call("5", mSessionAttach, `"sessionId":"nope",`, refusedTrace); m.Error == nil {
+	if m := call("5", acp.SessionAttach, `"sessionId":"nope",`, refusedTrace); m.Error == nil {
 		t.Fatalf("attach to an unknown session: %s", m.raw)
 	}
 	inTrace := func(traceID string) sdktrace.ReadOnlySpan {
@@ -400,7 +401,7 @@ func TestTraceLogLines(t *testing.T) {
 			t.Errorf("%q: trace_id %v span_id %v, want %s %s", msg, l["trace_id"], l["span_id"], span.SpanContext().TraceID(), span.SpanContext().SpanID())
 		}
 	}
-	for traceID, name := range map[string]string{attachTrace: mSessionAttach, detachTrace: mSessionDetach} {
+	for traceID, name := range map[string]string{attachTrace: acp.SessionAttach, detachTrace: acp.SessionDetach} {
 		s := inTrace(traceID)
 		if s.Name() != name || attrs(s)[attrSession].AsString() != sid || s.Status().Code == codes.Error {
 			t.Errorf("%s's span: %s, session %q, status %v", name, s.Name(), attrs(s)[attrSession].AsString(), s.Status())

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/usage"
@@ -12,13 +13,6 @@ import (
 // session's meter (package usage) checks and sums the reports, and what
 // it counts or refuses goes to observers (observe.CostReported,
 // observe.UsageRejected; acpgate_usage_rejected_total).
-
-// Labels of the fields metering locates (acp.go's specs).
-const (
-	labelUpdateKind = "update.sessionUpdate"
-	labelStopReason = "stopReason"
-	labelUsage      = "usage"
-)
 
 // Usage is what a session's agent reported using, summed over the
 // session's life in this gateway.
@@ -30,17 +24,6 @@ func (h *hold) replaying(s *Session) {
 		h.replay = s
 		s.meter.ReplayStarted()
 	}
-}
-
-// sessionUpdateKind is a session/update's sessionUpdate tag, as the scanner
-// located it (nil: none).
-func sessionUpdateKind(m *jsonrpc.Message) []byte {
-	f, ok := taggedField(m, labelUpdateKind)
-	if !ok {
-		return nil
-	}
-	kind, _ := m.RawString(f)
-	return kind
 }
 
 // meterCost meters a usage_update's cost: an increase of the session's
@@ -73,16 +56,6 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 	s.link.ag.obs.Observe(e)
 }
 
-// taggedField finds the located tag of the given label.
-func taggedField(m *jsonrpc.Message, label string) (jsonrpc.Field, bool) {
-	for _, f := range m.Fields {
-		if f.Kind == jsonrpc.FieldTag && f.Label == label {
-			return f, true
-		}
-	}
-	return jsonrpc.Field{}, false
-}
-
 // turnTokens reads a PromptResponse's usage: the token counts that pass
 // the checks, by kind label; each failing one is reported rejected.
 func (s *Session) turnTokens(raw []byte) map[string]int64 {
@@ -93,27 +66,15 @@ func (s *Session) turnTokens(raw []byte) map[string]int64 {
 	return tokens
 }
 
-// stopReasonOf is the stopReason of a session/prompt's answer as the
-// scanner located it (specPromptResult); ok: the answer has one ("" if it
-// is not a string).
-func stopReasonOf(m *jsonrpc.Message) (stop string, ok bool) {
-	f, ok := taggedField(m, labelStopReason)
-	if !ok {
-		return "", false
-	}
-	stop, _ = m.String(f)
-	return stop, true
-}
-
 // meterTurn counts the end of req's turn, answered by m: its stop reason
 // and the usage it reports (req.turnEnded).
 func meterTurn(req *outReq, m *jsonrpc.Message) {
 	stop, usage := "error", []byte(nil)
 	if !m.IsError {
-		if s, ok := stopReasonOf(m); ok {
+		if s, ok := acp.StopReason(m); ok {
 			stop = s
 		}
-		if f, ok := taggedField(m, labelUsage); ok {
+		if f, ok := acp.Tagged(m, acp.LabelUsage); ok {
 			usage = m.Bytes(f)
 		}
 	}

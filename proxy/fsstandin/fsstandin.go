@@ -17,13 +17,14 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
 // The methods Serve serves (PROTOCOL.md §6).
 const (
-	Read  = "fs/read_text_file"
-	Write = "fs/write_text_file"
+	Read  = acp.FsRead
+	Write = acp.FsWrite
 )
 
 // Params are the parameters of fs/read_text_file and fs/write_text_file

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/observe"
 )
 
@@ -55,7 +56,7 @@ func (t *Trail) Observe(e *observe.Event) {
 		t.permissionResolved(e)
 	case observe.FileServed:
 		kind := "fs.read"
-		if e.Method == "fs/write_text_file" {
+		if e.Method == acp.FsWrite {
 			kind = "fs.written"
 		}
 		t.record(e, kind, audit.F("path", e.Path), audit.F("bytes", e.Bytes), audit.F("by", e.By))
