@@ -96,8 +96,8 @@ func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Du
 		return
 	}
 	// Those left are cancelled; their clients get the stopReason
-	// "cancelled" if the agents answer within cancelWait (even when ctx
-	// has ended).
+	// "cancelled": the agents' if they answer within cancelWait, else the
+	// gateway's (even when ctx has ended).
 	ag.relay.CancelPrompts(agent, cancelWait)
 }
 

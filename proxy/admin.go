@@ -191,8 +191,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 		cancel()
 		for _, req := range prompts {
 			if s.link.take(req) { // the agent did not answer in time
-				req.turnEnded("cancelled", nil)
-				req.fail(jsonrpc.AppendResult(nil, req.clientID, []byte(`{"stopReason":"cancelled"}`)))
+				req.cancelInPlace()
 			}
 		}
 	}

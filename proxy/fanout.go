@@ -434,14 +434,11 @@ func promptBlocks(params []byte) []json.RawMessage {
 	return p.Prompt
 }
 
-// turnComplete tells the members but the prompter that a turn ended.
-func (s *Session) turnComplete(prompter *Conn, answer *jsonrpc.Message) {
+// turnComplete tells the members but the prompter that a turn ended, and
+// how.
+func (s *Session) turnComplete(prompter *Conn, stop string) {
 	if s.members.Load() == nil {
 		return
-	}
-	stop := "error"
-	if !answer.IsError {
-		stop, _ = acp.StopReason(answer)
 	}
 	body, _ := json.Marshal(struct {
 		SessionUpdate string `json:"sessionUpdate"`

@@ -422,8 +422,10 @@ func (r *Relay) waitPromptsUntil(ctx context.Context, done func() bool) error {
 
 // CancelPrompts sends session/cancel for every prompt the agent ("" =
 // every agent) is running (a drain that ran out of grace) and waits up to
-// wait for the agents to answer them, so that clients get their stopReason
-// "cancelled".
+// wait for the agents to answer them; a prompt still unanswered then is
+// answered by the gateway. Either way its client gets stopReason
+// "cancelled" (and the session's other clients turn_complete) before the
+// drain closes it.
 func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
 	running, _ := r.runningPrompts(agent)
 	for _, req := range running {
@@ -434,7 +436,14 @@ func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	_ = r.WaitPrompts(ctx, agent)
+	if r.WaitPrompts(ctx, agent) == nil {
+		return
+	}
+	for _, req := range running {
+		if req.link.take(req) { // the agent did not answer its cancel in time
+			req.cancelInPlace()
+		}
+	}
 }
 
 // tenantNames lists the named tenants that may use the agent.

@@ -152,6 +152,16 @@ func (r *outReq) fail(msg []byte) {
 	}
 }
 
+// cancelInPlace answers r, a prompt whose agent did not answer its
+// session/cancel in time (taken with procLink.take), in the agent's place:
+// stopReason "cancelled", to its client and, as turn_complete, to the
+// session's other clients.
+func (r *outReq) cancelInPlace() {
+	r.turnEnded("cancelled", nil)
+	r.sess.turnComplete(r.conn, "cancelled")
+	r.fail(jsonrpc.AppendResult(nil, r.clientID, []byte(`{"stopReason":"cancelled"}`)))
+}
+
 // failWith is fail with a JSON-RPC error.
 func (r *outReq) failWith(code int, msg string, data []byte) {
 	r.fail(jsonrpc.AppendError(nil, r.clientID, code, msg, data))

@@ -128,7 +128,11 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	if req.method == acp.SessionPrompt && req.sess != nil {
 		meterTurn(req, m)
-		req.sess.turnComplete(c, m) // before the next turn is announced
+		stop := "error"
+		if !m.IsError {
+			stop, _ = acp.StopReason(m)
+		}
+		req.sess.turnComplete(c, stop) // before the next turn is announced
 		req.holdNext = true
 		defer req.startNext() // once this answer is out
 	}

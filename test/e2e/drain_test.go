@@ -273,3 +273,40 @@ func drainRunHTTP(t *testing.T, delay time.Duration) {
 	}
 	waitDrained(t, g)
 }
+
+// TestDrainAnswersWhatTheAgentLeaves: a turn that outlasts shutdown_grace
+// on an agent that ignores session/cancel still gets its last word before
+// the drain closes its clients: the prompting client stopReason
+// "cancelled" (the gateway answers in the agent's place once the cancel
+// has gone unanswered), the attached client turn_complete, then 1001.
+func TestDrainAnswersWhatTheAgentLeaves(t *testing.T) {
+	g := startGateway(t, gwOpts{config: "shutdown_grace: 500ms\n" + fakeAgentConfig(t, "")})
+	owner, sid := dialSession(t, g, t.TempDir())
+	watcher := dialInit(t, g)
+	mustAttach(t, watcher, sid, "watcher", false)
+	id := owner.Request("session/prompt", textPrompt(sid, "sleep 30")) // the fake agent ignores session/cancel
+	readUntil(t, watcher, "prompt_received", turn, isUpdate("prompt_received"))
+	sigterm(t, g, time.Now())
+
+	var answer rpcMsg
+	if !readOrEnd(t, owner, "owner", "the answer", func(m rpcMsg) bool { answer = m; return m.IsResponseTo(id) }) {
+		t.Fatalf("owner: the connection ended (%v) before the answer to the prompt", owner.Err())
+	}
+	if r := stopReason(t, answer); r != "cancelled" {
+		t.Errorf("owner: stopReason %q, want cancelled", r)
+	}
+	if st := owner.CloseStatus(turn); st != websocket.StatusGoingAway {
+		t.Errorf("owner: close status %v after the answer, want 1001 going away", st)
+	}
+	var complete rpcMsg
+	if !readOrEnd(t, watcher, "attached client", "turn_complete", func(m rpcMsg) bool {
+		complete = m
+		return attUpd(m).Update.Kind == "turn_complete"
+	}) {
+		t.Fatalf("attached client: the connection ended (%v) before turn_complete", watcher.Err())
+	}
+	if r := attUpd(complete).Update.StopReason; r != "cancelled" {
+		t.Errorf("attached client: %s, want turn_complete with stopReason cancelled", complete.Raw)
+	}
+	waitDrained(t, g)
+}
