@@ -49,8 +49,8 @@ func TestDrainKeepsTheLastWord(t *testing.T) {
 	var runs []run
 	for i := range drainRuns {
 		runs = append(runs,
-			run{fmt.Sprintf("websocket/%02d", i), drainRunWS, drainDelay(i)},
-			run{fmt.Sprintf("http/%02d", i), drainRunHTTP, drainDelay(i)})
+			run{fmt.Sprintf("websocket/%02d", i), func(t *testing.T, d time.Duration) { drainRunWS(t, lastWord, d) }, drainDelay(i)},
+			run{fmt.Sprintf("http/%02d", i), func(t *testing.T, d time.Duration) { drainRunHTTP(t, lastWord, d) }, drainDelay(i)})
 	}
 	// t.Run may be called from several goroutines; each subtest runs (and
 	// may fail) on a goroutine of its own.
@@ -60,11 +60,19 @@ func TestDrainKeepsTheLastWord(t *testing.T) {
 	})
 }
 
-// drainGateway starts a gateway on the fake agent with a grace the turn
-// fits in many times over.
-func drainGateway(t *testing.T) *gateway {
+// drainCase is a drain's turn: the fake agent's prompt, the gateway's
+// shutdown_grace, and the stopReason every client must get before its
+// connection closes.
+type drainCase struct{ prompt, grace, stop string }
+
+// lastWord: a turn that fits in the grace many times over ends as the
+// agent ends it.
+var lastWord = drainCase{prompt: drainTurn, grace: "20s", stop: "end_turn"}
+
+// drainGateway starts a gateway on the fake agent with dc's grace.
+func drainGateway(t *testing.T, dc drainCase) *gateway {
 	t.Helper()
-	return startGateway(t, gwOpts{config: "shutdown_grace: 20s\n" + fakeAgentConfig(t, "")})
+	return startGateway(t, gwOpts{config: "shutdown_grace: " + dc.grace + "\n" + fakeAgentConfig(t, "")})
 }
 
 // sigterm sends the gateway SIGTERM at the given time.
@@ -111,14 +119,14 @@ func readOrEnd(t *testing.T, c *client, who, what string, stop func(rpcMsg) bool
 
 // drainRunWS: the owner prompts over a WebSocket, a second WebSocket is
 // attached to the session; SIGTERM after delay.
-func drainRunWS(t *testing.T, delay time.Duration) {
-	g := drainGateway(t)
+func drainRunWS(t *testing.T, dc drainCase, delay time.Duration) {
+	g := drainGateway(t, dc)
 	owner, sid := dialSession(t, g, t.TempDir())
 	watcher := dialInit(t, g)
 	mustAttach(t, watcher, sid, "watcher", false)
 
 	start := time.Now()
-	id := owner.Request("session/prompt", textPrompt(sid, drainTurn))
+	id := owner.Request("session/prompt", textPrompt(sid, dc.prompt))
 	// The turn runs: the attached client has seen the prompt go.
 	readUntil(t, watcher, "prompt_received", turn, isUpdate("prompt_received"))
 	sigterm(t, g, start.Add(delay))
@@ -127,8 +135,8 @@ func drainRunWS(t *testing.T, delay time.Duration) {
 	if !readOrEnd(t, owner, "owner", "the answer", func(m rpcMsg) bool { answer = m; return m.IsResponseTo(id) }) {
 		t.Errorf("owner: the connection ended (%v) before the answer to the prompt", owner.Err())
 	} else {
-		if r := stopReason(t, answer); r != "end_turn" {
-			t.Errorf("owner: stopReason %q, want end_turn", r)
+		if r := stopReason(t, answer); r != dc.stop {
+			t.Errorf("owner: stopReason %q, want %s", r, dc.stop)
 		}
 		if st := owner.CloseStatus(turn); st != websocket.StatusGoingAway {
 			t.Errorf("owner: close status %v after the answer, want 1001 going away", st)
@@ -141,8 +149,8 @@ func drainRunWS(t *testing.T, delay time.Duration) {
 	}) {
 		t.Errorf("attached client: the connection ended (%v) before turn_complete", watcher.Err())
 	} else {
-		if r := attUpd(complete).Update.StopReason; r != "end_turn" {
-			t.Errorf("attached client: %s, want turn_complete with stopReason end_turn", complete.Raw)
+		if r := attUpd(complete).Update.StopReason; r != dc.stop {
+			t.Errorf("attached client: %s, want turn_complete with stopReason %s", complete.Raw, dc.stop)
 		}
 		if st := watcher.CloseStatus(turn); st != websocket.StatusGoingAway {
 			t.Errorf("attached client: close status %v after turn_complete, want 1001 going away", st)
@@ -153,8 +161,8 @@ func drainRunWS(t *testing.T, delay time.Duration) {
 
 // drainRunHTTP is drainRunWS over Streamable HTTP: the owner and the
 // attached client each read the session's event stream.
-func drainRunHTTP(t *testing.T, delay time.Duration) {
-	g := drainGateway(t)
+func drainRunHTTP(t *testing.T, dc drainCase, delay time.Duration) {
+	g := drainGateway(t, dc)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	peer := func() *httpPeer {
@@ -244,7 +252,7 @@ func drainRunHTTP(t *testing.T, delay time.Duration) {
 	}
 
 	start := time.Now()
-	post(owner, sid, map[string]any{"jsonrpc": "2.0", "id": "turn", "method": "session/prompt", "params": textPrompt(sid, drainTurn)})
+	post(owner, sid, map[string]any{"jsonrpc": "2.0", "id": "turn", "method": "session/prompt", "params": textPrompt(sid, dc.prompt)})
 	if !until("attached client", "prompt_received", watcherEvents, isUpdate("prompt_received")) {
 		t.Fatal("attached client: the event stream ended before prompt_received")
 	}
@@ -255,8 +263,8 @@ func drainRunHTTP(t *testing.T, delay time.Duration) {
 		t.Error("owner: the session's event stream ended before the answer to the prompt")
 	} else {
 		endedBefore("owner", "the answer", ownerEnd)
-		if r := stopReason(t, answer); r != "end_turn" {
-			t.Errorf("owner: stopReason %q, want end_turn", r)
+		if r := stopReason(t, answer); r != dc.stop {
+			t.Errorf("owner: stopReason %q, want %s", r, dc.stop)
 		}
 	}
 	var complete rpcMsg
@@ -267,8 +275,8 @@ func drainRunHTTP(t *testing.T, delay time.Duration) {
 		t.Error("attached client: the session's event stream ended before turn_complete")
 	} else {
 		endedBefore("attached client", "turn_complete", watcherEnd)
-		if r := attUpd(complete).Update.StopReason; r != "end_turn" {
-			t.Errorf("attached client: %s, want turn_complete with stopReason end_turn", complete.Raw)
+		if r := attUpd(complete).Update.StopReason; r != dc.stop {
+			t.Errorf("attached client: %s, want turn_complete with stopReason %s", complete.Raw, dc.stop)
 		}
 	}
 	waitDrained(t, g)
@@ -276,37 +284,12 @@ func drainRunHTTP(t *testing.T, delay time.Duration) {
 
 // TestDrainAnswersWhatTheAgentLeaves: a turn that outlasts shutdown_grace
 // on an agent that ignores session/cancel still gets its last word before
-// the drain closes its clients: the prompting client stopReason
-// "cancelled" (the gateway answers in the agent's place once the cancel
-// has gone unanswered), the attached client turn_complete, then 1001.
+// the drain closes its clients, on both transports: the prompting client
+// stopReason "cancelled" (the gateway answers in the agent's place once
+// the cancel has gone unanswered), the attached client turn_complete.
 func TestDrainAnswersWhatTheAgentLeaves(t *testing.T) {
-	g := startGateway(t, gwOpts{config: "shutdown_grace: 500ms\n" + fakeAgentConfig(t, "")})
-	owner, sid := dialSession(t, g, t.TempDir())
-	watcher := dialInit(t, g)
-	mustAttach(t, watcher, sid, "watcher", false)
-	id := owner.Request("session/prompt", textPrompt(sid, "sleep 30")) // the fake agent ignores session/cancel
-	readUntil(t, watcher, "prompt_received", turn, isUpdate("prompt_received"))
-	sigterm(t, g, time.Now())
-
-	var answer rpcMsg
-	if !readOrEnd(t, owner, "owner", "the answer", func(m rpcMsg) bool { answer = m; return m.IsResponseTo(id) }) {
-		t.Fatalf("owner: the connection ended (%v) before the answer to the prompt", owner.Err())
-	}
-	if r := stopReason(t, answer); r != "cancelled" {
-		t.Errorf("owner: stopReason %q, want cancelled", r)
-	}
-	if st := owner.CloseStatus(turn); st != websocket.StatusGoingAway {
-		t.Errorf("owner: close status %v after the answer, want 1001 going away", st)
-	}
-	var complete rpcMsg
-	if !readOrEnd(t, watcher, "attached client", "turn_complete", func(m rpcMsg) bool {
-		complete = m
-		return attUpd(m).Update.Kind == "turn_complete"
-	}) {
-		t.Fatalf("attached client: the connection ended (%v) before turn_complete", watcher.Err())
-	}
-	if r := attUpd(complete).Update.StopReason; r != "cancelled" {
-		t.Errorf("attached client: %s, want turn_complete with stopReason cancelled", complete.Raw)
-	}
-	waitDrained(t, g)
+	fakeAgentBin(t)
+	left := drainCase{prompt: "sleep 30", grace: "500ms", stop: "cancelled"} // the fake agent ignores session/cancel
+	t.Run("websocket", func(t *testing.T) { t.Parallel(); drainRunWS(t, left, 0) })
+	t.Run("http", func(t *testing.T) { t.Parallel(); drainRunHTTP(t, left, 0) })
 }
