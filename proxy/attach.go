@@ -182,8 +182,8 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	var replay [][]byte
 	replayed, trimmed := 0, false
 	if policy == "full" && s.history != nil {
-		s.history.each(func(msg []byte) { replay = append(replay, clone(msg)) })
-		replayed, trimmed = s.history.kept(), s.history.trimmed
+		s.history.Each(func(msg []byte) { replay = append(replay, clone(msg)) })
+		replayed, trimmed = s.history.Kept(), s.history.Trimmed()
 	}
 	s.fan.Unlock()
 	f := Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID}

@@ -147,7 +147,7 @@ func (e *ending) run() {
 	current := s.link.removeSession(s) // not for a replaced one: the newer load's session has its ID
 	if s.history != nil {              // let the history go
 		s.fan.Lock()
-		s.history.release()
+		s.history.Release()
 		s.fan.Unlock()
 	}
 	if steps.notice {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/history"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -28,9 +29,9 @@ type Session struct {
 	ten       *tenant   // whose session quota it counts against
 	info      *observe.Session
 
-	subject    string   // the credential subject of the client that made it (Sharing)
-	attachable bool     // its tenant's sharing lets clients attach: its messages take the fan-out path
-	history    *history // what session/attach replays; nil: none kept. Guarded by fan.
+	subject    string           // the credential subject of the client that made it (Sharing)
+	attachable bool             // its tenant's sharing lets clients attach: its messages take the fan-out path
+	history    *history.History // what session/attach replays; nil: none kept. Guarded by fan.
 
 	turn turn // its prompts: the one in flight, those waiting (turn.go)
 	// inbound are the agent's requests about the session still waiting
@@ -76,7 +77,7 @@ func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *S
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.historyBytes(); n > 0 && s.attachable {
-		s.history = &history{limit: n}
+		s.history = history.New(n)
 	}
 	s.owner.Store(c)
 	return s
