@@ -7,6 +7,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 )
 
 // Error codes of session/attach and of what an attached client may not do.
@@ -14,36 +15,6 @@ const (
 	codeNotAuthorised = -32003 // the tenant's sharing policy refuses the attach
 	codeReadOnly      = -32007 // a read-only client tried to write
 )
-
-// attachParams are session/attach's params.
-type attachParams struct {
-	SessionID     string      `json:"sessionId"`
-	HistoryPolicy string      `json:"historyPolicy"`
-	ClientID      string      `json:"clientId"`
-	ClientInfo    *clientInfo `json:"clientInfo"`
-	Meta          struct {
-		Acpgate struct {
-			ReadOnly bool `json:"readOnly"`
-		} `json:"acpgate"`
-	} `json:"_meta"`
-}
-
-// Maximum sizes of what a client names itself.
-const maxClientField = 128
-
-func (p *attachParams) check() error {
-	switch p.HistoryPolicy {
-	case "":
-		p.HistoryPolicy = "full"
-	case "full", "pending_only", "none":
-	default:
-		return fmt.Errorf(`params.historyPolicy must be "full", "pending_only" or "none", is %q`, truncate(p.HistoryPolicy, 32))
-	}
-	if len(p.ClientID) > maxClientField || p.ClientInfo != nil && (len(p.ClientInfo.Name) > maxClientField || len(p.ClientInfo.Version) > maxClientField) {
-		return fmt.Errorf("params.clientId and clientInfo's name and version are limited to %d bytes", maxClientField)
-	}
-	return nil
-}
 
 // handleAttach serves session/attach: c becomes one more client of a live
 // session its tenant's sharing policy lets it join. It gets, in order, the
@@ -56,14 +27,14 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 		return // a notification can get no answer: dropped
 	}
 	metrics := c.relay.metrics
-	var p attachParams
+	var p multiclient.AttachParams
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
 		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
 		return
 	}
 	cr.spanSession(p.SessionID)
-	if err := p.check(); err != nil {
+	if err := p.Check(); err != nil {
 		metrics.Attaches.WithLabelValues("invalid").Inc()
 		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
 		return
@@ -82,12 +53,12 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 	}
 	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
 	if mem.id == "" {
-		mem.id = newClientID()
+		mem.id = multiclient.NewClientID()
 	}
 	if p.ClientInfo != nil {
 		mem.info = *p.ClientInfo
 	} else {
-		mem.info = connPeer(c).info()
+		mem.info = connPeer(c).Info()
 	}
 	c.attach(s) // routed to c from now on (and counted once for its tenant)
 	if !cr.joinSession(m, s, mem, p.HistoryPolicy, true) {
@@ -103,13 +74,10 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 	cr.reqLog().Info("attached to a session", "session", s.GatewayID, "client_id", mem.id, "read_only", readOnly, "history", p.HistoryPolicy)
 }
 
-// info is a peer's name and version.
-func (p peer) info() clientInfo { return clientInfo{Name: p.Name, Version: p.Version} }
-
 // mayAttach finds the live session p names and decides whether c may
 // attach to it, and read-only or not. Another tenant's session fails as an
 // unknown one does.
-func (cr *clientReader) mayAttach(m *jsonrpc.Message, p attachParams) (s *Session, readOnly, ok bool) {
+func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams) (s *Session, readOnly, ok bool) {
 	c := cr.c
 	metrics := c.relay.metrics
 	agentSID, err := c.relay.sealer.Open(c.scope, p.SessionID)
@@ -199,7 +167,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	}
 	defer s.fan.Unlock()
 	if add { // the others know of c before c can act
-		s.toMembersLocked(presenceBody("client_connected", mem.peer()), c)
+		s.toMembersLocked(multiclient.Presence("client_connected", mem.peer()), c)
 	}
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
 	for _, b := range mem.backlog {
@@ -236,25 +204,15 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add
 
 // attachResult is session/attach's result for mem.
 func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed bool) []byte {
-	st := s.state.get()
-	clients := []peer{}
+	r := multiclient.Result{SessionID: s.GatewayID, ClientID: mem.id, HistoryPolicy: policy, ReadOnly: mem.readOnly,
+		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.name()}
 	if o := s.Owner(); o != nil {
-		clients = append(clients, connPeer(o))
+		r.Clients = append(r.Clients, connPeer(o))
 	}
 	for _, m := range s.clientList() {
-		clients = append(clients, m.peer())
+		r.Clients = append(r.Clients, m.peer())
 	}
-	res, _ := json.Marshal(struct {
-		SessionID        string `json:"sessionId"`
-		ClientID         string `json:"clientId"`
-		ConnectedClients []peer `json:"connectedClients"`
-		HistoryPolicy    string `json:"historyPolicy"`
-		ReadOnly         bool   `json:"readOnly"`
-		sessionState
-		Meta map[string]any `json:"_meta"`
-	}{s.GatewayID, mem.id, clients, policy, mem.readOnly, st,
-		map[string]any{"acpgate": map[string]any{"replayed": replayed, "historyTrimmed": trimmed, "turn": s.turn.name()}}})
-	return res
+	return multiclient.AttachResult(r, s.state.Get())
 }
 
 // handleDetach serves session/detach: c stops being a client of the

@@ -6,19 +6,20 @@ import (
 	"testing"
 
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	dto "github.com/prometheus/client_model/go"
 )
 
 // update is a session/update's update object.
 type update struct {
-	SessionUpdate string          `json:"sessionUpdate"`
-	Content       json.RawMessage `json:"content"`
-	ToolCallID    string          `json:"toolCallId"`
-	Outcome       json.RawMessage `json:"outcome"`
-	StopReason    string          `json:"stopReason"`
-	ResolvedBy    *peer           `json:"resolvedBy"`
-	SentBy        *peer           `json:"sentBy"`
-	Prompt        json.RawMessage `json:"prompt"`
+	SessionUpdate string            `json:"sessionUpdate"`
+	Content       json.RawMessage   `json:"content"`
+	ToolCallID    string            `json:"toolCallId"`
+	Outcome       json.RawMessage   `json:"outcome"`
+	StopReason    string            `json:"stopReason"`
+	ResolvedBy    *multiclient.Peer `json:"resolvedBy"`
+	SentBy        *multiclient.Peer `json:"sentBy"`
+	Prompt        json.RawMessage   `json:"prompt"`
 }
 
 func (m msg) update() update {
@@ -87,9 +88,9 @@ func TestAttachSharesOneSession(t *testing.T) {
 		t.Fatalf("attach: %s", res.raw)
 	}
 	var ar struct {
-		ClientID         string `json:"clientId"`
-		ConnectedClients []peer `json:"connectedClients"`
-		HistoryPolicy    string `json:"historyPolicy"`
+		ClientID         string             `json:"clientId"`
+		ConnectedClients []multiclient.Peer `json:"connectedClients"`
+		HistoryPolicy    string             `json:"historyPolicy"`
 	}
 	if err := json.Unmarshal(res.Result, &ar); err != nil || ar.ClientID == "" || len(ar.ConnectedClients) != 2 || ar.HistoryPolicy != "full" {
 		t.Fatalf("attach result: %s", res.raw)
@@ -229,7 +230,7 @@ func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 	owner, peerC, sid := sharedSession(t, r, "")
 	res := peerC.attach("3", sid, "")
 	var again struct {
-		ConnectedClients []peer `json:"connectedClients"`
+		ConnectedClients []multiclient.Peer `json:"connectedClients"`
 	}
 	if res.Error != nil || json.Unmarshal(res.Result, &again) != nil || len(again.ConnectedClients) != 2 {
 		t.Fatalf("attach again: %s, want two clients", res.raw)
@@ -254,25 +255,6 @@ func TestDeclineSettlesNothingWhileOthersMayAnswer(t *testing.T) {
 	}
 	if !strings.Contains(text.String(), "Permission granted") {
 		t.Fatalf("the agent replied %q: the owner's allow did not settle the request", text.String())
-	}
-}
-
-// The attach result follows the session's mode and config options: as the
-// agent's result gave them, then as its updates change them.
-func TestSessionStateFollowsUpdates(t *testing.T) {
-	var a agentState
-	a.noteResult([]byte(`{"sessionId":"x","modes":{"currentModeId":"ask","availableModes":[{"id":"ask"},{"id":"code"}]},"configOptions":[{"id":"a"}]}`))
-	a.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"current_mode_update","currentModeId":"code"}}}`))
-	a.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"config_option_update","configOptions":[{"id":"b"}]}}}`))
-	a.noteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"tool_call_update","toolCallId":"t"}}}`))
-	var modes struct {
-		CurrentModeID string `json:"currentModeId"`
-	}
-	if err := json.Unmarshal(a.cur.Modes, &modes); err != nil || modes.CurrentModeID != "code" {
-		t.Errorf("modes = %s, want currentModeId code", a.cur.Modes)
-	}
-	if string(a.cur.ConfigOptions) != `[{"id":"b"}]` {
-		t.Errorf("configOptions = %s, want the update's", a.cur.ConfigOptions)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -45,7 +46,7 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	for range members {
 		m := r.newConnForBench(&discardSink{})
 		m.ag = ag
-		s.addMember(&member{conn: m, id: newClientID()}, members+1)
+		s.addMember(&member{conn: m, id: multiclient.NewClientID()}, members+1)
 	}
 	for _, f := range setup {
 		f(r, s)

@@ -20,6 +20,7 @@ import (
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -151,16 +152,16 @@ type Conn struct {
 	mu          sync.Mutex
 	initialized bool
 	closed      bool
-	prof        Profile             // what the client offered, within what the deployment allows
-	info        clientInfo          // the clientInfo of its initialize
-	caps        policy.AgentCaps    // what the agent advertised
-	home        *pool.Lease         // the process of the connection's session-less requests
-	sessions    map[string]*Session // by gateway session ID
-	detached    bool                // no socket: kept for a resume or a take-over
-	detachSeq   int64               // the last message numbered before the detach
-	detachTimer *time.Timer         // ends the connection at sessions.detach_timeout
-	detachedAt  time.Time           // when it last detached
-	resuming    int                 // Resume calls not yet attached or aborted
+	prof        Profile                // what the client offered, within what the deployment allows
+	info        multiclient.ClientInfo // the clientInfo of its initialize
+	caps        policy.AgentCaps       // what the agent advertised
+	home        *pool.Lease            // the process of the connection's session-less requests
+	sessions    map[string]*Session    // by gateway session ID
+	detached    bool                   // no socket: kept for a resume or a take-over
+	detachSeq   int64                  // the last message numbered before the detach
+	detachTimer *time.Timer            // ends the connection at sessions.detach_timeout
+	detachedAt  time.Time              // when it last detached
+	resuming    int                    // Resume calls not yet attached or aborted
 }
 
 // clientReader handles what a client sends: it scans each message,
@@ -484,7 +485,7 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 		return
 	}
 	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.Caps
-	c.info = initClientInfo(m.Payload)
+	c.info = multiclient.InitClientInfo(m.Payload)
 	c.mu.Unlock()
 	cr.reqLog().Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
@@ -835,15 +836,6 @@ func (c *Conn) Close() {
 
 // String describes the connection for logs.
 func (c *Conn) String() string { return fmt.Sprintf("conn %s", c.id) }
-
-// initClientInfo reads clientInfo from initialize's params, bounded.
-func initClientInfo(params []byte) clientInfo {
-	var p struct {
-		ClientInfo clientInfo `json:"clientInfo"`
-	}
-	_ = json.Unmarshal(params, &p)
-	return clientInfo{Name: truncate(p.ClientInfo.Name, maxClientField), Version: truncate(p.ClientInfo.Version, maxClientField)}
-}
 
 // isClosed reports whether the connection has ended.
 func (c *Conn) isClosed() bool {

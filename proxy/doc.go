@@ -33,7 +33,7 @@
 //     (life.go). It owns its process session slot (a pool.Lease) until it
 //     ends, its tenant session slot while any connection holds it
 //     (holders), the agent's requests about it waiting for a client
-//     (waiting), the configuration the agent last reported (agentState),
+//     (waiting), the configuration the agent last reported (multiclient.Record),
 //     what session/attach replays (history, under fan), what its agent
 //     reported using (meter), and its turn.
 //   - turn: the session's prompts: the one the agent works on, those of
@@ -79,7 +79,7 @@
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// usage.Meter's lock, agentState.mu, waiting.mu, requests.mu, workers.mu,
+// usage.Meter's and multiclient.Record's locks, waiting.mu, requests.mu, workers.mu,
 // Relay.promptMu and TenantLabels.mu are leaves. The pool calls no relay
 // code with its locks held, and a session's slot is released by its end's
 // teardown, off every lock.

@@ -1,16 +1,12 @@
 package proxy
 
 import (
-	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"slices"
-	"sync"
-	"time"
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 )
 
 // A session may have several clients (ACP RFD #533, session/attach): its
@@ -20,18 +16,11 @@ import (
 // RFD adds (prompt_received, turn_complete, permission_resolved, presence);
 // a plain client only ever gets ACP v1.
 
-// clientInfo is a client's name and version, as its initialize (or its
-// session/attach) said.
-type clientInfo struct {
-	Name    string `json:"name"`
-	Version string `json:"version"`
-}
-
 // member is a client attached to a session with session/attach.
 type member struct {
 	conn     *Conn
 	id       string // the clientId it gave, or one minted for it
-	info     clientInfo
+	info     multiclient.ClientInfo
 	readOnly bool
 	// While its attach replays the history (catching), what the session
 	// sends it waits in backlog. Guarded by the session's fan lock.
@@ -68,36 +57,25 @@ func (m *member) send(s *Session, msg []byte, f Facts) {
 	m.conn.deliverMember(msg, s, f, false)
 }
 
-// peer is a client as the others see it.
-type peer struct {
-	ClientID string `json:"clientId"`
-	Name     string `json:"name"`
-	Version  string `json:"version"`
-	ReadOnly bool   `json:"readOnly,omitempty"`
+func (m *member) peer() multiclient.Peer {
+	return multiclient.Peer{ClientID: m.id, Name: m.info.Name, Version: m.info.Version, ReadOnly: m.readOnly}
 }
 
-func (m *member) peer() peer {
-	return peer{ClientID: m.id, Name: m.info.Name, Version: m.info.Version, ReadOnly: m.readOnly}
+// peerOf is c, a client of the session, as the others see it.
+func (s *Session) peerOf(c *Conn) multiclient.Peer {
+	if m := s.memberOf(c); m != nil {
+		return m.peer()
+	}
+	return connPeer(c)
 }
 
 // connPeer is a plain client (the owner) as the others see it.
-func connPeer(c *Conn) peer {
+func connPeer(c *Conn) multiclient.Peer {
 	c.mu.Lock()
 	info := c.info
 	c.mu.Unlock()
-	return peer{ClientID: c.clientID, Name: info.Name, Version: info.Version}
+	return multiclient.Peer{ClientID: c.clientID, Name: info.Name, Version: info.Version}
 }
-
-// newClientID mints a client ID.
-func newClientID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return "c-" + hex.EncodeToString(b[:])
-}
-
-// maxStateUpdate bounds the size of a mode or config option update the
-// attach result follows.
-const maxStateUpdate = 16 << 10
 
 // Defaults of SessionsConfig.
 const (
@@ -117,78 +95,6 @@ func (r *Relay) maxClients() int {
 		return defaultMaxClients
 	}
 	return r.resume.MaxClients
-}
-
-// sessionState is what a session/attach result reports of the session's
-// configuration, as the agent last gave it (raw JSON; nil: never given).
-type sessionState struct {
-	Modes         json.RawMessage `json:"modes,omitempty"`
-	ConfigOptions json.RawMessage `json:"configOptions,omitempty"`
-	Models        json.RawMessage `json:"models,omitempty"`
-}
-
-// agentState is the configuration the agent last reported of a session,
-// for session/attach's result. Its lock is a leaf.
-type agentState struct {
-	mu  sync.Mutex
-	cur sessionState
-}
-
-// get is the configuration last reported.
-func (a *agentState) get() sessionState {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.cur
-}
-
-// noteResult records the configuration a session/new, load or resume
-// result carries.
-func (a *agentState) noteResult(result []byte) {
-	var st sessionState
-	if json.Unmarshal(result, &st) != nil {
-		return
-	}
-	a.mu.Lock()
-	a.cur = st
-	a.mu.Unlock()
-}
-
-// noteUpdate keeps the recorded configuration current: a mode or config
-// option change the agent reports. Those are small: a message over
-// maxStateUpdate is not searched (streamed content is most of the bytes).
-func (a *agentState) noteUpdate(msg []byte) {
-	if len(msg) > maxStateUpdate || !bytes.Contains(msg, []byte(`_update"`)) {
-		return // most updates are chunks: one short search rules them out
-	}
-	isMode := bytes.Contains(msg, []byte(`"current_mode_update"`))
-	if !isMode && !bytes.Contains(msg, []byte(`"config_option_update"`)) {
-		return
-	}
-	var n struct {
-		Params struct {
-			Update struct {
-				SessionUpdate string          `json:"sessionUpdate"`
-				CurrentModeID json.RawMessage `json:"currentModeId"`
-				ConfigOptions json.RawMessage `json:"configOptions"`
-			} `json:"update"`
-		} `json:"params"`
-	}
-	if json.Unmarshal(msg, &n) != nil {
-		return
-	}
-	u := n.Params.Update
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	switch {
-	case u.SessionUpdate == "current_mode_update" && u.CurrentModeID != nil && a.cur.Modes != nil:
-		var modes map[string]json.RawMessage
-		if json.Unmarshal(a.cur.Modes, &modes) == nil {
-			modes["currentModeId"] = u.CurrentModeID
-			a.cur.Modes, _ = json.Marshal(modes)
-		}
-	case u.SessionUpdate == "config_option_update" && u.ConfigOptions != nil:
-		a.cur.ConfigOptions = u.ConfigOptions
-	}
 }
 
 // clientList returns the session's members (nil: none).
@@ -242,7 +148,7 @@ func (s *Session) deliverAll(primary *Conn, msg []byte, f Facts, wait bool) {
 	if s.history != nil {
 		s.history.Add(msg)
 	}
-	s.state.noteUpdate(msg)
+	s.state.NoteUpdate(msg)
 	ms := s.clientList()
 	for _, m := range ms {
 		if m.conn != primary {
@@ -284,18 +190,8 @@ func (s *Session) toMembers(body []byte, skip *Conn) {
 }
 
 // presence tells the members that a client connected or left.
-func (s *Session) presence(event string, who peer, skip *Conn) {
-	s.toMembers(presenceBody(event, who), skip)
-}
-
-// presenceBody is a client_connected or client_disconnected update.
-func presenceBody(event string, who peer) []byte {
-	body, _ := json.Marshal(struct {
-		SessionUpdate string `json:"sessionUpdate"`
-		Client        peer   `json:"client"`
-		Timestamp     string `json:"timestamp"`
-	}{event, who, time.Now().UTC().Format(time.RFC3339Nano)})
-	return body
+func (s *Session) presence(event string, who multiclient.Peer, skip *Conn) {
+	s.toMembers(multiclient.Presence(event, who), skip)
 }
 
 // failQueued refuses the prompts waiting for a turn: c's (nil: all), with
@@ -325,23 +221,9 @@ func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
 	}
 	var chunks [][]byte
 	for _, b := range blocks {
-		body, _ := json.Marshal(struct {
-			SessionUpdate string          `json:"sessionUpdate"`
-			Content       json.RawMessage `json:"content"`
-		}{"user_message_chunk", b})
-		chunks = append(chunks, body)
+		chunks = append(chunks, multiclient.UserMessageChunk(b))
 	}
-	var by peer
-	if m := s.memberOf(sender); m != nil {
-		by = m.peer()
-	} else {
-		by = connPeer(sender)
-	}
-	received, _ := json.Marshal(struct {
-		SessionUpdate string            `json:"sessionUpdate"`
-		Prompt        []json.RawMessage `json:"prompt"`
-		SentBy        peer              `json:"sentBy"`
-	}{"prompt_received", blocks, by})
+	received := multiclient.PromptReceived(blocks, s.peerOf(sender))
 	s.fan.Lock()
 	defer s.fan.Unlock()
 	f := Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID}
@@ -374,11 +256,7 @@ func (s *Session) turnComplete(prompter *Conn, stop string) {
 	if s.members.Load() == nil {
 		return
 	}
-	body, _ := json.Marshal(struct {
-		SessionUpdate string `json:"sessionUpdate"`
-		StopReason    string `json:"stopReason"`
-	}{"turn_complete", stop})
-	s.toMembers(body, prompter)
+	s.toMembers(multiclient.TurnComplete(stop), prompter)
 }
 
 // addMember attaches c (s.fan held): false with a reason when the session

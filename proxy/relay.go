@@ -16,6 +16,7 @@ import (
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/clientcaps"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -265,7 +266,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		scope:     sessionid.Scope(info.Tenant, name),
 		subject:   info.Subject,
 		affinity:  info.Affinity,
-		clientID:  newClientID(),
+		clientID:  multiclient.NewClientID(),
 		log:       log,
 		onEnd:     info.OnEnd,
 		opened:    time.Now(),

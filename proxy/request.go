@@ -11,6 +11,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -400,27 +401,10 @@ func (in *inReq) resolution(by *Conn, outcome []byte) []byte {
 // resolution is the permission_resolved update of msg, a permission
 // request of the session, settled by by (nil: the gateway) with outcome.
 func (s *Session) resolution(msg []byte, by *Conn, outcome []byte) []byte {
-	var req struct {
-		Params struct {
-			ToolCall struct {
-				ToolCallID string `json:"toolCallId"`
-			} `json:"toolCall"`
-		} `json:"params"`
-	}
-	_ = json.Unmarshal(msg, &req)
-	var resolvedBy *peer
+	var resolvedBy *multiclient.Peer
 	if by != nil {
-		p := connPeer(by)
-		if m := s.memberOf(by); m != nil {
-			p = m.peer()
-		}
+		p := s.peerOf(by)
 		resolvedBy = &p
 	}
-	body, _ := json.Marshal(struct {
-		SessionUpdate string          `json:"sessionUpdate"`
-		ToolCallID    string          `json:"toolCallId"`
-		Outcome       json.RawMessage `json:"outcome"`
-		ResolvedBy    *peer           `json:"resolvedBy,omitempty"`
-	}{"permission_resolved", req.Params.ToolCall.ToolCallID, outcome, resolvedBy})
-	return body
+	return multiclient.PermissionResolved(msg, resolvedBy, outcome)
 }

@@ -192,7 +192,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 	case req.hold.attach != nil:
 		s := req.hold.attach
 		if s.attachable {
-			s.state.noteResult(m.Payload)
+			s.state.NoteResult(m.Payload)
 		}
 		req.hold.keepAttach()
 		s.sessionEvent(c, "loaded", "")
@@ -223,7 +223,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 	}
 	s := r.l.addSession(c, sid, req.cwd, req.hold.takeSlot())
 	if s.attachable {
-		s.state.noteResult(m.Payload)
+		s.state.NoteResult(m.Payload)
 	}
 	s.sessionEvent(c, "created", "")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true

@@ -9,6 +9,7 @@ import (
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/history"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/usage"
@@ -40,7 +41,7 @@ type Session struct {
 	inbound waiting
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result (kept for a session clients may attach to).
-	state  agentState
+	state  multiclient.Record
 	meter  usage.Meter   // what its agent reported using
 	opened time.Time     // when it was created or loaded here
 	life   atomic.Uint32 // its lifeStage (life.go); written under mu

@@ -1,0 +1,25 @@
+package multiclient
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// The attach result follows the session's mode and config options: as the
+// agent's result gave them, then as its updates change them.
+func TestSessionStateFollowsUpdates(t *testing.T) {
+	var a Record
+	a.NoteResult([]byte(`{"sessionId":"x","modes":{"currentModeId":"ask","availableModes":[{"id":"ask"},{"id":"code"}]},"configOptions":[{"id":"a"}]}`))
+	a.NoteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"current_mode_update","currentModeId":"code"}}}`))
+	a.NoteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"config_option_update","configOptions":[{"id":"b"}]}}}`))
+	a.NoteUpdate([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"tool_call_update","toolCallId":"t"}}}`))
+	var modes struct {
+		CurrentModeID string `json:"currentModeId"`
+	}
+	if err := json.Unmarshal(a.Get().Modes, &modes); err != nil || modes.CurrentModeID != "code" {
+		t.Errorf("modes = %s, want currentModeId code", a.Get().Modes)
+	}
+	if string(a.Get().ConfigOptions) != `[{"id":"b"}]` {
+		t.Errorf("configOptions = %s, want the update's", a.Get().ConfigOptions)
+	}
+}
