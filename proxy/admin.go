@@ -215,7 +215,7 @@ func (s *Session) settleRequests(why string) {
 		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
 		for _, cp := range in.conns(nil) {
 			cp.conn.reqs.withdraw(cp.id)
-			cp.conn.deliver(cancelRequestMsg(cp.id))
+			cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 		}
 		if in.method == acp.RequestPermission {
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))

@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -304,10 +303,4 @@ func (cr *clientReader) readOnlyWrite(m *jsonrpc.Message) bool {
 		cr.answerError(m.ID, codeReadOnly, "read-only attach: "+m.Method+" is not allowed", nil)
 	}
 	return true
-}
-
-// cancelRequestMsg is $/cancel_request for the id a client was sent.
-func cancelRequestMsg(id int64) []byte {
-	params := append(strconv.AppendInt([]byte(`{"requestId":`), id, 10), '}')
-	return jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params)
 }

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -469,7 +467,7 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 	}
 	result, err := policy.FilterInitialize(init.Result, *c.ten.policy(c.ag.name))
 	if err == nil && (c.token != "" || c.affinity != "") {
-		result = withAcpgateMeta(result, c.token, c.affinity)
+		result = acp.WithAcpgateMeta(result, c.token, c.affinity)
 	}
 	if err == nil && c.ten.sharing().Attach != SharingOff {
 		result = acp.WithAttachCapability(result)
@@ -654,7 +652,7 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 		}
 		return
 	}
-	if declines(m) {
+	if acp.Declines(m) {
 		// An error or a cancellation settles nothing while another client
 		// of the session may still answer: only this client's copy goes.
 		if _, _, last := in.leave(c); !last {
@@ -842,22 +840,4 @@ func (c *Conn) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
-}
-
-// declines reports whether a client's answer to an agent request is an
-// error or a cancelled permission outcome rather than a choice.
-func declines(m *jsonrpc.Message) bool {
-	if m.IsError {
-		return true
-	}
-	if !bytes.Contains(m.Payload, []byte(`"cancel`)) && !bytes.Contains(m.Payload, []byte(`"decline"`)) {
-		return false
-	}
-	var res struct {
-		Outcome struct {
-			Outcome string `json:"outcome"`
-		} `json:"outcome"`
-		Action string `json:"action"` // elicitation
-	}
-	return json.Unmarshal(m.Payload, &res) == nil && (res.Outcome.Outcome == "cancelled" || res.Action == "cancel" || res.Action == "decline")
 }

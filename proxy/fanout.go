@@ -241,15 +241,6 @@ func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
 	s.toMembersLocked(received, sender)
 }
 
-// promptBlocks reads the prompt of a session/prompt's params.
-func promptBlocks(params []byte) []json.RawMessage {
-	var p struct {
-		Prompt []json.RawMessage `json:"prompt"`
-	}
-	_ = json.Unmarshal(params, &p)
-	return p.Prompt
-}
-
 // turnComplete tells the members but the prompter that a turn ended, and
 // how.
 func (s *Session) turnComplete(prompter *Conn, stop string) {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/acpgate/acpgate/proxy/acp"
 )
 
 // recSink records what it is sent.
@@ -131,8 +133,8 @@ func TestWithResumeToken(t *testing.T) {
 		{`{"_meta":{"acpgate":{"x":1}}}`, `{"_meta":{"acpgate":{"x":1}}}`},                                         // the agent's own key stays
 		{`{"s":"_meta","n":{"_meta":1}}`, `{"_meta":{"acpgate":{"resumeToken":"T"}},"s":"_meta","n":{"_meta":1}}`}, // only the top level counts
 	} {
-		if got := string(withAcpgateMeta([]byte(tc.in), "T", "")); got != tc.want {
-			t.Errorf("withAcpgateMeta(%s, T) = %s, want %s", tc.in, got, tc.want)
+		if got := string(acp.WithAcpgateMeta([]byte(tc.in), "T", "")); got != tc.want {
+			t.Errorf("acp.WithAcpgateMeta(%s, T) = %s, want %s", tc.in, got, tc.want)
 		}
 	}
 }

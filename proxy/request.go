@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"encoding/json"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -287,19 +286,9 @@ func (in *inReq) copyTo(c *Conn) {
 		}
 		return
 	}
-	if out := withID(msg, id); out != nil {
+	if out := acp.WithID(msg, id); out != nil {
 		c.deliver(out)
 	}
-}
-
-// withID is msg, a request as a client was sent it, with another id.
-func withID(msg []byte, id int64) []byte {
-	var sc jsonrpc.Scanner
-	var m jsonrpc.Message
-	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
-		return nil
-	}
-	return jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
 }
 
 // leave removes c's copy: id is the id c had, had whether it had one, last
@@ -357,7 +346,7 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 	}
 	for _, cp := range in.conns(c) {
 		cp.conn.reqs.withdraw(cp.id)
-		cp.conn.deliver(cancelRequestMsg(cp.id))
+		cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 	}
 	if in.method != acp.RequestPermission {
 		return

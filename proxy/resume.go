@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
@@ -9,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
@@ -256,59 +253,4 @@ func (c *Conn) Detached() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.detached
-}
-
-// withAcpgateMeta adds _meta.acpgate to an initialize result (a JSON
-// object) with the resume token and the affinity cookie (each if not
-// empty), inside an existing _meta object if there is one. The rest is
-// copied as it is.
-func withAcpgateMeta(result []byte, token, affinity string) []byte {
-	var fields []string
-	if token != "" {
-		fields = append(fields, `"resumeToken":`+strconv.Quote(token))
-	}
-	if affinity != "" {
-		fields = append(fields, `"affinity":`+strconv.Quote(affinity))
-	}
-	member := []byte(`"acpgate":{` + strings.Join(fields, ",") + `}`)
-	dec := jsontext.NewDecoder(bytes.NewReader(result))
-	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
-		return result
-	}
-	for dec.PeekKind() != '}' {
-		name, err := dec.ReadToken()
-		if err != nil {
-			return result
-		}
-		if name.String() != "_meta" {
-			if err := dec.SkipValue(); err != nil {
-				return result
-			}
-			continue
-		}
-		if dec.PeekKind() != '{' {
-			return result // a _meta that is not an object: left alone
-		}
-		at := int(dec.InputOffset()) // before the object's '{' and any space
-		open := at + bytes.IndexByte(result[at:], '{') + 1
-		var meta jsontext.Value
-		if meta, err = dec.ReadValue(); err != nil {
-			return result
-		}
-		if bytes.Contains(meta, []byte(`"acpgate"`)) {
-			return result // the agent's own acpgate key: not overwritten
-		}
-		sep := []byte(",")
-		if len(bytes.TrimSpace(meta[1:len(meta)-1])) == 0 {
-			sep = nil
-		}
-		return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: append(member, sep...)}})
-	}
-	open := bytes.IndexByte(result, '{') + 1
-	sep := []byte(",")
-	if len(bytes.TrimSpace(result[open:len(bytes.TrimRight(result, " \t\r\n"))-1])) == 0 {
-		sep = nil
-	}
-	meta := append(append(append([]byte(`"_meta":{`), member...), '}'), sep...)
-	return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: meta}})
 }

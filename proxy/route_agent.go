@@ -398,7 +398,7 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 			in.sess.fan.Lock()
 			for _, cp := range copies {
 				cp.conn.reqs.withdraw(cp.id)
-				cp.conn.deliver(cancelRequestMsg(cp.id))
+				cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 			}
 			in.sess.fan.Unlock()
 		}

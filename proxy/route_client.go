@@ -360,7 +360,7 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		s.turn.started(req)
 		return true
 	}
-	t := queuedTurn{req: req, line: out, blocks: promptBlocks(m.Payload)}
+	t := queuedTurn{req: req, line: out, blocks: acp.PromptBlocks(m.Payload)}
 	now, full := s.turn.take(t)
 	switch {
 	case full:

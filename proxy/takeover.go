@@ -196,7 +196,7 @@ func (c *Conn) adopt(in *inReq) {
 	in.link.mu.Lock()
 	in.conn, in.connID = c, id
 	in.link.mu.Unlock()
-	if out := withID(msg, id); out != nil && !in.answered.Load() {
+	if out := acp.WithID(msg, id); out != nil && !in.answered.Load() {
 		c.deliver(out)
 	}
 }

@@ -25,6 +25,15 @@ import (
 // TracerName names the relay's tracer (its instrumentation scope).
 const TracerName = "github.com/acpgate/acpgate/proxy"
 
+// traceparentEdit sets the forwarded request's params._meta.traceparent to
+// span (nil: no edit).
+func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
+	if span == nil {
+		return jsonrpc.Edit{}, false
+	}
+	return acp.TraceparentEdit(m, tracing.Traceparent(span))
+}
+
 // tracerOf is the relay's tracer from Config.Tracing (nil: off).
 func tracerOf(tp trace.TracerProvider) trace.Tracer {
 	if tp == nil {
@@ -87,53 +96,6 @@ func routedSpan(span trace.Span, rt *routed, m *jsonrpc.Message) {
 			span.SetAttributes(attribute.String(tracing.AttrSession, id))
 		}
 	}
-}
-
-// traceparentEdit sets the forwarded request's params._meta.traceparent to
-// span: the value replaced, the key added to _meta, or _meta added to
-// params. Everything else in _meta passes as it is. No edit: params is not
-// an object, or its _meta is not one.
-func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
-	if span == nil {
-		return jsonrpc.Edit{}, false
-	}
-	tp := tracing.Traceparent(span)
-	idx := acp.MetaIndex(m)
-	if idx < 0 {
-		if len(m.Payload) == 0 || m.Payload[0] != '{' {
-			return jsonrpc.Edit{}, false
-		}
-		at := m.PayloadPos[0] + 1
-		repl := append(append([]byte(`"_meta":{"traceparent":`), tp...), '}')
-		if !emptyObject(m.Payload) {
-			repl = append(repl, ',')
-		}
-		return jsonrpc.Edit{Start: at, End: at, Repl: repl}, true
-	}
-	for _, f := range m.Fields[idx+1:] {
-		if f.Parent == idx && f.Label == acp.LabelTraceparent {
-			return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: tp}, true
-		}
-	}
-	meta := m.Fields[idx]
-	if m.Raw[meta.Start] != '{' {
-		return jsonrpc.Edit{}, false
-	}
-	repl := append([]byte(`"traceparent":`), tp...)
-	if !emptyObject(m.Raw[meta.Start:meta.End]) {
-		repl = append(repl, ',')
-	}
-	return jsonrpc.Edit{Start: meta.Start + 1, End: meta.Start + 1, Repl: repl}, true
-}
-
-// emptyObject reports whether obj, a JSON object's text, has no members.
-func emptyObject(obj []byte) bool {
-	for _, b := range obj[1 : len(obj)-1] {
-		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
-			return false
-		}
-	}
-	return true
 }
 
 // endSpan ends a request's span: its turn's too, if it is a traced prompt.

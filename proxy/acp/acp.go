@@ -7,8 +7,10 @@ package acp
 
 import (
 	"bytes"
+	"encoding/json"
 	"maps"
 	"strconv"
+	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
 
@@ -443,4 +445,145 @@ func findObject(doc []byte, path []string, key string) (open int, empty bool, de
 		}
 	}
 	return open, empty, depth, false, true
+}
+
+// WithAcpgateMeta adds _meta.acpgate to an initialize result (a JSON
+// object) with the resume token and the affinity cookie (each if not
+// empty), inside an existing _meta object if there is one. The rest is
+// copied as it is.
+func WithAcpgateMeta(result []byte, token, affinity string) []byte {
+	var fields []string
+	if token != "" {
+		fields = append(fields, `"resumeToken":`+strconv.Quote(token))
+	}
+	if affinity != "" {
+		fields = append(fields, `"affinity":`+strconv.Quote(affinity))
+	}
+	member := []byte(`"acpgate":{` + strings.Join(fields, ",") + `}`)
+	dec := jsontext.NewDecoder(bytes.NewReader(result))
+	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
+		return result
+	}
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadToken()
+		if err != nil {
+			return result
+		}
+		if name.String() != "_meta" {
+			if err := dec.SkipValue(); err != nil {
+				return result
+			}
+			continue
+		}
+		if dec.PeekKind() != '{' {
+			return result // a _meta that is not an object: left alone
+		}
+		at := int(dec.InputOffset()) // before the object's '{' and any space
+		open := at + bytes.IndexByte(result[at:], '{') + 1
+		var meta jsontext.Value
+		if meta, err = dec.ReadValue(); err != nil {
+			return result
+		}
+		if bytes.Contains(meta, []byte(`"acpgate"`)) {
+			return result // the agent's own acpgate key: not overwritten
+		}
+		sep := []byte(",")
+		if len(bytes.TrimSpace(meta[1:len(meta)-1])) == 0 {
+			sep = nil
+		}
+		return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: append(member, sep...)}})
+	}
+	open := bytes.IndexByte(result, '{') + 1
+	sep := []byte(",")
+	if len(bytes.TrimSpace(result[open:len(bytes.TrimRight(result, " \t\r\n"))-1])) == 0 {
+		sep = nil
+	}
+	meta := append(append(append([]byte(`"_meta":{`), member...), '}'), sep...)
+	return jsonrpc.Splice(nil, result, []jsonrpc.Edit{{Start: open, End: open, Repl: meta}})
+}
+
+// WithID is msg, a request as a client was sent it, with another id.
+func WithID(msg []byte, id int64) []byte {
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	if err := sc.Scan(msg, &m, nil); err != nil || m.IDPos[1] == 0 {
+		return nil
+	}
+	return jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, id, 10)}})
+}
+
+// CancelRequestMsg is $/cancel_request for the id a client was sent.
+func CancelRequestMsg(id int64) []byte {
+	params := append(strconv.AppendInt([]byte(`{"requestId":`), id, 10), '}')
+	return jsonrpc.AppendRequest(nil, nil, CancelRequest, params)
+}
+
+// Declines reports whether a client's answer to an agent request is an
+// error or a cancelled permission outcome rather than a choice.
+func Declines(m *jsonrpc.Message) bool {
+	if m.IsError {
+		return true
+	}
+	if !bytes.Contains(m.Payload, []byte(`"cancel`)) && !bytes.Contains(m.Payload, []byte(`"decline"`)) {
+		return false
+	}
+	var res struct {
+		Outcome struct {
+			Outcome string `json:"outcome"`
+		} `json:"outcome"`
+		Action string `json:"action"` // elicitation
+	}
+	return json.Unmarshal(m.Payload, &res) == nil && (res.Outcome.Outcome == "cancelled" || res.Action == "cancel" || res.Action == "decline")
+}
+
+// PromptBlocks reads the prompt of a session/prompt's params.
+func PromptBlocks(params []byte) []json.RawMessage {
+	var p struct {
+		Prompt []json.RawMessage `json:"prompt"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return p.Prompt
+}
+
+// TraceparentEdit sets a forwarded request's params._meta.traceparent to
+// tp (a JSON string): the value replaced, the key added to _meta, or _meta added to
+// params. Everything else in _meta passes as it is. No edit: params is not
+// an object, or its _meta is not one.
+func TraceparentEdit(m *jsonrpc.Message, tp []byte) (jsonrpc.Edit, bool) {
+	idx := MetaIndex(m)
+	if idx < 0 {
+		if len(m.Payload) == 0 || m.Payload[0] != '{' {
+			return jsonrpc.Edit{}, false
+		}
+		at := m.PayloadPos[0] + 1
+		repl := append(append([]byte(`"_meta":{"traceparent":`), tp...), '}')
+		if !emptyObject(m.Payload) {
+			repl = append(repl, ',')
+		}
+		return jsonrpc.Edit{Start: at, End: at, Repl: repl}, true
+	}
+	for _, f := range m.Fields[idx+1:] {
+		if f.Parent == idx && f.Label == LabelTraceparent {
+			return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: tp}, true
+		}
+	}
+	meta := m.Fields[idx]
+	if m.Raw[meta.Start] != '{' {
+		return jsonrpc.Edit{}, false
+	}
+	repl := append([]byte(`"traceparent":`), tp...)
+	if !emptyObject(m.Raw[meta.Start:meta.End]) {
+		repl = append(repl, ',')
+	}
+	return jsonrpc.Edit{Start: meta.Start + 1, End: meta.Start + 1, Repl: repl}, true
+}
+
+// emptyObject reports whether obj, a JSON object's text, has no members.
+func emptyObject(obj []byte) bool {
+	for _, b := range obj[1 : len(obj)-1] {
+		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
+			return false
+		}
+	}
+	return true
 }
