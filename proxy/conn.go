@@ -520,33 +520,12 @@ func createdCwd(m *jsonrpc.Message) string {
 // -32602. Nothing refused reaches the agent.
 func (cr *clientReader) checkPolicy(m *jsonrpc.Message) bool {
 	c := cr.c
-	pol := c.ten.policy(c.ag.name)
 	c.mu.Lock()
 	caps := c.caps
 	c.mu.Unlock()
-	if err := pol.AllowClientMethod(m.Method, caps); err != nil {
-		cr.refuse(m, jsonrpc.CodeMethodNotFound, "method", err)
+	if r := c.ten.policy(c.ag.name).CheckClient(m, caps); r != nil {
+		cr.refuse(m, r.Code, r.Reason, r.Err)
 		return false
-	}
-	blocks, servers := 0, 0
-	for _, f := range m.Fields {
-		var err error
-		var reason string
-		switch {
-		case f.Kind == jsonrpc.FieldElement && f.Label == "mcpServers[]":
-			err, reason = pol.CheckMCPServer(servers, m.Bytes(f), caps), "mcp_server"
-			servers++
-		case f.Kind == jsonrpc.FieldTag && f.Label == "prompt[].type":
-			typ, _ := m.String(f)
-			err, reason = pol.CheckPromptBlock(blocks, typ, caps), "prompt_content"
-			blocks++
-		case f.Kind == jsonrpc.FieldPath && f.Label == "additionalDirectories[]":
-			err, reason = pol.CheckAdditionalDirectories(caps), "additional_directories"
-		}
-		if err != nil {
-			cr.refuse(m, jsonrpc.CodeInvalidParams, reason, err)
-			return false
-		}
 	}
 	return true
 }

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
 // The kinds of refusal; every error from the gates wraps exactly one.
@@ -209,6 +211,44 @@ func (p Policy) CheckAdditionalDirectories(caps AgentCaps) error {
 	}
 	if !caps.AdditionalDirectories {
 		return &Error{Kind: ErrUnsupported, Msg: "additionalDirectories is not available: the agent does not support it"}
+	}
+	return nil
+}
+
+// Refusal is why the policy refuses a client message: the JSON-RPC error
+// code, the reason it is counted under, and the error the client is told.
+type Refusal struct {
+	Code   int
+	Reason string
+	Err    error
+}
+
+// CheckClient applies the policy to a client message the relay scanned
+// with acp.ClientSpec: a method that is off (or that the agent never
+// advertised) is refused with -32601; a disallowed MCP server, prompt
+// content type or additionalDirectories with -32602. nil: it passes.
+func (p Policy) CheckClient(m *jsonrpc.Message, caps AgentCaps) *Refusal {
+	if err := p.AllowClientMethod(m.Method, caps); err != nil {
+		return &Refusal{jsonrpc.CodeMethodNotFound, "method", err}
+	}
+	blocks, servers := 0, 0
+	for _, f := range m.Fields {
+		var err error
+		var reason string
+		switch {
+		case f.Kind == jsonrpc.FieldElement && f.Label == "mcpServers[]":
+			err, reason = p.CheckMCPServer(servers, m.Bytes(f), caps), "mcp_server"
+			servers++
+		case f.Kind == jsonrpc.FieldTag && f.Label == "prompt[].type":
+			typ, _ := m.String(f)
+			err, reason = p.CheckPromptBlock(blocks, typ, caps), "prompt_content"
+			blocks++
+		case f.Kind == jsonrpc.FieldPath && f.Label == "additionalDirectories[]":
+			err, reason = p.CheckAdditionalDirectories(caps), "additional_directories"
+		}
+		if err != nil {
+			return &Refusal{jsonrpc.CodeInvalidParams, reason, err}
+		}
 	}
 	return nil
 }
