@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"testing"
+)
+
+// No lease is released under a lock (doc.go's lock order): a deferred
+// Release registered after a deferred Unlock runs first, with the lock
+// still held, in any file of the proxy packages.
+func TestNoReleaseDeferredUnderALock(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, _ := filepath.Glob("*/*.go")
+	fset := token.NewFileSet()
+	for _, name := range append(files, more...) {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			body := funcBody(n)
+			if body == nil {
+				return true
+			}
+			unlocked := false
+			ast.Inspect(body, func(n ast.Node) bool {
+				if _, ok := n.(*ast.FuncLit); ok {
+					return false // its defers are its own
+				}
+				d, ok := n.(*ast.DeferStmt)
+				if !ok {
+					return true
+				}
+				switch calledName(d.Call) {
+				case "Unlock", "RUnlock":
+					unlocked = true
+				case "Release":
+					if unlocked {
+						t.Errorf("%s: a Release deferred after an Unlock runs with the lock held", fset.Position(d.Pos()))
+					}
+				}
+				return true
+			})
+			return true
+		})
+	}
+}
+
+func funcBody(n ast.Node) *ast.BlockStmt {
+	switch f := n.(type) {
+	case *ast.FuncDecl:
+		return f.Body
+	case *ast.FuncLit:
+		return f.Body
+	}
+	return nil
+}
+
+func calledName(c *ast.CallExpr) string {
+	if sel, ok := c.Fun.(*ast.SelectorExpr); ok {
+		return sel.Sel.Name
+	}
+	return ""
+}
