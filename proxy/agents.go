@@ -160,6 +160,15 @@ func (r *Relay) agentList() []*agent {
 	return out
 }
 
+// pools yields each agent's name and pool, in name order (live).
+func (r *Relay) pools(yield func(string, *pool.Pool) bool) {
+	for _, ag := range r.agentList() {
+		if !yield(ag.name, ag.pool) {
+			return
+		}
+	}
+}
+
 // AgentPool returns the named agent's pool (nil: no such agent).
 func (r *Relay) AgentPool(name string) *pool.Pool {
 	r.mu.Lock()

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"iter"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 // (an agentMetrics view, made by forAgent); the connection-level metrics of
 // resumes and take-overs do not.
 type Metrics struct {
+	reg     prometheus.Registerer // what NewMetrics registered them on (Register)
 	tenants *TenantLabels
 
 	sessionsActive      *prometheus.GaugeVec
@@ -53,11 +55,6 @@ type Metrics struct {
 	Attaches              *prometheus.CounterVec // result: ok, not_found, refused, full, invalid
 	PermissionResolutions *prometheus.CounterVec // outcome: selected, cancelled, timeout, disconnect
 	PromptsQueued         prometheus.Gauge       // prompts waiting for another client's turn
-
-	relay               *Relay
-	replayBytesDesc     *prometheus.Desc
-	processStatesDesc   *prometheus.Desc
-	sessionsPerProcDesc *prometheus.Desc
 }
 
 // agentMetrics is one agent's view of the metrics: every series it
@@ -139,6 +136,7 @@ func (m *agentMetrics) poolMetrics() *pool.Metrics {
 // number of distinct tenant label values.
 func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 	m := &Metrics{
+		reg:     reg,
 		tenants: NewTenantLabels(tenantCap),
 		sessionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "acpgate_sessions_active", Help: "Sessions held by client connections, by tenant and agent.",
@@ -195,14 +193,10 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		doubleReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_double_releases_total", Help: "Holds given back twice (a bug, logged as an error; the second release changes nothing), by what: hold (a client request's tenant slot, process slot and session route), session, home, request (a process lease), or a *_count that would have gone below zero.",
 		}, []string{"what", "agent"}),
-		replayBytesDesc:   prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil),
-		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state and agent.", []string{"state", "agent"}, nil),
-		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
-			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
 	m.newConnMetrics()
 	m.newUsageMetrics()
-	m.register(reg)
+	m.register()
 	return m
 }
 
@@ -250,18 +244,22 @@ func (m *Metrics) newUsageMetrics() {
 
 // register exports the metrics on reg, the bounded series at 0 from the
 // start so that rates and alerts see the first one.
-func (m *Metrics) register(reg prometheus.Registerer) {
+func (m *Metrics) register() {
 	for _, lv := range [][2]string{{"ok", ""}, {"refused", refusedOtherReplica}, {"refused", refusedUnknown}, {"refused", refusedMismatch}, {"refused", refusedNotKept}} {
 		m.Resumes.WithLabelValues(lv[0], lv[1])
 	}
 	atZero(m.Takeovers, "running", "ended", "idle")
 	atZero(m.Attaches, "ok", "not_found", "refused", "full", "invalid")
 	atZero(m.PermissionResolutions, "selected", "cancelled", "timeout", "disconnect")
-	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
+	m.reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
 		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.AttachedClients, m.Attaches, m.PermissionResolutions, m.PromptsQueued, m.exits, m.spawnDuration,
 		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases,
-		m.usageTokens, m.usageCost, m.promptSeconds, m.usageRejected, m)
+		m.usageTokens, m.usageCost, m.promptSeconds, m.usageRejected)
 }
+
+// Register exports c on the registry the metrics were made with: the
+// relay's collector of its live state (live), once per Metrics.
+func (m *Metrics) Register(c prometheus.Collector) error { return m.reg.Register(c) }
 
 // atZero creates the series of a one-label counter for each value.
 func atZero(v *prometheus.CounterVec, values ...string) {
@@ -270,25 +268,36 @@ func atZero(v *prometheus.CounterVec, values ...string) {
 	}
 }
 
+var (
+	replayBytesDesc     = prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil)
+	processStatesDesc   = prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state and agent.", []string{"state", "agent"}, nil)
+	sessionsPerProcDesc = prometheus.NewDesc("acpgate_agent_process_sessions",
+		"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil)
+)
+
+// live is the relay's live state, read at each scrape: the relay registers
+// it on its metrics (Metrics.Register).
+type live struct {
+	pools       iter.Seq2[string, *pool.Pool] // each agent's name and pool, in name order
+	replayBytes func() int                    // bytes held in the connections' replay buffers
+}
+
 // Describe and Collect export each pool's live state (process states and
-// the sessions-per-process histogram) at scrape time.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	ch <- m.processStatesDesc
-	ch <- m.sessionsPerProcDesc
-	ch <- m.replayBytesDesc
+// the sessions-per-process histogram) and the replay buffers' size.
+func (l live) Describe(ch chan<- *prometheus.Desc) {
+	ch <- processStatesDesc
+	ch <- sessionsPerProcDesc
+	ch <- replayBytesDesc
 }
 
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	if m.relay == nil {
-		return
+func (l live) Collect(ch chan<- prometheus.Metric) {
+	for agent, p := range l.pools {
+		collectPool(ch, agent, p)
 	}
-	for _, ag := range m.relay.agentList() {
-		m.collectPool(ch, ag.name, ag.pool)
-	}
-	ch <- prometheus.MustNewConstMetric(m.replayBytesDesc, prometheus.GaugeValue, float64(m.relay.replayBytes()))
+	ch <- prometheus.MustNewConstMetric(replayBytesDesc, prometheus.GaugeValue, float64(l.replayBytes()))
 }
 
-func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, p *pool.Pool) {
+func collectPool(ch chan<- prometheus.Metric, agent string, p *pool.Pool) {
 	st := p.Stats()
 	buckets := []float64{0, 1, 2, 4, 8, 16, 32, 64, 128}
 	cum := make(map[float64]uint64, len(buckets))
@@ -302,9 +311,9 @@ func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, p *pool
 		}
 	}
 	for _, state := range []pool.State{pool.Starting, pool.Ready, pool.Stopping} {
-		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(st.ByState[state]), state.String(), agent)
+		ch <- prometheus.MustNewConstMetric(processStatesDesc, prometheus.GaugeValue, float64(st.ByState[state]), state.String(), agent)
 	}
-	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, uint64(len(st.PerProcess)), sum, cum, agent)
+	ch <- prometheus.MustNewConstHistogram(sessionsPerProcDesc, uint64(len(st.PerProcess)), sum, cum, agent)
 }
 
 // nopMetrics is used when the relay is built without a registry.

@@ -39,7 +39,8 @@ type Config struct {
 	Tenants []TenantConfig
 	// IsolateTenants keeps each tenant on agent processes of its own.
 	IsolateTenants bool
-	// Metrics receives the relay's metrics; nil = not exported.
+	// Metrics receives the relay's metrics (a Metrics serves one relay);
+	// nil = not exported.
 	Metrics *Metrics
 	// Limits bound each connection and tenant.
 	Limits Limits
@@ -205,7 +206,10 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		}
 		r.agents[spec.Name].gatesReady = true
 	}
-	metrics.relay = r
+	if err := metrics.Register(live{pools: r.pools, replayBytes: r.replayBytes}); err != nil {
+		_ = r.Close(context.Background())
+		return nil, fmt.Errorf("proxy: registering the relay's live metrics: %w", err)
+	}
 	return r, nil
 }
 
