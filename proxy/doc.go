@@ -80,7 +80,7 @@
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
 // usage.Meter's lock, agentState.mu, waiting.mu, requests.mu, workers.mu,
-// Relay.promptMu and TenantLabels.mu are leaves. The pool calls no relay
+// Relay.promptMu and metrics.TenantLabels.mu are leaves. The pool calls no relay
 // code with its locks held, and a session's slot is released by its end's
 // teardown, off every lock.
 //
