@@ -6,13 +6,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/acpgate/acpgate/proxy"
+	relaymetrics "github.com/acpgate/acpgate/proxy/metrics"
 )
 
 // metrics are the gateway's own Prometheus metrics (the relay registers its
 // own on the same registry).
 type metrics struct {
-	tenants         *proxy.TenantLabels
+	tenants         *relaymetrics.TenantLabels
 	connsOpen       *prometheus.GaugeVec   // tenant, transport, agent
 	connsTotal      *prometheus.CounterVec // tenant, reason, transport, agent
 	authFailures    *prometheus.CounterVec // reason
@@ -20,7 +20,7 @@ type metrics struct {
 	reloads         *prometheus.CounterVec // result
 }
 
-func newMetrics(reg *prometheus.Registry, s *Server, relay *proxy.Metrics, authFailures *prometheus.CounterVec, version string) *metrics {
+func newMetrics(reg *prometheus.Registry, s *Server, relay *relaymetrics.Metrics, authFailures *prometheus.CounterVec, version string) *metrics {
 	m := &metrics{
 		authFailures: authFailures,
 		tenants:      relay.Tenants(),

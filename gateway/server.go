@@ -25,6 +25,7 @@ import (
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
+	relaymetrics "github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/sessionid"
 	"github.com/acpgate/acpgate/web"
@@ -264,7 +265,7 @@ func New(opts Options) (*Server, error) {
 	}
 	tenants := relayTenants(cfg)
 	reg := prometheus.NewRegistry()
-	relayMetrics := proxy.NewMetrics(reg, cfg.Observability.TenantLabelLimit)
+	relayMetrics := relaymetrics.New(reg, cfg.Observability.TenantLabelLimit)
 	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
 	}, []string{"reason"})
@@ -329,7 +330,7 @@ func New(opts Options) (*Server, error) {
 
 // startRelay starts the relay (s.relay) with cfg's agents, s's audit
 // trail and tracing.
-func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *sessionid.Sealer, tenants []proxy.TenantConfig) error {
+func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer *sessionid.Sealer, tenants []proxy.TenantConfig) error {
 	s.launch.setTracing(s.tracing)
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {
@@ -351,7 +352,7 @@ func (s *Server) startRelay(cfg *config.Config, m *proxy.Metrics, sealer *sessio
 }
 
 // relayConfig is the relay's configuration.
-func relayConfig(cfg *config.Config, m *proxy.Metrics, agents []proxy.AgentSpec, sealer *sessionid.Sealer,
+func relayConfig(cfg *config.Config, m *relaymetrics.Metrics, agents []proxy.AgentSpec, sealer *sessionid.Sealer,
 	tenants []proxy.TenantConfig) proxy.Config {
 	return proxy.Config{
 		Metrics: m,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -71,7 +72,7 @@ type agent struct {
 	cfg      *pool.Config // the pool's, defaults applied
 	timeouts Timeouts
 	mapPaths bool // some tenant maps paths: locate path fields in agent output
-	metrics  *agentMetrics
+	metrics  *metrics.Agent
 	isolate  bool             // two tenants never share a process of this agent
 	audit    audit.Recorder   // the relay's audit trail (nil: none)
 	obs      *observe.Set     // what watches its sessions (events.go)
@@ -136,11 +137,11 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	isolate := r.isolate && !spec.SharedTenants
 	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
-	ag := &agent{name: spec.Name, metrics: r.metrics.forAgent(spec.Name), isolate: isolate,
+	ag := &agent{name: spec.Name, metrics: r.metrics.ForAgent(spec.Name), isolate: isolate,
 		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit,
 		dec: r.deciders}
 	ag.obs = r.observers(ag, r.extraObs)
-	cfg.Metrics = ag.metrics.poolMetrics()
+	cfg.Metrics = ag.metrics.Pool()
 	cfg.NewHandler = ag.newLink
 	ag.pool = pool.New(cfg, r.log.With("agent", spec.Name))
 	ag.cfg = ag.pool.Config()
@@ -158,6 +159,15 @@ func (r *Relay) agentList() []*agent {
 	}
 	slices.SortFunc(out, func(a, b *agent) int { return strings.Compare(a.name, b.name) })
 	return out
+}
+
+// pools yields each agent's name and pool, in name order (metrics.Live).
+func (r *Relay) pools(yield func(string, *pool.Pool) bool) {
+	for _, ag := range r.agentList() {
+		if !yield(ag.name, ag.pool) {
+			return
+		}
+	}
 }
 
 // AgentPool returns the named agent's pool (nil: no such agent).

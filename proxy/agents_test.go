@@ -10,6 +10,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/policy"
 )
 
@@ -131,7 +132,7 @@ func TestResumeRefusalReasons(t *testing.T) {
 	for _, tc := range []struct {
 		r      *Relay
 		reason string
-	}{{b, refusedOtherReplica}, {a, refusedUnknown}, {a, refusedMismatch}} {
+	}{{b, metrics.RefusedOtherReplica}, {a, metrics.RefusedUnknown}, {a, metrics.RefusedMismatch}} {
 		var m dto.Metric
 		if err := tc.r.metrics.Resumes.WithLabelValues("refused", tc.reason).Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
 			v := m.GetCounter().GetValue()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -30,10 +31,9 @@ func benchRoute(b *testing.B, textLen, replay int) { benchFanOut(b, textLen, rep
 // bytes, -1: none) and members more clients attached to the session; setup
 // runs on the relay and the session before the loop.
 func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...func(*Relay, *Session)) {
-	metrics := nopMetrics()
-	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: metrics}
+	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: metrics.Nop()}
 	r.resume.HistoryBytes = history
-	am := metrics.forAgent(DefaultAgent)
+	am := r.metrics.ForAgent(DefaultAgent)
 	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procLink{}}
 	ag.obs = r.observers(ag, nil)
 	l := ag.newLink(nil).(*procLink) // the hot path never reaches the process

@@ -18,6 +18,7 @@ import (
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -653,7 +654,7 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 		cr.clientFsDone(in, m)
 	}
 	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
-	c.ag.metrics.message(dirClientToAgent, in.method, len(out))
+	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out))
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {

@@ -79,10 +79,10 @@
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// usage.Meter's and multiclient.Record's locks, waiting.mu, requests.mu, workers.mu,
-// Relay.promptMu and TenantLabels.mu are leaves. The pool calls no relay
-// code with its locks held, and a session's slot is released by its end's
-// teardown, off every lock.
+// usage.Meter's and multiclient.Record's locks, waiting.mu, requests.mu,
+// workers.mu, Relay.promptMu and metrics.TenantLabels.mu are leaves. The
+// pool calls no relay code with its locks held, and a session's slot is
+// released by its end's teardown, off every lock.
 //
 // # How a client message travels
 //

@@ -203,7 +203,7 @@ func (s *Session) failTurns(failed []queuedTurn, why string) {
 	if len(failed) == 0 {
 		return
 	}
-	s.link.ag.metrics.root.PromptsQueued.Sub(float64(len(failed)))
+	s.link.ag.metrics.Root().PromptsQueued.Sub(float64(len(failed)))
 	for _, t := range failed {
 		if s.link.take(t.req) {
 			t.req.failWith(jsonrpc.CodeRequestCancelled, why, nil)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/policy"
 )
@@ -21,7 +22,7 @@ func TestSessionEndsOnceWhateverEndsIt(t *testing.T) {
 	w := &watcher{}
 	r := testPool(t, "usage", func(p *PoolConfig) { p.MaxProcesses = 1 }, func(c *Config) {
 		pol := policy.Default()
-		c.Metrics = NewMetrics(reg, 10)
+		c.Metrics = metrics.New(reg, 10)
 		c.Tenants = []TenantConfig{{Name: "acme", Policy: &pol}}
 		c.Observers = []observe.Observer{w}
 	})
@@ -96,7 +97,7 @@ func TestSessionEndRunsOnce(t *testing.T) {
 	w := &watcher{}
 	r := testPool(t, "usage", nil, func(c *Config) {
 		pol := policy.Default()
-		c.Metrics = NewMetrics(reg, 10)
+		c.Metrics = metrics.New(reg, 10)
 		c.Tenants = []TenantConfig{{Name: "acme", Policy: &pol}}
 		c.Observers = []observe.Observer{w}
 	})

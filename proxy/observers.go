@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/audittrail"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -24,7 +25,7 @@ func (r *Relay) observers(ag *agent, extra []observe.Observer) *observe.Set {
 }
 
 // metricsObserver counts a session's events in the agent's metrics.
-type metricsObserver struct{ am *agentMetrics }
+type metricsObserver struct{ am *metrics.Agent }
 
 var sessionEventNames = map[observe.Kind]string{
 	observe.SessionCreated: "created", observe.SessionLoaded: "loaded",
@@ -59,7 +60,7 @@ func (o metricsObserver) Observe(e *observe.Event) {
 		}
 	case observe.PermissionResolved:
 		if outcome := resolutionLabel(e.By, e.Outcome); outcome != "" {
-			am.root.PermissionResolutions.WithLabelValues(outcome).Inc()
+			am.Root().PermissionResolutions.WithLabelValues(outcome).Inc()
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/acpgate/acpgate/internal/syncbuf"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -25,10 +26,10 @@ import (
 // and is counted and logged as the bug it is.
 func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
 	var logs syncbuf.Buffer
-	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
+	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: metrics.Nop()}
 	c := r.newConnForBench(nil)
 	c.log = r.log
-	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
 	c.ag.obs = r.observers(c.ag, nil)
 	c.ten.maxSessions = 1
 	if ok, _ := c.ten.tryReserve(false); !ok {
@@ -97,11 +98,11 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 	}
 	pol := policy.Default()
 	for i := range rounds {
-		r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: nopMetrics()}
+		r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: metrics.Nop()}
 		ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 		r.tenants = map[string]*tenant{"": ten}
 		r.conns = map[*Conn]struct{}{}
-		ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+		ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
 		ag.obs = r.observers(ag, nil)
 		ag.obs = r.observers(ag, nil)
 		l := ag.newLink(nil).(*procLink) // take-overs never reach the process
@@ -282,11 +283,11 @@ func TestFactSinkGetsWhatAScanFinds(t *testing.T) {
 func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	var logs syncbuf.Buffer
 	pol := policy.Default()
-	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: nopMetrics()}
+	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: metrics.Nop()}
 	ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 	r.tenants = map[string]*tenant{"": ten}
 	r.conns = map[*Conn]struct{}{}
-	ag := &agent{name: DefaultAgent, metrics: r.metrics.forAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
 	ag.obs = r.observers(ag, nil)
 	l := ag.newLink(nil).(*procLink)
 	a, b, sa, _ := detachedPair(r, ag, l)

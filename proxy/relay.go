@@ -16,6 +16,7 @@ import (
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/clientcaps"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
@@ -40,8 +41,9 @@ type Config struct {
 	Tenants []TenantConfig
 	// IsolateTenants keeps each tenant on agent processes of its own.
 	IsolateTenants bool
-	// Metrics receives the relay's metrics; nil = not exported.
-	Metrics *Metrics
+	// Metrics receives the relay's metrics (a Metrics serves one relay);
+	// nil = not exported.
+	Metrics *metrics.Metrics
 	// Limits bound each connection and tenant.
 	Limits Limits
 	// Sessions says how long a connection outlives its socket.
@@ -102,7 +104,7 @@ func newLimiter(perSecond float64, burst int) *rate.Limiter {
 // core: it knows nothing of HTTP or WebSockets.
 type Relay struct {
 	bg      workers // what must not run on its caller's stack
-	metrics *Metrics
+	metrics *metrics.Metrics
 	sealer  *sessionid.Sealer
 	log     *slog.Logger
 	caps    Profile
@@ -149,9 +151,9 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	if sealer == nil {
 		sealer = sessionid.NewRandom()
 	}
-	metrics := cfg.Metrics
-	if metrics == nil {
-		metrics = nopMetrics()
+	m := cfg.Metrics
+	if m == nil {
+		m = metrics.Nop()
 	}
 	tenants := map[string]*tenant{}
 	mapPaths := false
@@ -159,7 +161,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		cfg.Tenants = []TenantConfig{{}}
 	}
 	for _, tc := range cfg.Tenants {
-		t, err := newTenant(tc, metrics)
+		t, err := newTenant(tc, m)
 		if err != nil {
 			return nil, err
 		}
@@ -176,7 +178,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{
 		tracer:    tracerOf(cfg.Tracing),
-		metrics:   metrics,
+		metrics:   m,
 		sealer:    sealer,
 		log:       log,
 		caps:      cfg.ClientCaps,
@@ -206,7 +208,10 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		}
 		r.agents[spec.Name].gatesReady = true
 	}
-	metrics.relay = r
+	if err := m.Register(metrics.Live{Pools: r.pools, ReplayBytes: r.replayBytes}); err != nil {
+		_ = r.Close(context.Background())
+		return nil, fmt.Errorf("proxy: registering the relay's live metrics: %w", err)
+	}
 	return r, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 )
 
 // Sessions outlive sockets.
@@ -54,15 +55,6 @@ func newInstanceID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// Reasons a resume is refused, for acpgate_resumes_total{reason}; the
-// client is told the same in every case.
-const (
-	refusedOtherReplica = "other_replica" // issued by another gateway process: another replica, or before a restart
-	refusedUnknown      = "unknown"       // not a token this process holds (never issued, ended, or malformed)
-	refusedMismatch     = "mismatch"      // another tenant's or another agent's connection
-	refusedNotKept      = "not_kept"      // the messages the client lacks are no longer kept, or the connection closed
-)
-
 // refused counts a refused resume.
 func (r *Relay) refused(reason string) {
 	r.metrics.Resumes.WithLabelValues("refused", reason).Inc()
@@ -77,7 +69,7 @@ const maxTokenBytes = 64
 // (AbortResume). Every failure is ErrResumeRefused.
 func (r *Relay) Resume(tenant, agent, token string, received int64) (*Conn, error) {
 	if token == "" || len(token) > maxTokenBytes {
-		r.refused(refusedUnknown)
+		r.refused(metrics.RefusedUnknown)
 		return nil, ErrResumeRefused
 	}
 	r.mu.Lock()
@@ -86,16 +78,16 @@ func (r *Relay) Resume(tenant, agent, token string, received int64) (*Conn, erro
 	switch {
 	case c == nil:
 		if inst, _, ok := strings.Cut(token, "."); ok && inst != r.instance && len(inst) == len(r.instance) {
-			r.refused(refusedOtherReplica)
+			r.refused(metrics.RefusedOtherReplica)
 		} else {
-			r.refused(refusedUnknown)
+			r.refused(metrics.RefusedUnknown)
 		}
 		return nil, ErrResumeRefused
 	case subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 || agent != "" && c.ag.name != agent:
-		r.refused(refusedMismatch)
+		r.refused(metrics.RefusedMismatch)
 		return nil, ErrResumeRefused
 	case !c.reserveResume(received):
-		r.refused(refusedNotKept)
+		r.refused(metrics.RefusedNotKept)
 		return nil, ErrResumeRefused
 	}
 	return c, nil
@@ -137,7 +129,7 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 	if !c.out.canResumeLocked(received) {
 		c.out.mu.Unlock()
 		c.mu.Unlock()
-		c.relay.refused(refusedNotKept)
+		c.relay.refused(metrics.RefusedNotKept)
 		return ErrResumeRefused
 	}
 	old := c.out.sink

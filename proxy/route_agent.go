@@ -6,11 +6,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
@@ -108,7 +110,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
 	}
-	tracing.ObserveLatency(l.ag.metrics.RequestDuration.WithLabelValues(methodLabel(req.method)), since(req.start), req.span)
+	tracing.ObserveLatency(l.ag.metrics.RequestDuration.WithLabelValues(metrics.MethodLabel(req.method)), time.Since(req.start).Seconds(), req.span)
 	c := req.conn
 	if c == nil {
 		return // the gateway's own request (session/close): answer not needed
@@ -146,7 +148,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
 	out := c.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
-	l.ag.metrics.message(dirAgentToClient, req.method, len(out))
+	l.ag.metrics.Message(metrics.AgentToClient, req.method, len(out))
 	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
 }
 
@@ -500,7 +502,7 @@ func (r *agentReader) splice(m *jsonrpc.Message, conn *Conn, edits []jsonrpc.Edi
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
 	out := conn.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
-	r.l.ag.metrics.message(dirAgentToClient, m.Method, len(out))
+	r.l.ag.metrics.Message(metrics.AgentToClient, m.Method, len(out))
 	return out
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
@@ -307,7 +308,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil {
 		rt.sess.turnStarted(req, nil, m.Payload)
 	}
-	c.ag.metrics.message(dirClientToAgent, m.Method, len(out))
+	c.ag.metrics.Message(metrics.ClientToAgent, m.Method, len(out))
 	err := rt.link.p.Send(ctx, out)
 	switch {
 	case err == nil:

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -76,7 +77,7 @@ func (c TenantConfig) mayUse(agent string) bool {
 type tenant struct {
 	name    string
 	label   string // metrics label
-	metrics *Metrics
+	metrics *metrics.Metrics
 	mapper  atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
 
 	limiter *rate.Limiter                // all of the tenant's connections; nil = none
@@ -89,7 +90,7 @@ type tenant struct {
 	currencies  map[string]struct{} // named in the usage cost labels (currencyLabel)
 }
 
-func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {
+func newTenant(c TenantConfig, m *metrics.Metrics) (*tenant, error) {
 	mapper, err := c.mapper()
 	if err != nil {
 		return nil, err
@@ -99,8 +100,8 @@ func newTenant(c TenantConfig, m *Metrics) (*tenant, error) {
 
 // makeTenant builds a tenant whose mapper is already made (nil: no path
 // mapping). The caller sets its limiter.
-func makeTenant(c TenantConfig, mapper *pathmap.Mapper, m *Metrics) *tenant {
-	t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: m, label: m.tenants.Label(c.Name)}
+func makeTenant(c TenantConfig, mapper *pathmap.Mapper, m *metrics.Metrics) *tenant {
+	t := &tenant{name: c.Name, maxSessions: c.MaxSessions, metrics: m, label: m.Tenants().Label(c.Name)}
 	t.mapper.Store(mapper)
 	t.conf.Store(&c)
 	return t
@@ -156,7 +157,7 @@ func (t *tenant) tryReserve(move bool) (bool, int) {
 
 // unreserve gives back a slot tryReserve held. One more than was held is a
 // bug: logged, counted, and ignored.
-func (t *tenant) unreserve(am *agentMetrics, log *slog.Logger) {
+func (t *tenant) unreserve(am *metrics.Agent, log *slog.Logger) {
 	t.mu.Lock()
 	ok := t.pending > 0
 	if ok {
@@ -170,7 +171,7 @@ func (t *tenant) unreserve(am *agentMetrics, log *slog.Logger) {
 }
 
 // added counts n sessions (negative: ended) of the tenant with an agent.
-func (t *tenant) added(am *agentMetrics, n int) {
+func (t *tenant) added(am *metrics.Agent, n int) {
 	t.mu.Lock()
 	t.sessions += n
 	t.mu.Unlock()
@@ -178,7 +179,7 @@ func (t *tenant) added(am *agentMetrics, n int) {
 }
 
 // denied counts a refusal by reason.
-func (t *tenant) denied(am *agentMetrics, reason string) {
+func (t *tenant) denied(am *metrics.Agent, reason string) {
 	am.Denials.WithLabelValues(t.label, reason).Inc()
 }
 

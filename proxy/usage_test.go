@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/usage"
 )
@@ -92,7 +93,7 @@ func usageRelay(t *testing.T, prompts bool) (*Relay, *prometheus.Registry, *audi
 	r := testPool(t, "usage", func(p *PoolConfig) { p.MaxProcesses = 1 }, func(c *Config) {
 		pol := policy.Default()
 		pol.Extensions = []string{"_usage/*"}
-		c.Metrics = NewMetrics(reg, 10)
+		c.Metrics = metrics.New(reg, 10)
 		c.Tenants = []TenantConfig{{Name: "acme", Policy: &pol}}
 		c.Audit, c.AuditPrompts = evs, prompts
 	})

@@ -1,16 +1,10 @@
-package proxy
+// Package metrics holds the relay's Prometheus metrics: their vectors, one
+// agent's view of them (Agent), the bounded labels of tenants and methods,
+// and the collector of the relay's live state (Live). The relay records
+// into them; they read the relay only through the Live it registers.
+package metrics
 
-import (
-	"strings"
-	"sync"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/acpgate/acpgate/proxy/acp"
-	"github.com/acpgate/acpgate/proxy/pool"
-	"github.com/acpgate/acpgate/proxy/usage"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the relay's Prometheus metrics. Labels are bounded: methods
 // are the known ACP method names (others become "_extension" or "other"),
@@ -18,9 +12,10 @@ import (
 // names, never a session ID, token or path.
 //
 // What an agent's pool and connections record carries that agent's name
-// (an agentMetrics view, made by forAgent); the connection-level metrics of
+// (an Agent view, made by ForAgent); the connection-level metrics of
 // resumes and take-overs do not.
 type Metrics struct {
+	reg     prometheus.Registerer // what New registered them on (Register)
 	tenants *TenantLabels
 
 	sessionsActive      *prometheus.GaugeVec
@@ -45,7 +40,7 @@ type Metrics struct {
 	usageRejected       *prometheus.CounterVec
 
 	Detached  prometheus.Gauge
-	Resumes   *prometheus.CounterVec // result: ok, refused; reason (refusedOtherReplica…)
+	Resumes   *prometheus.CounterVec // result: ok, refused; reason (Refused*)
 	Takeovers *prometheus.CounterVec // turn: running, ended, idle
 
 	// Multi-client sessions (session/attach).
@@ -53,92 +48,22 @@ type Metrics struct {
 	Attaches              *prometheus.CounterVec // result: ok, not_found, refused, full, invalid
 	PermissionResolutions *prometheus.CounterVec // outcome: selected, cancelled, timeout, disconnect
 	PromptsQueued         prometheus.Gauge       // prompts waiting for another client's turn
-
-	relay               *Relay
-	replayBytesDesc     *prometheus.Desc
-	processStatesDesc   *prometheus.Desc
-	sessionsPerProcDesc *prometheus.Desc
 }
 
-// agentMetrics is one agent's view of the metrics: every series it
-// records carries agent="<name>".
-type agentMetrics struct {
-	root *Metrics
+// Reasons a resume is refused, for acpgate_resumes_total{reason}; the
+// client is told the same in every case.
+const (
+	RefusedOtherReplica = "other_replica" // issued by another gateway process: another replica, or before a restart
+	RefusedUnknown      = "unknown"       // not a token this process holds (never issued, ended, or malformed)
+	RefusedMismatch     = "mismatch"      // another tenant's or another agent's connection
+	RefusedNotKept      = "not_kept"      // the messages the client lacks are no longer kept, or the connection closed
+)
 
-	SessionsActive      *prometheus.GaugeVec   // tenant
-	SessionsTotal       *prometheus.CounterVec // tenant, event: created, loaded, closed, lost
-	Messages            *prometheus.CounterVec // direction, method
-	MessageBytes        *prometheus.CounterVec // direction, method
-	RequestDuration     prometheus.ObserverVec // method
-	FirstUpdate         prometheus.Observer
-	Spawns              prometheus.Counter
-	Recycled            *prometheus.CounterVec // reason: sessions, age
-	FsServed            *prometheus.CounterVec // method, result
-	Exits               *prometheus.CounterVec // reason
-	SpawnDuration       prometheus.Observer
-	InitializeDuration  prometheus.Observer
-	PoolWait            prometheus.Observer
-	Denials             *prometheus.CounterVec // tenant, reason
-	AgentProtocolErrors *prometheus.CounterVec // kind
-	DoubleReleases      *prometheus.CounterVec // what
-	UsageTokens         *prometheus.CounterVec // tenant, kind
-	UsageCost           *prometheus.CounterVec // tenant, currency
-	PromptSeconds       *prometheus.CounterVec // tenant
-	UsageRejected       *prometheus.CounterVec // reason
-	byMethod            [2]sync.Map            // direction → method label → *msgCounters
-}
-
-// forAgent is the view of the metrics an agent's pool and connections
-// record into. Its counters of bounded label sets start at 0.
-func (m *Metrics) forAgent(name string) *agentMetrics {
-	l := prometheus.Labels{"agent": name}
-	am := &agentMetrics{
-		root:                m,
-		SessionsActive:      m.sessionsActive.MustCurryWith(l),
-		SessionsTotal:       m.sessionsTotal.MustCurryWith(l),
-		Messages:            m.messages.MustCurryWith(l),
-		MessageBytes:        m.messageBytes.MustCurryWith(l),
-		RequestDuration:     m.requestDuration.MustCurryWith(l),
-		FirstUpdate:         m.firstUpdate.WithLabelValues(name),
-		Spawns:              m.spawns.WithLabelValues(name),
-		Recycled:            m.recycled.MustCurryWith(l),
-		FsServed:            m.fsServed.MustCurryWith(l),
-		Exits:               m.exits.MustCurryWith(l),
-		SpawnDuration:       m.spawnDuration.WithLabelValues(name),
-		InitializeDuration:  m.initializeDuration.WithLabelValues(name),
-		PoolWait:            m.poolWait.WithLabelValues(name),
-		Denials:             m.denials.MustCurryWith(l),
-		AgentProtocolErrors: m.agentProtocolErrors.MustCurryWith(l),
-		DoubleReleases:      m.doubleReleases.MustCurryWith(l),
-		UsageTokens:         m.usageTokens.MustCurryWith(l),
-		UsageCost:           m.usageCost.MustCurryWith(l),
-		PromptSeconds:       m.promptSeconds.MustCurryWith(l),
-		UsageRejected:       m.usageRejected.MustCurryWith(l),
-	}
-	// Exported at 0 from the start, so rates and alerts see the first one.
-	atZero(am.Recycled, "sessions", "age")
-	atZero(am.UsageRejected, usage.RejectInvalid, usage.RejectNegative, usage.RejectTooLarge, usage.RejectDecreased, usage.RejectCurrencies)
-	return am
-}
-
-// poolMetrics is what the agent's pool records, from the agent's series.
-func (m *agentMetrics) poolMetrics() *pool.Metrics {
-	return &pool.Metrics{
-		Spawns:             m.Spawns,
-		Exits:              m.Exits,
-		SpawnDuration:      m.SpawnDuration,
-		InitializeDuration: m.InitializeDuration,
-		PoolWait:           m.PoolWait,
-		Recycled:           m.Recycled,
-		LineTooLong:        m.AgentProtocolErrors.WithLabelValues("line_too_long"),
-		DoubleReleases:     m.DoubleReleases,
-	}
-}
-
-// NewMetrics registers the relay's metrics on reg. tenantCap bounds the
+// New registers the relay's metrics on reg. tenantCap bounds the
 // number of distinct tenant label values.
-func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
+func New(reg prometheus.Registerer, tenantCap int) *Metrics {
 	m := &Metrics{
+		reg:     reg,
 		tenants: NewTenantLabels(tenantCap),
 		sessionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "acpgate_sessions_active", Help: "Sessions held by client connections, by tenant and agent.",
@@ -195,14 +120,10 @@ func NewMetrics(reg prometheus.Registerer, tenantCap int) *Metrics {
 		doubleReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_double_releases_total", Help: "Holds given back twice (a bug, logged as an error; the second release changes nothing), by what: hold (a client request's tenant slot, process slot and session route), session, home, request (a process lease), or a *_count that would have gone below zero.",
 		}, []string{"what", "agent"}),
-		replayBytesDesc:   prometheus.NewDesc("acpgate_replay_buffer_bytes", "Bytes held in the connections' replay buffers (sessions.replay_buffer_bytes each at most).", nil, nil),
-		processStatesDesc: prometheus.NewDesc("acpgate_agent_processes", "Agent processes by state and agent.", []string{"state", "agent"}, nil),
-		sessionsPerProcDesc: prometheus.NewDesc("acpgate_agent_process_sessions",
-			"Sessions per agent process (a histogram over the live processes).", []string{"agent"}, nil),
 	}
 	m.newConnMetrics()
 	m.newUsageMetrics()
-	m.register(reg)
+	m.register()
 	return m
 }
 
@@ -250,18 +171,30 @@ func (m *Metrics) newUsageMetrics() {
 
 // register exports the metrics on reg, the bounded series at 0 from the
 // start so that rates and alerts see the first one.
-func (m *Metrics) register(reg prometheus.Registerer) {
-	for _, lv := range [][2]string{{"ok", ""}, {"refused", refusedOtherReplica}, {"refused", refusedUnknown}, {"refused", refusedMismatch}, {"refused", refusedNotKept}} {
+func (m *Metrics) register() {
+	for _, lv := range [][2]string{{"ok", ""}, {"refused", RefusedOtherReplica}, {"refused", RefusedUnknown}, {"refused", RefusedMismatch}, {"refused", RefusedNotKept}} {
 		m.Resumes.WithLabelValues(lv[0], lv[1])
 	}
 	atZero(m.Takeovers, "running", "ended", "idle")
 	atZero(m.Attaches, "ok", "not_found", "refused", "full", "invalid")
 	atZero(m.PermissionResolutions, "selected", "cancelled", "timeout", "disconnect")
-	reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
+	m.reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
 		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.AttachedClients, m.Attaches, m.PermissionResolutions, m.PromptsQueued, m.exits, m.spawnDuration,
 		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases,
-		m.usageTokens, m.usageCost, m.promptSeconds, m.usageRejected, m)
+		m.usageTokens, m.usageCost, m.promptSeconds, m.usageRejected)
 }
+
+// Register exports c on the registry the metrics were made with: the
+// relay's collector of its live state (Live), once per Metrics.
+func (m *Metrics) Register(c prometheus.Collector) error { return m.reg.Register(c) }
+
+// Nop is metrics on a registry of their own, which nothing exports: for a
+// relay built without a registry, and for tests.
+func Nop() *Metrics { return New(prometheus.NewRegistry(), 0) }
+
+// Tenants returns the labeler, so the gateway's own metrics use the same
+// bounded tenant labels.
+func (m *Metrics) Tenants() *TenantLabels { return m.tenants }
 
 // atZero creates the series of a one-label counter for each value.
 func atZero(v *prometheus.CounterVec, values ...string) {
@@ -269,119 +202,3 @@ func atZero(v *prometheus.CounterVec, values ...string) {
 		v.WithLabelValues(x)
 	}
 }
-
-// Describe and Collect export each pool's live state (process states and
-// the sessions-per-process histogram) at scrape time.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	ch <- m.processStatesDesc
-	ch <- m.sessionsPerProcDesc
-	ch <- m.replayBytesDesc
-}
-
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	if m.relay == nil {
-		return
-	}
-	for _, ag := range m.relay.agentList() {
-		m.collectPool(ch, ag.name, ag.pool)
-	}
-	ch <- prometheus.MustNewConstMetric(m.replayBytesDesc, prometheus.GaugeValue, float64(m.relay.replayBytes()))
-}
-
-func (m *Metrics) collectPool(ch chan<- prometheus.Metric, agent string, p *pool.Pool) {
-	st := p.Stats()
-	buckets := []float64{0, 1, 2, 4, 8, 16, 32, 64, 128}
-	cum := make(map[float64]uint64, len(buckets))
-	var sum float64
-	for _, k := range st.PerProcess {
-		sum += float64(k)
-		for _, b := range buckets {
-			if float64(k) <= b {
-				cum[b]++
-			}
-		}
-	}
-	for _, state := range []pool.State{pool.Starting, pool.Ready, pool.Stopping} {
-		ch <- prometheus.MustNewConstMetric(m.processStatesDesc, prometheus.GaugeValue, float64(st.ByState[state]), state.String(), agent)
-	}
-	ch <- prometheus.MustNewConstHistogram(m.sessionsPerProcDesc, uint64(len(st.PerProcess)), sum, cum, agent)
-}
-
-// nopMetrics is used when the relay is built without a registry.
-func nopMetrics() *Metrics { return NewMetrics(prometheus.NewRegistry(), 0) }
-
-// methodLabel bounds a method name to the known ACP methods.
-func methodLabel(method string) string {
-	if _, ok := acp.Methods[method]; ok {
-		return method
-	}
-	if strings.HasPrefix(method, "_") {
-		return "_extension"
-	}
-	return "other"
-}
-
-// Directions for message metrics.
-const (
-	dirClientToAgent = "client_to_agent"
-	dirAgentToClient = "agent_to_client"
-)
-
-type msgCounters struct{ msgs, bytes prometheus.Counter }
-
-// message counts one relayed message. The counters are resolved once per
-// direction and method: the hot path does one map load, no allocation.
-func (m *agentMetrics) message(dir, method string, n int) {
-	d := 0
-	if dir == dirAgentToClient {
-		d = 1
-	}
-	l := methodLabel(method) // the cache is keyed by the bounded label
-	v, ok := m.byMethod[d].Load(l)
-	if !ok {
-		v, _ = m.byMethod[d].LoadOrStore(l, &msgCounters{
-			msgs:  m.Messages.WithLabelValues(dir, l),
-			bytes: m.MessageBytes.WithLabelValues(dir, l),
-		})
-	}
-	c := v.(*msgCounters)
-	c.msgs.Inc()
-	c.bytes.Add(float64(n))
-}
-
-// TenantLabels maps tenant names to label values, naming at most cap of
-// them (in order of first use) and folding the rest into "other".
-type TenantLabels struct {
-	cap   int
-	mu    sync.Mutex
-	named map[string]string
-}
-
-// NewTenantLabels bounds tenant labels to cap values (0 = every tenant is "other").
-func NewTenantLabels(cap int) *TenantLabels {
-	return &TenantLabels{cap: cap, named: map[string]string{}}
-}
-
-// Label returns the label value for tenant ("default" for the anonymous one).
-func (t *TenantLabels) Label(tenant string) string {
-	if tenant == "" {
-		return "default"
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if l, ok := t.named[tenant]; ok {
-		return l
-	}
-	l := "other"
-	if len(t.named) < t.cap {
-		l = tenant
-	}
-	t.named[tenant] = l
-	return l
-}
-
-// Tenants returns the labeler, so the gateway's own metrics use the same
-// bounded tenant labels.
-func (m *Metrics) Tenants() *TenantLabels { return m.tenants }
-
-func since(t time.Time) float64 { return time.Since(t).Seconds() }
