@@ -178,11 +178,13 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	r.noteAdminEnded(id)
 	why := adminEndedMsg(id)
 	s.failQueued(nil, why)
+	// The agent's requests are settled first, as a client that cancels
+	// does: their clients are told before the turn can end.
+	s.settleRequests(why)
 	prompts := s.link.promptsOf(s)
 	if len(prompts) > 0 {
 		s.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(s.AgentID))
 	}
-	s.settleRequests(why) // as a client that cancels does, and any left over
 	if len(prompts) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), adminCancelWait)
 		_ = r.waitPromptsUntil(ctx, func() bool { // past the bound, the gateway answers for the agent
@@ -212,11 +214,11 @@ func (s *Session) settleRequests(why string) {
 		if !in.claim() {
 			continue
 		}
-		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
-		for _, cp := range in.conns(nil) {
+		for _, cp := range in.conns(nil) { // taken back before the agent can go on
 			cp.conn.reqs.withdraw(cp.id)
 			cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 		}
+		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
 		if in.method == acp.RequestPermission {
 			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
 			in.permissionResolved(nil, "admin", []byte(`{"outcome":"cancelled"}`))
