@@ -11,6 +11,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
+	"github.com/acpgate/acpgate/proxy/outbox"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -40,7 +41,7 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
 	c.ag = ag
-	c.out.limit = replay
+	c.out.Init(sink, replay)
 	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
 	s := l.addSession(c, agentSID, "", nil)
 	for range members {
@@ -87,7 +88,7 @@ func (r *Relay) newConnForBench(s Sink) *Conn {
 	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, reqs: newRequests()}
 	c.cr = clientReader{c: c, resolve: acp.ClientSpec}
 	c.cr.sc.Methods = acp.Methods
-	c.out.sink = s
+	c.out.Init(s, 0)
 	return c
 }
 
@@ -108,20 +109,21 @@ func BenchmarkDetachedConnection(b *testing.B) {
 				runtime.GC() // twice: pooled buffers are gone, so every kept copy is new heap
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				boxes := make([]*outbox, conns)
+				boxes := make([]*outbox.Box[*Session], conns)
 				for i := range boxes {
-					o := &outbox{limit: 8 << 20}
+					o := &outbox.Box[*Session]{}
+					o.Init(nil, 8<<20)
 					for range msgs {
-						o.deliver(append(jsonrpc.GetBuffer(len(line)), line...), nil, false)
+						o.Deliver(append(jsonrpc.GetBuffer(len(line)), line...), nil, false)
 					}
 					boxes[i] = o
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				perConn = float64(after.HeapAlloc-before.HeapAlloc) / conns
-				kept = boxes[0].keptBytes()
+				kept = boxes[0].KeptBytes()
 				for _, o := range boxes {
-					o.release()
+					o.Release()
 				}
 			}
 			b.ReportMetric(perConn, "heap-B/conn")

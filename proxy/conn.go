@@ -21,55 +21,20 @@ import (
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
+	"github.com/acpgate/acpgate/proxy/outbox"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
-// Sink carries messages to one client: the gateway implements it over a
-// WebSocket and over Streamable HTTP's event streams. A connection's sink
-// changes when the client resumes on a new socket (Conn.Attach).
-type Sink interface {
-	// Send queues msg. The sink owns msg from now on (it may give it back
-	// to jsonrpc's buffer pool once written), unless the connection keeps
-	// what it sends for a resume (Conn.KeepsSent): then the sink only
-	// borrows msg and must neither change nor pool it. With wait false it
-	// never blocks: when the client has fallen too far behind, the sink
-	// closes its socket and returns false (the connection then detaches and
-	// keeps the messages for a resume). With wait true it may wait for room
-	// as long as the client keeps reading, until its writer has made no
-	// progress for a second: backpressure, which the relay asks for only
-	// when no other client's session shares the agent process.
-	Send(msg []byte, wait bool) bool
-	// Supersede closes the socket: the client resumed on another one.
-	Supersede()
-}
-
-// FactSink is a Sink that routes a message by what the relay already knows
-// of it instead of scanning it again (Streamable HTTP picks the stream an
-// event goes to by the answer's id, or the call's method and session).
-// SendScanned is Send with those facts: id is the client's raw id of an
-// answer (nil for a call), method a call's method, sessionID the session
-// ID the client sees ("" for none).
-type FactSink interface {
-	SendScanned(msg, id []byte, method, sessionID string, wait bool) bool
-}
-
-// WrittenSink is a Sink that counts the messages it has written to its
-// socket, in the order it was handed them, including any it sent of its
-// own accord first (Written). A kept message the sink has written may be
-// pooled once the replay buffer drops it for room.
-type WrittenSink interface {
-	Written() int64
-}
-
-// Facts are what the relay knows of a message it delivers (FactSink).
-type Facts struct {
-	ID        []byte
-	Method    string
-	SessionID string
-}
-
-func (f Facts) known() bool { return f.ID != nil || f.Method != "" }
+// Sink carries messages to one client (outbox.Sink); FactSink and
+// WrittenSink are what a sink may do besides, and Facts what the relay
+// knows of a message it delivers.
+type (
+	Sink        = outbox.Sink
+	FactSink    = outbox.FactSink
+	WrittenSink = outbox.WrittenSink
+	Facts       = outbox.Facts
+)
 
 // ConnInfo identifies a client connection.
 type ConnInfo struct {
@@ -142,8 +107,8 @@ type Conn struct {
 	// transport and remote: ConnInfo's, for the admin API.
 	transport, remote string
 
-	out  outbox       // what the client is sent, numbered, kept for a resume
-	recv atomic.Int64 // client messages received, across sockets
+	out  outbox.Box[*Session] // what the client is sent, numbered, kept for a resume
+	recv atomic.Int64         // client messages received, across sockets
 
 	initArrived atomic.Bool // a valid initialize came (see HandshakeDone)
 	recheckEnd  atomic.Bool // endIfEmpty found it handling a message: check once done (handled)
@@ -213,19 +178,19 @@ func (c *Conn) deliverMember(msg []byte, sess *Session, f Facts, wait bool) {
 // a session taken over meanwhile go to the new owner.
 func (c *Conn) deliverTo(msg []byte, sess *Session, f Facts, wait, redirect bool) {
 	o := &c.out
-	o.mu.Lock()
-	if redirect && sess != nil && o.sink == nil {
+	o.Lock()
+	if redirect && sess != nil && o.SinkLocked() == nil {
 		// Detached: a take-over may have moved sess since the agent reader
 		// looked its owner up. The owner changes under this lock, so the
 		// check holds until the message is kept.
 		if owner := sess.Owner(); owner != nil && owner != c && sess.memberOf(c) == nil {
-			o.mu.Unlock()
+			o.Unlock()
 			owner.deliverFor(msg, sess, f, wait)
 			return
 		}
 	}
-	overflow := o.deliverLocked(msg, sess, f, wait)
-	o.mu.Unlock()
+	overflow := o.DeliverLocked(msg, sess, f, wait)
+	o.Unlock()
 	if overflow {
 		c.overflowed()
 	}
@@ -265,9 +230,9 @@ func (c *Conn) HandleFrom(sink Sink, frame []byte) {
 // counted (the resumed client sends it again). Attach reads the count under
 // the same lock.
 func (c *Conn) countFrom(sink Sink) bool {
-	c.out.mu.Lock()
-	defer c.out.mu.Unlock()
-	if c.out.sink != sink {
+	c.out.Lock()
+	defer c.out.Unlock()
+	if c.out.SinkLocked() != sink {
 		return false
 	}
 	c.recv.Add(1)
@@ -806,7 +771,7 @@ func (c *Conn) Close() {
 	}
 	home.Release()
 	c.relay.connClosed(c)
-	c.out.release()
+	c.out.Release()
 	if c.onEnd != nil {
 		c.onEnd()
 	}

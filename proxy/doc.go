@@ -143,9 +143,10 @@
 //
 // A message the relay delivers is a pooled buffer (jsonrpc.GetBuffer) that
 // the Sink owns once it has it, unless the connection keeps what it sends
-// for a resume (Conn.KeepsSent): then the outbox owns it, the Sink only
-// borrows it, and the outbox pools it when it drops it from the replay
-// buffer once the Sink has written it (WrittenSink). A build with -tags
+// for a resume (Conn.KeepsSent): then the connection's outbox owns it, the
+// Sink only borrows it, and the outbox pools it when it drops it from the
+// replay buffer once the Sink has written it (WrittenSink; package outbox
+// says when it gives a buffer back). A build with -tags
 // poison scribbles over every released buffer and panics on a second
 // release, so that a use after release fails the tests (test/run.sh runs
 // proxy and gateway so).

@@ -148,8 +148,8 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 		if ten.sessions != 2 {
 			t.Fatalf("round %d: the tenant counts %d sessions, want 2", i, ten.sessions)
 		}
-		a.out.release()
-		b.out.release()
+		a.out.Release()
+		b.out.Release()
 	}
 }
 
@@ -321,8 +321,8 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	if !strings.Contains(logs.String(), "more connections than held it") {
 		t.Errorf("no error logged: %q", logs.String())
 	}
-	a.out.release()
-	b.out.release()
+	a.out.Release()
+	b.out.Release()
 }
 
 // The relay's workers: Close waits for what runs, and once it has begun

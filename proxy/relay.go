@@ -286,12 +286,13 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		logLim: logx.NewLimiter(20, time.Second)}
 	c.cr.sc.Methods = acp.Methods
 	c.auditLim = audit.NewLimiter(20, 20)
-	c.out.sink = sink
+	keep := 0 // bytes the outbox keeps for a resume
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
-		c.out.limit = r.resume.ReplayBufferBytes
+		keep = r.resume.ReplayBufferBytes
 		c.token = r.newResumeToken()
 		c.keeps = true
 	}
+	c.out.Init(sink, keep)
 	r.mu.Lock()
 	if ag.retired.Load() || r.agents[name] != ag { // retired meanwhile: CloseAgent would miss it
 		r.mu.Unlock()
@@ -319,7 +320,7 @@ func (r *Relay) connClosed(c *Conn) {
 func (r *Relay) replayBytes() int {
 	n := 0
 	for _, c := range r.connList() {
-		n += c.out.keptBytes()
+		n += c.out.KeptBytes()
 	}
 	return n
 }

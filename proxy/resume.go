@@ -101,9 +101,9 @@ func (c *Conn) reserveResume(received int64) bool {
 	if c.closed || !c.initialized {
 		return false
 	}
-	c.out.mu.Lock()
-	ok := c.out.canResumeLocked(received)
-	c.out.mu.Unlock()
+	c.out.Lock()
+	ok := c.out.CanResumeLocked(received)
+	c.out.Unlock()
 	if !ok {
 		return false
 	}
@@ -125,23 +125,17 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 		c.mu.Unlock()
 		return ErrResumeRefused
 	}
-	c.out.mu.Lock()
-	if !c.out.canResumeLocked(received) {
-		c.out.mu.Unlock()
+	c.out.Lock()
+	if !c.out.CanResumeLocked(received) {
+		c.out.Unlock()
 		c.mu.Unlock()
 		c.relay.refused(metrics.RefusedNotKept)
 		return ErrResumeRefused
 	}
-	old := c.out.sink
-	if old != nil {
-		old.Supersede()
-	}
-	n := c.recv.Load()
+	n := c.recv.Load() // counted under c.out's lock (countFrom)
 	params := append(strconv.AppendInt([]byte(`{"received":`), n, 10), '}')
-	sink.Send(jsonrpc.AppendRequest(nil, nil, MethodResumed, params), false)
-	c.out.replayLocked(sink, received)
-	c.out.sink = sink
-	c.out.mu.Unlock()
+	superseded := c.out.ResumeLocked(sink, received, jsonrpc.AppendRequest(nil, nil, MethodResumed, params))
+	c.out.Unlock()
 	wasDetached := c.detached
 	c.detached = false
 	c.mu.Unlock()
@@ -149,7 +143,7 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 		c.relay.metrics.Detached.Dec()
 	}
 	c.relay.metrics.Resumes.WithLabelValues("ok", "").Inc()
-	c.log.Info("connection resumed", "client_received", received, "gateway_received", n, "superseded", old != nil)
+	c.log.Info("connection resumed", "client_received", received, "gateway_received", n, "superseded", superseded)
 	return nil
 }
 
@@ -157,11 +151,11 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 // after the socket had written written messages: the client has read
 // them, and the replay buffer need not keep them.
 func (c *Conn) Acked(sink Sink, written int64) {
-	c.out.mu.Lock()
-	if c.out.sink == sink {
-		c.out.ackLocked(written)
+	c.out.Lock()
+	if c.out.SinkLocked() == sink {
+		c.out.AckLocked(written)
 	}
-	c.out.mu.Unlock()
+	c.out.Unlock()
 }
 
 // AbortResume gives up a Resume whose socket never came: a detached
@@ -182,15 +176,15 @@ func (c *Conn) AbortResume() {
 // initialized and the end was not clean.
 func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	c.mu.Lock()
-	c.out.mu.Lock()
-	current := c.out.sink == sink
+	c.out.Lock()
+	current := c.out.SinkLocked() == sink
 	if current {
-		c.out.sink = nil
+		c.out.DetachLocked()
 	}
 	// A take-over delivers what came after the detach (README): taken in
 	// the same critical section as the sink, so nothing falls between.
-	sent := c.out.sent
-	c.out.mu.Unlock()
+	sent := c.out.SentLocked()
+	c.out.Unlock()
 	detach := current && !clean && c.token != "" && c.initialized && !c.closed
 	if detach && !c.detached {
 		c.detached = true
@@ -233,7 +227,7 @@ func (c *Conn) overflowed() {
 	end := c.detached && !c.closed
 	c.mu.Unlock()
 	if end {
-		c.log.Warn("replay buffer full while detached; ending the connection", "replay_buffer_bytes", c.out.limit)
+		c.log.Warn("replay buffer full while detached; ending the connection", "replay_buffer_bytes", c.out.Limit())
 		// Not on the deliverer's stack: it may hold a session's fan lock,
 		// which ending the connection's sessions takes. Relay.Close waits.
 		c.relay.bg.Go(c.Close) // its answers to agents are queued, never waited for (sendCtrl)

@@ -75,12 +75,12 @@ func (cr *clientReader) moveSession(s *Session, owner *Conn, answer []byte) bool
 	since := owner.detachSeq
 	owner.mu.Unlock()
 	unlock := lockOutboxes(owner, c)
-	buffered := owner.out.sinceLocked(s, since)
-	moved := owner.out.sink == nil && s.moveOwner(owner, c) // still detached
+	buffered := owner.out.SinceLocked(s, since)
+	moved := owner.out.SinkLocked() == nil && s.moveOwner(owner, c) // still detached
 	if moved {
-		c.out.deliverLocked(answer, nil, Facts{}, false)
+		c.out.DeliverLocked(answer, nil, Facts{}, false)
 		for _, b := range buffered {
-			c.out.deliverLocked(b, s, Facts{}, false)
+			c.out.DeliverLocked(b, s, Facts{}, false)
 		}
 	}
 	unlock()
@@ -98,11 +98,11 @@ func lockOutboxes(a, b *Conn) (unlock func()) {
 	if b.seq < a.seq {
 		a, b = b, a
 	}
-	a.out.mu.Lock()
-	b.out.mu.Lock()
+	a.out.Lock()
+	b.out.Lock()
 	return func() {
-		b.out.mu.Unlock()
-		a.out.mu.Unlock()
+		b.out.Unlock()
+		a.out.Unlock()
 	}
 }
 
