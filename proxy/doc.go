@@ -121,9 +121,9 @@
 // happens (events.go): created, loaded, closed and lost, a turn started and
 // ended (its stop reason, time, tokens and cost), each update (the first of
 // a turn marked), cost reported and usage rejected, permission requested
-// and resolved, files served. The relay's metrics (observers.go), the audit
-// trail (observe/audittrail) and the turns' spans (observe/tracing) are
-// observers, beside Config.Observers. Config.Deciders are asked before a
+// and resolved, files served. The relay's metrics (package metrics), the
+// audit trail (observe/audittrail) and the turns' spans (observe/tracing)
+// are observers, beside Config.Observers. Config.Deciders are asked before a
 // prompt goes to the agent (a refusal is the client's answer) and before an
 // agent's permission request goes to the clients (a decision answers the
 // agent, and no client is asked). Routing code records nothing itself.

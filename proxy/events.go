@@ -7,6 +7,8 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/observe/audittrail"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // What watches a session (metrics, the audit trail, tracing) and what
@@ -15,6 +17,20 @@ import (
 // in AddAgent: the relay's metrics, then Config.Observers, the audit trail
 // and tracing), and ask its deciders (Config.Deciders). Routing code calls
 // the functions of this file; it never records anything itself.
+
+// observers is what watches the agent's sessions: the relay's metrics
+// first, then the configured observers, the audit trail and the turns'
+// spans (each when it is on).
+func (r *Relay) observers(ag *agent, extra []observe.Observer) *observe.Set {
+	os := append([]observe.Observer{ag.metrics}, extra...)
+	if r.audit != nil {
+		os = append(os, audittrail.New(r.audit, r.prompts))
+	}
+	if r.tracer != nil {
+		os = append(os, tracing.New(r.tracer))
+	}
+	return observe.NewSet(os...)
+}
 
 // client is c as observers see it (nil: the gateway).
 func (c *Conn) client() observe.Client {

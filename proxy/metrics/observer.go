@@ -1,43 +1,28 @@
-package proxy
+package metrics
 
 import (
 	"bytes"
 
-	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe"
-	"github.com/acpgate/acpgate/proxy/observe/audittrail"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"go.opentelemetry.io/otel/trace"
 )
-
-// observers is what watches the agent's sessions: the relay's metrics
-// first, then the configured observers, the audit trail and the turns'
-// spans (each when it is on).
-func (r *Relay) observers(ag *agent, extra []observe.Observer) *observe.Set {
-	os := append([]observe.Observer{metricsObserver{ag.metrics}}, extra...)
-	if r.audit != nil {
-		os = append(os, audittrail.New(r.audit, r.prompts))
-	}
-	if r.tracer != nil {
-		os = append(os, tracing.New(r.tracer))
-	}
-	return observe.NewSet(os...)
-}
-
-// metricsObserver counts a session's events in the agent's metrics.
-type metricsObserver struct{ am *metrics.Agent }
 
 var sessionEventNames = map[observe.Kind]string{
 	observe.SessionCreated: "created", observe.SessionLoaded: "loaded",
 	observe.SessionClosed: "closed", observe.SessionLost: "lost",
 }
 
-func (o metricsObserver) Wants(k observe.Kind) bool {
+// Wants says which of a session's events the agent's metrics count
+// (observe.Selective).
+func (am *Agent) Wants(k observe.Kind) bool {
 	return k != observe.TurnStarted && k != observe.PermissionRequested && k != observe.FileServed
 }
 
-func (o metricsObserver) Observe(e *observe.Event) {
-	am, label := o.am, e.Session.Label
+// Observe counts a session's event in the agent's metrics: the agent is
+// an observe.Observer of its sessions.
+func (am *Agent) Observe(e *observe.Event) {
+	label := e.Session.Label
 	switch e.Kind {
 	case observe.SessionCreated, observe.SessionLoaded, observe.SessionClosed, observe.SessionLost:
 		am.SessionsTotal.WithLabelValues(label, sessionEventNames[e.Kind]).Inc()
@@ -60,7 +45,7 @@ func (o metricsObserver) Observe(e *observe.Event) {
 		}
 	case observe.PermissionResolved:
 		if outcome := resolutionLabel(e.By, e.Outcome); outcome != "" {
-			am.Root().PermissionResolutions.WithLabelValues(outcome).Inc()
+			am.root.PermissionResolutions.WithLabelValues(outcome).Inc()
 		}
 	}
 }
