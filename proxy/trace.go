@@ -45,22 +45,7 @@ func tracerOf(tp trace.TracerProvider) trace.Tracer {
 // traceParent is the trace context a client message names: its
 // params._meta (traceparent, tracestate), else parent (a POST's header).
 func traceParent(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext {
-	idx := acp.MetaIndex(m)
-	if idx < 0 {
-		return parent
-	}
-	var tp, ts string
-	for _, f := range m.Fields[idx+1:] {
-		if f.Kind != jsonrpc.FieldTag || f.Parent != idx {
-			continue
-		}
-		if v, ok := m.String(f); ok && f.Label == acp.LabelTraceparent {
-			tp = v
-		} else if ok && f.Label == acp.LabelTracestate {
-			ts = v
-		}
-	}
-	if sc := tracing.ParseTraceparent(tp, ts); sc.IsValid() {
+	if sc := tracing.ParseTraceparent(acp.TraceContext(m)); sc.IsValid() {
 		return sc
 	}
 	return parent

@@ -587,3 +587,23 @@ func emptyObject(obj []byte) bool {
 	}
 	return true
 }
+
+// TraceContext is the W3C trace context a client message names in its
+// params._meta (traceparent and tracestate; "" where it names none).
+func TraceContext(m *jsonrpc.Message) (traceparent, tracestate string) {
+	idx := MetaIndex(m)
+	if idx < 0 {
+		return "", ""
+	}
+	for _, f := range m.Fields[idx+1:] {
+		if f.Kind != jsonrpc.FieldTag || f.Parent != idx {
+			continue
+		}
+		if v, ok := m.String(f); ok && f.Label == LabelTraceparent {
+			traceparent = v
+		} else if ok && f.Label == LabelTracestate {
+			tracestate = v
+		}
+	}
+	return traceparent, tracestate
+}
