@@ -133,7 +133,7 @@ func (s *Session) snapshot() SessionSnapshot {
 	members := s.clientList()
 	snap.Clients = len(members)
 	owner := s.owner.Load()
-	prompt, running, lastEnded := s.turn.since()
+	prompt, running, lastEnded := s.turn.Since()
 	snap.Since = s.opened
 	if lastEnded.After(snap.Since) {
 		snap.Since = lastEnded

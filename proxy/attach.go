@@ -204,7 +204,7 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add
 // attachResult is session/attach's result for mem.
 func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed bool) []byte {
 	r := multiclient.Result{SessionID: s.GatewayID, ClientID: mem.id, HistoryPolicy: policy, ReadOnly: mem.readOnly,
-		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.name()}
+		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.Name()}
 	if o := s.Owner(); o != nil {
 		r.Clients = append(r.Clients, connPeer(o))
 	}

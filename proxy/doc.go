@@ -39,7 +39,7 @@
 //   - turn: the session's prompts: the one the agent works on, those of
 //     other clients waiting for it, when it started and last ended, its span
 //     as observers know it (observe.Turn), and a turn that ended while the
-//     owner was detached (turn.go).
+//     owner was detached (package turn).
 //   - Conn: one client connection, the client record: the index of its
 //     sessions by the ID it sees, its home process lease, its outbox
 //     (numbered, kept for a resume; a kept message is tagged with its

@@ -65,7 +65,7 @@ func (s *Session) curTurn() *observe.Turn {
 	if s == nil {
 		return nil
 	}
-	return s.turn.cur.Load()
+	return s.turn.Cur.Load()
 }
 
 // refusePrompt asks the deciders whether a prompt of c (blocks, or its
@@ -85,8 +85,8 @@ func (c *Conn) refusePrompt(s *Session, blocks []json.RawMessage, params []byte)
 func (s *Session) turnStarted(req *outReq, blocks []json.RawMessage, params []byte) {
 	t := &observe.Turn{Start: time.Now(), Span: req.span}
 	req.oturn = t
-	s.turn.cur.Store(t)
-	s.turn.firstUpdate.Store(t.Start.UnixNano())
+	s.turn.Cur.Store(t)
+	s.turn.FirstUpdate.Store(t.Start.UnixNano())
 	s.meter.TurnStarted()
 	req.began.Store(t.Start.UnixNano())
 	s.emit(&observe.Event{Kind: observe.TurnStarted, Client: req.conn.client(), Turn: t, Prompt: blocks, Params: params})
@@ -100,7 +100,7 @@ func (s *Session) updated(m *jsonrpc.Message, kind []byte, e *observe.Event) {
 		s.meterCost(m, e)
 	}
 	*e = observe.Event{Kind: observe.Update, Session: s.info, Turn: s.curTurn(), UpdateKind: kind, Params: m.Payload}
-	if t := s.turn.firstUpdate.Load(); t != 0 && s.turn.firstUpdate.CompareAndSwap(t, 0) {
+	if t := s.turn.FirstUpdate.Load(); t != 0 && s.turn.FirstUpdate.CompareAndSwap(t, 0) {
 		e.First, e.Duration = true, time.Since(time.Unix(0, t))
 	}
 	s.link.ag.obs.Observe(e)
@@ -121,7 +121,7 @@ func (req *outReq) turnEnded(stop string, usage []byte) {
 		s.meter.NoteTokens(e.Tokens)
 	}
 	e.Cost = s.meter.TurnCost()
-	s.turn.cur.CompareAndSwap(req.oturn, nil)
+	s.turn.Cur.CompareAndSwap(req.oturn, nil)
 	s.emit(e)
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/multiclient"
+	"github.com/acpgate/acpgate/proxy/turn"
 )
 
 // A session may have several clients (ACP RFD #533, session/attach): its
@@ -196,17 +197,17 @@ func (s *Session) presence(event string, who multiclient.Peer, skip *Conn) {
 
 // failQueued refuses the prompts waiting for a turn: c's (nil: all), with
 // why.
-func (s *Session) failQueued(c *Conn, why string) { s.failTurns(s.turn.dropQueued(c), why) }
+func (s *Session) failQueued(c *Conn, why string) { s.failTurns(s.turn.DropQueued(c), why) }
 
 // failTurns refuses prompts taken from the queue, with why.
-func (s *Session) failTurns(failed []queuedTurn, why string) {
+func (s *Session) failTurns(failed []turn.Queued[*outReq], why string) {
 	if len(failed) == 0 {
 		return
 	}
 	s.link.ag.metrics.Root().PromptsQueued.Sub(float64(len(failed)))
 	for _, t := range failed {
-		if s.link.take(t.req) {
-			t.req.failWith(jsonrpc.CodeRequestCancelled, why, nil)
+		if s.link.take(t.Prompt) {
+			t.Prompt.failWith(jsonrpc.CodeRequestCancelled, why, nil)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/turn"
 )
 
 // A session's life is one state, moved forward only, under Session.mu:
@@ -68,7 +69,7 @@ type ending struct {
 	owner   *Conn // the owner it had
 	members []*member
 	slot    *pool.Lease
-	queued  []queuedTurn
+	queued  []turn.Queued[*outReq]
 	running bool // a turn was in flight: the agent is asked to cancel it
 }
 
@@ -119,7 +120,7 @@ func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
 	}
 	steps := endTable[cause]
 	e := &ending{s: s, cause: cause, by: by, owner: s.owner.Load(), slot: s.slot}
-	e.queued, e.running = s.turn.ending(steps.queued != "" && !steps.keepSeen)
+	e.queued, e.running = s.turn.Ending(steps.queued != "" && !steps.keepSeen)
 	s.slot = nil
 	if steps.keepSeen {
 		s.life.Store(uint32(stageLost))

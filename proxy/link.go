@@ -286,7 +286,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 			continue // the gateway's own fire-and-forget request
 		}
 		tracing.WithTrace(l.p.Log(), r.span).Warn("agent did not answer in time; answered for it", "method", r.method, "waited", now.Sub(r.start).Round(time.Millisecond))
-		if r.method == acp.SessionPrompt && r.sess != nil && (!r.sess.shared() || r.sess.turn.isRunning(r)) {
+		if r.method == acp.SessionPrompt && r.sess != nil && (!r.sess.shared() || r.sess.turn.IsRunning(r)) {
 			// Not for a prompt still waiting: the turn running is another's.
 			l.p.Notify(acp.SessionCancel, acp.SessionIDObject(r.sess.AgentID))
 		}

@@ -70,8 +70,8 @@ func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session
 	a.attach(sa)
 	sb = l.addSession(b, "sess-b", "/tmp", nil)
 	b.attach(sb)
-	sa.turn.endedWhileDetached("end_turn")
-	sb.turn.endedWhileDetached("end_turn")
+	sa.turn.EndedWhileDetached("end_turn")
+	sb.turn.EndedWhileDetached("end_turn")
 	return a, b, sa, sb
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/turn"
 )
 
 // hold is everything handling one client request takes: a tenant session
@@ -84,7 +85,7 @@ type outReq struct {
 	cwd      string   // session/new and the like: the cwd the client asked for
 	start    time.Time
 	hold     *hold       // nil for the gateway's own requests
-	ended    atomic.Bool // end has run (turn.started)
+	ended    atomic.Bool // end has run (Ended)
 	// answering: the gateway took the request from its process's table to
 	// answer it itself (procLink.take); a prompt counts as running until
 	// that answer is in its client's queue (fail). Under link.mu.
@@ -92,8 +93,7 @@ type outReq struct {
 	// A prompt whose answer is being delivered: the prompt that waited for
 	// its turn starts once the answer is out (startNext), not at end.
 	holdNext bool
-	next     *queuedTurn
-	turn     bool         // a prompt counted in its session's turn (turn.running); under the turn's lock
+	next     *turn.Queued[*outReq]
 	began    atomic.Int64 // a prompt: unix nanos it went to the agent, until its turn is counted (turnEnded)
 	// span is the request's (nil: tracing off); answered: the agent's
 	// answer set its status; oturn: a prompt's turn as observers know it.
@@ -101,6 +101,11 @@ type outReq struct {
 	answered bool
 	oturn    *observe.Turn
 }
+
+// Ended and Client make an outReq a turn.Prompt: whether it has ended,
+// and whose it is.
+func (r *outReq) Ended() bool   { return r.ended.Load() }
+func (r *outReq) Client() *Conn { return r.conn }
 
 // end finishes a request that has been taken from its process's table:
 // the connection forgets it and its hold is released.
@@ -116,7 +121,7 @@ func (r *outReq) end() {
 	r.endSpan()
 	if r.method == acp.SessionPrompt && r.conn != nil {
 		if r.sess != nil {
-			next, ok, dequeued := r.sess.turn.done(r, r.sess.link.isPending)
+			next, ok, dequeued := r.sess.turn.Done(r, r.sess.link.isPending)
 			if dequeued > 0 {
 				r.conn.relay.metrics.PromptsQueued.Sub(float64(dequeued))
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
+	"github.com/acpgate/acpgate/proxy/turn"
 )
 
 // errAnswered: the handler has answered the client itself (an error, a
@@ -358,15 +359,15 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 	c := cr.c
 	s := rt.sess
 	if !s.shared() {
-		s.turn.started(req)
+		s.turn.Started(req)
 		return true
 	}
-	t := queuedTurn{req: req, line: out, blocks: acp.PromptBlocks(m.Payload)}
-	now, full := s.turn.take(t)
+	t := turn.Queued[*outReq]{Prompt: req, Line: out, Blocks: acp.PromptBlocks(m.Payload)}
+	now, full := s.turn.Take(t)
 	switch {
 	case full:
 		if rt.link.take(req) {
-			req.failWith(codeBusy, fmt.Sprintf("%d prompts already wait for this session's turn; try again when one has run", maxQueuedPrompts), nil)
+			req.failWith(codeBusy, fmt.Sprintf("%d prompts already wait for this session's turn; try again when one has run", turn.MaxQueued), nil)
 		}
 		return false
 	case !now:
@@ -374,32 +375,32 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
-	s.announcePrompt(c, t.blocks)
+	s.announcePrompt(c, t.Blocks)
 	return true
 }
 
 // startTurn sends a prompt that waited for another client's turn, now
 // that turn has ended.
-func (s *Session) startTurn(t queuedTurn) {
-	c := t.req.conn
+func (s *Session) startTurn(t turn.Queued[*outReq]) {
+	c := t.Prompt.conn
 	if c.isClosed() {
-		if s.link.untrack(t.req) {
-			t.req.end()
+		if s.link.untrack(t.Prompt) {
+			t.Prompt.end()
 		}
 		return
 	}
-	if refusal := c.refusePrompt(s, t.blocks, nil); refusal != nil {
-		if s.link.take(t.req) {
-			t.req.failWith(refusal.Code, refusal.Message, refusal.Data)
+	if refusal := c.refusePrompt(s, t.Blocks, nil); refusal != nil {
+		if s.link.take(t.Prompt) {
+			t.Prompt.failWith(refusal.Code, refusal.Message, refusal.Data)
 		}
 		return
 	}
-	s.announcePrompt(c, t.blocks)
-	s.turnStarted(t.req, t.blocks, nil)
-	s.link.restart(t.req) // the prompt timeout counts from now, not from the wait
+	s.announcePrompt(c, t.Blocks)
+	s.turnStarted(t.Prompt, t.Blocks, nil)
+	s.link.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := s.link.p.Send(ctx, t.line); err != nil && s.link.take(t.req) {
-		t.req.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+	if err := s.link.p.Send(ctx, t.Line); err != nil && s.link.take(t.Prompt) {
+		t.Prompt.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/turn"
 	"github.com/acpgate/acpgate/proxy/usage"
 )
 
@@ -34,7 +35,7 @@ type Session struct {
 	attachable bool             // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history.History // what session/attach replays; nil: none kept. Guarded by fan.
 
-	turn turn // its prompts: the one in flight, those waiting (turn.go)
+	turn turn.Turn[*Conn, *outReq] // its prompts: the one in flight, those waiting (package turn)
 	// inbound are the agent's requests about the session still waiting
 	// for a client's answer (a take-over sends them again to the new
 	// owner).
@@ -120,7 +121,7 @@ func (s *Session) moveOwner(from, to *Conn) bool {
 		return false
 	}
 	s.owner.Store(to)
-	s.turn.taken()
+	s.turn.Taken()
 	return true
 }
 

@@ -28,7 +28,7 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		return false
 	}
 	owner := s.Owner()
-	running, ended, stop := s.turn.found()
+	running, ended, stop := s.turn.Found()
 	if owner == nil || owner == c || owner.tenant != c.tenant || !owner.Detached() {
 		return false
 	}
@@ -215,7 +215,7 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 		stop, _ = acp.StopReason(m)
 	}
 	if owner == req.conn { // ended while its owner is detached
-		s.turn.endedWhileDetached(stop)
+		s.turn.EndedWhileDetached(stop)
 		return
 	}
 	// Taken over while the turn ran: the new owner hears of its end.

@@ -306,7 +306,7 @@ func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
 		_, span := r.tracer.Start(context.Background(), acp.SessionPrompt)
 		b.Cleanup(func() { span.End() })
 		t := &observe.Turn{Start: time.Now(), Span: span}
-		s.turn.cur.Store(t)
+		s.turn.Cur.Store(t)
 		ag.obs.Observe(&observe.Event{Kind: observe.TurnStarted, Session: s.info, Turn: t})
 	}
 }
