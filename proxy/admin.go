@@ -209,13 +209,13 @@ type Owner struct{ Tenant, Agent string }
 // a client in their place (a permission request: cancelled) and takes
 // back every client's copy.
 func (s *Session) settleRequests(why string) {
-	for _, in := range s.inbound.list() {
+	for _, in := range s.inbound.List() {
 		in.forget()
 		if !in.claim() {
 			continue
 		}
 		for _, cp := range in.conns(nil) { // taken back before the agent can go on
-			cp.conn.reqs.withdraw(cp.id)
+			cp.conn.reqs.Withdraw(cp.id)
 			cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 		}
 		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)

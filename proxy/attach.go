@@ -174,7 +174,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	}
 	mem.backlog, mem.backlogB, mem.catching = nil, 0, false
 	if !mem.readOnly {
-		for _, in := range s.inbound.list() {
+		for _, in := range s.inbound.List() {
 			if (in.method == acp.RequestPermission || in.method == acp.ElicitationCreate) && !in.sentTo(c) {
 				in.copyTo(c)
 			}
@@ -267,12 +267,12 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 // dropRequestsOf gives up c's copies of the agent's requests about s: each
 // is answered in c's place only when no other client has one.
 func (c *Conn) dropRequestsOf(s *Session) {
-	for _, in := range s.inbound.list() {
+	for _, in := range s.inbound.List() {
 		id, had, last := in.leave(c)
 		if !had {
 			continue
 		}
-		c.reqs.forgetAgent(id)
+		c.reqs.ForgetAgent(id)
 		if last {
 			in.answerInPlace(c, "the client detached")
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
@@ -85,7 +86,7 @@ func (r *Relay) newConnForBench(s Sink) *Conn {
 	ten := &tenant{metrics: r.metrics, label: "default"}
 	pol := policy.Default()
 	ten.conf.Store(&TenantConfig{Policy: &pol})
-	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, reqs: newRequests()}
+	c := &Conn{relay: r, ten: ten, log: r.log, sessions: map[string]*Session{}, reqs: inflight.NewTable[*outReq, *inReq]()}
 	c.cr = clientReader{c: c, resolve: acp.ClientSpec}
 	c.cr.sc.Methods = acp.Methods
 	c.out.Init(s, 0)

@@ -17,6 +17,7 @@ import (
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
@@ -92,7 +93,7 @@ type Conn struct {
 	handleMu sync.Mutex
 	cr       clientReader
 
-	reqs requests // in flight either way
+	reqs inflight.Table[*outReq, *inReq] // in flight either way
 
 	// auditLim bounds the policy.denied events one connection's client, or
 	// its agent, can make the audit trail write.
@@ -361,7 +362,7 @@ func (cr *clientReader) allow(m *jsonrpc.Message) bool {
 		why = fmt.Sprintf("rate limit: at most %g messages per second on this connection", float64(cr.limiter.Limit()))
 	case c.ten.limiter != nil && !c.ten.limiter.Allow():
 		why = fmt.Sprintf("rate limit: tenant %q is over its message rate", c.tenant)
-	case m.Kind == jsonrpc.KindRequest && c.relay.limits.MaxPendingRequests > 0 && c.reqs.pending() >= c.relay.limits.MaxPendingRequests:
+	case m.Kind == jsonrpc.KindRequest && c.relay.limits.MaxPendingRequests > 0 && c.reqs.Pending() >= c.relay.limits.MaxPendingRequests:
 		why = fmt.Sprintf("too many requests in flight: at most %d per connection; wait for answers", c.relay.limits.MaxPendingRequests)
 	default:
 		return true
@@ -402,7 +403,7 @@ func clientReason(err error) string {
 // Busy reports whether requests are in flight either way (a running prompt
 // among them), so an idle timeout must wait.
 func (c *Conn) Busy() bool {
-	return c.reqs.busy()
+	return c.reqs.Busy()
 }
 
 // handleInitialize answers the client's initialize from the agent's cached
@@ -556,7 +557,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		}
 		return
 	}
-	req := c.reqs.clientReq(m.Bytes(f))
+	req := c.reqs.Client(m.Bytes(f))
 	if req == nil {
 		if m.Kind == jsonrpc.KindRequest {
 			c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
@@ -586,9 +587,9 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	c := cr.c
 	id, ok := parseAgentID(m.ID)
-	in := c.reqs.takeAgent(id)
+	in := c.reqs.TakeAgent(id)
 	if !ok || in == nil {
-		if c.reqs.wasWithdrawn(id) {
+		if c.reqs.WasWithdrawn(id) {
 			c.log.Debug("client answered an agent request after it was withdrawn; dropped", "id", id)
 			return
 		}
@@ -670,15 +671,15 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 		return nil, 0, errDuplicateAgentID
 	}
 	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
-	id, ok := c.reqs.addAgent(in)
+	id, ok := c.reqs.AddAgent(in)
 	if !ok {
 		return nil, 0, errConnClosed
 	}
 	l.mu.Lock()
 	in.connID = id // guarded by l.mu, as a take-over moves it
 	l.mu.Unlock()
-	if sess != nil && !sess.inbound.add(in) {
-		c.reqs.forgetAgent(id)
+	if sess != nil && !sess.inbound.Add(in) {
+		c.reqs.ForgetAgent(id)
 		return nil, 0, errSessionLost
 	}
 	l.mu.Lock()
@@ -748,7 +749,7 @@ func (c *Conn) Close() {
 		c.detachTimer.Stop()
 	}
 	c.mu.Unlock()
-	clientReqs, agentReqs := c.reqs.close()
+	clientReqs, agentReqs := c.reqs.Close()
 	c.cancel()
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()

@@ -33,9 +33,9 @@
 //     (life.go). It owns its process session slot (a pool.Lease) until it
 //     ends, its tenant session slot while any connection holds it
 //     (holders), the agent's requests about it waiting for a client
-//     (waiting), the configuration the agent last reported (multiclient.Record),
-//     what session/attach replays (history, under fan), what its agent
-//     reported using (meter), and its turn.
+//     (inbound, an inflight.Set), the configuration the agent last reported
+//     (multiclient.Record), what session/attach replays (history, under
+//     fan), what its agent reported using (meter), and its turn.
 //   - turn: the session's prompts: the one the agent works on, those of
 //     other clients waiting for it, when it started and last ended, its span
 //     as observers know it (observe.Turn), and a turn that ended while the
@@ -45,10 +45,10 @@
 //     (numbered, kept for a resume; a kept message is tagged with its
 //     session, so a take-over finds the session's messages since the
 //     detach), its socket's state (resume.go), and its requests in flight
-//     either way (requests: a client's answer or cancellation names its own
-//     id). Its clientReader is its read side: it scans each message, applies
-//     the limits and the tenant's policy, and routes it, used only under
-//     Conn.handleMu.
+//     either way (reqs, an inflight.Table: a client's answer or cancellation
+//     names its own id). Its clientReader is its read side: it scans each
+//     message, applies the limits and the tenant's policy, and routes it,
+//     used only under Conn.handleMu.
 //   - hold: what handling one client request takes (a tenant slot, a
 //     process slot, the request's count on its process, a load's session
 //     route), carried by the outReq and released once, whichever way the
@@ -63,7 +63,7 @@
 //
 //	Conn.handleMu → Session.fan → Conn.mu → Conn.out.mu → Session.mu → turn.mu → procLink.mu
 //	                                        Conn.out.mu → the Sink's own lock
-//	                                                      Session.mu → waiting.mu
+//	                                                      Session.mu → Session.inbound.mu
 //	Relay.mu → pool.Pool.mu → pool.Process.mu
 //
 // Session.fan orders what a session's clients get (the agent's messages,
@@ -79,10 +79,11 @@
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// usage.Meter's and multiclient.Record's locks, waiting.mu, requests.mu,
-// workers.mu, Relay.promptMu and metrics.TenantLabels.mu are leaves. The
-// pool calls no relay code with its locks held, and a session's slot is
-// released by its end's teardown, off every lock.
+// usage.Meter's, multiclient.Record's and package inflight's locks
+// (Session.inbound.mu, Conn.reqs.mu), workers.mu, Relay.promptMu and
+// metrics.TenantLabels.mu are leaves. The pool calls no relay code with its
+// locks held, and a session's slot is released by its end's teardown, off
+// every lock.
 //
 // # How a client message travels
 //

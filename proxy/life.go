@@ -124,7 +124,7 @@ func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
 	s.slot = nil
 	if steps.keepSeen {
 		s.life.Store(uint32(stageLost))
-		s.inbound.close() // the agent's death answers them
+		s.inbound.Close() // the agent's death answers them
 		return e
 	}
 	s.life.Store(uint32(stageEnded))

@@ -216,7 +216,7 @@ func (l *procLink) failRoutes(reason error) {
 	}
 	for _, in := range inbound {
 		for _, cp := range in.conns(nil) {
-			cp.conn.reqs.forgetAgent(cp.id)
+			cp.conn.reqs.ForgetAgent(cp.id)
 		}
 	}
 }
@@ -240,7 +240,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 	l.mu.Unlock()
 	for _, in := range expired {
 		if in.sess != nil {
-			in.sess.inbound.done(in)
+			in.sess.inbound.Done(in)
 		}
 		if in.span != nil {
 			tracing.Error(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")
@@ -248,7 +248,7 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 		}
 		log := l.p.Log()
 		for _, cp := range in.conns(nil) {
-			cp.conn.reqs.forgetAgent(cp.id)
+			cp.conn.reqs.ForgetAgent(cp.id)
 			log = cp.conn.log
 		}
 		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()

@@ -16,6 +16,7 @@ import (
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/clientcaps"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
@@ -280,7 +281,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 		ctx:       ctx,
 		cancel:    cancel,
 		sessions:  map[string]*Session{},
-		reqs:      newRequests(),
+		reqs:      inflight.NewTable[*outReq, *inReq](),
 	}
 	c.cr = clientReader{c: c, resolve: acp.ClientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
 		logLim: logx.NewLimiter(20, time.Second)}

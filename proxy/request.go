@@ -115,7 +115,7 @@ func (r *outReq) end() {
 		r.turnEnded("error", nil) // ended unanswered (an answer counted it already)
 	}
 	if r.conn != nil {
-		r.conn.reqs.forgetClient(r)
+		r.conn.reqs.ForgetClient(r.clientID, r)
 	}
 	r.hold.release()
 	r.endSpan()
@@ -223,7 +223,7 @@ func (in *inReq) forget() {
 	}
 	in.link.mu.Unlock()
 	if in.sess != nil {
-		in.sess.inbound.done(in)
+		in.sess.inbound.Done(in)
 	}
 	if in.span != nil {
 		in.span.End()
@@ -272,14 +272,14 @@ func (in *inReq) copyTo(c *Conn) {
 	if msg == nil || in.answered.Load() {
 		return
 	}
-	id, ok := c.reqs.addAgent(in)
+	id, ok := c.reqs.AddAgent(in)
 	if !ok {
 		return
 	}
 	in.link.mu.Lock()
 	if in.answered.Load() { // answered meanwhile: withdrawn before it is sent
 		in.link.mu.Unlock()
-		c.reqs.forgetAgent(id)
+		c.reqs.ForgetAgent(id)
 		return
 	}
 	in.copies = append(in.copies, inCopy{c, id})
@@ -350,7 +350,7 @@ func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
 		defer s.fan.Unlock()
 	}
 	for _, cp := range in.conns(c) {
-		cp.conn.reqs.withdraw(cp.id)
+		cp.conn.reqs.Withdraw(cp.id)
 		cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 	}
 	if in.method != acp.RequestPermission {

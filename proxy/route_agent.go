@@ -399,7 +399,7 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 		if len(copies) > 0 { // the agent withdrew it: from every client, after their copy
 			in.sess.fan.Lock()
 			for _, cp := range copies {
-				cp.conn.reqs.withdraw(cp.id)
+				cp.conn.reqs.Withdraw(cp.id)
 				cp.conn.deliver(acp.CancelRequestMsg(cp.id))
 			}
 			in.sess.fan.Unlock()

@@ -33,7 +33,7 @@ type routed struct {
 func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 	c := cr.c
 	isReq := m.Kind == jsonrpc.KindRequest
-	if isReq && c.reqs.clientReq(m.ID) != nil {
+	if isReq && c.reqs.Client(m.ID) != nil {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
@@ -341,7 +341,7 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 		return nil
 	}
-	if !c.reqs.trackClient(req) { // the connection closed meanwhile
+	if !c.reqs.TrackClient(req.clientID, req) { // the connection closed meanwhile
 		if rt.link.untrack(req) {
 			req.hold.release()
 			tracing.AnsweredByGateway(span)

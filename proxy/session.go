@@ -8,6 +8,7 @@ import (
 
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/history"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
@@ -39,7 +40,7 @@ type Session struct {
 	// inbound are the agent's requests about the session still waiting
 	// for a client's answer (a take-over sends them again to the new
 	// owner).
-	inbound waiting
+	inbound inflight.Set[*inReq]
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result (kept for a session clients may attach to).
 	state  multiclient.Record
@@ -184,52 +185,3 @@ func (l *procLink) removeSession(s *Session) bool {
 
 // truncate shortens s to n bytes for a log line, marking the cut.
 func truncate(s string, n int) string { return logx.Truncate(s, n) }
-
-// waiting is a set of agent requests waiting for a client's answer. Once
-// closed (the agent died: its death answers them) it takes no more. Its
-// lock is a leaf.
-type waiting struct {
-	mu     sync.Mutex
-	closed bool
-	set    map[*inReq]struct{}
-}
-
-// add records in; false once closed.
-func (w *waiting) add(in *inReq) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return false
-	}
-	if w.set == nil {
-		w.set = map[*inReq]struct{}{}
-	}
-	w.set[in] = struct{}{}
-	return true
-}
-
-// done forgets in: answered, by a client or in its place.
-func (w *waiting) done(in *inReq) {
-	w.mu.Lock()
-	delete(w.set, in)
-	w.mu.Unlock()
-}
-
-// list is the requests still waiting.
-func (w *waiting) list() []*inReq {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make([]*inReq, 0, len(w.set))
-	for in := range w.set {
-		out = append(out, in)
-	}
-	return out
-}
-
-// close forgets them all and takes no more.
-func (w *waiting) close() {
-	w.mu.Lock()
-	w.closed = true
-	clear(w.set)
-	w.mu.Unlock()
-}

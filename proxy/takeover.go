@@ -123,7 +123,7 @@ func (c *Conn) endIfEmpty() {
 	c.mu.Lock()
 	empty := c.detached && !c.closed && len(c.sessions) == 0
 	c.mu.Unlock()
-	empty = empty && c.reqs.empty()
+	empty = empty && c.reqs.Empty()
 	if empty {
 		c.log.Info("every session of the detached connection was taken over; ending it")
 		c.Close()
@@ -155,10 +155,10 @@ func (ag *agent) heldByTenant(sid, tenant string) bool {
 // takeRequestsOf removes and returns the agent requests about s waiting
 // for c.
 func (c *Conn) takeRequestsOf(s *Session) []*inReq {
-	ins := s.inbound.list()
+	ins := s.inbound.List()
 	out := ins[:0]
 	for _, in := range ins {
-		if _, id := in.route(); c.reqs.takeIfOurs(id, in) {
+		if _, id := in.route(); c.reqs.TakeIfOurs(id, in) {
 			out = append(out, in)
 		}
 	}
@@ -170,7 +170,7 @@ func (c *Conn) takeRequestsOf(s *Session) []*inReq {
 // taken it from c already (then that take-over sends it).
 func (c *Conn) handOver(in *inReq, owner *Conn) {
 	_, id := in.route()
-	if c.reqs.takeIfOurs(id, in) {
+	if c.reqs.TakeIfOurs(id, in) {
 		owner.adopt(in)
 	}
 }
@@ -189,7 +189,7 @@ func (c *Conn) adopt(in *inReq) {
 	if msg == nil {
 		return
 	}
-	id, ok := c.reqs.addAgent(in)
+	id, ok := c.reqs.AddAgent(in)
 	if !ok {
 		return
 	}
