@@ -59,11 +59,12 @@
 // # Lock order
 //
 // Outer before inner; no lock is held while a lock earlier in a line is
-// taken:
+// taken (Conn.out, Session.turn and Session.inbound stand for the locks of
+// their outbox.Box, turn.Turn and inflight.Set):
 //
-//	Conn.handleMu → Session.fan → Conn.mu → Conn.out.mu → Session.mu → turn.mu → procLink.mu
-//	                                        Conn.out.mu → the Sink's own lock
-//	                                                      Session.mu → Session.inbound.mu
+//	Conn.handleMu → Session.fan → Conn.mu → Conn.out → Session.mu → Session.turn → procLink.mu
+//	                                        Conn.out → the Sink's own lock
+//	                                                   Session.mu → Session.inbound
 //	Relay.mu → pool.Pool.mu → pool.Process.mu
 //
 // Session.fan orders what a session's clients get (the agent's messages,
@@ -79,9 +80,9 @@
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// usage.Meter's, multiclient.Record's and package inflight's locks
-// (Session.inbound.mu, Conn.reqs.mu), workers.mu, Relay.promptMu and
-// metrics.TenantLabels.mu are leaves. The pool calls no relay code with its
+// the locks of usage.Meter, multiclient.Record and Conn.reqs (an
+// inflight.Table), workers.mu, Relay.promptMu and metrics.TenantLabels.mu
+// are leaves. The pool calls no relay code with its
 // locks held, and a session's slot is released by its end's teardown, off
 // every lock.
 //
@@ -127,7 +128,10 @@
 // are observers, beside Config.Observers. Config.Deciders are asked before a
 // prompt goes to the agent (a refusal is the client's answer) and before an
 // agent's permission request goes to the clients (a decision answers the
-// agent, and no client is asked). Routing code records nothing itself.
+// agent, and no client is asked). Routing code hands a session's events
+// to nothing else; what it counts itself is about messages and requests,
+// not sessions (messages and bytes relayed, request times, refusals,
+// protocol errors).
 //
 // # Tracing
 //
@@ -147,8 +151,7 @@
 // for a resume (Conn.KeepsSent): then the connection's outbox owns it, the
 // Sink only borrows it, and the outbox pools it when it drops it from the
 // replay buffer once the Sink has written it (WrittenSink; package outbox
-// says when it gives a buffer back). A build with -tags
-// poison scribbles over every released buffer and panics on a second
-// release, so that a use after release fails the tests (test/run.sh runs
-// proxy and gateway so).
+// says when it gives a buffer back). A build with -tags poison scribbles
+// over every released buffer and panics on a second release, so that a use
+// after release fails the tests (test/run.sh runs proxy and gateway so).
 package proxy
