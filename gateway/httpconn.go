@@ -767,10 +767,10 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 			if !ok {
 				return
 			}
-			if cap(buf) > maxIdleFrameBuf {
-				buf = nil // a big batch's copy is not kept for the stream's life
-			}
 			continue
+		}
+		if cap(buf) > maxIdleFrameBuf {
+			buf = nil // an idle stream keeps no big batch's copy (a busy one reuses it)
 		}
 		select {
 		case <-st.wake:
@@ -806,21 +806,29 @@ func (h *httpConn) gather(st *sseStream) {
 }
 
 // maxIdleFrameBuf is the largest framing buffer a stream's writer keeps
-// between batches.
+// while it waits for events.
 const maxIdleFrameBuf = 1 << 20
 
-// takeEvents frames what st queues into buf and keeps it for Last-Event-ID:
-// the events are framed before they are kept, for once kept, another
-// stream's writer may evict (and recycle) them. It returns how many, and
+// maxFrameBatch bounds what one write of a stream frames (at least one
+// event): what is being written counts against send_queue_bytes, so a
+// batch of the whole queue would leave the relay no room until it is
+// written, and its framed copy would double what the queue holds.
+const maxFrameBatch = 1 << 20
+
+// takeEvents frames what st queues, up to maxFrameBatch, into buf and
+// keeps it for Last-Event-ID: the events are framed before they are kept,
+// for once kept, another stream's writer may evict (and recycle) them. It returns how many, and
 // their size: they count as queued until the writer has written buf
 // (tookLocked).
 func (h *httpConn) takeEvents(st *sseStream, buf []byte) ([]byte, int, int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	events := st.queue
-	st.queue = nil
-	size := 0
+	n, size := 0, 0
 	for _, ev := range events {
+		if n > 0 && len(buf) >= maxFrameBatch {
+			break // the rest waits for the next batch
+		}
 		buf = append(buf, "id: "...)
 		buf = strconv.AppendInt(buf, ev.id, 10)
 		buf = append(buf, "\ndata: "...)
@@ -828,11 +836,16 @@ func (h *httpConn) takeEvents(st *sseStream, buf []byte) ([]byte, int, int) {
 		buf = append(buf, "\n\n"...)
 		size += len(ev.msg)
 		h.keep(st, ev)
+		n++
 	}
-	if len(events) > 0 {
+	clear(events[:n])
+	if st.queue = events[n:]; len(st.queue) == 0 {
+		st.queue = nil
+	}
+	if n > 0 {
 		h.writing++
 	}
-	return buf, len(events), size
+	return buf, n, size
 }
 
 // writeSSE writes and flushes within the write timeout: a receiver that
