@@ -171,7 +171,7 @@ func (s *Session) update(body []byte) []byte {
 	return jsonrpc.AppendRequest(jsonrpc.GetBuffer(len(params)+64), nil, acp.SessionUpdate, params)
 }
 
-// toMembers sends an update to every member but skip (s.fan held).
+// toMembersLocked sends an update to every member but skip (s.fan held).
 func (s *Session) toMembersLocked(body []byte, skip *Conn) {
 	for _, m := range s.clientList() {
 		if m.conn != skip {

@@ -232,13 +232,14 @@ func fileAccess(caps Profile, tenants []TenantConfig, agent string) *[2]bool {
 	return &fa
 }
 
-// Pool returns the pool of the first agent configured (tests and
-// single-agent callers); see AgentPool.
+// Pool returns the pool of the first agent configured (for tests and the
+// load harness; see AgentPool).
 func (r *Relay) Pool() *pool.Pool { return r.AgentPool(r.first) }
 
 // NewConn registers a client connection of a configured tenant. The caller
-// feeds it the client's messages with Handle and calls Close when the
-// client is gone.
+// feeds it the client's messages (HandleFrom, HandleScannedTrace), tells it
+// of its sockets (SocketEnded, Attach) and calls Close when the client is
+// gone for good.
 func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	name := info.Agent
 	if name == "" {

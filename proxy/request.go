@@ -19,9 +19,9 @@ import (
 
 // hold is everything handling one client request takes: a tenant session
 // slot, a process session slot, the request's count on its process, and
-// the session route a load makes before the agent answers. It is made in
-// one place (Conn.handleCall and its handlers), carried by the outReq, and
-// released once when the request ends, whichever way it ends. What the
+// the session route a load makes before the agent answers. The handlers
+// that route a request make it (route_client.go); it is carried by the
+// outReq and released once when the request ends, whichever way it ends. What the
 // request's success keeps (the slot a new session holds, a load's route) is
 // taken out of it first. A second release is logged and counted
 // (acpgate_double_releases_total{what="hold"}).
