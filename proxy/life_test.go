@@ -77,12 +77,17 @@ func TestSessionEndsOnceWhateverEndsIt(t *testing.T) {
 	})
 }
 
-func closedEvents(w *watcher, sid string) int {
+func closedEvents(w *watcher, sid string) int { return eventsAbout(w, sid, observe.SessionClosed) }
+
+func lostEvents(w *watcher, sid string) int { return eventsAbout(w, sid, observe.SessionLost) }
+
+// eventsAbout counts the events of kind about session sid w heard.
+func eventsAbout(w *watcher, sid string, kind observe.Kind) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := 0
 	for _, e := range w.events {
-		if e.Kind == observe.SessionClosed && e.Session.ID == sid {
+		if e.Kind == kind && e.Session.ID == sid {
 			n++
 		}
 	}
@@ -133,16 +138,4 @@ func TestSessionEndRunsOnce(t *testing.T) {
 	if n := metricValue(t, reg, "acpgate_double_releases_total", nil); n != 0 {
 		t.Errorf("acpgate_double_releases_total = %v, want 0", n)
 	}
-}
-
-func lostEvents(w *watcher, sid string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, e := range w.events {
-		if e.Kind == observe.SessionLost && e.Session.ID == sid {
-			n++
-		}
-	}
-	return n
 }

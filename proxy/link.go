@@ -113,29 +113,26 @@ func (l *procLink) track(r *outReq) bool {
 	return true
 }
 
-// untrack removes r if it is still in flight; false if someone else took it
-// (answered, expired, or failed by the agent's death).
-func (l *procLink) untrack(r *outReq) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.pending[r.agentID] != r {
-		return false
-	}
-	delete(l.pending, r.agentID)
-	return true
-}
+// untrack removes r if it is still in flight, nobody to be answered; false
+// if someone else took it (answered, expired, or failed by the agent's
+// death).
+func (l *procLink) untrack(r *outReq) bool { return l.remove(r, false) }
 
 // take removes r if it is still in flight, for the gateway to answer it
 // (outReq.fail); false if someone else took it. A client's prompt counts
 // as running until that answer is queued.
-func (l *procLink) take(r *outReq) bool {
+func (l *procLink) take(r *outReq) bool { return l.remove(r, true) }
+
+func (l *procLink) remove(r *outReq, answer bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.pending[r.agentID] != r {
 		return false
 	}
 	delete(l.pending, r.agentID)
-	l.answeringLocked(r)
+	if answer {
+		l.answeringLocked(r)
+	}
 	return true
 }
 
