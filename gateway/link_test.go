@@ -40,13 +40,7 @@ func TestSlowClientsCutTheSameWay(t *testing.T) {
 
 	// WebSocket: the client stops reading (small kernel buffers both
 	// ways, so that its queue fills soon).
-	slow := ts.dialWith(smallBufferClient(t), "acp")
-	slow.initialize()
-	conns := ts.wsConns()
-	if len(conns) != 1 {
-		t.Fatalf("%d WebSocket connections, want 1", len(conns))
-	}
-	sc := conns[0]
+	slow, sc := ts.slowWS(t)
 	cut := func() bool {
 		_, label, closing := sc.closeState()
 		return closing && label == "slow_client"

@@ -704,6 +704,20 @@ func (l smallBufferListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// slowWS dials an initialized WebSocket client with small kernel buffers
+// (its queue fills soon once it stops reading) and returns it with the
+// server's side of it, the only WebSocket connection.
+func (ts *testServer) slowWS(t *testing.T) (*wsClient, *wsConn) {
+	t.Helper()
+	slow := ts.dialWith(smallBufferClient(t), "acp")
+	slow.initialize()
+	conns := ts.wsConns()
+	if len(conns) != 1 {
+		t.Fatalf("%d WebSocket connections, want 1", len(conns))
+	}
+	return slow, conns[0]
+}
+
 // smallBufferClient is an HTTP client whose connections have a small kernel
 // receive buffer.
 func smallBufferClient(t *testing.T) *http.Client {
@@ -851,13 +865,7 @@ func TestSlowConsumerClosedWithPolicyViolation(t *testing.T) {
 // a full queue).
 func TestSendQueueCountsWhatIsBeingWritten(t *testing.T) {
 	ts := slowClientServer(t) // send_queue_bytes 2 MiB, 32 KiB socket buffers
-	slow := ts.dialWith(smallBufferClient(t), "acp")
-	slow.initialize()
-	conns := ts.wsConns()
-	if len(conns) != 1 {
-		t.Fatalf("%d WebSocket connections, want 1", len(conns))
-	}
-	sc := conns[0]
+	_, sc := ts.slowWS(t)
 	pad := strings.Repeat("x", 600<<10) // more than the sockets' buffers take
 	accepted := 0
 	for i := range 64 {
