@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -268,5 +269,59 @@ func TestAttachBacklogIsBounded(t *testing.T) {
 	}
 	if !m.overrun || m.backlogB > maxBacklog || len(m.backlog)*len(msg) > maxBacklog {
 		t.Fatalf("backlog %d bytes in %d messages, overrun %v; want at most %d and overrun", m.backlogB, len(m.backlog), m.overrun, maxBacklog)
+	}
+}
+
+// What one connection's prompts waiting for other clients' turns may hold
+// is bounded over all its sessions: past it a prompt is refused (-32006,
+// naming the bound) and the prompts already waiting are untouched; once one
+// of them leaves the queue to run, its bytes are free again.
+func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
+	old := maxConnQueuedBytes
+	maxConnQueuedBytes = 1 << 20
+	t.Cleanup(func() { maxConnQueuedBytes = old })
+	r := testPool(t, "demo", nil)
+	member := newTestConn(t, r, "member")
+	member.init(`{}`)
+	var sids []string
+	var perms []msg
+	var owners []*testConn
+	for i := range 2 {
+		owner := newTestConn(t, r, fmt.Sprintf("owner%d", i))
+		owner.init(`{}`)
+		sid := owner.newSession("1")
+		if res := member.attach(fmt.Sprint(10+i), sid, ""); res.Error != nil {
+			t.Fatalf("attach: %s", res.raw)
+		}
+		owner.prompt("2", sid, "permission") // the turn waits for the owner's answer
+		perms = append(perms, owner.untilMethod(acp.RequestPermission, nil))
+		owners, sids = append(owners, owner), append(sids, sid)
+	}
+	big := strings.Repeat("x", 300<<10)
+	for i := range 3 { // 900 KiB waiting, over two sessions
+		member.prompt(fmt.Sprint(20+i), sids[i%2], big)
+	}
+	waiting := member.c.queuedBytes.Load()
+	if waiting < 900<<10 || waiting > 1<<20 {
+		t.Fatalf("the connection counts %d bytes waiting, want its three prompts'", waiting)
+	}
+	member.prompt("23", sids[1], big)
+	refused := member.await("23", nil)
+	if refused.Error == nil || refused.Error.Code != codeBusy || !strings.Contains(refused.Error.Message, "would pass 1 MiB") {
+		t.Fatalf("the prompt past the connection's bound: %s", refused.raw)
+	}
+	if n := member.c.queuedBytes.Load(); n != waiting {
+		t.Fatalf("after the refusal the connection counts %d bytes waiting, want %d", n, waiting)
+	}
+	// The first session's turn ends: a prompt that waited for it runs, and
+	// its bytes are free for another.
+	owners[0].send(`{"jsonrpc":"2.0","id":` + string(perms[0].ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
+	if m := owners[0].await("2", nil); m.Error != nil {
+		t.Fatalf("the owner's turn: %s", m.raw)
+	}
+	waitFor(t, "a waiting prompt to run", func() bool { return member.c.queuedBytes.Load() < waiting })
+	member.prompt("24", sids[1], big)
+	if n := member.c.queuedBytes.Load(); n > 1<<20 || n < waiting {
+		t.Fatalf("a prompt within the bound again: the connection counts %d bytes waiting", n)
 	}
 }

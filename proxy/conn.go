@@ -93,7 +93,8 @@ type Conn struct {
 	handleMu sync.Mutex
 	cr       clientReader
 
-	reqs inflight.Table[*outReq, *inReq] // in flight either way
+	reqs        inflight.Table[*outReq, *inReq] // in flight either way
+	queuedBytes atomic.Int64                    // its prompts waiting for sessions' turns (holdQueued)
 
 	// auditLim bounds the policy.denied events one connection's client, or
 	// its agent, can make the audit trail write.

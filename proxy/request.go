@@ -90,6 +90,9 @@ type outReq struct {
 	// answer it itself (procLink.take); a prompt counts as running until
 	// that answer is in its client's queue (fail). Under link.mu.
 	answering bool
+	// queued: the bytes of a prompt waiting for its turn counted against
+	// its connection's bound (Conn.holdQueued), until it runs or ends.
+	queued atomic.Int64
 	// A prompt whose answer is being delivered: the prompt that waited for
 	// its turn starts once the answer is out (startNext), not at end.
 	holdNext bool
@@ -115,6 +118,7 @@ func (r *outReq) end() {
 		r.turnEnded("error", nil) // ended unanswered (an answer counted it already)
 	}
 	if r.conn != nil {
+		r.conn.releaseQueued(r)
 		r.conn.reqs.ForgetClient(r.clientID, r)
 	}
 	r.hold.release()

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -362,12 +364,21 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		s.turn.Started(req)
 		return true
 	}
-	t := turn.Queued[*outReq]{Prompt: req, Line: out, Blocks: acp.PromptBlocks(m.Payload)}
-	now, full := s.turn.Take(t)
-	switch {
-	case full:
+	t := turn.Queued[*outReq]{Prompt: req, Line: out}
+	if !c.holdQueued(req, len(out)) {
 		if rt.link.take(req) {
-			req.failWith(codeBusy, fmt.Sprintf("%d prompts already wait for this session's turn; try again when one has run", turn.MaxQueued), nil)
+			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %d MiB; try again when one has run", maxConnQueuedBytes>>20), nil)
+		}
+		return false
+	}
+	now, full := s.turn.Take(t)
+	if now || full != nil {
+		c.releaseQueued(req) // it runs now, or does not wait
+	}
+	switch {
+	case full != nil:
+		if rt.link.take(req) {
+			req.failWith(codeBusy, full.Error(), nil)
 		}
 		return false
 	case !now:
@@ -375,13 +386,60 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
-	s.announcePrompt(c, t.Blocks)
+	s.announcePrompt(c, acp.PromptBlocks(m.Payload))
 	return true
+}
+
+// maxConnQueuedBytes bounds what one connection's prompts waiting for
+// sessions' turns may hold, over all its sessions (each session's queue
+// has its own bound, turn.MaxQueuedBytes).
+var maxConnQueuedBytes int64 = 64 << 20 // a variable for tests
+
+// holdQueued counts n bytes of req, a prompt that may wait for a turn,
+// against the connection's bound; false: past it.
+func (c *Conn) holdQueued(req *outReq, n int) bool {
+	if c.queuedBytes.Add(int64(n)) > maxConnQueuedBytes {
+		c.queuedBytes.Add(-int64(n))
+		return false
+	}
+	req.queued.Store(int64(n))
+	return true
+}
+
+// releaseQueued gives back what holdQueued counted for req: once, when it
+// leaves the queue to run or ends.
+func (c *Conn) releaseQueued(req *outReq) {
+	if n := req.queued.Swap(0); n != 0 {
+		c.queuedBytes.Add(-n)
+	}
+}
+
+// queuedBlocks is the prompt of a line that waited for its turn as its
+// client sent it: the line is the agent's (its paths mapped to the agent's
+// root), the one copy kept, so its paths are mapped back.
+func (c *Conn) queuedBlocks(line []byte) []json.RawMessage {
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	sc.Methods = acp.Methods
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	spec := func(*jsonrpc.Message) *jsonrpc.Spec { return acp.ParamsSpec(acp.SessionPrompt, true) }
+	if sc.Scan(line, &m, spec) != nil {
+		return nil
+	}
+	if edits, _ := c.ten.mapToClient(&m, nil, false); len(edits) > 0 {
+		jsonrpc.SortEdits(edits)
+		line = jsonrpc.Splice(nil, line, edits)
+		if sc.Scan(line, &m, spec) != nil {
+			return nil
+		}
+	}
+	return acp.PromptBlocks(m.Payload)
 }
 
 // startTurn sends a prompt that waited for another client's turn, now
 // that turn has ended.
 func (s *Session) startTurn(t turn.Queued[*outReq]) {
+	t.Prompt.conn.releaseQueued(t.Prompt)
 	c := t.Prompt.conn
 	if c.isClosed() {
 		if s.link.untrack(t.Prompt) {
@@ -389,14 +447,15 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 		}
 		return
 	}
-	if refusal := c.refusePrompt(s, t.Blocks, nil); refusal != nil {
+	blocks := c.queuedBlocks(t.Line)
+	if refusal := c.refusePrompt(s, blocks, nil); refusal != nil {
 		if s.link.take(t.Prompt) {
 			t.Prompt.failWith(refusal.Code, refusal.Message, refusal.Data)
 		}
 		return
 	}
-	s.announcePrompt(c, t.Blocks)
-	s.turnStarted(t.Prompt, t.Blocks, nil)
+	s.announcePrompt(c, blocks)
+	s.turnStarted(t.Prompt, blocks, nil)
 	s.link.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()

@@ -11,7 +11,7 @@
 package turn
 
 import (
-	"encoding/json"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,15 +28,24 @@ type Prompt[C comparable] interface {
 }
 
 // Queued is a prompt waiting for another client's turn: tracked with its
-// process already, its line ready to send.
+// process already, its line ready to send (the one copy of it kept).
 type Queued[P any] struct {
 	Prompt P
 	Line   []byte
-	Blocks []json.RawMessage // the prompt as its client sent it
 }
 
-// MaxQueued bounds the prompts waiting for another client's turn.
-const MaxQueued = 8
+// Bounds of the prompts waiting for another client's turn, in number and
+// in bytes (their lines).
+const (
+	MaxQueued      = 8
+	MaxQueuedBytes = 32 << 20
+)
+
+// Why a prompt cannot wait for the turn: the queue is full.
+var (
+	ErrTooMany = fmt.Errorf("%d prompts already wait for this session's turn; try again when one has run", MaxQueued)
+	ErrTooBig  = fmt.Errorf("the prompts waiting for this session's turn would pass %d MiB; try again when one has run", MaxQueuedBytes>>20)
+)
 
 // Turn is a session's turn; its zero value is idle. Its lock is a leaf but
 // for what Done's pending takes.
@@ -53,8 +62,9 @@ type Turn[C comparable, P Prompt[C]] struct {
 	running []P
 	client  C
 	// queue: prompts of other clients waiting for the turn in flight,
-	// oldest first.
-	queue []Queued[P]
+	// oldest first; queuedBytes the size of their lines.
+	queue       []Queued[P]
+	queuedBytes int
 	// lastEnded is when its last turn ended.
 	lastEnded time.Time
 	// endedDetached and stopReason: a turn ended while its owner had no
@@ -65,8 +75,8 @@ type Turn[C comparable, P Prompt[C]] struct {
 
 // Take decides a prompt's fate on a shared session: it runs now (no turn
 // in flight, or the turn is its own client's), waits for the turn in
-// flight, or is refused (the queue is full).
-func (t *Turn[C, P]) Take(q Queued[P]) (now, full bool) {
+// flight, or is refused (full: ErrTooMany or ErrTooBig).
+func (t *Turn[C, P]) Take(q Queued[P]) (now bool, full error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -74,13 +84,16 @@ func (t *Turn[C, P]) Take(q Queued[P]) (now, full bool) {
 		t.prompt, t.client = q.Prompt, q.Prompt.Client()
 	case len(t.running) > 0 && t.client == q.Prompt.Client(): // its own turn goes on
 	case len(t.queue) >= MaxQueued:
-		return false, true
+		return false, ErrTooMany
+	case t.queuedBytes+len(q.Line) > MaxQueuedBytes:
+		return false, ErrTooBig
 	default:
 		t.queue = append(t.queue, q)
-		return false, false
+		t.queuedBytes += len(q.Line)
+		return false, nil
 	}
 	t.running = append(t.running, q.Prompt)
-	return true, false
+	return true, nil
 }
 
 // Started records p as the turn in flight of a session nobody else
@@ -117,6 +130,7 @@ func (t *Turn[C, P]) Done(p P, pending func(P) bool) (next Queued[P], ok bool, d
 	t.client = nobody
 	for len(t.queue) > 0 {
 		next, t.queue = t.queue[0], t.queue[1:]
+		t.queuedBytes -= len(next.Line)
 		dequeued++
 		if !next.Prompt.Ended() && pending(next.Prompt) {
 			t.prompt, t.client = next.Prompt, next.Prompt.Client()
@@ -158,6 +172,9 @@ func (t *Turn[C, P]) DropQueued(c C) []Queued[P] {
 	}
 	clear(t.queue[len(kept):])
 	t.queue = kept
+	for _, q := range failed {
+		t.queuedBytes -= len(q.Line)
+	}
 	return failed
 }
 
@@ -225,7 +242,7 @@ func (t *Turn[C, P]) Ending(take bool) (queued []Queued[P], running bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if take {
-		queued, t.queue = t.queue, nil
+		queued, t.queue, t.queuedBytes = t.queue, nil, 0
 	}
 	return queued, t.inFlightLocked()
 }

@@ -25,7 +25,7 @@ func pendingAll(*prompt) bool { return true }
 func mustTake(t *testing.T, tu *testTurn, p *prompt, wantNow bool) {
 	t.Helper()
 	now, full := tu.Take(queued(p))
-	if now != wantNow || full {
+	if now != wantNow || full != nil {
 		t.Fatalf("Take(%s's prompt) = now %v, full %v; want now %v, not full", p.by.name, now, full, wantNow)
 	}
 }
@@ -83,7 +83,7 @@ func TestQueueBounded(t *testing.T) {
 	for range MaxQueued {
 		mustTake(t, &tu, &prompt{by: b}, false)
 	}
-	if now, full := tu.Take(queued(&prompt{by: b})); now || !full {
+	if now, full := tu.Take(queued(&prompt{by: b})); now || full != ErrTooMany {
 		t.Fatalf("Take with %d waiting = now %v, full %v; want full", MaxQueued, now, full)
 	}
 	// The running client's own prompt still joins its turn.
@@ -225,5 +225,29 @@ func TestTakeDoneAllocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations a turn", allocs)
+	}
+}
+
+// The queue is bounded in bytes too: a line that would take it past
+// MaxQueuedBytes is refused (ErrTooBig), and what leaves the queue frees
+// its bytes.
+func TestQueueBoundedInBytes(t *testing.T) {
+	var tu testTurn
+	a, b := &client{"a"}, &client{"b"}
+	mustTake(t, &tu, &prompt{by: a}, true)
+	half := make([]byte, MaxQueuedBytes/2)
+	for range 2 {
+		if now, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: half}); now || full != nil {
+			t.Fatalf("Take of half the bound = now %v, %v; want it waiting", now, full)
+		}
+	}
+	if _, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: []byte("x")}); full != ErrTooBig {
+		t.Fatalf("Take past the bound: %v, want ErrTooBig", full)
+	}
+	if got := tu.DropQueued(b); len(got) != 2 {
+		t.Fatalf("dropped %d, want 2", len(got))
+	}
+	if now, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: half}); now || full != nil {
+		t.Fatalf("Take after the queue emptied = now %v, %v; want it waiting", now, full)
 	}
 }
