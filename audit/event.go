@@ -12,7 +12,7 @@ package audit
 type Event struct {
 	Event   string // what happened: "session.created", "permission.resolved", …
 	Tenant  string
-	Subject string // who: the JWT's sub, or a static token's derived name (never a token)
+	Subject string // who: "jwt:" and the JWT's sub, or a static token's derived name "token:…" (never a token)
 	Agent   string
 	Conn    string // the connection's ID (Acp-Connection-Id)
 	Session string // the session ID as the client sees it

@@ -113,10 +113,13 @@ func (a *Admins) check(r *http.Request) (Identity, *Error) {
 	if err != nil {
 		return Identity{}, err
 	}
+	sub, err := jwtSubject(claims) // as for tenants: no sub, no identity (401)
+	if err != nil {
+		return Identity{}, err
+	}
 	if a.claim == "" || !claimHolds(claims[a.claim], a.value) {
 		return Identity{}, notAdmin
 	}
-	sub, _ := claims["sub"].(string)
 	return Identity{Method: MethodJWT, Subject: sub}, nil
 }
 

@@ -27,8 +27,14 @@ func TestAdminCheck(t *testing.T) {
 	}
 	adminJWT := withClaim(withClaim(claims(now, "alpha"), "acpgate_admin", true), "sub", "ops@example.com")
 	id, err = a.Check(wsReq("/v1/admin/sessions", bearer(sign(t, jwt.SigningMethodHS256, secret, "", adminJWT))))
-	if err != nil || id.Subject != "ops@example.com" || id.Method != MethodJWT {
+	if err != nil || id.Subject != "jwt:ops@example.com" || id.Method != MethodJWT {
 		t.Fatalf("admin JWT: %+v, %v", id, err)
+	}
+	// An admin JWT whose sub is the admin token's subject is not that token.
+	mimic := withClaim(withClaim(claims(now, ""), "acpgate_admin", true), "sub", "token:"+sha(tokAdmin)[:16])
+	id, err = a.Check(wsReq("/", bearer(sign(t, jwt.SigningMethodHS256, secret, "", mimic))))
+	if err != nil || id.Subject != "jwt:token:"+sha(tokAdmin)[:16] {
+		t.Fatalf("admin JWT with the admin token's subject as sub: %+v, %v", id, err)
 	}
 	listJWT := withClaim(claims(now, ""), "acpgate_admin", []any{"x", "true"})
 	if _, err := a.Check(wsReq("/", bearer(sign(t, jwt.SigningMethodHS256, secret, "", listJWT)))); err != nil {
@@ -48,6 +54,12 @@ func TestAdminCheck(t *testing.T) {
 		"forged JWT": {wsReq("/", bearer(sign(t, jwt.SigningMethodHS256, []byte("another-secret-another-secret-another"), "",
 			withClaim(claims(now, "alpha"), "acpgate_admin", true)))), http.StatusUnauthorized, ReasonBadSignature},
 		"two": {wsReq("/", bearer(tokAdmin), bearer(tokAdmin)), http.StatusBadRequest, ReasonMultipleTokens},
+		"admin JWT without sub": {wsReq("/", bearer(sign(t, jwt.SigningMethodHS256, secret, "",
+			without(withClaim(claims(now, "alpha"), "acpgate_admin", true), "sub")))), http.StatusUnauthorized, ReasonMissingSubject},
+		"admin JWT with an empty sub": {wsReq("/", bearer(sign(t, jwt.SigningMethodHS256, secret, "",
+			withClaim(withClaim(claims(now, "alpha"), "acpgate_admin", true), "sub", "")))), http.StatusUnauthorized, ReasonMissingSubject},
+		"admin JWT with a numeric sub": {wsReq("/", bearer(sign(t, jwt.SigningMethodHS256, secret, "",
+			withClaim(withClaim(claims(now, "alpha"), "acpgate_admin", true), "sub", 7)))), http.StatusUnauthorized, ReasonMissingSubject},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := a.Check(c.req)

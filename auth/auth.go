@@ -95,16 +95,23 @@ type Identity struct {
 	// Method is how the client authenticated: MethodBearer, MethodSubprotocol,
 	// MethodTicket or MethodJWT (a JWT in either bearer carrier).
 	Method string
-	// Subject is who the credential names: a JWT's sub claim (empty if it
-	// has none), or for a static token "token:" and the first 16 hex digits
-	// of its SHA-256 (the start of its tokens_sha256 entry, so it is stable
-	// across restarts and reloads, and never the token). A ticket carries
-	// the subject of the credential it was issued for.
+	// Subject is who the credential names, never empty: for a JWT "jwt:"
+	// and its sub claim (a JWT without a non-empty string sub is refused);
+	// for a static token "token:" and the first 16 hex digits of its
+	// SHA-256 (the start of its tokens_sha256 entry, so it is stable across
+	// restarts and reloads, and never the token). The prefixes keep the two
+	// kinds apart: no JWT's sub can name a static token's subject. A ticket
+	// carries the subject of the credential it was issued for.
 	Subject string
 }
 
-// StaticTokenSubjectPrefix starts the subject of a static token.
-const StaticTokenSubjectPrefix = "token:"
+// Subject prefixes, one per kind of credential.
+const (
+	// StaticTokenSubjectPrefix starts the subject of a static token.
+	StaticTokenSubjectPrefix = "token:"
+	// JWTSubjectPrefix starts the subject of a JWT, followed by its sub.
+	JWTSubjectPrefix = "jwt:"
+)
 
 // tokenSubject is the subject of the static token whose SHA-256 is sum.
 func tokenSubject(sum *[sha256.Size]byte) string {
@@ -137,6 +144,7 @@ const (
 	ReasonUnknownKey       = "unknown_key"         // 401 no JWKS key for the token's kid/alg
 	ReasonUnknownTenant    = "unknown_tenant"      // 403 authentic credential naming no configured tenant
 	ReasonMissingTenant    = "missing_tenant"      // 403 JWT without a string tenant claim
+	ReasonMissingSubject   = "missing_subject"     // 401 JWT without a non-empty string sub claim
 	ReasonOriginNotAllowed = "origin_not_allowed"  // 403
 	ReasonTicketReused     = "ticket_reused"       // 401
 	ReasonTicketExpired    = "ticket_expired"      // 401

@@ -347,7 +347,10 @@ func (v *jwtVerifier) verify(r *http.Request, token string, tenants *tenantTable
 	if jerr != nil {
 		return "", "", jerr
 	}
-	subject, _ = claims["sub"].(string)
+	subject, jerr = jwtSubject(claims)
+	if jerr != nil {
+		return "", "", jerr
+	}
 	tenant, ok := claims[v.tenantClaim].(string)
 	if !ok || tenant == "" {
 		return "", "", fail(http.StatusForbidden, ReasonMissingTenant,
@@ -357,6 +360,23 @@ func (v *jwtVerifier) verify(r *http.Request, token string, tenants *tenantTable
 		return "", "", fail(http.StatusForbidden, ReasonUnknownTenant, "the token's tenant is not configured on this gateway")
 	}
 	return tenant, subject, nil
+}
+
+// jwtSubject is the subject of a verified JWT: JWTSubjectPrefix and its
+// sub claim. Without a non-empty string sub the token names nobody: it is
+// refused (401) rather than given a subject every such token would share.
+func jwtSubject(claims jwt.MapClaims) (string, *Error) {
+	v, present := claims["sub"]
+	sub, isString := v.(string)
+	switch {
+	case !present:
+		return "", unauthorized(ReasonMissingSubject, "the token has no subject (sub): it must name its user")
+	case !isString:
+		return "", unauthorized(ReasonMissingSubject, "the token's subject (sub) is not a string")
+	case sub == "":
+		return "", unauthorized(ReasonMissingSubject, "the token's subject (sub) is empty")
+	}
+	return JWTSubjectPrefix + sub, nil
 }
 
 // claims checks a JWT (signature, issuer, audience, times) and returns

@@ -167,7 +167,7 @@ func TestJWTValid(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			id, err := a.Upgrade(wsReq("/acp", bearer(tok)))
 			wantOK(t, id, err, "alpha", MethodJWT)
-			if id.Subject != "user-1" {
+			if id.Subject != "jwt:user-1" {
 				t.Fatalf("subject %q", id.Subject)
 			}
 		})
@@ -250,6 +250,12 @@ func TestJWTRejected(t *testing.T) {
 		{"missing tenant", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", claims(now, "")), 403, ReasonMissingTenant},
 		{"empty tenant", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, ""), "tenant", "")), 403, ReasonMissingTenant},
 		{"non-string tenant", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, ""), "tenant", []string{"alpha"})), 403, ReasonMissingTenant},
+		{"no sub", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", without(claims(now, "alpha"), "sub")), 401, ReasonMissingSubject},
+		{"empty sub", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, "alpha"), "sub", "")), 401, ReasonMissingSubject},
+		{"numeric sub", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, "alpha"), "sub", 42)), 401, ReasonMissingSubject},
+		{"null sub", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, "alpha"), "sub", nil)), 401, ReasonMissingSubject},
+		{"list sub", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, "alpha"), "sub", []string{"user-1"})), 401, ReasonMissingSubject},
+		{"no sub, no tenant", sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", without(claims(now, ""), "sub")), 401, ReasonMissingSubject},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -261,6 +267,66 @@ func TestJWTRejected(t *testing.T) {
 			_, err = a.Upgrade(wsReq("/acp", proto("acp, acp.bearer."+c.tok)))
 			wantErr(t, err, c.status, c.reason)
 		})
+	}
+}
+
+// A JWT's subject is "jwt:" and its sub, so it never equals a static
+// token's subject, whatever its sub says; a JWT without a non-empty string
+// sub names nobody and is refused (401), counted and logged like every
+// refusal, rather than given the one subject all such tokens would share.
+func TestJWTSubject(t *testing.T) {
+	k := keys()
+	clock := newFakeClock()
+	var reasons []string
+	buf := &syncbuf.Buffer{}
+	a, err := New(Config{Tenants: baseTenants(), Clock: clock.Now,
+		JWT:       &JWTConfig{Issuer: testIss, Audience: testAud, JWKSFile: writeFile(t, "jwks.json", defaultJWKS())},
+		OnFailure: func(_ *http.Request, reason string) { reasons = append(reasons, reason) }}, newLogger(buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	now := clock.Now()
+
+	static, err := a.Upgrade(wsReq("/acp", bearer(tokAlpha)))
+	wantOK(t, static, err, "alpha", MethodBearer)
+	if static.Subject != "token:"+sha(tokAlpha)[:16] {
+		t.Fatalf("static token subject %q", static.Subject)
+	}
+	// A JWT of the same tenant whose sub is the static token's subject.
+	mimic := sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", withClaim(claims(now, "alpha"), "sub", static.Subject))
+	id, err := a.Upgrade(wsReq("/acp", bearer(mimic)))
+	wantOK(t, id, err, "alpha", MethodJWT)
+	if id.Subject == static.Subject || id.Subject != "jwt:"+static.Subject {
+		t.Fatalf("a JWT with sub %q has subject %q (the static token's is %q)", static.Subject, id.Subject, static.Subject)
+	}
+	// So does a ticket issued for it.
+	w, body := serve(t, a.TicketsHandler(), postReq(bearer(mimic)))
+	if w.Code != http.StatusCreated {
+		t.Fatalf("POST /v1/tickets: %d %+v", w.Code, body)
+	}
+	if id, err := a.Upgrade(wsReq("/acp?ticket=" + body.Ticket)); err != nil || id.Subject != "jwt:"+static.Subject {
+		t.Fatalf("ticket of the JWT: %+v, %v", id, err)
+	}
+
+	// Without a sub: 401 with a message naming the claim, on every path.
+	reasons = nil
+	nosub := sign(t, jwt.SigningMethodRS256, k.rsa, "rsa1", without(claims(now, "alpha"), "sub"))
+	_, err = a.Upgrade(wsReq("/acp", bearer(nosub)))
+	if e := wantErr(t, err, http.StatusUnauthorized, ReasonMissingSubject); !strings.Contains(e.Message, "subject (sub)") {
+		t.Fatalf("message %q does not name the sub claim", e.Message)
+	}
+	_, err = a.Bearer(wsReq("/v1/tickets", bearer(nosub)))
+	wantErr(t, err, http.StatusUnauthorized, ReasonMissingSubject)
+	w, _ = serve(t, a.TicketsHandler(), postReq(bearer(nosub)))
+	if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), ReasonMissingSubject) {
+		t.Fatalf("POST /v1/tickets without a sub: %d %s", w.Code, w.Body)
+	}
+	if len(reasons) != 3 || reasons[0] != ReasonMissingSubject || reasons[2] != ReasonMissingSubject {
+		t.Fatalf("failures reported: %v, want %s three times", reasons, ReasonMissingSubject)
+	}
+	if log := buf.String(); !strings.Contains(log, "reason="+ReasonMissingSubject) || strings.Contains(log, nosub) || strings.Contains(log, tokAlpha) {
+		t.Fatalf("log:\n%s", log)
 	}
 }
 

@@ -41,9 +41,10 @@ type (
 type ConnInfo struct {
 	ID     string // connection ID (the Acp-Connection-Id header)
 	Tenant string // "" when the gateway runs without tenants
-	// Subject is who the credential names: the JWT's sub, or for a static
-	// token a stable name derived from it (never the token). Who may
-	// attach to a session is decided by it (Sharing).
+	// Subject is who the credential names (auth.Identity.Subject): "jwt:"
+	// and the JWT's sub, or for a static token a stable name derived from
+	// it, "token:…" (never the token). Who may attach to a session is
+	// decided by it (Sharing).
 	Subject string
 	// Agent names the agent the connection uses ("" = the first
 	// configured).

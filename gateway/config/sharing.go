@@ -26,8 +26,8 @@ type Sharing struct {
 // sharing.attach values.
 const (
 	// SharingSameSubject: clients whose credential names the same subject
-	// as the one that holds the session (the JWT's sub; a static token is
-	// its own subject). The default.
+	// as the one that holds the session ("jwt:" and a JWT's sub; a static
+	// token is its own subject, "token:…"). The default.
 	SharingSameSubject = "same_subject"
 	// SharingTenant: any client of the tenant.
 	SharingTenant = "tenant"

@@ -559,6 +559,41 @@ func TestIsolationAuth(t *testing.T) {
 		tok := sign(t, jwt.SigningMethodRS256, testRSAKey(t), "k1", claims("", func(c jwt.MapClaims) { delete(c, "tenant") }))
 		refused(t, g, "/acp", bearer(tok), []string{"acp"}, 403, "missing_tenant", tok)
 	})
+	// A JWT names its user by sub: without a non-empty string one it names
+	// nobody and is refused, never given a subject all such tokens share.
+	run("jwt without a string sub", func(t *testing.T) {
+		for name, mod := range map[string]func(jwt.MapClaims){
+			"no sub":      func(c jwt.MapClaims) { delete(c, "sub") },
+			"empty sub":   func(c jwt.MapClaims) { c["sub"] = "" },
+			"numeric sub": func(c jwt.MapClaims) { c["sub"] = 42 },
+		} {
+			tok := sign(t, jwt.SigningMethodHS256, env.hsSecret, "", claims("acme", mod))
+			t.Run(name, func(t *testing.T) {
+				refused(t, g, "/acp", bearer(tok), []string{"acp"}, 401, "missing_subject", tok)
+			})
+		}
+		if v, _ := metricValue(g.metrics(t), "acpgate_auth_failures_total", `reason="missing_subject"`); v < 3 {
+			t.Errorf(`acpgate_auth_failures_total{reason="missing_subject"} = %v, want at least 3`, v)
+		}
+	})
+	// Subjects of JWTs and of static tokens are apart: a JWT whose sub is
+	// a static token's subject is not that token's subject (attach:
+	// same_subject, the default, refuses it), while two JWTs with one sub
+	// are one subject.
+	run("jwt sub is never a static token's subject", func(t *testing.T) {
+		owner := dialToken(t, g, acmeTok)
+		sid := owner.newSession(vroot)
+		sum := sha256.Sum256([]byte(acmeTok))
+		mimic := dialToken(t, g, sign(t, jwt.SigningMethodHS256, env.hsSecret, "",
+			claims("acme", func(c jwt.MapClaims) { c["sub"] = "token:" + hex.EncodeToString(sum[:8]) })))
+		_, m := tryAttach(t, mimic, attachParams(sid, "mimic", false))
+		wantCode(t, "a JWT whose sub is the static token's subject", m, -32003, "not authorised to attach")
+		mustAttach(t, dialToken(t, g, acmeTok), sid, "same-token", false)
+
+		jwtOwner := dialToken(t, g, sign(t, jwt.SigningMethodRS256, testRSAKey(t), "k1", claims("acme", nil)))
+		jsid := jwtOwner.newSession(vroot)
+		mustAttach(t, dialToken(t, g, sign(t, jwt.SigningMethodHS256, env.hsSecret, "", claims("acme", nil))), jsid, "same-sub", false)
+	})
 
 	// Tickets.
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
