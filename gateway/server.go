@@ -410,7 +410,7 @@ func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Hand
 	}
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
-	r.Handle("/*", web.Handler())
+	r.Handle("/*", web.Handler(func() string { return s.config().Sessions.AffinityCookie }))
 	return r
 }
 

@@ -3,20 +3,34 @@
 package web
 
 import (
+	"bytes"
 	"embed"
+	"html"
 	"io/fs"
 	"net/http"
+	"time"
 )
 
 //go:embed static
 var files embed.FS
 
+// affinityMeta is index.html's placeholder for the affinity cookie's name.
+var affinityMeta = []byte(`<meta name="acpgate-affinity-cookie" content="">`)
+
 // Handler serves the client. Every response forbids framing and inline
-// script injection (the page loads only its own modules).
-func Handler() http.Handler {
+// script injection (the page loads only its own modules). The page
+// (index.html) names the gateway's affinity cookie in its
+// acpgate-affinity-cookie meta tag, affinityCookie() at each request ("" =
+// none, and a nil affinityCookie too): a share link may set that cookie and
+// no other.
+func Handler(affinityCookie func() string) http.Handler {
 	sub, err := fs.Sub(files, "static")
 	if err != nil {
 		panic(err) // the embedded tree always has static/
+	}
+	index, err := fs.ReadFile(sub, "index.html")
+	if err != nil || !bytes.Contains(index, affinityMeta) {
+		panic("web: index.html has no acpgate-affinity-cookie meta tag")
 	}
 	fileServer := http.FileServerFS(sub)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -25,6 +39,17 @@ func Handler() http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-cache")
-		fileServer.ServeHTTP(w, r)
+		if r.URL.Path != "/" {
+			fileServer.ServeHTTP(w, r) // /index.html redirects to /
+			return
+		}
+		page := index
+		if affinityCookie != nil {
+			if name := affinityCookie(); name != "" {
+				tag := `<meta name="acpgate-affinity-cookie" content="` + html.EscapeString(name) + `">`
+				page = bytes.Replace(index, affinityMeta, []byte(tag), 1)
+			}
+		}
+		http.ServeContent(w, r, "index.html", time.Time{}, bytes.NewReader(page))
 	})
 }

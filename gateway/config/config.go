@@ -261,7 +261,9 @@ type Sessions struct {
 	// AffinityCookie names the balancer's affinity cookie ("" = none).
 	// When a connection's opening request carries it, its initialize
 	// result says so (_meta.acpgate.affinity), so that a share link can
-	// route another device to the replica that serves the session.
+	// route another device to the replica that serves the session. The
+	// web page the gateway serves names it too: a share link may set
+	// that cookie and no other (none when "").
 	AffinityCookie string `yaml:"affinity_cookie"`
 }
 

@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity|affinity-off]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -31,7 +31,9 @@
 //         presence, a permission card answered in one page collapses in
 //         the others, a read-only page cannot send, cancel or answer
 // affinity a gateway with sessions.affinity_cookie: the share link carries
-//         the balancer's cookie, and a page opening it sets it first
+//         the balancer's cookie, and a page opening it sets it first,
+//         no cookie of another name
+// affinity-off a gateway without it: a share link sets no cookie
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
@@ -52,7 +54,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity|affinity-off]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1269,7 +1271,7 @@ async function twoPagesAttach() {
 // link sets it before it connects: its upgrade carries it, so the gateway
 // gives it back to that page too; so does a page already connected without
 // it when the link is opened in its tab. A link whose cookie is not plain
-// tokens sets nothing.
+// tokens, or that names another cookie than the gateway's, sets nothing.
 async function affinityScenario() {
   const cookie = process.env.ACPGATE_AFFINITY || "ACPGATE_AFFINITY=replica-2";
   const [name, value] = [cookie.slice(0, cookie.indexOf("=")), cookie.slice(cookie.indexOf("=") + 1)];
@@ -1319,7 +1321,10 @@ async function affinityScenario() {
   });
 
   await run("affinity: a link with a cookie that is not plain tokens sets none", async () => {
-    for (const bad of [`${name}=x; Domain=example.com`, `${name}=a b`, `no-value`, `bad name=1`, `${name}=${"v".repeat(257)}`]) {
+    // Only the cookie the gateway names (issue #30 item 7): not another
+    // name, nor the name in another case, nor one attribute more.
+    const others = ["session=evil", `${name.toLowerCase()}=1`, `${name}x=1`, `x${name}=1`, `Path=/`, `${name}=x;Path=/acp`, `${name}=x,session=evil`];
+    for (const bad of [...others, `${name}=x; Domain=example.com`, `${name}=a b`, `${name}=a\tb`, `no-value`, `bad name=1`, `${name}=`, `${name}=${"v".repeat(257)}`]) {
       const u = new URL(link);
       const f = new URLSearchParams(u.hash.slice(1));
       f.set("affinity", bad);
@@ -1329,6 +1334,39 @@ async function affinityScenario() {
       const cookies = await ctx.cookies();
       check(cookies.length === 0, `the link's affinity ${JSON.stringify(bad)} set cookies: ${JSON.stringify(cookies)}`);
       check(!(await initMeta(p)).affinity, "the gateway saw an affinity cookie");
+      await ctx.close();
+    }
+  });
+}
+
+// A gateway without sessions.affinity_cookie: its page sets no cookie from
+// a share link, not even one the link names as the affinity cookie (issue
+// #30 item 7).
+async function affinityOffScenario() {
+  let link = "";
+  await run("affinity-off: page A shares a link without a cookie", async () => {
+    await page.goto(baseUrl);
+    await waitState("connected");
+    await send("hello before sharing");
+    await page.locator("#share-btn").click();
+    link = await page.locator("#share-link").inputValue();
+    check(!new URLSearchParams(new URL(link).hash.slice(1)).has("affinity"), `the share link carries a cookie: ${link}`);
+  });
+
+  await run("affinity-off: a link naming a cookie sets none", async () => {
+    for (const named of ["ACPGATE_AFFINITY=replica-2", "session=evil"]) {
+      const u = new URL(link);
+      const f = new URLSearchParams(u.hash.slice(1));
+      f.set("affinity", named);
+      u.hash = f.toString();
+      const ctx = await browser.newContext({ viewport: { width: 1280, height: 720 }, reducedMotion: "reduce" });
+      const p = await ctx.newPage();
+      p.setDefaultTimeout(15000);
+      p.on("pageerror", (err) => problems.push(`page error (fresh context): ${err.message}`));
+      await p.goto(u.href);
+      await p.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+      const cookies = await ctx.cookies();
+      check(cookies.length === 0, `the link's affinity ${JSON.stringify(named)} set cookies: ${JSON.stringify(cookies)}`);
       await ctx.close();
     }
   });
@@ -1345,6 +1383,7 @@ try {
   else if (scenario === "agents") await agentsScenario();
   else if (scenario === "attach") await twoPagesAttach();
   else if (scenario === "affinity") await affinityScenario();
+  else if (scenario === "affinity-off") await affinityOffScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);

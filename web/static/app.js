@@ -40,7 +40,9 @@
 // with ro=1. affinity is the balancer's affinity cookie (NAME=VALUE) the
 // gateway saw on the sharing page's connection: the page opening the link
 // sets it before it connects, so that it reaches the replica the session is
-// live on (acpgate's sessions.affinity_cookie). The page
+// live on (acpgate's sessions.affinity_cookie): only a cookie of the name the
+// gateway that served the page names (its acpgate-affinity-cookie meta tag),
+// none if it names none. The page
 // shows the session's clients (presence), prompts other clients send (as
 // "<name>: …"), their turns running, and permission cards answered
 // elsewhere collapsed to one line.
@@ -69,13 +71,21 @@ function shareTarget(hash = location.hash) {
   return { sessionId, agent: f.get("agent") || "", readOnly: f.get("ro") === "1", affinity: affinityCookie(f.get("affinity")) };
 }
 
+// The name of the balancer's affinity cookie, as the gateway that served
+// this page says it (sessions.affinity_cookie, in index.html's
+// acpgate-affinity-cookie meta tag), or "": a share link may set this
+// cookie and no other, and none when the gateway names none.
+const AFFINITY_NAME = document.querySelector('meta[name="acpgate-affinity-cookie"]')?.content ?? "";
+
 // "NAME=VALUE" of the balancer's affinity cookie (the gateway names it in
 // its initialize result, _meta.acpgate.affinity, when the connection's
-// opening request carried it), or "" unless both are plain cookie tokens
-// (the value may have | + / =, as ingress-nginx's and AWS ALB's do).
+// opening request carried it), or "" unless NAME is exactly AFFINITY_NAME
+// and VALUE is a plain cookie token of at most 256 characters (no ; , space
+// or control characters; it may have | + / =, as ingress-nginx's and AWS
+// ALB's do).
 function affinityCookie(s) {
-  const m = /^([A-Za-z0-9_.-]{1,64})=([A-Za-z0-9_.:~|+/=-]{1,256})$/.exec(typeof s === "string" ? s : "");
-  return m ? m[0] : "";
+  if (!AFFINITY_NAME || typeof s !== "string" || !s.startsWith(AFFINITY_NAME + "=")) return "";
+  return /^[A-Za-z0-9_.:~|+/=-]{1,256}$/.test(s.slice(AFFINITY_NAME.length + 1)) ? s : "";
 }
 
 // A share link's affinity cookie, set before the page connects: the
