@@ -3,7 +3,6 @@ package proxy
 import (
 	"log/slog"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -68,17 +67,17 @@ func routedSpan(span trace.Span, rt *routed, m *jsonrpc.Message) {
 		return
 	}
 	if rt.link != nil && rt.link.p != nil {
-		span.SetAttributes(attribute.String(tracing.AttrProcess, rt.link.p.String()))
+		span.SetAttributes(tracing.String(tracing.AttrProcess, rt.link.p.String()))
 	}
 	s := rt.sess
 	if s == nil {
 		s = rt.h.attach
 	}
 	if s != nil {
-		span.SetAttributes(attribute.String(tracing.AttrSession, s.GatewayID))
+		span.SetAttributes(tracing.String(tracing.AttrSession, s.GatewayID))
 	} else if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 		if id, ok := m.String(f); ok {
-			span.SetAttributes(attribute.String(tracing.AttrSession, id))
+			tracing.Set(span, tracing.AttrSession, id)
 		}
 	}
 }
@@ -109,7 +108,7 @@ func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
 // fsSpan starts the span of the file stand-in serving m.
 func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
 	return tracing.Child(r.tracer, turnSpan(s.curTurn()), tracing.SpanFsStandIn,
-		trace.WithAttributes(attribute.String(tracing.AttrRPCMethod, m.Method)))
+		trace.WithAttributes(tracing.String(tracing.AttrRPCMethod, m.Method)))
 }
 
 // spanSession names the session of the request in hand on its span, if it
