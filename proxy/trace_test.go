@@ -202,6 +202,50 @@ func TestTraceTurn(t *testing.T) {
 	}
 }
 
+// TestTraceClientSessionIDsBounded: a session/attach and a session/detach
+// naming an ID the gateway did not issue, a 1 MiB one or a short guess,
+// put neither the ID nor any value over 256 bytes on their spans.
+func TestTraceClientSessionIDsBounded(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	for i, sid := range []string{strings.Repeat("A", 1<<20), "nope"} {
+		for j, method := range []string{acp.SessionAttach, acp.SessionDetach} {
+			id := strconv.Itoa(10*i + j)
+			tc.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"` + method + `","params":{"sessionId":"` + sid + `"}}`)
+			if m := tc.await(id, nil); m.Error == nil {
+				t.Fatalf("%s of an unknown session: %s", method, m.raw)
+			}
+		}
+	}
+	var spans []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == acp.SessionAttach || s.Name() == acp.SessionDetach {
+			spans = append(spans, s)
+		}
+	}
+	if len(spans) != 4 {
+		t.Fatalf("%d spans of session/attach and session/detach ended", len(spans))
+	}
+	for _, s := range spans {
+		a := attrs(s)
+		if v, ok := a[attrSession]; ok {
+			t.Errorf("%s's span names the session %.40q", s.Name(), v.AsString())
+		}
+		if !a[tracing.AttrSessionUnknown].AsBool() {
+			t.Errorf("%s's span does not say the session is unknown: %v", s.Name(), s.Attributes())
+		}
+		for _, kv := range s.Attributes() {
+			if n := len(kv.Value.String()); n > tracing.MaxValue {
+				t.Errorf("%s's span: %s of %d bytes", s.Name(), kv.Key, n)
+			}
+		}
+		if n := len(s.Status().Description); n > tracing.MaxValue {
+			t.Errorf("%s's span: a status of %d bytes", s.Name(), n)
+		}
+	}
+}
+
 // TestTraceToolTitleBounded: an agent's 1 KiB tool call title is cut on
 // the tool call's span, on a rune boundary.
 func TestTraceToolTitleBounded(t *testing.T) {

@@ -37,6 +37,10 @@ const (
 	AttrSession      = "acpgate.session"
 	AttrTransport    = "acpgate.transport"
 	AttrOutcome      = "acpgate.outcome"
+
+	// AttrSessionUnknown marks a request naming a session ID the gateway
+	// did not issue (the ID itself is not recorded).
+	AttrSessionUnknown = "acpgate.session.unknown"
 )
 
 // MaxValue bounds, in bytes, each string value put on a span here: a
