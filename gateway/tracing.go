@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -142,8 +143,9 @@ func withTracingEnv(tracingEnv, agentEnv map[string]string) map[string]string {
 
 // provider builds the SDK's tracer provider: the OTLP exporter behind a
 // batch span processor (OTEL_BSP_* apply), the sampler of
-// OTEL_TRACES_SAMPLER (the SDK reads it, as no sampler is given) and a
-// resource naming this replica. Its Shutdown flushes.
+// OTEL_TRACES_SAMPLER (the SDK reads it, as no sampler is given), the
+// span limits (spanLimits) and a resource naming this replica. Its
+// Shutdown flushes.
 func (t *tracing) provider(ctx context.Context, version string, log *slog.Logger) (*sdktrace.TracerProvider, error) {
 	exp, err := t.exporter(ctx)
 	if err != nil {
@@ -155,7 +157,35 @@ func (t *tracing) provider(ctx context.Context, version string, log *slog.Logger
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing: export failed", "err", err) }))
-	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
+		sdktrace.WithRawSpanLimits(spanLimits(os.Getenv))), nil
+}
+
+// spanLimits bounds what one span holds, whatever a client or an agent
+// sends: the SDK's defaults leave a value's length unlimited. A limit
+// variable of the OTel specification that is set wins, as the SDK reads
+// it (a negative value: unlimited); an invalid one is ignored.
+func spanLimits(getenv func(string) string) sdktrace.SpanLimits {
+	limit := func(def int, keys ...string) int {
+		for _, k := range keys {
+			if v := getenv(k); v != "" {
+				if n, err := strconv.Atoi(v); err == nil {
+					return n
+				}
+				return def
+			}
+		}
+		return def
+	}
+	return sdktrace.SpanLimits{
+		AttributeValueLengthLimit:   limit(256, "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"),
+		AttributeValueDepthLimit:    sdktrace.DefaultAttributeValueDepthLimit,
+		AttributeCountLimit:         limit(32, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT"),
+		EventCountLimit:             limit(16, "OTEL_SPAN_EVENT_COUNT_LIMIT"),
+		LinkCountLimit:              limit(8, "OTEL_SPAN_LINK_COUNT_LIMIT"),
+		AttributePerEventCountLimit: limit(16, "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT"),
+		AttributePerLinkCountLimit:  limit(16, "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT"),
+	}
 }
 
 // exporter is the OTLP span exporter. Neither kind connects before its

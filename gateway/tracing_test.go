@@ -9,10 +9,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/acpgate/acpgate/gateway/config"
 )
@@ -20,7 +25,10 @@ import (
 // otelVars are the variables that turn tracing on or shape it; the tests
 // clear them so that the environment they run in does not count.
 var otelVars = []string{envEndpoint, envTracesEndpoint, envProtocol, envTracesProtocol, envHeaders, envTracesHeaders,
-	envAttributes, "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER"}
+	envAttributes, "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER",
+	"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+	"OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT"}
 
 func clearOTel(t *testing.T) {
 	for _, k := range otelVars {
@@ -207,5 +215,68 @@ func TestTracingSandboxedAgentEnv(t *testing.T) {
 		if !slices.Contains(launch.Env, want) {
 			t.Errorf("environment lacks %s: %v", want, launch.Env)
 		}
+	}
+}
+
+// TestTracingProviderBoundsSpans: the gateway's provider bounds a span,
+// whatever is put on it: a value's length, the count of attributes and of
+// events.
+func TestTracingProviderBoundsSpans(t *testing.T) {
+	clearOTel(t)
+	otlp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer otlp.Close()
+	cfg := config.Default()
+	cfg.Observability.Tracing = config.Tracing{Endpoint: otlp.URL}
+	tr, err := newTracing(cfg, os.Getenv)
+	if err != nil || tr == nil {
+		t.Fatalf("newTracing = %v, %v", tr, err)
+	}
+	tp, err := tr.provider(context.Background(), "test", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	rec := tracetest.NewSpanRecorder()
+	tp.RegisterSpanProcessor(rec)
+	_, span := tp.Tracer("test").Start(context.Background(), "big")
+	span.SetAttributes(attribute.String("big", strings.Repeat("x", 1<<20)))
+	for i := range 1000 {
+		span.SetAttributes(attribute.Int("n"+strconv.Itoa(i), i))
+		span.AddEvent("e")
+	}
+	span.End()
+	s := rec.Ended()[0]
+	if n := len(s.Attributes()); n > 32 {
+		t.Errorf("%d attributes kept", n)
+	}
+	for _, kv := range s.Attributes() {
+		if kv.Key == "big" && len(kv.Value.AsString()) > 256 {
+			t.Errorf("a value of %d bytes kept", len(kv.Value.AsString()))
+		}
+	}
+	if n := len(s.Events()); n > 16 {
+		t.Errorf("%d events kept", n)
+	}
+}
+
+// TestTracingSpanLimitsFromEnv: a limit variable the operator sets wins
+// over the gateway's bound; an invalid one does not count.
+func TestTracingSpanLimitsFromEnv(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	want := sdktrace.SpanLimits{AttributeValueLengthLimit: 256, AttributeValueDepthLimit: sdktrace.DefaultAttributeValueDepthLimit,
+		AttributeCountLimit: 32, EventCountLimit: 16, LinkCountLimit: 8, AttributePerEventCountLimit: 16, AttributePerLinkCountLimit: 16}
+	if got := spanLimits(getenv); got != want {
+		t.Errorf("limits = %+v, want %+v", got, want)
+	}
+	env["OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"] = "1024"
+	env["OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"] = "64"
+	env["OTEL_ATTRIBUTE_COUNT_LIMIT"] = "8" // the span variable comes first
+	env["OTEL_SPAN_EVENT_COUNT_LIMIT"] = "many"
+	want.AttributeValueLengthLimit, want.AttributeCountLimit = 1024, 64
+	if got := spanLimits(getenv); got != want {
+		t.Errorf("limits = %+v, want %+v", got, want)
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
@@ -125,7 +123,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 			tracing.Answer(req.span, m.Payload)
 		}
 		if created != nil {
-			req.span.SetAttributes(attribute.String(tracing.AttrSession, created.GatewayID))
+			tracing.Set(req.span, tracing.AttrSession, created.GatewayID)
 		}
 	}
 	if req.method == acp.SessionPrompt && req.sess != nil {

@@ -89,7 +89,7 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 		}
 		return
 	}
-	routedSpan(span, rt, m)
+	cr.routedSpan(span, rt, m)
 	cr.send(ctx, m, rt, edits, span)
 }
 

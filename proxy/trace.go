@@ -63,23 +63,22 @@ func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
 }
 
 // routedSpan adds what routing chose to a request's span.
-func routedSpan(span trace.Span, rt *routed, m *jsonrpc.Message) {
+func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Message) {
 	if span == nil {
 		return
 	}
 	if rt.link != nil && rt.link.p != nil {
-		span.SetAttributes(attribute.String(tracing.AttrProcess, rt.link.p.String()))
+		span.SetAttributes(tracing.String(tracing.AttrProcess, rt.link.p.String()))
 	}
 	s := rt.sess
 	if s == nil {
 		s = rt.h.attach
 	}
 	if s != nil {
-		span.SetAttributes(attribute.String(tracing.AttrSession, s.GatewayID))
+		span.SetAttributes(tracing.String(tracing.AttrSession, s.GatewayID))
 	} else if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
-		if id, ok := m.String(f); ok {
-			span.SetAttributes(attribute.String(tracing.AttrSession, id))
-		}
+		id, _ := m.String(f)
+		cr.c.spanSessionID(span, id)
 	}
 }
 
@@ -109,13 +108,27 @@ func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
 // fsSpan starts the span of the file stand-in serving m.
 func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
 	return tracing.Child(r.tracer, turnSpan(s.curTurn()), tracing.SpanFsStandIn,
-		trace.WithAttributes(attribute.String(tracing.AttrRPCMethod, m.Method)))
+		trace.WithAttributes(tracing.String(tracing.AttrRPCMethod, m.Method)))
 }
 
 // spanSession names the session of the request in hand on its span, if it
 // is traced (c.handleMu held): for requests the gateway answers itself.
 func (cr *clientReader) spanSession(id string) {
-	tracing.Set(cr.rspan, tracing.AttrSession, id)
+	cr.c.spanSessionID(cr.rspan, id)
+}
+
+// spanSessionID names session id on span (nil: not traced) only if it
+// opens in c's scope: an ID the gateway issued. Any other, a client's
+// guess of any size, is only marked unknown.
+func (c *Conn) spanSessionID(span trace.Span, id string) {
+	if span == nil {
+		return
+	}
+	if _, err := c.relay.sealer.Open(c.scope, id); err != nil {
+		span.SetAttributes(attribute.Bool(tracing.AttrSessionUnknown, true))
+		return
+	}
+	span.SetAttributes(tracing.String(tracing.AttrSession, id))
 }
 
 // turnLog is log with the trace of the session's traced turn, if one runs

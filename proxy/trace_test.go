@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -26,9 +28,6 @@ import (
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
-// tracedAgent answers a prompt with a tool call, a permission request
-// about it, the tool call's completion and a chunk; its result carries the
-// prompt line as the agent read it (_meta.line). _demo/fail is an error.
 // The turn's children and their attributes, as package tracing names them.
 const (
 	SpanFirstUpdate = tracing.SpanFirstUpdate
@@ -47,6 +46,10 @@ const (
 	attrToolStatus  = "acpgate.tool_call.status"
 )
 
+// tracedAgent answers a prompt with a tool call (titled the prompt's
+// _meta.toolTitle, if any), a permission request about it, the tool call's
+// completion and a chunk; its result carries the prompt line as the agent
+// read it (_meta.line). _demo/fail is an error.
 func tracedAgent() {
 	out := bufio.NewWriter(os.Stdout)
 	var promptID json.RawMessage
@@ -62,7 +65,16 @@ func tracedAgent() {
 		switch m.Method {
 		case "session/prompt":
 			promptID, promptLine = m.ID, string(m.raw)
-			update(`{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Edit main.go","kind":"edit","status":"pending"}`)
+			var p struct {
+				Params struct {
+					Meta struct {
+						ToolTitle string `json:"toolTitle"`
+					} `json:"_meta"`
+				} `json:"params"`
+			}
+			_ = json.Unmarshal(m.raw, &p)
+			title, _ := json.Marshal(cmp.Or(p.Params.Meta.ToolTitle, "Edit main.go"))
+			update(`{"sessionUpdate":"tool_call","toolCallId":"t1","title":` + string(title) + `,"kind":"edit","status":"pending"}`)
 			fmt.Fprintln(out, `{"jsonrpc":"2.0","id":"perm1","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1"},"options":[{"optionId":"allow","name":"Allow","kind":"allow_once"}]}}`)
 		case "_demo/fail":
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32042,"message":"nope"}}`+"\n", m.ID)
@@ -187,6 +199,65 @@ func TestTraceTurn(t *testing.T) {
 	}
 	if newSpan.Parent().IsValid() {
 		t.Error("session/new without a traceparent has a parent")
+	}
+}
+
+// TestTraceClientSessionIDsBounded: a session/attach and a session/detach
+// naming an ID the gateway did not issue, a 1 MiB one or a short guess,
+// put neither the ID nor any value over 256 bytes on their spans.
+func TestTraceClientSessionIDsBounded(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	for i, sid := range []string{strings.Repeat("A", 1<<20), "nope"} {
+		for j, method := range []string{acp.SessionAttach, acp.SessionDetach} {
+			id := strconv.Itoa(10*i + j)
+			tc.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"` + method + `","params":{"sessionId":"` + sid + `"}}`)
+			if m := tc.await(id, nil); m.Error == nil {
+				t.Fatalf("%s of an unknown session: %s", method, m.raw)
+			}
+		}
+	}
+	var spans []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == acp.SessionAttach || s.Name() == acp.SessionDetach {
+			spans = append(spans, s)
+		}
+	}
+	if len(spans) != 4 {
+		t.Fatalf("%d spans of session/attach and session/detach ended", len(spans))
+	}
+	for _, s := range spans {
+		a := attrs(s)
+		if v, ok := a[attrSession]; ok {
+			t.Errorf("%s's span names the session %.40q", s.Name(), v.AsString())
+		}
+		if !a[tracing.AttrSessionUnknown].AsBool() {
+			t.Errorf("%s's span does not say the session is unknown: %v", s.Name(), s.Attributes())
+		}
+		for _, kv := range s.Attributes() {
+			if n := len(kv.Value.String()); n > tracing.MaxValue {
+				t.Errorf("%s's span: %s of %d bytes", s.Name(), kv.Key, n)
+			}
+		}
+		if n := len(s.Status().Description); n > tracing.MaxValue {
+			t.Errorf("%s's span: a status of %d bytes", s.Name(), n)
+		}
+	}
+}
+
+// TestTraceToolTitleBounded: an agent's 1 KiB tool call title is cut on
+// the tool call's span, on a rune boundary.
+func TestTraceToolTitleBounded(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	tc := newTestConn(t, r, "c1")
+	tc.init(`{}`)
+	sid := tc.newSession("1")
+	title := strings.Repeat("é", 512) // 1 KiB
+	promptLine(t, tc, sid, `"prompt":[],"_meta":{"toolTitle":"`+title+`"}`)
+	got := attrs(spanNamed(t, rec, SpanToolCall))[attrToolTitle].AsString()
+	if len(got) > tracing.MaxValue || !utf8.ValidString(got) || !strings.HasPrefix(title, strings.TrimSuffix(got, "…")) || len(got) < tracing.MaxValue-4 {
+		t.Errorf("title of %d bytes on the span: %.40q…", len(got), got)
 	}
 }
 

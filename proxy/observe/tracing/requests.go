@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
@@ -36,7 +37,33 @@ const (
 	AttrSession      = "acpgate.session"
 	AttrTransport    = "acpgate.transport"
 	AttrOutcome      = "acpgate.outcome"
+
+	// AttrSessionUnknown marks a request naming a session ID the gateway
+	// did not issue (the ID itself is not recorded).
+	AttrSessionUnknown = "acpgate.session.unknown"
 )
+
+// MaxValue bounds, in bytes, each string value put on a span here: a
+// client or an agent chooses most of them.
+const MaxValue = 256
+
+// Truncate is s cut to at most MaxValue bytes, on a rune boundary, ending
+// in "…" when cut.
+func Truncate(s string) string {
+	if len(s) <= MaxValue {
+		return s
+	}
+	n := MaxValue - len("…")
+	for i := 1; i < utf8.UTFMax && n > 0 && !utf8.RuneStart(s[n]); i++ {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// String is a string attribute, its value truncated (Truncate).
+func String(key, value string) attribute.KeyValue {
+	return attribute.String(key, Truncate(value))
+}
 
 var w3c = propagation.TraceContext{}
 
@@ -82,13 +109,13 @@ func StartRequest(tracer trace.Tracer, parent trace.SpanContext, r Request) trac
 	if parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
 	}
-	_, span := tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
+	_, span := tracer.Start(ctx, Truncate(r.Method), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 		attribute.String(AttrRPCSystem, "jsonrpc"),
-		attribute.String(AttrRPCMethod, r.Method),
-		attribute.String(AttrRequestID, r.ID),
-		attribute.String(AttrTenant, r.Tenant),
-		attribute.String(AttrAgent, r.Agent),
-		attribute.String(AttrTransport, r.Transport),
+		String(AttrRPCMethod, r.Method),
+		String(AttrRequestID, r.ID),
+		String(AttrTenant, r.Tenant),
+		String(AttrAgent, r.Agent),
+		String(AttrTransport, r.Transport),
 	))
 	return span
 }
@@ -105,11 +132,11 @@ func Child(tracer trace.Tracer, parent trace.Span, name string, opts ...trace.Sp
 // AgentRequest starts the span of an agent request to the client, under
 // its turn's span (nil: tracing off, or no turn traced).
 func AgentRequest(tracer trace.Tracer, turn trace.Span, method, id, session string) trace.Span {
-	return Child(tracer, turn, method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+	return Child(tracer, turn, Truncate(method), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String(AttrRPCSystem, "jsonrpc"),
-		attribute.String(AttrRPCMethod, method),
-		attribute.String(AttrRequestID, id),
-		attribute.String(AttrSession, session),
+		String(AttrRPCMethod, method),
+		String(AttrRequestID, id),
+		String(AttrSession, session),
 	))
 }
 
@@ -130,20 +157,21 @@ func EndWait(s trace.Span, err error) {
 	}
 	if err != nil {
 		s.RecordError(err)
-		s.SetStatus(codes.Error, err.Error())
+		s.SetStatus(codes.Error, Truncate(err.Error()))
 	}
 	s.End()
 }
 
-// Set sets a string attribute on span.
+// Set sets a string attribute on span, its value truncated.
 func Set(span trace.Span, key, value string) {
 	if span != nil {
-		span.SetAttributes(attribute.String(key, value))
+		span.SetAttributes(String(key, value))
 	}
 }
 
-// Error records a JSON-RPC error on span.
+// Error records a JSON-RPC error on span, its message truncated.
 func Error(span trace.Span, code int, msg string) {
+	msg = Truncate(msg)
 	span.SetAttributes(attribute.Int(AttrErrorCode, code), attribute.String(AttrErrorMessage, msg))
 	span.SetStatus(codes.Error, msg)
 }
@@ -186,6 +214,7 @@ func EndOutcome(s trace.Span, outcome string, code int) {
 	if s == nil {
 		return
 	}
+	outcome = Truncate(outcome)
 	s.SetAttributes(attribute.String(AttrOutcome, outcome))
 	if code != 0 {
 		s.SetAttributes(attribute.Int(AttrErrorCode, code))

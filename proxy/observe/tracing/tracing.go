@@ -111,7 +111,7 @@ func (t *turnTrace) update(params, kind []byte) {
 	}
 	span := t.tools[u.ToolCallID]
 	if span == nil && string(kind) == "tool_call" {
-		span = t.child(SpanToolCall, trace.WithAttributes(attribute.String(attrToolCallID, u.ToolCallID)))
+		span = t.child(SpanToolCall, trace.WithAttributes(String(attrToolCallID, u.ToolCallID)))
 		if t.tools == nil {
 			t.tools = map[string]trace.Span{}
 		}
@@ -121,13 +121,13 @@ func (t *turnTrace) update(params, kind []byte) {
 		return
 	}
 	if u.Kind != "" {
-		span.SetAttributes(attribute.String(attrToolKind, u.Kind))
+		span.SetAttributes(String(attrToolKind, u.Kind))
 	}
 	if u.Title != "" {
-		span.SetAttributes(attribute.String(attrToolTitle, u.Title))
+		span.SetAttributes(String(attrToolTitle, u.Title))
 	}
 	if u.Status != "" {
-		span.SetAttributes(attribute.String(attrToolStatus, u.Status))
+		span.SetAttributes(String(attrToolStatus, u.Status))
 	}
 	if u.Status == "completed" || u.Status == "failed" {
 		if u.Status == "failed" {
