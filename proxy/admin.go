@@ -175,7 +175,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	if s == nil || !s.closing() {
 		return Owner{}, fmt.Errorf("%w: %q", ErrNoSuchSession, id)
 	}
-	r.noteAdminEnded(id)
+	r.adminEnded.Add(id)
 	why := adminEndedMsg(id)
 	s.failQueued(nil, why)
 	// The agent's requests are settled first, as a client that cancels
@@ -271,29 +271,6 @@ func (e *ending) tell() {
 // ended gets.
 func adminEndedMsg(id string) string {
 	return fmt.Sprintf("session %s was ended by an administrator", id)
-}
-
-// noteAdminEnded remembers that an administrator ended the session id.
-func (r *Relay) noteAdminEnded(id string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.adminEnded == nil {
-		r.adminEnded = map[string]struct{}{}
-	}
-	if len(r.endedOrder) >= maxAdminEnded {
-		delete(r.adminEnded, r.endedOrder[0])
-		r.endedOrder = slices.Delete(r.endedOrder, 0, 1)
-	}
-	r.adminEnded[id] = struct{}{}
-	r.endedOrder = append(r.endedOrder, id)
-}
-
-// wasEndedByAdmin reports whether an administrator ended the session id.
-func (r *Relay) wasEndedByAdmin(id string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.adminEnded[id]
-	return ok
 }
 
 // endedByAdmin answers a request naming a session an administrator ended.

@@ -277,11 +277,9 @@ func TestAttachBacklogIsBounded(t *testing.T) {
 // naming the bound) and the prompts already waiting are untouched; once one
 // of them leaves the queue to run, its bytes are free again.
 func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
-	old := maxConnQueuedBytes
-	maxConnQueuedBytes = 1 << 20
-	t.Cleanup(func() { maxConnQueuedBytes = old })
 	r := testPool(t, "demo", nil)
 	member := newTestConn(t, r, "member")
+	member.c.queuedBytes.Max = 1 << 20
 	member.init(`{}`)
 	var sids []string
 	var perms []msg
@@ -301,7 +299,7 @@ func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
 	for i := range 3 { // 900 KiB waiting, over two sessions
 		member.prompt(fmt.Sprint(20+i), sids[i%2], big)
 	}
-	waiting := member.c.queuedBytes.Load()
+	waiting := member.c.queuedBytes.Held()
 	if waiting < 900<<10 || waiting > 1<<20 {
 		t.Fatalf("the connection counts %d bytes waiting, want its three prompts'", waiting)
 	}
@@ -310,7 +308,7 @@ func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
 	if refused.Error == nil || refused.Error.Code != codeBusy || !strings.Contains(refused.Error.Message, "would pass 1 MiB") {
 		t.Fatalf("the prompt past the connection's bound: %s", refused.raw)
 	}
-	if n := member.c.queuedBytes.Load(); n != waiting {
+	if n := member.c.queuedBytes.Held(); n != waiting {
 		t.Fatalf("after the refusal the connection counts %d bytes waiting, want %d", n, waiting)
 	}
 	// The first session's turn ends: a prompt that waited for it runs, and
@@ -319,9 +317,9 @@ func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
 	if m := owners[0].await("2", nil); m.Error != nil {
 		t.Fatalf("the owner's turn: %s", m.raw)
 	}
-	waitFor(t, "a waiting prompt to run", func() bool { return member.c.queuedBytes.Load() < waiting })
+	waitFor(t, "a waiting prompt to run", func() bool { return member.c.queuedBytes.Held() < waiting })
 	member.prompt("24", sids[1], big)
-	if n := member.c.queuedBytes.Load(); n > 1<<20 || n < waiting {
+	if n := member.c.queuedBytes.Held(); n > 1<<20 || n < waiting {
 		t.Fatalf("a prompt within the bound again: the connection counts %d bytes waiting", n)
 	}
 }

@@ -95,7 +95,7 @@ type Conn struct {
 	cr       clientReader
 
 	reqs        inflight.Table[*outReq, *inReq] // in flight either way
-	queuedBytes atomic.Int64                    // its prompts waiting for sessions' turns (holdQueued)
+	queuedBytes inflight.Budget                 // its prompts waiting for sessions' turns (maxConnQueuedBytes)
 
 	// auditLim bounds the policy.denied events one connection's client, or
 	// its agent, can make the audit trail write.

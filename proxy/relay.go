@@ -123,16 +123,15 @@ type Relay struct {
 	prompts  bool         // audit prompt text (Config.AuditPrompts)
 	tracer   trace.Tracer // nil: tracing off (Config.Tracing)
 
-	mu        sync.Mutex // guards conns, tenants, resumable, agents and adminEnded
+	mu        sync.Mutex // guards conns, tenants, resumable and agents
 	conns     map[*Conn]struct{}
 	resumable map[string]*Conn  // by resume token
 	agents    map[string]*agent // by name, until removed
 	first     string            // the first agent configured (Pool)
 	tenantCfg []TenantConfig    // as configured, for agents added later
-	// adminEnded: the sessions an administrator ended, by the ID clients
-	// see, oldest first in endedOrder (bounded: maxAdminEnded).
-	adminEnded map[string]struct{}
-	endedOrder []string
+	// adminEnded: the last sessions an administrator ended, by the ID
+	// clients see (maxAdminEnded of them), for the error naming them.
+	adminEnded inflight.Recent[string]
 
 	mapPaths bool   // some tenant maps paths (set at start: a reload cannot turn it on)
 	instance string // this process's name in resume tokens
@@ -178,29 +177,30 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{
-		tracer:    tracerOf(cfg.Tracing),
-		metrics:   m,
-		sealer:    sealer,
-		log:       log,
-		caps:      cfg.ClientCaps,
-		isolate:   cfg.IsolateTenants,
-		limits:    cfg.Limits,
-		tenants:   tenants,
-		ctx:       ctx,
-		cancel:    cancel,
-		conns:     map[*Conn]struct{}{},
-		resumable: map[string]*Conn{},
-		resume:    cfg.Sessions,
-		audit:     cfg.Audit,
-		prompts:   cfg.AuditPrompts,
-		extraObs:  cfg.Observers,
-		deciders:  cfg.Deciders,
-		agents:    map[string]*agent{},
-		first:     cfg.Agents[0].Name,
-		tenantCfg: cfg.Tenants,
-		mapPaths:  mapPaths,
-		instance:  newInstanceID(),
-		promptCh:  make(chan struct{}),
+		adminEnded: inflight.Recent[string]{Max: maxAdminEnded},
+		tracer:     tracerOf(cfg.Tracing),
+		metrics:    m,
+		sealer:     sealer,
+		log:        log,
+		caps:       cfg.ClientCaps,
+		isolate:    cfg.IsolateTenants,
+		limits:     cfg.Limits,
+		tenants:    tenants,
+		ctx:        ctx,
+		cancel:     cancel,
+		conns:      map[*Conn]struct{}{},
+		resumable:  map[string]*Conn{},
+		resume:     cfg.Sessions,
+		audit:      cfg.Audit,
+		prompts:    cfg.AuditPrompts,
+		extraObs:   cfg.Observers,
+		deciders:   cfg.Deciders,
+		agents:     map[string]*agent{},
+		first:      cfg.Agents[0].Name,
+		tenantCfg:  cfg.Tenants,
+		mapPaths:   mapPaths,
+		instance:   newInstanceID(),
+		promptCh:   make(chan struct{}),
 	}
 	for _, spec := range cfg.Agents {
 		if err := r.AddAgent(spec); err != nil {
@@ -264,25 +264,26 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	c := &Conn{
-		seq:       r.connSeq.Add(1),
-		relay:     r,
-		id:        info.ID,
-		tenant:    info.Tenant,
-		ten:       ten,
-		ag:        ag,
-		scope:     sessionid.Scope(info.Tenant, name),
-		subject:   info.Subject,
-		affinity:  info.Affinity,
-		clientID:  multiclient.NewClientID(),
-		log:       log,
-		onEnd:     info.OnEnd,
-		opened:    time.Now(),
-		transport: info.Transport,
-		remote:    info.Remote,
-		ctx:       ctx,
-		cancel:    cancel,
-		sessions:  map[string]*Session{},
-		reqs:      inflight.NewTable[*outReq, *inReq](),
+		seq:         r.connSeq.Add(1),
+		relay:       r,
+		id:          info.ID,
+		tenant:      info.Tenant,
+		ten:         ten,
+		ag:          ag,
+		scope:       sessionid.Scope(info.Tenant, name),
+		subject:     info.Subject,
+		affinity:    info.Affinity,
+		clientID:    multiclient.NewClientID(),
+		log:         log,
+		onEnd:       info.OnEnd,
+		opened:      time.Now(),
+		transport:   info.Transport,
+		remote:      info.Remote,
+		ctx:         ctx,
+		cancel:      cancel,
+		sessions:    map[string]*Session{},
+		reqs:        inflight.NewTable[*outReq, *inReq](),
+		queuedBytes: inflight.Budget{Max: maxConnQueuedBytes},
 	}
 	c.cr = clientReader{c: c, resolve: acp.ClientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
 		logLim: logx.NewLimiter(20, time.Second)}

@@ -118,7 +118,7 @@ func (r *outReq) end() {
 		r.turnEnded("error", nil) // ended unanswered (an answer counted it already)
 	}
 	if r.conn != nil {
-		r.conn.releaseQueued(r)
+		r.releaseQueued()
 		r.conn.reqs.ForgetClient(r.clientID, r)
 	}
 	r.hold.release()
@@ -158,6 +158,15 @@ func (r *outReq) fail(msg []byte) {
 		if counted {
 			r.conn.relay.promptsChanged()
 		}
+	}
+}
+
+// releaseQueued gives back what r, a prompt that may wait for a turn,
+// holds of its connection's queued bytes (Conn.queuedBytes): once, when it
+// leaves the queue to run or ends.
+func (r *outReq) releaseQueued() {
+	if n := r.queued.Swap(0); n != 0 {
+		r.conn.queuedBytes.Release(n)
 	}
 }
 

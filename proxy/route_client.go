@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -15,6 +13,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
+	"github.com/acpgate/acpgate/proxy/pathrewrite"
 	"github.com/acpgate/acpgate/proxy/turn"
 )
 
@@ -125,7 +124,7 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	c.mu.Lock()
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
-	if sess != nil && sess.stage() == stageClosing || sess == nil && c.relay.wasEndedByAdmin(gwID) {
+	if sess != nil && sess.stage() == stageClosing || sess == nil && c.relay.adminEnded.Has(gwID) {
 		cr.endedByAdmin(m, gwID)
 		return nil, "", errAnswered
 	}
@@ -365,15 +364,16 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		return true
 	}
 	t := turn.Queued[*outReq]{Prompt: req, Line: out}
-	if !c.holdQueued(req, len(out)) {
+	if !c.queuedBytes.Hold(int64(len(out))) {
 		if rt.link.take(req) {
-			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %d MiB; try again when one has run", maxConnQueuedBytes>>20), nil)
+			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %d MiB; try again when one has run", c.queuedBytes.Max>>20), nil)
 		}
 		return false
 	}
+	req.queued.Store(int64(len(out)))
 	now, full := s.turn.Take(t)
 	if now || full != nil {
-		c.releaseQueued(req) // it runs now, or does not wait
+		req.releaseQueued() // it runs now, or does not wait
 	}
 	switch {
 	case full != nil:
@@ -393,53 +393,12 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 // maxConnQueuedBytes bounds what one connection's prompts waiting for
 // sessions' turns may hold, over all its sessions (each session's queue
 // has its own bound, turn.MaxQueuedBytes).
-var maxConnQueuedBytes int64 = 64 << 20 // a variable for tests
-
-// holdQueued counts n bytes of req, a prompt that may wait for a turn,
-// against the connection's bound; false: past it.
-func (c *Conn) holdQueued(req *outReq, n int) bool {
-	if c.queuedBytes.Add(int64(n)) > maxConnQueuedBytes {
-		c.queuedBytes.Add(-int64(n))
-		return false
-	}
-	req.queued.Store(int64(n))
-	return true
-}
-
-// releaseQueued gives back what holdQueued counted for req: once, when it
-// leaves the queue to run or ends.
-func (c *Conn) releaseQueued(req *outReq) {
-	if n := req.queued.Swap(0); n != 0 {
-		c.queuedBytes.Add(-n)
-	}
-}
-
-// queuedBlocks is the prompt of a line that waited for its turn as its
-// client sent it: the line is the agent's (its paths mapped to the agent's
-// root), the one copy kept, so its paths are mapped back.
-func (c *Conn) queuedBlocks(line []byte) []json.RawMessage {
-	var sc jsonrpc.Scanner
-	var m jsonrpc.Message
-	sc.Methods = acp.Methods
-	line = bytes.TrimSuffix(line, []byte("\n"))
-	spec := func(*jsonrpc.Message) *jsonrpc.Spec { return acp.ParamsSpec(acp.SessionPrompt, true) }
-	if sc.Scan(line, &m, spec) != nil {
-		return nil
-	}
-	if edits, _ := c.ten.mapToClient(&m, nil, false); len(edits) > 0 {
-		jsonrpc.SortEdits(edits)
-		line = jsonrpc.Splice(nil, line, edits)
-		if sc.Scan(line, &m, spec) != nil {
-			return nil
-		}
-	}
-	return acp.PromptBlocks(m.Payload)
-}
+const maxConnQueuedBytes = 64 << 20
 
 // startTurn sends a prompt that waited for another client's turn, now
 // that turn has ended.
 func (s *Session) startTurn(t turn.Queued[*outReq]) {
-	t.Prompt.conn.releaseQueued(t.Prompt)
+	t.Prompt.releaseQueued()
 	c := t.Prompt.conn
 	if c.isClosed() {
 		if s.link.untrack(t.Prompt) {
@@ -447,7 +406,7 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 		}
 		return
 	}
-	blocks := c.queuedBlocks(t.Line)
+	blocks := pathrewrite.PromptBlocks(c.ten.mapper.Load(), t.Line) // the tenant's view of the agent's line
 	if refusal := c.refusePrompt(s, blocks, nil); refusal != nil {
 		if s.link.take(t.Prompt) {
 			t.Prompt.failWith(refusal.Code, refusal.Message, refusal.Data)

@@ -78,7 +78,7 @@ func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Messa
 		span.SetAttributes(tracing.String(tracing.AttrSession, s.GatewayID))
 	} else if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 		id, _ := m.String(f)
-		cr.c.spanSessionID(span, id)
+		cr.spanSessionID(span, id)
 	}
 }
 
@@ -114,13 +114,14 @@ func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
 // spanSession names the session of the request in hand on its span, if it
 // is traced (c.handleMu held): for requests the gateway answers itself.
 func (cr *clientReader) spanSession(id string) {
-	cr.c.spanSessionID(cr.rspan, id)
+	cr.spanSessionID(cr.rspan, id)
 }
 
 // spanSessionID names session id on span (nil: not traced) only if it
 // opens in c's scope: an ID the gateway issued. Any other, a client's
 // guess of any size, is only marked unknown.
-func (c *Conn) spanSessionID(span trace.Span, id string) {
+func (cr *clientReader) spanSessionID(span trace.Span, id string) {
+	c := cr.c
 	if span == nil {
 		return
 	}

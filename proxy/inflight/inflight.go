@@ -5,7 +5,10 @@
 // under it.
 package inflight
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Table is a connection's requests in flight either way: the client's to
 // the agent (C), by the client's raw id, and the agent's waiting for the
@@ -194,4 +197,62 @@ func (w *Set[T]) Close() {
 	w.closed = true
 	clear(w.set)
 	w.mu.Unlock()
+}
+
+// Budget is bytes held against a bound: what may be held at once (Max) is
+// taken by Hold and given back by Release. The zero value holds nothing
+// and refuses everything.
+type Budget struct {
+	Max  int64
+	held atomic.Int64
+}
+
+// Hold takes n bytes; false (nothing taken) if that would pass Max.
+func (b *Budget) Hold(n int64) bool {
+	if b.held.Add(n) > b.Max {
+		b.held.Add(-n)
+		return false
+	}
+	return true
+}
+
+// Release gives back n bytes Hold took.
+func (b *Budget) Release(n int64) { b.held.Add(-n) }
+
+// Held is what is held now.
+func (b *Budget) Held() int64 { return b.held.Load() }
+
+// Recent remembers the last Max keys it was told of, the oldest forgotten
+// first. Its lock is a leaf.
+type Recent[K comparable] struct {
+	Max   int
+	mu    sync.Mutex
+	keys  map[K]struct{}
+	order []K
+}
+
+// Add remembers k.
+func (r *Recent[K]) Add(k K) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.keys[k]; ok {
+		return
+	}
+	if r.keys == nil {
+		r.keys = map[K]struct{}{}
+	}
+	if len(r.order) >= r.Max {
+		delete(r.keys, r.order[0])
+		r.order = r.order[1:]
+	}
+	r.keys[k] = struct{}{}
+	r.order = append(r.order, k)
+}
+
+// Has reports whether k is remembered.
+func (r *Recent[K]) Has(k K) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.keys[k]
+	return ok
 }

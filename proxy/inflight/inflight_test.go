@@ -163,3 +163,30 @@ func TestSetClose(t *testing.T) {
 	}
 	s.Done(b) // no panic on the closed set
 }
+
+// A budget holds up to its bound and no more; what is released is free.
+func TestBudget(t *testing.T) {
+	b := Budget{Max: 10}
+	if !b.Hold(6) || !b.Hold(4) || b.Hold(1) {
+		t.Fatal("a budget of 10 took 6 and 4 but not 1 more?")
+	}
+	if b.Held() != 10 {
+		t.Fatalf("held %d after a refusal, want 10", b.Held())
+	}
+	b.Release(4)
+	if !b.Hold(3) || b.Held() != 9 {
+		t.Fatalf("held %d after releasing 4 and taking 3, want 9", b.Held())
+	}
+}
+
+// Recent forgets its oldest key past Max.
+func TestRecent(t *testing.T) {
+	r := Recent[string]{Max: 2}
+	r.Add("a")
+	r.Add("b")
+	r.Add("a") // already there: nothing moves
+	r.Add("c")
+	if r.Has("a") || !r.Has("b") || !r.Has("c") {
+		t.Fatalf("after a, b, a, c with room for 2: a %v, b %v, c %v", r.Has("a"), r.Has("b"), r.Has("c"))
+	}
+}

@@ -6,8 +6,10 @@ package pathrewrite
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 )
@@ -157,4 +159,27 @@ func jsonPlain(s string) bool {
 		}
 	}
 	return true
+}
+
+// PromptBlocks is the prompt of line, a session/prompt request as its agent
+// gets it (its paths mapped to the agent's root: mapper, nil for none), as
+// its client sent it: the blocks with their paths mapped back. nil: line is
+// not such a request.
+func PromptBlocks(mapper *pathmap.Mapper, line []byte) []json.RawMessage {
+	var sc jsonrpc.Scanner
+	var m jsonrpc.Message
+	sc.Methods = acp.Methods
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	spec := func(*jsonrpc.Message) *jsonrpc.Spec { return acp.ParamsSpec(acp.SessionPrompt, true) }
+	if sc.Scan(line, &m, spec) != nil {
+		return nil
+	}
+	if edits, _ := ToClient(mapper, &m, nil, false); len(edits) > 0 {
+		jsonrpc.SortEdits(edits)
+		line = jsonrpc.Splice(nil, line, edits)
+		if sc.Scan(line, &m, spec) != nil {
+			return nil
+		}
+	}
+	return acp.PromptBlocks(m.Payload)
 }
