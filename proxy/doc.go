@@ -80,9 +80,9 @@
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
 // sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
-// the locks of usage.Meter, multiclient.Record and Conn.reqs (an
-// inflight.Table), workers.mu, Relay.promptMu and metrics.TenantLabels.mu
-// are leaves. The pool calls no relay code with its
+// the locks of usage.Meter, multiclient.Record, Conn.reqs (an
+// inflight.Table) and Relay.adminEnded (an inflight.Recent), workers.mu,
+// Relay.promptMu and metrics.TenantLabels.mu are leaves. The pool calls no relay code with its
 // locks held, and a session's slot is released by its end's teardown, off
 // every lock.
 //
