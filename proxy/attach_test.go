@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/multiclient"
@@ -321,5 +322,25 @@ func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
 	member.prompt("24", sids[1], big)
 	if n := member.c.queuedBytes.Held(); n > 1<<20 || n < waiting {
 		t.Fatalf("a prompt within the bound again: the connection counts %d bytes waiting", n)
+	}
+}
+
+// A drain that runs out of grace cancels the turn running, and refuses the
+// prompts waiting for it (never sent) with an error that says so, instead
+// of answering them "cancelled" as if they had run.
+func TestCancelPromptsRefusesWaitingPrompts(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	owner, member, sid := sharedSession(t, r, "")
+	owner.prompt("3", sid, "permission") // runs until the owner answers, or a cancel
+	owner.untilMethod(acp.RequestPermission, nil)
+	member.prompt("4", sid, "hello") // waits for the owner's turn
+	waitFor(t, "the member's prompt to wait", func() bool { return member.c.queuedBytes.Held() > 0 })
+	r.CancelPrompts("", 2*time.Second)
+	m := member.await("4", nil)
+	if m.Error == nil || !strings.Contains(m.Error.Message, "shutting down") {
+		t.Fatalf("the waiting prompt: %s; want an error saying the gateway is shutting down", m.raw)
+	}
+	if m := owner.await("3", nil); m.Error != nil || !strings.Contains(string(m.Result), `"cancelled"`) {
+		t.Fatalf("the running prompt: %s; want stopReason cancelled", m.raw)
 	}
 }

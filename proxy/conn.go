@@ -382,26 +382,6 @@ func (cr *clientReader) allow(m *jsonrpc.Message) bool {
 // limited (it reduces load); a bigger one is treated like any message.
 const maxFreeCancelBytes = 4 << 10
 
-// clientReason is what a client is told about a failure to reach an agent:
-// why, without host details (argv, agent stderr), which only go to the log.
-func clientReason(err error) string {
-	switch {
-	case errors.Is(err, pool.ErrFailing):
-		return "the agent is failing to start; try again shortly"
-	case errors.Is(err, pool.ErrAgentExited):
-		return "the agent process exited"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "the agent did not take the request in time"
-	case errors.Is(err, pool.ErrClosed):
-		return pool.ErrClosed.Error()
-	}
-	var busy *pool.BusyError
-	if errors.As(err, &busy) {
-		return busy.Error()
-	}
-	return "internal error"
-}
-
 // Busy reports whether requests are in flight either way (a running prompt
 // among them), so an idle timeout must wait.
 func (c *Conn) Busy() bool {
@@ -429,7 +409,7 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 		if err != nil {
 			c.initArrived.Store(false)
 			cr.reqLog().Warn("initialize: no agent", "err", err)
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err), nil)
 			return
 		}
 		init = home.Process().Init()

@@ -100,6 +100,11 @@ func (s *Session) end(cause endCause, by *Conn) bool {
 	s.mu.Lock()
 	e := s.endingLocked(cause, by)
 	s.mu.Unlock()
+	if e == nil && by != nil && (cause == endClosed || cause == endLoadFailed) {
+		// Ended (or being ended, or lost) already: the client that closed
+		// it, or whose load failed, still lets go of it.
+		by.detach(s)
+	}
 	e.run()
 	return e != nil
 }

@@ -139,3 +139,32 @@ func TestSessionEndRunsOnce(t *testing.T) {
 		t.Errorf("acpgate_double_releases_total = %v, want 0", n)
 	}
 }
+
+// A client whose close (or failed load) ends a session another cause is
+// ending already, or has ended, still lets go of it: an administrator's
+// end in progress, or the agent's death, does not leave it holding a
+// session nobody serves.
+func TestClientLetsGoOfAnEndingSession(t *testing.T) {
+	r := testPool(t, "usage", nil, func(c *Config) {
+		pol := policy.Default()
+		c.Tenants = []TenantConfig{{Name: "acme", Policy: &pol}}
+	})
+	for _, tc := range []struct {
+		name  string
+		first func(*Session)
+		cause endCause
+	}{
+		{"closed while an administrator ends it", func(s *Session) { s.closing() }, endClosed},
+		{"its load failed after the agent died", func(s *Session) { s.end(endAgentExited, nil) }, endLoadFailed},
+	} {
+		c := acmeConn(t, r, tc.name)
+		c.init(`{}`)
+		sid := c.newSession("1")
+		s := sessionOf(c, sid)
+		tc.first(s)
+		s.end(tc.cause, c.c)
+		if sessionOf(c, sid) != nil {
+			t.Errorf("%s: the client still holds the session", tc.name)
+		}
+	}
+}

@@ -433,11 +433,21 @@ func (r *Relay) waitPromptsUntil(ctx context.Context, done func() bool) error {
 // CancelPrompts sends session/cancel for every prompt the agent ("" =
 // every agent) is running (a drain that ran out of grace) and waits up to
 // wait for the agents to answer them; a prompt still unanswered then is
-// answered by the gateway. Either way its client gets stopReason
+// answered by the gateway. Prompts waiting for another client's turn are
+// refused: they were never sent. Either way its client gets stopReason
 // "cancelled" (and the session's other clients turn_complete) before the
 // drain closes it.
 func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
-	running, _ := r.runningPrompts(agent)
+	pending, _ := r.runningPrompts(agent)
+	var running []*outReq
+	for _, req := range pending {
+		if req.sess.shared() && !req.sess.turn.IsRunning(req) {
+			// Waiting for another client's turn: it will not be sent.
+			req.sess.failQueued(nil, "the gateway is shutting down; the prompt was not sent to the agent")
+			continue
+		}
+		running = append(running, req)
+	}
 	for _, req := range running {
 		req.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(req.sess.AgentID))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
+	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/turn"
 )
 
@@ -83,8 +84,8 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 	case err != nil:
 		cr.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
-			tracing.Fail(span, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err))
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+clientReason(err), nil)
+			tracing.Fail(span, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err))
+			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err), nil)
 		}
 		return
 	}
@@ -124,11 +125,11 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	c.mu.Lock()
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
-	if sess != nil && sess.stage() == stageClosing || sess == nil && c.relay.adminEnded.Has(gwID) {
+	if sess != nil && sess.stage() == stageClosing || (sess == nil || sess.stage() == stageEnded) && c.relay.adminEnded.Has(gwID) {
 		cr.endedByAdmin(m, gwID)
 		return nil, "", errAnswered
 	}
-	live := sess != nil && !sess.isLost()
+	live := sess != nil && sess.live()
 	switch {
 	case acp.AttachesSession(m.Method):
 		return cr.routeAttach(ctx, m, gwID, sess, live)
@@ -144,7 +145,7 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 		cr.closeLost(m, sess)
 		return nil, "", errAnswered
 	case !live:
-		cr.notFound(m, gwID, sess != nil)
+		cr.notFound(m, gwID, sess != nil && sess.isLost())
 		return nil, "", errAnswered
 	}
 	rt, err := cr.routeLive(m, sess)
@@ -270,7 +271,9 @@ func (cr *clientReader) routeHome(ctx context.Context) (*routed, error) {
 func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
 	c := cr.c
 	c.detach(sess)
-	sess.sessionEvent(c, "closed", "")
+	if sess.isLost() { // an ended one was told already
+		sess.sessionEvent(c, "closed", "")
+	}
 	if m.Kind == jsonrpc.KindRequest {
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
 	}
@@ -317,7 +320,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	case req == nil:
 		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
 	case rt.link.take(req): // answer only if no one else did (the agent's death answers all)
-		req.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+		req.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+pool.ClientReason(err), nil)
 	}
 }
 
@@ -364,18 +367,20 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		return true
 	}
 	t := turn.Queued[*outReq]{Prompt: req, Line: out}
-	if !c.queuedBytes.Hold(int64(len(out))) {
-		if rt.link.take(req) {
-			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %d MiB; try again when one has run", c.queuedBytes.Max>>20), nil)
-		}
-		return false
+	mayWait := c.queuedBytes.Hold(int64(len(out))) // room to wait, if it must
+	if mayWait {
+		req.queued.Store(int64(len(out)))
 	}
-	req.queued.Store(int64(len(out)))
-	now, full := s.turn.Take(t)
+	now, full := s.turn.Take(t, mayWait)
 	if now || full != nil {
 		req.releaseQueued() // it runs now, or does not wait
 	}
 	switch {
+	case full == turn.ErrNoRoom:
+		if rt.link.take(req) {
+			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %d MiB; try again when one has run", c.queuedBytes.Max>>20), nil)
+		}
+		return false
 	case full != nil:
 		if rt.link.take(req) {
 			req.failWith(codeBusy, full.Error(), nil)
@@ -419,6 +424,6 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if err := s.link.p.Send(ctx, t.Line); err != nil && s.link.take(t.Prompt) {
-		t.Prompt.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+clientReason(err), nil)
+		t.Prompt.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+pool.ClientReason(err), nil)
 	}
 }

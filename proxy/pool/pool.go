@@ -310,3 +310,23 @@ func (p *Pool) Info() (json.RawMessage, int) {
 	}
 	return r.AgentInfo, in.Version
 }
+
+// ClientReason is what a client is told about a failure to reach an agent:
+// why, without host details (argv, agent stderr), which only go to the log.
+func ClientReason(err error) string {
+	switch {
+	case errors.Is(err, ErrFailing):
+		return "the agent is failing to start; try again shortly"
+	case errors.Is(err, ErrAgentExited):
+		return "the agent process exited"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "the agent did not take the request in time"
+	case errors.Is(err, ErrClosed):
+		return ErrClosed.Error()
+	}
+	var busy *BusyError
+	if errors.As(err, &busy) {
+		return busy.Error()
+	}
+	return "internal error"
+}

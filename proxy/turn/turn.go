@@ -11,6 +11,7 @@
 package turn
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -41,8 +42,10 @@ const (
 	MaxQueuedBytes = 32 << 20
 )
 
-// Why a prompt cannot wait for the turn: the queue is full.
+// Why a prompt cannot wait for the turn: the queue is full, or its caller
+// has no room for it (Take's mayWait false).
 var (
+	ErrNoRoom  = errors.New("no room for the prompt to wait")
 	ErrTooMany = fmt.Errorf("%d prompts already wait for this session's turn; try again when one has run", MaxQueued)
 	ErrTooBig  = fmt.Errorf("the prompts waiting for this session's turn would pass %d MiB; try again when one has run", MaxQueuedBytes>>20)
 )
@@ -75,14 +78,17 @@ type Turn[C comparable, P Prompt[C]] struct {
 
 // Take decides a prompt's fate on a shared session: it runs now (no turn
 // in flight, or the turn is its own client's), waits for the turn in
-// flight, or is refused (full: ErrTooMany or ErrTooBig).
-func (t *Turn[C, P]) Take(q Queued[P]) (now bool, full error) {
+// flight (if mayWait), or is refused (full: ErrTooMany, ErrTooBig, or
+// ErrNoRoom when it would wait and may not).
+func (t *Turn[C, P]) Take(q Queued[P], mayWait bool) (now bool, full error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
 	case len(t.running) == 0 && len(t.queue) == 0: // nobody's turn: it is this client's
 		t.prompt, t.client = q.Prompt, q.Prompt.Client()
 	case len(t.running) > 0 && t.client == q.Prompt.Client(): // its own turn goes on
+	case !mayWait:
+		return false, ErrNoRoom
 	case len(t.queue) >= MaxQueued:
 		return false, ErrTooMany
 	case t.queuedBytes+len(q.Line) > MaxQueuedBytes:

@@ -24,7 +24,7 @@ func pendingAll(*prompt) bool { return true }
 
 func mustTake(t *testing.T, tu *testTurn, p *prompt, wantNow bool) {
 	t.Helper()
-	now, full := tu.Take(queued(p))
+	now, full := tu.Take(queued(p), true)
 	if now != wantNow || full != nil {
 		t.Fatalf("Take(%s's prompt) = now %v, full %v; want now %v, not full", p.by.name, now, full, wantNow)
 	}
@@ -83,7 +83,7 @@ func TestQueueBounded(t *testing.T) {
 	for range MaxQueued {
 		mustTake(t, &tu, &prompt{by: b}, false)
 	}
-	if now, full := tu.Take(queued(&prompt{by: b})); now || full != ErrTooMany {
+	if now, full := tu.Take(queued(&prompt{by: b}), true); now || full != ErrTooMany {
 		t.Fatalf("Take with %d waiting = now %v, full %v; want full", MaxQueued, now, full)
 	}
 	// The running client's own prompt still joins its turn.
@@ -220,7 +220,7 @@ func TestTakeDoneAllocs(t *testing.T) {
 	p := &prompt{by: a}
 	q := queued(p)
 	allocs := testing.AllocsPerRun(100, func() {
-		tu.Take(q)
+		tu.Take(q, true)
 		tu.Done(p, pendingAll)
 	})
 	if allocs != 0 {
@@ -237,17 +237,30 @@ func TestQueueBoundedInBytes(t *testing.T) {
 	mustTake(t, &tu, &prompt{by: a}, true)
 	half := make([]byte, MaxQueuedBytes/2)
 	for range 2 {
-		if now, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: half}); now || full != nil {
+		if now, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: half}, true); now || full != nil {
 			t.Fatalf("Take of half the bound = now %v, %v; want it waiting", now, full)
 		}
 	}
-	if _, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: []byte("x")}); full != ErrTooBig {
+	if _, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: []byte("x")}, true); full != ErrTooBig {
 		t.Fatalf("Take past the bound: %v, want ErrTooBig", full)
 	}
 	if got := tu.DropQueued(b); len(got) != 2 {
 		t.Fatalf("dropped %d, want 2", len(got))
 	}
-	if now, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: half}); now || full != nil {
+	if now, full := tu.Take(Queued[*prompt]{Prompt: &prompt{by: b}, Line: half}, true); now || full != nil {
 		t.Fatalf("Take after the queue emptied = now %v, %v; want it waiting", now, full)
+	}
+}
+
+// A prompt that may not wait (its connection has no room) is refused with
+// ErrNoRoom when it would wait, and runs when it would run.
+func TestTakeWithoutRoomToWait(t *testing.T) {
+	var tu testTurn
+	a, b := &client{"a"}, &client{"b"}
+	if now, full := tu.Take(queued(&prompt{by: a}), false); !now || full != nil {
+		t.Fatalf("an idle turn without room to wait: now %v, %v; want it to run", now, full)
+	}
+	if now, full := tu.Take(queued(&prompt{by: b}), false); now || full != ErrNoRoom {
+		t.Fatalf("another's prompt without room to wait: now %v, %v; want ErrNoRoom", now, full)
 	}
 }
