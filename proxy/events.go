@@ -46,17 +46,12 @@ func (s *Session) emit(e *observe.Event) {
 	s.link.ag.obs.Observe(e)
 }
 
-// sessionEvents maps what happened to a session to its event kind.
-var sessionEvents = map[string]observe.Kind{
-	"created": observe.SessionCreated, "loaded": observe.SessionLoaded,
-	"closed": observe.SessionClosed, "lost": observe.SessionLost,
-}
-
-// sessionEvent says what happened to s (created, loaded, closed, lost): c
+// sessionEvent says what happened to s (observe.SessionCreated, Loaded,
+// Closed, Lost): c
 // is the client that did it, nil when the gateway did (its last client
 // gone). reason says why it closed or was lost ("" when a client asked).
-func (s *Session) sessionEvent(c *Conn, what, reason string) {
-	s.emit(&observe.Event{Kind: sessionEvents[what], Client: c.client(), Reason: reason})
+func (s *Session) sessionEvent(c *Conn, what observe.Kind, reason string) {
+	s.emit(&observe.Event{Kind: what, Client: c.client(), Reason: reason})
 }
 
 // curTurn is the session's turn in flight as observers know it (nil:

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/turn"
 )
@@ -41,23 +42,23 @@ const (
 
 // endSteps is what an end does, by cause.
 type endSteps struct {
-	detach   bool   // every client forgets the session (the one that caused a replacement keeps its index entry)
-	notice   bool   // every client is told it ended (methodSessionEnded) and gives up the agent's requests
-	queued   string // prompts waiting for a turn are refused with this ("": none are)
-	onAgent  bool   // the agent is told: a running turn cancelled, the session closed where it can be
-	event    string // the audit trail's session.<event> ("": none)
-	reason   string // its reason field
-	keepSeen bool   // the clients still name it (lost): they forget it when they close it
+	detach   bool         // every client forgets the session (the one that caused a replacement keeps its index entry)
+	notice   bool         // every client is told it ended (methodSessionEnded) and gives up the agent's requests
+	queued   string       // prompts waiting for a turn are refused with this ("": none are)
+	onAgent  bool         // the agent is told: a running turn cancelled, the session closed where it can be
+	event    observe.Kind // the session event observers hear (0: none)
+	reason   string       // its reason field
+	keepSeen bool         // the clients still name it (lost): they forget it when they close it
 }
 
 var endTable = [...]endSteps{
-	endClosed:         {detach: true, queued: "the session was closed", event: "closed"},
+	endClosed:         {detach: true, queued: "the session was closed", event: observe.SessionClosed},
 	endReplaced:       {detach: true, queued: "the session was loaded again by another client"},
 	endLoadFailed:     {detach: true, queued: "the session failed to load"},
-	endClientLeft:     {queued: "the session has ended", onAgent: true, event: "closed", reason: "client_left"},
-	endLastClientLeft: {queued: "the session has ended", onAgent: true, event: "closed", reason: "last_client_left"},
-	endAdmin:          {detach: true, notice: true, queued: "the session was ended by an administrator", onAgent: true, event: "closed", reason: "ended_by_admin"},
-	endAgentExited:    {keepSeen: true, event: "lost", reason: "agent_exited"},
+	endClientLeft:     {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "client_left"},
+	endLastClientLeft: {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "last_client_left"},
+	endAdmin:          {detach: true, notice: true, queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
+	endAgentExited:    {keepSeen: true, event: observe.SessionLost, reason: "agent_exited"},
 }
 
 // ending is a session's teardown, decided under its lock and run once
@@ -173,7 +174,7 @@ func (e *ending) run() {
 	if e.cause == endAgentExited {
 		by = e.owner // its last owner is told it was lost
 	}
-	if steps.event != "" && (by != nil || e.cause != endAgentExited) {
+	if steps.event != 0 && (by != nil || e.cause != endAgentExited) {
 		s.sessionEvent(by, steps.event, steps.reason)
 	}
 	if steps.onAgent && current {

@@ -195,7 +195,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 			s.state.NoteResult(m.Payload)
 		}
 		req.hold.keepAttach()
-		s.sessionEvent(c, "loaded", "")
+		s.sessionEvent(c, observe.SessionLoaded, "")
 	case req.method == acp.SessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == acp.SessionClose || req.method == acp.SessionDelete) && req.sess != nil:
@@ -225,7 +225,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 	if s.attachable {
 		s.state.NoteResult(m.Payload)
 	}
-	s.sessionEvent(c, "created", "")
+	s.sessionEvent(c, observe.SessionCreated, "")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }
 

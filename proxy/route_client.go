@@ -12,6 +12,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -272,7 +273,7 @@ func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
 	c := cr.c
 	c.detach(sess)
 	if sess.isLost() { // an ended one was told already
-		sess.sessionEvent(c, "closed", "")
+		sess.sessionEvent(c, observe.SessionClosed, "")
 	}
 	if m.Kind == jsonrpc.KindRequest {
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))

@@ -6,6 +6,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // A session's owner can change: a connection that loads (or resumes) a
@@ -53,7 +54,7 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	}
 	c.attach(s) // before the owner lets go: the session keeps its tenant slot
 	owner.detach(s)
-	s.sessionEvent(c, "loaded", "")
+	s.sessionEvent(c, observe.SessionLoaded, "")
 	for _, in := range owner.takeRequestsOf(s) {
 		c.adopt(in)
 	}

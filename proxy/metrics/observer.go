@@ -8,11 +8,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-var sessionEventNames = map[observe.Kind]string{
-	observe.SessionCreated: "created", observe.SessionLoaded: "loaded",
-	observe.SessionClosed: "closed", observe.SessionLost: "lost",
-}
-
 // Wants says which of a session's events the agent's metrics count
 // (observe.Selective).
 func (am *Agent) Wants(k observe.Kind) bool {
@@ -25,7 +20,7 @@ func (am *Agent) Observe(e *observe.Event) {
 	label := e.Session.Label
 	switch e.Kind {
 	case observe.SessionCreated, observe.SessionLoaded, observe.SessionClosed, observe.SessionLost:
-		am.SessionsTotal.WithLabelValues(label, sessionEventNames[e.Kind]).Inc()
+		am.SessionsTotal.WithLabelValues(label, e.Kind.SessionName()).Inc()
 	case observe.Update:
 		if e.First {
 			var span trace.Span

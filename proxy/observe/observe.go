@@ -55,6 +55,22 @@ const (
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
 )
 
+// SessionName is what happened to the session, for a session event:
+// "created", "loaded", "closed" or "lost" ("" for any other kind).
+func (k Kind) SessionName() string {
+	switch k {
+	case SessionCreated:
+		return "created"
+	case SessionLoaded:
+		return "loaded"
+	case SessionClosed:
+		return "closed"
+	case SessionLost:
+		return "lost"
+	}
+	return ""
+}
+
 // Event is one event of a session's life. Observers must not keep it, nor
 // the slices it points to, past the call.
 type Event struct {

@@ -25,11 +25,6 @@ type Trail struct {
 // to prompt.started.
 func New(rec audit.Recorder, prompts bool) *Trail { return &Trail{rec: rec, prompts: prompts} }
 
-var sessionEvents = map[observe.Kind]string{
-	observe.SessionCreated: "session.created", observe.SessionLoaded: "session.loaded",
-	observe.SessionClosed: "session.closed", observe.SessionLost: "session.lost",
-}
-
 // Observe records e, if the trail keeps events of its kind.
 func (t *Trail) Observe(e *observe.Event) {
 	switch e.Kind {
@@ -38,7 +33,7 @@ func (t *Trail) Observe(e *observe.Event) {
 		if e.Reason != "" {
 			fields = append(fields, audit.F("reason", e.Reason))
 		}
-		t.record(e, sessionEvents[e.Kind], fields...)
+		t.record(e, "session."+e.Kind.SessionName(), fields...)
 	case observe.TurnStarted:
 		t.promptStarted(e)
 	case observe.TurnEnded:
