@@ -7,6 +7,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/fsstandin"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // The audit trail's events about a connection (policy.denied; the gateway
@@ -45,6 +46,9 @@ func (c *Conn) denied(reason, method string) {
 // in, which it answered with m (a result).
 func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
 	c := cr.c
+	if !c.ag.obs.Wants(observe.FileServed) {
+		return // nobody watches files: the request and its content are not decoded
+	}
 	in.link.mu.Lock()
 	msg := in.msg
 	in.link.mu.Unlock()

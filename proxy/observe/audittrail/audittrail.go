@@ -74,11 +74,7 @@ func (t *Trail) promptStarted(e *observe.Event) {
 	}
 	blocks := e.Prompt
 	if blocks == nil {
-		var p struct {
-			Prompt []json.RawMessage `json:"prompt"`
-		}
-		_ = json.Unmarshal(e.Params, &p)
-		blocks = p.Prompt
+		blocks = acp.PromptBlocks(e.Params)
 	}
 	t.record(e, "prompt.started", audit.F("prompt", promptText(blocks)))
 }
