@@ -63,6 +63,10 @@ func (t *Turns) Observe(e *observe.Event) {
 	}
 }
 
+// maxOpenTools bounds the tool spans one turn keeps open: past it, a tool
+// call an agent starts gets no span (its updates still count).
+const maxOpenTools = 256
+
 // turnTrace is what a turn's span gathers while it runs: the updates, the
 // first one's arrival, the tool calls not yet final.
 type turnTrace struct {
@@ -110,7 +114,7 @@ func (t *turnTrace) update(params, kind []byte) {
 		return
 	}
 	span := t.tools[u.ToolCallID]
-	if span == nil && string(kind) == "tool_call" {
+	if span == nil && string(kind) == "tool_call" && len(t.tools) < maxOpenTools {
 		span = t.child(SpanToolCall, trace.WithAttributes(String(attrToolCallID, u.ToolCallID)))
 		if t.tools == nil {
 			t.tools = map[string]trace.Span{}
