@@ -16,12 +16,9 @@ func TestBrowserShareAffinity(t *testing.T) {
 	r := newRig(t)
 	// Every page the scenario opens stays a client of A's session (held for
 	// a resume), more than the default 8.
-	gw := r.start(t, writeConfig(t, r.dir, "sessions:\n  affinity_cookie: ACPGATE_AFFINITY\n  max_clients: 32\n"), "")
-	defer gw.stop()
 	const cookie = "ACPGATE_AFFINITY=replica-2.pool:7~a|b+c/d="
-	r.runScript(t, "http://"+gw.Addr+"/", "affinity", []string{"ACPGATE_AFFINITY=" + cookie}, nil)
-	gw.stop()
-	r.saveLog(t, "affinity-gateway.log")
+	r.scenario(t, writeConfig(t, r.dir, "sessions:\n  affinity_cookie: ACPGATE_AFFINITY\n  max_clients: 32\n"), "affinity",
+		[]string{"ACPGATE_AFFINITY=" + cookie})
 }
 
 // TestBrowserShareAffinityOff: a gateway without sessions.affinity_cookie
@@ -29,9 +26,5 @@ func TestBrowserShareAffinity(t *testing.T) {
 // the link names (issue #30 item 7).
 func TestBrowserShareAffinityOff(t *testing.T) {
 	r := newRig(t)
-	gw := r.start(t, writeConfig(t, r.dir, ""), "")
-	defer gw.stop()
-	r.runScript(t, "http://"+gw.Addr+"/", "affinity-off", nil, nil)
-	gw.stop()
-	r.saveLog(t, "affinity-off-gateway.log")
+	r.scenario(t, writeConfig(t, r.dir, ""), "affinity-off", nil)
 }

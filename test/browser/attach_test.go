@@ -14,9 +14,5 @@ import "testing"
 // goes on.
 func TestBrowserAttach(t *testing.T) {
 	r := newRig(t)
-	gw := r.start(t, writeConfig(t, r.dir, ""), "")
-	defer gw.stop()
-	r.runScript(t, "http://"+gw.Addr+"/", "attach", nil, nil)
-	gw.stop()
-	r.saveLog(t, "attach-gateway.log")
+	r.scenario(t, writeConfig(t, r.dir, ""), "attach", nil)
 }

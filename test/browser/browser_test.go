@@ -246,6 +246,18 @@ func (r *rig) runScript(t *testing.T, url, scenario string, env []string, onActi
 }
 
 // saveLog keeps the gateway's log next to the screenshots.
+// scenario runs one scenario of e2e.mjs (env: more of its environment)
+// against a gateway of its own on config, and keeps the gateway's log as
+// <scenario>-gateway.log.
+func (r *rig) scenario(t *testing.T, config, name string, env []string) {
+	t.Helper()
+	gw := r.start(t, config, "")
+	defer gw.stop()
+	r.runScript(t, "http://"+gw.Addr+"/", name, env, nil)
+	gw.stop()
+	r.saveLog(t, name+"-gateway.log")
+}
+
 func (r *rig) saveLog(t *testing.T, name string) {
 	path := filepath.Join("..", "out", "browser", name)
 	if err := os.WriteFile(path, []byte(r.log.String()), 0o644); err != nil {
