@@ -239,18 +239,26 @@ func (l *procLink) promptsOf(s *Session) []*outReq {
 	return out
 }
 
-// methodSessionEnded tells a session's clients that an administrator
-// ended it.
+// methodSessionEnded tells a session's clients that it ended for them: an
+// administrator ended it, or another client loaded or took it over.
 const methodSessionEnded = "_acpgate/session_ended"
 
-// tell tells every client of the session an administrator ended that it
-// has (methodSessionEnded), then each gives up the agent's requests waiting
-// for it (answered in their place).
-func (e *ending) tell() {
+// endedNotice is the methodSessionEnded notification for s, saying why.
+func (s *Session) endedNotice(why string) ([]byte, Facts) {
+	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":`...)
+	params = append(jsonrpc.AppendQuote(params, why), '}')
+	return jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params), Facts{Method: methodSessionEnded, SessionID: s.GatewayID}
+}
+
+// tell tells every client of the ending session but the one that caused
+// it that it has ended, and why (methodSessionEnded), then each gives up
+// the agent's requests waiting for it (answered in their place).
+func (e *ending) tell(why string) {
 	s, owner, members := e.s, e.owner, e.members
-	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":"ended by an administrator"}`...)
-	msg := jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params)
-	f := Facts{Method: methodSessionEnded, SessionID: s.GatewayID}
+	if owner == e.by {
+		owner = nil
+	}
+	msg, f := s.endedNotice(why)
 	s.fan.Lock()
 	for _, m := range members {
 		m.send(s, clone(msg), f)

@@ -114,6 +114,23 @@ func AttachResult(r Result, st State) []byte {
 	return res
 }
 
+// LoadResult is the result of a session/load or session/resume that the
+// gateway served as a read-only attach (another subject's session, which
+// its tenant's sharing lets the caller only watch): the standard result,
+// the session's configuration, with what an attach result says under
+// _meta.acpgate ("readOnly": true among it).
+func LoadResult(r Result, st State) []byte {
+	if r.Clients == nil {
+		r.Clients = []Peer{}
+	}
+	res, _ := json.Marshal(struct {
+		State
+		Meta map[string]any `json:"_meta"`
+	}{st, map[string]any{"acpgate": map[string]any{"attached": true, "readOnly": r.ReadOnly, "clientId": r.ClientID,
+		"connectedClients": r.Clients, "historyPolicy": r.HistoryPolicy, "replayed": r.Replayed, "historyTrimmed": r.Trimmed, "turn": r.Turn}}})
+	return res
+}
+
 // Presence is a client_connected or client_disconnected update.
 func Presence(event string, who Peer) []byte {
 	body, _ := json.Marshal(struct {
