@@ -719,9 +719,16 @@ func TestAttachWhoMay(t *testing.T) {
 		_, sid := session(acme)
 		same, _ := dialAs(acme.tokens[0])
 		mustAttach(t, same, sid, "same", false)
+		// Refused as an unknown session is: its ID tells another subject
+		// nothing (test/e2e/subject_test.go has the other methods).
 		other, _ := dialAs(acme.tokens[1])
 		_, m := tryAttach(t, other, attachParams(sid, "other", false))
-		wantCode(t, "another subject under same_subject", m, -32003, "not authorised to attach")
+		_, unknown := tryAttach(t, other, attachParams(flip(sid), "other", false))
+		wantCode(t, "another subject under same_subject", m, -32002, "session not found")
+		shape, _ := errorShape(t, m)
+		if unknownShape, _ := errorShape(t, unknown); shape != unknownShape {
+			t.Errorf("another subject's session: %s\nan unknown one: %s", m.Raw, unknown.Raw)
+		}
 	})
 	t.Run("attach: tenant lets another subject attach", func(t *testing.T) {
 		_, sid := session(team)
@@ -772,7 +779,7 @@ func TestAttachWhoMay(t *testing.T) {
 	})
 	t.Run("metrics", func(t *testing.T) {
 		m := g.metrics(t)
-		for result, least := range map[string]float64{"ok": 4, "refused": 2, "not_found": 3} {
+		for result, least := range map[string]float64{"ok": 4, "refused": 1, "not_found": 5} {
 			if v, _ := metricValue(m, "acpgate_session_attaches_total", `result="`+result+`"`); v < least {
 				t.Errorf(`acpgate_session_attaches_total{result=%q} = %v, want at least %v`, result, v, least)
 			}
