@@ -797,6 +797,14 @@ function wireHandlers(conn) {
     }
     if (!sharedUpdate(p.update)) transcript.update(p.update);
   });
+  // The gateway says the session ended for this page: another client loaded
+  // or took it over, or an administrator ended it.
+  conn.on("_acpgate/session_ended", (p) => {
+    if (!app.session || p.sessionId !== app.session.id) return;
+    transcript.notice(`This session ended here: ${String(p.reason ?? "ended")}. Load it again to go on.`, "warn");
+    app.session = null;
+    updateControls();
+  });
   conn.handle("session/request_permission", (p, { signal }) => {
     if (!app.session || p.sessionId !== app.session.id) return { outcome: { outcome: "cancelled" } };
     return transcript.askPermission(p, signal).then((outcome) => ({ outcome }));
