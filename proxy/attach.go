@@ -50,10 +50,7 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 		}
 		return
 	}
-	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
-	if mem.id == "" {
-		mem.id = multiclient.NewClientID()
-	}
+	mem := &member{conn: c, id: multiclient.NewClientID(), readOnly: readOnly} // never the client's choice
 	if p.ClientInfo != nil {
 		mem.info = *p.ClientInfo
 	} else {
