@@ -58,10 +58,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 		}
 		return
 	}
-	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
-	if mem.id == "" {
-		mem.id = multiclient.NewClientID()
-	}
+	mem := &member{conn: c, id: multiclient.NewClientID(), readOnly: readOnly} // never the client's choice
 	if p.ClientInfo != nil {
 		mem.info = *p.ClientInfo
 	} else {
