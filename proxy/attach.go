@@ -7,6 +7,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/multiclient"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // Error codes of session/attach and of what an attached client may not do.
@@ -66,6 +67,7 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 	}
 	metrics.Attaches.WithLabelValues("ok").Inc()
 	metrics.AttachedClients.Inc()
+	s.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: readOnly, History: p.HistoryPolicy})
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
 		return
@@ -253,6 +255,7 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
 	if mem, e := s.removeMember(c); mem != nil {
 		c.relay.metrics.AttachedClients.Dec()
+		s.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", mem.peer(), nil)
 		e.run() // c was its last client: the session ends
