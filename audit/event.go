@@ -1,14 +1,17 @@
 // Package audit is acpgate's audit trail: one JSON line per event (who
 // opened, prompted, approved, read or wrote what, and when), appended to a
-// file off the relay's hot path, each line chained to the one before it by
-// its SHA-256 so that a changed, removed or inserted line is found by
-// Verify (acpgate audit verify).
+// file off the relay's hot path, each line numbered (seq, from 1 in each
+// run) and chained to the one before it by its SHA-256 so that a changed,
+// removed or inserted line is found by Verify (acpgate audit verify).
+// Events the trail lost leave a gap line (audit.gap) saying how many and
+// why; with a key, every line carries a MAC, so that re-chaining the lines
+// after an edit needs the key.
 //
 // It imports nothing of the gateway or the relay: both hand it Events.
 package audit
 
-// Event is one line of the audit trail. The writer adds ts and prev; the
-// rest is the caller's.
+// Event is one line of the audit trail. The writer adds ts, seq and prev
+// (and kid and mac with a key); the rest is the caller's.
 type Event struct {
 	Event   string // what happened: "session.created", "permission.resolved", …
 	Tenant  string
@@ -22,7 +25,8 @@ type Event struct {
 // Field is one of an event's own fields, written after the common ones in
 // the order given. Value is anything encoding/json marshals (anything else
 // is written as a string saying so). A field named like a common key (ts,
-// event, tenant, subject, agent, conn, session, prev) is left out.
+// event, tenant, subject, agent, conn, session, seq, prev, kid, mac) is
+// left out.
 type Field struct {
 	Key   string
 	Value any
@@ -36,3 +40,9 @@ func F(key string, value any) Field { return Field{Key: key, Value: value} }
 type Recorder interface {
 	Record(Event)
 }
+
+// RecorderFunc is a function as a Recorder.
+type RecorderFunc func(Event)
+
+// Record calls f.
+func (f RecorderFunc) Record(ev Event) { f(ev) }

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -29,12 +30,40 @@ type Config struct {
 	Buffer int
 	// FlushEvery bounds how long a written event waits in memory (0: 1s).
 	FlushEvery time.Duration
+	// Key, if set, MACs every line (HMAC-SHA256, at least MinKeyBytes;
+	// key.go); SetKey changes it.
+	Key []byte
+	// Start are fields of the gateway.started line each Open writes first
+	// (the version…), after its boot ID.
+	Start []Field
 	// Hooks for metrics; nil ones are skipped. Written and WriteError are
 	// called on the writer's goroutine, Dropped also on Record's.
-	Written    func(event string) // an event reached the trail
+	Written    func(event string) // a line reached the trail
 	Dropped    func(n int)        // events lost: buffer full, or their write failed
 	WriteError func()             // a write failed (the disk is full…)
 }
+
+// The lines the trail writes of itself.
+const (
+	// EventStarted is the first line an Open writes: "boot" is the ID of
+	// this run, whose lines are numbered ("seq") from 1.
+	EventStarted = "gateway.started"
+	// EventStopped is the last line Close writes: a trail whose last line
+	// is not one was not closed (a crash, SIGKILL), and the next Open
+	// writes a gap of an unknown count.
+	EventStopped = "gateway.stopped"
+	// EventGap says events are missing before it: "lost" how many (absent:
+	// unknown), "reason" why: GapQueueFull, GapWriteFailed or
+	// GapUncleanShutdown.
+	EventGap = "audit.gap"
+)
+
+// Why a gap's events were lost.
+const (
+	GapQueueFull       = "queue_full"       // Record found the writer Buffer events behind
+	GapWriteFailed     = "write_failed"     // their write failed (a full disk…)
+	GapUncleanShutdown = "unclean_shutdown" // the run before did not close the trail: what it held unwritten
+)
 
 // sink is where the lines go: a file, or standard output.
 type sink interface {
@@ -51,26 +80,37 @@ func (stdout) Close() error         { return nil }
 
 // Log is an audit trail being written. Record encodes an event on the
 // caller's goroutine and queues it; one writer goroutine (ended by Close)
-// chains the lines, appends them and flushes at least every FlushEvery.
-// A write that fails is undone (the file is cut back to its last good
-// size) and its events are dropped, so that the next line chains to the
-// last line the file holds.
+// numbers and chains the lines, appends them and flushes at least every
+// FlushEvery. A write that fails is undone (the file is cut back to its
+// last good size) and its events are dropped, so that the next line chains
+// to the last line the file holds. Events lost, to a full queue or a
+// failed write, leave an audit.gap line saying how many and why, written
+// before the next event (or at the next flush).
 type Log struct {
 	cfg     Config
 	log     *slog.Logger
 	queue   chan queued
-	reopen  chan chan error
+	ctl     chan ctlReq
 	done    chan struct{} // closed by Close: the writer drains and ends
 	ended   chan struct{} // closed by the writer when it has ended
 	closing sync.Once
 	closed  atomic.Bool
 	dropped atomic.Int64
-	result  error // the writer's last flush or close error (read after ended)
+	full    atomic.Int64 // events Record dropped that no queued event nor gap line has taken yet
+	result  error        // the writer's last flush or close error (read after ended)
 
 	// The writer's own.
 	out      sink
 	size     int64  // bytes of out known good (lines fully written)
 	last     string // hex SHA-256 of the last line written
+	lastSeq  uint64 // seq of the last line written
+	boot     string
+	seq      uint64 // seq of the last line chained
+	key      []byte // nil: lines carry no MAC
+	kid      string
+	started  bool   // the gateway.started line is chained or written
+	gaps     []gap  // losses no gap line chained says yet
+	batch    batch  // what pending holds
 	pending  []byte // lines chained but not yet written
 	events   []string
 	next     string // hex SHA-256 of the last pending line
@@ -78,9 +118,31 @@ type Log struct {
 	loggedAt time.Time
 }
 
+// gap is events lost: lost < 0 is an unknown number.
+type gap struct {
+	reason string
+	lost   int64
+}
+
+// batch is what the pending lines hold beside events: given back to the
+// writer when their write fails.
+type batch struct {
+	events  int   // recorded events
+	started bool  // the gateway.started line
+	gaps    []gap // gap lines
+}
+
 type queued struct {
 	event string
-	line  []byte // the line without its prev and closing brace
+	line  []byte // the line without its seq, prev and closing brace
+	lost  int64  // events Record dropped just before this one
+}
+
+// ctlReq asks the writer to reopen the file, or to take a new key.
+type ctlReq struct {
+	rekey bool
+	key   []byte
+	reply chan error
 }
 
 // Open opens (or creates) the trail and starts its writer. An existing
@@ -94,56 +156,98 @@ func Open(cfg Config, log *slog.Logger) (*Log, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.File == "-" {
-		return start(cfg, log, stdout{os.Stdout}, 0, Genesis), nil
+	if len(cfg.Key) > 0 && len(cfg.Key) < MinKeyBytes {
+		return nil, fmt.Errorf("audit: the key has %d bytes, fewer than %d", len(cfg.Key), MinKeyBytes)
 	}
-	f, size, last, err := openFile(cfg.File, log)
+	if cfg.File == "-" {
+		return start(cfg, log, stdout{os.Stdout}, tail{hash: Genesis}), nil
+	}
+	f, end, err := openFile(cfg.File, log)
 	if err != nil {
 		return nil, err
 	}
-	return start(cfg, log, f, size, last), nil
+	return start(cfg, log, f, end), nil
 }
 
-// start makes a Log writing to out, whose good size and last line's hash
-// are given, and starts its writer.
-func start(cfg Config, log *slog.Logger, out sink, size int64, last string) *Log {
+// tail is what the file ends with.
+type tail struct {
+	size    int64  // of its complete lines
+	hash    string // of its last line (Genesis: none)
+	unclean bool   // the run that wrote it did not close it
+}
+
+// start makes a Log writing to out, which ends as end says, and starts its
+// writer; its first line (gateway.started) is written before it returns,
+// unless the write fails (then it goes with the next write).
+func start(cfg Config, log *slog.Logger, out sink, end tail) *Log {
 	if cfg.Buffer <= 0 {
 		cfg.Buffer = 4096
 	}
 	if cfg.FlushEvery <= 0 {
 		cfg.FlushEvery = time.Second
 	}
-	l := &Log{cfg: cfg, log: log, queue: make(chan queued, cfg.Buffer), reopen: make(chan chan error),
-		done: make(chan struct{}), ended: make(chan struct{}), out: out, size: size, last: last, next: last}
-	go l.write() // ends with Close
+	l := &Log{cfg: cfg, log: log, queue: make(chan queued, cfg.Buffer), ctl: make(chan ctlReq),
+		done: make(chan struct{}), ended: make(chan struct{}), out: out, size: end.size, last: end.hash, next: end.hash,
+		boot: newBootID()}
+	if len(cfg.Key) > 0 {
+		l.key, l.kid = cfg.Key, KeyID(cfg.Key)
+	}
+	if end.unclean {
+		l.gaps = []gap{{GapUncleanShutdown, -1}}
+	}
+	_ = l.flush() // counted and logged
+	go l.write()  // ends with Close
 	return l
 }
 
-// openFile opens path for appending (created 0600) and finds its size and
-// the hash of its last complete line (Genesis when it has none).
-func openFile(path string, log *slog.Logger) (*os.File, int64, string, error) {
+// newBootID is a random ID for one run of the trail's writer.
+func newBootID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
+
+// openFile opens path for appending (created 0600) and reads how it ends.
+func openFile(path string, log *slog.Logger) (*os.File, tail, error) {
 	f, err := openAppend(path)
 	if err != nil {
-		return nil, 0, "", err
+		return nil, tail{}, err
 	}
 	st, err := f.Stat()
 	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
-		return f, 0, Genesis, nil // a device (/dev/full…) or an empty file
+		return f, tail{hash: Genesis}, nil // a device (/dev/full…) or an empty file
 	}
-	last, whole, err := lastLine(path, st.Size())
+	end, line, err := lastLine(path, st.Size())
 	if err != nil {
 		_ = f.Close()
-		return nil, 0, "", fmt.Errorf("audit: reading the end of %s: %w", path, err)
+		return nil, tail{}, fmt.Errorf("audit: reading the end of %s: %w", path, err)
 	}
-	if whole < st.Size() { // a write cut off by a crash: never a line of the trail
+	end.unclean = uncleanEnd(line)
+	if end.size < st.Size() { // a write cut off by a crash: never a line of the trail
 		log.Warn("audit file's last line is cut off; dropping it and chaining to the line before", "file", path,
-			"dropped_bytes", st.Size()-whole)
-		if err := f.Truncate(whole); err != nil {
+			"dropped_bytes", st.Size()-end.size)
+		if err := f.Truncate(end.size); err != nil {
 			_ = f.Close()
-			return nil, 0, "", fmt.Errorf("audit: cutting off the incomplete last line of %s: %w", path, err)
+			return nil, tail{}, fmt.Errorf("audit: cutting off the incomplete last line of %s: %w", path, err)
 		}
+		end.unclean = true
 	}
-	return f, whole, last, nil
+	return f, end, nil
+}
+
+// uncleanEnd reports whether line, a trail's last, shows that the run
+// that wrote it did not close the trail: a numbered line other than
+// gateway.started. A line without seq (an acpgate before them) tells
+// nothing.
+func uncleanEnd(line []byte) bool {
+	var v struct {
+		Event string
+		Seq   *uint64
+	}
+	if json.Unmarshal(line, &v) != nil {
+		return true
+	}
+	return v.Seq != nil && v.Event != EventStopped
 }
 
 // openAppend opens path for appending, creating it 0600.
@@ -155,28 +259,28 @@ func openAppend(path string) (*os.File, error) {
 	return f, nil
 }
 
-// lastLine returns the hash of the last complete line of the file (of the
-// given size; Genesis when it has none), and where the complete lines end
+// lastLine returns the last complete line of the file (of the given size),
+// its hash (Genesis when it has none) and where the complete lines end
 // (below size when a cut-off line, without its newline, follows them).
-func lastLine(path string, size int64) (hash string, whole int64, err error) {
+func lastLine(path string, size int64) (end tail, line []byte, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, err
+		return tail{}, nil, err
 	}
 	defer f.Close()
-	end, err := newlineBefore(f, size)
-	if err != nil || end < 0 {
-		return Genesis, 0, err
+	nl, err := newlineBefore(f, size)
+	if err != nil || nl < 0 {
+		return tail{hash: Genesis}, nil, err
 	}
-	begin, err := newlineBefore(f, end)
+	begin, err := newlineBefore(f, nl)
 	if err != nil {
-		return "", 0, err
+		return tail{}, nil, err
 	}
-	line := make([]byte, end-begin-1)
+	line = make([]byte, nl-begin-1)
 	if _, err := f.ReadAt(line, begin+1); err != nil {
-		return "", 0, err
+		return tail{}, nil, err
 	}
-	return sum(line), end + 1, nil
+	return tail{size: nl + 1, hash: sum(line)}, line, nil
 }
 
 // newlineBefore is the offset of the last newline of f before offset
@@ -204,15 +308,17 @@ func sum(line []byte) string {
 
 // Record queues ev, with the time now; when the writer is behind by
 // Buffer events (the disk stalls) or the Log is closed, ev is dropped and
-// counted. It never blocks.
+// counted (and, unless closed, said by a gap line). It never blocks.
 func (l *Log) Record(ev Event) {
 	if l.closed.Load() {
 		l.drop(1)
 		return
 	}
+	q := queued{event: ev.Event, line: encode(time.Now(), ev), lost: l.full.Swap(0)}
 	select {
-	case l.queue <- queued{event: ev.Event, line: encode(time.Now(), ev)}:
+	case l.queue <- q:
 	default:
+		l.full.Add(q.lost + 1)
 		l.drop(1)
 	}
 }
@@ -231,7 +337,7 @@ func (l *Log) Dropped() int64 { return l.dropped.Load() }
 // common are the keys the writer and Event's own fields write; a Field
 // with one of them is left out.
 var common = map[string]bool{"ts": true, "event": true, "tenant": true, "subject": true, "agent": true,
-	"conn": true, "session": true, "prev": true}
+	"conn": true, "session": true, "seq": true, "prev": true, "kid": true, "mac": true}
 
 // encode writes ev as a line up to its prev: {"ts":…,"event":…, …
 // (without the closing brace).
@@ -278,17 +384,36 @@ func (l *Log) Reopen() error {
 	if l.cfg.File == "-" {
 		return nil
 	}
-	reply := make(chan error, 1)
+	return l.control(ctlReq{})
+}
+
+// SetKey MACs the lines chained from now on under key (at least
+// MinKeyBytes); each line names its key (kid), so a trail can hold lines
+// of several keys.
+func (l *Log) SetKey(key []byte) error {
+	if len(key) == 0 {
+		return errNoKey
+	}
+	if len(key) < MinKeyBytes {
+		return fmt.Errorf("audit: the key has %d bytes, fewer than %d", len(key), MinKeyBytes)
+	}
+	return l.control(ctlReq{rekey: true, key: bytes.Clone(key)})
+}
+
+// control hands req to the writer and waits for its answer.
+func (l *Log) control(req ctlReq) error {
+	req.reply = make(chan error, 1)
 	select {
-	case l.reopen <- reply:
-		return <-reply
+	case l.ctl <- req:
+		return <-req.reply
 	case <-l.ended:
 		return errors.New("audit: the trail is closed")
 	}
 }
 
-// Close writes what is queued, closes the file and ends the writer.
-// Events recorded after it are dropped.
+// Close writes what is queued and a last line, gateway.stopped, closes
+// the file and ends the writer. Events recorded after it are dropped (and
+// no gap line can say so).
 func (l *Log) Close() error {
 	l.closing.Do(func() {
 		l.closed.Store(true)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,14 +40,15 @@ func readLines(t *testing.T, path string) []string {
 	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 }
 
-func mustVerify(t *testing.T, want int, files ...string) string {
+// mustVerify verifies files, which must hold want lines intact, and
+// returns the report.
+func mustVerify(t *testing.T, want int, files ...string) *Report {
 	t.Helper()
-	var out bytes.Buffer
-	n, err := Verify(files, &out)
-	if err != nil || n != want {
-		t.Fatalf("Verify %v: %d lines, %v; want %d intact", files, n, err, want)
+	rep, err := Verify(files, nil)
+	if err != nil || rep.Lines != want {
+		t.Fatalf("Verify %v: %d lines, %v; want %d intact", files, rep.Lines, err, want)
 	}
-	return out.String()
+	return rep
 }
 
 func TestLineAndChain(t *testing.T) {
@@ -66,16 +66,24 @@ func TestLineAndChain(t *testing.T) {
 		t.Fatalf("stat %v, %v; want mode 0600", st, err)
 	}
 	lines := readLines(t, path)
-	if len(lines) != 4 {
-		t.Fatalf("%d lines, want 4:\n%s", len(lines), strings.Join(lines, "\n"))
+	if len(lines) != 6 {
+		t.Fatalf("%d lines, want 6 (started, 4 events, stopped):\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	var started struct{ Event, Boot, Prev string }
+	if err := json.Unmarshal([]byte(lines[0]), &started); err != nil || started.Event != EventStarted || len(started.Boot) != 32 ||
+		started.Prev != Genesis || !strings.Contains(lines[0], `"seq":1,`) {
+		t.Errorf("line 1 = %s; want gateway.started with a boot ID, seq 1, chained to Genesis", lines[0])
+	}
+	if !strings.Contains(lines[5], `"event":"`+EventStopped+`"`) || !strings.Contains(lines[5], `"seq":6,`) {
+		t.Errorf("line 6 = %s; want gateway.stopped, seq 6", lines[5])
 	}
 	want := `,"event":"prompt.started","tenant":"acme","subject":"alice","agent":"default","conn":"c1","session":"s0",` +
-		`"turn":0,"stop":"end_turn","prev":"` + Genesis + `"}`
-	if !strings.HasPrefix(lines[0], `{"ts":"`) || !strings.HasSuffix(lines[0], want) {
-		t.Errorf("line 1 = %s\nwant {\"ts\":…%s", lines[0], want)
+		`"turn":0,"stop":"end_turn","seq":2,"prev":"` + sum([]byte(lines[0])) + `"}`
+	if !strings.HasPrefix(lines[1], `{"ts":"`) || !strings.HasSuffix(lines[1], want) {
+		t.Errorf("line 2 = %s\nwant {\"ts\":…%s", lines[1], want)
 	}
 	var v struct{ TS, Prev string }
-	if err := json.Unmarshal([]byte(lines[0]), &v); err != nil {
+	if err := json.Unmarshal([]byte(lines[1]), &v); err != nil {
 		t.Fatal(err)
 	}
 	if ts, err := time.Parse(time.RFC3339Nano, v.TS); err != nil || len(v.TS) != len("2006-01-02T15:04:05.000000000Z") ||
@@ -83,19 +91,19 @@ func TestLineAndChain(t *testing.T) {
 		t.Errorf("ts %q: %v", v.TS, err)
 	}
 	for i := 1; i < len(lines); i++ {
-		if !strings.HasSuffix(lines[i], `,"prev":"`+sum([]byte(lines[i-1]))+`"}`) {
+		if !strings.HasSuffix(lines[i], fmt.Sprintf(`,"seq":%d,"prev":"%s"}`, i+1, sum([]byte(lines[i-1])))) {
 			t.Errorf("line %d does not chain to line %d: %s", i+1, i, lines[i])
 		}
 	}
-	last := lines[3]
+	last := lines[4]
 	if !strings.Contains(last, `"ch":"(not encodable: unsupported type: chan int)"`) ||
 		strings.Contains(last, "forged") || strings.Contains(last, `"ts":1`) || strings.Contains(last, `"tenant"`) {
-		t.Errorf("line 4 = %s; want the common keys unset and the reserved fields left out", last)
+		t.Errorf("line 5 = %s; want the common keys unset and the reserved fields left out", last)
 	}
-	if out := mustVerify(t, 4, path); out != "" {
-		t.Errorf("Verify notes %q on a whole trail", out)
+	if rep := mustVerify(t, 6, path); rep.Head != "" || len(rep.Gaps) != 0 || rep.Unnumbered != 0 {
+		t.Errorf("Verify of a whole trail: %+v", rep)
 	}
-	if h, err := Last([]string{path}); err != nil || h != sum([]byte(last)) {
+	if h, err := Last([]string{path}); err != nil || h != sum([]byte(lines[5])) {
 		t.Errorf("Last = %s, %v", h, err)
 	}
 }
@@ -113,12 +121,15 @@ func TestOpenExisting(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mustVerify(t, 6, path)
+	if rep := mustVerify(t, 12, path); len(rep.Gaps) != 0 { // three runs: started, 2 events, stopped
+		t.Errorf("gaps in a trail closed each time: %v", rep.Gaps)
+	}
 }
 
 // A last line cut off (a crash in the middle of a write) is dropped at the
 // next open, and the next line chains to the one before it: Verify points
-// at the cut line before, and passes the trail after.
+// at the cut line before, and passes the trail after, which shows the
+// unclean end as a gap of an unknown count.
 func TestOpenCutOff(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
 	l, err := Open(Config{File: path}, nil)
@@ -129,13 +140,12 @@ func TestOpenCutOff(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	lines := readLines(t, path)
-	if err := os.WriteFile(path, []byte(lines[0]+"\n"+lines[1]+"\n"+lines[2][:20]), 0o600); err != nil {
+	lines := readLines(t, path) // started, 3 events, stopped
+	if err := os.WriteFile(path, []byte(lines[0]+"\n"+lines[1]+"\n"+lines[2]+"\n"+lines[3][:20]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	if _, err := Verify([]string{path}, &out); err == nil || !strings.Contains(err.Error(), "line 3: cut off") {
-		t.Fatalf("Verify: %v; want line 3 cut off", err)
+	if _, err := Verify([]string{path}, nil); err == nil || !strings.Contains(err.Error(), "line 4: cut off") {
+		t.Fatalf("Verify: %v; want line 4 cut off", err)
 	}
 	var logs bytes.Buffer
 	l, err = Open(Config{File: path}, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -150,10 +160,61 @@ func TestOpenCutOff(t *testing.T) {
 		t.Errorf("no warning logged: %s", logs.String())
 	}
 	got := readLines(t, path)
-	if len(got) != 3 || got[1] != lines[1] || !strings.HasSuffix(got[2], `"prev":"`+sum([]byte(lines[1]))+`"}`) {
+	if len(got) != 7 || got[2] != lines[2] || !strings.HasSuffix(got[3], `"prev":"`+sum([]byte(lines[2]))+`"}`) ||
+		!strings.Contains(got[3], EventStarted) || !strings.Contains(got[4], `"event":"audit.gap","reason":"unclean_shutdown","seq":2,`) {
 		t.Fatalf("after reopening: %q", got)
 	}
-	mustVerify(t, 3, path)
+	rep := mustVerify(t, 7, path)
+	if len(rep.Gaps) != 1 || rep.Gaps[0] != (Gap{File: path, Line: 5, Lost: -1, Reason: GapUncleanShutdown}) {
+		t.Errorf("gaps %v; want the unclean shutdown at line 5", rep.Gaps)
+	}
+}
+
+// A trail whose last line is not gateway.stopped (the run before was
+// killed) gets a gap of an unknown count at the next open; one of an
+// acpgate before seq numbers does not.
+func TestOpenAfterCrash(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := Open(Config{File: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordN(l, 0, 2)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readLines(t, path)
+	killed := strings.Join(lines[:3], "\n") + "\n" // as if killed before its close
+	if err := os.WriteFile(path, []byte(killed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open(Config{File: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := mustVerify(t, 6, path); len(rep.Gaps) != 1 || rep.Gaps[0].Line != 5 || rep.Gaps[0].Lost != -1 ||
+		rep.Gaps[0].String() != path+": line 5: gap: an unknown number of events lost (unclean_shutdown)" {
+		t.Errorf("gaps %v; want one of an unknown count at line 5", rep.Gaps)
+	}
+
+	old := filepath.Join(t.TempDir(), "old.jsonl")
+	line := `{"ts":"2026-01-01T00:00:00.000000000Z","event":"x","prev":"` + Genesis + `"}`
+	if err := os.WriteFile(old, []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open(Config{File: old}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := mustVerify(t, 3, old); len(rep.Gaps) != 0 || rep.Unnumbered != 1 {
+		t.Errorf("an older trail: %+v; want no gap, one line without seq", rep)
+	}
 }
 
 // Reopen (after logrotate moved the file): the new file's first line
@@ -180,15 +241,15 @@ func TestReopen(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(readLines(t, path+".1")); n != 3 {
-		t.Fatalf("old file: %d lines, want 3", n)
+	if n := len(readLines(t, path+".1")); n != 4 {
+		t.Fatalf("old file: %d lines, want 4 (started, 3 events)", n)
 	}
-	mustVerify(t, 6, path+".1", path)
-	if out := mustVerify(t, 3, path); !strings.Contains(out, "line 1 chains to a line not given") {
-		t.Errorf("Verify of the new file alone: notes %q", out)
+	mustVerify(t, 8, path+".1", path)
+	if rep := mustVerify(t, 4, path); !strings.Contains(rep.Head, "line 1 chains to a line not given") {
+		t.Errorf("Verify of the new file alone: head %q", rep.Head)
 	}
-	if _, err := Verify([]string{path, path + ".1"}, io.Discard); err == nil ||
-		!strings.HasPrefix(err.Error(), path+".1: line 1: prev is not the SHA-256 of the last line of "+path+" (line 3)") {
+	if _, err := Verify([]string{path, path + ".1"}, nil); err == nil ||
+		!strings.HasPrefix(err.Error(), path+".1: line 1: prev is not the SHA-256 of the last line of "+path+" (line 4)") {
 		t.Errorf("Verify out of order: %v", err)
 	}
 	if err := l.Reopen(); err == nil {
@@ -224,7 +285,7 @@ func TestReopenFails(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	mustVerify(t, 2, filepath.Join(dir, "moved", "audit.jsonl"))
+	mustVerify(t, 4, filepath.Join(dir, "moved", "audit.jsonl"))
 }
 
 func TestStdout(t *testing.T) {
@@ -251,7 +312,7 @@ func TestStdout(t *testing.T) {
 	if _, err := f.Write(nil); err != nil {
 		t.Fatalf("Close closed standard output: %v", err)
 	}
-	mustVerify(t, 3, f.Name())
+	mustVerify(t, 5, f.Name())
 }
 
 // Lines wait at most FlushEvery before they are written.
@@ -287,9 +348,12 @@ type fakeSink struct {
 var errNoSpace = errors.New("no space left on device")
 
 func (s *fakeSink) Write(p []byte) (int, error) {
-	if s.stall != nil {
+	s.mu.Lock()
+	stall := s.stall
+	s.mu.Unlock()
+	if stall != nil {
 		s.stalled <- struct{}{}
-		<-s.stall
+		<-stall
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -336,12 +400,16 @@ func (c *counters) config(cfg Config) Config {
 	return cfg
 }
 
-// A stalled disk: Record does not block; what does not fit is dropped and
-// counted.
+// A stalled disk: Record does not block; what does not fit is dropped,
+// counted, and said by a gap line once the trail writes again.
 func TestBufferFull(t *testing.T) {
-	sink := &fakeSink{stall: make(chan struct{}), stalled: make(chan struct{}, 100)}
+	sink := &fakeSink{stalled: make(chan struct{}, 100)}
 	var c counters
-	l := start(c.config(Config{File: "fake", Buffer: 4, FlushEvery: time.Millisecond}), slog.New(slog.DiscardHandler), sink, 0, Genesis)
+	l := start(c.config(Config{File: "fake", Buffer: 4, FlushEvery: time.Millisecond}), slog.New(slog.DiscardHandler), sink, tail{hash: Genesis})
+	stall := make(chan struct{})
+	sink.mu.Lock()
+	sink.stall = stall
+	sink.mu.Unlock()
 	recordN(l, 0, 1)
 	<-sink.stalled // the writer waits on the disk
 	done := make(chan struct{})
@@ -354,45 +422,46 @@ func TestBufferFull(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Record blocked on a stalled disk")
 	}
-	close(sink.stall)
+	close(stall)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if d := l.Dropped(); d != 96 || d != c.dropped.Load() || c.written.Load() != 5 {
-		t.Errorf("dropped %d (hook %d), written %d; want 96 dropped (the buffer holds 4), 5 written", d, c.dropped.Load(), c.written.Load())
+	// started, 5 events, the gap, stopped
+	if d := l.Dropped(); d != 96 || d != c.dropped.Load() || c.written.Load() != 8 {
+		t.Errorf("dropped %d (hook %d), written %d; want 96 dropped (the buffer holds 4), 8 lines written", d, c.dropped.Load(), c.written.Load())
 	}
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
 	if err := os.WriteFile(path, sink.data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	mustVerify(t, int(c.written.Load()), path)
+	rep := mustVerify(t, 8, path)
+	if len(rep.Gaps) != 1 || rep.Gaps[0] != (Gap{File: path, Line: 7, Lost: 96, Reason: GapQueueFull}) {
+		t.Errorf("gaps %v; want 96 lost to a full queue at line 7", rep.Gaps)
+	}
 }
 
 // A write that fails is counted and undone; the next line chains to the
-// last line written.
+// last line written, after a gap line saying how many events were lost.
 func TestWriteError(t *testing.T) {
 	sink := &fakeSink{}
 	var c counters
 	var logs bytes.Buffer
-	l := start(c.config(Config{File: "fake", FlushEvery: time.Millisecond}), slog.New(slog.NewTextHandler(&logs, nil)), sink, 0, Genesis)
+	l := start(c.config(Config{File: "fake", FlushEvery: time.Millisecond}), slog.New(slog.NewTextHandler(&logs, nil)), sink, tail{hash: Genesis})
 	recordN(l, 0, 2)
-	waitFor(t, func() bool { return c.written.Load() == 2 })
+	waitFor(t, func() bool { return c.written.Load() == 3 }) // started and two events
 	sink.setFail(true)
-	for i := 2; i < 4; i++ { // two failed writes, one logged
+	for i := 2; i < 4; i++ { // two events lost, one error logged
 		recordN(l, i, i+1)
-		select {
-		case <-c.errorCh:
-		case <-time.After(5 * time.Second):
-			t.Fatal("no write error counted")
-		}
+		waitFor(t, func() bool { return c.dropped.Load() == int64(i-1) })
 	}
 	sink.setFail(false)
 	recordN(l, 4, 5)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if c.errors.Load() != 2 || c.dropped.Load() != 2 || c.written.Load() != 3 {
-		t.Errorf("write errors %d, dropped %d, written %d; want 2, 2, 3", c.errors.Load(), c.dropped.Load(), c.written.Load())
+	// The gap line is tried again at each flush while writes fail.
+	if c.errors.Load() < 2 || c.dropped.Load() != 2 || c.written.Load() != 6 {
+		t.Errorf("write errors %d, dropped %d, written %d; want 2 or more, 2, 6", c.errors.Load(), c.dropped.Load(), c.written.Load())
 	}
 	if n := strings.Count(logs.String(), "audit trail write failed"); n != 1 {
 		t.Errorf("%d write errors logged, want 1 a minute:\n%s", n, logs.String())
@@ -401,9 +470,12 @@ func TestWriteError(t *testing.T) {
 	if err := os.WriteFile(path, sink.data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	mustVerify(t, 3, path)
-	if lines := readLines(t, path); !strings.Contains(lines[2], `"session":"s4"`) {
-		t.Errorf("line 3 = %s, want s4's", lines[2])
+	rep := mustVerify(t, 6, path)
+	if len(rep.Gaps) != 1 || rep.Gaps[0] != (Gap{File: path, Line: 4, Lost: 2, Reason: GapWriteFailed}) {
+		t.Errorf("gaps %v; want 2 lost to failed writes at line 4", rep.Gaps)
+	}
+	if lines := readLines(t, path); !strings.Contains(lines[4], `"session":"s4"`) || !strings.Contains(lines[4], `"seq":5,`) {
+		t.Errorf("line 5 = %s, want s4's, seq 5", lines[4])
 	}
 }
 
@@ -466,9 +538,9 @@ func (fi fakeInfo) Sys() any           { return nil }
 func TestCopyTruncateThenWriteError(t *testing.T) {
 	sink := &fakeSink{}
 	var c counters
-	l := start(c.config(Config{File: "fake", FlushEvery: time.Millisecond}), slog.New(slog.DiscardHandler), sink, 0, Genesis)
+	l := start(c.config(Config{File: "fake", FlushEvery: time.Millisecond}), slog.New(slog.DiscardHandler), sink, tail{hash: Genesis})
 	recordN(l, 0, 2)
-	waitFor(t, func() bool { return c.written.Load() == 2 })
+	waitFor(t, func() bool { return c.written.Load() == 3 })
 	sink.mu.Lock()
 	rotated := sink.data
 	sink.data = nil // copytruncate
@@ -493,5 +565,7 @@ func TestCopyTruncateThenWriteError(t *testing.T) {
 	if err := os.WriteFile(cur, sink.data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	mustVerify(t, 3, old, cur)
+	if rep := mustVerify(t, 6, old, cur); len(rep.Gaps) != 1 || rep.Gaps[0].Lost != 1 || rep.Gaps[0].File != cur {
+		t.Errorf("gaps %v; want one event lost at the start of %s", rep.Gaps, cur)
+	}
 }

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bufio"
+	"crypto/hmac"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -10,43 +11,129 @@ import (
 	"os"
 )
 
-// Verify checks the chain of the trail in files, given old to new: every
-// line is JSON whose prev is the SHA-256 of the line before it, the first
-// line of each file after the first chaining to the last line of the file
-// before. It returns how many lines it checked and, at the first break, an
-// error "FILE: line N: …". Notes (the first line chains to a line not
-// given) go to out.
+// Report is what Verify found in a trail that holds together as far as
+// it read.
+type Report struct {
+	Lines int   // lines checked
+	MACs  int   // of them, lines whose MAC was checked (a key given)
+	Gaps  []Gap // the gap lines, in order
+	// Head is set when the first line does not chain to Genesis: the trail
+	// began before the files given (or its first lines were removed).
+	Head string
+	// Unchecked counts lines that carry a MAC no key was given for
+	// (verified without --key).
+	Unchecked int
+	// Unnumbered counts lines without seq before the first numbered one
+	// (written by an acpgate before seq numbers).
+	Unnumbered int
+}
+
+// Gap is an audit.gap line: events lost before it.
+type Gap struct {
+	File   string
+	Line   int
+	Lost   int64 // -1: unknown
+	Reason string
+}
+
+func (g Gap) String() string {
+	n := "an unknown number of events"
+	if g.Lost >= 0 {
+		n = fmt.Sprintf("%d events", g.Lost)
+	}
+	return fmt.Sprintf("%s: line %d: gap: %s lost (%s)", g.File, g.Line, n, g.Reason)
+}
+
+// Verify checks the trail in files, given old to new: every line is JSON
+// whose prev is the SHA-256 of the line before it (the first line of each
+// file after the first chaining to the last line of the file before);
+// within one run (from a gateway.started line, seq 1) the seq numbers
+// follow each other; with keys, every line carries a MAC under one of them
+// (found by its kid). It returns what it checked and, at the first break,
+// an error "FILE: line N: …". Gaps the trail says it has, and a missing
+// head, are in the Report, not errors.
 //
-// A chain cannot tell lines cut off its ends: the first line's prev is
-// taken as given, and nothing follows the last line (compare the last
-// line's hash, which Last returns, with one kept elsewhere).
-func Verify(files []string, out io.Writer) (n int, err error) {
+// A chain cannot tell lines cut off its end: nothing follows the last
+// line (compare its hash, which Last returns, or its seq with one kept
+// elsewhere).
+func Verify(files []string, keys [][]byte) (*Report, error) {
+	byID := map[string][]byte{}
+	for _, k := range keys {
+		byID[KeyID(k)] = k
+	}
+	rep := &Report{}
 	r := &lineReader{files: files}
 	defer r.close()
 	var before, before2 *trailLine // the two lines before cur
+	numbered := false              // a line with seq was seen
 	for {
 		cur, err := r.next()
 		if err != nil {
-			return n, err
+			return rep, err
 		}
 		if cur == nil {
-			return n, nil
+			return rep, nil
 		}
 		if cur.problem != "" {
-			return n, cur.errorf("%s", cur.problem)
+			return rep, cur.errorf("%s", cur.problem)
 		}
 		switch {
 		case before == nil:
 			if cur.prev != Genesis {
-				fmt.Fprintf(out, "%s: line %d chains to a line not given (%s…): the trail began before it\n",
-					cur.file, cur.n, cur.prev[:16])
+				rep.Head = fmt.Sprintf("%s: line %d chains to a line not given (%s…): the trail began before it "+
+					"(or its first lines were removed)", cur.file, cur.n, cur.prev[:16])
 			}
 		case cur.prev != before.hash:
-			return n, r.broken(cur, before, before2)
+			return rep, r.broken(cur, before, before2)
 		}
-		n++
+		if err := checkMAC(cur, byID, rep); err != nil {
+			return rep, err
+		}
+		switch {
+		case cur.seq == nil && numbered:
+			return rep, cur.errorf("no seq, after numbered lines")
+		case cur.seq == nil:
+			rep.Unnumbered++
+		case cur.event == EventStarted && *cur.seq != 1:
+			return rep, cur.errorf("%s with seq %d, not 1", EventStarted, *cur.seq)
+		case cur.event != EventStarted && before != nil && before.seq != nil && *cur.seq != *before.seq+1:
+			if *cur.seq > *before.seq+1 {
+				return rep, cur.errorf("seq %d follows seq %d (line %d): %d lines missing within one run",
+					*cur.seq, *before.seq, before.n, *cur.seq-*before.seq-1)
+			}
+			return rep, cur.errorf("seq %d follows seq %d (line %d): lines out of order or repeated", *cur.seq, *before.seq, before.n)
+		}
+		numbered = numbered || cur.seq != nil
+		if cur.event == EventGap {
+			rep.Gaps = append(rep.Gaps, Gap{File: cur.file, Line: cur.n, Lost: cur.lost, Reason: cur.reason})
+		}
+		rep.Lines++
 		before2, before = before, cur
 	}
+}
+
+// checkMAC checks cur's MAC under the key its kid names, when keys are
+// given: then every line must carry one.
+func checkMAC(cur *trailLine, keys map[string][]byte, rep *Report) error {
+	if len(keys) == 0 {
+		if cur.kid != "" {
+			rep.Unchecked++
+		}
+		return nil
+	}
+	if cur.kid == "" {
+		return cur.errorf("no MAC (kid and mac), and a key was given: the line was written without a key, or changed")
+	}
+	key, ok := keys[cur.kid]
+	if !ok {
+		return cur.errorf("MAC under key %s, which no key given is", cur.kid)
+	}
+	body, mac, ok := splitMAC(cur.raw)
+	if !ok || mac != cur.mac || !hmac.Equal([]byte(lineMAC(key, body)), []byte(mac)) {
+		return cur.errorf("MAC does not match: the line was changed (or made by someone without the key)")
+	}
+	rep.MACs++
+	return nil
 }
 
 // Last returns the hex SHA-256 of the last line of the trail in files ("":
@@ -84,8 +171,15 @@ func (r *lineReader) broken(cur, before, before2 *trailLine) error {
 type trailLine struct {
 	file    string
 	n       int    // from 1
+	raw     []byte // without its newline
 	hash    string // of its bytes
 	prev    string
+	event   string
+	seq     *uint64
+	kid     string
+	mac     string
+	lost    int64 // a gap's (-1: unknown)
+	reason  string
 	problem string // what is wrong with the line itself
 }
 
@@ -142,13 +236,23 @@ func parseLine(file string, n int, b []byte) *trailLine {
 		return l
 	}
 	b = b[:len(b)-1]
-	l.hash = sum(b)
+	l.raw, l.hash = b, sum(b)
 	var v struct {
-		Prev *string `json:"prev"`
+		Prev   *string `json:"prev"`
+		Event  string  `json:"event"`
+		Seq    *uint64 `json:"seq"`
+		Kid    string  `json:"kid"`
+		MAC    string  `json:"mac"`
+		Lost   *int64  `json:"lost"`
+		Reason string  `json:"reason"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		l.problem = "not a JSON object: " + err.Error()
 		return l
+	}
+	l.event, l.seq, l.kid, l.mac, l.reason, l.lost = v.Event, v.Seq, v.Kid, v.MAC, v.Reason, -1
+	if v.Lost != nil {
+		l.lost = *v.Lost
 	}
 	if v.Prev == nil {
 		l.problem = "no prev"

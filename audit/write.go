@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -14,8 +15,8 @@ const flushBytes = 256 << 10
 const logEvery = time.Minute
 
 // write is the writer goroutine: it chains queued lines, writes them at
-// least every FlushEvery, reopens on request, and on Close writes what is
-// left and closes the file.
+// least every FlushEvery, reopens or takes a new key on request, and on
+// Close writes what is left and gateway.stopped and closes the file.
 func (l *Log) write() {
 	defer close(l.ended)
 	tick := time.NewTicker(l.cfg.FlushEvery)
@@ -29,10 +30,19 @@ func (l *Log) write() {
 			}
 		case <-tick.C:
 			l.flush()
-		case reply := <-l.reopen:
-			reply <- l.reopenFile()
+		case req := <-l.ctl:
+			if req.rekey { // events recorded before it keep the old key
+				l.drain()
+				l.key, l.kid = req.key, KeyID(req.key)
+				req.reply <- nil
+			} else {
+				req.reply <- l.reopenFile()
+			}
 		case <-l.done:
 			l.drain()
+			l.takeFull()
+			l.own()
+			l.chain(EventStopped, encode(time.Now(), Event{Event: EventStopped}))
 			err := l.flush()
 			if cerr := l.out.Close(); cerr != nil && err == nil {
 				err = fmt.Errorf("audit: %w", cerr)
@@ -55,22 +65,97 @@ func (l *Log) drain() {
 	}
 }
 
-// add chains a queued line to the one before and holds it for flush.
+// add chains a queued event, after the lines the trail owes first.
 func (l *Log) add(q queued) {
-	start := len(l.pending)
-	l.pending = append(l.pending, q.line...)
-	l.pending = append(l.pending, `,"prev":"`...)
-	l.pending = append(l.pending, l.next...)
-	l.pending = append(l.pending, `"}`...)
-	l.next = sum(l.pending[start:])
-	l.pending = append(l.pending, '\n')
-	l.events = append(l.events, q.event)
+	if q.lost > 0 {
+		l.lose(GapQueueFull, q.lost)
+	}
+	l.own()
+	l.chain(q.event, q.line)
+	l.batch.events++
+	l.takeFull()
 }
 
-// flush writes the pending lines. On an error they are dropped, the file
-// is cut back to its last good size and the chain goes on from the last
-// line it holds.
+// takeFull notes Record's drops that no queued event has taken: they came
+// after the last one queued, so they are taken once the queue is empty.
+func (l *Log) takeFull() {
+	if len(l.queue) > 0 {
+		return
+	}
+	if n := l.full.Swap(0); n > 0 {
+		l.lose(GapQueueFull, n)
+	}
+}
+
+// lose notes n events lost for reason (n < 0: an unknown number), for the
+// next gap line.
+func (l *Log) lose(reason string, n int64) {
+	for i := range l.gaps {
+		if g := &l.gaps[i]; g.reason == reason {
+			if g.lost >= 0 && n >= 0 {
+				g.lost += n
+			} else {
+				g.lost = -1
+			}
+			return
+		}
+	}
+	l.gaps = append(l.gaps, gap{reason, n})
+}
+
+// own chains the lines the trail owes before its next event: the run's
+// gateway.started line, then a gap line for each reason events were lost
+// since the last one.
+func (l *Log) own() {
+	if !l.started {
+		fields := append([]Field{F("boot", l.boot)}, l.cfg.Start...)
+		l.chain(EventStarted, encode(time.Now(), Event{Event: EventStarted, Fields: fields}))
+		l.started, l.batch.started = true, true
+	}
+	for _, g := range l.gaps {
+		fields := []Field{F("reason", g.reason)}
+		if g.lost >= 0 {
+			fields = append(fields, F("lost", g.lost))
+		}
+		l.chain(EventGap, encode(time.Now(), Event{Event: EventGap, Fields: fields}))
+		l.batch.gaps = append(l.batch.gaps, g)
+	}
+	l.gaps = l.gaps[:0]
+}
+
+// chain numbers line (an encoded event without its closing brace), chains
+// it to the one before, MACs it with a key, and holds it for flush.
+func (l *Log) chain(event string, line []byte) {
+	l.seq++
+	start := len(l.pending)
+	l.pending = append(l.pending, line...)
+	l.pending = append(l.pending, `,"seq":`...)
+	l.pending = strconv.AppendUint(l.pending, l.seq, 10)
+	l.pending = append(l.pending, `,"prev":"`...)
+	l.pending = append(l.pending, l.next...)
+	l.pending = append(l.pending, '"')
+	if l.key != nil {
+		l.pending = append(l.pending, `,"kid":"`...)
+		l.pending = append(l.pending, l.kid...)
+		l.pending = append(l.pending, '"')
+		mac := lineMAC(l.key, l.pending[start:])
+		l.pending = append(l.pending, `,"mac":"`...)
+		l.pending = append(l.pending, mac...)
+		l.pending = append(l.pending, '"')
+	}
+	l.pending = append(l.pending, '}')
+	l.next = sum(l.pending[start:])
+	l.pending = append(l.pending, '\n')
+	l.events = append(l.events, event)
+}
+
+// flush writes the pending lines, after a gap line for events lost since
+// the last. On an error they are dropped, the file is cut back to its last
+// good size and the chain and numbering go on from the last line it holds;
+// the next write says what was lost.
 func (l *Log) flush() error {
+	l.takeFull()
+	l.own()
 	if len(l.pending) == 0 {
 		return nil
 	}
@@ -78,32 +163,48 @@ func (l *Log) flush() error {
 	n, err := l.out.Write(l.pending)
 	if err == nil {
 		l.size += int64(n)
-		l.last = l.next
+		l.last, l.lastSeq = l.next, l.seq
 		if l.cfg.Written != nil {
 			for _, ev := range l.events {
 				l.cfg.Written(ev)
 			}
 		}
 	} else {
-		err = fmt.Errorf("audit: writing %d events: %w", len(l.events), err)
+		err = fmt.Errorf("audit: writing %d lines: %w", len(l.events), err)
 		if n > 0 {
 			if terr := l.out.Truncate(l.size); terr != nil {
 				err = errors.Join(err, fmt.Errorf("audit: cutting the file back to its last complete line: %w", terr))
 			}
 		}
-		l.failed(err, len(l.events))
-		l.next = l.last
+		l.failed(err)
 	}
 	l.pending = l.pending[:0]
 	clear(l.events)
 	l.events = l.events[:0]
+	l.batch = batch{gaps: l.batch.gaps[:0]}
 	return err
 }
 
 // failed counts a failed write and logs it, at most once per logEvery
 // (with how many failed since).
-func (l *Log) failed(err error, events int) {
-	l.drop(events)
+// The batch's events are lost; its own lines (gateway.started, gap lines)
+// are owed again.
+func (l *Log) failed(err error) {
+	b := l.batch
+	l.drop(b.events)
+	l.next, l.seq = l.last, l.lastSeq
+	l.started = l.started && !b.started
+	gaps := l.gaps
+	l.gaps = nil
+	for _, g := range b.gaps {
+		l.lose(g.reason, g.lost)
+	}
+	for _, g := range gaps {
+		l.lose(g.reason, g.lost)
+	}
+	if b.events > 0 {
+		l.lose(GapWriteFailed, int64(b.events))
+	}
 	if l.cfg.WriteError != nil {
 		l.cfg.WriteError()
 	}

@@ -98,8 +98,7 @@ func (a *adminAPI) check(h adminHandler) http.HandlerFunc {
 			if !errors.As(err, &ae) {
 				ae = &auth.Error{Status: http.StatusUnauthorized, Reason: auth.ReasonInvalidToken, Message: "not authenticated"}
 			}
-			a.audit.refusal(audit.Event{Event: "admin.denied", Fields: []audit.Field{audit.F("reason", ae.Reason),
-				audit.F("method", r.Method), audit.F("path", r.URL.Path), audit.F("remote", r.RemoteAddr)}})
+			a.audit.adminDenied(r, ae.Reason)
 			if ae.Status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="acpgate admin"`)
 			}

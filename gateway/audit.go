@@ -2,7 +2,13 @@ package gateway
 
 import (
 	"log/slog"
+	"maps"
+	"net"
 	"net/http"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,9 +23,13 @@ import (
 type auditTrail struct {
 	rec  audit.Recorder // nil: no audit trail
 	file *audit.Log     // the same, to reopen and close; nil: none
-	// refusals bounds the events anyone can make the trail write without a
-	// credential (auth.failed, admin.denied).
-	refusals *audit.Limiter
+	// keyFile is audit.hmac_key_file ("": none), read again on reopen.
+	keyFile string
+	log     *slog.Logger
+	// authFails and adminDenials bound the events anyone can make the
+	// trail write without a credential, each kind apart and by remote
+	// address.
+	authFails, adminDenials *audit.Throttle
 }
 
 // on reports whether there is a trail to record to.
@@ -67,16 +77,29 @@ func (t *auditTrail) authFailed(r *http.Request, reason string) {
 	if t == nil || !t.on() { // nil: New has not finished
 		return
 	}
-	t.refusal(audit.Event{Event: "auth.failed", Fields: []audit.Field{
-		audit.F("reason", reason), audit.F("remote", r.RemoteAddr), audit.F("path", r.URL.Path)}})
+	t.refusal(t.authFails, r, audit.F("reason", reason), audit.F("remote", r.RemoteAddr), audit.F("path", r.URL.Path))
+}
+
+// adminDenied records admin.denied for a request to the admin API the
+// admins' check refused.
+func (t *auditTrail) adminDenied(r *http.Request, reason string) {
+	t.refusal(t.adminDenials, r, audit.F("reason", reason), audit.F("method", r.Method), audit.F("path", r.URL.Path),
+		audit.F("remote", r.RemoteAddr))
 }
 
 // openAudit opens the audit trail (recording nothing when audit.file is
-// unset) and registers its metrics on reg.
-func openAudit(cfg *config.Config, reg prometheus.Registerer, log *slog.Logger) (*auditTrail, error) {
-	t := &auditTrail{refusals: audit.NewLimiter(20, 100)}
+// unset), keyed by audit.hmac_key_file if set, and registers its metrics
+// on reg. Its first line, gateway.started, names the version.
+func openAudit(cfg *config.Config, version string, reg prometheus.Registerer, log *slog.Logger) (*auditTrail, error) {
+	t := &auditTrail{keyFile: cfg.Audit.HMACKeyFile, log: log}
+	t.authFails = audit.NewThrottle(audit.RecorderFunc(t.record), "auth.failed", audit.ThrottleConfig{})
+	t.adminDenials = audit.NewThrottle(audit.RecorderFunc(t.record), "admin.denied", audit.ThrottleConfig{})
 	if cfg.Audit.File == "" {
 		return t, nil
+	}
+	key, err := cfg.AuditKey()
+	if err != nil {
+		return nil, err
 	}
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "acpgate_audit_events_total", Help: "Events written to the audit trail, by event.",
@@ -89,6 +112,8 @@ func openAudit(cfg *config.Config, reg prometheus.Registerer, log *slog.Logger) 
 	})
 	file, err := audit.Open(audit.Config{
 		File:       cfg.Audit.File,
+		Key:        key,
+		Start:      []audit.Field{audit.F("version", version), audit.F("pid", os.Getpid())},
 		Written:    func(ev string) { events.WithLabelValues(ev).Inc() },
 		Dropped:    func(n int) { dropped.Add(float64(n)) },
 		WriteError: writeErrors.Inc,
@@ -102,39 +127,97 @@ func openAudit(cfg *config.Config, reg prometheus.Registerer, log *slog.Logger) 
 }
 
 // ReopenAudit opens the audit file afresh (on SIGHUP, after logrotate
-// moved it); the new file's first line chains to the old one's last.
-// Without an audit file it does nothing.
+// moved it); the new file's first line chains to the old one's last. It
+// reads audit.hmac_key_file again: a changed key MACs the lines from now
+// on; one that cannot be read (or is refused) leaves the key in use
+// (logged). Without an audit file it does nothing.
 func (s *Server) ReopenAudit() error { return s.audit.reopen() }
 
-// reopen opens the audit file afresh (ReopenAudit).
+// reopen opens the audit file afresh and reloads its key (ReopenAudit).
 func (t *auditTrail) reopen() error {
 	if t.file == nil {
 		return nil
 	}
+	if t.keyFile != "" {
+		if key, err := audit.ReadKeyFile(t.keyFile); err != nil {
+			t.log.Error("audit key not reloaded; MACing on with the key in use", "err", err)
+		} else if err := t.file.SetKey(key); err != nil {
+			t.log.Error("audit key not reloaded; MACing on with the key in use", "err", err)
+		} else {
+			t.log.Info("audit key read again", "kid", audit.KeyID(key))
+		}
+	}
 	return t.file.Reopen()
 }
 
-// close writes what the audit trail holds and closes it (Shutdown, once the
-// relay has stopped).
+// close writes what the audit trail and its throttles hold and closes it
+// (Shutdown, once the relay has stopped).
 func (t *auditTrail) close() error {
+	t.authFails.Close()
+	t.adminDenials.Close()
 	if t.file == nil {
 		return nil
 	}
 	return t.file.Close()
 }
 
-// refusal records ev, an event anyone can cause without a credential, at
-// most 20 a second (bursts of 100), so that a flood of refused requests
-// cannot crowd the trail's other events out; the next one written says how
-// many were left out (suppressed).
-func (t *auditTrail) refusal(ev audit.Event) {
+// refusal records an event anyone can cause without a credential through
+// its kind's throttle, by the request's remote host: a flood from one
+// address cannot crowd the trail's other events out, nor another
+// address's, and what it holds back is written as a suppressed event.
+func (t *auditTrail) refusal(th *audit.Throttle, r *http.Request, fields ...audit.Field) {
 	if !t.on() {
 		return
 	}
-	fields, ok := t.refusals.Let(ev.Fields)
-	if !ok {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	th.Record(audit.Event{Fields: fields}, host, r.RemoteAddr)
+}
+
+// configReloaded records config.reloaded for a reload from cur to next
+// that took effect: the top-level settings that changed (by YAML key), the
+// tenants added, removed or changed and the agents added or removed, by
+// name. Never a value: no token hash, key or secret reaches the trail.
+func (t *auditTrail) configReloaded(cur, next *config.Config, agentsAdded, agentsRemoved []string) {
+	if !t.on() {
 		return
 	}
-	ev.Fields = fields
-	t.record(ev)
+	changed := []string{}
+	a, b := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
+	for i := range a.NumField() {
+		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
+		if key != "" && key != "-" && !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
+			changed = append(changed, key)
+		}
+	}
+	fields := []audit.Field{audit.F("changed", changed)}
+	old := map[string]*config.Tenant{}
+	for i := range cur.Tenants {
+		old[cur.Tenants[i].Name] = &cur.Tenants[i]
+	}
+	var added, modified []string
+	for i := range next.Tenants {
+		nt := &next.Tenants[i]
+		ot, ok := old[nt.Name]
+		delete(old, nt.Name)
+		switch {
+		case !ok:
+			added = append(added, nt.Name)
+		case !reflect.DeepEqual(ot, nt):
+			modified = append(modified, nt.Name)
+		}
+	}
+	removed := slices.Sorted(maps.Keys(old))
+	for _, f := range []struct {
+		key   string
+		names []string
+	}{{"tenants_added", added}, {"tenants_removed", removed}, {"tenants_changed", modified},
+		{"agents_added", agentsAdded}, {"agents_removed", agentsRemoved}} {
+		if len(f.names) > 0 {
+			fields = append(fields, audit.F(f.key, f.names))
+		}
+	}
+	t.record(audit.Event{Event: "config.reloaded", Fields: fields})
 }

@@ -137,6 +137,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	s.cfg = next
 	s.mu.Unlock()
 	s.agents.retire(cur, removed)
+	s.audit.configReloaded(cur, next, added, removed)
 	return nil
 }
 
@@ -300,7 +301,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if trail, err = openAudit(cfg, reg, log); err != nil {
+	if trail, err = openAudit(cfg, opts.Version, reg, log); err != nil {
 		return fail(err)
 	}
 	tr, err := startTracing(cfg, opts.Version, log)

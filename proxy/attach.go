@@ -8,6 +8,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/multiclient"
+	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
@@ -71,6 +72,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 	}
 	c.relay.metrics.Attaches.WithLabelValues("ok").Inc()
 	c.relay.metrics.AttachedClients.Inc()
+	s.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: readOnly, History: p.HistoryPolicy})
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
 		return
@@ -304,6 +306,7 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
 	if mem, e := s.removeMember(c); mem != nil {
 		c.relay.metrics.AttachedClients.Dec()
+		s.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", mem.peer(), nil)
 		e.run() // c was its last client: the session ends

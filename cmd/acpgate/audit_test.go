@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,14 +39,18 @@ func writeTrail(t *testing.T, path string, n int, rotateAt ...int) {
 
 func TestAuditVerify(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	writeTrail(t, path, 5, 2)
+	writeTrail(t, path, 5, 2) // started, 2 events | 3 events, stopped
 	code, out, errOut := runCmd(t, "audit", "verify", path+".1", path)
-	if code != 0 || out != "5 lines intact in 2 files\n" || errOut != "" {
+	if code != 0 || out != "7 lines intact in 2 files\n" || errOut != "" {
 		t.Fatalf("audit verify: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	code, out, _ = runCmd(t, "audit", "verify", path)
-	if code != 0 || !strings.Contains(out, path+": line 1 chains to a line not given") || !strings.HasSuffix(out, "3 lines intact in 1 file\n") {
-		t.Errorf("audit verify of the newer file alone: code %d, stdout %q", code, out)
+	code, out, errOut = runCmd(t, "audit", "verify", path)
+	if code != 3 || !strings.Contains(out, path+": line 1 chains to a line not given") || !strings.HasPrefix(out, "4 lines intact in 1 file\n") ||
+		!strings.Contains(errOut, "the trail's head is missing (--allow-missing-head accepts it)") {
+		t.Errorf("audit verify of the newer file alone: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if code, _, errOut := runCmd(t, "audit", "verify", "--allow-missing-head", path); code != 0 {
+		t.Errorf("audit verify --allow-missing-head of the newer file alone: code %d, stderr %q", code, errOut)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -57,16 +63,97 @@ func TestAuditVerify(t *testing.T) {
 	}
 	code, out, errOut = runCmd(t, "audit", "verify", path+".1", path)
 	if code != 1 || out != "" || !strings.HasPrefix(errOut, "acpgate audit verify: "+path+": line 2: prev is not the SHA-256 of line 1") ||
-		!strings.Contains(errOut, "3 lines intact before it") {
+		!strings.Contains(errOut, "4 lines intact before it") {
 		t.Errorf("audit verify of a changed line: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	for _, args := range [][]string{{"audit"}, {"audit", "verify"}, {"audit", "check", path}, {"audit", "verify", "--x"}} {
-		if code, _, errOut := runCmd(t, args...); code != 2 || !strings.Contains(errOut, "usage: acpgate audit verify FILE...") {
+	for _, args := range [][]string{{"audit"}, {"audit", "verify"}, {"audit", "check", path}, {"audit", "verify", "--x", path},
+		{"audit", "verify", "--key"}} {
+		if code, _, errOut := runCmd(t, args...); code != 2 || !strings.Contains(errOut, "usage: acpgate audit verify [--key FILE]...") {
 			t.Errorf("acpgate %s: code %d, stderr %q", strings.Join(args, " "), code, errOut)
 		}
 	}
 	if code, _, errOut := runCmd(t, "audit", "verify", path+".missing"); code != 1 || !strings.Contains(errOut, "no such file") {
 		t.Errorf("audit verify of a missing file: code %d, stderr %q", code, errOut)
+	}
+}
+
+// A gap line (events lost to a full queue, a failed write, a crash) makes
+// verify report it, naming the line and count, and exit 3 unless
+// --allow-gaps.
+func TestAuditVerifyGaps(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	writeTrail(t, path, 2)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimSuffix(string(b), "\n"), "\n")
+	// As if killed before it wrote its last line: the next start says so.
+	if err := os.WriteFile(path, []byte(strings.Join(lines[:3], "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeTrail(t, path, 1)
+	code, out, errOut := runCmd(t, "audit", "verify", path)
+	if code != 3 || !strings.Contains(out, path+": line 5: gap: an unknown number of events lost (unclean_shutdown)\n") ||
+		!strings.Contains(errOut, "1 gaps: events the gateway lost (--allow-gaps accepts them)") {
+		t.Errorf("audit verify of a trail with a gap: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if code, out, _ := runCmd(t, "audit", "verify", "--allow-gaps", path); code != 0 || !strings.Contains(out, "line 5: gap") {
+		t.Errorf("audit verify --allow-gaps: code %d, stdout %q", code, out)
+	}
+}
+
+// The forged re-chained trail: with the key, verify fails naming the
+// edited line; without it the chain holds and verify says the MACs went
+// unchecked.
+func TestAuditVerifyKey(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "audit.key")
+	if err := os.WriteFile(keyFile, []byte(strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key, err := audit.ReadKeyFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := audit.Open(audit.Config{File: path, Key: key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		l.Record(audit.Event{Event: "prompt.started", Tenant: "acme", Subject: "alice", Fields: []audit.Field{audit.F("n", i)}})
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runCmd(t, "audit", "verify", "--key", keyFile, path); code != 0 || out != "6 lines intact in 1 file, every MAC checked\n" {
+		t.Fatalf("audit verify --key of the trail: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	lines[2] = strings.Replace(lines[2], `"subject":"alice"`, `"subject":"bob"`, 1) // line 3
+	for i := 3; i < len(lines); i++ {                                               // every later prev recomputed
+		sum := sha256.Sum256([]byte(lines[i-1]))
+		j := strings.Index(lines[i], `"prev":"`) + len(`"prev":"`)
+		lines[i] = lines[i][:j] + hex.EncodeToString(sum[:]) + lines[i][j+64:]
+	}
+	forged := filepath.Join(dir, "forged.jsonl")
+	if err := os.WriteFile(forged, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := runCmd(t, "audit", "verify", forged); code != 0 || !strings.Contains(out, "6 MACs not checked (no --key)") {
+		t.Errorf("audit verify without the key: code %d, stdout %q", code, out)
+	}
+	code, _, errOut := runCmd(t, "audit", "verify", "--key", keyFile, forged)
+	if code != 1 || !strings.HasPrefix(errOut, "acpgate audit verify: "+forged+": line 3: MAC does not match") {
+		t.Errorf("audit verify --key of the forged re-chained trail: code %d, stderr %q; want line 3 named", code, errOut)
+	}
+	if code, _, errOut := runCmd(t, "audit", "verify", "--key", filepath.Join(dir, "missing.key"), path); code != 2 || !strings.Contains(errOut, "audit key") {
+		t.Errorf("audit verify with a missing key file: code %d, stderr %q", code, errOut)
 	}
 }
 

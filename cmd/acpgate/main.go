@@ -4,7 +4,7 @@
 //	acpgate [serve] [--config FILE] [--listen ADDR] [--agent "CMD ARGS..."]
 //	acpgate demo-agent        a built-in ACP v1 agent on stdio
 //	acpgate check-config --config FILE
-//	acpgate audit verify FILE...
+//	acpgate audit verify [--key FILE]... [--allow-gaps] [--allow-missing-head] FILE...
 //	acpgate keygen > session.key
 //	acpgate version
 package main
@@ -79,7 +79,9 @@ func usage(w io.Writer) {
                   [--allow-unauthenticated] [--log-level LEVEL] [--log-format text|json]
   acpgate demo-agent [--state-dir DIR] [--chunk-delay DURATION]
   acpgate check-config --config FILE
-  acpgate audit verify FILE...     check an audit trail's chain (its files oldest first)
+  acpgate audit verify [--key FILE]... [--allow-gaps] [--allow-missing-head] FILE...
+                                   check an audit trail (its files oldest first): exit 1 if
+                                   changed, 3 if it has gaps or starts after its head
   acpgate keygen > session.key     a new session key (32 random bytes, hex)
   acpgate version
 `)
@@ -500,24 +502,82 @@ func superviseCmd(args []string, stderr io.Writer) int {
 	return supervise.Run(fs.Args(), *grace, *parent)
 }
 
-// auditCmd is acpgate audit verify FILE...: exit 0 when the chain holds,
-// 1 at the first broken line.
+// auditUsage is acpgate audit's usage line.
+const auditUsage = "usage: acpgate audit verify [--key FILE]... [--allow-gaps] [--allow-missing-head] FILE...   (a rotated trail's files oldest first)"
+
+// keyFiles is a repeatable --key.
+type keyFiles []string
+
+func (k *keyFiles) String() string     { return strings.Join(*k, ",") }
+func (k *keyFiles) Set(v string) error { *k = append(*k, v); return nil }
+
+// auditCmd is acpgate audit verify: exit 0 when the trail holds together
+// and is whole; 1 at the first broken line (a changed, removed or inserted
+// line, a seq missing within one run, a MAC that does not match with
+// --key); 3 when it holds together but is not whole: it has gaps (events
+// the gateway lost, each reported), or it begins before the files given
+// (the head missing), unless --allow-gaps or --allow-missing-head accept
+// that.
 func auditCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) < 2 || args[0] != "verify" || strings.HasPrefix(args[1], "-") {
-		fmt.Fprintln(stderr, "usage: acpgate audit verify FILE...   (a rotated trail's files oldest first)")
+	if len(args) < 1 || args[0] != "verify" {
+		fmt.Fprintln(stderr, auditUsage)
 		return 2
 	}
-	files := args[1:]
-	n, err := audit.Verify(files, stdout)
+	fs := flag.NewFlagSet("acpgate audit verify", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var keyPaths keyFiles
+	fs.Var(&keyPaths, "key", "a MAC key file (audit.hmac_key_file); repeat it for a trail written under several keys")
+	allowGaps := fs.Bool("allow-gaps", false, "exit 0 despite gaps (they are still reported)")
+	allowHead := fs.Bool("allow-missing-head", false, "exit 0 when the first file does not begin the trail (a rotated trail's later files)")
+	if err := fs.Parse(args[1:]); err != nil || fs.NArg() == 0 {
+		if err != nil {
+			fmt.Fprintf(stderr, "acpgate audit verify: %v\n", err)
+		}
+		fmt.Fprintln(stderr, auditUsage)
+		return 2
+	}
+	var keys [][]byte
+	for _, p := range keyPaths {
+		k, err := audit.ReadVerifyKey(p)
+		if err != nil {
+			fmt.Fprintf(stderr, "acpgate audit verify: %v\n", err)
+			return 2
+		}
+		keys = append(keys, k)
+	}
+	files := fs.Args()
+	rep, err := audit.Verify(files, keys)
+	for _, g := range rep.Gaps {
+		fmt.Fprintln(stdout, g)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "acpgate audit verify: %v\n", err)
-		fmt.Fprintf(stderr, "%d lines intact before it\n", n)
+		fmt.Fprintf(stderr, "%d lines intact before it\n", rep.Lines)
 		return 1
 	}
 	plural := "s"
 	if len(files) == 1 {
 		plural = ""
 	}
-	fmt.Fprintf(stdout, "%d lines intact in %d file%s\n", n, len(files), plural)
-	return 0
+	macs := ""
+	switch {
+	case len(keys) > 0:
+		macs = ", every MAC checked"
+	case rep.Unchecked > 0:
+		macs = fmt.Sprintf(", %d MACs not checked (no --key)", rep.Unchecked)
+	}
+	fmt.Fprintf(stdout, "%d lines intact in %d file%s%s\n", rep.Lines, len(files), plural, macs)
+	code := 0
+	if rep.Head != "" {
+		fmt.Fprintln(stdout, rep.Head)
+		if !*allowHead {
+			fmt.Fprintln(stderr, "acpgate audit verify: the trail's head is missing (--allow-missing-head accepts it)")
+			code = 3
+		}
+	}
+	if len(rep.Gaps) > 0 && !*allowGaps {
+		fmt.Fprintf(stderr, "acpgate audit verify: %d gaps: events the gateway lost (--allow-gaps accepts them)\n", len(rep.Gaps))
+		code = 3
+	}
+	return code
 }

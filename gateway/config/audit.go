@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/acpgate/acpgate/audit"
 )
 
 // Audit configures the audit trail.
@@ -17,6 +19,12 @@ type Audit struct {
 	File string `yaml:"file"`
 	// IncludePrompts adds a prompt's text to its event.
 	IncludePrompts bool `yaml:"include_prompts"`
+	// HMACKeyFile, if set, holds the key every line's MAC is made with
+	// (HMAC-SHA256; at least 32 bytes as hex, acpgate keygen writes one).
+	// The file must not be readable by its group or others. SIGHUP reads
+	// it again: a changed key MACs the lines from then on (each line names
+	// its key); a key that cannot be read keeps the one in use.
+	HMACKeyFile string `yaml:"hmac_key_file"`
 }
 
 func (c *Config) validateAudit(add addFunc) {
@@ -25,6 +33,22 @@ func (c *Config) validateAudit(add addFunc) {
 			add("audit.file", "%q: %v", f, err)
 		}
 	}
+	if k := c.Audit.HMACKeyFile; k != "" {
+		if c.Audit.File == "" {
+			add("audit.hmac_key_file", "is set but audit.file is not: there is no trail to key")
+		}
+		if _, err := audit.ReadKeyFile(k); err != nil {
+			add("audit.hmac_key_file", "%v", err)
+		}
+	}
+}
+
+// AuditKey reads audit.hmac_key_file (nil, nil when unset).
+func (c *Config) AuditKey() ([]byte, error) {
+	if c.Audit.HMACKeyFile == "" {
+		return nil, nil
+	}
+	return audit.ReadKeyFile(c.Audit.HMACKeyFile)
 }
 
 // writable checks that the gateway can append to path, leaving no file

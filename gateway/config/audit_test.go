@@ -60,3 +60,36 @@ func TestAuditUnwritable(t *testing.T) {
 		t.Error("the check left a file behind")
 	}
 }
+
+// audit.hmac_key_file: a hex key of 32 bytes or more, readable by the
+// gateway's user only, and only with audit.file.
+func TestAuditKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	trail := filepath.Join(dir, "audit.jsonl")
+	key := filepath.Join(dir, "audit.key")
+	if err := os.WriteFile(key, []byte(strings.Repeat("0f", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := mustParse(t, "audit:\n  file: "+trail+"\n  hmac_key_file: "+key+"\n")
+	if k, err := cfg.AuditKey(); err != nil || len(k) != 32 {
+		t.Errorf("AuditKey: %d bytes, %v", len(k), err)
+	}
+	if k, err := mustParse(t, "").AuditKey(); k != nil || err != nil {
+		t.Errorf("AuditKey unset: %v, %v", k, err)
+	}
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ps := problems(t, "audit:\n  file: "+trail+"\n  hmac_key_file: "+key+"\n")
+	if len(ps) != 1 || !strings.Contains(ps[0].Msg, "audit.hmac_key_file: audit key "+key+": mode 0644 lets its group or others read it") {
+		t.Errorf("a 0644 key file: %v", ps)
+	}
+	short := filepath.Join(dir, "short.key")
+	if err := os.WriteFile(short, []byte(strings.Repeat("0f", 31)), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	ps = problems(t, "audit:\n  hmac_key_file: "+short+"\n")
+	if len(ps) != 2 || !strings.Contains(ps[0].Msg+ps[1].Msg, "audit.file is not") || !strings.Contains(ps[0].Msg+ps[1].Msg, "at least 32 bytes") {
+		t.Errorf("a short key without audit.file: %v", ps)
+	}
+}

@@ -329,6 +329,9 @@ func (c *Config) exposedSecrets(views []sandboxView, homes string, extra []strin
 	for _, f := range c.sessionKeyPaths() {
 		secrets = append(secrets, secret{"session_key_file", f})
 	}
+	if c.Audit.HMACKeyFile != "" {
+		secrets = append(secrets, secret{"audit.hmac_key_file", c.Audit.HMACKeyFile})
+	}
 	if j := c.Auth.JWT; j != nil {
 		if j.JWKSFile != "" {
 			secrets = append(secrets, secret{"auth.jwt.jwks_file", j.JWKSFile})

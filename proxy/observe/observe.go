@@ -53,6 +53,8 @@ const (
 	PermissionRequested                 // Msg: the request as a client is sent it
 	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", or a decider's; Outcome
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
+	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
+	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
 )
 
 // SessionName is what happened to the session, for a session event:
@@ -96,6 +98,9 @@ type Event struct {
 	Bytes      int
 	By         string
 	Outcome    []byte // a RequestPermissionOutcome
+	ClientID   string // an attached client's ID in the session
+	ReadOnly   bool   // the attached client may only watch
+	History    string // the history policy it attached with: "full", "pending_only" or "none"
 }
 
 // Observer watches sessions. Observe runs on the session's hot paths (the

@@ -1,9 +1,10 @@
 // Package audittrail records a session's events in the audit trail
 // (package audit writes them): session.created, loaded, closed and lost,
-// prompt.started and prompt.ended, permission.requested and resolved,
-// fs.read and fs.written. Every event names the session's ID as its clients
-// see it, never the agent's, and never a prompt's or a file's contents (a
-// prompt's text only when asked for).
+// session.attached and detached (a client that joined or left a session
+// it does not hold), prompt.started and prompt.ended, permission.requested
+// and resolved, fs.read and fs.written. Every event names the session's ID
+// as its clients see it, never the agent's, and never a prompt's or a
+// file's contents (a prompt's text only when asked for).
 package audittrail
 
 import (
@@ -49,6 +50,11 @@ func (t *Trail) Observe(e *observe.Event) {
 		t.permissionRequested(e)
 	case observe.PermissionResolved:
 		t.permissionResolved(e)
+	case observe.SessionAttached:
+		t.record(e, "session.attached", audit.F("clientId", e.ClientID), audit.F("readOnly", e.ReadOnly),
+			audit.F("history", e.History))
+	case observe.SessionDetached:
+		t.record(e, "session.detached", audit.F("clientId", e.ClientID), audit.F("readOnly", e.ReadOnly))
 	case observe.FileServed:
 		kind := "fs.read"
 		if e.Method == acp.FsWrite {
