@@ -146,6 +146,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
+	if e, ok := req.whyEdit(m.Raw, m.PayloadPos[0], m.PayloadPos[1]); ok && !m.IsError {
+		edits = append(edits, e)
+	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
 	out := pathrewrite.ScrubHostRoot(c.ten.mapper.Load(), jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
