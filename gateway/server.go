@@ -25,6 +25,7 @@ import (
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/proxy/access"
 	relaymetrics "github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -55,10 +56,11 @@ type Server struct {
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
-	audit    *auditTrail   // what the gateway itself writes to the audit trail
-	tracing  *tracing      // nil: tracing off
-	links    *linkRegistry // every open connection; refusing once the listener closes
-	agents   *agents       // agent specs, agents a reload adds, removed agents' drains
+	audit    *auditTrail    // what the gateway itself writes to the audit trail
+	tracing  *tracing       // nil: tracing off
+	owners   *access.Owners // sessions.owners_file; nil: in memory (the relay's own)
+	links    *linkRegistry  // every open connection; refusing once the listener closes
+	agents   *agents        // agent specs, agents a reload adds, removed agents' drains
 
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
@@ -343,6 +345,13 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 	}
 	rc := relayConfig(cfg, m, agents, sealer, tenants)
 	rc.Audit, rc.AuditPrompts = s.audit.rec, cfg.Audit.IncludePrompts
+	if path := cfg.Sessions.OwnersFile; path != "" {
+		owners, err := access.OpenOwners(path, s.log)
+		if err != nil {
+			return err
+		}
+		rc.Owners, s.owners = owners, owners
+	}
 	rc.Tracing = s.TracerProvider()
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
@@ -502,6 +511,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.relay.CloseDetached() // nobody will resume them here
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
+	}
+	if s.owners != nil {
+		if oerr := s.owners.Close(); oerr != nil {
+			s.log.Error("session owners file: close", "err", oerr)
+		}
 	}
 	if aerr := s.audit.close(); aerr != nil { // logged and counted, never a failed shutdown
 		s.log.Error("audit trail: the last events were not written", "err", aerr)

@@ -38,6 +38,9 @@ type Config struct {
 	ClientCaps Profile
 	// Sealer seals session IDs; nil = a random key per gateway process.
 	Sealer *sessionid.Sealer
+	// Owners remembers who made each session, for session/list; nil = in
+	// memory. The caller closes it after the relay.
+	Owners *access.Owners
 	// Tenants lists who may connect; none = one anonymous tenant "" with
 	// no path mapping.
 	Tenants []TenantConfig
@@ -108,7 +111,7 @@ type Relay struct {
 	bg      workers // what must not run on its caller's stack
 	metrics *metrics.Metrics
 	sealer  *sessionid.Sealer
-	owners  access.Owners // who made the sessions seen here (session/list)
+	owners  *access.Owners // who made the sessions seen here (session/list)
 	log     *slog.Logger
 	caps    Profile
 	isolate bool
@@ -178,7 +181,11 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		cfg.Sessions.ReplayBufferBytes = 8 << 20
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	if cfg.Owners == nil {
+		cfg.Owners = &access.Owners{}
+	}
 	r := &Relay{
+		owners:     cfg.Owners,
 		adminEnded: inflight.Recent[string]{Max: maxAdminEnded},
 		tracer:     tracerOf(cfg.Tracing),
 		metrics:    m,

@@ -258,6 +258,10 @@ type Sessions struct {
 	// MaxClients bounds the clients of one session, its owner included;
 	// the next session/attach is refused.
 	MaxClients int `yaml:"max_clients"`
+	// OwnersFile keeps who made each session (an embedded database), so
+	// that session/list still shows a subject its sessions after a
+	// restart ("" = in memory only).
+	OwnersFile string `yaml:"owners_file"`
 	// AffinityCookie names the balancer's affinity cookie ("" = none).
 	// When a connection's opening request carries it, its initialize
 	// result says so (_meta.acpgate.affinity), so that a share link can

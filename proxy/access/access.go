@@ -67,38 +67,53 @@ func (s Sharing) Decide(caller, owner string, a Action) Verdict {
 	return Allowed
 }
 
-// maxOwners bounds what Owners remembers: the oldest entry goes first.
+// maxOwners bounds what Owners remembers in memory: the oldest entry goes
+// first (a file, OpenOwners, keeps them all).
 const maxOwners = 1 << 16
 
 // Owners remembers who made the sessions this gateway has seen made or
 // loaded, by agent and agent session ID, for session/list: an agent lists
 // its sessions by its own IDs, and the gateway seals each with its owner.
-// A session it does not know (made before a restart, on another replica,
-// or forgotten past maxOwners) has the empty owner until its maker loads
-// it by its ID again. Safe for concurrent use.
+// A session it does not know (made on another replica, before a restart
+// without a file, or forgotten past maxOwners) has the empty owner until
+// its maker loads it by its ID again. The zero Owners keeps them in memory;
+// OpenOwners in a file too. Safe for concurrent use.
 type Owners struct {
 	mu    sync.Mutex
 	m     map[ownerKey]string
 	order []ownerKey // ring of the keys in the order they were first noted
 	next  int
+	file  *ownersFile // nil: memory only
 }
 
 type ownerKey struct{ scope, agentSID string }
 
 // Note records that subject made the session agentSID of scope
-// (sessionid.Scope). The empty subject records nothing.
+// (sessionid.Scope). The empty subject records nothing. It never waits for
+// the file: one writer goroutine keeps it.
 func (o *Owners) Note(scope, agentSID, subject string) {
 	if subject == "" {
 		return
 	}
+	if o.Of(scope, agentSID) != "" {
+		return // a session's maker never changes
+	}
 	k := ownerKey{scope, agentSID}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if _, ok := o.m[k]; ok {
+		return
+	}
+	o.rememberLocked(k, subject)
+	if o.file != nil {
+		o.file.put(k, subject)
+	}
+}
+
+// rememberLocked keeps k's subject in memory (o.mu held).
+func (o *Owners) rememberLocked(k ownerKey, subject string) {
 	if o.m == nil {
 		o.m = make(map[ownerKey]string)
-	}
-	if _, ok := o.m[k]; ok {
-		return // a session's maker never changes
 	}
 	if len(o.order) < maxOwners {
 		o.order = append(o.order, k)
@@ -112,7 +127,19 @@ func (o *Owners) Note(scope, agentSID, subject string) {
 
 // Of is who made the session agentSID of scope ("": not known).
 func (o *Owners) Of(scope, agentSID string) string {
+	k := ownerKey{scope, agentSID}
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.m[ownerKey{scope, agentSID}]
+	subject, ok := o.m[k]
+	o.mu.Unlock()
+	if ok || o.file == nil {
+		return subject
+	}
+	if subject = o.file.get(k); subject != "" {
+		o.mu.Lock()
+		if _, ok := o.m[k]; !ok {
+			o.rememberLocked(k, subject)
+		}
+		o.mu.Unlock()
+	}
+	return subject
 }

@@ -2,6 +2,8 @@ package access
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -64,5 +66,39 @@ func TestOwners(t *testing.T) {
 	}
 	if got := o.Of("acme", fmt.Sprint("n", maxOwners-1)); got != "token:carol" {
 		t.Errorf("the newest entry: %q", got)
+	}
+}
+
+// A file keeps the owners across a restart; a session's maker never
+// changes there either.
+func TestOwnersFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state", "owners.db")
+	o, err := OpenOwners(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Note("acme", "s1", "token:alice")
+	o.Note("acme", "s1", "jwt:bob")
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o, err = OpenOwners(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	o.Note("acme", "s1", "jwt:bob") // known from the file
+	if got := o.Of("acme", "s1"); got != "token:alice" {
+		t.Errorf("after a restart: %q", got)
+	}
+	if got := o.Of("acme", "s2"); got != "" {
+		t.Errorf("an unknown session: %q", got)
+	}
+	o.Note("acme", "s1", "jwt:bob") // known from the file now
+	if got := o.Of("acme", "s1"); got != "token:alice" {
+		t.Errorf("a later note changed the maker: %q", got)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the file: %v %v", fi.Mode(), err)
 	}
 }
