@@ -181,13 +181,13 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	s.fan.Lock()
 	ok, full := true, false
 	if add {
-		ok, full = s.addMember(mem, c.relay.maxClients())
+		ok, full = s.addMember(mem, c.relay.resume.MaxClients)
 	}
 	if !ok || full {
 		s.fan.Unlock()
 		if full {
 			c.relay.metrics.Attaches.WithLabelValues("full").Inc()
-			cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.maxClients()), nil)
+			cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.resume.MaxClients), nil)
 		} else {
 			c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
 			cr.notFound(m, s.GatewayID, false)

@@ -78,25 +78,6 @@ func connPeer(c *Conn) multiclient.Peer {
 	return multiclient.Peer{ClientID: c.clientID, Name: info.Name, Version: info.Version}
 }
 
-// Defaults of SessionsConfig.
-const (
-	defaultHistoryBytes = 2 << 20
-	defaultMaxClients   = 8
-)
-
-func (r *Relay) historyBytes() int {
-	if r.resume.HistoryBytes == 0 {
-		return defaultHistoryBytes
-	}
-	return max(r.resume.HistoryBytes, 0)
-}
-
-func (r *Relay) maxClients() int {
-	if r.resume.MaxClients <= 0 {
-		return defaultMaxClients
-	}
-	return r.resume.MaxClients
-}
 
 // clientList returns the session's members (nil: none).
 func (s *Session) clientList() []*member {

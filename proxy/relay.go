@@ -184,6 +184,12 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	if cfg.Owners == nil {
 		cfg.Owners = &access.Owners{}
 	}
+	if cfg.Sessions.HistoryBytes == 0 {
+		cfg.Sessions.HistoryBytes = 2 << 20
+	}
+	if cfg.Sessions.MaxClients <= 0 {
+		cfg.Sessions.MaxClients = 8
+	}
 	r := &Relay{
 		owners:     cfg.Owners,
 		adminEnded: inflight.Recent[string]{Max: maxAdminEnded},

@@ -84,7 +84,7 @@ func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slo
 		slot: slot, subject: id.Subject, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
-	if n := c.relay.historyBytes(); n > 0 && s.attachable {
+	if n := c.relay.resume.HistoryBytes; n > 0 && s.attachable {
 		s.history = history.New(n)
 	}
 	s.owner.Store(c)

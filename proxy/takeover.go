@@ -62,7 +62,9 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	}
 	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
 	cr.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
-	owner.endIfEmpty()
+	if owner.subject == c.subject { // another subject's is kept, to be told when it resumes
+		owner.endIfEmpty()
+	}
 	return true
 }
 
@@ -111,7 +113,9 @@ func lockOutboxes(a, b *Conn) (unlock func()) {
 
 // endIfEmpty ends a detached connection left with nothing to resume: no
 // session and no request in flight either way (its sessions were all taken
-// over). Its tenant connection slot is free at once.
+// over by its own subject). Its tenant connection slot is free at once. One
+// another subject took a session from is kept until it resumes (to hear
+// of it: _acpgate/session_ended) or its detach timeout ends it.
 //
 // A connection handling a message (a socket that dropped while its last
 // message was handled) is left alone: its own take-over may be about to
@@ -230,5 +234,7 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 	}
 	params = append(params, '}')
 	owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
-	req.conn.endIfEmpty()
+	if owner.subject == req.conn.subject {
+		req.conn.endIfEmpty()
+	}
 }
