@@ -657,11 +657,18 @@ type sharingTenant struct {
 // sharingGateway starts a gateway with the given tenants.
 func sharingGateway(t *testing.T, tenants []*sharingTenant) *gateway {
 	t.Helper()
+	return sharingGatewayWith(t, tenants, "")
+}
+
+// sharingGatewayWith starts a gateway with the given tenants and the
+// top-level YAML extra (agent, pool, policy …).
+func sharingGatewayWith(t *testing.T, tenants []*sharingTenant, extra string) *gateway {
+	t.Helper()
 	dir := t.TempDir()
 	key := filepath.Join(dir, "session.key")
 	writeFile(t, key, []byte(harness.RandomHex(t, 32)+"\n"))
 	var b strings.Builder
-	fmt.Fprintf(&b, "session_key_file: %q\ntenants:\n", key)
+	fmt.Fprintf(&b, "%ssession_key_file: %q\ntenants:\n", extra, key)
 	for _, tn := range tenants {
 		root := filepath.Join(dir, tn.name)
 		if err := os.Mkdir(root, 0o755); err != nil {

@@ -20,7 +20,10 @@ import (
 	"github.com/acpgate/acpgate/test/internal/proctree"
 )
 
-var binPath string
+var (
+	binPath  string
+	buildDir string // the run's own directory for what it builds, removed at the end
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "acpgate-e2e-")
@@ -28,6 +31,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	buildDir = dir
 	if binPath, err = harness.Prebuilt(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

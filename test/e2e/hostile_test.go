@@ -42,12 +42,13 @@ var (
 	fakeErr  error
 )
 
-// fakeAgentBin builds test/fakeagent once, next to the gateway binary (which
-// TestMain removes at the end).
+// fakeAgentBin builds test/fakeagent once, in the run's build directory
+// (which TestMain removes at the end), never next to a prebuilt gateway
+// (ACPGATE_E2E_BIN), whose directory may be shared.
 func fakeAgentBin(t *testing.T) string {
 	t.Helper()
 	fakeOnce.Do(func() {
-		fakePath = filepath.Join(filepath.Dir(binPath), "fakeagent")
+		fakePath = filepath.Join(buildDir, "fakeagent")
 		fakeErr = harness.BuildFakeAgent(fakePath)
 	})
 	if fakeErr != nil {

@@ -348,9 +348,18 @@ type httpTraceClient struct {
 }
 
 func dialTraceHTTP(t *testing.T, g *gateway, meta bool) traceClient {
+	c := dialHTTPClient(t, g, "")
+	c.meta = meta
+	return c
+}
+
+// dialHTTPClient initializes a Streamable-HTTP connection with token (""
+// = none) and listens to its connection stream. Its streams end, and its
+// idle HTTP connections close, when the test ends.
+func dialHTTPClient(t *testing.T, g *gateway, token string) *httpTraceClient {
 	hc := &http.Client{}
 	t.Cleanup(hc.CloseIdleConnections)
-	c := &httpTraceClient{httpPeer: &httpPeer{t: t, g: g, hc: hc}, meta: meta, id: 1, events: make(chan string, 1000)}
+	c := &httpTraceClient{httpPeer: &httpPeer{t: t, g: g, hc: hc, token: token}, id: 1, events: make(chan string, 1000)}
 	c.initialize() // id 1, no file access: the gateway stands in
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

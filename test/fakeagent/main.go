@@ -7,6 +7,7 @@
 //
 //	exit-before-init  write a line to stderr and exit with status 3 before
 //	                  reading anything
+//	sessions          behave, and keep sessions (see below)
 //	init-error        answer initialize with a JSON-RPC error
 //	hang-init         never answer initialize
 //	(empty)           behave
@@ -39,7 +40,20 @@
 // notifications of S bytes each (N <= 1,000,000, S <= 16 MiB), written as
 // fast as stdout takes them, then the end of its turn (a flood for the
 // memory tests). Requests for other methods get -32601; notifications and
-// responses are ignored. Every loop is bounded by its params.
+// responses (but the answers to a "permission" turn's request) are ignored.
+// Every loop is bounded by its params.
+//
+// With FAKE_MODE=sessions it keeps its sessions in memory, each with its
+// history (prompts and plain replies), and advertises loadSession and
+// sessionCapabilities list, resume, close and delete: session/load replays
+// the history (user_message_chunk, agent_message_chunk) then answers {};
+// session/resume answers {} without a replay; session/list lists every
+// session (sessionId, cwd); session/close answers {} (the session stays
+// loadable); session/delete forgets it. A session it does not know gets
+// -32002. A prompt containing "permission" sends session/request_permission
+// (options allow and reject) and waits for the answer, other messages being
+// handled meanwhile: "Permission granted (allow)." and end_turn, or the
+// stopReason cancelled for a cancelled outcome.
 package main
 
 import (
@@ -67,12 +81,18 @@ type agent struct {
 	mode     string
 	sessions int
 
+	smu   sync.Mutex                       // guards store, waits and asked
+	store map[string]*fakeSession          // FAKE_MODE=sessions: the sessions by ID
+	waits map[string]chan permissionAnswer // the answers a permission turn waits for, by request ID
+	asked int                              // permission requests sent
+
 	mu  sync.Mutex // guards out: silent turns answer from goroutines of their own
 	out *bufio.Writer
 }
 
 func main() {
-	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16)}
+	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
+		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{}}
 	if a.mode == "exit-before-init" {
 		fmt.Fprintln(os.Stderr, "fakeagent: exiting before initialize (FAKE_MODE=exit-before-init)")
 		os.Exit(3)
@@ -133,8 +153,15 @@ func (a *agent) handle(line []byte) {
 		fmt.Fprintf(os.Stderr, "fakeagent: unreadable line (%d bytes): %v\n", len(line), err)
 		return
 	}
+	if m.Method == "" && len(m.ID) != 0 {
+		a.answered(line, m.ID)
+		return
+	}
 	if m.Method == "" || len(m.ID) == 0 {
-		return // a response to one of our requests, or a notification
+		return // a notification
+	}
+	if a.mode == "sessions" && a.handleSessions(m) {
+		return
 	}
 	switch m.Method {
 	case "initialize":
@@ -143,16 +170,31 @@ func (a *agent) handle(line []byte) {
 			a.fail(m.ID, -32603, "fakeagent refuses to initialize (FAKE_MODE=init-error)")
 		case "hang-init":
 		default:
+			caps := map[string]any{"loadSession": false}
+			if a.mode == "sessions" {
+				caps = map[string]any{"loadSession": true, "sessionCapabilities": map[string]any{
+					"list": map[string]any{}, "resume": map[string]any{}, "close": map[string]any{}, "delete": map[string]any{}}}
+			}
 			a.result(m.ID, map[string]any{
 				"protocolVersion":   1,
-				"agentCapabilities": map[string]any{"loadSession": false},
+				"agentCapabilities": caps,
 				"authMethods":       []any{},
 				"agentInfo":         map[string]string{"name": "fakeagent", "version": "0"},
 			})
 		}
 	case "session/new":
 		a.sessions++
-		a.result(m.ID, map[string]any{"sessionId": fmt.Sprintf("fake-%d", a.sessions)})
+		sid := fmt.Sprintf("fake-%d", a.sessions)
+		if a.mode == "sessions" {
+			var p struct {
+				Cwd string `json:"cwd"`
+			}
+			_ = json.Unmarshal(m.Params, &p)
+			a.smu.Lock()
+			a.store[sid] = &fakeSession{cwd: p.Cwd}
+			a.smu.Unlock()
+		}
+		a.result(m.ID, map[string]any{"sessionId": sid})
 	case "session/prompt":
 		var p acpclient.PromptParams
 		_ = json.Unmarshal(m.Params, &p)
@@ -187,11 +229,12 @@ func (a *agent) handle(line []byte) {
 				}})
 			}
 		}
-		a.send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
-			"sessionId": p.SessionID,
-			"update": map[string]any{"sessionUpdate": "agent_message_chunk",
-				"content": map[string]string{"type": "text", "text": "You said: " + text.String()}},
-		}})
+		a.record(p.SessionID, "user_message_chunk", text.String())
+		if a.mode == "sessions" && strings.Contains(text.String(), "permission") {
+			go a.permissionTurn(m.ID, p.SessionID) // ends when the client answers
+			return
+		}
+		a.reply(p.SessionID, "You said: "+text.String())
 		a.result(m.ID, map[string]string{"stopReason": "end_turn"})
 	case "_demo/echo":
 		if len(m.Params) == 0 {
@@ -273,4 +316,133 @@ func garbage() [][]byte {
 		[]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"nobody","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"stray"}}}}`),
 		[]byte(`{"jsonrpc":"2.0","id":"stray-1","method":"fs/read_text_file","params":{"sessionId":"nobody","path":"/etc/passwd"}}`),
 	}
+}
+
+// fakeSession is a session FAKE_MODE=sessions keeps.
+type fakeSession struct {
+	cwd     string
+	history []map[string]any // session/update params' update objects
+}
+
+// permissionAnswer is the client's answer to a permission request: its
+// outcome ("selected" or "cancelled"), or failed for an error.
+type permissionAnswer struct {
+	outcome string
+	failed  bool
+}
+
+// textUpdate is a session/update's update of kind with one text block.
+func textUpdate(kind, text string) map[string]any {
+	return map[string]any{"sessionUpdate": kind, "content": map[string]string{"type": "text", "text": text}}
+}
+
+func (a *agent) update(sid string, u map[string]any) {
+	a.send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{"sessionId": sid, "update": u}})
+}
+
+// record adds an update to the history of a kept session.
+func (a *agent) record(sid, kind, text string) {
+	a.smu.Lock()
+	defer a.smu.Unlock()
+	if s := a.store[sid]; s != nil {
+		s.history = append(s.history, textUpdate(kind, text))
+	}
+}
+
+// reply sends the agent_message_chunk text and records it.
+func (a *agent) reply(sid, text string) {
+	a.update(sid, textUpdate("agent_message_chunk", text))
+	a.record(sid, "agent_message_chunk", text)
+}
+
+// permissionTurn asks the client's permission for a tool call of sid and
+// answers the prompt id once the client has answered.
+func (a *agent) permissionTurn(id json.RawMessage, sid string) {
+	a.smu.Lock()
+	a.asked++
+	reqID := fmt.Sprintf("perm-%d", a.asked)
+	wait := make(chan permissionAnswer, 1)
+	a.waits[strconv.Quote(reqID)] = wait
+	a.smu.Unlock()
+	a.send(map[string]any{"jsonrpc": "2.0", "id": reqID, "method": "session/request_permission", "params": map[string]any{
+		"sessionId": sid,
+		"toolCall":  map[string]any{"toolCallId": "tool-" + reqID, "title": "Run a harmless command", "kind": "execute"},
+		"options": []map[string]string{{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+			{"optionId": "reject", "name": "Reject", "kind": "reject_once"}},
+	}})
+	ans := <-wait // the gateway answers it in the client's place when the client goes
+	if ans.failed || ans.outcome != "selected" {
+		a.result(id, map[string]string{"stopReason": "cancelled"})
+		return
+	}
+	a.reply(sid, "Permission granted (allow).")
+	a.result(id, map[string]string{"stopReason": "end_turn"})
+}
+
+// answered takes the answer (line) to the agent's request id.
+func (a *agent) answered(line []byte, id json.RawMessage) {
+	a.smu.Lock()
+	wait := a.waits[string(id)]
+	delete(a.waits, string(id))
+	a.smu.Unlock()
+	if wait == nil {
+		return
+	}
+	var r struct {
+		Result *struct {
+			Outcome struct {
+				Outcome string `json:"outcome"`
+			} `json:"outcome"`
+		} `json:"result"`
+	}
+	if json.Unmarshal(line, &r) != nil || r.Result == nil {
+		wait <- permissionAnswer{failed: true}
+		return
+	}
+	wait <- permissionAnswer{outcome: r.Result.Outcome.Outcome}
+}
+
+// handleSessions serves the session methods of FAKE_MODE=sessions and
+// reports whether m was one.
+func (a *agent) handleSessions(m message) bool {
+	switch m.Method {
+	case "session/load", "session/resume", "session/close", "session/delete", "session/list":
+	default:
+		return false
+	}
+	if m.Method == "session/list" {
+		a.smu.Lock()
+		list := []map[string]string{}
+		for sid, s := range a.store {
+			list = append(list, map[string]string{"sessionId": sid, "cwd": s.cwd})
+		}
+		a.smu.Unlock()
+		a.result(m.ID, map[string]any{"sessions": list})
+		return true
+	}
+	var p struct {
+		SessionID string `json:"sessionId"`
+	}
+	_ = json.Unmarshal(m.Params, &p)
+	a.smu.Lock()
+	s := a.store[p.SessionID]
+	var history []map[string]any
+	if s != nil {
+		history = append(history, s.history...)
+		if m.Method == "session/delete" {
+			delete(a.store, p.SessionID)
+		}
+	}
+	a.smu.Unlock()
+	if s == nil {
+		a.fail(m.ID, -32002, "session not found: "+p.SessionID)
+		return true
+	}
+	if m.Method == "session/load" {
+		for _, u := range history {
+			a.update(p.SessionID, u)
+		}
+	}
+	a.result(m.ID, map[string]any{})
+	return true
 }
