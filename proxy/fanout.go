@@ -78,7 +78,6 @@ func connPeer(c *Conn) multiclient.Peer {
 	return multiclient.Peer{ClientID: c.clientID, Name: info.Name, Version: info.Version}
 }
 
-
 // clientList returns the session's members (nil: none).
 func (s *Session) clientList() []*member {
 	if p := s.members.Load(); p != nil {
