@@ -1324,7 +1324,10 @@ func TestIsolationQuotas(t *testing.T) {
 func TestIsolationRestart(t *testing.T) {
 	env := newIsoEnv(t)
 	stateDir := t.TempDir()
-	cfg := env.config(env.keyFile, nil)
+	// The owners file keeps who made each session: after the restart
+	// session/list still shows acme's token its session (sharing
+	// same_subject hides the sessions whose maker the gateway does not know).
+	cfg := env.config(env.keyFile, nil) + fmt.Sprintf("sessions: {owners_file: %q}\n", filepath.Join(stateDir, "owners.db"))
 
 	g1 := startGateway(t, gwOpts{config: cfg, stateDir: stateDir})
 	a := dialToken(t, g1, env.tokens["acme"])
@@ -1347,6 +1350,9 @@ func TestIsolationRestart(t *testing.T) {
 			t.Fatalf("globex loading acme's ID after the restart: %s", m.Raw)
 		}
 		a := dialToken(t, g2, env.tokens["acme"])
+		if ids := listedIDs(func() []map[string]any { e, _ := listSessions(t, a, map[string]any{}); return e }()); !slices.Contains(ids, sid) {
+			t.Fatalf("session/list after the restart: %v, want %s (its maker, from sessions.owners_file)", ids, sid)
+		}
 		var replay strings.Builder
 		m := a.Await(a.Request("session/load", loadParams), turn, func(m rpcMsg) {
 			u := parseUpdate(t, m)
