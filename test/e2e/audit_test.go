@@ -216,7 +216,7 @@ func TestAuditAttachReloadRefusals(t *testing.T) {
 	owner := dialToken(t, g, token)
 	sid := owner.newSession(vroot)
 	watcher := dialToken(t, g, token)
-	mustAttach(t, watcher, sid, "watcher", false)
+	_, joined := mustAttach(t, watcher, sid, "watcher", false)
 	if m := watcher.Call("session/detach", map[string]string{"sessionId": sid}, turn); m.Error != nil {
 		t.Fatalf("session/detach: %s", m.Raw)
 	}
@@ -270,8 +270,8 @@ func TestAuditAttachReloadRefusals(t *testing.T) {
 	}
 	for _, r := range append(attached, detached...) {
 		if r.Tenant != "acme" || r.Subject != subject || r.Conn != watcher.ConnID || r.Session != sid ||
-			r.Fields["clientId"] != "watcher-1" || r.Fields["readOnly"] != false {
-			t.Errorf("%s: %s; want acme, %s, conn %s, clientId watcher-1, not read-only", r.Event, r.line, subject, watcher.ConnID)
+			r.Fields["clientId"] != joined.ClientID || r.Fields["readOnly"] != false {
+			t.Errorf("%s: %s; want acme, %s, conn %s, clientId %s (the gateway's), not read-only", r.Event, r.line, subject, watcher.ConnID, joined.ClientID)
 		}
 	}
 	if len(attached) != 1 || len(detached) != 1 || attached[0].Fields["history"] != "full" {
