@@ -116,7 +116,11 @@ func TestFileSurvivesRestart(t *testing.T) {
 }
 
 func TestOpenStoreRefuses(t *testing.T) {
-	for _, spec := range []string{"file:", "sqlite:/x", "redis://:secret@host:badport"} {
+	for _, spec := range []string{"file:", "sqlite:/x", "redis://:secret@host:badport", `redis://u:se"cret\x@host:badport`,
+		"redis://u:secret@host/notadb", "redis://u:secret@host/1/2", "redis://u:secret@host?dial_timeout=x"} {
+		if err := CheckStore(spec); err == nil || strings.Contains(err.Error(), "secret") || strings.Contains(err.Error(), "cret") {
+			t.Errorf("CheckStore(%q): %v", spec, err)
+		}
 		_, err := OpenStore(spec)
 		if err == nil {
 			t.Errorf("%q opened", spec)

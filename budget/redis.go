@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -26,13 +27,40 @@ const redisTimeout = 2 * time.Second
 // OpenRedis connects to the Redis spec names (redis:// or rediss://). It
 // does not wait for Redis: a Redis that is down fails the calls, not this.
 func OpenRedis(spec string) (*Redis, error) {
-	opts, err := redis.ParseURL(spec)
-	if err != nil { // its text may quote the URL, password and all
-		return nil, fmt.Errorf("budgets.store %s: %s", redactURL(spec), strings.ReplaceAll(err.Error(), spec, redactURL(spec)))
+	opts, err := redisOptions(spec)
+	if err != nil {
+		return nil, err
 	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
 	opts.MaxRetries = 1
 	return &Redis{name: redactURL(spec), client: redis.NewClient(opts)}, nil
+}
+
+// redisOptions parses a redis:// or rediss:// URL; its error never shows
+// the password.
+func redisOptions(spec string) (*redis.Options, error) {
+	opts, err := redis.ParseURL(spec)
+	if err != nil { // its text may quote the URL, password and all
+		return nil, fmt.Errorf("budgets.store %s: %s", redactURL(spec), scrub(err.Error(), spec))
+	}
+	return opts, nil
+}
+
+// scrub is msg without spec's user information, however msg quotes it.
+func scrub(msg, spec string) string {
+	_, rest, _ := strings.Cut(spec, "://")
+	at := strings.LastIndex(rest, "@")
+	if at <= 0 {
+		return msg
+	}
+	user := rest[:at]
+	for _, s := range []string{user, strconv.Quote(user)[1 : len(strconv.Quote(user))-1], url.PathEscape(user)} {
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+	}
+	if _, pass, ok := strings.Cut(user, ":"); ok && pass != "" {
+		msg = strings.ReplaceAll(msg, pass, "xxxxx")
+	}
+	return msg
 }
 
 func (r *Redis) Name() string { return r.name }

@@ -103,19 +103,34 @@ type Store interface {
 // OpenStore opens the store spec names: "memory" (or ""), "file:PATH" or
 // "redis://[user:password@]host:port[/db]".
 func OpenStore(spec string) (Store, error) {
+	if err := CheckStore(spec); err != nil {
+		return nil, err
+	}
 	switch {
 	case spec == "" || spec == "memory":
 		return NewMemory(), nil
 	case strings.HasPrefix(spec, "file:"):
-		path := strings.TrimPrefix(spec, "file:")
-		if path == "" {
-			return nil, fmt.Errorf("budgets.store %q: file: needs a path", spec)
-		}
-		return OpenFile(path)
-	case strings.HasPrefix(spec, "redis://") || strings.HasPrefix(spec, "rediss://"):
-		return OpenRedis(spec)
+		return OpenFile(strings.TrimPrefix(spec, "file:"))
 	}
-	return nil, fmt.Errorf("budgets.store %q: want memory, file:PATH or redis://host:port/db", redactURL(spec))
+	return OpenRedis(spec)
+}
+
+// CheckStore says what is wrong with a store spec (OpenStore's), without
+// opening anything; its error never shows a password.
+func CheckStore(spec string) error {
+	switch {
+	case spec == "" || spec == "memory":
+		return nil
+	case strings.HasPrefix(spec, "file:"):
+		if strings.TrimPrefix(spec, "file:") == "" {
+			return fmt.Errorf("budgets.store %q: file: needs a path", spec)
+		}
+		return nil
+	case strings.HasPrefix(spec, "redis://") || strings.HasPrefix(spec, "rediss://"):
+		_, err := redisOptions(spec)
+		return err
+	}
+	return fmt.Errorf("budgets.store %q: want memory, file:PATH or redis://host:port/db", redactURL(spec))
 }
 
 // redactURL is spec without a password, even one url.Parse refuses.
