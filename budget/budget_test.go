@@ -304,7 +304,7 @@ func TestLedgerCaps(t *testing.T) {
 		t.Errorf("reset of a tenant without a budget: %v", err)
 	}
 	st, err := l.Statuses(context.Background())
-	if err != nil || len(st) != 2 || st[0].Tenant != "acme" || st[1].Exhausted == nil || st[1].Tokens != 1000 {
+	if err != nil || len(st) != 2 || st[0].Tenant != "acme" || st[1].Exhausted == nil || st[1].Spent.Tokens != 1000 {
 		t.Errorf("statuses: %+v %v", st, err)
 	}
 }
@@ -323,7 +323,7 @@ func TestLedgerIgnoresNonSpend(t *testing.T) {
 	if r := l.Prompt(prompt("acme")); r != nil {
 		t.Errorf("refused after no spend: %+v", r)
 	}
-	if st, _ := l.Statuses(context.Background()); st[0].Tokens != 0 || st[0].Cost["USD"] != 0 {
+	if st, _ := l.Statuses(context.Background()); st[0].Spent.Tokens != 0 || st[0].Spent.Cost["USD"] != 0 {
 		t.Errorf("status %+v", st[0])
 	}
 }

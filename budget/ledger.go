@@ -374,12 +374,14 @@ func (l *Ledger) added(key Key, p *pending, total Spent) {
 
 // Status is a budgeted tenant's state for operators.
 type Status struct {
-	Tenant string             `json:"tenant"`
-	Period Period             `json:"period"`
-	Start  string             `json:"start"`
-	Resets string             `json:"resets"`
-	Tokens int64              `json:"tokens"`
-	Cost   map[string]float64 `json:"cost"`
+	Tenant string `json:"tenant"`
+	Period Period `json:"period"`
+	Start  string `json:"start"`
+	Resets string `json:"resets"`
+	Spent  struct {
+		Tokens int64              `json:"tokens"`
+		Cost   map[string]float64 `json:"cost"`
+	} `json:"spent"`
 	Limits struct {
 		Tokens int64              `json:"tokens,omitempty"`
 		Cost   map[string]float64 `json:"cost,omitempty"`
@@ -405,10 +407,10 @@ func (l *Ledger) Statuses(ctx context.Context) ([]Status, error) {
 			spent.add(p.add)
 		}
 		l.mu.Unlock()
-		st := Status{Tenant: tenant, Period: lim.Period, Start: key.Start.Format(time.RFC3339), Resets: next.UTC().Format(time.RFC3339),
-			Tokens: spent.Tokens, Cost: spent.Cost}
-		if st.Cost == nil {
-			st.Cost = map[string]float64{}
+		st := Status{Tenant: tenant, Period: lim.Period, Start: key.Start.Format(time.RFC3339), Resets: next.UTC().Format(time.RFC3339)}
+		st.Spent.Tokens, st.Spent.Cost = spent.Tokens, spent.Cost
+		if st.Spent.Cost == nil {
+			st.Spent.Cost = map[string]float64{}
 		}
 		st.Limits.Tokens, st.Limits.Cost = lim.Tokens, lim.Cost
 		if x, over := lim.exhausted(tenant, spent, next); over {
