@@ -6,42 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/adminview"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
 // What the admin API sees and does: snapshots of the connections and
 // sessions, and an administrator's end of a session or a connection.
-
-// ConnSnapshot is what the admin API lists of a connection.
-type ConnSnapshot struct {
-	ID, Tenant, Subject, Agent string
-	Transport, Remote          string // as the connection's first socket had them
-	Opened                     time.Time
-	Detached                   bool      // no socket: kept for a resume or a take-over
-	DetachedAt                 time.Time // zero unless Detached
-	Sessions                   []string  // the session IDs it holds, as it sees them
-}
-
-// SessionSnapshot is what the admin API lists of a session.
-type SessionSnapshot struct {
-	ID, Tenant, Agent string
-	Clients           int    // its owner, if any, and its members
-	State             string // SessionIdle, SessionRunning or SessionDetached
-	Since             time.Time
-	TurnStarted       time.Time // zero: no turn running
-	Usage             Usage
-}
-
-// Session states in a SessionSnapshot.
-const (
-	SessionIdle     = "idle"
-	SessionRunning  = "running"
-	SessionDetached = "detached" // no client has a socket
-)
 
 // Errors of EndSession and CloseConn: nothing of that ID.
 var (
@@ -58,12 +31,12 @@ const maxAdminEnded = 4096
 
 // ConnSnapshots lists the open connections, attached or detached, in the
 // order they were made.
-func (r *Relay) ConnSnapshots() []ConnSnapshot {
+func (r *Relay) ConnSnapshots() []adminview.Conn {
 	conns := r.connList()
 	slices.SortFunc(conns, func(a, b *Conn) int { return cmp.Compare(a.seq, b.seq) })
-	out := make([]ConnSnapshot, 0, len(conns))
+	out := make([]adminview.Conn, 0, len(conns))
 	for _, c := range conns {
-		snap := ConnSnapshot{ID: c.id, Tenant: c.tenant, Subject: c.subject, Agent: c.ag.name,
+		snap := adminview.Conn{ID: c.id, Tenant: c.tenant, Subject: c.subject, Agent: c.ag.name,
 			Transport: c.transport, Remote: c.remote, Opened: c.opened}
 		c.mu.Lock()
 		if c.closed {
@@ -87,20 +60,15 @@ func (r *Relay) ConnSnapshots() []ConnSnapshot {
 
 // SessionSnapshots lists the live sessions of tenant ("" with all: every
 // tenant's), oldest first.
-func (r *Relay) SessionSnapshots(tenant string, all bool) []SessionSnapshot {
-	var out []SessionSnapshot
+func (r *Relay) SessionSnapshots(tenant string, all bool) []adminview.Session {
+	var out []adminview.Session
 	for _, s := range r.sessionList() {
 		if !all && s.ten.name != tenant {
 			continue
 		}
 		out = append(out, s.snapshot())
 	}
-	slices.SortFunc(out, func(a, b SessionSnapshot) int {
-		if c := a.Since.Compare(b.Since); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ID, b.ID)
-	})
+	adminview.SortSessions(out)
 	return out
 }
 
@@ -128,8 +96,8 @@ func (r *Relay) findSession(id string) *Session {
 }
 
 // snapshot is what the admin API lists of s.
-func (s *Session) snapshot() SessionSnapshot {
-	snap := SessionSnapshot{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.meter.Usage()}
+func (s *Session) snapshot() adminview.Session {
+	snap := adminview.Session{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.meter.Usage()}
 	members := s.clientList()
 	snap.Clients = len(members)
 	owner := s.owner.Load()
@@ -143,7 +111,7 @@ func (s *Session) snapshot() SessionSnapshot {
 	}
 	switch {
 	case running:
-		snap.State = SessionRunning
+		snap.State = adminview.Running
 		if prompt != nil {
 			s.link.mu.Lock()
 			snap.TurnStarted = prompt.start
@@ -151,14 +119,14 @@ func (s *Session) snapshot() SessionSnapshot {
 			snap.Since = snap.TurnStarted
 		}
 	case len(members) == 0 && (owner == nil || owner.Detached()):
-		snap.State = SessionDetached
+		snap.State = adminview.Detached
 		if owner != nil {
 			owner.mu.Lock()
 			snap.Since = owner.detachedAt
 			owner.mu.Unlock()
 		}
 	default:
-		snap.State = SessionIdle
+		snap.State = adminview.Idle
 	}
 	return snap
 }
@@ -181,21 +149,8 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	// The agent's requests are settled first, as a client that cancels
 	// does: their clients are told before the turn can end.
 	s.settleRequests(why)
-	prompts := s.link.promptsOf(s)
-	if len(prompts) > 0 {
-		s.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(s.AgentID))
-	}
-	if len(prompts) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), adminCancelWait)
-		_ = r.waitPromptsUntil(ctx, func() bool { // past the bound, the gateway answers for the agent
-			return !slices.ContainsFunc(prompts, func(req *outReq) bool { return !req.ended.Load() })
-		})
-		cancel()
-		for _, req := range prompts {
-			if s.link.take(req) { // the agent did not answer in time
-				req.cancelInPlace()
-			}
-		}
+	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
+		r.cancelTurn(context.Background(), s, prompts)
 	}
 	s.end(endAdmin, nil)
 	r.log.Info("session ended by an administrator", "session", id, "tenant", s.ten.name, "by", by)
@@ -239,18 +194,78 @@ func (l *procLink) promptsOf(s *Session) []*outReq {
 	return out
 }
 
-// methodSessionEnded tells a session's clients that an administrator
-// ended it.
+// cancelWhy is why the gateway cancelled a turn: _meta.acpgate.<key> of
+// its answer.
+type cancelWhy struct {
+	key   string
+	value []byte
+}
+
+// whyEdit is the edit that says in r's answer (raw, its result object at
+// start:end) why the gateway cancelled it, if it did.
+func (r *outReq) whyEdit(raw []byte, start, end int) (jsonrpc.Edit, bool) {
+	if w := r.why.Load(); w != nil && start < end {
+		return jsonrpc.MetaEdit(raw, start, end, w.key, w.value)
+	}
+	return jsonrpc.Edit{}, false
+}
+
+// CancelTurn cancels the turn the session id (as its clients see it) is
+// running, for the gateway (a budget): the agent gets session/cancel, and
+// the prompt's answer says why under _meta.acpgate.<key> (value: JSON). An
+// agent that has not answered within adminCancelWait is answered for
+// ("cancelled"). False: no such live session, or no turn running.
+func (r *Relay) CancelTurn(id, key string, value []byte) bool {
+	s := r.findSession(id)
+	if s == nil || !s.live() {
+		return false
+	}
+	prompts := s.link.promptsOf(s)
+	for _, req := range prompts {
+		req.why.CompareAndSwap(nil, &cancelWhy{key: key, value: value})
+	}
+	if len(prompts) == 0 {
+		return false
+	}
+	r.bg.Go(func() { r.cancelTurn(r.ctx, s, prompts) })
+	return true
+}
+
+// cancelTurn asks the agent to cancel the turn of s its prompts run, and
+// waits up to adminCancelWait (or ctx) for their answers; past it the
+// gateway answers them for the agent, "cancelled".
+func (r *Relay) cancelTurn(ctx context.Context, s *Session, prompts []*outReq) {
+	s.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(s.AgentID))
+	ctx, cancel := context.WithTimeout(ctx, adminCancelWait)
+	defer cancel()
+	_ = r.waitPromptsUntil(ctx, func() bool { return !slices.ContainsFunc(prompts, func(req *outReq) bool { return !req.ended.Load() }) })
+	for _, req := range prompts {
+		if s.link.take(req) { // the agent did not answer in time
+			req.cancelInPlace()
+		}
+	}
+}
+
+// methodSessionEnded tells a session's clients that it ended for them: an
+// administrator ended it, or another client loaded or took it over.
 const methodSessionEnded = "_acpgate/session_ended"
 
-// tell tells every client of the session an administrator ended that it
-// has (methodSessionEnded), then each gives up the agent's requests waiting
-// for it (answered in their place).
-func (e *ending) tell() {
+// endedNotice is the methodSessionEnded notification for s, saying why.
+func (s *Session) endedNotice(why string) ([]byte, Facts) {
+	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":`...)
+	params = append(jsonrpc.AppendQuote(params, why), '}')
+	return jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params), Facts{Method: methodSessionEnded, SessionID: s.GatewayID}
+}
+
+// tell tells every client of the ending session but the one that caused
+// it that it has ended, and why (methodSessionEnded), then each gives up
+// the agent's requests waiting for it (answered in their place).
+func (e *ending) tell(why string) {
 	s, owner, members := e.s, e.owner, e.members
-	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"reason":"ended by an administrator"}`...)
-	msg := jsonrpc.AppendRequest(nil, nil, methodSessionEnded, params)
-	f := Facts{Method: methodSessionEnded, SessionID: s.GatewayID}
+	if owner == e.by {
+		owner = nil
+	}
+	msg, f := s.endedNotice(why)
 	s.fan.Lock()
 	for _, m := range members {
 		m.send(s, clone(msg), f)

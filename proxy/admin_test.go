@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/adminview"
 )
 
 // A "deaf" test agent never answers a prompt, nor heeds session/cancel.
@@ -28,7 +30,7 @@ func TestAdminEndSessionCancelsTheTurn(t *testing.T) {
 	owner.prompt("3", sid, "slow")
 	owner.untilMethod(acp.SessionUpdate, nil) // the turn runs
 	snaps := r.SessionSnapshots("", true)
-	if len(snaps) != 1 || snaps[0].ID != sid || snaps[0].State != SessionRunning || snaps[0].Clients != 2 || snaps[0].TurnStarted.IsZero() {
+	if len(snaps) != 1 || snaps[0].ID != sid || snaps[0].State != adminview.Running || snaps[0].Clients != 2 || snaps[0].TurnStarted.IsZero() {
 		t.Fatalf("sessions while the turn runs: %+v", snaps)
 	}
 	if got := r.SessionSnapshots("other", false); len(got) != 0 {
@@ -71,7 +73,7 @@ func TestAdminEndIdleSession(t *testing.T) {
 	c := newTestConn(t, r, "c")
 	c.init(`{}`)
 	sid := c.newSession("1")
-	if snaps := r.SessionSnapshots("", true); len(snaps) != 1 || snaps[0].State != SessionIdle || snaps[0].Since.IsZero() {
+	if snaps := r.SessionSnapshots("", true); len(snaps) != 1 || snaps[0].State != adminview.Idle || snaps[0].Since.IsZero() {
 		t.Fatalf("sessions: %+v", snaps)
 	}
 	start := time.Now()
@@ -104,7 +106,7 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	if conns := r.ConnSnapshots(); len(conns) != 1 || !conns[0].Detached || conns[0].DetachedAt.IsZero() {
 		t.Fatalf("connections: %+v", conns)
 	}
-	if snaps := r.SessionSnapshots("", true); len(snaps) != 1 || snaps[0].State != SessionDetached {
+	if snaps := r.SessionSnapshots("", true); len(snaps) != 1 || snaps[0].State != adminview.Detached {
 		t.Fatalf("sessions: %+v", snaps)
 	}
 	if _, err := r.CloseConn("c", "test", nil); err != nil {
@@ -164,5 +166,56 @@ func TestAdminEndSessionSettlesPermission(t *testing.T) {
 	})
 	if !withdrawn {
 		t.Fatal("the permission request was not taken back from the client")
+	}
+}
+
+// The gateway cancels a running turn (a budget): the agent gets
+// session/cancel, the answer says why under _meta.acpgate, the session
+// lives on; a deaf agent's turn is answered for it. With no turn running
+// there is nothing to cancel.
+func TestCancelTurn(t *testing.T) {
+	for _, mode := range []string{"demo", "deaf"} {
+		t.Run(mode, func(t *testing.T) {
+			r := testPool(t, mode, nil)
+			c := newTestConn(t, r, "c")
+			c.init(`{}`)
+			sid := c.newSession("1")
+			if r.CancelTurn(sid, "budget", []byte(`{"unit":"USD"}`)) {
+				t.Fatal("cancelled a turn while none ran")
+			}
+			c.prompt("2", sid, "slow")
+			if mode == "demo" {
+				c.untilMethod(acp.SessionUpdate, nil) // the turn runs
+			} else {
+				deadline := time.Now().Add(5 * time.Second)
+				for len(r.SessionSnapshots("", true)) == 0 || r.SessionSnapshots("", true)[0].State != adminview.Running {
+					if time.Now().After(deadline) {
+						t.Fatal("the turn did not start")
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			if !r.CancelTurn(sid, "budget", []byte(`{"unit":"USD"}`)) || r.CancelTurn("no-such-session", "budget", nil) {
+				t.Fatal("CancelTurn")
+			}
+			got := c.await("2", nil)
+			var res struct {
+				StopReason string `json:"stopReason"`
+				Meta       struct {
+					Acpgate struct {
+						Budget struct{ Unit string } `json:"budget"`
+					} `json:"acpgate"`
+				} `json:"_meta"`
+			}
+			if err := json.Unmarshal(got.Result, &res); err != nil || res.StopReason != "cancelled" || res.Meta.Acpgate.Budget.Unit != "USD" {
+				t.Fatalf("the cancelled turn's answer: %s", got.raw)
+			}
+			if mode == "demo" {
+				c.prompt("3", sid, "hello") // the session lives on
+				if got := c.await("3", nil); got.Error != nil || strings.Contains(string(got.Result), "budget") {
+					t.Fatalf("the next turn: %s", got.raw)
+				}
+			}
+		})
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/multiclient"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // Error codes of session/attach and of what an attached client may not do.
@@ -39,33 +41,36 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 		return
 	}
 	s, readOnly, ok := cr.mayAttach(m, p)
-	if !ok {
-		return
+	if ok {
+		cr.join(m, s, p, readOnly, false)
 	}
+}
+
+// join makes c a client of s for m (a session/attach, or a load that
+// became a read-only attach: asLoad), or replays to it again if it is one.
+func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.AttachParams, readOnly, asLoad bool) {
+	c := cr.c
 	if mem := s.memberOf(c); mem != nil {
 		// Attached already (a page reloaded on a resumed connection): the
 		// replay and result again, nothing added.
-		if !cr.joinSession(m, s, mem, p.HistoryPolicy, false) {
+		if !cr.joinSession(m, s, mem, p.HistoryPolicy, false, asLoad) {
 			c.detach(s)
 		}
 		return
 	}
-	mem := &member{conn: c, id: p.ClientID, readOnly: readOnly}
-	if mem.id == "" {
-		mem.id = multiclient.NewClientID()
-	}
+	mem := &member{conn: c, id: multiclient.NewClientID(), readOnly: readOnly} // never the client's choice
 	if p.ClientInfo != nil {
 		mem.info = *p.ClientInfo
 	} else {
 		mem.info = connPeer(c).Info()
 	}
 	c.attach(s) // routed to c from now on (and counted once for its tenant)
-	if !cr.joinSession(m, s, mem, p.HistoryPolicy, true) {
+	if !cr.joinSession(m, s, mem, p.HistoryPolicy, true, asLoad) {
 		c.detach(s)
 		return
 	}
-	metrics.Attaches.WithLabelValues("ok").Inc()
-	metrics.AttachedClients.Inc()
+	c.relay.metrics.Attaches.WithLabelValues("ok").Inc()
+	c.relay.metrics.AttachedClients.Inc()
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
 		return
@@ -74,18 +79,17 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 }
 
 // mayAttach finds the live session p names and decides whether c may
-// attach to it, and read-only or not. Another tenant's session fails as an
-// unknown one does.
+// attach to it, and read-only or not (cr.open). Another tenant's session
+// fails as an unknown one does.
 func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams) (s *Session, readOnly, ok bool) {
 	c := cr.c
 	metrics := c.relay.metrics
-	agentSID, err := c.relay.sealer.Open(c.scope, p.SessionID)
-	if err != nil {
+	id, verdict, ok := cr.open(m, p.SessionID, access.Attach)
+	if !ok {
 		metrics.Attaches.WithLabelValues("not_found").Inc()
-		cr.notFound(m, p.SessionID, false)
 		return nil, false, false
 	}
-	s = c.ag.heldSession(agentSID)
+	s = c.ag.heldSession(id.Agent)
 	if s == nil || s.ten != c.ten || s.isLost() {
 		metrics.Attaches.WithLabelValues("not_found").Inc()
 		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
@@ -93,13 +97,11 @@ func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams
 			acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
-	sharing := c.ten.sharing()
-	other := c.subject != s.subject
-	switch {
-	case sharing.Attach == SharingOff:
-		return cr.refuseAttach(m, "attach is off for this tenant")
-	case other && sharing.Attach != SharingTenant:
-		return cr.refuseAttach(m, "the session belongs to another subject")
+	if c.ten.sharing().Attach == SharingOff {
+		metrics.Attaches.WithLabelValues("refused").Inc()
+		c.denied("attach", m.Method)
+		cr.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: attach is off for this tenant", nil)
+		return nil, false, false
 	}
 	c.mu.Lock()
 	held := c.sessions[p.SessionID] == s
@@ -109,16 +111,61 @@ func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams
 		cr.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
-	return s, p.Meta.Acpgate.ReadOnly || other && sharing.ReadOnlyForOthers, true
+	return s, p.Meta.Acpgate.ReadOnly || verdict == access.ReadOnly, true
 }
 
-func (cr *clientReader) refuseAttach(m *jsonrpc.Message, why string) (*Session, bool, bool) {
+// open opens gwID, a session c does not hold, and applies its tenant's
+// sharing to what c asks (a). It answers m itself, and reports false, when
+// the ID does not open, the rule refuses (-32002: another subject's session
+// is unknown to c, as a forged ID is), or a would change a session c may
+// only watch (-32007).
+func (cr *clientReader) open(m *jsonrpc.Message, gwID string, a access.Action) (sessionid.Opened, access.Verdict, bool) {
 	c := cr.c
-	c.relay.metrics.Attaches.WithLabelValues("refused").Inc()
-	c.denied("attach", m.Method)
-	cr.reqLog().Info("session/attach refused", "why", why)
-	cr.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: "+why, nil)
-	return nil, false, false
+	id, err := c.relay.sealer.Open(c.scope, gwID)
+	if err != nil {
+		cr.notFound(m, gwID, false)
+		return id, access.Refused, false
+	}
+	v := c.ten.sharing().Decide(c.subject, id.Subject, a)
+	switch {
+	case v == access.Refused && id.Legacy && m.Kind == jsonrpc.KindRequest:
+		c.denied("other_subject", m.Method)
+		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: its ID was issued before sessions were bound to "+
+			"the subject that made them, and this tenant's sharing opens it to no subject; start a new session", acp.SessionIDObject(gwID))
+	case v == access.Refused:
+		c.denied("other_subject", m.Method)
+		cr.notFound(m, gwID, false)
+	case v == access.ReadOnly && a == access.Write:
+		c.denied("read_only", m.Method)
+		if m.Kind == jsonrpc.KindRequest {
+			cr.answerError(m.ID, codeReadOnly, "read-only: another subject's session, which this tenant's sharing lets you only watch: "+m.Method+" is not allowed", nil)
+		}
+	default:
+		return id, v, true
+	}
+	return id, v, false
+}
+
+// watch serves a session/load or session/resume of another subject's
+// session that c may only watch: a read-only attach in its place,
+// answered with the load's (or resume's) result, after the history for a
+// load. The session must be live on this replica.
+func (cr *clientReader) watch(m *jsonrpc.Message, gwID, agentSID string) {
+	c := cr.c
+	if m.Kind != jsonrpc.KindRequest {
+		return
+	}
+	s := c.ag.heldSession(agentSID)
+	if s == nil || s.ten != c.ten || !s.live() {
+		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: another subject's session opens here read-only, "+
+			"and only while it is live on this gateway replica", acp.SessionIDObject(gwID))
+		return
+	}
+	p := multiclient.AttachParams{SessionID: gwID, HistoryPolicy: "full"}
+	if m.Method == acp.SessionResume {
+		p.HistoryPolicy = "none"
+	}
+	cr.join(m, s, p, true, true)
 }
 
 // joinSession adds mem to s (unless add is false: a re-attach) and sends c
@@ -127,7 +174,7 @@ func (cr *clientReader) refuseAttach(m *jsonrpc.Message, why string) (*Session, 
 // without the session's fan lock (a slow client must not hold the agent's
 // reader up): what the session sends meanwhile waits in the member's
 // backlog, so each message reaches c once and in order.
-func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string, add bool) bool {
+func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member, policy string, add, asLoad bool) bool {
 	c := cr.c
 	s.fan.Lock()
 	ok, full := true, false
@@ -168,7 +215,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	if add { // the others know of c before c can act
 		s.toMembersLocked(multiclient.Presence("client_connected", mem.peer()), c)
 	}
-	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed)))
+	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed, asLoad)))
 	for _, b := range mem.backlog {
 		c.deliverMember(b.msg, s, b.f, false)
 	}
@@ -201,8 +248,9 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add
 	return e
 }
 
-// attachResult is session/attach's result for mem.
-func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed bool) []byte {
+// attachResult is session/attach's result for mem (or, asLoad, the
+// session/load or session/resume result of a load that became an attach).
+func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed, asLoad bool) []byte {
 	r := multiclient.Result{SessionID: s.GatewayID, ClientID: mem.id, HistoryPolicy: policy, ReadOnly: mem.readOnly,
 		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.Name()}
 	if o := s.Owner(); o != nil {
@@ -210,6 +258,9 @@ func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed
 	}
 	for _, m := range s.clientList() {
 		r.Clients = append(r.Clients, m.peer())
+	}
+	if asLoad {
+		return multiclient.LoadResult(r, s.state.Get())
 	}
 	return multiclient.AttachResult(r, s.state.Get())
 }

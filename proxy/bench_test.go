@@ -44,7 +44,7 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	c.ag = ag
 	c.out.Init(sink, replay)
 	const agentSID = "0199a3f2-7c1e-7b5e-9a3c-5f2d8e1b4c6a"
-	s := l.addSession(c, agentSID, "", nil)
+	s := l.addSession(c, sessionid.Opened{Agent: agentSID, Subject: c.subject}, "", "", nil)
 	for range members {
 		m := r.newConnForBench(&discardSink{})
 		m.ag = ag

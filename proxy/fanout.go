@@ -20,7 +20,7 @@ import (
 // member is a client attached to a session with session/attach.
 type member struct {
 	conn     *Conn
-	id       string // the clientId it gave, or one minted for it
+	id       string // minted for it (NewClientID): unique in the session
 	info     multiclient.ClientInfo
 	readOnly bool
 	// While its attach replays the history (catching), what the session

@@ -43,7 +43,7 @@ const (
 // endSteps is what an end does, by cause.
 type endSteps struct {
 	detach   bool         // every client forgets the session (the one that caused a replacement keeps its index entry)
-	notice   bool         // every client is told it ended (methodSessionEnded) and gives up the agent's requests
+	notice   string       // every client but the one that caused it is told it ended, and why (methodSessionEnded), and gives up the agent's requests
 	queued   string       // prompts waiting for a turn are refused with this ("": none are)
 	onAgent  bool         // the agent is told: a running turn cancelled, the session closed where it can be
 	event    observe.Kind // the session event observers hear (0: none)
@@ -53,11 +53,11 @@ type endSteps struct {
 
 var endTable = [...]endSteps{
 	endClosed:         {detach: true, queued: "the session was closed", event: observe.SessionClosed},
-	endReplaced:       {detach: true, queued: "the session was loaded again by another client"},
+	endReplaced:       {detach: true, notice: "loaded by another client", queued: "the session was loaded again by another client"},
 	endLoadFailed:     {detach: true, queued: "the session failed to load"},
 	endClientLeft:     {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "client_left"},
 	endLastClientLeft: {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "last_client_left"},
-	endAdmin:          {detach: true, notice: true, queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
+	endAdmin:          {detach: true, notice: "ended by an administrator", queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
 	endAgentExited:    {keepSeen: true, event: observe.SessionLost, reason: "agent_exited"},
 }
 
@@ -157,8 +157,8 @@ func (e *ending) run() {
 		s.history.Release()
 		s.fan.Unlock()
 	}
-	if steps.notice {
-		e.tell()
+	if steps.notice != "" {
+		e.tell(steps.notice)
 	}
 	if steps.detach {
 		if e.owner != nil && !(e.cause == endReplaced && e.owner == e.by) {

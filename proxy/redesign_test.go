@@ -66,9 +66,9 @@ func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session
 		return c
 	}
 	a, b = mk("a", 1), mk("b", 2)
-	sa = l.addSession(a, "sess-a", "/tmp", nil)
+	sa = l.addSession(a, sessionid.Opened{Agent: "sess-a"}, "", "/tmp", nil)
 	a.attach(sa)
-	sb = l.addSession(b, "sess-b", "/tmp", nil)
+	sb = l.addSession(b, sessionid.Opened{Agent: "sess-b"}, "", "/tmp", nil)
 	b.attach(sb)
 	sa.turn.EndedWhileDetached("end_turn")
 	sb.turn.EndedWhileDetached("end_turn")
@@ -167,10 +167,11 @@ func TestQuotaHeldWhileHolderEndsDuringLoad(t *testing.T) {
 	b.init(`{}`)
 	c.init(`{}`)
 	sid := a.newSession("1")
-	agentSID, err := r.sealer.Open(b.c.scope, sid)
+	id, err := r.sealer.Open(b.c.scope, sid)
 	if err != nil {
 		t.Fatal(err)
 	}
+	agentSID := id.Agent
 	// b's load of a's session passes its quota check (the session moves:
 	// it is already counted)...
 	m := loadMsg(t, b.c, 2, sid)
@@ -188,7 +189,7 @@ func TestQuotaHeldWhileHolderEndsDuringLoad(t *testing.T) {
 	// The load goes on and completes.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rt, err := b.c.cr.placeLoad(ctx, m, agentSID, nil, h)
+	rt, err := b.c.cr.placeLoad(ctx, m, id, sid, nil, h)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/clientcaps"
 	"github.com/acpgate/acpgate/proxy/inflight"
@@ -107,6 +108,7 @@ type Relay struct {
 	bg      workers // what must not run on its caller's stack
 	metrics *metrics.Metrics
 	sealer  *sessionid.Sealer
+	owners  access.Owners // who made the sessions seen here (session/list)
 	log     *slog.Logger
 	caps    Profile
 	isolate bool

@@ -103,6 +103,9 @@ type outReq struct {
 	span     trace.Span
 	answered bool
 	oturn    *observe.Turn
+	// why: a prompt the gateway cancelled (Relay.CancelTurn) says why in
+	// its answer's _meta.acpgate.
+	why atomic.Pointer[cancelWhy]
 }
 
 // Ended and Client make an outReq a turn.Prompt: whether it has ended,
@@ -177,7 +180,11 @@ func (r *outReq) releaseQueued() {
 func (r *outReq) cancelInPlace() {
 	r.turnEnded("cancelled", nil)
 	r.sess.turnComplete(r.conn, "cancelled")
-	r.fail(jsonrpc.AppendResult(nil, r.clientID, []byte(`{"stopReason":"cancelled"}`)))
+	msg := jsonrpc.AppendResult(nil, r.clientID, []byte(`{"stopReason":"cancelled"}`))
+	if e, ok := r.whyEdit(msg, len(msg)-len(`{"stopReason":"cancelled"}}`), len(msg)-1); ok {
+		msg = jsonrpc.Splice(nil, msg, []jsonrpc.Edit{e})
+	}
+	r.fail(msg)
 }
 
 // failWith is fail with a JSON-RPC error.

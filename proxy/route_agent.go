@@ -8,11 +8,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
+	"github.com/acpgate/acpgate/proxy/pathrewrite"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // agentReader routes the messages one agent process writes. It runs on the
@@ -143,9 +146,12 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
+	if e, ok := req.whyEdit(m.Raw, m.PayloadPos[0], m.PayloadPos[1]); ok && !m.IsError {
+		edits = append(edits, e)
+	}
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	out := c.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
+	out := pathrewrite.ScrubHostRoot(c.ten.mapper.Load(), jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	l.ag.metrics.Message(metrics.AgentToClient, req.method, len(out))
 	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
 }
@@ -221,7 +227,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 			"the agent answered "+req.method+" without a sessionId", nil))
 		return jsonrpc.Edit{}, nil, false
 	}
-	s := r.l.addSession(c, sid, req.cwd, req.hold.takeSlot())
+	s := r.l.addSession(c, sessionid.Opened{Agent: sid, Subject: c.subject}, "", req.cwd, req.hold.takeSlot())
 	if s.attachable {
 		s.state.NoteResult(m.Payload)
 	}
@@ -230,61 +236,19 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 }
 
 // listEdits rewrites every session in a session/list result for c and drops
-// the ones c may not see: those whose cwd is outside c's tenant root (with
-// tenants, the agent lists every tenant's sessions).
+// the ones c may not see (pathrewrite.List): those whose cwd is outside c's
+// tenant root (with tenants, the agent lists every tenant's sessions), and
+// those its tenant's sharing keeps from c's subject. Each is sealed with
+// the subject that made it, as far as this gateway knows (access.Owners).
 func (r *agentReader) listEdits(m *jsonrpc.Message, c *Conn, edits []jsonrpc.Edit) []jsonrpc.Edit {
-	var elems [][2]int
-	var hidden []bool
-	mapper := c.ten.mapper.Load() // one mapper for the whole list, even across a reload
-	for i, f := range m.Fields {
-		if f.Kind != jsonrpc.FieldElement {
-			continue
+	sharing := c.ten.sharing() // one for the whole list, even across a reload
+	return pathrewrite.List(c.ten.mapper.Load(), m, edits, func(sid string) (string, bool) {
+		owner := c.relay.owners.Of(c.scope, sid)
+		if sharing.Decide(c.subject, owner, access.List) == access.Refused {
+			return "", false
 		}
-		var sidField, cwdField *jsonrpc.Field
-		var dirs []jsonrpc.Field
-		for j := i + 1; j < len(m.Fields) && m.Fields[j].Parent == i; j++ {
-			switch g := &m.Fields[j]; g.Kind {
-			case jsonrpc.FieldSessionID:
-				sidField = g
-			case jsonrpc.FieldPath:
-				if g.Label == "sessions[].cwd" {
-					cwdField = g
-				} else {
-					dirs = append(dirs, *g)
-				}
-			}
-		}
-		sid, ok := "", false
-		if sidField != nil {
-			sid, ok = m.String(*sidField)
-		}
-		var clientCwd string // the cwd as the client sees it
-		if ok && mapper != nil {
-			cwd, isStr := "", false
-			if cwdField != nil {
-				cwd, isStr = m.String(*cwdField)
-			}
-			var inside bool
-			clientCwd, inside = mapper.ToClient(cwd)
-			ok = isStr && inside
-		}
-		elems = append(elems, [2]int{f.Start, f.End})
-		hidden = append(hidden, !ok)
-		if !ok {
-			continue
-		}
-		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End,
-			Repl: jsonrpc.AppendQuote(nil, c.relay.sealer.Seal(c.scope, sid))})
-		if mapper != nil {
-			edits = append(edits, jsonrpc.Edit{Start: cwdField.Start, End: cwdField.End, Repl: jsonrpc.AppendQuote(nil, clientCwd)})
-			for _, pf := range dirs {
-				v, _ := m.String(pf)
-				mapped, _ := mapper.ToClient(v) // redacted if outside
-				edits = append(edits, jsonrpc.Edit{Start: pf.Start, End: pf.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
-			}
-		}
-	}
-	return jsonrpc.DeleteElements(edits, elems, func(i int) bool { return hidden[i] })
+		return c.relay.sealer.Seal(c.scope, owner, sid), true
+	})
 }
 
 // errorSessionEdit rewrites error.data.sessionId (v2 -32002): it becomes
@@ -446,7 +410,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 		}
 		return nil, false
 	}
-	edits, outside := conn.ten.mapToClient(m, rc.edits, isReq && acp.Confined(m.Method))
+	edits, outside := pathrewrite.ToClient(conn.ten.mapper.Load(), m, rc.edits, isReq && acp.Confined(m.Method))
 	if outside != "" {
 		// The agent asks the client to act on a file outside the tenant's
 		// root: refused here, never shown to the client.
@@ -499,7 +463,7 @@ func (r *agentReader) refuse(m *jsonrpc.Message, code int, msg string) {
 func (r *agentReader) splice(m *jsonrpc.Message, conn *Conn, edits []jsonrpc.Edit) []byte {
 	jsonrpc.SortEdits(edits)
 	r.edits = edits
-	out := conn.ten.scrubHostRoot(jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
+	out := pathrewrite.ScrubHostRoot(conn.ten.mapper.Load(), jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	r.l.ag.metrics.Message(metrics.AgentToClient, m.Method, len(out))
 	return out
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
@@ -16,6 +17,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 	"github.com/acpgate/acpgate/proxy/turn"
 )
 
@@ -62,7 +64,7 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
-	edits, pathErr := c.ten.mapToAgent(m, cr.edits[:0])
+	edits, pathErr := pathrewrite.ToAgent(c.ten.mapper.Load(), m, cr.edits[:0])
 	if pathErr != nil {
 		c.denied("path_outside_root", m.Method)
 		cr.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
@@ -135,13 +137,12 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	case acp.AttachesSession(m.Method):
 		return cr.routeAttach(ctx, m, gwID, sess, live)
 	case !live && m.Method == acp.SessionDelete:
-		agentSID, err := c.relay.sealer.Open(c.scope, gwID)
-		if err != nil {
-			cr.notFound(m, gwID, false)
+		id, _, ok := cr.open(m, gwID, access.Write)
+		if !ok {
 			return nil, "", errAnswered
 		}
 		rt, err := cr.routeHome(ctx)
-		return rt, agentSID, err
+		return rt, id.Agent, err
 	case !live && sess != nil && m.Method == acp.SessionClose:
 		cr.closeLost(m, sess)
 		return nil, "", errAnswered
@@ -154,22 +155,27 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 }
 
 // routeAttach routes a session/load or session/resume. A live session of
-// this connection's goes to its process; else a detached connection's
-// session may be taken over, or the load goes to the process that still
-// serves the session (or any with room), and the session is routed to this
-// connection from now on, before the agent replays its history.
+// this connection's goes to its process. Another's goes as its tenant's
+// sharing says (cr.open): refused, watched (a read-only attach in the
+// load's place), or opened: a detached connection's session may be taken
+// over, or the load goes to the process that still serves the session (or
+// any with room), and the session is routed to this connection from now
+// on, before the agent replays its history.
 func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string, sess *Session, live bool) (*routed, string, error) {
 	c := cr.c
-	agentSID, err := c.relay.sealer.Open(c.scope, gwID)
-	if err != nil {
-		cr.notFound(m, gwID, false)
+	id, verdict, ok := cr.open(m, gwID, access.Load)
+	switch {
+	case !ok:
 		return nil, "", errAnswered
-	}
-	if live {
+	case live:
 		h := &hold{conn: c}
 		h.replaying(sess)
-		return &routed{link: sess.link, sess: sess, h: h}, agentSID, nil
+		return &routed{link: sess.link, sess: sess, h: h}, id.Agent, nil
+	case verdict == access.ReadOnly:
+		cr.watch(m, gwID, id.Agent)
+		return nil, "", errAnswered
 	}
+	agentSID := id.Agent
 	isReq := m.Kind == jsonrpc.KindRequest
 	if isReq && cr.takeOver(m, agentSID) {
 		return nil, "", errAnswered
@@ -185,16 +191,17 @@ func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwI
 		}
 		h.quota = true
 	}
-	rt, err := cr.placeLoad(ctx, m, agentSID, sess, h)
+	rt, err := cr.placeLoad(ctx, m, id, gwID, sess, h)
 	return rt, agentSID, err
 }
 
-// placeLoad finds the process for a load and, for a request, routes the
-// session to c from now on. h holds what the load took so far.
-func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, agentSID string, sess *Session, h *hold) (*routed, error) {
+// placeLoad finds the process for a load of the session id (gwID to c) and,
+// for a request, routes the session to c from now on. h holds what the
+// load took so far.
+func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id sessionid.Opened, gwID string, sess *Session, h *hold) (*routed, error) {
 	c := cr.c
 	wait := tracing.PoolWait(c.relay.tracer, ctx)
-	lease, err := c.ag.placeSession(ctx, c.profile(), agentSID)
+	lease, err := c.ag.placeSession(ctx, c.profile(), id.Agent)
 	tracing.EndWait(wait, err)
 	if err != nil {
 		h.release()
@@ -203,7 +210,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, agent
 	h.slot = lease
 	l := c.ag.link(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
-		h.attach = l.addSession(c, agentSID, sessionCwd(m), h.takeSlot())
+		h.attach = l.addSession(c, id, gwID, sessionCwd(m), h.takeSlot())
 		h.attach.meter.Loaded()
 		h.replaying(h.attach)
 		c.attach(h.attach)

@@ -13,6 +13,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
+	"github.com/acpgate/acpgate/proxy/sessionid"
 	"github.com/acpgate/acpgate/proxy/turn"
 	"github.com/acpgate/acpgate/proxy/usage"
 )
@@ -32,7 +33,7 @@ type Session struct {
 	ten       *tenant   // whose session quota it counts against
 	info      *observe.Session
 
-	subject    string           // the credential subject of the client that made it (Sharing)
+	subject    string           // the credential subject that made it, sealed in its ID (Sharing)
 	attachable bool             // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history.History // what session/attach replays; nil: none kept. Guarded by fan.
 
@@ -72,11 +73,15 @@ type Session struct {
 }
 
 // newSession makes a session of the link's process owned by c, holding
-// slot.
-func newSession(l *procLink, c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
-	gwID := c.relay.sealer.Seal(c.scope, agentSID)
-	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: agentSID, cwd: cwd, link: l, ten: c.ten,
-		slot: slot, subject: c.subject, opened: time.Now()}
+// slot: id is the agent's session and the subject it belongs to, gwID the
+// ID the client named it by ("": a new session, sealed now).
+func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
+	if gwID == "" {
+		gwID = c.relay.sealer.Seal(c.scope, id.Subject, id.Agent)
+	}
+	c.relay.owners.Note(c.scope, id.Agent, id.Subject) // for session/list
+	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, link: l, ten: c.ten,
+		slot: slot, subject: id.Subject, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.historyBytes(); n > 0 && s.attachable {
@@ -158,15 +163,15 @@ func (s *Session) unheld(log *slog.Logger) {
 	}
 }
 
-// addSession registers a session the agent now serves for c; cwd is its
-// working directory as the agent got it; it holds slot, committed now.
-// Another connection that held the same agent session loses it: the
-// newest load wins.
-func (l *procLink) addSession(c *Conn, agentSID, cwd string, slot *pool.Lease) *Session {
-	s := newSession(l, c, agentSID, cwd, slot)
+// addSession registers a session the agent now serves for c (newSession);
+// cwd is its working directory as the agent got it; it holds slot,
+// committed now. Another connection that held the same agent session
+// loses it, and is told: the newest load wins.
+func (l *procLink) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
+	s := newSession(l, c, id, gwID, cwd, slot)
 	slot.Commit()
 	l.mu.Lock()
-	old := l.putSessionLocked(agentSID, s)
+	old := l.putSessionLocked(id.Agent, s)
 	l.mu.Unlock()
 	if old != nil {
 		old.end(endReplaced, c) // its members watched the session this load replaces

@@ -53,6 +53,8 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		return false
 	}
 	c.attach(s) // before the owner lets go: the session keeps its tenant slot
+	notice, f := s.endedNotice("taken over by another client")
+	owner.deliverMember(notice, s, f, false) // kept for when it resumes
 	owner.detach(s)
 	s.sessionEvent(c, observe.SessionLoaded, "")
 	for _, in := range owner.takeRequestsOf(s) {

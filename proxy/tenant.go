@@ -9,10 +9,9 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/pathmap"
-	"github.com/acpgate/acpgate/proxy/pathrewrite"
 	"github.com/acpgate/acpgate/proxy/policy"
 	"github.com/acpgate/acpgate/proxy/usage"
 )
@@ -32,24 +31,19 @@ type TenantConfig struct {
 	AgentPolicies map[string]*policy.Policy
 	// Agents lists the agents the tenant may use; nil = every agent.
 	Agents []string
-	// Sharing says who may attach to the tenant's sessions (session/attach).
+	// Sharing says who may touch a session another subject of the tenant
+	// made: load, resume, take over, attach, delete, close, list.
 	Sharing Sharing
 }
 
-// Sharing is who may attach to a session another client holds.
-type Sharing struct {
-	// Attach: SharingSameSubject (also ""), SharingTenant or SharingOff.
-	Attach string
-	// ReadOnlyForOthers: a client of another subject attaches read-only
-	// (with Attach SharingTenant).
-	ReadOnlyForOthers bool
-}
+// Sharing is who may touch a session another subject made (package access).
+type Sharing = access.Sharing
 
 // Sharing.Attach values.
 const (
-	SharingSameSubject = "same_subject" // the credential subject that holds it (the default)
-	SharingTenant      = "tenant"       // any client of the tenant
-	SharingOff         = "off"          // nobody: session/attach is refused
+	SharingSameSubject = access.SameSubject
+	SharingTenant      = access.Tenant
+	SharingOff         = access.Off
 )
 
 func (c TenantConfig) policy() *policy.Policy {
@@ -85,9 +79,9 @@ type tenant struct {
 
 	mu          sync.Mutex
 	maxSessions int
-	sessions    int                 // sessions held by the tenant's connections
-	pending     int                 // session/new, load, resume in flight
-	currencies  map[string]struct{} // named in the usage cost labels (currencyLabel)
+	sessions    int          // sessions held by the tenant's connections
+	pending     int          // session/new, load, resume in flight
+	currencies  usage.Labels // named in the usage cost labels
 }
 
 func newTenant(c TenantConfig, m *metrics.Metrics) (*tenant, error) {
@@ -181,40 +175,4 @@ func (t *tenant) added(am *metrics.Agent, n int) {
 // denied counts a refusal by reason.
 func (t *tenant) denied(am *metrics.Agent, reason string) {
 	am.Denials.WithLabelValues(t.label, reason).Inc()
-}
-
-// currencyLabel bounds the currency labels of the tenant's metrics to
-// the first usage.MaxCurrencies seen; the rest are "other".
-func (t *tenant) currencyLabel(cur string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, ok := t.currencies[cur]; ok || cur == usage.OtherCurrency {
-		return cur
-	}
-	if len(t.currencies) >= usage.MaxCurrencies {
-		return usage.OtherCurrency
-	}
-	if t.currencies == nil {
-		t.currencies = map[string]struct{}{}
-	}
-	t.currencies[cur] = struct{}{}
-	return cur
-}
-
-// mapToAgent rewrites the path and file URI fields of a client message from
-// the tenant's virtual root to its host root (pathrewrite.ToAgent).
-func (t *tenant) mapToAgent(m *jsonrpc.Message, edits []jsonrpc.Edit) ([]jsonrpc.Edit, error) {
-	return pathrewrite.ToAgent(t.mapper.Load(), m, edits)
-}
-
-// mapToClient rewrites the path and file URI fields of an agent message
-// from the host root to the virtual root (pathrewrite.ToClient).
-func (t *tenant) mapToClient(m *jsonrpc.Message, edits []jsonrpc.Edit, confined bool) ([]jsonrpc.Edit, string) {
-	return pathrewrite.ToClient(t.mapper.Load(), m, edits, confined)
-}
-
-// scrubHostRoot replaces the tenant's host root with its virtual root in
-// agent output (pathrewrite.ScrubHostRoot).
-func (t *tenant) scrubHostRoot(out []byte) []byte {
-	return pathrewrite.ScrubHostRoot(t.mapper.Load(), out)
 }

@@ -9,11 +9,15 @@ package multiclient
 
 import (
 	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/acpgate/acpgate/internal/logx"
@@ -49,20 +53,41 @@ type Peer struct {
 // Info is the peer's name and version.
 func (p Peer) Info() ClientInfo { return ClientInfo{Name: p.Name, Version: p.Version} }
 
-// NewClientID mints a client ID.
+// NewClientID mints a client ID: every client of a session is known to the
+// others by one, a plain client (its owner) and each attached one, and the
+// gateway alone gives them (a clientId session/attach asks for is not
+// used). No two the process mints are the same: each is the next value of
+// a counter enciphered with a key drawn at start (AES is a permutation of
+// its blocks), so two clients can never share an ID in a session, and an
+// ID says nothing of how many came before it.
 func NewClientID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
+	ids.once.Do(func() {
+		key := make([]byte, 16)
+		_, _ = rand.Read(key)
+		ids.block, _ = aes.NewCipher(key) // a 16-byte key is never refused
+	})
+	var b [aes.BlockSize]byte
+	binary.BigEndian.PutUint64(b[8:], ids.next.Add(1))
+	ids.block.Encrypt(b[:], b[:])
 	return "c-" + hex.EncodeToString(b[:])
+}
+
+// ids is what NewClientID mints from.
+var ids struct {
+	once  sync.Once
+	block cipher.Block
+	next  atomic.Uint64
 }
 
 // AttachParams are session/attach's params.
 type AttachParams struct {
-	SessionID     string      `json:"sessionId"`
-	HistoryPolicy string      `json:"historyPolicy"`
-	ClientID      string      `json:"clientId"`
-	ClientInfo    *ClientInfo `json:"clientInfo"`
-	Meta          struct {
+	SessionID     string `json:"sessionId"`
+	HistoryPolicy string `json:"historyPolicy"`
+	// ClientInfo names the client to the others (free text, as a label:
+	// never who it is). A clientId the client asks for is not read: the
+	// gateway gives each client its ID (NewClientID).
+	ClientInfo *ClientInfo `json:"clientInfo"`
+	Meta       struct {
 		Acpgate struct {
 			ReadOnly bool `json:"readOnly"`
 		} `json:"acpgate"`
@@ -78,8 +103,8 @@ func (p *AttachParams) Check() error {
 	default:
 		return fmt.Errorf(`params.historyPolicy must be "full", "pending_only" or "none", is %q`, logx.Truncate(p.HistoryPolicy, 32))
 	}
-	if len(p.ClientID) > MaxClientField || p.ClientInfo != nil && (len(p.ClientInfo.Name) > MaxClientField || len(p.ClientInfo.Version) > MaxClientField) {
-		return fmt.Errorf("params.clientId and clientInfo's name and version are limited to %d bytes", MaxClientField)
+	if p.ClientInfo != nil && (len(p.ClientInfo.Name) > MaxClientField || len(p.ClientInfo.Version) > MaxClientField) {
+		return fmt.Errorf("params.clientInfo's name and version are limited to %d bytes", MaxClientField)
 	}
 	return nil
 }
@@ -111,6 +136,23 @@ func AttachResult(r Result, st State) []byte {
 		Meta map[string]any `json:"_meta"`
 	}{r.SessionID, r.ClientID, r.Clients, r.HistoryPolicy, r.ReadOnly, st,
 		map[string]any{"acpgate": map[string]any{"replayed": r.Replayed, "historyTrimmed": r.Trimmed, "turn": r.Turn}}})
+	return res
+}
+
+// LoadResult is the result of a session/load or session/resume that the
+// gateway served as a read-only attach (another subject's session, which
+// its tenant's sharing lets the caller only watch): the standard result,
+// the session's configuration, with what an attach result says under
+// _meta.acpgate ("readOnly": true among it).
+func LoadResult(r Result, st State) []byte {
+	if r.Clients == nil {
+		r.Clients = []Peer{}
+	}
+	res, _ := json.Marshal(struct {
+		State
+		Meta map[string]any `json:"_meta"`
+	}{st, map[string]any{"acpgate": map[string]any{"attached": true, "readOnly": r.ReadOnly, "clientId": r.ClientID,
+		"connectedClients": r.Clients, "historyPolicy": r.HistoryPolicy, "replayed": r.Replayed, "historyTrimmed": r.Trimmed, "turn": r.Turn}}})
 	return res
 }
 

@@ -23,3 +23,19 @@ func TestSessionStateFollowsUpdates(t *testing.T) {
 		t.Errorf("configOptions = %s, want the update's", a.Get().ConfigOptions)
 	}
 }
+
+// Client IDs are never minted twice, and do not count in the open.
+func TestNewClientIDIsUnique(t *testing.T) {
+	seen := map[string]bool{}
+	for range 10000 {
+		id := NewClientID()
+		if seen[id] || len(id) != 34 || id[:2] != "c-" {
+			t.Fatalf("NewClientID() = %q (seen before: %v), want c- and 32 hex digits, never twice", id, seen[id])
+		}
+		seen[id] = true
+	}
+	a, b := NewClientID(), NewClientID()
+	if a[:18] == b[:18] || a[18:] == b[18:] {
+		t.Errorf("two IDs in a row, %s and %s, share a half", a, b)
+	}
+}

@@ -183,3 +183,66 @@ func PromptBlocks(mapper *pathmap.Mapper, line []byte) []json.RawMessage {
 	}
 	return acp.PromptBlocks(m.Payload)
 }
+
+// List rewrites every session of a session/list result m (its sessionId,
+// cwd and other directories) for a client of the tenant mapper maps, and
+// drops the ones the client may not see: those whose cwd is outside the
+// tenant root (with tenants, the agent lists every tenant's sessions), and
+// those seal refuses. seal gives the client-visible ID of an agent session
+// ID, or false to hide it.
+func List(mapper *pathmap.Mapper, m *jsonrpc.Message, edits []jsonrpc.Edit, seal func(agentSID string) (string, bool)) []jsonrpc.Edit {
+	var elems [][2]int
+	var hidden []bool
+	for i, f := range m.Fields {
+		if f.Kind != jsonrpc.FieldElement {
+			continue
+		}
+		var sidField, cwdField *jsonrpc.Field
+		var dirs []jsonrpc.Field
+		for j := i + 1; j < len(m.Fields) && m.Fields[j].Parent == i; j++ {
+			switch g := &m.Fields[j]; g.Kind {
+			case jsonrpc.FieldSessionID:
+				sidField = g
+			case jsonrpc.FieldPath:
+				if g.Label == "sessions[].cwd" {
+					cwdField = g
+				} else {
+					dirs = append(dirs, *g)
+				}
+			}
+		}
+		sid, ok := "", false
+		if sidField != nil {
+			sid, ok = m.String(*sidField)
+		}
+		var clientCwd string // the cwd as the client sees it
+		if ok && mapper != nil {
+			cwd, isStr := "", false
+			if cwdField != nil {
+				cwd, isStr = m.String(*cwdField)
+			}
+			var inside bool
+			clientCwd, inside = mapper.ToClient(cwd)
+			ok = isStr && inside
+		}
+		var id string
+		if ok {
+			id, ok = seal(sid)
+		}
+		elems = append(elems, [2]int{f.Start, f.End})
+		hidden = append(hidden, !ok)
+		if !ok {
+			continue
+		}
+		edits = append(edits, jsonrpc.Edit{Start: sidField.Start, End: sidField.End, Repl: jsonrpc.AppendQuote(nil, id)})
+		if mapper != nil {
+			edits = append(edits, jsonrpc.Edit{Start: cwdField.Start, End: cwdField.End, Repl: jsonrpc.AppendQuote(nil, clientCwd)})
+			for _, pf := range dirs {
+				v, _ := m.String(pf)
+				mapped, _ := mapper.ToClient(v) // redacted if outside
+				edits = append(edits, jsonrpc.Edit{Start: pf.Start, End: pf.End, Repl: jsonrpc.AppendQuote(nil, mapped)})
+			}
+		}
+	}
+	return jsonrpc.DeleteElements(edits, elems, func(i int) bool { return hidden[i] })
+}

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 )
@@ -17,8 +18,10 @@ import (
 // and back. IDs are sealed with AES-256-GCM under a key derived from the
 // gateway's session key; the scope (the tenant and the agent, Scope) is
 // authenticated data, so an ID opens only for the tenant and the agent it
-// was issued for. The nonce is derived from the scope and the agent session ID (a synthetic IV), so the same session always has
-// the same client-visible ID without the gateway keeping a table: IDs survive
+// was issued for. The subject that made the session is sealed inside
+// (Seal). The nonce is derived from the scope, the subject and the agent
+// session ID (a synthetic IV), so the same session always has the same
+// client-visible ID without the gateway keeping a table: IDs survive
 // gateway restarts and work on every replica that shares the key.
 type Sealer struct {
 	keys []sealKey // the first seals; all open (key rotation)
@@ -29,7 +32,13 @@ type sealKey struct {
 	macKey []byte
 }
 
-const sealVersion = 1
+// Versions of the sealed form: 1 holds the agent session ID alone (IDs
+// issued before sessions were bound to their subject), 2 the subject that
+// made the session too. Only 2 is issued; both open.
+const (
+	sealV1 = 1
+	sealV2 = 2
+)
 
 var b64 = base64.RawURLEncoding
 
@@ -77,8 +86,8 @@ func NewRandom() *Sealer {
 	return s
 }
 
-func aad(scope string) []byte {
-	return append([]byte{sealVersion}, scope...)
+func aad(version byte, scope string) []byte {
+	return append([]byte{version}, scope...)
 }
 
 // DefaultAgent is the name of the agent whose IDs are bound to the tenant
@@ -96,20 +105,44 @@ func Scope(tenant, agent string) string {
 	return tenant + "\x00" + agent
 }
 
-// Seal returns the client-visible ID of agentSID in scope (Scope).
-func (s *Sealer) Seal(scope, agentSID string) string { return s.keys[0].seal(scope, agentSID) }
+// Seal returns the client-visible ID of agentSID in scope (Scope), made by
+// subject: the subject travels sealed in the ID (encrypted, not only
+// authenticated), so that whoever opens it learns who the session belongs
+// to without a table, and nobody else can read it.
+func (s *Sealer) Seal(scope, subject, agentSID string) string {
+	return s.keys[0].seal(sealV2, scope, payload(subject, agentSID))
+}
 
-func (k sealKey) seal(scope, agentSID string) string {
+// payload is what a version 2 ID seals: the subject's length, the subject,
+// then the agent session ID.
+func payload(subject, agentSID string) []byte {
+	p := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(subject)+len(agentSID)), uint64(len(subject)))
+	return append(append(p, subject...), agentSID...)
+}
+
+func (k sealKey) seal(version byte, scope string, plain []byte) string {
 	h := hmac.New(sha256.New, k.macKey)
 	h.Write([]byte(scope))
 	h.Write([]byte{0})
-	h.Write([]byte(agentSID))
+	if version != sealV1 { // version 1's nonce covered the agent session ID alone
+		h.Write([]byte{version})
+	}
+	h.Write(plain)
 	nonce := h.Sum(nil)[:k.aead.NonceSize()]
-	buf := make([]byte, 0, 1+len(nonce)+len(agentSID)+k.aead.Overhead())
-	buf = append(buf, sealVersion)
+	buf := make([]byte, 0, 1+len(nonce)+len(plain)+k.aead.Overhead())
+	buf = append(buf, version)
 	buf = append(buf, nonce...)
-	buf = k.aead.Seal(buf, nonce, []byte(agentSID), aad(scope))
+	buf = k.aead.Seal(buf, nonce, plain, aad(version, scope))
 	return b64.EncodeToString(buf)
+}
+
+// Opened is what a session ID holds.
+type Opened struct {
+	Agent   string // the agent's own session ID
+	Subject string // the credential subject that made the session ("" for a Legacy ID)
+	// Legacy: a version 1 ID, issued before sessions were bound to their
+	// subject; it names nobody.
+	Legacy bool
 }
 
 var errBadSessionID = errors.New("unknown session")
@@ -118,31 +151,41 @@ var errBadSessionID = errors.New("unknown session")
 // about 3 KB seals within it).
 const maxSessionIDLen = 4096
 
-// Open returns the agent session ID sealed in id, if id was issued in scope
-// (Scope) under one of the keys. Every failure is the same error: a
-// caller cannot tell a forged ID from another tenant's or another agent's,
-// or one that never existed.
-func (s *Sealer) Open(scope, id string) (string, error) {
+// Open returns what id holds, if id was issued in scope (Scope) under one
+// of the keys. Every failure is the same error: a caller cannot tell a
+// forged ID from another tenant's or another agent's, or one that never
+// existed.
+func (s *Sealer) Open(scope, id string) (Opened, error) {
 	if len(id) > maxSessionIDLen {
-		return "", errBadSessionID
+		return Opened{}, errBadSessionID
 	}
 	raw, err := b64.DecodeString(id)
-	if err != nil || len(raw) < 1 || raw[0] != sealVersion {
-		return "", errBadSessionID
+	if err != nil || len(raw) < 1 || raw[0] != sealV1 && raw[0] != sealV2 {
+		return Opened{}, errBadSessionID
 	}
+	version := raw[0]
 	for _, k := range s.keys {
 		ns := k.aead.NonceSize()
 		if len(raw) < 1+ns+k.aead.Overhead() {
-			return "", errBadSessionID
+			return Opened{}, errBadSessionID
 		}
-		if plain, err := k.aead.Open(nil, raw[1:1+ns], raw[1+ns:], aad(scope)); err == nil {
-			// Only the canonical spelling opens: the base64 decoder skips
-			// \r and \n, which would give one session several IDs.
-			if k.seal(scope, string(plain)) != id {
-				return "", errBadSessionID
-			}
-			return string(plain), nil
+		plain, err := k.aead.Open(nil, raw[1:1+ns], raw[1+ns:], aad(version, scope))
+		if err != nil {
+			continue
 		}
+		// Only the canonical spelling opens: the base64 decoder skips
+		// \r and \n, which would give one session several IDs.
+		if k.seal(version, scope, plain) != id {
+			return Opened{}, errBadSessionID
+		}
+		if version == sealV1 {
+			return Opened{Agent: string(plain), Legacy: true}, nil
+		}
+		n, w := binary.Uvarint(plain)
+		if w <= 0 || n > uint64(len(plain)-w) {
+			return Opened{}, errBadSessionID
+		}
+		return Opened{Subject: string(plain[w : w+int(n)]), Agent: string(plain[w+int(n):])}, nil
 	}
-	return "", errBadSessionID
+	return Opened{}, errBadSessionID
 }

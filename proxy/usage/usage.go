@@ -248,3 +248,27 @@ func ParseTokens(raw []byte) (tokens map[string]int64, rejects []string) {
 	}
 	return tokens, rejects
 }
+
+// Labels bounds the currency labels of a tenant's metrics to the first
+// MaxCurrencies seen; the rest are OtherCurrency. Safe for concurrent use.
+type Labels struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+// Of is the label of the currency cur.
+func (l *Labels) Of(cur string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.seen[cur]; ok || cur == OtherCurrency {
+		return cur
+	}
+	if len(l.seen) >= MaxCurrencies {
+		return OtherCurrency
+	}
+	if l.seen == nil {
+		l.seen = map[string]struct{}{}
+	}
+	l.seen[cur] = struct{}{}
+	return cur
+}

@@ -16,3 +16,13 @@ func TestBrowserAttach(t *testing.T) {
 	r := newRig(t)
 	r.scenario(t, writeConfig(t, r.dir, ""), "attach", nil)
 }
+
+// TestBrowserAttachSpoofedClientID: an attached page knows itself by the
+// clientId the gateway answered (issue #30 item 6). Another client attaches
+// asking for the page's clientId, with its clientInfo: the page still shows
+// that client's prompt and its answer to a permission request as another
+// client's, and lists itself after that client detaches.
+func TestBrowserAttachSpoofedClientID(t *testing.T) {
+	r := newRig(t)
+	r.scenario(t, writeConfig(t, r.dir, ""), "spoof", nil)
+}

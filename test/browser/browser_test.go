@@ -54,10 +54,15 @@ func requirePrereqs(t *testing.T) string {
 	return chromium.Require(t, "node_modules", requireEnv)
 }
 
-// binary builds ./cmd/acpgate once into a temp dir.
+// binary builds ./cmd/acpgate once into a temp dir, or is ACPGATE_E2E_BIN
+// (harness.Prebuilt: an older build, its own web page embedded, to see a
+// test fail against it).
 func binary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if gateBin, buildErr = harness.Prebuilt(); buildErr != nil || gateBin != "" {
+			return
+		}
 		dir, err := os.MkdirTemp("", "acpgate-browser-bin-")
 		if err != nil {
 			buildErr = err
@@ -73,7 +78,7 @@ func binary(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	harness.Main(m, func() {
-		if gateBin != "" {
+		if prebuilt, _ := harness.Prebuilt(); gateBin != "" && gateBin != prebuilt {
 			os.RemoveAll(filepath.Dir(gateBin))
 		}
 	})

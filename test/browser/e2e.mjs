@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity|affinity-off]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -30,6 +30,9 @@
 // attach  several pages on one session (session/attach): a share link,
 //         presence, a permission card answered in one page collapses in
 //         the others, a read-only page cannot send, cancel or answer
+// spoof   another client attaches with an attached page's clientId and
+//         name: the page still shows that client's prompt and answer as
+//         another's, and keeps itself in presence when it leaves
 // affinity a gateway with sessions.affinity_cookie: the share link carries
 //         the balancer's cookie, and a page opening it sets it first,
 //         no cookie of another name
@@ -54,7 +57,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|affinity|affinity-off]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1263,6 +1266,120 @@ async function twoPagesAttach() {
   });
 }
 
+// An attached page knows itself by the clientId the gateway answered, not by
+// one a client may ask for (issue #30 item 6). Page A starts a session and
+// shares it; page B opens the link; then a client of its own (a bare
+// WebSocket, as any program could open) attaches asking for B's clientId,
+// with B's clientInfo. The gateway gives it another ID; B lists it beside
+// itself, shows its prompt as another client's (prompt_received) and its
+// answer to a permission request as someone else's (permission_resolved),
+// and still lists itself after it detaches (client_disconnected).
+async function spoofedClientId() {
+  const presence = (p) => p.locator("#presence li").allInnerTexts();
+  const waitPresence = (p, n) => p.waitForFunction((k) => document.querySelectorAll("#presence li").length === k, n);
+  let link = "";
+  let sid = "";
+  let B;
+  let selfB = "";
+  let spoofId = "";
+
+  await run("spoof: page A shares a session, page B attaches", async () => {
+    await page.goto(baseUrl);
+    await waitState("connected");
+    await send("hello before sharing");
+    await page.locator("#share-btn").click();
+    link = await page.locator("#share-link").inputValue();
+    sid = new URLSearchParams(new URL(link).hash.slice(1)).get("attach");
+    B = await context.newPage();
+    B.setDefaultTimeout(15000);
+    B.on("pageerror", (err) => problems.push(`page error (page B): ${err.message}`));
+    await B.goto(link);
+    await B.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+    await waitPresence(B, 2); // A and B
+    selfB = (await B.locator("#presence li.self").getAttribute("data-client-id")) ?? "";
+    check(selfB !== "", `B lists no clientId for itself: ${await presence(B)}`);
+  });
+
+  // The impostor: a bare WebSocket on the gateway's origin, driven from a
+  // page that runs nothing else. It answers the requests the agent sends
+  // it with "allow" when asked to (window.spoof.allow).
+  const S = await context.newPage();
+  S.setDefaultTimeout(15000);
+  await run("spoof: a client attaches with B's clientId and clientInfo", async () => {
+    await S.goto(new URL("/healthz", baseUrl).href);
+    const res = await S.evaluate(async ({ sid, clientId }) => {
+      const ws = new WebSocket(new URL("/acp", location.href).href.replace(/^http/, "ws"), "acp");
+      await new Promise((ok, fail) => {
+        ws.onopen = ok;
+        ws.onerror = () => fail(new Error("the WebSocket failed"));
+      });
+      let n = 0;
+      const answers = new Map();
+      const spoof = { requests: [], allow: false };
+      const answer = (m) => ws.send(JSON.stringify({ jsonrpc: "2.0", id: m.id, result: { outcome: { outcome: "selected", optionId: "allow" } } }));
+      ws.onmessage = (e) => {
+        const m = JSON.parse(e.data);
+        if (m.method === undefined && answers.has(m.id)) {
+          answers.get(m.id)(m);
+          answers.delete(m.id);
+        } else if (m.method === "session/request_permission" && m.id !== undefined) {
+          spoof.requests.push(m);
+          if (spoof.allow) answer(m);
+        }
+      };
+      spoof.call = (method, params) => new Promise((ok) => {
+        const id = ++n;
+        answers.set(id, ok);
+        ws.send(JSON.stringify({ jsonrpc: "2.0", id, method, params }));
+      });
+      spoof.allowNow = () => {
+        spoof.allow = true;
+        for (const m of spoof.requests.splice(0)) answer(m);
+      };
+      window.spoof = spoof;
+      const info = { name: "acpgate-web", version: "1.0.0" }; // what the page says it is
+      const init = await spoof.call("initialize", { protocolVersion: 1, clientCapabilities: {}, clientInfo: info });
+      if (init.error) return init;
+      return spoof.call("session/attach", { sessionId: sid, historyPolicy: "none", clientId, clientInfo: info });
+    }, { sid, clientId: selfB });
+    check(!res.error && typeof res.result?.clientId === "string", `the impostor's attach: ${JSON.stringify(res)}`);
+    spoofId = res.result.clientId;
+    log(`B is ${selfB}; the client that asked for B's clientId was given ${spoofId}`);
+  });
+
+  await run("spoof: B shows the other client's prompt as theirs", async () => {
+    const res = await S.evaluate((sid) => window.spoof.call("session/prompt", { sessionId: sid, prompt: [{ type: "text", text: "a prompt from the other client" }] }), sid);
+    check(res.result?.stopReason === "end_turn", `the impostor's prompt: ${JSON.stringify(res)}`);
+    await B.waitForFunction(() => [...document.querySelectorAll("#transcript .msg.user.from-other")].some((m) => m.innerText.includes("a prompt from the other client")));
+    await B.waitForFunction(() => [...document.querySelectorAll("#transcript .msg.agent")].some((m) => m.innerText.includes("You said: a prompt from the other client")));
+  });
+
+  await run("spoof: B shows the other client's answer to a permission request as theirs", async () => {
+    const before = await turnEnds();
+    await send("permission", { wait: false });
+    await page.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').waitFor();
+    await B.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').waitFor();
+    await S.evaluate(() => window.spoof.allowNow());
+    await page.waitForFunction((n) => document.querySelectorAll("#transcript .turn-end").length > n, before);
+    await B.waitForFunction(() => /llowed by acpgate-web/.test(document.querySelector("#transcript .permission:last-of-type")?.innerText ?? ""));
+    check(await B.locator('#transcript .permission:not(.answered) button[data-option-id="allow"]').count() === 0, "B's card is still open");
+  });
+
+  await run("spoof: B lists the other client beside itself; it detaches, B still lists itself", async () => {
+    await waitPresence(B, 3);
+    check(await B.locator("#presence li.self").count() === 1, `B's presence: ${await presence(B)}`);
+    const res = await S.evaluate((sid) => window.spoof.call("session/detach", { sessionId: sid }), sid);
+    check(res.result?.status === "detached", `the impostor's detach: ${JSON.stringify(res)}`);
+    await waitPresence(B, 2);
+    check(await B.locator("#presence li.self").getAttribute("data-client-id") === selfB, `B's presence after the other client left: ${await presence(B)}`);
+    await B.locator("#prompt").fill("B is still itself");
+    await B.locator("#prompt").press("Enter");
+    await expectAgentText("You said: B is still itself");
+    await S.close();
+    await B.close();
+  });
+}
+
 // The share link carries the balancer's affinity cookie (issue #22 item 8).
 // The gateway (sessions.affinity_cookie: ACPGATE_AFFINITY) gives the cookie
 // its connection's opening request carried back in the initialize result;
@@ -1382,6 +1499,7 @@ try {
   else if (scenario === "fallback") await fallbackScenario();
   else if (scenario === "agents") await agentsScenario();
   else if (scenario === "attach") await twoPagesAttach();
+  else if (scenario === "spoof") await spoofedClientId();
   else if (scenario === "affinity") await affinityScenario();
   else if (scenario === "affinity-off") await affinityOffScenario();
   else throw new Failure(`unknown scenario ${scenario}`);

@@ -377,13 +377,16 @@ func TestIsolationAuth(t *testing.T) {
 		promptOK(t, by[name], bySID[name], name+" bystander")
 	}
 	// whoAmI names the tenant of an authenticated connection: session/list
-	// shows only the tenant's own sessions, under its own sealed IDs.
+	// shows only the tenant's own sessions, under its own sealed IDs, and
+	// of those only its subject's (sharing same_subject, the default):
+	// jwtSID are sessions of each tenant's JWT subject "user-1".
+	jwtSID := map[string]string{}
 	whoAmI := func(t *testing.T, c *client) string {
 		t.Helper()
 		ids := listedIDs(func() []map[string]any { e, _ := listSessions(t, c, map[string]any{}); return e }())
 		var who []string
 		for _, name := range tenantNames {
-			if slices.Contains(ids, bySID[name]) {
+			if slices.Contains(ids, bySID[name]) || slices.Contains(ids, jwtSID[name]) {
 				who = append(who, name)
 			}
 		}
@@ -431,6 +434,9 @@ func TestIsolationAuth(t *testing.T) {
 		}
 		secrets = append(secrets, s)
 		return s
+	}
+	for _, name := range tenantNames {
+		jwtSID[name] = dialToken(t, g, sign(t, jwt.SigningMethodHS256, env.hsSecret, "", claims(name, nil))).newSession(vroot)
 	}
 
 	run("no token", func(t *testing.T) {
@@ -587,7 +593,7 @@ func TestIsolationAuth(t *testing.T) {
 		mimic := dialToken(t, g, sign(t, jwt.SigningMethodHS256, env.hsSecret, "",
 			claims("acme", func(c jwt.MapClaims) { c["sub"] = "token:" + hex.EncodeToString(sum[:8]) })))
 		_, m := tryAttach(t, mimic, attachParams(sid, "mimic", false))
-		wantCode(t, "a JWT whose sub is the static token's subject", m, -32003, "not authorised to attach")
+		wantCode(t, "a JWT whose sub is the static token's subject", m, -32002, "session not found")
 		mustAttach(t, dialToken(t, g, acmeTok), sid, "same-token", false)
 
 		jwtOwner := dialToken(t, g, sign(t, jwt.SigningMethodRS256, testRSAKey(t), "k1", claims("acme", nil)))

@@ -75,8 +75,8 @@ func TestSDKOwnerWithAttachedClient(t *testing.T) {
 
 const (
 	ownerName       = "acpgate-interop-sdk-owner" // sdk-owner.mjs's clientInfo.name
-	peerClientID    = "interop-peer"
-	permissionDelay = 3 * time.Second // the SDK client's permission handler waits this long
+	peerClientID    = "interop-peer"              // asked for in session/attach; the gateway gives its own
+	permissionDelay = 3 * time.Second             // the SDK client's permission handler waits this long
 	attachStep      = 20 * time.Second
 	detachTimeout   = 3 * time.Second
 )
@@ -132,8 +132,8 @@ func attachScenario(t *testing.T, h *harness, g *gateway, home, work, transport,
 		} `json:"_meta"`
 	}
 	peer.mustResult(attachRes, &att)
-	if att.SessionID != sid || att.ClientID != peerClientID || att.Meta.Acpgate.Turn != "running" {
-		t.Errorf("attach result: sessionId %q clientId %q turn %q; want %q %q running", att.SessionID, att.ClientID, att.Meta.Acpgate.Turn, sid, peerClientID)
+	if att.SessionID != sid || att.ClientID == "" || att.ClientID == peerClientID || att.Meta.Acpgate.Turn != "running" {
+		t.Errorf("attach result: sessionId %q clientId %q turn %q; want %q, one the gateway minted (not %q), running", att.SessionID, att.ClientID, att.Meta.Acpgate.Turn, sid, peerClientID)
 	}
 	var names []string
 	ownerClientID := ""
@@ -159,7 +159,7 @@ func attachScenario(t *testing.T, h *harness, g *gateway, home, work, transport,
 	peer.checkSession(perm1, sid)
 	peer.answerPermission(perm1, "allow_once")
 	i, resolved1 := peer.waitMsg(perm1.index+1, "permission_resolved for turn 1", attachStep, isUpdate("permission_resolved"))
-	checkResolved(t, resolved1, "allow", peerClientID)
+	checkResolved(t, resolved1, "allow", att.ClientID)
 	_, done1 := peer.waitMsg(i+1, "turn_complete for turn 1", attachStep, isUpdate("turn_complete"))
 	checkStop(t, done1)
 	turn1 := owner.waitLine(t, "the SDK client's first turn", attachStep, func(l outLine) bool { return l.Type == "session/prompt" })

@@ -1,98 +1,17 @@
-// Package memory holds the real gateway to the memory bounds README.md
-// states: what one connection may make it hold.
 package memory
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/acpgate/acpgate/test/internal/acpclient"
-	"github.com/acpgate/acpgate/test/internal/harness"
-	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
-
-var binPath, fakePath string
-
-// TestMain builds the gateway without the race detector, whatever the
-// test binary has: its shadow memory would be most of what is measured.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "acpgate-memory-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fail := func(what string, err error) {
-		fmt.Fprintln(os.Stderr, what, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	if binPath, err = harness.Prebuilt(); err != nil {
-		fail("memory:", err)
-	} else if binPath != "" {
-		fmt.Fprintln(os.Stderr, "memory: using the prebuilt gateway", binPath)
-	} else if binPath, err = harness.Build(dir, false); err != nil {
-		fail("build acpgate:", err)
-	}
-	fakePath = filepath.Join(dir, "fakeagent")
-	if err := harness.BuildFakeAgent(fakePath); err != nil {
-		fail("build fakeagent:", err)
-	}
-	harness.Main(m, func() { os.RemoveAll(dir) })
-}
-
-// procStatus reads one "Key: N kB" line of /proc/PID/status, in bytes.
-func procStatus(t *testing.T, pid int, key string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), key+":"); ok {
-			f := strings.Fields(rest)
-			n, err := strconv.ParseInt(f[0], 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n << 10
-		}
-	}
-	t.Fatalf("/proc/%d/status has no %s", pid, key)
-	return 0
-}
-
-// promptAnswers is the number of session/prompt answers the gateway has
-// relayed from the agent.
-func promptAnswers(t *testing.T, addr string) int {
-	t.Helper()
-	_, body, err := metricscrape.Get(addr)
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	n := 0.0
-	for k, v := range metricscrape.Parse(body) {
-		if strings.HasPrefix(k, "acpgate_messages_total{") && strings.Contains(k, `direction="agent_to_client"`) &&
-			strings.Contains(k, `method="session/prompt"`) {
-			n += v
-		}
-	}
-	return int(n)
-}
-
-const mib = 1 << 20
 
 // TestSlowClientMemory: a client that stops reading while 20 of its
 // sessions each stream 16 MB, on the agent process where another client's
@@ -116,15 +35,7 @@ func TestSlowClientMemory(t *testing.T) {
 
 func slowClientMemory(t *testing.T, sessions, chunks, size int) {
 	const bound = 256 * mib
-	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
-agent: {command: [%q], stop_grace: 1s}
-pool: {min_idle: 1, max_processes: 1, max_sessions_per_process: 64}
-log: {level: info, format: json}
-`, fakePath)
-	path := filepath.Join(t.TempDir(), "acpgate.yaml")
-	harness.WriteFile(t, path, cfg, 0o600)
-	g := harness.Start(t, harness.Options{Argv: []string{binPath, "serve", "--config", path}, Env: harness.EnvWithout("ACPGATE_"), CheckExit: true})
-	pid := g.Cmd.Process.Pid
+	g, pid := startGateway(t, "")
 	url := "ws://" + g.Addr + "/acp"
 
 	// The client beside the slow one: a session on the same process (one
@@ -199,7 +110,7 @@ log: {level: info, format: json}
 	// Every one of the slow client's turns has ended (the agent streams
 	// one prompt at a time) before the other client streams again.
 	deadline := time.Now().Add(30 * time.Second)
-	for n := 0; n < sessions+1; n = promptAnswers(t, g.Addr) {
+	for n := 0; n < sessions+1; n = prompts(t, g.Addr, "agent_to_client") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the agent answered %d of the slow client's %d prompts within 30 s", n-1, sessions)
 		}
@@ -208,14 +119,8 @@ log: {level: info, format: json}
 	if got := stream(chunks, size); got != chunks {
 		t.Errorf("the other client got %d of its %d updates", got, chunks)
 	}
-	took := time.Since(start)
-	peak := procStatus(t, pid, "VmHWM")
-	t.Logf("gateway RSS: baseline %.1f MiB, peak %.1f MiB (+%.1f MiB); %d sessions streamed %d x %d B each in %s",
-		float64(baseline)/mib, float64(peak)/mib, float64(peak-baseline)/mib, sessions, chunks, size, took.Round(time.Millisecond))
-	if peak-baseline >= bound {
-		t.Errorf("a slow client cost the gateway %.1f MiB of RSS over its baseline of %.1f MiB; the bound is %d MiB",
-			float64(peak-baseline)/mib, float64(baseline)/mib, bound/mib)
-	}
+	checkPeak(t, pid, baseline, bound, fmt.Sprintf("%d sessions streamed %d x %d B each in %s",
+		sessions, chunks, size, time.Since(start).Round(time.Millisecond)))
 	if g.CountLogs("closing slow client", "", "") != 1 {
 		t.Errorf("the client that stopped reading was not cut off as a slow client")
 	}

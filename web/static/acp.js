@@ -147,7 +147,8 @@
 //      connection, with the old one's handle() and on() handlers (pending
 //      requests of the old one were rejected; a turn that ran is over).
 //   4. for each session, in the order they were opened: session/attach
-//      (history "full", the same clientId) for one it attached to,
+//      (history "full"; acpgate gives the new connection a clientId of
+//      its own: result.clientId) for one it attached to,
 //      session/load if the agent advertises loadSession, else
 //      session/resume if it has sessionCapabilities.resume, else {state:
 //      "lost"}. Before each:
@@ -1698,8 +1699,9 @@ export class AcpClient {
    *   historyPolicy  "full" (the default: the session's kept history is
    *                  replayed as session/update before the answer, as
    *                  session/load does), "pending_only" or "none"
-   *   clientId       this client's ID in the session (the gateway mints
-   *                  one if none: result.clientId)
+   *   clientId       the ID this client asks for (RFD #533); acpgate
+   *                  ignores it and mints each client's own, unique in the
+   *                  session: know yourself by result.clientId only
    *   clientInfo     {name, version} shown to the session's other clients
    *                  (default: what initialize sent)
    *   readOnly       true: watch only (sent as _meta.acpgate.readOnly); the
@@ -1711,7 +1713,7 @@ export class AcpClient {
    * and the session's updates as for any of its clients, plus the kinds
    * only attached clients get (permission_resolved, prompt_received,
    * turn_complete, client_connected, client_disconnected). A reconnect
-   * attaches again (same clientId, history "full") instead of loading.
+   * attaches again (history "full") instead of loading.
    */
   async attach(sessionId, { historyPolicy = "full", clientId, clientInfo, readOnly = false } = {}) {
     const info = clientInfo ?? this.#initArgs?.[1];

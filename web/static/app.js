@@ -172,7 +172,7 @@ const app = {
   session: null, // {id, cwd, title, attached, readOnly}: attached when the page joined it with session/attach
   running: null, // {started, cancelling, remote}: remote, a turn another client of the session started
   attachTarget: SHARED, // {sessionId, agent, readOnly}: the share link the page was opened with, until tried
-  selfId: "", // this page's clientId in the attached session
+  selfId: "", // this page's clientId in the attached session: the one the gateway's attach result gave
   presence: new Map(), // clientId -> {clientId, name, version, readOnly, self}: the open session's clients
   loading: false,
   lastClose: null, // {code, reason} of the close that lost the connection
@@ -797,6 +797,14 @@ function wireHandlers(conn) {
     }
     if (!sharedUpdate(p.update)) transcript.update(p.update);
   });
+  // The gateway says the session ended for this page: another client loaded
+  // or took it over, or an administrator ended it.
+  conn.on("_acpgate/session_ended", (p) => {
+    if (!app.session || p.sessionId !== app.session.id) return;
+    transcript.notice(`This session ended here: ${String(p.reason ?? "ended")}. Load it again to go on.`, "warn");
+    app.session = null;
+    updateControls();
+  });
   conn.handle("session/request_permission", (p, { signal }) => {
     if (!app.session || p.sessionId !== app.session.id) return { outcome: { outcome: "cancelled" } };
     return transcript.askPermission(p, signal).then((outcome) => ({ outcome }));
@@ -1053,7 +1061,7 @@ async function attachSession(id, { readOnly = false, reason = "Attached to the s
   updateControls();
   const epoch = app.epoch;
   try {
-    const res = await app.acp.attach(id, { historyPolicy: "full", clientId: savedClientId(id), clientInfo: CLIENT_INFO, readOnly });
+    const res = await app.acp.attach(id, { historyPolicy: "full", clientInfo: CLIENT_INFO, readOnly });
     if (epoch !== app.epoch) return false; // another agent was picked meanwhile
     attached(res);
     const trimmed = res?._meta?.acpgate?.historyTrimmed ? " The oldest part of the history was no longer kept." : "";
@@ -1078,14 +1086,15 @@ async function attachSession(id, { readOnly = false, reason = "Attached to the s
 }
 
 // The session/attach result (or a reconnect's): who this page is in the
-// session, and who else is there.
+// session, and who else is there. The page is the client whose ID the
+// gateway answered (it mints every one, unique in the session): a clientId
+// anyone may ask for, or a name, never makes another client "me".
 function attached(res) {
   const s = app.session;
   if (!s) return;
   if (typeof res?.readOnly === "boolean") s.readOnly = res.readOnly; // the gateway's policy may force it
   transcript.readOnly = s.readOnly;
   app.selfId = String(res?.clientId ?? "");
-  saveClientId(s.id, app.selfId);
   app.presence.clear();
   for (const c of Array.isArray(res?.connectedClients) ? res.connectedClients : []) presenceAdd(c);
   if (!app.presence.has(app.selfId)) presenceAdd({ clientId: app.selfId, name: CLIENT_INFO.name, readOnly: s.readOnly });
@@ -1108,28 +1117,14 @@ function leaveShared(acp = app.acp) {
   renderPresence();
 }
 
-// A session the page started or loaded: it is its one client so far.
+// A session the page started or loaded: it is its one client so far. As
+// its plain owner it gets only ACP v1, no update naming a client, so it
+// needs no ID ("" is never a client's).
 function ownPresence() {
   app.selfId = "";
   app.presence.clear();
   presenceAdd({ clientId: "", name: CLIENT_INFO.name });
   renderPresence();
-}
-
-// This page's clientId in a session, kept for a reload of the tab.
-function savedClientId(sessionId) {
-  try {
-    return sessionStorage.getItem("acpgate.clientId:" + sessionId) || undefined;
-  } catch {
-    return undefined;
-  }
-}
-function saveClientId(sessionId, clientId) {
-  try {
-    if (clientId) sessionStorage.setItem("acpgate.clientId:" + sessionId, clientId);
-  } catch {
-    // ignore
-  }
 }
 
 function clientName(c) {

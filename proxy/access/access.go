@@ -1,0 +1,118 @@
+// Package access decides who may touch a session: one rule, its tenant's
+// sharing, for every method that names a session (load, resume, a
+// take-over, attach, delete, close, list). A session belongs to the
+// credential subject that made it; that subject travels sealed in the
+// session's ID (package sessionid), so the rule needs no table, except to
+// list sessions the agent names by its own IDs (Owners).
+package access
+
+import "sync"
+
+// Sharing is a tenant's rule for the sessions of its subjects.
+type Sharing struct {
+	// Attach: SameSubject (also ""), Tenant or Off.
+	Attach string
+	// ReadOnlyForOthers: with Attach Tenant, another subject only
+	// watches: its attach is read-only, its load becomes a read-only
+	// attach, and what would write is refused.
+	ReadOnlyForOthers bool
+}
+
+// Sharing.Attach values.
+const (
+	SameSubject = "same_subject" // only the subject that made a session touches it (the default)
+	Tenant      = "tenant"       // any subject of the tenant does
+	Off         = "off"          // as SameSubject, and nobody attaches, not even that subject
+)
+
+// Action is what a client asks to do with a session it does not hold.
+type Action uint8
+
+const (
+	List   Action = iota // see it in session/list
+	Attach               // session/attach
+	Load                 // session/load, session/resume, a take-over of a detached holder's session
+	Write                // session/delete, session/close, and anything else that changes it
+)
+
+// Verdict is what the rule allows.
+type Verdict uint8
+
+const (
+	// Refused: the session is unknown to the caller (-32002, as for a
+	// forged ID), and it is never listed.
+	Refused Verdict = iota
+	// Allowed: as its maker may.
+	Allowed
+	// ReadOnly: only to watch. An attach is read-only, a load becomes a
+	// read-only attach, a write is refused as a read-only client's is.
+	ReadOnly
+)
+
+// Decide is what caller may do with a session owner made. A subject may
+// do anything with its own sessions (Off's ban on attaching is the
+// caller's to apply). The empty owner (a session ID of before subjects were
+// sealed in it, or a listed session whose maker this gateway does not
+// know) is nobody's: only a gateway without credentials, whose callers are
+// all "", treats it as its own.
+func (s Sharing) Decide(caller, owner string, a Action) Verdict {
+	switch {
+	case caller == owner:
+		return Allowed
+	case s.Attach != Tenant:
+		return Refused
+	case s.ReadOnlyForOthers && a != List:
+		return ReadOnly
+	}
+	return Allowed
+}
+
+// maxOwners bounds what Owners remembers: the oldest entry goes first.
+const maxOwners = 1 << 16
+
+// Owners remembers who made the sessions this gateway has seen made or
+// loaded, by agent and agent session ID, for session/list: an agent lists
+// its sessions by its own IDs, and the gateway seals each with its owner.
+// A session it does not know (made before a restart, on another replica,
+// or forgotten past maxOwners) has the empty owner until its maker loads
+// it by its ID again. Safe for concurrent use.
+type Owners struct {
+	mu    sync.Mutex
+	m     map[ownerKey]string
+	order []ownerKey // ring of the keys in the order they were first noted
+	next  int
+}
+
+type ownerKey struct{ scope, agentSID string }
+
+// Note records that subject made the session agentSID of scope
+// (sessionid.Scope). The empty subject records nothing.
+func (o *Owners) Note(scope, agentSID, subject string) {
+	if subject == "" {
+		return
+	}
+	k := ownerKey{scope, agentSID}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = make(map[ownerKey]string)
+	}
+	if _, ok := o.m[k]; ok {
+		return // a session's maker never changes
+	}
+	if len(o.order) < maxOwners {
+		o.order = append(o.order, k)
+	} else {
+		delete(o.m, o.order[o.next])
+		o.order[o.next] = k
+		o.next = (o.next + 1) % maxOwners
+	}
+	o.m[k] = subject
+}
+
+// Of is who made the session agentSID of scope ("": not known).
+func (o *Owners) Of(scope, agentSID string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.m[ownerKey{scope, agentSID}]
+}
