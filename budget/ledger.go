@@ -79,10 +79,11 @@ type Config struct {
 	// fails (their spend is added when it is back); false refuses them.
 	AllowOnStoreError bool
 	Limits            map[string]Limits // by tenant; tenants not named have no budget
-	// Cancel asks the relay to cancel the running turn of a session (its
-	// ID as clients see it), its answer carrying why (the Exhaustion as
-	// JSON) in _meta.acpgate.budget. Called on the ledger's own goroutine.
-	Cancel func(sessionID string, why []byte)
+	// Cancel asks the relay to cancel the running turn of a session of
+	// the tenant's (its ID as clients see it), its answer carrying why
+	// (the Exhaustion as JSON) in _meta.acpgate.budget. Called on the
+	// ledger's own goroutine.
+	Cancel func(tenant, sessionID string, why []byte)
 	// Event records budget.exceeded and budget.reset in the audit trail
 	// (nil: none).
 	Event   func(event, tenant string, fields map[string]any)
@@ -112,8 +113,14 @@ type Ledger struct {
 	limits atomic.Pointer[map[string]Limits]
 	now    func() time.Time
 
-	mu       sync.Mutex
-	pend     map[Key]*pending
+	mu   sync.Mutex
+	pend map[Key]*pending
+	// flying is what the writer took from pend and is adding to the
+	// store: it counts until the store has it. gen counts the writer's
+	// additions to a key, started (odd) and ended (even): spentOf reads
+	// the store between two equal even values.
+	flying   map[Key]Spent
+	gen      map[Key]uint64
 	exceeded map[Key]bool // budget.exceeded written for the key
 	storeErr error        // the store's last failure, nil once a call succeeds
 
@@ -129,7 +136,7 @@ func New(cfg Config) *Ledger {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, exceeded: map[Key]bool{},
+	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, flying: map[Key]Spent{}, gen: map[Key]uint64{}, exceeded: map[Key]bool{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	if l.now == nil {
 		l.now = time.Now
@@ -235,7 +242,7 @@ func (l *Ledger) Prompt(e *observe.Event) *observe.Refusal {
 		return nil
 	}
 	key, next := l.key(tenant, lim)
-	spent, err := l.cfg.Store.Get(l.ctx, key)
+	spent, err := l.spentOf(l.ctx, key)
 	l.noteStore(err)
 	if err != nil {
 		if l.cfg.AllowOnStoreError {
@@ -245,11 +252,6 @@ func (l *Ledger) Prompt(e *observe.Event) *observe.Refusal {
 		return &observe.Refusal{Code: CodeStoreError, Data: data,
 			Message: "budget ledger unavailable (store " + l.cfg.Store.Name() + "): prompts of a tenant with a budget wait for it; try again shortly"}
 	}
-	l.mu.Lock()
-	if p := l.pend[key]; p != nil {
-		spent.add(p.add)
-	}
-	l.mu.Unlock()
 	x, over := lim.exhausted(tenant, spent, next)
 	if !over {
 		return nil
@@ -259,6 +261,39 @@ func (l *Ledger) Prompt(e *observe.Event) *observe.Refusal {
 	}
 	data, _ := json.Marshal(x)
 	return &observe.Refusal{Code: CodeExhausted, Message: x.Message(), Data: data}
+}
+
+// spentOf is what key holds: in the store, and reported but not in it
+// yet. What the writer adds while the store is read counts once: the read
+// is tried again (a few times; then such an addition may count twice, a
+// prompt at the cap refused a moment early, never let through late).
+func (l *Ledger) spentOf(ctx context.Context, key Key) (Spent, error) {
+	for try := 0; ; try++ {
+		var unstored Spent
+		l.mu.Lock()
+		g := l.gen[key]
+		if p := l.pend[key]; p != nil {
+			unstored.add(p.add)
+		}
+		unstored.add(l.flying[key])
+		l.mu.Unlock()
+		s, err := l.cfg.Store.Get(ctx, key)
+		if err != nil {
+			return Spent{}, err
+		}
+		l.mu.Lock()
+		same := g%2 == 0 && l.gen[key] == g
+		l.mu.Unlock()
+		if same || try == 3 {
+			s.add(unstored)
+			return s, nil
+		}
+		select {
+		case <-ctx.Done():
+			return Spent{}, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // noteStore records the outcome of a store call.
@@ -306,12 +341,19 @@ func (l *Ledger) flush(ctx context.Context) bool {
 	l.mu.Lock()
 	batch := l.pend
 	l.pend = map[Key]*pending{}
+	for key, p := range batch {
+		l.flying[key] = p.add.clone()
+	}
 	l.mu.Unlock()
 	ok := true
 	for key, p := range batch {
 		if p.add.zero() {
+			l.landed(key)
 			continue
 		}
+		l.mu.Lock()
+		l.gen[key]++ // odd: adding
+		l.mu.Unlock()
 		total, err := l.cfg.Store.Add(ctx, key, p.add, p.next)
 		l.noteStore(err)
 		if err != nil {
@@ -319,15 +361,36 @@ func (l *Ledger) flush(ctx context.Context) bool {
 			l.requeue(key, p)
 			continue
 		}
+		l.landed(key)
 		l.added(key, p, total)
 	}
 	return ok
 }
 
-// requeue puts p back in front of what came meanwhile.
+// landed: what was flying for key is in the store (or was nothing).
+func (l *Ledger) landed(key Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.flying, key)
+	if l.gen[key]%2 == 1 {
+		l.gen[key]++
+	}
+	for k := range l.gen { // past periods' counts are of no more use
+		if k.Tenant == key.Tenant && k.Start.Before(key.Start) {
+			delete(l.gen, k)
+		}
+	}
+}
+
+// requeue puts p, which the store did not take, back in front of what
+// came meanwhile.
 func (l *Ledger) requeue(key Key, p *pending) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	delete(l.flying, key)
+	if l.gen[key]%2 == 1 {
+		l.gen[key]++
+	}
 	if q := l.pend[key]; q != nil {
 		p.add.add(q.add)
 		for s := range q.sessions {
@@ -357,7 +420,7 @@ func (l *Ledger) added(key Key, p *pending, total Spent) {
 	why, _ := json.Marshal(x)
 	if l.cfg.Cancel != nil {
 		for _, sid := range slices.Sorted(maps.Keys(p.sessions)) {
-			l.cfg.Cancel(sid, why)
+			l.cfg.Cancel(key.Tenant, sid, why)
 		}
 	}
 	l.mu.Lock()
@@ -397,16 +460,11 @@ func (l *Ledger) Statuses(ctx context.Context) ([]Status, error) {
 	for _, tenant := range slices.Sorted(maps.Keys(limits)) {
 		lim := limits[tenant]
 		key, next := l.key(tenant, lim)
-		spent, err := l.cfg.Store.Get(ctx, key)
+		spent, err := l.spentOf(ctx, key)
 		l.noteStore(err)
 		if err != nil {
 			return nil, err
 		}
-		l.mu.Lock()
-		if p := l.pend[key]; p != nil {
-			spent.add(p.add)
-		}
-		l.mu.Unlock()
 		st := Status{Tenant: tenant, Period: lim.Period, Start: key.Start.Format(time.RFC3339), Resets: next.UTC().Format(time.RFC3339)}
 		st.Spent.Tokens, st.Spent.Cost = spent.Tokens, spent.Cost
 		if st.Spent.Cost == nil {
