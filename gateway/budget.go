@@ -58,23 +58,14 @@ func newBudgets(cfg *config.Config, reg prometheus.Registerer, labels *relaymetr
 }
 
 // cancelTurn is the ledger's Cancel: the session's running turn is
-// cancelled, its answer saying why.
-func (b *budgets) cancelTurn(sessionID string, why []byte) {
+// cancelled, its answer saying why under _meta.acpgate.budget.
+func (b *budgets) cancelTurn(tenant, sessionID string, why []byte) {
 	r := b.relay.Load()
 	if r == nil {
 		return
 	}
-	// TODO(budget): call r.CancelTurn directly once branch cancelturn is
-	// merged; until then a relay without it cancels nothing.
-	c, ok := any(r).(interface {
-		CancelTurn(sessionID string, why []byte) bool
-	})
-	if !ok {
-		b.log.Warn("budgets: this relay cannot cancel a running turn; it runs on past the budget", "session", sessionID)
-		return
-	}
-	if c.CancelTurn(sessionID, why) {
-		b.log.Info("budgets: turn cancelled, its tenant's budget exhausted", "session", sessionID)
+	if r.CancelTurn(sessionID, "budget", why) {
+		b.log.Info("budgets: turn cancelled, its tenant's budget exhausted", "tenant", tenant, "session", sessionID)
 	}
 }
 
