@@ -6,12 +6,14 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/acpgate/acpgate/internal/redistest"
 	"github.com/acpgate/acpgate/test/internal/harness"
 )
 
@@ -397,5 +399,182 @@ func TestBudgetHostileReports(t *testing.T) {
 	}
 	if r := prompt(t, c, sid, "still served", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
 		t.Errorf("after hostile reports: %s", r.Raw)
+	}
+}
+
+// 20 turns of one tenant race its cap: every turn is cancelled, and the
+// spend passes the cap by what the turns reported before their
+// cancellation reached them. The figure is logged (README, Budgets).
+func TestBudgetConcurrentTurnsOvershoot(t *testing.T) {
+	const turns, limit, step = 20, 10.0, 0.25
+	e := newBudgetEnv(t)
+	g := startGateway(t, gwOpts{config: e.config(t, "", map[string]string{"acme": fmt.Sprintf("{cost: {USD: %v}}", limit)})})
+	c := dialToken(t, g, e.tokens["acme"])
+	var sids []string
+	for range turns {
+		sids = append(sids, c.newSession(e.roots["acme"]))
+	}
+	// Each turn reports 0.25 more every 50 ms, 5 USD in 1 s if it runs
+	// to its end: together 100 USD a second.
+	var amounts []string
+	for i := 1; i <= 20; i++ {
+		amounts = append(amounts, fmt.Sprint(float64(i)*step))
+	}
+	text := "spend " + strings.Join(amounts, ",") + " every=50ms"
+	ids := map[int]bool{}
+	for _, sid := range sids {
+		ids[c.Request("session/prompt", textPrompt(sid, text))] = true
+	}
+	stops := map[string]int{}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(ids) > 0 {
+		m := c.Next(time.Until(deadline))
+		if m.Method != "" {
+			continue
+		}
+		var id int
+		if json.Unmarshal(m.ID, &id) != nil || !ids[id] {
+			t.Fatalf("unexpected answer: %s", m.Raw)
+		}
+		delete(ids, id)
+		stops[stopReason(t, m)]++
+	}
+	// The ledger has everything once nothing is pending: read until it
+	// stops changing.
+	var spent float64
+	for prev := -1.0; spent != prev; time.Sleep(300 * time.Millisecond) {
+		prev, spent = spent, listBudgets(t, g)["acme"].Spent.Cost["USD"]
+	}
+	over := spent - limit
+	t.Logf("%d turns, reports of %.2f every 50 ms, cap %.2f: spent %.2f, overshoot %.2f USD (%.1f reports' worth, %.2f a turn); stop reasons %v",
+		turns, step, limit, spent, over, over/step, over/turns, stops)
+	if stops["cancelled"] != turns {
+		t.Errorf("stop reasons %v, want every turn cancelled", stops)
+	}
+	if spent < limit || over > turns*step*2 {
+		t.Errorf("spent %.2f against a cap of %.2f: want an overshoot of at most two reports a turn (%.2f)", spent, limit, turns*step*2)
+	}
+	if r := prompt(t, c, sids[0], "after the race", 10*time.Second, nil); r.Error == nil || r.Error.Code != -32006 {
+		t.Errorf("after the race: %s", r.Raw)
+	}
+}
+
+// The store's name in errors and logs never shows a Redis password:
+// check-config's problems, and the error a prompt gets while the store is
+// unreachable (on_store_error deny), which names it.
+func TestBudgetStoreNamedWithoutPassword(t *testing.T) {
+	e := newBudgetEnv(t)
+	const secret = "hunter2-budget-secret"
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	writeFile(t, bad, []byte(e.config(t, "budgets: {store: \"redis://:"+secret+"@127.0.0.1:notaport/0\", on_store_error: maybe}\n",
+		map[string]string{"acme": "{period: week, tokens: -1, cost: {\"US$\": 1}}"})))
+	out, err := exec.Command(binPath, "check-config", "--config", bad).CombinedOutput()
+	for _, want := range []string{"budgets.store: redis://xxxxx@127.0.0.1:notaport/0", `budgets.on_store_error: "maybe" is not deny or allow`,
+		`tenants[0].budget.period: "week" is not day or month`, "tenants[0].budget.tokens: must not be negative",
+		`tenants[0].budget.cost: "US$" is not a currency`} {
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("check-config: %v, output lacks %q:\n%s", err, want, out)
+		}
+	}
+	if strings.Contains(string(out), secret) {
+		t.Errorf("check-config shows the password:\n%s", out)
+	}
+
+	closed := harness.FreeAddr(t)
+	g := startGateway(t, gwOpts{config: e.config(t, "budgets: {store: \"redis://:"+secret+"@"+closed+"/0\"}\n",
+		map[string]string{"acme": "{cost: {USD: 1}}"})})
+	c, sid := e.session(t, g, "acme")
+	r := prompt(t, c, sid, "while the store is unreachable", 15*time.Second, nil)
+	if r.Error == nil || r.Error.Code != -32603 || !strings.Contains(r.Error.Message, "redis://:xxxxx@"+closed+"/0") {
+		t.Errorf("want an error naming the store: %s", r.Raw)
+	}
+	initech, isid := e.session(t, g, "initech")
+	if r := prompt(t, initech, isid, "a tenant without a budget", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
+		t.Errorf("a tenant without a budget while the store is down: %s", r.Raw)
+	}
+	if strings.Contains(string(r.Raw), secret) || strings.Contains(g.LogText(), secret) {
+		t.Error("the password is in an error or the log")
+	}
+}
+
+// Two gateways sharing one Redis share the ledger: what a tenant spends
+// on one refuses its prompts on the other, and a reset on either serves it
+// on both.
+func TestBudgetRedisSharedByGateways(t *testing.T) {
+	redis := redistest.Start(t)
+	e := newBudgetEnv(t)
+	cfg := e.config(t, fmt.Sprintf("budgets: {store: %q}\n", redis.URL(0)), map[string]string{"acme": "{cost: {USD: 1}}"})
+	g1 := startGateway(t, gwOpts{config: cfg})
+	g2 := startGateway(t, gwOpts{config: cfg})
+	c1, sid1 := e.session(t, g1, "acme")
+	c2, sid2 := e.session(t, g2, "acme")
+	if r := prompt(t, c2, sid2, "served on the second", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
+		t.Fatalf("before any spend: %s", r.Raw)
+	}
+	if r := prompt(t, c1, sid1, "spend 1.25 every=1ms", 10*time.Second, nil); r.Error != nil {
+		t.Fatal(r.Raw)
+	}
+	r := prompt(t, c2, sid2, "refused on the second", 10*time.Second, nil)
+	refusedForBudget(t, r, "budget for tenant acme exhausted: 1.25 of 1.00 USD this day",
+		budgetData{Tenant: "acme", Period: "day", Unit: "USD", Spent: 1.25, Limit: 1})
+	if code := adminDo(t, http.MethodPost, "http://"+g2.MetricsAddr()+"/v1/admin/budgets/acme/reset", adminTok, nil); code != http.StatusOK {
+		t.Fatalf("reset on the second: %d", code)
+	}
+	if r := prompt(t, c1, sid1, "served on the first after the reset", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
+		t.Errorf("after a reset on the other gateway: %s", r.Raw)
+	}
+}
+
+// Redis is killed mid-run and started again (empty). With on_store_error
+// deny, the budgeted tenant's prompts get an error naming the store while
+// it is down and are served once it is back, without a restart; a tenant
+// without a budget is served throughout. With allow, its prompts run
+// while Redis is down, and what they spent meanwhile is added once it is
+// back.
+func TestBudgetRedisDown(t *testing.T) {
+	for _, mode := range []string{"deny", "allow"} {
+		t.Run(mode, func(t *testing.T) {
+			redis := redistest.Start(t)
+			e := newBudgetEnv(t)
+			g := startGateway(t, gwOpts{config: e.config(t, fmt.Sprintf("budgets: {store: %q, on_store_error: %s}\n", redis.URL(0), mode),
+				map[string]string{"acme": "{cost: {USD: 1}}"})})
+			c, sid := e.session(t, g, "acme")
+			initech, isid := e.session(t, g, "initech")
+			if r := prompt(t, c, sid, "spend 0.5 every=1ms", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
+				t.Fatalf("before the outage: %s", r.Raw)
+			}
+			redis.Kill()
+			if r := prompt(t, initech, isid, "no budget, no store", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
+				t.Errorf("a tenant without a budget while Redis is down: %s", r.Raw)
+			}
+			r := prompt(t, c, sid, "spend 1.5 every=1ms", 10*time.Second, nil)
+			switch {
+			case mode == "deny" && (r.Error == nil || r.Error.Code != -32603 || !strings.Contains(r.Error.Message, redis.URL(0))):
+				t.Fatalf("deny: want an error naming the store %s: %s", redis.URL(0), r.Raw)
+			case mode == "allow" && r.Error != nil:
+				t.Fatalf("allow: refused while Redis is down: %s", r.Raw)
+			}
+			redis.Restart() // empty: it kept nothing
+			// deny: served again, nothing spent meanwhile; allow: the 1 USD
+			// spent meanwhile (1.5 less the 0.5 before) is added.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				r = prompt(t, c, sid, "after the outage", 10*time.Second, nil)
+				if mode == "deny" && r.Error == nil || mode == "allow" && r.Error != nil && r.Error.Code == -32006 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: 10 s after Redis came back: %s", mode, r.Raw)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if mode == "allow" {
+				refusedForBudget(t, r, "budget for tenant acme exhausted: 1.00 of 1.00 USD this day",
+					budgetData{Tenant: "acme", Period: "day", Unit: "USD", Spent: 1, Limit: 1})
+			}
+			if g.CountLogs("budget ledger store failing", "", "") == 0 || g.CountLogs("budget ledger store back", "", "") == 0 {
+				t.Error("the outage and the store's return are not logged")
+			}
+		})
 	}
 }
