@@ -15,6 +15,7 @@ import (
 
 	"github.com/acpgate/acpgate/internal/redistest"
 	"github.com/acpgate/acpgate/test/internal/harness"
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
 // Tenants' budgets (issue #31), against the real binary and the fake
@@ -200,6 +201,25 @@ func TestBudgetRefusesOverCaps(t *testing.T) {
 	if r := prompt(t, acme2, acme2SID, "acme second session", 10*time.Second, nil); r.Error == nil || r.Error.Code != -32006 {
 		t.Errorf("acme's second session: %s", r.Raw)
 	}
+	m := budgetMetrics(t, g)
+	for _, c := range []struct {
+		name, labels string
+		want         float64
+	}{
+		{"acpgate_budget_refusals_total", `tenant="acme"`, 2},
+		{"acpgate_budget_refusals_total", `tenant="globex"`, 1},
+		{"acpgate_budget_limit", `tenant="acme",unit="USD"`, 25},
+		{"acpgate_budget_limit", `tenant="globex",unit="tokens"`, 1000},
+		{"acpgate_budget_spent", `tenant="globex",unit="tokens"`, 1050},
+		{"acpgate_budget_store_errors_total", "", 0},
+	} {
+		if got := metricscrape.Sample(m, c.name, c.labels); got != c.want {
+			t.Errorf("%s{%s} = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if metricscrape.Sample(m, "acpgate_budget_spent", `tenant="initech",unit="tokens"`) != -1 {
+		t.Error("a tenant without a budget has a budget metric")
+	}
 }
 
 // A running turn whose reports take its tenant past the cap is cancelled
@@ -251,6 +271,30 @@ func TestBudgetCancelsRunningTurn(t *testing.T) {
 	}
 	if g.CountLogs("budgets: turn cancelled, its tenant's budget exhausted", "tenant", "acme") != 1 {
 		t.Error("the cancellation is not logged with its tenant")
+	}
+}
+
+// budgetMetrics is the operations listener's /metrics.
+func budgetMetrics(t *testing.T, g *gateway) string {
+	t.Helper()
+	_, body, err := metricscrape.Get(g.MetricsAddr())
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	return body
+}
+
+// waitSpent waits until acpgate_budget_spent says the store holds want
+// (the ledger sets it from what the store answers an addition).
+func waitSpent(t *testing.T, g *gateway, tenant, unit string, want float64) {
+	t.Helper()
+	labels := fmt.Sprintf("tenant=%q,unit=%q", tenant, unit)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got := metricscrape.Sample(budgetMetrics(t, g), "acpgate_budget_spent", labels); got == want {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("acpgate_budget_spent{%s} is %v after 10 s, want %v", labels, got, want)
+		}
 	}
 }
 
@@ -514,6 +558,9 @@ func TestBudgetRedisSharedByGateways(t *testing.T) {
 	if r := prompt(t, c1, sid1, "spend 1.25 every=1ms", 10*time.Second, nil); r.Error != nil {
 		t.Fatal(r.Raw)
 	}
+	// The other gateway knows once the first has written it (a
+	// millisecond or so after the report).
+	waitSpent(t, g1, "acme", "USD", 1.25)
 	r := prompt(t, c2, sid2, "refused on the second", 10*time.Second, nil)
 	refusedForBudget(t, r, "budget for tenant acme exhausted: 1.25 of 1.00 USD this day",
 		budgetData{Tenant: "acme", Period: "day", Unit: "USD", Spent: 1.25, Limit: 1})
@@ -543,6 +590,7 @@ func TestBudgetRedisDown(t *testing.T) {
 			if r := prompt(t, c, sid, "spend 0.5 every=1ms", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
 				t.Fatalf("before the outage: %s", r.Raw)
 			}
+			waitSpent(t, g, "acme", "USD", 0.5) // in Redis, not on its way there
 			redis.Kill()
 			if r := prompt(t, initech, isid, "no budget, no store", 10*time.Second, nil); stopReason(t, r) != "end_turn" {
 				t.Errorf("a tenant without a budget while Redis is down: %s", r.Raw)
