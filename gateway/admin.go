@@ -12,6 +12,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/auth"
+	"github.com/acpgate/acpgate/budget"
 	"github.com/acpgate/acpgate/gateway/config"
 	"github.com/acpgate/acpgate/proxy"
 )
@@ -26,6 +27,7 @@ type adminAPI struct {
 	relay  *proxy.Relay
 	links  *linkRegistry
 	audit  *auditTrail
+	budget *budget.Ledger
 	log    *slog.Logger
 }
 
@@ -83,6 +85,8 @@ func (a *adminAPI) routes(r chi.Router) {
 	r.Get("/v1/admin/sessions", a.check(a.listSessions))
 	r.Delete("/v1/admin/sessions/{id}", a.check(a.endSession))
 	r.Delete("/v1/admin/connections/{id}", a.check(a.closeConn))
+	r.Get("/v1/admin/budgets", a.check(a.listBudgets))
+	r.Post("/v1/admin/budgets/{tenant}/reset", a.check(a.resetBudget))
 }
 
 // adminHandler serves an administrator, who.
@@ -217,6 +221,41 @@ func (a *adminAPI) closeConn(w http.ResponseWriter, r *http.Request, who auth.Id
 	}
 	a.audit.record(audit.Event{Event: "admin.connection.closed", Subject: who.Subject, Tenant: owner.Tenant, Agent: owner.Agent, Conn: id})
 	writeJSON(w, http.StatusOK, map[string]string{"connectionId": id, "status": "closed"})
+}
+
+// listBudgets lists every budgeted tenant's budget: period, its start and
+// reset, what was spent and the limits, whether a cap is reached. A
+// failing store is 503, naming it.
+func (a *adminAPI) listBudgets(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+	st, err := a.budget.Statuses(r.Context())
+	if err != nil {
+		a.log.Error("admin: budgets not read", "err", err)
+		writeJSONError(w, http.StatusServiceUnavailable, "store_unavailable", err.Error())
+		return
+	}
+	if st == nil {
+		st = []budget.Status{}
+	}
+	a.audit.record(audit.Event{Event: "admin.budgets.listed", Subject: who.Subject, Fields: []audit.Field{audit.F("count", len(st))}})
+	writeJSON(w, http.StatusOK, map[string]any{"budgets": st})
+}
+
+// resetBudget forgets what a tenant spent this period (budget.reset in
+// the audit trail, by the administrator); 404 for a tenant without a
+// budget.
+func (a *adminAPI) resetBudget(w http.ResponseWriter, r *http.Request, who auth.Identity) {
+	tenant := chi.URLParam(r, "tenant")
+	err := a.budget.Reset(r.Context(), tenant, who.Subject)
+	switch {
+	case errors.Is(err, budget.ErrNoBudget):
+		writeJSONError(w, http.StatusNotFound, "not_found", "no such tenant with a budget")
+		return
+	case err != nil:
+		a.log.Error("admin: budget not reset", "tenant", tenant, "err", err)
+		writeJSONError(w, http.StatusServiceUnavailable, "store_unavailable", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"tenant": tenant, "status": "reset"})
 }
 
 // failed answers an admin action that failed: 404 (notFound says

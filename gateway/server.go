@@ -57,6 +57,7 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	audit    *auditTrail    // what the gateway itself writes to the audit trail
+	budgets  *budgets       // the tenants' budgets: their ledger
 	tracing  *tracing       // nil: tracing off
 	owners   *access.Owners // sessions.owners_file; nil: in memory (the relay's own)
 	links    *linkRegistry  // every open connection; refusing once the listener closes
@@ -94,7 +95,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		return errors.New(why)
 	}
 	if changed := restartOnlyChanges(cur, next); len(changed) > 0 {
-		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents, sharing), policy, "+
+		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents, sharing, budget), policy, "+
 			"sharing, agents added or removed and default_agent reload", strings.Join(changed, ", "))
 	}
 	added, removed, restart := agentChanges(cur, next)
@@ -135,6 +136,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		return err
 	}
 	_ = s.admin.reload(next) // hashes the configuration validated
+	s.budgets.reload(next)
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
@@ -274,6 +276,7 @@ func New(opts Options) (*Server, error) {
 	}, []string{"reason"})
 	var authn *auth.Authenticator
 	var trail *auditTrail // set below, before any request is served
+	var bud *budgets
 	if cfg.AuthEnabled() {
 		if authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
 			authFailures.WithLabelValues(reason).Inc()
@@ -285,6 +288,9 @@ func New(opts Options) (*Server, error) {
 	fail := func(err error) (*Server, error) {
 		if authn != nil {
 			authn.Close()
+		}
+		if bud != nil {
+			_ = bud.close(context.Background())
 		}
 		if trail != nil {
 			_ = trail.close()
@@ -306,12 +312,15 @@ func New(opts Options) (*Server, error) {
 	if trail, err = openAudit(cfg, opts.Version, reg, log); err != nil {
 		return fail(err)
 	}
+	if bud, err = newBudgets(cfg, reg, relayMetrics.Tenants(), trail, log); err != nil {
+		return fail(err)
+	}
 	tr, err := startTracing(cfg, opts.Version, log)
 	if err != nil {
 		return fail(err)
 	}
 	s := &Server{cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
-		tracing: tr, registry: reg, audit: trail}
+		tracing: tr, registry: reg, audit: trail, budgets: bud}
 	s.agents = newAgents(opts, launch, tr, s.links, log)
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.agents.stopDrains()
@@ -319,7 +328,7 @@ func New(opts Options) (*Server, error) {
 		return fail(err)
 	}
 	if admins != nil {
-		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, log: log}
+		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, budget: bud.ledger, log: log}
 	}
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := s.routes(cfg, authn)
@@ -353,11 +362,15 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		rc.Owners, s.owners = owners, owners
 	}
 	rc.Tracing = s.TracerProvider()
+	// The ledger hears of spend and decides before each prompt.
+	rc.Observers = append(rc.Observers, s.budgets.ledger)
+	rc.Deciders = append(rc.Deciders, s.budgets.ledger)
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
 		return err
 	}
 	s.relay, s.agents.relay = relay, relay
+	s.budgets.relay.Store(relay)
 	return nil
 }
 
@@ -516,6 +529,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if oerr := s.owners.Close(); oerr != nil {
 			s.log.Error("session owners file: close", "err", oerr)
 		}
+	}
+	// No turn reports spend any more: what is on its way goes to the store
+	// (budget.exceeded to the trail, still open).
+	if berr := s.budgets.close(ctx); berr != nil {
+		s.log.Error("budgets: the ledger's store did not close cleanly", "err", berr)
 	}
 	if aerr := s.audit.close(); aerr != nil { // logged and counted, never a failed shutdown
 		s.log.Error("audit trail: the last events were not written", "err", aerr)

@@ -6,10 +6,10 @@
 #
 #   ACPGATE_FUZZTIME   how long each fuzz target runs (default 5s; 0 skips)
 #
-# ACPGATE_REQUIRE_INTEROP, _OPS, _BROWSER and _SCALE make the interop, ops,
-# browser and scale-out tests fail, rather than skip, when node/npm,
-# prometheus/promtool, chromium or haproxy are missing (.ci/run installs
-# them). ACPGATE_REQUIRE_JAEGER does the same for the tracing tests' Jaeger
+# ACPGATE_REQUIRE_INTEROP, _OPS, _BROWSER, _SCALE and _REDIS make the
+# interop, ops, browser, scale-out and budget tests fail, rather than skip,
+# when node/npm, prometheus/promtool, chromium, haproxy or redis-server are
+# missing (this script installs them). ACPGATE_REQUIRE_JAEGER does the same for the tracing tests' Jaeger
 # (this script builds it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "system packages (Debian): node, npm, chromium, prometheus, haproxy"
+step "system packages (Debian): node, npm, chromium, prometheus, haproxy, redis-server"
 export DEBIAN_FRONTEND=noninteractive
 apt_updated=
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -39,6 +39,9 @@ need_pkg chromium --no-install-recommends chromium
 # test/scale puts two gateways behind HAProxy (Debian's 2.6; its service is
 # never started, the test runs the binary).
 need_pkg haproxy --no-install-recommends haproxy
+# The budget tests share a ledger among gateways through Debian's Redis
+# (internal/redistest runs the binary; its service is never started).
+need_pkg redis-server --no-install-recommends redis-server
 
 step "npm dependencies for the interop and browser tests"
 (cd test/interop && npm ci --no-audit --no-fund --loglevel=error)
@@ -69,7 +72,7 @@ step "staticcheck"
 go tool staticcheck ./...
 
 step "go test -race"
-ACPGATE_REQUIRE_INTEROP=1 ACPGATE_REQUIRE_OPS=1 ACPGATE_REQUIRE_BROWSER=1 ACPGATE_REQUIRE_SCALE=1 ACPGATE_REQUIRE_JAEGER=1 go test -race -count=1 -timeout 25m ./...
+ACPGATE_REQUIRE_INTEROP=1 ACPGATE_REQUIRE_OPS=1 ACPGATE_REQUIRE_BROWSER=1 ACPGATE_REQUIRE_SCALE=1 ACPGATE_REQUIRE_JAEGER=1 ACPGATE_REQUIRE_REDIS=1 go test -race -count=1 -timeout 25m ./...
 
 step "go test -race -tags poison: a released message buffer reads as 0xDB (jsonrpc.PutBuffer)"
 # 2.5 to 3.5 minutes on 2 shared cores; a buffer used after its release

@@ -63,6 +63,8 @@ type Config struct {
 	Auth    Auth     `yaml:"auth"`
 	// Admin turns the admin API on (/v1/admin/...).
 	Admin Admin `yaml:"admin"`
+	// Budgets says where the ledger of the tenants' budgets is kept.
+	Budgets Budgets `yaml:"budgets"`
 	// Policy says what remote clients may do with the agent; tenants may
 	// override it key by key.
 	Policy PolicyYAML `yaml:"policy"`
@@ -99,6 +101,9 @@ type Tenant struct {
 	Agents []string `yaml:"agents"`
 	// Sharing overrides the top-level sharing for this tenant, key by key.
 	Sharing SharingYAML `yaml:"sharing"`
+	// Budget caps what the tenant's agents spend a period (nil: no cap);
+	// budgets: says where the ledger is kept.
+	Budget *Budget `yaml:"budget"`
 }
 
 // MayUse reports whether the tenant may use the named agent.
@@ -411,6 +416,7 @@ func Default() *Config {
 		},
 		Log:           Log{Level: "info", Format: "text"},
 		Observability: Observability{TenantLabelLimit: 100},
+		Budgets:       Budgets{Store: "memory", OnStoreError: "deny"},
 	}
 }
 
@@ -567,6 +573,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	c.validateLog(add)
 	c.validateAudit(add)
 	c.validateTracing(add)
+	c.validateBudgets(add)
 	return ps
 }
 
@@ -864,6 +871,7 @@ func (c *Config) validateTenant(i int, seen map[string]bool, at nodeAt, item fun
 	if t.MaxConnections < 0 || t.MaxSessions < 0 {
 		at(item(i, ""), "%s: max_connections and max_sessions must not be negative (0 = no cap)", where)
 	}
+	validateBudget(i, t.Budget, at, item(i, "budget"))
 	if t.Sharing.badAttach() {
 		n := item(i, "sharing")
 		if n != nil {

@@ -206,15 +206,21 @@ func currencyOf(raw json.RawMessage) (cur, label string, ok bool) {
 	if json.Unmarshal(raw, &cur) != nil || len(cur) > maxCurrencyKey {
 		return "", "", false
 	}
+	return cur, CurrencyLabel(cur), true
+}
+
+// CurrencyLabel is what metering (and budgets) call currency cur: cur
+// itself when it is [A-Za-z0-9_-]{1,16}, else OtherCurrency.
+func CurrencyLabel(cur string) string {
 	if cur == "" || len(cur) > maxCurrencyLen {
-		return cur, OtherCurrency, true
+		return OtherCurrency
 	}
 	for _, c := range []byte(cur) {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return cur, OtherCurrency, true
+			return OtherCurrency
 		}
 	}
-	return cur, cur, true
+	return cur
 }
 
 // ParseTokens reads a PromptResponse's usage: the token counts that pass

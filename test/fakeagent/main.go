@@ -39,7 +39,16 @@
 // meanwhile. A prompt "stream chunks=N size=S" gets N agent_message_chunk
 // notifications of S bytes each (N <= 1,000,000, S <= 16 MiB), written as
 // fast as stdout takes them, then the end of its turn (a flood for the
-// memory tests). Requests for other methods get -32601; notifications and
+// memory tests). A prompt "spend A,B,C [currency=USD] [every=100ms]
+// [tokens=IN,OUT]" reports the session's cumulative cost A, then B, then
+// C (each written into usage_update's cost.amount as it is, so "-1",
+// "1e300" or "\"x\"" are sent as such; at most 1000, every at most 10s
+// apart), then ends the turn with usage {inputTokens: IN, outputTokens:
+// OUT} (written as they are too); a session/cancel meanwhile ends it at
+// once, stopReason "cancelled". Every prompt is logged to stderr as
+// "fakeagent: prompt <session> <text>" (for tests that check a prompt
+// never reached the agent).
+// Requests for other methods get -32601; notifications and
 // responses (but the answers to a "permission" turn's request) are ignored.
 // Every loop is bounded by its params.
 //
@@ -85,6 +94,9 @@ type agent struct {
 	store map[string]*fakeSession          // FAKE_MODE=sessions: the sessions by ID
 	waits map[string]chan permissionAnswer // the answers a permission turn waits for, by request ID
 	asked int                              // permission requests sent
+
+	cancelMu sync.Mutex
+	cancels  map[string]chan struct{} // running spend turns, by session
 
 	mu  sync.Mutex // guards out: silent turns answer from goroutines of their own
 	out *bufio.Writer
@@ -157,6 +169,20 @@ func (a *agent) handle(line []byte) {
 		a.answered(line, m.ID)
 		return
 	}
+	if m.Method == "session/cancel" {
+		var p struct {
+			SessionID string `json:"sessionId"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		fmt.Fprintf(os.Stderr, "fakeagent: cancel %s\n", p.SessionID)
+		a.cancelMu.Lock()
+		if c := a.cancels[p.SessionID]; c != nil {
+			close(c)
+			delete(a.cancels, p.SessionID)
+		}
+		a.cancelMu.Unlock()
+		return
+	}
 	if m.Method == "" || len(m.ID) == 0 {
 		return // a notification
 	}
@@ -203,6 +229,11 @@ func (a *agent) handle(line []byte) {
 			if b.Type == "text" {
 				text.WriteString(b.Text)
 			}
+		}
+		fmt.Fprintf(os.Stderr, "fakeagent: prompt %s %.200s\n", p.SessionID, text.String())
+		if args, ok := strings.CutPrefix(text.String(), "spend "); ok {
+			a.spend(m.ID, p.SessionID, args)
+			return
 		}
 		if secs, ok := strings.CutPrefix(text.String(), "sleep "); ok {
 			if f, err := strconv.ParseFloat(secs, 64); err == nil && f >= 0 && f <= 60 {
@@ -279,6 +310,80 @@ func (a *agent) handle(line []byte) {
 	default:
 		a.fail(m.ID, -32601, "method not found: "+m.Method)
 	}
+}
+
+// spend runs a "spend" prompt's turn (see the package doc) on a goroutine
+// of its own, which ends with the turn, at most 1000 × 10 s later.
+func (a *agent) spend(id json.RawMessage, sid, args string) {
+	fields := strings.Fields(args)
+	if len(fields) == 0 {
+		a.fail(id, -32602, "spend: no amounts")
+		return
+	}
+	amounts := strings.Split(fields[0], ",")
+	currency, every, tokens := "USD", 100*time.Millisecond, ""
+	for _, f := range fields[1:] {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "currency":
+			currency = v
+		case "every":
+			if d, err := time.ParseDuration(v); err == nil && d >= 0 && d <= 10*time.Second {
+				every = d
+			}
+		case "tokens":
+			if in, out, ok := strings.Cut(v, ","); ok {
+				tokens = `{"inputTokens":` + in + `,"outputTokens":` + out + `,"totalTokens":0}`
+			}
+		}
+	}
+	if len(amounts) > 1000 {
+		amounts = amounts[:1000]
+	}
+	cancel := make(chan struct{})
+	a.cancelMu.Lock()
+	if a.cancels == nil {
+		a.cancels = map[string]chan struct{}{}
+	}
+	a.cancels[sid] = cancel
+	a.cancelMu.Unlock()
+	sidJSON, _ := json.Marshal(sid)
+	curJSON, _ := json.Marshal(currency)
+	go func() {
+		defer func() {
+			a.cancelMu.Lock()
+			if a.cancels[sid] == cancel {
+				delete(a.cancels, sid)
+			}
+			a.cancelMu.Unlock()
+		}()
+		tick := time.NewTicker(max(every, time.Millisecond))
+		defer tick.Stop()
+		for i, amount := range amounts {
+			if i > 0 {
+				select {
+				case <-cancel:
+					a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"stopReason":"cancelled"}}`))
+					return
+				case <-tick.C:
+				}
+			}
+			a.writeLine([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
+				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":{"amount":` + amount +
+				`,"currency":` + string(curJSON) + `}}}}`))
+		}
+		select { // a last chance to be cancelled after the last report
+		case <-cancel:
+			a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"stopReason":"cancelled"}}`))
+			return
+		case <-time.After(every):
+		}
+		res := `{"stopReason":"end_turn"`
+		if tokens != "" {
+			res += `,"usage":` + tokens
+		}
+		a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + res + `}}`))
+	}()
 }
 
 // stream writes n agent_message_chunk notifications of session sid, each

@@ -1,0 +1,359 @@
+package budget
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/acpgate/acpgate/internal/redistest"
+	"github.com/acpgate/acpgate/proxy/observe"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPeriodBounds(t *testing.T) {
+	at := time.Date(2026, 12, 31, 23, 59, 0, 0, time.FixedZone("x", 3600))
+	start, next := Day.Bounds(at)
+	if want := time.Date(2026, 12, 31, 0, 0, 0, 0, time.UTC); !start.Equal(want) || !next.Equal(want.AddDate(0, 0, 1)) {
+		t.Errorf("day: %v .. %v", start, next)
+	}
+	start, next = Month.Bounds(at)
+	if want := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC); !start.Equal(want) || !next.Equal(time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("month: %v .. %v", start, next)
+	}
+}
+
+// Every store keeps the same ledger: additions sum (concurrently too),
+// keys are apart, a reset forgets one key.
+func TestStores(t *testing.T) {
+	redis := redistest.Start(t)
+	for name, open := range map[string]func(t *testing.T) Store{
+		"memory": func(*testing.T) Store { return NewMemory() },
+		"file": func(t *testing.T) Store {
+			s, err := OpenStore("file:" + filepath.Join(t.TempDir(), "sub", "ledger.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"redis": func(t *testing.T) Store {
+			s, err := OpenStore(redis.URL(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := open(t)
+			defer s.Close()
+			ctx := context.Background()
+			start, next := Day.Bounds(time.Now())
+			acme := Key{Tenant: "acme-" + name, Period: Day, Start: start}
+			globex := Key{Tenant: "globex-" + name, Period: Day, Start: start}
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Go(func() {
+					if _, err := s.Add(ctx, acme, Spent{Tokens: 5, Cost: map[string]float64{"USD": 0.25}}, next); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			got, err := s.Add(ctx, globex, Spent{Cost: map[string]float64{"EUR": 1}}, next)
+			if err != nil || got.Tokens != 0 || got.Cost["EUR"] != 1 {
+				t.Errorf("globex: %+v %v", got, err)
+			}
+			got, err = s.Get(ctx, acme)
+			if err != nil || got.Tokens != 100 || got.Cost["USD"] != 5 {
+				t.Errorf("acme after 20 concurrent adds: %+v %v", got, err)
+			}
+			if err := s.Reset(ctx, acme); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.Get(ctx, acme); err != nil || got.Tokens != 0 || len(got.Cost) != 0 {
+				t.Errorf("acme after a reset: %+v %v", got, err)
+			}
+			if got, _ := s.Get(ctx, globex); got.Cost["EUR"] != 1 {
+				t.Errorf("globex after acme's reset: %+v", got)
+			}
+		})
+	}
+}
+
+// The file store survives a restart, and a second process cannot open it
+// meanwhile.
+func TestFileSurvivesRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	start, next := Month.Bounds(time.Now())
+	key := Key{Tenant: "acme", Period: Month, Start: start}
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Add(context.Background(), key, Spent{Tokens: 7, Cost: map[string]float64{"USD": 1.5}}, next); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, err := s.Get(context.Background(), key); err != nil || got.Tokens != 7 || got.Cost["USD"] != 1.5 {
+		t.Errorf("after a restart: %+v %v", got, err)
+	}
+}
+
+func TestOpenStoreRefuses(t *testing.T) {
+	for _, spec := range []string{"file:", "sqlite:/x", "redis://:secret@host:badport", `redis://u:se"cret\x@host:badport`,
+		"redis://u:secret@host/notadb", "redis://u:secret@host/1/2", "redis://u:secret@host?dial_timeout=x"} {
+		if err := CheckStore(spec); err == nil || strings.Contains(err.Error(), "secret") || strings.Contains(err.Error(), "cret") {
+			t.Errorf("CheckStore(%q): %v", spec, err)
+		}
+		_, err := OpenStore(spec)
+		if err == nil {
+			t.Errorf("%q opened", spec)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("%q: the error shows the password: %v", spec, err)
+		}
+	}
+}
+
+// flaky is a store that fails while down is set.
+type flaky struct {
+	Store
+	mu   sync.Mutex
+	down bool
+}
+
+var errDown = errors.New("connection refused")
+
+func (f *flaky) setDown(v bool) { f.mu.Lock(); f.down = v; f.mu.Unlock() }
+func (f *flaky) isDown() bool   { f.mu.Lock(); defer f.mu.Unlock(); return f.down }
+func (f *flaky) Get(ctx context.Context, k Key) (Spent, error) {
+	if f.isDown() {
+		return Spent{}, errDown
+	}
+	return f.Store.Get(ctx, k)
+}
+func (f *flaky) Add(ctx context.Context, k Key, s Spent, next time.Time) (Spent, error) {
+	if f.isDown() {
+		return Spent{}, errDown
+	}
+	return f.Store.Add(ctx, k, s, next)
+}
+
+type cancelled struct {
+	mu  sync.Mutex
+	ids []string
+	why []Exhaustion
+	ch  chan struct{}
+}
+
+func (c *cancelled) cancel(_, id string, why []byte) {
+	var x Exhaustion
+	_ = json.Unmarshal(why, &x)
+	c.mu.Lock()
+	c.ids, c.why = append(c.ids, id), append(c.why, x)
+	c.mu.Unlock()
+	select {
+	case c.ch <- struct{}{}:
+	default:
+	}
+}
+
+// events are the audit events a ledger recorded.
+type events struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (e *events) String() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return strings.Join(e.list, ",")
+}
+
+func newLedger(t *testing.T, store Store, allow bool, limits map[string]Limits) (*Ledger, *cancelled, *events) {
+	t.Helper()
+	c := &cancelled{ch: make(chan struct{}, 100)}
+	ev := &events{}
+	l := New(Config{Store: store, AllowOnStoreError: allow, Limits: limits, Cancel: c.cancel,
+		Metrics: NewMetrics(prometheus.NewRegistry(), nil),
+		Event: func(kind, tenant string, _ map[string]any) {
+			ev.mu.Lock()
+			ev.list = append(ev.list, kind+" "+tenant)
+			ev.mu.Unlock()
+		}})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return l, c, ev
+}
+
+func sess(tenant, id string) *observe.Session { return &observe.Session{ID: id, Tenant: tenant} }
+
+func cost(tenant, id, cur string, amount float64) *observe.Event {
+	return &observe.Event{Kind: observe.CostReported, Session: sess(tenant, id), Turn: &observe.Turn{}, Currency: cur, Amount: amount}
+}
+
+func tokens(tenant, id string, in, out int64) *observe.Event {
+	return &observe.Event{Kind: observe.TurnEnded, Session: sess(tenant, id), Tokens: map[string]int64{"input": in, "output": out, "thought": 1000}}
+}
+
+func prompt(tenant string) *observe.Event {
+	return &observe.Event{Kind: observe.TurnStarted, Session: sess(tenant, "s")}
+}
+
+// waitFlushed waits until nothing is pending.
+func waitFlushed(t *testing.T, l *Ledger) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		n := len(l.pend) + len(l.flying)
+		l.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("spend still pending after 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A tenant over its cost cap, and one over its token cap, are refused with
+// a message and data naming the budget; another tenant is not; the turn
+// whose report crossed the cap is cancelled, once the report is in.
+func TestLedgerCaps(t *testing.T) {
+	l, c, events := newLedger(t, NewMemory(), false, map[string]Limits{
+		"acme":   {Period: Day, Cost: map[string]float64{"USD": 25}},
+		"globex": {Period: Month, Tokens: 1000},
+	})
+	if r := l.Prompt(prompt("acme")); r != nil {
+		t.Fatalf("a fresh budget refused: %+v", r)
+	}
+	l.Observe(cost("acme", "a1", "USD", 20))
+	l.Observe(cost("acme", "a1", "EUR", 100)) // no cap in EUR
+	waitFlushed(t, l)
+	if r := l.Prompt(prompt("acme")); r != nil {
+		t.Fatalf("under the cap, refused: %+v", r)
+	}
+	l.Observe(cost("acme", "a2", "USD", 5.1))
+	select {
+	case <-c.ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the turn that crossed the cap was not cancelled")
+	}
+	r := l.Prompt(prompt("acme"))
+	if r == nil || r.Code != CodeExhausted || !strings.HasPrefix(r.Message, "budget for tenant acme exhausted: 25.10 of 25.00 USD this day; resets ") {
+		t.Fatalf("over the cap: %+v", r)
+	}
+	var x Exhaustion
+	if err := json.Unmarshal(r.Data, &x); err != nil || x.Unit != "USD" || x.Limit != 25 || x.Period != Day || x.Resets == "" {
+		t.Errorf("error.data %s: %+v", r.Data, x)
+	}
+	c.mu.Lock()
+	if strings.Join(c.ids, ",") != "a2" || c.why[0].Unit != "USD" {
+		t.Errorf("cancelled %v (%+v), want a2 only", c.ids, c.why)
+	}
+	c.mu.Unlock()
+	if r := l.Prompt(prompt("globex")); r != nil {
+		t.Errorf("another tenant refused: %+v", r)
+	}
+	if r := l.Prompt(prompt("initech")); r != nil {
+		t.Errorf("a tenant without a budget refused: %+v", r)
+	}
+	// Tokens: input + output of each turn's end (thought tokens are not capped).
+	l.Observe(tokens("globex", "g1", 600, 300))
+	if r := l.Prompt(prompt("globex")); r != nil {
+		t.Errorf("globex at 900 of 1000 tokens refused: %+v", r)
+	}
+	l.Observe(tokens("globex", "g1", 50, 50))
+	waitFlushed(t, l)
+	if r := l.Prompt(prompt("globex")); r == nil || !strings.Contains(r.Message, "1000 of 1000 tokens this month") {
+		t.Errorf("globex at its token cap: %+v", r)
+	}
+	for deadline := time.Now().Add(5 * time.Second); events.String() != "budget.exceeded acme,budget.exceeded globex"; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("events %q", events.String())
+		}
+	}
+	// An operator's reset serves the tenant again.
+	if err := l.Reset(context.Background(), "acme", "admin:ops"); err != nil {
+		t.Fatal(err)
+	}
+	if r := l.Prompt(prompt("acme")); r != nil {
+		t.Errorf("after a reset: %+v", r)
+	}
+	if err := l.Reset(context.Background(), "initech", "admin:ops"); !errors.Is(err, ErrNoBudget) {
+		t.Errorf("reset of a tenant without a budget: %v", err)
+	}
+	st, err := l.Statuses(context.Background())
+	if err != nil || len(st) != 2 || st[0].Tenant != "acme" || st[1].Exhausted == nil || st[1].Spent.Tokens != 1000 {
+		t.Errorf("statuses: %+v %v", st, err)
+	}
+}
+
+// What agents report that is not spend changes nothing.
+func TestLedgerIgnoresNonSpend(t *testing.T) {
+	l, _, _ := newLedger(t, NewMemory(), false, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 1}, Tokens: 10}})
+	for _, e := range []*observe.Event{
+		cost("acme", "s", "USD", -5), cost("acme", "s", "USD", 0), cost("acme", "s", "", 5),
+		tokens("acme", "s", -100, 0), {Kind: observe.CostReported, Currency: "USD", Amount: 5},
+		{Kind: observe.Update, Session: sess("acme", "s")},
+	} {
+		l.Observe(e)
+	}
+	waitFlushed(t, l)
+	if r := l.Prompt(prompt("acme")); r != nil {
+		t.Errorf("refused after no spend: %+v", r)
+	}
+	if st, _ := l.Statuses(context.Background()); st[0].Spent.Tokens != 0 || st[0].Spent.Cost["USD"] != 0 {
+		t.Errorf("status %+v", st[0])
+	}
+}
+
+// The store fails: with deny, budgeted tenants' prompts get an error naming
+// the store, and are served again once it is back; spend reported meanwhile
+// is added then, with deny and with allow.
+func TestLedgerStoreFails(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		store := &flaky{Store: NewMemory()}
+		l, _, _ := newLedger(t, store, allow, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 10}}})
+		store.setDown(true)
+		r := l.Prompt(prompt("acme"))
+		switch {
+		case allow && r != nil:
+			t.Errorf("allow: refused while the store is down: %+v", r)
+		case !allow && (r == nil || r.Code != CodeStoreError || !strings.Contains(r.Message, "store memory")):
+			t.Errorf("deny: %+v", r)
+		}
+		if r := l.Prompt(prompt("globex")); r != nil {
+			t.Errorf("a tenant without a budget refused while the store is down: %+v", r)
+		}
+		l.Observe(cost("acme", "s", "USD", 12)) // while down
+		time.Sleep(2 * retryEvery)
+		store.setDown(false)
+		waitFlushed(t, l)
+		if r := l.Prompt(prompt("acme")); r == nil || r.Code != CodeExhausted {
+			t.Errorf("allow %v: the spend made while the store was down was not added: %+v", allow, r)
+		}
+	}
+}

@@ -1,0 +1,122 @@
+package budget
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// File is a store in an embedded database file (bbolt): it survives a
+// restart; one gateway process holds it at a time.
+type File struct {
+	path string
+	db   *bolt.DB
+}
+
+var spentBucket = []byte("spent")
+
+// keepPeriods is how long past its end a period's entry stays in a file.
+const keepPeriods = 45 * 24 * time.Hour
+
+// OpenFile opens (or creates, 0600) the ledger file at path. A second
+// process that opens it waits up to 5 s for the first to let go, then
+// fails.
+func OpenFile(path string) (*File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("budget ledger %s: %w", path, err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("budget ledger %s: %w", path, err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(spentBucket)
+		return err
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("budget ledger %s: %w", path, err)
+	}
+	return &File{path: path, db: db}, nil
+}
+
+func (f *File) Name() string { return "file:" + f.path }
+
+// entry is a key's value in the file.
+type entry struct {
+	Spent
+	Next time.Time `json:"next"` // when its period ends
+}
+
+func (f *File) Get(_ context.Context, key Key) (Spent, error) {
+	var e entry
+	err := f.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(spentBucket).Get([]byte(key.String())); v != nil {
+			return json.Unmarshal(v, &e)
+		}
+		return nil
+	})
+	if err != nil {
+		return Spent{}, fmt.Errorf("budget ledger %s: %w", f.path, err)
+	}
+	return e.Spent, nil
+}
+
+func (f *File) Add(_ context.Context, key Key, add Spent, next time.Time) (Spent, error) {
+	var e entry
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(spentBucket)
+		k := []byte(key.String())
+		if v := b.Get(k); v != nil {
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("entry %s: %w", k, err)
+			}
+		}
+		e.add(add)
+		e.Next = next
+		v, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		if err := b.Put(k, v); err != nil {
+			return err
+		}
+		return prune(b, time.Now())
+	})
+	if err != nil {
+		return Spent{}, fmt.Errorf("budget ledger %s: %w", f.path, err)
+	}
+	return e.Spent, nil
+}
+
+// prune deletes the entries whose period ended keepPeriods ago.
+func prune(b *bolt.Bucket, now time.Time) error {
+	var old [][]byte
+	err := b.ForEach(func(k, v []byte) error {
+		var e entry
+		if json.Unmarshal(v, &e) == nil && !e.Next.IsZero() && now.Sub(e.Next) > keepPeriods {
+			old = append(old, append([]byte(nil), k...))
+		}
+		return nil
+	})
+	for _, k := range old {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (f *File) Reset(_ context.Context, key Key) error {
+	err := f.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(spentBucket).Delete([]byte(key.String())) })
+	if err != nil {
+		return fmt.Errorf("budget ledger %s: %w", f.path, err)
+	}
+	return nil
+}
+
+func (f *File) Close() error { return f.db.Close() }

@@ -1,0 +1,533 @@
+package budget
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/acpgate/acpgate/proxy/observe"
+)
+
+// Limits is one tenant's budget.
+type Limits struct {
+	Period Period
+	Tokens int64              // input + output tokens a period (0: no cap)
+	Cost   map[string]float64 // per currency, as the agents report it (absent: no cap)
+}
+
+// capped reports whether l caps anything.
+func (l Limits) capped() bool { return l.Tokens > 0 || len(l.Cost) > 0 }
+
+// Exhaustion is a cap a tenant has reached: what error.data and
+// _meta.acpgate.budget say.
+type Exhaustion struct {
+	Tenant string  `json:"tenant"`
+	Period Period  `json:"period"`
+	Unit   string  `json:"unit"` // "tokens" or a currency
+	Spent  float64 `json:"spent"`
+	Limit  float64 `json:"limit"`
+	Resets string  `json:"resets"` // RFC 3339, UTC
+}
+
+// Message is the refusal's text: "budget for tenant acme exhausted: 25.10 of
+// 25.00 USD this day; resets 2026-12-01T00:00:00Z".
+func (x Exhaustion) Message() string {
+	amount := func(v float64) string {
+		if x.Unit == "tokens" {
+			return strconv.FormatFloat(v, 'f', 0, 64)
+		}
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return fmt.Sprintf("budget for tenant %s exhausted: %s of %s %s this %s; resets %s",
+		x.Tenant, amount(x.Spent), amount(x.Limit), x.Unit, x.Period, x.Resets)
+}
+
+// exhausted is the first cap s reaches under l (sorted by unit), if any.
+func (l Limits) exhausted(tenant string, s Spent, next time.Time) (Exhaustion, bool) {
+	x := Exhaustion{Tenant: tenant, Period: l.Period, Resets: next.UTC().Format(time.RFC3339)}
+	if l.Tokens > 0 && s.Tokens >= l.Tokens {
+		x.Unit, x.Spent, x.Limit = "tokens", float64(s.Tokens), float64(l.Tokens)
+		return x, true
+	}
+	for _, cur := range slices.Sorted(maps.Keys(l.Cost)) {
+		if limit := l.Cost[cur]; s.Cost[cur] >= limit {
+			x.Unit, x.Spent, x.Limit = cur, s.Cost[cur], limit
+			return x, true
+		}
+	}
+	return x, false
+}
+
+// Codes of the errors a refused prompt gets.
+const (
+	CodeExhausted  = -32006 // a cap is reached
+	CodeStoreError = -32603 // the ledger's store cannot be read (on_store_error: deny)
+)
+
+// Config configures a Ledger.
+type Config struct {
+	Store Store
+	// AllowOnStoreError lets budgeted tenants' prompts run while the store
+	// fails (their spend is added when it is back); false refuses them.
+	AllowOnStoreError bool
+	Limits            map[string]Limits // by tenant; tenants not named have no budget
+	// Cancel asks the relay to cancel the running turn of a session of
+	// the tenant's (its ID as clients see it), its answer carrying why
+	// (the Exhaustion as JSON) in _meta.acpgate.budget. Called on the
+	// ledger's own goroutine.
+	Cancel func(tenant, sessionID string, why []byte)
+	// Event records budget.exceeded and budget.reset in the audit trail
+	// (nil: none).
+	Event   func(event, tenant string, fields map[string]any)
+	Metrics *Metrics
+	Log     *slog.Logger
+	Now     func() time.Time // nil: time.Now
+}
+
+// maxPendingSessions bounds the sessions a pending addition remembers
+// (to cancel their turns once it is in the store).
+const maxPendingSessions = 1024
+
+// pending is spend not yet in the store, and the sessions whose turns
+// reported it.
+type pending struct {
+	add      Spent
+	next     time.Time
+	sessions map[string]struct{}
+}
+
+// Ledger keeps every budgeted tenant's spend. Observe queues what the
+// agents report; one writer goroutine (ended by Close) adds it to the
+// store, and cancels the turns that reported spend past a cap. Prompt
+// (observe.Decider) refuses a prompt of a tenant that has reached a cap.
+type Ledger struct {
+	cfg    Config
+	limits atomic.Pointer[map[string]Limits]
+	now    func() time.Time
+
+	mu   sync.Mutex
+	pend map[Key]*pending
+	// flying is what the writer took from pend and is adding to the
+	// store: it counts until the store has it. gen counts the writer's
+	// additions to a key, started (odd) and ended (even): spentOf reads
+	// the store between two equal even values.
+	flying   map[Key]Spent
+	gen      map[Key]uint64
+	exceeded map[Key]bool // budget.exceeded written for the key
+	storeErr error        // the store's last failure, nil once a call succeeds
+
+	kick   chan struct{}
+	ctx    context.Context
+	stop   context.CancelFunc
+	done   chan struct{}
+	closed atomic.Bool
+}
+
+// New starts a ledger. cfg.Store must not be nil.
+func New(cfg Config) *Ledger {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, flying: map[Key]Spent{}, gen: map[Key]uint64{}, exceeded: map[Key]bool{},
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	l.SetLimits(cfg.Limits)
+	l.ctx, l.stop = context.WithCancel(context.Background())
+	go l.write()
+	return l
+}
+
+// SetLimits replaces every tenant's limits (a reload).
+func (l *Ledger) SetLimits(limits map[string]Limits) {
+	m := map[string]Limits{}
+	for t, lim := range limits {
+		if lim.capped() {
+			if !lim.Period.Valid() {
+				lim.Period = Day
+			}
+			m[t] = lim
+		}
+	}
+	l.limits.Store(&m)
+	if l.cfg.Metrics != nil {
+		l.cfg.Metrics.limits(m)
+	}
+}
+
+// limitsOf is the tenant's budget, if it has one.
+func (l *Ledger) limitsOf(tenant string) (Limits, bool) {
+	lim, ok := (*l.limits.Load())[tenant]
+	return lim, ok
+}
+
+// key is the tenant's ledger key now, and when its period ends.
+func (l *Ledger) key(tenant string, lim Limits) (Key, time.Time) {
+	start, next := lim.Period.Bounds(l.now())
+	return Key{Tenant: tenant, Period: lim.Period, Start: start}, next
+}
+
+// Wants takes the events that spend: cost reports and turns' ends.
+func (l *Ledger) Wants(k observe.Kind) bool {
+	return k == observe.CostReported || k == observe.TurnEnded
+}
+
+// Observe queues what e reports spent for the writer. It never blocks on
+// the store.
+func (l *Ledger) Observe(e *observe.Event) {
+	if e.Session == nil {
+		return
+	}
+	lim, ok := l.limitsOf(e.Session.Tenant)
+	if !ok {
+		return // tenants without a budget never touch the store
+	}
+	var add Spent
+	switch e.Kind {
+	case observe.CostReported:
+		if e.Amount <= 0 || e.Currency == "" {
+			return
+		}
+		add.Cost = map[string]float64{e.Currency: e.Amount}
+	case observe.TurnEnded:
+		add.Tokens = e.Tokens["input"] + e.Tokens["output"]
+		if add.Tokens <= 0 {
+			return
+		}
+	default:
+		return
+	}
+	key, next := l.key(e.Session.Tenant, lim)
+	l.mu.Lock()
+	p := l.pend[key]
+	if p == nil {
+		p = &pending{next: next, sessions: map[string]struct{}{}}
+		l.pend[key] = p
+	}
+	p.add.add(add)
+	if e.Kind == observe.CostReported && e.Turn != nil && len(p.sessions) < maxPendingSessions {
+		p.sessions[e.Session.ID] = struct{}{} // a running turn: cancelled once past a cap
+	}
+	l.mu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Permission decides nothing: budgets are about prompts.
+func (l *Ledger) Permission(*observe.Event) (observe.Decision, bool) {
+	return observe.Decision{}, false
+}
+
+// Prompt refuses a prompt of a tenant that has reached a cap (what the
+// store holds and what is on its way there), or, with on_store_error deny,
+// whose ledger cannot be read.
+func (l *Ledger) Prompt(e *observe.Event) *observe.Refusal {
+	if e.Session == nil {
+		return nil
+	}
+	tenant := e.Session.Tenant
+	lim, ok := l.limitsOf(tenant)
+	if !ok {
+		return nil
+	}
+	key, next := l.key(tenant, lim)
+	spent, err := l.spentOf(l.ctx, key)
+	l.noteStore(err)
+	if err != nil {
+		if l.cfg.AllowOnStoreError {
+			return nil
+		}
+		data, _ := json.Marshal(map[string]string{"tenant": tenant, "store": l.cfg.Store.Name()})
+		return &observe.Refusal{Code: CodeStoreError, Data: data,
+			Message: "budget ledger unavailable (store " + l.cfg.Store.Name() + "): prompts of a tenant with a budget wait for it; try again shortly"}
+	}
+	x, over := lim.exhausted(tenant, spent, next)
+	if !over {
+		return nil
+	}
+	if m := l.cfg.Metrics; m != nil {
+		m.refused(tenant)
+	}
+	data, _ := json.Marshal(x)
+	return &observe.Refusal{Code: CodeExhausted, Message: x.Message(), Data: data}
+}
+
+// spentOf is what key holds: in the store, and reported but not in it
+// yet. What the writer adds while the store is read counts once: the read
+// is tried again (a few times; then such an addition may count twice, a
+// prompt at the cap refused a moment early, never let through late).
+func (l *Ledger) spentOf(ctx context.Context, key Key) (Spent, error) {
+	for try := 0; ; try++ {
+		var unstored Spent
+		l.mu.Lock()
+		g := l.gen[key]
+		if p := l.pend[key]; p != nil {
+			unstored.add(p.add)
+		}
+		unstored.add(l.flying[key])
+		l.mu.Unlock()
+		s, err := l.cfg.Store.Get(ctx, key)
+		if err != nil {
+			return Spent{}, err
+		}
+		l.mu.Lock()
+		same := g%2 == 0 && l.gen[key] == g
+		l.mu.Unlock()
+		if same || try == 3 {
+			s.add(unstored)
+			return s, nil
+		}
+		select {
+		case <-ctx.Done():
+			return Spent{}, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// noteStore records the outcome of a store call.
+func (l *Ledger) noteStore(err error) {
+	l.mu.Lock()
+	was := l.storeErr
+	l.storeErr = err
+	l.mu.Unlock()
+	if err != nil && l.cfg.Metrics != nil {
+		l.cfg.Metrics.storeError()
+	}
+	switch {
+	case err != nil && was == nil:
+		l.cfg.Log.Error("budget ledger store failing", "store", l.cfg.Store.Name(), "err", err)
+	case err == nil && was != nil:
+		l.cfg.Log.Info("budget ledger store back", "store", l.cfg.Store.Name())
+	}
+}
+
+// retryEvery is how soon the writer tries a failing store again.
+const retryEvery = 500 * time.Millisecond
+
+// write is the writer: it adds what is pending to the store whenever
+// Observe queues some, and again every retryEvery while the store fails.
+func (l *Ledger) write() {
+	defer close(l.done)
+	retry := time.NewTimer(retryEvery)
+	retry.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-l.kick:
+		case <-retry.C:
+		}
+		if !l.flush(l.ctx) {
+			retry.Reset(retryEvery)
+		}
+	}
+}
+
+// flush adds everything pending to the store; false if some of it failed
+// (it stays pending).
+func (l *Ledger) flush(ctx context.Context) bool {
+	l.mu.Lock()
+	batch := l.pend
+	l.pend = map[Key]*pending{}
+	for key, p := range batch {
+		l.flying[key] = p.add.clone()
+	}
+	l.mu.Unlock()
+	ok := true
+	for key, p := range batch {
+		if p.add.zero() {
+			l.landed(key)
+			continue
+		}
+		l.mu.Lock()
+		l.gen[key]++ // odd: adding
+		l.mu.Unlock()
+		total, err := l.cfg.Store.Add(ctx, key, p.add, p.next)
+		l.noteStore(err)
+		if err != nil {
+			ok = false
+			l.requeue(key, p)
+			continue
+		}
+		l.landed(key)
+		l.added(key, p, total)
+	}
+	return ok
+}
+
+// landed: what was flying for key is in the store (or was nothing).
+func (l *Ledger) landed(key Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.flying, key)
+	if l.gen[key]%2 == 1 {
+		l.gen[key]++
+	}
+	for k := range l.gen { // past periods' counts are of no more use
+		if k.Tenant == key.Tenant && k.Start.Before(key.Start) {
+			delete(l.gen, k)
+		}
+	}
+}
+
+// requeue puts p, which the store did not take, back in front of what
+// came meanwhile.
+func (l *Ledger) requeue(key Key, p *pending) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.flying, key)
+	if l.gen[key]%2 == 1 {
+		l.gen[key]++
+	}
+	if q := l.pend[key]; q != nil {
+		p.add.add(q.add)
+		for s := range q.sessions {
+			if len(p.sessions) < maxPendingSessions {
+				p.sessions[s] = struct{}{}
+			}
+		}
+	}
+	l.pend[key] = p
+}
+
+// added handles key's total once p is in the store: past a cap, the turns
+// that reported p are cancelled, and the first time budget.exceeded is
+// recorded.
+func (l *Ledger) added(key Key, p *pending, total Spent) {
+	if m := l.cfg.Metrics; m != nil {
+		m.spent(key.Tenant, total)
+	}
+	lim, ok := l.limitsOf(key.Tenant)
+	if !ok || lim.Period != key.Period {
+		return
+	}
+	x, over := lim.exhausted(key.Tenant, total, p.next)
+	if !over {
+		return
+	}
+	why, _ := json.Marshal(x)
+	if l.cfg.Cancel != nil {
+		for _, sid := range slices.Sorted(maps.Keys(p.sessions)) {
+			l.cfg.Cancel(key.Tenant, sid, why)
+		}
+	}
+	l.mu.Lock()
+	first := !l.exceeded[key]
+	l.exceeded[key] = true
+	l.mu.Unlock()
+	if first {
+		l.cfg.Log.Warn("tenant budget exhausted", "tenant", key.Tenant, "unit", x.Unit, "spent", x.Spent, "limit", x.Limit, "resets", x.Resets)
+		if l.cfg.Event != nil {
+			l.cfg.Event("budget.exceeded", key.Tenant, map[string]any{"period": x.Period, "unit": x.Unit, "spent": x.Spent, "limit": x.Limit, "resets": x.Resets})
+		}
+	}
+}
+
+// Status is a budgeted tenant's state for operators.
+type Status struct {
+	Tenant string `json:"tenant"`
+	Period Period `json:"period"`
+	Start  string `json:"start"`
+	Resets string `json:"resets"`
+	Spent  struct {
+		Tokens int64              `json:"tokens"`
+		Cost   map[string]float64 `json:"cost"`
+	} `json:"spent"`
+	Limits struct {
+		Tokens int64              `json:"tokens,omitempty"`
+		Cost   map[string]float64 `json:"cost,omitempty"`
+	} `json:"limits"`
+	Exhausted *Exhaustion `json:"exhausted,omitempty"`
+}
+
+// Statuses is every budgeted tenant's state, by name. A store that fails
+// fails it.
+func (l *Ledger) Statuses(ctx context.Context) ([]Status, error) {
+	limits := *l.limits.Load()
+	var out []Status
+	for _, tenant := range slices.Sorted(maps.Keys(limits)) {
+		lim := limits[tenant]
+		key, next := l.key(tenant, lim)
+		spent, err := l.spentOf(ctx, key)
+		l.noteStore(err)
+		if err != nil {
+			return nil, err
+		}
+		st := Status{Tenant: tenant, Period: lim.Period, Start: key.Start.Format(time.RFC3339), Resets: next.UTC().Format(time.RFC3339)}
+		st.Spent.Tokens, st.Spent.Cost = spent.Tokens, spent.Cost
+		if st.Spent.Cost == nil {
+			st.Spent.Cost = map[string]float64{}
+		}
+		st.Limits.Tokens, st.Limits.Cost = lim.Tokens, lim.Cost
+		if x, over := lim.exhausted(tenant, spent, next); over {
+			st.Exhausted = &x
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// ErrNoBudget: the tenant has no budget.
+var ErrNoBudget = errors.New("tenant has no budget")
+
+// Reset forgets what the tenant spent this period (an operator's
+// decision), by whom (for the audit trail).
+func (l *Ledger) Reset(ctx context.Context, tenant, by string) error {
+	lim, ok := l.limitsOf(tenant)
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNoBudget, tenant)
+	}
+	key, _ := l.key(tenant, lim)
+	l.mu.Lock()
+	delete(l.pend, key) // what was on its way is part of what is forgiven
+	delete(l.exceeded, key)
+	l.mu.Unlock()
+	err := l.cfg.Store.Reset(ctx, key)
+	l.noteStore(err)
+	if err != nil {
+		return err
+	}
+	if m := l.cfg.Metrics; m != nil {
+		m.spent(tenant, Spent{})
+	}
+	l.cfg.Log.Info("tenant budget reset", "tenant", tenant, "by", by)
+	if l.cfg.Event != nil {
+		l.cfg.Event("budget.reset", tenant, map[string]any{"period": lim.Period, "start": key.Start.Format(time.RFC3339), "by": by})
+	}
+	return nil
+}
+
+// Close stops the writer after one last flush (bounded by ctx); what the
+// store did not take is logged and counted as lost.
+func (l *Ledger) Close(ctx context.Context) error {
+	if !l.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	l.stop()
+	<-l.done
+	if !l.flush(ctx) {
+		l.mu.Lock()
+		lost := l.pend
+		l.pend = map[Key]*pending{}
+		l.mu.Unlock()
+		for key, p := range lost {
+			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", p.add.Tokens, "cost", p.add.Cost)
+			if m := l.cfg.Metrics; m != nil {
+				m.lost(key.Tenant, p.add)
+			}
+		}
+	}
+	return l.cfg.Store.Close()
+}
