@@ -96,7 +96,7 @@ func declaredMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	re := regexp.MustCompile(`(?:Name:\s*|NewDesc\(\s*)"(acpgate_[a-z0-9_]+)"`)
 	out := map[string]bool{}
-	for _, f := range []string{"gateway/metrics.go", "gateway/audit.go", "proxy/metrics/metrics.go", "proxy/metrics/live.go"} {
+	for _, f := range []string{"gateway/metrics.go", "gateway/audit.go", "proxy/metrics/metrics.go", "proxy/metrics/live.go", "budget/metrics.go"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {
 			t.Fatal(err)

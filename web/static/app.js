@@ -204,6 +204,17 @@ function errText(err) {
   return String(err?.message ?? err);
 }
 
+// budgetText says what the gateway's budget refusal or cancel means: which
+// cap, how much of it is spent, and when the period resets (err.data of a
+// -32006, or a cancelled turn's _meta.acpgate.budget). "" when b is not one.
+function budgetText(b) {
+  if (!b || typeof b !== "object" || typeof b.unit !== "string" || typeof b.resets !== "string") return "";
+  const amount = (v) => (b.unit === "tokens" ? Math.round(Number(v)).toLocaleString() : Number(v).toFixed(2));
+  const at = Date.parse(b.resets);
+  const resets = Number.isNaN(at) ? b.resets : new Date(at).toLocaleString();
+  return `the budget of ${String(b.tenant ?? "this tenant")} is spent: ${amount(b.spent)} of ${amount(b.limit)} ${b.unit} this ${String(b.period ?? "period")}. Prompts are refused until it resets, ${resets}.`;
+}
+
 const CLOSE_MEANING = {
   1000: "normal closure",
   1001: "going away: the gateway is shutting down",
@@ -1292,11 +1303,15 @@ async function sendPrompt(text = els.prompt.value) {
   try {
     const res = await app.acp.prompt(session.id, [{ type: "text", text }]);
     if (epoch !== app.epoch) return; // another agent was picked: this turn's page is gone
+    const stopped = budgetText(res?._meta?.acpgate?.budget);
+    if (stopped) transcript.notice(`The gateway stopped this turn: ${stopped}`, "warn");
     transcript.endTurn(String(res?.stopReason ?? "end_turn"), performance.now() - started);
   } catch (err) {
     if (epoch !== app.epoch) return;
     const lost = err instanceof ConnectError;
-    transcript.notice(lost ? `The connection closed during the turn: ${errText(err)}` : `The prompt failed: ${errText(err)}`, "error");
+    const budget = err instanceof AcpError && err.code === -32006 ? budgetText(err.data) : "";
+    if (budget) transcript.notice(`Not sent: ${budget}`, "warn");
+    else transcript.notice(lost ? `The connection closed during the turn: ${errText(err)}` : `The prompt failed: ${errText(err)}`, "error");
     transcript.endTurn("error", performance.now() - started);
   } finally {
     if (epoch === app.epoch) app.running = null;
