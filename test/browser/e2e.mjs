@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -37,6 +37,9 @@
 //         the balancer's cookie, and a page opening it sets it first,
 //         no cookie of another name
 // affinity-off a gateway without it: a share link sets no cookie
+// budget  a tenant with a budget on test/fakeagent: the turn that crosses
+//         the cap is stopped, the next prompt refused; the page names the
+//         budget and when it resets
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
@@ -57,7 +60,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1489,6 +1492,40 @@ async function affinityOffScenario() {
   });
 }
 
+// A tenant with a 2 USD budget a day on test/fakeagent: the turn that
+// crosses the cap is stopped by the gateway, and the next prompt refused;
+// the page says which budget, how much is spent, and when it resets.
+async function budgetScenario() {
+  await run("budget: connect with the tenant's token", async () => {
+    await page.goto(baseUrl);
+    await waitState("refused");
+    await page.locator("#token").fill(process.env.ACPGATE_GOOD_TOKEN);
+    await page.locator("#connect-btn").click();
+    await waitState("connected");
+    await page.locator("#cwd").fill("/workspace");
+    await page.locator("#new-session-btn").click();
+    await page.waitForFunction(() => document.getElementById("session-meta").textContent === "/workspace");
+  });
+
+  const budgetLine = /the budget of t1 is spent: \d+\.\d\d of 2\.00 USD this day\. Prompts are refused until it resets, /;
+  await run("budget: the turn that crosses the cap is stopped, and the page says why", async () => {
+    await send("spend 0.5,1,2.5,3,4 every=100ms");
+    const text = await page.locator("#transcript").innerText();
+    check(/The gateway stopped this turn: /.test(text) && budgetLine.test(text), `no budget notice for the stopped turn: ${JSON.stringify(text.slice(-600))}`);
+  });
+
+  await run("budget: the next prompt is refused as a budget, with its reset", async () => {
+    await send("hello after the cap");
+    const notes = await page.locator("#transcript .notice").allInnerTexts();
+    const last = notes[notes.length - 1] ?? "";
+    check(/^Not sent: /.test(last) && budgetLine.test(last), `the refusal shows as ${JSON.stringify(last)}`);
+    const resets = new Date(Date.UTC(new Date().getUTCFullYear(), new Date().getUTCMonth(), new Date().getUTCDate() + 1)).toLocaleString();
+    check(last.includes(resets), `the reset time ${resets} is not in ${JSON.stringify(last)}`);
+    check(!/The prompt failed/.test(last), "shown as a generic failure");
+    await shot("budget-refused");
+  });
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
@@ -1502,6 +1539,7 @@ try {
   else if (scenario === "spoof") await spoofedClientId();
   else if (scenario === "affinity") await affinityScenario();
   else if (scenario === "affinity-off") await affinityOffScenario();
+  else if (scenario === "budget") await budgetScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);
