@@ -243,7 +243,7 @@ func TestAgentEnvReload(t *testing.T) {
 	changed := g.CountLogs("agent credentials changed: the tenant's agent processes are replaced; running sessions finish on the old ones", "tenant", "acme")
 	e.sighup(t)
 	if n := g.CountLogs("agent credentials changed: the tenant's agent processes are replaced; running sessions finish on the old ones", "tenant", "acme"); n != changed+1 {
-		t.Fatalf("%d logs of acme's credentials changing after the SIGHUP, want %d", n, changed+1)
+		t.Errorf("%d logs of acme's credentials changing after the SIGHUP, want %d", n, changed+1)
 	}
 	running := credOf(t, old, oldSID)
 	e.wantCred(t, "acme's running session", running, "acme-1")
