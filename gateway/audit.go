@@ -179,8 +179,10 @@ func (t *auditTrail) refusal(th *audit.Throttle, r *http.Request, fields ...audi
 // configReloaded records config.reloaded for a reload from cur to next
 // that took effect: the top-level settings that changed (by YAML key), the
 // tenants added, removed or changed and the agents added or removed, by
-// name. Never a value: no token hash, key or secret reaches the trail.
-func (t *auditTrail) configReloaded(cur, next *config.Config, agentsAdded, agentsRemoved []string) {
+// name, and the tenants whose agent credentials changed (agent_env: their
+// files may change with the configuration unchanged). Never a value: no
+// token hash, key or secret reaches the trail.
+func (t *auditTrail) configReloaded(cur, next *config.Config, agentsAdded, agentsRemoved, credsChanged []string) {
 	if !t.on() {
 		return
 	}
@@ -214,7 +216,7 @@ func (t *auditTrail) configReloaded(cur, next *config.Config, agentsAdded, agent
 		key   string
 		names []string
 	}{{"tenants_added", added}, {"tenants_removed", removed}, {"tenants_changed", modified},
-		{"agents_added", agentsAdded}, {"agents_removed", agentsRemoved}} {
+		{"agents_added", agentsAdded}, {"agents_removed", agentsRemoved}, {"agent_env_changed", credsChanged}} {
 		if len(f.names) > 0 {
 			fields = append(fields, audit.F(f.key, f.names))
 		}

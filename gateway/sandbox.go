@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,8 @@ import (
 )
 
 // launcher decides how each agent process starts when the sandbox is on:
-// its environment (only agent.inherit_env, agent.env, HOME and TMPDIR),
+// its environment (only agent.inherit_env, agent.env, the tenant's
+// agent_env, HOME and TMPDIR),
 // its working directory (the tenant root), and its confinement, which
 // acpgate supervise applies before it starts the agent.
 type launcher struct {
@@ -28,6 +30,9 @@ type launcher struct {
 	// tracing gives agents their OTEL_* variables; nil: none. Set before
 	// the first launch.
 	tracing *tracing
+	// creds are the tenants' agent credentials (agent_env), which a
+	// process bound to a tenant gets over the agent's env.
+	creds *agentCreds
 }
 
 // newLauncher returns nil when the sandbox is off. With mode required and
@@ -41,7 +46,11 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 	if len(supervisor) == 0 {
 		return nil, errors.New("the sandbox needs acpgate's supervisor to start agents")
 	}
-	l := &launcher{log: log}
+	creds, err := newAgentCreds(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	l := &launcher{log: log, creds: creds}
 	l.cfg.Store(cfg)
 	abi, err := sandbox.Probe()
 	switch {
@@ -125,13 +134,24 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 	if err := l.makeHome(home, tmp); err != nil {
 		return proxy.Launch{}, err
 	}
+	vars := withTracingEnv(l.tracing.agentEnv(agentName, name), agent.Env)
+	if creds := l.creds.of(tenant); len(creds) > 0 { // a process bound to the tenant: its credentials win
+		vars = maps.Clone(vars)
+		if vars == nil {
+			vars = map[string]string{}
+		}
+		maps.Copy(vars, creds)
+	}
 	var env []string
 	for _, k := range agent.InheritEnv {
+		if _, set := vars[k]; set {
+			continue
+		}
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
 	}
-	env = append(proxy.AppendEnv(env, withTracingEnv(l.tracing.agentEnv(agentName, name), agent.Env)), "HOME="+home, "TMPDIR="+tmp)
+	env = append(proxy.AppendEnv(env, vars), "HOME="+home, "TMPDIR="+tmp)
 
 	ro, rw := cfg.SandboxPaths(t, agent)
 	if exe != "" {

@@ -108,6 +108,15 @@ func (s *Server) Reload(next *config.Config) (err error) {
 			return fmt.Errorf("agent %q is still draining after its removal; reload again once it has stopped", name)
 		}
 	}
+	// Credentials are read before anything changes: one that cannot be
+	// read keeps its value, or refuses the reload if it has none.
+	var creds map[string]map[string]string
+	var credsChanged []string
+	if s.launch != nil {
+		if creds, credsChanged, err = s.launch.creds.read(next); err != nil {
+			return err
+		}
+	}
 	if s.authn != nil {
 		if err := s.authn.UpdateTenants(authTenants(next)); err != nil {
 			return err
@@ -141,8 +150,29 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	s.cfg = next
 	s.mu.Unlock()
 	s.agents.retire(cur, removed)
-	s.audit.configReloaded(cur, next, added, removed)
+	if s.launch != nil {
+		s.launch.creds.set(creds)
+		s.replaceTenantAgents(next, credsChanged)
+	}
+	s.audit.configReloaded(cur, next, added, removed, credsChanged)
 	return nil
+}
+
+// replaceTenantAgents retires the agent processes of the tenants whose
+// agent credentials changed: their idle processes stop and are replaced,
+// running sessions finish where they are, new sessions start on processes
+// with the new values.
+func (s *Server) replaceTenantAgents(cfg *config.Config, tenants []string) {
+	for _, t := range tenants {
+		n := 0
+		for _, a := range cfg.AgentList() {
+			if p := s.relay.AgentPool(a.Name); p != nil {
+				n += p.RetireTenant(t, "agent_env")
+			}
+		}
+		s.log.Info("agent credentials changed: the tenant's agent processes are replaced; running sessions finish on the old ones",
+			"tenant", t, "processes_retired", n)
+	}
 }
 
 // restartOnlyChanges names (by YAML key) the top-level settings that differ

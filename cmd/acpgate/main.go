@@ -18,11 +18,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -342,7 +344,35 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	describeAgents(stdout, cfg)
 	describeSandbox(stdout, cfg)
+	if !describeAgentEnv(stdout, cfg) {
+		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)
+		return 1
+	}
 	return 0
+}
+
+// describeAgentEnv lists each tenant's agent credentials by name and
+// source, never by value, after reading each as serve would; it reports
+// whether every one could be read.
+func describeAgentEnv(w io.Writer, cfg *config.Config) bool {
+	ok := true
+	for i := range cfg.Tenants {
+		t := &cfg.Tenants[i]
+		if len(t.AgentEnv) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nagent credentials of tenant %q (only its agent processes get them, over the agent's env):\n", t.Name)
+		for _, k := range slices.Sorted(maps.Keys(t.AgentEnv)) {
+			src := t.AgentEnv[k]
+			if _, err := src.ReadValue(); err != nil {
+				ok = false
+				fmt.Fprintf(w, "  %s from %s: CANNOT BE READ: %v\n", k, src, err)
+				continue
+			}
+			fmt.Fprintf(w, "  %s from %s: readable\n", k, src)
+		}
+	}
+	return ok
 }
 
 // describeSandbox tells what agents may reach under the sandbox, and

@@ -104,6 +104,11 @@ type Tenant struct {
 	// Budget caps what the tenant's agents spend a period (nil: no cap);
 	// budgets: says where the ledger is kept.
 	Budget *Budget `yaml:"budget"`
+	// AgentEnv are variables only this tenant's agent processes get, over
+	// the agent's own env (the tenant's win): credentials, read from a
+	// file or the gateway's environment at start and on every reload.
+	// Needs pool.isolation: tenant and the sandbox.
+	AgentEnv map[string]AgentEnvSource `yaml:"agent_env"`
 }
 
 // MayUse reports whether the tenant may use the named agent.
@@ -691,12 +696,12 @@ func validateAgent(root *yaml.Node, path string, a *Agent) []Problem {
 		add("command", "the program name is empty")
 	}
 	for k := range a.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
+		if !validEnvName(k) {
 			add("env", "%q is not a valid environment variable name", k)
 		}
 	}
 	for _, k := range a.InheritEnv {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
+		if !validEnvName(k) {
 			add("inherit_env", "%q is not a valid environment variable name", k)
 		}
 	}
@@ -881,6 +886,7 @@ func (c *Config) validateTenant(i int, seen map[string]bool, at nodeAt, item fun
 		}
 		at(n, "%s.sharing.attach: %q is not same_subject, tenant or off", where, *t.Sharing.Attach)
 	}
+	c.validateAgentEnv(i, at, item)
 }
 
 // validateAuth checks the auth settings and the session keys.

@@ -340,6 +340,10 @@ func (c *Config) exposedSecrets(views []sandboxView, homes string, extra []strin
 			secrets = append(secrets, secret{"auth.jwt.hs256_secret_file", j.HS256SecretFile})
 		}
 	}
+	keys, files := c.agentEnvFiles()
+	for i, f := range files {
+		secrets = append(secrets, secret{keys[i], f})
+	}
 	for _, f := range extra {
 		secrets = append(secrets, secret{"", f})
 	}

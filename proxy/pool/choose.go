@@ -283,11 +283,11 @@ func (p *Pool) started(a *Process, start time.Time, err error) {
 	a.Log().Info("agent ready", "protocol_version", a.init.Version, "took", time.Since(start).Round(time.Millisecond))
 }
 
-// Retire marks a as taking no new sessions, for reason ("sessions" or
-// "age"). The maintainer stops it once it is unused and warms a
-// replacement.
+// Retire marks a as taking no new sessions, for reason ("sessions",
+// "age" or "agent_env"). The maintainer stops it once it is unused (a
+// starting process once it is ready) and warms a replacement.
 func (a *Process) Retire(reason string) {
-	if a.State() != Ready || !a.retiring.CompareAndSwap(false, true) {
+	if st := a.State(); st != Ready && st != Starting || !a.retiring.CompareAndSwap(false, true) {
 		return
 	}
 	a.pool.mu.Lock()
@@ -297,6 +297,24 @@ func (a *Process) Retire(reason string) {
 	a.pool.cfg.Metrics.Recycled.WithLabelValues(reason).Inc()
 	a.Log().Info("agent process retiring: it takes no new sessions and stops when its last one ends",
 		"reason", reason, "sessions_served", served)
+}
+
+// RetireTenant retires every process of tenant, starting or ready, for
+// reason (Retire): running sessions finish on them, new ones go to fresh
+// processes. It returns how many it retired.
+func (p *Pool) RetireTenant(tenant, reason string) int {
+	p.mu.Lock()
+	var procs []*Process
+	for _, a := range p.procs {
+		if a.prof.Tenant == tenant && !a.Retiring() {
+			procs = append(procs, a)
+		}
+	}
+	p.mu.Unlock()
+	for _, a := range procs {
+		a.Retire(reason)
+	}
+	return len(procs)
 }
 
 // removed forgets a process that has exited.

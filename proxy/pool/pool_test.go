@@ -325,3 +325,57 @@ func TestFailedStartTellsHandler(t *testing.T) {
 		t.Errorf("%d processes left, want 0", st.Processes)
 	}
 }
+
+// RetireTenant retires one tenant's processes: an idle one stops, one with
+// a session keeps it until it ends, new sessions get a fresh process, and
+// the other tenant's processes are left alone.
+func TestRetireTenant(t *testing.T) {
+	p, _ := testPool(t, nil, func(c *Config) {
+		c.TenantBound, c.Tenants, c.MinIdle, c.MaxProcesses, c.MaxSessionsPerProcess = true, []string{"a", "b"}, 0, 4, 1
+	})
+	get := func(tenant string) *Lease {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		l, err := p.Acquire(ctx, Profile{Tenant: tenant, Version: 1}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	busy := get("a")
+	busy.Commit()
+	idle := get("a")
+	idleProc := idle.Process()
+	idle.Release()
+	other := get("b")
+	if busy.Process() == idleProc {
+		t.Fatal("two sessions on one process with max_sessions_per_process 1")
+	}
+	if n := p.RetireTenant("a", "agent_env"); n != 2 {
+		t.Fatalf("RetireTenant retired %d processes, want 2", n)
+	}
+	if n := p.RetireTenant("a", "agent_env"); n != 0 {
+		t.Errorf("retiring again retired %d, want 0", n)
+	}
+	select {
+	case <-idleProc.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tenant's idle process was not stopped")
+	}
+	if !busy.Process().Alive() || !other.Process().Alive() || other.Process().Retiring() {
+		t.Fatal("the busy process or the other tenant's was stopped or retired")
+	}
+	fresh := get("a")
+	if fresh.Process() == busy.Process() || fresh.Process() == idleProc {
+		t.Error("a retired process took a new session")
+	}
+	fresh.Release()
+	other.Release()
+	busy.Release()
+	select {
+	case <-busy.Process().Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retired process was not stopped once its session ended")
+	}
+}

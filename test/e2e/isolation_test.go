@@ -51,6 +51,9 @@ type isoEnv struct {
 	hsSecret []byte
 	hsFile   string
 	jwksFile string
+	// tenantYAML is more of a tenant's entry in config (lines indented
+	// four spaces), by tenant.
+	tenantYAML map[string]string
 }
 
 func writeFile(t *testing.T, path string, data []byte) {
@@ -128,6 +131,7 @@ func (e *isoEnv) config(keyFile string, quotas map[string]quota) string {
 		if q, ok := quotas[name]; ok {
 			fmt.Fprintf(&b, "    max_connections: %d\n    max_sessions: %d\n", q.maxConns, q.maxSessions)
 		}
+		b.WriteString(e.tenantYAML[name])
 	}
 	fmt.Fprintf(&b, "auth:\n  allowed_origins: [%q]\n", ideOrigin)
 	if e.hsFile != "" {
