@@ -115,6 +115,7 @@ type Conn struct {
 
 	initArrived atomic.Bool // a valid initialize came (see HandshakeDone)
 	recheckEnd  atomic.Bool // endIfEmpty found it handling a message: check once done (handled)
+	aware       atomic.Bool // hears its sessions' multi-client updates as their owner (initialize _meta.acpgate.multiClient)
 
 	mu          sync.Mutex
 	initialized bool
@@ -415,8 +416,12 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 		init = home.Process().Init()
 	}
 	result, err := policy.FilterInitialize(init.Result, *c.ten.policy(c.ag.name))
-	if err == nil && (c.token != "" || c.affinity != "") {
-		result = acp.WithAcpgateMeta(result, c.token, c.affinity)
+	info, self := multiclient.InitClientInfo(m.Payload), "" // an owner that hears multi-client updates learns its clientId
+	if info.MultiClient {
+		self = c.clientID
+	}
+	if err == nil && (c.token != "" || c.affinity != "" || self != "") {
+		result = acp.WithAcpgateMeta(result, c.token, c.affinity, self)
 	}
 	if err == nil && c.ten.sharing().Attach != SharingOff {
 		result = acp.WithAttachCapability(result)
@@ -432,8 +437,9 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 		return
 	}
 	c.initialized, c.prof, c.home, c.caps = true, prof, home, init.Caps
-	c.info = multiclient.InitClientInfo(m.Payload)
+	c.info = info
 	c.mu.Unlock()
+	c.aware.Store(info.MultiClient)
 	cr.reqLog().Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
 	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }

@@ -151,18 +151,30 @@ func (s *Session) update(body []byte) []byte {
 	return jsonrpc.AppendRequest(jsonrpc.GetBuffer(len(params)+64), nil, acp.SessionUpdate, params)
 }
 
-// toMembersLocked sends an update to every member but skip (s.fan held).
+// toMembersLocked sends an update to every member but skip, and to an
+// owner that asked for them (Conn.aware) (s.fan held).
 func (s *Session) toMembersLocked(body []byte, skip *Conn) {
+	f := Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID}
 	for _, m := range s.clientList() {
 		if m.conn != skip {
-			m.send(s, s.update(body), Facts{Method: acp.SessionUpdate, SessionID: s.GatewayID})
+			m.send(s, s.update(body), f)
 		}
 	}
+	if o := s.Owner(); o != nil && o != skip && o.aware.Load() {
+		o.deliverFor(s.update(body), s, f, false)
+	}
+}
+
+// audience reports whether anyone hears multi-client updates: a member,
+// or an owner that asked for them.
+func (s *Session) audience() bool {
+	o := s.Owner()
+	return s.members.Load() != nil || o != nil && o.aware.Load()
 }
 
 // toMembers is toMembersLocked taking s.fan.
 func (s *Session) toMembers(body []byte, skip *Conn) {
-	if s.members.Load() == nil {
+	if !s.audience() {
 		return
 	}
 	s.fan.Lock()
@@ -213,7 +225,7 @@ func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
 		if s.history != nil {
 			s.history.Add(msg)
 		}
-		if owner := s.Owner(); owner != nil && owner != sender {
+		if owner := s.Owner(); owner != nil && owner != sender && !owner.aware.Load() { // one that is hears prompt_received
 			owner.deliverFor(msg, s, f, false)
 		} else {
 			jsonrpc.PutBuffer(msg)
@@ -225,9 +237,6 @@ func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
 // turnComplete tells the members but the prompter that a turn ended, and
 // how.
 func (s *Session) turnComplete(prompter *Conn, stop string) {
-	if s.members.Load() == nil {
-		return
-	}
 	s.toMembers(multiclient.TurnComplete(stop), prompter)
 }
 

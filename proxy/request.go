@@ -403,7 +403,7 @@ func (in *inReq) resolved(by *Conn, outcome []byte) {
 // member to tell).
 func (in *inReq) resolution(by *Conn, outcome []byte) []byte {
 	s := in.sess
-	if s == nil || s.members.Load() == nil {
+	if s == nil || !s.audience() {
 		return nil
 	}
 	in.link.mu.Lock()

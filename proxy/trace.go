@@ -7,7 +7,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -25,32 +24,6 @@ import (
 // TracerName names the relay's tracer (its instrumentation scope).
 const TracerName = "github.com/acpgate/acpgate/proxy"
 
-// traceparentEdit sets the forwarded request's params._meta.traceparent to
-// span (nil: no edit).
-func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
-	if span == nil {
-		return jsonrpc.Edit{}, false
-	}
-	return acp.TraceparentEdit(m, tracing.Traceparent(span))
-}
-
-// tracerOf is the relay's tracer from Config.Tracing (nil: off).
-func tracerOf(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		return nil
-	}
-	return tp.Tracer(TracerName)
-}
-
-// traceParent is the trace context a client message names: its
-// params._meta (traceparent, tracestate), else parent (a POST's header).
-func traceParent(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext {
-	if sc := tracing.ParseTraceparent(acp.TraceContext(m)); sc.IsValid() {
-		return sc
-	}
-	return parent
-}
-
 // startSpan starts the span of client request m (nil: tracing off, or not
 // a request), a child of the context the client names.
 func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
@@ -58,7 +31,7 @@ func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
 	if c.relay.tracer == nil || m.Kind != jsonrpc.KindRequest {
 		return nil
 	}
-	return tracing.StartRequest(c.relay.tracer, traceParent(m, cr.traceParent), tracing.Request{Method: m.Method,
+	return tracing.StartRequest(c.relay.tracer, tracing.ParentOf(m, cr.traceParent), tracing.Request{Method: m.Method,
 		ID: string(m.ID), Tenant: c.tenant, Agent: c.ag.name, Transport: c.transport})
 }
 

@@ -451,8 +451,11 @@ func findObject(doc []byte, path []string, key string) (open int, empty bool, de
 // object) with the resume token and the affinity cookie (each if not
 // empty), inside an existing _meta object if there is one. The rest is
 // copied as it is.
-func WithAcpgateMeta(result []byte, token, affinity string) []byte {
+func WithAcpgateMeta(result []byte, token, affinity, clientID string) []byte {
 	var fields []string
+	if clientID != "" {
+		fields = append(fields, `"clientId":`+strconv.Quote(clientID))
+	}
 	if token != "" {
 		fields = append(fields, `"resumeToken":`+strconv.Quote(token))
 	}

@@ -12,7 +12,7 @@ func TestWithResumeToken(t *testing.T) {
 		{`{"_meta":{"acpgate":{"x":1}}}`, `{"_meta":{"acpgate":{"x":1}}}`},                                         // the agent's own key stays
 		{`{"s":"_meta","n":{"_meta":1}}`, `{"_meta":{"acpgate":{"resumeToken":"T"}},"s":"_meta","n":{"_meta":1}}`}, // only the top level counts
 	} {
-		if got := string(WithAcpgateMeta([]byte(tc.in), "T", "")); got != tc.want {
+		if got := string(WithAcpgateMeta([]byte(tc.in), "T", "", "")); got != tc.want {
 			t.Errorf("WithAcpgateMeta(%s, T) = %s, want %s", tc.in, got, tc.want)
 		}
 	}

@@ -31,15 +31,27 @@ const MaxClientField = 128
 type ClientInfo struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
+	// MultiClient: an owner that hears the multi-client updates of its
+	// sessions (initialize only).
+	MultiClient bool `json:"-"`
 }
 
-// InitClientInfo reads clientInfo from initialize's params, bounded.
+// InitClientInfo reads clientInfo from initialize's params, bounded, and
+// whether the client asks for the multi-client updates of the sessions it
+// owns (params._meta.acpgate.multiClient: true; a plain client gets only
+// standard ACP).
 func InitClientInfo(params []byte) ClientInfo {
 	var p struct {
 		ClientInfo ClientInfo `json:"clientInfo"`
+		Meta       struct {
+			Acpgate struct {
+				MultiClient bool `json:"multiClient"`
+			} `json:"acpgate"`
+		} `json:"_meta"`
 	}
 	_ = json.Unmarshal(params, &p)
-	return ClientInfo{Name: logx.Truncate(p.ClientInfo.Name, MaxClientField), Version: logx.Truncate(p.ClientInfo.Version, MaxClientField)}
+	return ClientInfo{Name: logx.Truncate(p.ClientInfo.Name, MaxClientField), Version: logx.Truncate(p.ClientInfo.Version, MaxClientField),
+		MultiClient: p.Meta.Acpgate.MultiClient}
 }
 
 // Peer is a client as the others see it.

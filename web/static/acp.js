@@ -1587,7 +1587,7 @@ class HttpLink {
 export class AcpClient {
   #reconnect;
   #attempts;
-  #initArgs = null; // [clientCapabilities, clientInfo] once initialize succeeded
+  #initArgs = null; // [clientCapabilities, clientInfo, options] once initialize succeeded
   #authMethod = null; // the methodId of the last authenticate that succeeded
   #listeners = new Set(); // onReconnect
   #rc = null; // while reconnecting: {cancelled}
@@ -1623,19 +1623,21 @@ export class AcpClient {
    * the gateway already has it: this returns the saved result instead.
    * A reconnect initializes the new connection with the same arguments.
    */
-  async initialize(clientCapabilities = {}, clientInfo = { name: "acp.js", version: "1" }) {
-    this.init = await this.#initialize(this.conn, clientCapabilities, clientInfo);
-    this.#initArgs = [clientCapabilities, clientInfo];
+  async initialize(clientCapabilities = {}, clientInfo = { name: "acp.js", version: "1" }, { multiClient = false } = {}) {
+    this.init = await this.#initialize(this.conn, clientCapabilities, clientInfo, { multiClient });
+    this.#initArgs = [clientCapabilities, clientInfo, { multiClient }];
     return this.init;
   }
 
-  async #initialize(conn, clientCapabilities, clientInfo) {
+  // multiClient asks acpgate for the multi-client updates of the sessions
+  // this connection owns (presence, prompt_received, permission_resolved,
+  // turn_complete): the result's _meta.acpgate.clientId is then this
+  // client's ID in them. A plain client gets only standard ACP.
+  async #initialize(conn, clientCapabilities, clientInfo, { multiClient = false } = {}) {
     if (conn.resumedAtOpen && conn.savedInit) return conn.savedInit;
-    const init = await conn.request("initialize", {
-      protocolVersion: PROTOCOL_VERSION,
-      clientCapabilities,
-      clientInfo,
-    });
+    const params = { protocolVersion: PROTOCOL_VERSION, clientCapabilities, clientInfo };
+    if (multiClient) params._meta = { acpgate: { multiClient: true } };
+    const init = await conn.request("initialize", params);
     if (init?.protocolVersion !== PROTOCOL_VERSION) {
       // The agent answered with a version we do not speak: the spec says close.
       conn.close(1000, "unsupported protocol version");

@@ -364,7 +364,7 @@ async function connect({ reconnect = false } = {}) {
   const acp = new AcpClient(conn);
   acp.onReconnect((ev) => onReconnect(acp, ev));
   try {
-    await acp.initialize(CLIENT_CAPABILITIES, CLIENT_INFO);
+    await acp.initialize(CLIENT_CAPABILITIES, CLIENT_INFO, { multiClient: true });
   } catch (err) {
     if (seq !== app.connectSeq) return; // abandoned (another agent was picked)
     if (conn.transport === "http" && err instanceof ConnectError && !err.opened) {
@@ -1129,12 +1129,14 @@ function leaveShared(acp = app.acp) {
 }
 
 // A session the page started or loaded: it is its one client so far. As
-// its plain owner it gets only ACP v1, no update naming a client, so it
-// needs no ID ("" is never a client's).
+// its owner it asked (initialize _meta.acpgate.multiClient) to hear who
+// else joins, prompts and answers; it is the client whose ID the
+// initialize result gave ("" from a gateway that gives none: then no
+// update names it).
 function ownPresence() {
-  app.selfId = "";
+  app.selfId = String(app.acp?.init?._meta?.acpgate?.clientId ?? "");
   app.presence.clear();
-  presenceAdd({ clientId: "", name: CLIENT_INFO.name });
+  presenceAdd({ clientId: app.selfId, name: CLIENT_INFO.name });
   renderPresence();
 }
 
