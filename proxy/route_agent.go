@@ -440,7 +440,7 @@ func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Ed
 	}
 	es := slices.Clone(edits)
 	jsonrpc.SortEdits(es)
-	view := jsonrpc.Splice(nil, m.Raw, es)
+	view := pathrewrite.ScrubHostRoot(s.ten.mapper.Load(), jsonrpc.Splice(nil, m.Raw, es)) // as clients would see it
 	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
 	d, ok := dec.Permission(asked)
 	if !ok {

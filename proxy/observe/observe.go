@@ -132,9 +132,10 @@ type Decider interface {
 	// the agent, or waits for its turn: a Refusal answers it instead.
 	Prompt(e *Event) *Refusal
 	// Permission is asked before an agent's permission request (e:
-	// PermissionRequested, Msg as the agent sent it, its paths the
-	// tenant's) goes to the clients: ok answers the agent with d, and no
-	// client is asked.
+	// PermissionRequested, Msg as a client would be sent it: its paths the
+	// tenant's, the host root scrubbed from its text) goes to the clients:
+	// ok answers the agent with d, no client is asked, and observers get e
+	// then PermissionResolved.
 	Permission(e *Event) (d Decision, ok bool)
 }
 
