@@ -238,3 +238,27 @@ func TestDecider(t *testing.T) {
 		t.Errorf("counts %v", counts)
 	}
 }
+
+// The README's claude-code-acp example: its requests carry a title (Bash:
+// the command in backticks) but no kind or locations.
+func TestClaudeCodeTitles(t *testing.T) {
+	l := mustCompile(t,
+		Rule{Title: "`rm *", Decide: Deny},
+		Rule{Title: "`git push*", Decide: Ask},
+		Rule{Title: "`git *`", Decide: Allow},
+		Rule{Title: "Edit `/workspace/docs/*`", Decide: Allow},
+		Rule{Kind: "edit", Decide: Allow}, // never: no kind in its requests
+	)
+	for title, want := range map[string]string{
+		"`rm -rf build`":                Deny,
+		"`git push origin main`":        Ask,
+		"`git status`":                  Allow,
+		"`git status\nrm -rf ~`":        "",
+		"Edit `/workspace/docs/a/b.md`": Allow,
+		"Edit `/workspace/src/main.go`": "",
+	} {
+		if got := l.Decide(req(nil, title), "").Decide; got != want {
+			t.Errorf("%q: %q, want %q", title, got, want)
+		}
+	}
+}
