@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -291,5 +292,49 @@ func checkPermTrail(t *testing.T, trail string, steps []permStep, e *isoEnv) {
 		if fmt.Sprint(got[sid]) != fmt.Sprint(w) {
 			t.Errorf("session %s's permission.resolved:\n got %v\nwant %v", sid, got[sid], w)
 		}
+	}
+}
+
+// TestPermissionRulesRefused: check-config and serve refuse a rule whose
+// path climbs out with ".." or is absolute, an unknown kind or decide and a
+// bad glob, naming each; a SIGHUP to such a file is refused and the
+// running rules stay.
+func TestPermissionRulesRefused(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, []byte("permissions:\n"+
+		"  - {kind: edit, path: \"../outside/**\", decide: allow}\n"+
+		"  - {kind: edit, path: \"/etc/**\", decide: allow}\n"+
+		"  - {kind: exec, decide: allow}\n"+
+		"  - {title: \"rm [\", decide: nope}\n"))
+	for _, args := range [][]string{{"check-config", "--config", bad}, {"serve", "--listen", "127.0.0.1:0", "--config", bad}} {
+		out, err := exec.Command(binPath, args...).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
+			t.Fatalf("%s accepted the rules: %v\n%s", args[0], err, out)
+		}
+		for _, want := range []string{
+			`line 2, column 24: permissions[0].path: "../outside/**": must not climb out with ".."`,
+			`line 3, column 24: permissions[1].path: "/etc/**": must be relative to the tenant's root, not absolute`,
+			`permissions[2].kind: "exec" is not an ACP tool kind`,
+			`permissions[3].title: "rm [": has a [ without its ]`,
+			`permissions[3].decide: "nope" is not allow, deny or ask`,
+		} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("%s does not say %q:\n%s", args[0], want, out)
+			}
+		}
+	}
+
+	good := filepath.Join(dir, "good.yaml")
+	writeFile(t, good, []byte("permissions:\n  - {kind: execute, decide: deny}\n"))
+	g := startGateway(t, gwOpts{args: []string{"--config", good}})
+	writeFile(t, good, mustRead(t, bad))
+	if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitLog(t, "configuration reload refused; keeping the running configuration", "", "", 10*time.Second)
+	c, sid := dialSession(t, g, t.TempDir())
+	if text := promptOK(t, c, sid, "permission please"); !strings.Contains(text, "Permission denied (reject).") {
+		t.Errorf("after the refused reload the running rule should still deny: the agent said %q", text)
 	}
 }
