@@ -484,10 +484,16 @@ func answerPermission(t *testing.T, c *client, outcome map[string]string, writes
 		switch m.Method {
 		case "session/request_permission":
 			var p struct {
-				ToolCall struct{ ToolCallID, Kind, Status string }
-				Options  []struct{ OptionID, Name, Kind string }
+				ToolCall struct {
+					ToolCallID, Kind, Status string
+					Locations                []struct{ Path string }
+				}
+				Options []struct{ OptionID, Name, Kind string }
 			}
 			decode(t, m.Params, &p)
+			if p.ToolCall.Kind == "edit" && (len(p.ToolCall.Locations) != 1 || !strings.HasPrefix(p.ToolCall.Locations[0].Path, "/")) {
+				t.Errorf("a write's permission request names no location (the path a rule matches): %s", m.Params)
+			}
 			if p.ToolCall.ToolCallID == "" || p.ToolCall.Status != "pending" || len(p.Options) != 2 ||
 				p.Options[0].OptionID != "allow" || p.Options[0].Kind != "allow_once" ||
 				p.Options[1].OptionID != "reject" || p.Options[1].Kind != "reject_once" {

@@ -41,7 +41,8 @@
 //	                    capability fs.readTextFile
 //	"write <path> [text]"
 //	                    tool_call (kind "edit", with a diff) + session/request_permission
-//	                    (options "allow" / "reject"); on allow it calls fs/write_text_file
+//	                    (options "allow" / "reject"; the path as the tool call's
+//	                    location); on allow it calls fs/write_text_file
 //	                    with the text (default: a greeting line) and replies
 //	                    "Wrote N bytes to <path>."; on reject it replies "Permission denied."
 //	                    Without the client capability fs.writeTextFile, allow gets a

@@ -372,7 +372,7 @@ func (t *turn) write(path, content string) error {
 		"rawInput":      map[string]string{"path": path, "content": content},
 	})
 
-	optionID, done, err := t.permit(id, title, "edit")
+	optionID, done, err := t.permit(id, title, "edit", path)
 	if done {
 		return err
 	}
@@ -547,9 +547,10 @@ func (t *turn) toolUpdate(id, status string, content []any) {
 
 // permit asks the client's permission for tool call id. When no option
 // comes back (the request failed, or the turn was cancelled) it fails the
-// tool call: done is then true, and err is what the turn returns.
-func (t *turn) permit(id, title, kind string) (optionID string, done bool, err error) {
-	optionID, cancelled, err := t.askPermission(id, title, kind)
+// tool call: done is then true, and err is what the turn returns. paths
+// are the tool call's locations.
+func (t *turn) permit(id, title, kind string, paths ...string) (optionID string, done bool, err error) {
+	optionID, cancelled, err := t.askPermission(id, title, kind, paths)
 	switch {
 	case err != nil:
 		return "", true, t.toolFailed(id, "I could not ask for permission", err)
@@ -561,11 +562,20 @@ func (t *turn) permit(id, title, kind string) (optionID string, done bool, err e
 }
 
 // askPermission sends session/request_permission with the allow and reject
-// options. It returns the chosen option id, or cancelled=true.
-func (t *turn) askPermission(toolCallID, title, kind string) (optionID string, cancelled bool, err error) {
+// options, and the tool call's locations (paths) if it has any. It returns
+// the chosen option id, or cancelled=true.
+func (t *turn) askPermission(toolCallID, title, kind string, paths []string) (optionID string, cancelled bool, err error) {
+	toolCall := map[string]any{"toolCallId": toolCallID, "title": title, "kind": kind, "status": "pending"}
+	if len(paths) > 0 {
+		var locs []map[string]string
+		for _, p := range paths {
+			locs = append(locs, map[string]string{"path": p})
+		}
+		toolCall["locations"] = locs
+	}
 	res, err := t.a.call(t.ctx, "session/request_permission", map[string]any{
 		"sessionId": t.sess.id,
-		"toolCall":  map[string]string{"toolCallId": toolCallID, "title": title, "kind": kind, "status": "pending"},
+		"toolCall":  toolCall,
 		"options":   permissionOptions,
 	})
 	if err != nil {

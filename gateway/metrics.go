@@ -18,6 +18,7 @@ type metrics struct {
 	authFailures    *prometheus.CounterVec // reason
 	slowDisconnects prometheus.Counter
 	reloads         *prometheus.CounterVec // result
+	ruleDecisions   *prometheus.CounterVec // tenant, decide
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server, relay *relaymetrics.Metrics, authFailures *prometheus.CounterVec, version string) *metrics {
@@ -36,6 +37,10 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *relaymetrics.Metrics
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_config_reloads_total", Help: "SIGHUP configuration reloads, by result (success, failure).",
 		}, []string{"result"}),
+		ruleDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_permission_rule_decisions_total",
+			Help: "Agent permission requests a standing permission rule matched, by tenant and what the rule decides (allow, deny, ask).",
+		}, []string{"tenant", "decide"}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "acpgate_build_info", Help: "The running acpgate's version (value 1).",
@@ -58,9 +63,15 @@ func newMetrics(reg *prometheus.Registry, s *Server, relay *relaymetrics.Metrics
 	}
 	drainGateway := drains("gateway", func() float64 { return gaugeBool(s.notReady.Load() || s.links.refusing()) })
 	drainAgents := drains("agent", func() float64 { return float64(s.agents.drainsInProgress()) })
-	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, build, queued, ready, drainGateway, drainAgents,
+	reg.MustRegister(m.connsOpen, m.connsTotal, m.authFailures, m.slowDisconnects, m.reloads, m.ruleDecisions, build, queued, ready, drainGateway, drainAgents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// ruleDecision counts a permission request a standing rule matched
+// (tenant: the tenant's label on metrics).
+func (m *metrics) ruleDecision(tenant, decide string) {
+	m.ruleDecisions.WithLabelValues(tenant, decide).Inc()
 }
 
 // gaugeBool is a gauge's value for b: 1 when true, 0 when false.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/permrules"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/access"
 	relaymetrics "github.com/acpgate/acpgate/proxy/metrics"
@@ -56,12 +57,13 @@ type Server struct {
 	http     *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics
-	audit    *auditTrail    // what the gateway itself writes to the audit trail
-	budgets  *budgets       // the tenants' budgets: their ledger
-	tracing  *tracing       // nil: tracing off
-	owners   *access.Owners // sessions.owners_file; nil: in memory (the relay's own)
-	links    *linkRegistry  // every open connection; refusing once the listener closes
-	agents   *agents        // agent specs, agents a reload adds, removed agents' drains
+	audit    *auditTrail        // what the gateway itself writes to the audit trail
+	budgets  *budgets           // the tenants' budgets: their ledger
+	tracing  *tracing           // nil: tracing off
+	owners   *access.Owners     // sessions.owners_file; nil: in memory (the relay's own)
+	links    *linkRegistry      // every open connection; refusing once the listener closes
+	agents   *agents            // agent specs, agents a reload adds, removed agents' drains
+	rules    *permrules.Decider // the standing permission rules; Reload swaps them
 
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
@@ -96,7 +98,11 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	}
 	if changed := restartOnlyChanges(cur, next); len(changed) > 0 {
 		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents, sharing, budget), policy, "+
-			"sharing, agents added or removed and default_agent reload", strings.Join(changed, ", "))
+			"sharing, permissions, agents added or removed and default_agent reload", strings.Join(changed, ", "))
+	}
+	rules, err := next.PermissionTable()
+	if err != nil {
+		return err
 	}
 	added, removed, restart := agentChanges(cur, next)
 	if len(restart) > 0 {
@@ -146,6 +152,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	}
 	_ = s.admin.reload(next) // hashes the configuration validated
 	s.budgets.reload(next)
+	s.rules.Update(rules)
 	s.mu.Lock()
 	s.cfg = next
 	s.mu.Unlock()
@@ -176,15 +183,16 @@ func (s *Server) replaceTenantAgents(cfg *config.Config, tenants []string) {
 }
 
 // restartOnlyChanges names (by YAML key) the top-level settings that differ
-// between cur and next, other than tenants, policy, sharing, agents and
-// default_agent, which reload (agentChanges says which agents' changes
+// between cur and next, other than tenants, policy, sharing, permissions,
+// agents and default_agent, which reload (agentChanges says which agents' changes
 // need a restart). A new setting is covered without being listed here.
 func restartOnlyChanges(cur, next *config.Config) []string {
 	var changed []string
 	a, b := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	for i := range a.NumField() {
 		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
-		if key == "tenants" || key == "policy" || key == "sharing" || key == "agents" || key == "default_agent" || key == "admin" {
+		if key == "tenants" || key == "policy" || key == "sharing" || key == "agents" || key == "default_agent" || key == "admin" ||
+			key == "permissions" {
 			continue
 		}
 		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
@@ -352,6 +360,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
 		tracing: tr, registry: reg, audit: trail, budgets: bud}
 	s.agents = newAgents(opts, launch, tr, s.links, log)
+	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.agents.stopDrains()
 		s.tracing.close(context.Background(), log)
@@ -360,7 +369,6 @@ func New(opts Options) (*Server, error) {
 	if admins != nil {
 		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, budget: bud.ledger, log: log}
 	}
-	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version)
 	r := s.routes(cfg, authn)
 	s.http = &http.Server{
 		Handler:           r,
@@ -392,9 +400,15 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		rc.Owners, s.owners = owners, owners
 	}
 	rc.Tracing = s.TracerProvider()
-	// The ledger hears of spend and decides before each prompt.
+	// The ledger hears of spend and decides before each prompt; the
+	// standing rules decide before a permission request reaches a client.
 	rc.Observers = append(rc.Observers, s.budgets.ledger)
-	rc.Deciders = append(rc.Deciders, s.budgets.ledger)
+	table, err := cfg.PermissionTable()
+	if err != nil {
+		return err
+	}
+	s.rules = permrules.NewDecider(table, s.metrics.ruleDecision)
+	rc.Deciders = append(rc.Deciders, s.budgets.ledger, s.rules)
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
 		return err

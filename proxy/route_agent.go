@@ -12,6 +12,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
+	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
@@ -439,18 +440,20 @@ func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Ed
 	}
 	es := slices.Clone(edits)
 	jsonrpc.SortEdits(es)
-	view := jsonrpc.Splice(nil, m.Raw, es)
-	d, ok := dec.Permission(&observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view})
+	view := pathrewrite.ScrubHostRoot(s.ten.mapper.Load(), jsonrpc.Splice(nil, m.Raw, es)) // as clients would see it
+	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
+	d, ok := dec.Permission(asked)
 	if !ok {
 		return false
 	}
+	s.emit(asked) // the audit trail records what was asked before how it was settled
 	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
 	r.l.p.SendCtrl(append(jsonrpc.AppendResult(nil, m.ID, result), '\n'))
-	s.emit(&observe.Event{Kind: observe.PermissionResolved, Turn: s.curTurn(), Msg: view, By: d.By, Outcome: d.Outcome})
-	if body := s.resolution(view, nil, d.Outcome); body != nil && s.members.Load() != nil {
+	s.emit(&observe.Event{Kind: observe.PermissionResolved, Turn: s.curTurn(), Msg: view, By: d.By, Rule: d.Rule, Outcome: d.Outcome})
+	if body := multiclient.ByPolicy(s.resolution(view, nil, d.Outcome), d.Rule, d.Decide); body != nil && s.members.Load() != nil {
 		s.toMembers(body, nil)
 	}
-	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By)
+	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By, "rule", d.Rule)
 	return true
 }
 

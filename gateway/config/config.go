@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/acpgate/acpgate/permrules"
 )
 
 // Config is the whole configuration file.
@@ -68,6 +70,9 @@ type Config struct {
 	// Policy says what remote clients may do with the agent; tenants may
 	// override it key by key.
 	Policy PolicyYAML `yaml:"policy"`
+	// Permissions are the standing permission rules of every tenant that
+	// has no list of its own (and of the gateway without tenants).
+	Permissions []permrules.Rule `yaml:"permissions"`
 	// Sharing says who may attach to a session another client holds
 	// (session/attach): the gateway without tenants, and every tenant's
 	// default, which tenants may override key by key.
@@ -109,6 +114,9 @@ type Tenant struct {
 	// file or the gateway's environment at start and on every reload.
 	// Needs pool.isolation: tenant and the sandbox.
 	AgentEnv map[string]AgentEnvSource `yaml:"agent_env"`
+	// Permissions are the tenant's standing permission rules (unset: the
+	// top-level list; an empty list: none).
+	Permissions []permrules.Rule `yaml:"permissions"`
 }
 
 // MayUse reports whether the tenant may use the named agent.
@@ -573,6 +581,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 		ps = append(ps, c.sandboxExposures(root)...)
 	}
 	c.validatePolicies(add)
+	ps = append(ps, c.validatePermissions(root)...)
 	c.validateSharing(add)
 	c.validateAdmin(add)
 	c.validateLog(add)

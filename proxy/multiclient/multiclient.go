@@ -228,6 +228,26 @@ func PermissionResolved(msg []byte, by *Peer, outcome []byte) []byte {
 	return body
 }
 
+// ByPolicy adds to body, a permission_resolved update of a request the
+// gateway's standing rule settled, the rule and what it decided: "policy":
+// {"rule": ..., "decide": "allow"|"deny"}. Without a rule, or a body (nil:
+// no member to tell), body is returned as it is.
+func ByPolicy(body []byte, rule, decide string) []byte {
+	if body == nil || rule == "" {
+		return body
+	}
+	var u map[string]json.RawMessage
+	if json.Unmarshal(body, &u) != nil {
+		return body
+	}
+	u["policy"], _ = json.Marshal(map[string]string{"rule": rule, "decide": decide})
+	out, err := json.Marshal(u)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
 // State is what a session/attach result reports of the session's
 // configuration, as the agent last gave it (raw JSON; nil: never given).
 type State struct {

@@ -39,3 +39,23 @@ func TestNewClientIDIsUnique(t *testing.T) {
 		t.Errorf("two IDs in a row, %s and %s, share a half", a, b)
 	}
 }
+
+// A permission_resolved of a request a standing rule settled carries the
+// rule and what it decided; without a rule, or a body, nothing changes.
+func TestByPolicy(t *testing.T) {
+	body := PermissionResolved([]byte(`{"params":{"toolCall":{"toolCallId":"t1"}}}`), nil, []byte(`{"outcome":"cancelled"}`))
+	out := ByPolicy(body, "permissions[0] {decide: deny}\x1b", "deny")
+	var u struct {
+		SessionUpdate, ToolCallID string
+		Policy                    struct{ Rule, Decide string }
+	}
+	if err := json.Unmarshal(out, &u); err != nil {
+		t.Fatal(err)
+	}
+	if u.SessionUpdate != "permission_resolved" || u.ToolCallID != "t1" || u.Policy.Rule != "permissions[0] {decide: deny}\x1b" || u.Policy.Decide != "deny" {
+		t.Errorf("ByPolicy = %s", out)
+	}
+	if string(ByPolicy(body, "", "")) != string(body) || ByPolicy(nil, "r", "allow") != nil {
+		t.Error("ByPolicy changed a body without a rule, or made one from nil")
+	}
+}

@@ -51,7 +51,7 @@ const (
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
-	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", or a decider's; Outcome
+	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", or a decider's; Rule (a decider's); Outcome
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
 	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
 	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
@@ -97,6 +97,7 @@ type Event struct {
 	Path       string
 	Bytes      int
 	By         string
+	Rule       string // the standing rule that decided a permission request ("": none)
 	Outcome    []byte // a RequestPermissionOutcome
 	ClientID   string // an attached client's ID in the session
 	ReadOnly   bool   // the attached client may only watch
@@ -121,6 +122,8 @@ type Refusal struct {
 type Decision struct {
 	Outcome []byte // the RequestPermissionOutcome the agent gets
 	By      string // who decided, for the clients and the audit trail
+	Rule    string // the standing rule that decided, named and written out ("": none)
+	Decide  string // what the rule says: "allow" or "deny" ("": no rule)
 }
 
 // Decider decides for sessions, before the clients are asked.
@@ -129,9 +132,10 @@ type Decider interface {
 	// the agent, or waits for its turn: a Refusal answers it instead.
 	Prompt(e *Event) *Refusal
 	// Permission is asked before an agent's permission request (e:
-	// PermissionRequested, Msg as the agent sent it, its paths the
-	// tenant's) goes to the clients: ok answers the agent with d, and no
-	// client is asked.
+	// PermissionRequested, Msg as a client would be sent it: its paths the
+	// tenant's, the host root scrubbed from its text) goes to the clients:
+	// ok answers the agent with d, no client is asked, and observers get e
+	// then PermissionResolved.
 	Permission(e *Event) (d Decision, ok bool)
 }
 

@@ -26,3 +26,12 @@ func TestBrowserAttachSpoofedClientID(t *testing.T) {
 	r := newRig(t)
 	r.scenario(t, writeConfig(t, r.dir, ""), "spoof", nil)
 }
+
+// TestBrowserPolicyDecision: the gateway's standing permission rules
+// decide (issue #32): the page holding the session is never asked, and an
+// attached page shows "allowed by the gateway's rule …" and "rejected by
+// the gateway's rule …", naming the rule.
+func TestBrowserPolicyDecision(t *testing.T) {
+	r := newRig(t)
+	r.scenario(t, writeConfig(t, r.dir, "permissions:\n  - {kind: execute, decide: allow}\n  - {kind: edit, title: \"Write *\", decide: deny}\n"), "policy", nil)
+}

@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -60,7 +60,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1392,6 +1392,45 @@ async function spoofedClientId() {
 // gives it back to that page too; so does a page already connected without
 // it when the link is opened in its tab. A link whose cookie is not plain
 // tokens, or that names another cookie than the gateway's, sets nothing.
+// The gateway's standing permission rules decide the demo agent's
+// requests (issue #32): page A, which holds the session, is never asked
+// and its turns go on; page B, attached, is told who decided: "allowed by
+// the gateway's rule …" and "rejected by the gateway's rule …".
+async function policyScenario() {
+  let B;
+  const policyLine = (p, verb) => p.waitForFunction((v) => [...document.querySelectorAll("#transcript .permission")]
+    .some((el) => el.innerText.includes(`${v} by the gateway's rule permissions[`)), verb);
+  await run("policy: page A starts a session, page B attaches", async () => {
+    await page.goto(baseUrl);
+    await waitState("connected");
+    await send("hello");
+    await page.locator("#share-btn").click();
+    const link = await page.locator("#share-link").inputValue();
+    B = await context.newPage();
+    B.setDefaultTimeout(15000);
+    B.on("pageerror", (err) => problems.push(`page error (page B): ${err.message}`));
+    await B.goto(link);
+    await B.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+  });
+  await run("policy: an allow rule answers the agent; nobody is asked", async () => {
+    await send("permission");
+    await expectAgentText("Permission granted (allow).");
+    check(await page.locator("#transcript .permission").count() === 0, "page A was asked");
+    await policyLine(B, "allowed");
+    const line = await B.locator("#transcript .permission").last().innerText();
+    check(line.includes('{kind: "execute", decide: allow}'), `B's line does not name the rule: ${line}`);
+    check(await B.locator("#transcript .permission button").count() === 0, "page B was asked");
+  });
+  await run("policy: a deny rule rejects", async () => {
+    await send("write notes.txt hello");
+    await expectAgentText("Permission denied.");
+    check(await page.locator("#transcript .permission").count() === 0, "page A was asked");
+    await policyLine(B, "rejected");
+    await shot("policy-attached");
+  });
+  await B.close();
+}
+
 async function affinityScenario() {
   const cookie = process.env.ACPGATE_AFFINITY || "ACPGATE_AFFINITY=replica-2";
   const [name, value] = [cookie.slice(0, cookie.indexOf("=")), cookie.slice(cookie.indexOf("=") + 1)];
@@ -1538,6 +1577,7 @@ try {
   else if (scenario === "attach") await twoPagesAttach();
   else if (scenario === "spoof") await spoofedClientId();
   else if (scenario === "affinity") await affinityScenario();
+  else if (scenario === "policy") await policyScenario();
   else if (scenario === "affinity-off") await affinityOffScenario();
   else if (scenario === "budget") await budgetScenario();
   else throw new Failure(`unknown scenario ${scenario}`);

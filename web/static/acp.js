@@ -188,7 +188,8 @@
 // requests; the first client to answer one wins, and acpgate withdraws the
 // others' copies with $/cancel_request (the handler's signal is aborted,
 // signal.reason.withdrawn). Attached clients also get the session/update
-// kinds permission_resolved {toolCallId, outcome, resolvedBy},
+// kinds permission_resolved {toolCallId, outcome, resolvedBy; policy {rule,
+// decide} when the gateway's standing rule settled it},
 // prompt_received {prompt, sentBy}, turn_complete {stopReason} (a turn
 // another client started), client_connected and client_disconnected
 // {client, timestamp}. A read-only client's writes are refused (-32007).

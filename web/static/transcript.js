@@ -419,8 +419,9 @@ export class Transcript {
    * A permission request of the session was settled (acpgate's
    * permission_resolved, sent to attached clients): its card, open here
    * or withdrawn, collapses to "allowed by <name>", "rejected by <name>"
-   * or "cancelled"; without a card (a read-only client is not asked), the
-   * line is added. selfId: this client's ID (its own answer shows as it is).
+   * or "cancelled"; without a card (a read-only client is not asked, and
+   * nobody is when the gateway's rule decides: "allowed by the gateway's
+   * rule …"), the line is added. selfId: this client's ID (its own answer shows as it is).
    */
   permissionResolved(u, selfId = "") {
     const toolCallId = String(u.toolCallId ?? "");
@@ -431,7 +432,7 @@ export class Transcript {
     // already settled here (this page cancelled the turn): nothing new.
     if (entry && u.outcome?.outcome !== "selected" && !this.permissions.has(entry)) return;
     const option = entry?.options.find((o) => o?.optionId === u.outcome?.optionId);
-    let text = resolvedText(u.outcome, option, by);
+    let text = u.policy ? policyText(u.outcome, u.policy) : resolvedText(u.outcome, option, by);
     if (entry?.mine) text += " (your answer came second)";
     const title = this.tools.get(toolCallId)?.data.title;
     if (entry) {
@@ -469,6 +470,14 @@ function resolvedText(outcome, option, by) {
   const who = by?.name ? ` by ${by.name}` : "";
   const what = String(option?.name ?? outcome.optionId ?? "");
   return `${verb}${who}${what ? ` (${what})` : ""}`;
+}
+
+// "allowed by the gateway's rule permissions[0] {…}", "rejected by …",
+// "cancelled by …": a permission_resolved the gateway's standing rule
+// settled (policy: {rule, decide}); no client was asked.
+function policyText(outcome, policy) {
+  const verb = outcome?.outcome !== "selected" ? "cancelled" : policy.decide === "allow" ? "allowed" : "rejected";
+  return `${verb} by the gateway's rule ${String(policy.rule ?? "")}`.trim();
 }
 
 function renderTool(d) {

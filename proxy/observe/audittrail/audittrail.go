@@ -141,5 +141,9 @@ func (t *Trail) permissionResolved(e *observe.Event) {
 	if o.OptionID != "" {
 		fields = append(fields, audit.F("optionId", o.OptionID))
 	}
-	t.record(e, "permission.resolved", append(fields, audit.F("by", e.By))...)
+	fields = append(fields, audit.F("by", e.By))
+	if e.Rule != "" {
+		fields = append(fields, audit.F("rule", e.Rule))
+	}
+	t.record(e, "permission.resolved", fields...)
 }

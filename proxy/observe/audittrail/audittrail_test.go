@@ -30,3 +30,35 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("session.attached fields %v, want the history policy last", evs[0].Fields)
 	}
 }
+
+// A permission request a standing rule settled names the rule beside by
+// "policy"; one a client answered has no rule field.
+func TestPermissionResolvedRule(t *testing.T) {
+	var m audit.Memory
+	tr := New(&m, false)
+	s := &observe.Session{ID: "sid", Tenant: "acme", Agent: "default"}
+	msg := []byte(`{"params":{"toolCall":{"toolCallId":"t1","title":"Read","kind":"read"}}}`)
+	tr.Observe(&observe.Event{Kind: observe.PermissionResolved, Session: s, Msg: msg, By: "policy",
+		Rule: `permissions[0] {kind: "read", decide: allow}`, Outcome: []byte(`{"outcome":"selected","optionId":"allow"}`)})
+	tr.Observe(&observe.Event{Kind: observe.PermissionResolved, Session: s, Msg: msg, By: "client",
+		Outcome: []byte(`{"outcome":"selected","optionId":"allow"}`)})
+	evs := m.Events()
+	if len(evs) != 2 {
+		t.Fatalf("events %+v", evs)
+	}
+	want := []audit.Field{audit.F("toolCallId", "t1"), audit.F("outcome", "selected"), audit.F("optionId", "allow"),
+		audit.F("by", "policy"), audit.F("rule", `permissions[0] {kind: "read", decide: allow}`)}
+	if len(evs[0].Fields) != len(want) {
+		t.Fatalf("fields %v, want %v", evs[0].Fields, want)
+	}
+	for i := range want {
+		if evs[0].Fields[i] != want[i] {
+			t.Errorf("field %d = %v, want %v", i, evs[0].Fields[i], want[i])
+		}
+	}
+	for _, f := range evs[1].Fields {
+		if f.Key == "rule" {
+			t.Errorf("a client's answer has a rule field: %v", evs[1].Fields)
+		}
+	}
+}
