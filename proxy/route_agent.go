@@ -41,7 +41,7 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind != jsonrpc.KindResponse {
 		return acp.ParamsSpec(m.Method, paths)
 	}
-	id, ok := parseAgentID(m.ID)
+	id, ok := acp.ParseAgentID(m.ID)
 	if !ok {
 		return nil
 	}
@@ -52,22 +52,6 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 		return nil
 	}
 	return acp.ResultSpec(req.method, m.IsError, paths)
-}
-
-// parseAgentID reads an id the gateway issued to an agent (a positive
-// integer).
-func parseAgentID(raw []byte) (int64, bool) {
-	if len(raw) == 0 || len(raw) > 19 {
-		return 0, false
-	}
-	var n int64
-	for _, c := range raw {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
 }
 
 func (r *agentReader) handle(line []byte) {
@@ -96,7 +80,7 @@ func (r *agentReader) protocolError(kind, msg string, args ...any) {
 // handleResponse delivers an agent's answer to the client that asked.
 func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	l := r.l
-	id, ok := parseAgentID(m.ID)
+	id, ok := acp.ParseAgentID(m.ID)
 	if !ok {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		return
@@ -372,7 +356,7 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, connID, 10)})
 		return true
 	}
-	id, ok := parseAgentID(raw)
+	id, ok := acp.ParseAgentID(raw)
 	l.mu.Lock()
 	req := l.pending[id]
 	l.mu.Unlock()

@@ -210,7 +210,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 	h.slot = lease
 	l := c.ag.link(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
-		h.attach = l.addSession(c, id, gwID, sessionCwd(m), h.takeSlot())
+		h.attach = l.addSession(c, id, gwID, acp.SessionCwd(m), h.takeSlot())
 		h.attach.meter.Loaded()
 		h.replaying(h.attach)
 		c.attach(h.attach)
@@ -341,7 +341,7 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 		clientID: append([]byte(nil), m.ID...),
 		method:   m.Method,
 		sess:     rt.sess,
-		cwd:      createdCwd(m),
+		cwd:      acp.CreatedCwd(m),
 		start:    time.Now(),
 		hold:     rt.h,
 		span:     span,

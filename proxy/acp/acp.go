@@ -607,3 +607,49 @@ func TraceContext(m *jsonrpc.Message) (traceparent, tracestate string) {
 	}
 	return traceparent, tracestate
 }
+
+// ParseAgentID reads an id the gateway issued to an agent (a positive
+// integer).
+func ParseAgentID(raw []byte) (int64, bool) {
+	if len(raw) == 0 || len(raw) > 19 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// SessionCwd is the cwd a session/new, load, resume or fork asks for, as
+// the client sent it and the scanner located it ("" if none).
+func SessionCwd(m *jsonrpc.Message) string {
+	for _, f := range m.Fields {
+		if f.Kind == jsonrpc.FieldPath && f.Label == "cwd" {
+			v, _ := m.String(f)
+			return v
+		}
+	}
+	return ""
+}
+
+// CreatedCwd is SessionCwd for a request that creates a session.
+func CreatedCwd(m *jsonrpc.Message) string {
+	if !CreatesSession(m.Method) {
+		return ""
+	}
+	return SessionCwd(m)
+}
+
+// ReadContentLen is the length of the content of a fs/read_text_file
+// result.
+func ReadContentLen(result []byte) int {
+	var res struct {
+		Content string `json:"content"`
+	}
+	_ = json.Unmarshal(result, &res)
+	return len(res.Content)
+}
