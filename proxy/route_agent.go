@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -95,6 +96,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
 	}
+	if m = r.models(m, req); m == nil {
+		return // held back for a model switch, or refused
+	}
 	tracing.ObserveLatency(l.ag.metrics.RequestDuration.WithLabelValues(metrics.MethodLabel(req.method)), time.Since(req.start).Seconds(), req.span)
 	c := req.conn
 	if c == nil {
@@ -168,19 +172,20 @@ func (l *procLink) answered(r *Relay) {
 func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []jsonrpc.Edit, created *Session, ok bool) {
 	c := req.conn
 	edits = append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
+	s := req.sess // the session the answer is about (its model selectors)
 	switch {
 	case m.IsError:
 		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 			edits = append(edits, r.errorSessionEdit(m, f, req))
 		}
 	case acp.CreatesSession(req.method):
-		e, s, ok := r.created(m, req)
+		e, cs, ok := r.created(m, req)
 		if !ok {
 			return nil, nil, false
 		}
-		edits, created = append(edits, e), s
+		edits, created, s = append(edits, e), cs, cs
 	case req.hold.attach != nil:
-		s := req.hold.attach
+		s = req.hold.attach
 		if s.attachable {
 			s.state.NoteResult(m.Payload)
 		}
@@ -193,7 +198,43 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		// and its quota slot are free.
 		req.sess.end(endClosed, c)
 	}
+	if s != nil {
+		edits = s.models.Edits(m, c.ten.policy(c.ag.name).Models, req.model, edits)
+	}
 	return edits, created, true
+}
+
+// models holds back an answer that leaves a new or loaded session on a
+// model its tenant may not use (package models): the agent is asked to
+// switch the session under the request's id, and the answer to that
+// brings the held one back, scanned again. A session that offers no
+// allowed model, or that the agent does not switch, is refused (closed on
+// the agent if it was new). nil: m was held back or answered.
+func (r *agentReader) models(m *jsonrpc.Message, req *outReq) *jsonrpc.Message {
+	c := req.conn
+	if c == nil || !acp.CreatesSession(req.method) && !acp.AttachesSession(req.method) {
+		return m
+	}
+	sid := ""
+	if s := cmp.Or(req.hold.attach, req.sess); s != nil {
+		sid = s.AgentID
+	}
+	next, err := req.model.Answer(&r.sc, m, c.ten.policy(c.ag.name).Models, sid, acp.ResultSpec(req.method, false, r.l.ag.mapPaths))
+	switch {
+	case err != nil:
+		if made := next.Made(); made != "" && r.l.p.Init().Caps.Close {
+			r.l.fireAndForget(acp.SessionClose, acp.SessionIDObject(made))
+		}
+		req.failWith(jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil)
+	case next == nil || req.model != nil:
+		return m
+	case r.l.track(req):
+		req.model = next
+		r.l.p.SendCtrl(next.Request(req.agentID))
+	default:
+		req.failWith(jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+	}
+	return nil
 }
 
 // created registers the session a session-creating request made; it takes
@@ -262,6 +303,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
 		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
+		rc.edits = rc.sess.models.Edits(m, rc.conn.ten.policy(rc.conn.ag.name).Models, nil, rc.edits)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {

@@ -224,6 +224,10 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 // like session/new.
 func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
 	c := cr.c
+	if r := sess.models.Check(m, c.ten.policy(c.ag.name).Models); r != nil {
+		cr.refuse(m, r.Code, r.Reason, r.Err)
+		return nil, errAnswered
+	}
 	h := &hold{conn: c}
 	if acp.CreatesSession(m.Method) && m.Kind == jsonrpc.KindRequest {
 		if !cr.reserveQuota(m, false) {
