@@ -21,6 +21,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -193,7 +194,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	r := &Relay{
 		owners:     cfg.Owners,
 		adminEnded: inflight.Recent[string]{Max: maxAdminEnded},
-		tracer:     tracerOf(cfg.Tracing),
+		tracer:     tracing.TracerOf(cfg.Tracing, TracerName),
 		metrics:    m,
 		sealer:     sealer,
 		log:        log,

@@ -310,7 +310,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
-		if e, ok := traceparentEdit(m, span); ok {
+		if e, ok := tracing.ParentEdit(m, span); ok {
 			edits = append(edits, e)
 		}
 	} else {

@@ -7,9 +7,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
-	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
@@ -25,32 +23,6 @@ import (
 // TracerName names the relay's tracer (its instrumentation scope).
 const TracerName = "github.com/acpgate/acpgate/proxy"
 
-// traceparentEdit sets the forwarded request's params._meta.traceparent to
-// span (nil: no edit).
-func traceparentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
-	if span == nil {
-		return jsonrpc.Edit{}, false
-	}
-	return acp.TraceparentEdit(m, tracing.Traceparent(span))
-}
-
-// tracerOf is the relay's tracer from Config.Tracing (nil: off).
-func tracerOf(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		return nil
-	}
-	return tp.Tracer(TracerName)
-}
-
-// traceParent is the trace context a client message names: its
-// params._meta (traceparent, tracestate), else parent (a POST's header).
-func traceParent(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext {
-	if sc := tracing.ParseTraceparent(acp.TraceContext(m)); sc.IsValid() {
-		return sc
-	}
-	return parent
-}
-
 // startSpan starts the span of client request m (nil: tracing off, or not
 // a request), a child of the context the client names.
 func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
@@ -58,7 +30,7 @@ func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
 	if c.relay.tracer == nil || m.Kind != jsonrpc.KindRequest {
 		return nil
 	}
-	return tracing.StartRequest(c.relay.tracer, traceParent(m, cr.traceParent), tracing.Request{Method: m.Method,
+	return tracing.StartRequest(c.relay.tracer, tracing.ParentOf(m, cr.traceParent), tracing.Request{Method: m.Method,
 		ID: string(m.ID), Tenant: c.tenant, Agent: c.ag.name, Transport: c.transport})
 }
 
@@ -98,7 +70,7 @@ func (r *outReq) endSpan() {
 // agentReqSpan starts the span of an agent request to the client, under
 // the session's turn (nil: tracing off, or no turn traced; s may be nil).
 func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	turn := turnSpan(s.curTurn())
+	turn := tracing.TurnSpan(s.curTurn())
 	if turn == nil {
 		return nil
 	}
@@ -107,7 +79,7 @@ func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
 
 // fsSpan starts the span of the file stand-in serving m.
 func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	return tracing.Child(r.tracer, turnSpan(s.curTurn()), tracing.SpanFsStandIn,
+	return tracing.Child(r.tracer, tracing.TurnSpan(s.curTurn()), tracing.SpanFsStandIn,
 		trace.WithAttributes(tracing.String(tracing.AttrRPCMethod, m.Method)))
 }
 
@@ -135,15 +107,7 @@ func (cr *clientReader) spanSessionID(span trace.Span, id string) {
 // turnLog is log with the trace of the session's traced turn, if one runs
 // (s may be nil): for a line about what the agent does in that turn.
 func (s *Session) turnLog(log *slog.Logger) *slog.Logger {
-	return tracing.WithTrace(log, turnSpan(s.curTurn()))
-}
-
-// turnSpan is the span of a traced turn (nil: t is nil, or not traced).
-func turnSpan(t *observe.Turn) trace.Span {
-	if t == nil {
-		return nil
-	}
-	return t.Span
+	return tracing.WithTrace(log, tracing.TurnSpan(s.curTurn()))
 }
 
 // reqLog is the log for a line about the client request in hand: with its
