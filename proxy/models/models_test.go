@@ -401,7 +401,7 @@ func TestEditsHostile(t *testing.T) {
 			t.Errorf("plan: %v", err)
 		}
 		// Refused with none allowed: the message lists only the first ten.
-		if _, err := Plan(m, policy.ModelPolicy{Allow: []string{"gpt-*"}}, ""); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("(%d more)", n/1000-10)) {
+		if _, err := Plan(m, policy.ModelPolicy{Allow: []string{"gpt-*"}}, ""); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("(%d more)", n-10)) {
 			t.Errorf("refusal: %v", err)
 		}
 	})
