@@ -107,7 +107,8 @@ type outReq struct {
 	// why: a prompt the gateway cancelled (Relay.CancelTurn) says why in
 	// its answer's _meta.acpgate.
 	why atomic.Pointer[cancelWhy]
-	// model: the model switch this session/new or load waits for (models).
+	// model: a model switch the gateway asks for, holding the answer to
+	// the client's session/new or load (agentReader.switchModel).
 	model *models.Switch
 }
 

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +12,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
@@ -28,6 +28,9 @@ type agentReader struct {
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
 	event   observe.Event // what observers hear of a session/update, reused
+	// A model switch an answer needs (answerEdits), for the session swSess.
+	sw     *models.Switch
+	swSess *Session
 }
 
 func newAgentReader(l *procLink) *agentReader {
@@ -96,13 +99,14 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		// its answer is in its client's queue.
 		defer l.answered(req.conn.relay)
 	}
-	if m = r.models(m, req); m == nil {
-		return // held back for a model switch, or refused
-	}
 	tracing.ObserveLatency(l.ag.metrics.RequestDuration.WithLabelValues(metrics.MethodLabel(req.method)), time.Since(req.start).Seconds(), req.span)
 	c := req.conn
 	if c == nil {
 		return // the gateway's own request (session/close): answer not needed
+	}
+	if req.model != nil { // the agent's answer to a model switch (switchModel)
+		r.switched(m, req)
+		return
 	}
 	edits, created, ok := r.answerEdits(m, req)
 	if created != nil {
@@ -141,7 +145,44 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	r.edits = edits
 	out := pathrewrite.ScrubHostRoot(c.ten.mapper.Load(), jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	l.ag.metrics.Message(metrics.AgentToClient, req.method, len(out))
+	if r.switchModel(req, out) {
+		return // delivered once the agent has switched the session's model
+	}
 	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
+}
+
+// switchModel sends the agent the model switch the answer out needs (r.sw,
+// from answerEdits), as a request of the gateway's for the client: out is
+// delivered once the agent has switched (switched); a failure ends the
+// session (hold.attach).
+func (r *agentReader) switchModel(req *outReq, out []byte) bool {
+	sw, s, c := r.sw, r.swSess, req.conn
+	if sw == nil {
+		return false
+	}
+	r.sw, r.swSess = nil, nil
+	sw.Hold(out)
+	next := &outReq{conn: c, clientID: req.clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s}, model: sw}
+	if r.l.track(next) {
+		r.l.p.SendCtrl(sw.Request(next.agentID))
+	} else {
+		next.failWith(jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+	}
+	return true
+}
+
+// switched delivers the answer a model switch held (switchModel) once the
+// agent has switched; the agent refusing, the session ends and the client
+// gets why.
+func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
+	if err := req.model.Done(m, &req.sess.models); err != nil {
+		req.sess.end(endRefused, req.conn)
+		req.failWith(jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil)
+		return
+	}
+	req.hold.keepAttach()
+	req.end()
+	req.conn.deliverFor(req.model.Held(), nil, Facts{ID: req.clientID}, false)
 }
 
 // takeAnswered takes the request an answer is for out of the table; a
@@ -198,43 +239,17 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		// and its quota slot are free.
 		req.sess.end(endClosed, c)
 	}
-	if s != nil {
-		edits = s.models.Edits(m, c.ten.policy(c.ag.name).Models, req.model, edits)
+	if s != nil { // its model selectors (package models); a switch is made before it is delivered
+		var err error
+		establishes := acp.CreatesSession(req.method) || acp.AttachesSession(req.method)
+		if edits, r.sw, err = s.models.Answer(m, c.ten.policy(c.ag.name).Models, establishes, s.AgentID, edits); err != nil {
+			s.end(endRefused, c)
+			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil))
+			return nil, nil, false
+		}
+		r.swSess = s
 	}
 	return edits, created, true
-}
-
-// models holds back an answer that leaves a new or loaded session on a
-// model its tenant may not use (package models): the agent is asked to
-// switch the session under the request's id, and the answer to that
-// brings the held one back, scanned again. A session that offers no
-// allowed model, or that the agent does not switch, is refused (closed on
-// the agent if it was new). nil: m was held back or answered.
-func (r *agentReader) models(m *jsonrpc.Message, req *outReq) *jsonrpc.Message {
-	c := req.conn
-	if c == nil || !acp.CreatesSession(req.method) && !acp.AttachesSession(req.method) {
-		return m
-	}
-	sid := ""
-	if s := cmp.Or(req.hold.attach, req.sess); s != nil {
-		sid = s.AgentID
-	}
-	next, err := req.model.Answer(&r.sc, m, c.ten.policy(c.ag.name).Models, sid, acp.ResultSpec(req.method, false, r.l.ag.mapPaths))
-	switch {
-	case err != nil:
-		if made := next.Made(); made != "" && r.l.p.Init().Caps.Close {
-			r.l.fireAndForget(acp.SessionClose, acp.SessionIDObject(made))
-		}
-		req.failWith(jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil)
-	case next == nil || req.model != nil:
-		return m
-	case r.l.track(req):
-		req.model = next
-		r.l.p.SendCtrl(next.Request(req.agentID))
-	default:
-		req.failWith(jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
-	}
-	return nil
 }
 
 // created registers the session a session-creating request made; it takes
@@ -303,7 +318,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
 		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
-		rc.edits = rc.sess.models.Edits(m, rc.conn.ten.policy(rc.conn.ag.name).Models, nil, rc.edits)
+		rc.edits = rc.sess.models.Edits(m, rc.conn.ten.policy(rc.conn.ag.name).Models, rc.edits)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {

@@ -9,7 +9,7 @@ import (
 
 // The relay's hot path: an update or a result without model selectors is
 // scanned with the specs that locate them, and the allow-list's hook
-// (Seen.Edits) runs on it. "scan" is the scan alone, "hook" the hook
+// (Seen.Answer; Seen.Edits for updates is the same) runs on it. "scan" is the scan alone, "hook" the hook
 // alone on the scanned message: what a message without models pays on top
 // of its scan (no decoding, no allocation).
 //
@@ -50,7 +50,7 @@ func BenchmarkWithoutModels(b *testing.B) {
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				edits = seen.Edits(&m, sonnet, nil, edits[:0])
+				edits, _, _ = seen.Answer(&m, sonnet, c.method == acp.SessionNew, "sess-1", edits[:0])
 			}
 			if len(edits) != 0 || seen.p.Load() != nil {
 				b.Fatal("edits for a message without models")

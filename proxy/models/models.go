@@ -12,16 +12,17 @@
 // config_option_update notifications; only a message that carries one is
 // read further, once, by a token decoder over that value.
 //
-//   - [Seen.Edits] removes the values outside the list (a group left empty
-//     goes, a selector left empty goes: a config option is removed from
-//     the array, a models object becomes null) and moves a current value
-//     outside it to the first allowed one; every other byte passes as it
-//     is. It notes what the session's selectors are.
-//   - [Plan] is for the answer that made or loaded a session: when the
-//     session's current model is outside the list the gateway asks the
-//     agent to switch it to the first allowed one it offers before the
-//     client hears of the session ([Switch]), or refuses the session when
-//     it offers none.
+//   - [Seen.Edits] (updates) and [Seen.Answer] (results) remove the values
+//     outside the list (a group left empty goes, a selector left empty
+//     goes: a config option is removed from the array, a models object
+//     becomes null) and move a current value outside it to the first
+//     allowed one; every other byte passes as it is. They note what the
+//     session's selectors are.
+//   - For the answer that made or loaded a session, [Seen.Answer] also
+//     decides: when the session's current model is outside the list the
+//     gateway asks the agent to switch it to the first allowed one it
+//     offers before the client gets the answer ([Switch]), or refuses the
+//     session when it offers none.
 //   - [Seen.Check] refuses a client's switch to a model outside the list,
 //     and a prompt while the session's model is outside it (after a reload
 //     of the policy, or an agent that switched on its own).
@@ -46,8 +47,6 @@ type located struct {
 	opts, api jsonrpc.Field
 	hasOpts   bool
 	hasAPI    bool
-	sid       jsonrpc.Field // a created session's ID (a result's top level)
-	hasSID    bool
 }
 
 // locate finds the selector fields among m's located fields; false: none
@@ -59,8 +58,6 @@ func locate(m *jsonrpc.Message) (l located, any bool) {
 			l.opts, l.hasOpts = f, true
 		case f.Kind == jsonrpc.FieldElement && f.Label == acp.LabelModels:
 			l.api, l.hasAPI = f, true
-		case f.Kind == jsonrpc.FieldSessionID && f.Parent == -1:
-			l.sid, l.hasSID = f, true
 		}
 	}
 	return l, l.hasOpts || l.hasAPI
@@ -210,25 +207,40 @@ func (s *Seen) note(opts []selector, api selector, hasOpts bool, switched string
 }
 
 // Edits appends to edits those that apply the allow-list to the model
-// selectors m carries (a result, or a config_option_update), and notes the
-// selectors as the session's. sw is the switch the gateway made before
-// this answer (nil: none). A message without selectors costs one pass over
-// its located fields; one that does not parse is left as it is (the
-// scanner has validated it: only a shape the schema does not allow).
-func (s *Seen) Edits(m *jsonrpc.Message, allow policy.ModelPolicy, sw *Switch, edits []jsonrpc.Edit) []jsonrpc.Edit {
+// selectors m, a config_option_update, carries, and notes them as the
+// session's. A message without selectors costs one pass over its located
+// fields; one that does not parse is left as it is (the scanner has
+// validated it: only a shape the schema does not allow).
+func (s *Seen) Edits(m *jsonrpc.Message, allow policy.ModelPolicy, edits []jsonrpc.Edit) []jsonrpc.Edit {
+	edits, _, _ = s.Answer(m, allow, false, "", edits)
+	return edits
+}
+
+// Answer is Edits for an agent's answer about the session. When the
+// answer made or loaded the session (establishes; sid is the agent's ID
+// of it) and leaves it on a model outside the list, it also returns the
+// switch to make before the client gets the answer ([Switch]), or an error
+// when the agent offers no allowed model (the session is refused).
+func (s *Seen) Answer(m *jsonrpc.Message, allow policy.ModelPolicy, establishes bool, sid string, edits []jsonrpc.Edit) ([]jsonrpc.Edit, *Switch, error) {
 	l, any := locate(m)
 	if !any || m.IsError {
-		return edits
+		return edits, nil, nil
 	}
 	opts, api, err := l.selectors(m.Raw)
 	if err != nil {
-		return edits
+		return edits, nil, nil
 	}
-	s.note(opts, api, l.hasOpts, sw.model())
+	s.note(opts, api, l.hasOpts, "")
 	if !allow.Restricts() {
-		return edits
+		return edits, nil, nil
 	}
-	return l.filter(edits, opts, api, allow)
+	var sw *Switch
+	if establishes {
+		if sw, err = plan(opts, api, allow, sid); err != nil {
+			return edits, nil, err
+		}
+	}
+	return l.filter(edits, opts, api, allow), sw, nil
 }
 
 // Check applies the allow-list to a client message about the session
@@ -309,50 +321,24 @@ type Switch struct {
 	method string // session/set_config_option or session/set_model
 	params []byte
 	to     string // the model switched to
-	sid    string // the agent's session ID
-	made   bool   // the request made the session (its ID came in the answer)
 	held   []byte // the answer held back
 }
 
-func (sw *Switch) model() string {
-	if sw == nil {
-		return ""
-	}
-	return sw.to
-}
+// Method is the switch's method.
+func (sw *Switch) Method() string { return sw.method }
 
 // Request is the switch as a line for the agent, with the gateway's id.
 func (sw *Switch) Request(id int64) []byte {
 	return append(jsonrpc.AppendRequest(nil, strconv.AppendInt(nil, id, 10), sw.method, sw.params), '\n')
 }
 
-// Made is the agent's ID of the session when the request made it (the
-// gateway closes it if it refuses it); "" for a loaded one or none.
-func (sw *Switch) Made() string {
-	if sw == nil || !sw.made {
-		return ""
-	}
-	return sw.sid
-}
+// Hold keeps the answer that waits for the switch; Held gives it back.
+func (sw *Switch) Hold(answer []byte) { sw.held = answer }
+func (sw *Switch) Held() []byte       { return sw.held }
 
-// Answer decides about m, an answer to a request that made or loaded a
-// session (sid: the agent's ID of a loaded one; a new one's is in m). With
-// sw nil, m is that answer: next is the switch to make before it goes on
-// (nil: none), or err refuses the session (next then says which session,
-// Made). With sw set, m is the agent's answer to that switch: on success m
-// becomes the held answer again, scanned with spec (its answer); on
-// failure err says why. An error answer to the request itself passes.
-func (sw *Switch) Answer(sc *jsonrpc.Scanner, m *jsonrpc.Message, allow policy.ModelPolicy, sid string, spec *jsonrpc.Spec) (next *Switch, err error) {
-	if sw != nil {
-		return sw, sw.resume(sc, m, spec)
-	}
-	if m.IsError || !allow.Restricts() {
-		return nil, nil
-	}
-	return Plan(m, allow, sid)
-}
-
-func (sw *Switch) resume(sc *jsonrpc.Scanner, m *jsonrpc.Message, spec *jsonrpc.Spec) error {
+// Done takes the agent's answer m to the switch: on success the session
+// (seen) runs on the allowed model now; an error says why it does not.
+func (sw *Switch) Done(m *jsonrpc.Message, seen *Seen) error {
 	if m.IsError {
 		var e struct {
 			Message string `json:"message"`
@@ -360,26 +346,13 @@ func (sw *Switch) resume(sc *jsonrpc.Scanner, m *jsonrpc.Message, spec *jsonrpc.
 		_ = json.Unmarshal(m.Payload, &e)
 		return errors.New("the agent did not switch the session to the allowed model " + quote(sw.to) + ": " + quote(e.Message))
 	}
-	held := sw.held
-	return sc.Scan(held, m, func(*jsonrpc.Message) *jsonrpc.Spec { return spec })
+	seen.note(nil, selector{}, false, sw.to)
+	return nil
 }
 
-// Plan decides about m, the successful answer to a request that made or
-// loaded a session (see [Switch.Answer]).
-func Plan(m *jsonrpc.Message, allow policy.ModelPolicy, sid string) (*Switch, error) {
-	l, any := locate(m)
-	if !any {
-		return nil, nil
-	}
-	sw := &Switch{sid: sid}
-	if l.hasSID {
-		sw.sid, _ = m.String(l.sid)
-		sw.made = true
-	}
-	opts, api, err := l.selectors(m.Raw)
-	if err != nil {
-		return sw, errors.New("the agent's model selectors could not be read: " + err.Error())
-	}
+// plan is the switch a session whose selectors are opts and api needs
+// (nil: none), or why it cannot have one.
+func plan(opts []selector, api selector, allow policy.ModelPolicy, sid string) (*Switch, error) {
 	var off []*selector // selectors on a model outside the list
 	for i := range opts {
 		if o := &opts[i]; o.filters() && !(o.curOK && allow.Allows(o.cur)) {
@@ -393,26 +366,23 @@ func Plan(m *jsonrpc.Message, allow policy.ModelPolicy, sid string) (*Switch, er
 	case len(off) == 0:
 		return nil, nil
 	case len(off) > 1:
-		return sw, errors.New("the agent runs the session on more than one model selector outside the gateway policy (" + listed(allow) + ")")
+		return nil, errors.New("the agent runs the session on more than one model selector outside the gateway policy (" + listed(allow) + ")")
 	}
 	o := off[0]
 	to, ok := o.first(allow)
 	if !ok {
-		return sw, errors.New("the agent offers no model that the gateway policy allows (offered: " + offered(o) + "; " + listed(allow) + ")")
+		return nil, errors.New("the agent offers no model that the gateway policy allows (offered: " + offered(o) + "; " + listed(allow) + ")")
 	}
-	sw.to = to
-	sw.held = append([]byte(nil), m.Raw...)
-	p := append(jsonrpc.AppendQuote([]byte(`{"sessionId":`), sw.sid), ',')
+	sw := &Switch{to: to, method: acp.SessionSetConfigOption}
+	p := append(jsonrpc.AppendQuote([]byte(`{"sessionId":`), sid), ',')
 	switch {
 	case o.api:
 		sw.method = acp.SessionSetModel
 		p = append(jsonrpc.AppendQuote(append(p, `"modelId":`...), to), '}')
 	case o.v2:
-		sw.method = acp.SessionSetConfigOption
 		p = append(jsonrpc.AppendQuote(append(p, `"configId":`...), o.id), `,"type":"id","value":`...)
 		p = append(jsonrpc.AppendQuote(p, to), '}')
 	default:
-		sw.method = acp.SessionSetConfigOption
 		p = append(jsonrpc.AppendQuote(append(p, `"configId":`...), o.id), `,"value":`...)
 		p = append(jsonrpc.AppendQuote(p, to), '}')
 	}

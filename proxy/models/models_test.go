@@ -119,7 +119,7 @@ const newResultV1 = `{"jsonrpc":"2.0","id":7,"result":{"sessionId":"s1","unknown
 func TestEditsNewResultV1(t *testing.T) {
 	m := scanResult(t, acp.SessionNew, newResultV1)
 	var seen Seen
-	out := apply(m, seen.Edits(m, sonnet, nil, nil))
+	out := apply(m, seen.Edits(m, sonnet, nil))
 	got := parseShown(t, out, true)
 	if len(got.ConfigOptions) != 2 {
 		t.Fatalf("configOptions: %s", out)
@@ -150,7 +150,7 @@ func TestEditsNewResultV1(t *testing.T) {
 	}
 	// No list: nothing changes, the selectors are still noted.
 	var all Seen
-	if e := all.Edits(m, policy.ModelPolicy{}, nil, nil); len(e) != 0 || all.p.Load() == nil {
+	if e := all.Edits(m, policy.ModelPolicy{}, nil); len(e) != 0 || all.p.Load() == nil {
 		t.Errorf("no list: %d edits", len(e))
 	}
 }
@@ -168,7 +168,7 @@ func TestEditsUpdateV2Grouped(t *testing.T) {
 	for _, paths := range []bool{false, true} {
 		m := scanParams(t, upd, agentSpec(paths))
 		var seen Seen
-		out := apply(m, seen.Edits(m, sonnet, nil, nil))
+		out := apply(m, seen.Edits(m, sonnet, nil))
 		got := parseShown(t, out, false)
 		if len(got.ConfigOptions) != 2 || got.ConfigOptions[0].ConfigID != "model" || got.ConfigOptions[1].ConfigID != "effort" {
 			t.Fatalf("paths %v: %s", paths, out)
@@ -190,7 +190,7 @@ func TestEditsUpdateV2Grouped(t *testing.T) {
 func TestEditsNoneAllowed(t *testing.T) {
 	m := scanResult(t, acp.SessionLoad, `{"jsonrpc":"2.0","id":1,"result":{"configOptions":[{"id":"model","name":"M","category":"model","type":"select","currentValue":"a","options":[{"value":"a","name":"A"}]}],"models":{"currentModelId":"a","availableModels":[{"modelId":"a","name":"A"}]}}}`)
 	var seen Seen
-	out := apply(m, seen.Edits(m, policy.ModelPolicy{Allow: []string{}}, nil, nil))
+	out := apply(m, seen.Edits(m, policy.ModelPolicy{Allow: []string{}}, nil))
 	if out != `{"jsonrpc":"2.0","id":1,"result":{"configOptions":[],"models":null}}` {
 		t.Errorf("got %s", out)
 	}
@@ -200,83 +200,100 @@ func TestEditsNoneAllowed(t *testing.T) {
 func TestEditsWithout(t *testing.T) {
 	m := scanParams(t, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"configOptions models"}}}}`, agentSpec(false))
 	var seen Seen
-	if e := seen.Edits(m, sonnet, nil, nil); len(e) != 0 || seen.p.Load() != nil {
+	if e := seen.Edits(m, sonnet, nil); len(e) != 0 || seen.p.Load() != nil {
 		t.Errorf("%d edits", len(e))
 	}
-	if n := testing.AllocsPerRun(100, func() { seen.Edits(m, sonnet, nil, nil) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { seen.Edits(m, sonnet, nil) }); n != 0 {
 		t.Errorf("%v allocations", n)
 	}
 }
 
-func TestPlan(t *testing.T) {
+// planFor runs Seen.Answer for an answer that made or loaded session sid.
+func planFor(t *testing.T, m *jsonrpc.Message, allow policy.ModelPolicy, sid string) (*Switch, error) {
+	t.Helper()
+	var seen Seen
+	_, sw, err := seen.Answer(m, allow, true, sid, nil)
+	return sw, err
+}
+
+func TestAnswerSwitch(t *testing.T) {
 	t.Run("config option v1", func(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, newResultV1)
-		sw, err := (*Switch)(nil).Answer(nil, m, sonnet, "", nil)
+		var seen Seen
+		edits, sw, err := seen.Answer(m, sonnet, true, "s1", nil)
 		if err != nil || sw == nil {
 			t.Fatalf("%v %v", sw, err)
 		}
 		if got := string(sw.Request(42)); got != `{"jsonrpc":"2.0","id":42,"method":"session/set_config_option","params":{"sessionId":"s1","configId":"model","value":"claude-sonnet-4"}}`+"\n" {
 			t.Errorf("request %s", got)
 		}
-		if sw.Made() != "s1" {
-			t.Errorf("made %q", sw.Made())
+		// The answer the client gets says the model switched to; until the
+		// switch is done the session is known to be on opus: its prompts
+		// are refused.
+		out := apply(m, edits)
+		if got := parseShown(t, out, true); got.ConfigOptions[1].CurrentValue != "claude-sonnet-4" {
+			t.Errorf("answer: %s", out)
 		}
-		// The agent's answer to the switch brings back the held answer.
-		var sc jsonrpc.Scanner
-		ans := scanResult(t, acp.SessionSetConfigOption, `{"jsonrpc":"2.0","id":42,"result":{"configOptions":[]}}`)
-		next, err := sw.Answer(&sc, ans, sonnet, "", acp.ResultSpec(acp.SessionNew, false, false))
-		if err != nil || next != sw || string(ans.Raw) != newResultV1 {
-			t.Fatalf("resume: %v %s", err, ans.Raw)
+		prompt := scanParams(t, `{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}`, acp.ClientSpec)
+		if seen.Check(prompt, sonnet) == nil {
+			t.Error("a prompt passed while the session is on opus")
 		}
-		var seen Seen
-		out := apply(ans, seen.Edits(ans, sonnet, sw, nil))
-		if got := parseShown(t, out, true); got.ConfigOptions[1].CurrentValue != "claude-sonnet-4" || seen.p.Load().current != "claude-sonnet-4" {
-			t.Errorf("after the switch: %s, seen %+v", out, seen.p.Load())
+		sw.Hold([]byte(out))
+		done := scanResult(t, acp.SessionSetConfigOption, `{"jsonrpc":"2.0","id":42,"result":{"configOptions":[]}}`)
+		if err := sw.Done(done, &seen); err != nil || string(sw.Held()) != out {
+			t.Fatalf("done: %v", err)
 		}
-		// A refused switch.
+		if r := seen.Check(prompt, sonnet); r != nil || seen.p.Load().current != "claude-sonnet-4" {
+			t.Errorf("after the switch: %v", r)
+		}
+		// A refused switch says why.
 		bad := scanResult(t, acp.SessionSetConfigOption, `{"jsonrpc":"2.0","id":42,"error":{"code":-32602,"message":"no such model"}}`)
-		if _, err := sw.Answer(&sc, bad, sonnet, "", nil); err == nil || !strings.Contains(err.Error(), `"no such model"`) || !strings.Contains(err.Error(), `"claude-sonnet-4"`) {
+		if err := sw.Done(bad, &seen); err == nil || !strings.Contains(err.Error(), `"no such model"`) || !strings.Contains(err.Error(), `"claude-sonnet-4"`) {
 			t.Errorf("refused switch: %v", err)
+		}
+		// Not a session-making answer (a set_config_option result): no switch.
+		if _, sw, err := seen.Answer(m, sonnet, false, "s1", nil); sw != nil || err != nil {
+			t.Errorf("%v %v", sw, err)
 		}
 	})
 	t.Run("config option v2", func(t *testing.T) {
 		m := scanResult(t, acp.SessionLoad, `{"jsonrpc":"2.0","id":1,"result":{"configOptions":[{"configId":"m","name":"M","category":"model","type":"select","currentValue":"x","options":[{"groupId":"g","name":"G","options":[{"value":"x","name":"X"},{"value":"claude-sonnet-9","name":"S"}]}]}]}}`)
-		sw, err := Plan(m, sonnet, "loaded")
+		sw, err := planFor(t, m, sonnet, "loaded")
 		if err != nil || sw == nil {
 			t.Fatal(err)
 		}
 		if got := string(sw.Request(1)); !strings.Contains(got, `"params":{"sessionId":"loaded","configId":"m","type":"id","value":"claude-sonnet-9"}`) {
 			t.Errorf("request %s", got)
 		}
-		if sw.Made() != "" {
-			t.Error("a loaded session is not made by the request")
-		}
 	})
 	t.Run("models API", func(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n","models":{"currentModelId":"opus","availableModels":[{"modelId":"opus","name":"O"},{"modelId":"claude-sonnet-4","name":"S"}]}}}`)
-		sw, err := Plan(m, sonnet, "")
-		if err != nil || sw == nil || !strings.Contains(string(sw.Request(3)), `"method":"session/set_model","params":{"sessionId":"n","modelId":"claude-sonnet-4"}`) {
+		sw, err := planFor(t, m, sonnet, "n")
+		if err != nil || sw == nil || sw.Method() != acp.SessionSetModel || !strings.Contains(string(sw.Request(3)), `"method":"session/set_model","params":{"sessionId":"n","modelId":"claude-sonnet-4"}`) {
 			t.Fatalf("%v %v", sw, err)
 		}
 	})
 	t.Run("allowed already", func(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n","configOptions":[{"id":"model","name":"M","category":"model","type":"select","currentValue":"claude-sonnet-4","options":[{"value":"opus","name":"O"},{"value":"claude-sonnet-4","name":"S"}]}],"models":{"currentModelId":"opus","availableModels":[]}}}`)
-		if sw, err := Plan(m, sonnet, ""); sw != nil || err != nil {
+		if sw, err := planFor(t, m, sonnet, "n"); sw != nil || err != nil {
 			t.Errorf("%v %v", sw, err)
 		}
 	})
 	t.Run("none allowed", func(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n","configOptions":[{"id":"model","name":"M","category":"model","type":"select","currentValue":"opus","options":[{"value":"opus","name":"O"},{"value":"haiku","name":"H"}]}]}}`)
-		sw, err := Plan(m, sonnet, "")
-		if err == nil || !strings.Contains(err.Error(), `offered: "opus", "haiku"; policy.models.allow: "claude-sonnet-*"`) || sw.Made() != "n" {
+		sw, err := planFor(t, m, sonnet, "n")
+		if err == nil || !strings.Contains(err.Error(), `offered: "opus", "haiku"; policy.models.allow: "claude-sonnet-*"`) || sw != nil {
 			t.Errorf("%v %v", sw, err)
 		}
 	})
-	t.Run("no selectors or an error", func(t *testing.T) {
+	t.Run("no selectors, an error, no list", func(t *testing.T) {
 		for _, raw := range []string{`{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n"}}`, `{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"x"}}`} {
-			if sw, err := (*Switch)(nil).Answer(nil, scanResult(t, acp.SessionNew, raw), sonnet, "", nil); sw != nil || err != nil {
+			if sw, err := planFor(t, scanResult(t, acp.SessionNew, raw), sonnet, "n"); sw != nil || err != nil {
 				t.Errorf("%s: %v %v", raw, sw, err)
 			}
+		}
+		if sw, err := planFor(t, scanResult(t, acp.SessionNew, newResultV1), policy.ModelPolicy{}, "n"); sw != nil || err != nil {
+			t.Errorf("no list: %v %v", sw, err)
 		}
 	})
 }
@@ -333,7 +350,7 @@ func TestEditsHostile(t *testing.T) {
 	t.Run("metacharacters", func(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n","configOptions":[{"id":"model","name":"M","category":"model","type":"select","currentValue":"claude-sonnet-4","options":[{"value":"*","name":"star"},{"value":"claude-sonnet-?","name":"q"},{"value":"[a-z]*","name":"class"},{"value":"claude-sonnet-4","name":"S"},{"value":"claude-sonnet-\u002a","name":"escaped star"}]}]}}`)
 		var seen Seen
-		out := apply(m, seen.Edits(m, sonnet, nil, nil))
+		out := apply(m, seen.Edits(m, sonnet, nil))
 		got := parseShown(t, out, true)
 		if v := optionValues(t, got.ConfigOptions[0].Options); strings.Join(v, "|") != "claude-sonnet-?|claude-sonnet-4|claude-sonnet-*" {
 			t.Errorf("values %q", v)
@@ -347,7 +364,7 @@ func TestEditsHostile(t *testing.T) {
 	t.Run("duplicates", func(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n","configOptions":[{"id":"model","name":"M","category":"model","type":"select","currentValue":"claude-sonnet-4","options":[{"value":"opus","name":"O"},{"value":"claude-sonnet-4","name":"S"},{"value":"opus","name":"O again"},{"value":"claude-sonnet-4","name":"S again"}]},{"id":"model","name":"M2","category":"model","type":"select","currentValue":"opus","options":[{"value":"opus","name":"O"}]}]}}`)
 		var seen Seen
-		out := apply(m, seen.Edits(m, sonnet, nil, nil))
+		out := apply(m, seen.Edits(m, sonnet, nil))
 		got := parseShown(t, out, true)
 		if len(got.ConfigOptions) != 1 || strings.Join(optionValues(t, got.ConfigOptions[0].Options), ",") != "claude-sonnet-4,claude-sonnet-4" {
 			t.Errorf("got %s", out)
@@ -358,7 +375,7 @@ func TestEditsHostile(t *testing.T) {
 			t.Error("passed")
 		}
 		// A session/new on two selectors outside the list is refused.
-		if _, err := Plan(m, sonnet, ""); err == nil {
+		if _, err := planFor(t, m, sonnet, "n"); err == nil {
 			t.Error("two selectors to switch: not refused")
 		}
 		// A message with a duplicate member never gets here: the scanner
@@ -387,7 +404,7 @@ func TestEditsHostile(t *testing.T) {
 		m := scanResult(t, acp.SessionNew, b.String())
 		start := time.Now()
 		var seen Seen
-		edits := seen.Edits(m, sonnet, nil, nil)
+		edits := seen.Edits(m, sonnet, nil)
 		out := apply(m, edits)
 		if d := time.Since(start); d > 10*time.Second {
 			t.Errorf("took %s", d)
@@ -396,12 +413,12 @@ func TestEditsHostile(t *testing.T) {
 		if v := optionValues(t, got.ConfigOptions[0].Options); len(v) != n/1000 || got.ConfigOptions[0].CurrentValue != "claude-sonnet-999" {
 			t.Errorf("%d values, current %q", len(v), got.ConfigOptions[0].CurrentValue)
 		}
-		sw, err := Plan(m, sonnet, "")
+		sw, err := planFor(t, m, sonnet, "n")
 		if err != nil || !strings.Contains(string(sw.Request(1)), `"value":"claude-sonnet-999"`) {
 			t.Errorf("plan: %v", err)
 		}
 		// Refused with none allowed: the message lists only the first ten.
-		if _, err := Plan(m, policy.ModelPolicy{Allow: []string{"gpt-*"}}, ""); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("(%d more)", n-10)) {
+		if _, err := planFor(t, m, policy.ModelPolicy{Allow: []string{"gpt-*"}}, "n"); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("(%d more)", n-10)) {
 			t.Errorf("refusal: %v", err)
 		}
 	})
