@@ -62,7 +62,7 @@ func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
 			n = len(*req.Params.Content)
 		}
 	} else {
-		n = contentLen(m.Payload)
+		n = acp.ReadContentLen(m.Payload)
 	}
 	c.fileServed(in.sess, in.method, req.Params.Path, n, "client")
 }
@@ -77,13 +77,4 @@ func (c *Conn) standInDone(sess *Session, method, path string, n int) {
 		}
 	}
 	c.fileServed(sess, method, path, n, "gateway")
-}
-
-// contentLen is the length of the content of a fs/read_text_file result.
-func contentLen(result []byte) int {
-	var res struct {
-		Content string `json:"content"`
-	}
-	_ = json.Unmarshal(result, &res)
-	return len(res.Content)
 }

@@ -449,26 +449,6 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 // timeout no longer applies.
 func (c *Conn) HandshakeDone() bool { return c.initArrived.Load() }
 
-// sessionCwd is the cwd a session/new, load, resume or fork asks for, as
-// the client sent it ("" if none).
-func sessionCwd(m *jsonrpc.Message) string {
-	for _, f := range m.Fields {
-		if f.Kind == jsonrpc.FieldPath && f.Label == "cwd" {
-			v, _ := m.String(f)
-			return v
-		}
-	}
-	return ""
-}
-
-// createdCwd is sessionCwd for a request that creates a session.
-func createdCwd(m *jsonrpc.Message) string {
-	if !acp.CreatesSession(m.Method) {
-		return ""
-	}
-	return sessionCwd(m)
-}
-
 // checkPolicy enforces the tenant's capability policy on a client message:
 // a method that is off (or the agent never advertised) gets -32601, a
 // disallowed MCP server, prompt content type or additionalDirectories gets
@@ -574,7 +554,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 // handleResponse forwards the client's answer to an agent's request.
 func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	c := cr.c
-	id, ok := parseAgentID(m.ID)
+	id, ok := acp.ParseAgentID(m.ID)
 	in := c.reqs.TakeAgent(id)
 	if !ok || in == nil {
 		if c.reqs.WasWithdrawn(id) {

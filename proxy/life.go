@@ -38,6 +38,7 @@ const (
 	endLastClientLeft                 // its last attached client left after its owner had
 	endAdmin                          // an administrator ended it (Relay.EndSession)
 	endAgentExited                    // its agent process died: the session is lost
+	endRefused                        // its model is outside the tenant's allow-list, and no switch (package models)
 )
 
 // endSteps is what an end does, by cause.
@@ -59,6 +60,7 @@ var endTable = [...]endSteps{
 	endLastClientLeft: {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "last_client_left"},
 	endAdmin:          {detach: true, notice: "ended by an administrator", queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
 	endAgentExited:    {keepSeen: true, event: observe.SessionLost, reason: "agent_exited"},
+	endRefused:        {detach: true, queued: "the session was refused", onAgent: true, event: observe.SessionClosed, reason: "model_not_allowed"},
 }
 
 // ending is a session's teardown, decided under its lock and run once

@@ -106,7 +106,7 @@ func TestSessionEndRunsOnce(t *testing.T) {
 		c.Tenants = []TenantConfig{{Name: "acme", Policy: &pol}}
 		c.Observers = []observe.Observer{w}
 	})
-	causes := []endCause{endClosed, endReplaced, endLoadFailed, endClientLeft, endLastClientLeft, endAdmin, endAgentExited}
+	causes := []endCause{endClosed, endReplaced, endLoadFailed, endClientLeft, endLastClientLeft, endAdmin, endAgentExited, endRefused}
 	for i := range 20 {
 		c := acmeConn(t, r, fmt.Sprintf("c%d", i))
 		c.init(`{}`)

@@ -194,7 +194,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	r := &Relay{
 		owners:     cfg.Owners,
 		adminEnded: inflight.Recent[string]{Max: maxAdminEnded},
-		tracer:     tracing.Tracer(cfg.Tracing, TracerName),
+		tracer:     tracing.TracerOf(cfg.Tracing, TracerName),
 		metrics:    m,
 		sealer:     sealer,
 		log:        log,

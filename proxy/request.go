@@ -10,6 +10,7 @@ import (
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -106,6 +107,9 @@ type outReq struct {
 	// why: a prompt the gateway cancelled (Relay.CancelTurn) says why in
 	// its answer's _meta.acpgate.
 	why atomic.Pointer[cancelWhy]
+	// model: a model switch the gateway asks for, holding the answer to
+	// the client's session/new or load (agentReader.switchModel).
+	model *models.Switch
 }
 
 // Ended and Client make an outReq a turn.Prompt: whether it has ended,

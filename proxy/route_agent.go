@@ -12,6 +12,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
@@ -28,6 +29,9 @@ type agentReader struct {
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
 	event   observe.Event // what observers hear of a session/update, reused
+	// A model switch an answer needs (answerEdits), for the session swSess.
+	sw     *models.Switch
+	swSess *Session
 }
 
 func newAgentReader(l *procLink) *agentReader {
@@ -42,7 +46,7 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind != jsonrpc.KindResponse {
 		return acp.ParamsSpec(m.Method, paths)
 	}
-	id, ok := parseAgentID(m.ID)
+	id, ok := acp.ParseAgentID(m.ID)
 	if !ok {
 		return nil
 	}
@@ -53,22 +57,6 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 		return nil
 	}
 	return acp.ResultSpec(req.method, m.IsError, paths)
-}
-
-// parseAgentID reads an id the gateway issued to an agent (a positive
-// integer).
-func parseAgentID(raw []byte) (int64, bool) {
-	if len(raw) == 0 || len(raw) > 19 {
-		return 0, false
-	}
-	var n int64
-	for _, c := range raw {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
 }
 
 func (r *agentReader) handle(line []byte) {
@@ -97,7 +85,7 @@ func (r *agentReader) protocolError(kind, msg string, args ...any) {
 // handleResponse delivers an agent's answer to the client that asked.
 func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	l := r.l
-	id, ok := parseAgentID(m.ID)
+	id, ok := acp.ParseAgentID(m.ID)
 	if !ok {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		return
@@ -116,6 +104,10 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	c := req.conn
 	if c == nil {
 		return // the gateway's own request (session/close): answer not needed
+	}
+	if req.model != nil { // the agent's answer to a model switch (switchModel)
+		r.switched(m, req)
+		return
 	}
 	edits, created, ok := r.answerEdits(m, req)
 	if created != nil {
@@ -154,7 +146,44 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	r.edits = edits
 	out := pathrewrite.ScrubHostRoot(c.ten.mapper.Load(), jsonrpc.Splice(jsonrpc.GetBuffer(len(m.Raw)+64), m.Raw, edits))
 	l.ag.metrics.Message(metrics.AgentToClient, req.method, len(out))
+	if r.switchModel(req, out) {
+		return // delivered once the agent has switched the session's model
+	}
 	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
+}
+
+// switchModel sends the agent the model switch the answer out needs (r.sw,
+// from answerEdits), as a request of the gateway's for the client: out is
+// delivered once the agent has switched (switched); a failure ends the
+// session (hold.attach).
+func (r *agentReader) switchModel(req *outReq, out []byte) bool {
+	sw, s, c := r.sw, r.swSess, req.conn
+	if sw == nil {
+		return false
+	}
+	r.sw, r.swSess = nil, nil
+	sw.Hold(out)
+	next := &outReq{conn: c, clientID: req.clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s}, model: sw}
+	if r.l.track(next) {
+		r.l.p.SendCtrl(sw.Request(next.agentID))
+	} else {
+		next.failWith(jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+	}
+	return true
+}
+
+// switched delivers the answer a model switch held (switchModel) once the
+// agent has switched; the agent refusing, the session ends and the client
+// gets why.
+func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
+	if err := req.model.Done(m, &req.sess.models); err != nil {
+		req.sess.end(endRefused, req.conn)
+		req.failWith(jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil)
+		return
+	}
+	req.hold.keepAttach()
+	req.end()
+	req.conn.deliverFor(req.model.Held(), nil, Facts{ID: req.clientID}, false)
 }
 
 // takeAnswered takes the request an answer is for out of the table; a
@@ -185,19 +214,20 @@ func (l *procLink) answered(r *Relay) {
 func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []jsonrpc.Edit, created *Session, ok bool) {
 	c := req.conn
 	edits = append(r.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: req.clientID})
+	s := req.sess // the session the answer is about (its model selectors)
 	switch {
 	case m.IsError:
 		if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 			edits = append(edits, r.errorSessionEdit(m, f, req))
 		}
 	case acp.CreatesSession(req.method):
-		e, s, ok := r.created(m, req)
+		e, cs, ok := r.created(m, req)
 		if !ok {
 			return nil, nil, false
 		}
-		edits, created = append(edits, e), s
+		edits, created, s = append(edits, e), cs, cs
 	case req.hold.attach != nil:
-		s := req.hold.attach
+		s = req.hold.attach
 		if s.attachable {
 			s.state.NoteResult(m.Payload)
 		}
@@ -209,6 +239,16 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		// The client closed (or deleted) it, for every client: the session
 		// and its quota slot are free.
 		req.sess.end(endClosed, c)
+	}
+	if s != nil { // its model selectors (package models); a switch is made before it is delivered
+		var err error
+		establishes := acp.CreatesSession(req.method) || acp.AttachesSession(req.method)
+		if edits, r.sw, err = s.models.Answer(m, c.ten.policy(c.ag.name).Models, establishes, s.AgentID, edits); err != nil {
+			s.end(endRefused, c)
+			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil))
+			return nil, nil, false
+		}
+		r.swSess = s
 	}
 	return edits, created, true
 }
@@ -279,6 +319,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
 		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
+		rc.edits = rc.sess.models.Edits(m, rc.conn.ten.policy(rc.conn.ag.name).Models, rc.edits)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {
@@ -373,7 +414,7 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 		rc.edits = append(rc.edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: strconv.AppendInt(nil, connID, 10)})
 		return true
 	}
-	id, ok := parseAgentID(raw)
+	id, ok := acp.ParseAgentID(raw)
 	l.mu.Lock()
 	req := l.pending[id]
 	l.mu.Unlock()

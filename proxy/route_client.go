@@ -210,7 +210,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 	h.slot = lease
 	l := c.ag.link(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
-		h.attach = l.addSession(c, id, gwID, sessionCwd(m), h.takeSlot())
+		h.attach = l.addSession(c, id, gwID, acp.SessionCwd(m), h.takeSlot())
 		h.attach.meter.Loaded()
 		h.replaying(h.attach)
 		c.attach(h.attach)
@@ -224,6 +224,10 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 // like session/new.
 func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
 	c := cr.c
+	if r := sess.models.Check(m, c.ten.policy(c.ag.name).Models); r != nil {
+		cr.refuse(m, r.Code, r.Reason, r.Err)
+		return nil, errAnswered
+	}
 	h := &hold{conn: c}
 	if acp.CreatesSession(m.Method) && m.Kind == jsonrpc.KindRequest {
 		if !cr.reserveQuota(m, false) {
@@ -306,7 +310,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
-		if e, ok := tracing.ForwardEdit(m, span); ok {
+		if e, ok := tracing.ParentEdit(m, span); ok {
 			edits = append(edits, e)
 		}
 	} else {
@@ -341,7 +345,7 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 		clientID: append([]byte(nil), m.ID...),
 		method:   m.Method,
 		sess:     rt.sess,
-		cwd:      createdCwd(m),
+		cwd:      acp.CreatedCwd(m),
 		start:    time.Now(),
 		hold:     rt.h,
 		span:     span,

@@ -10,6 +10,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/history"
 	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -45,6 +46,7 @@ type Session struct {
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result (kept for a session clients may attach to).
 	state  multiclient.Record
+	models models.Seen   // its model selectors as last seen (the allow-list)
 	meter  usage.Meter   // what its agent reported using
 	opened time.Time     // when it was created or loaded here
 	life   atomic.Uint32 // its lifeStage (life.go); written under mu

@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
-	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
@@ -71,7 +70,7 @@ func (r *outReq) endSpan() {
 // agentReqSpan starts the span of an agent request to the client, under
 // the session's turn (nil: tracing off, or no turn traced; s may be nil).
 func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	turn := turnSpan(s.curTurn())
+	turn := tracing.TurnSpan(s.curTurn())
 	if turn == nil {
 		return nil
 	}
@@ -80,7 +79,7 @@ func (r *Relay) agentReqSpan(s *Session, m *jsonrpc.Message) trace.Span {
 
 // fsSpan starts the span of the file stand-in serving m.
 func (r *Relay) fsSpan(s *Session, m *jsonrpc.Message) trace.Span {
-	return tracing.Child(r.tracer, turnSpan(s.curTurn()), tracing.SpanFsStandIn,
+	return tracing.Child(r.tracer, tracing.TurnSpan(s.curTurn()), tracing.SpanFsStandIn,
 		trace.WithAttributes(tracing.String(tracing.AttrRPCMethod, m.Method)))
 }
 
@@ -108,15 +107,7 @@ func (cr *clientReader) spanSessionID(span trace.Span, id string) {
 // turnLog is log with the trace of the session's traced turn, if one runs
 // (s may be nil): for a line about what the agent does in that turn.
 func (s *Session) turnLog(log *slog.Logger) *slog.Logger {
-	return tracing.WithTrace(log, turnSpan(s.curTurn()))
-}
-
-// turnSpan is the span of a traced turn (nil: t is nil, or not traced).
-func turnSpan(t *observe.Turn) trace.Span {
-	if t == nil {
-		return nil
-	}
-	return t.Span
+	return tracing.WithTrace(log, tracing.TurnSpan(s.curTurn()))
 }
 
 // reqLog is the log for a line about the client request in hand: with its

@@ -350,7 +350,7 @@ func TestTraceparentEdit(t *testing.T) {
 			t.Fatal(err)
 		}
 		var edits []jsonrpc.Edit
-		if e, ok := tracing.ForwardEdit(&m, span); ok {
+		if e, ok := tracing.ParentEdit(&m, span); ok {
 			edits = append(edits, e)
 		}
 		got := string(jsonrpc.Splice(nil, m.Raw, edits))
@@ -371,7 +371,7 @@ func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
 	return func(r *Relay, s *Session) {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
 		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-		r.tracer = tracing.Tracer(tp, TracerName)
+		r.tracer = tracing.TracerOf(tp, TracerName)
 		ag := s.link.ag
 		ag.obs = r.observers(ag, nil)
 		_, span := r.tracer.Start(context.Background(), acp.SessionPrompt)
@@ -396,8 +396,8 @@ func BenchmarkRouteSessionUpdate20KBTraced(b *testing.B) {
 func BenchmarkTurnTraceUpdate(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tr := tracing.New(tracing.Tracer(tp, TracerName))
-	_, span := tracing.Tracer(tp, TracerName).Start(context.Background(), acp.SessionPrompt)
+	tr := tracing.New(tracing.TracerOf(tp, TracerName))
+	_, span := tracing.TracerOf(tp, TracerName).Start(context.Background(), acp.SessionPrompt)
 	b.Cleanup(func() { span.End() })
 	turn := &observe.Turn{Start: time.Now(), Span: span}
 	tr.Observe(&observe.Event{Kind: observe.TurnStarted, Turn: turn})

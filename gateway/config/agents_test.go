@@ -191,3 +191,50 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// policy.models.allow layers like every policy key: the top level, an
+// agent's over it, a tenant's over those; absent keeps the layer below,
+// [] allows no model.
+func TestModelAllowLayers(t *testing.T) {
+	root, root2 := t.TempDir(), t.TempDir()
+	cfg := mustParse(t, `
+policy:
+  models: {allow: ["claude-sonnet-*"]}
+agents:
+  a:
+    policy: {models: {allow: ["claude-haiku-*"]}}
+  b: {}
+default_agent: a
+sandbox: {mode: off}
+tenants:
+  - name: acme
+    tokens_sha256: ["`+strings.Repeat("ab", 32)+`"]
+    root: `+root+`
+    policy: {models: {allow: []}}
+  - name: beta
+    tokens_sha256: ["`+strings.Repeat("cd", 32)+`"]
+    root: `+root2+`
+`)
+	if got := cfg.GlobalPolicy().Models.Allow; len(got) != 1 || got[0] != "claude-sonnet-*" {
+		t.Errorf("global: %q", got)
+	}
+	if got := cfg.AgentPolicy("a").Models.Allow; len(got) != 1 || got[0] != "claude-haiku-*" {
+		t.Errorf("agent a: %q", got)
+	}
+	if got := cfg.AgentPolicy("b").Models.Allow; len(got) != 1 || got[0] != "claude-sonnet-*" {
+		t.Errorf("agent b: %q", got)
+	}
+	if got := cfg.TenantAgentPolicy(&cfg.Tenants[0], "a").Models; got.Allow == nil || len(got.Allow) != 0 || got.Allows("claude-haiku-4") {
+		t.Errorf("acme with a: %#v, want an empty list (no model)", got)
+	}
+	if got := cfg.TenantAgentPolicy(&cfg.Tenants[1], "a").Models.Allow; len(got) != 1 || got[0] != "claude-haiku-*" {
+		t.Errorf("beta with a: %q", got)
+	}
+	if !mustParse(t, "sandbox: {mode: off}\n").GlobalPolicy().Models.Allows("any") {
+		t.Error("no list: every model")
+	}
+	ps := problems(t, "policy: {models: {allow: [\"\"]}}\n")
+	if len(ps) == 0 || !strings.Contains(ps[0].String(), "models.allow") {
+		t.Errorf("problems = %v", ps)
+	}
+}

@@ -37,6 +37,10 @@ type PolicyYAML struct {
 		Allow *[]string `yaml:"allow"`
 	} `yaml:"extensions"`
 	Unstable *bool `yaml:"unstable"`
+	Models   struct {
+		// Allow: nil keeps the layer below's list; [] allows no model.
+		Allow *[]string `yaml:"allow"`
+	} `yaml:"models"`
 }
 
 // apply lays the keys y sets over p.
@@ -70,6 +74,9 @@ func (y *PolicyYAML) apply(p policy.Policy) policy.Policy {
 		p.Extensions = append([]string(nil), (*y.Extensions.Allow)...)
 	}
 	set(&p.Unstable, y.Unstable)
+	if y.Models.Allow != nil {
+		p.Models.Allow = append([]string{}, (*y.Models.Allow)...) // [] stays a list: no model
+	}
 	return p
 }
 

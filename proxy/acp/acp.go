@@ -39,6 +39,7 @@ const (
 	NesStart               = "nes/start"
 	SessionSetMode         = "session/set_mode"
 	SessionSetConfigOption = "session/set_config_option"
+	SessionSetModel        = "session/set_model" // the older models API (unstable)
 	FsRead                 = "fs/read_text_file"
 	FsWrite                = "fs/write_text_file"
 	SessionAttach          = "session/attach"
@@ -60,7 +61,7 @@ var Methods = func() map[string]string {
 		"nes/suggest", "nes/accept", "nes/reject", "nes/close", "document/didOpen",
 		"document/didChange", "document/didClose", "document/didSave", "document/didFocus",
 		"session/archive", "session/unarchive", "session/status", "session/set_title",
-		"proxy/initialize", "proxy/successor", SessionAttach, SessionDetach, "session/set_model",
+		"proxy/initialize", "proxy/successor", SessionAttach, SessionDetach, SessionSetModel,
 	}
 	m := make(map[string]string, len(names))
 	for _, n := range names {
@@ -88,10 +89,11 @@ var (
 	specResultList = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"sessions": {Elems: &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession}}},
 	}}
-	// SpecUpdate: session/update, with the update's kind (metering).
+	// SpecUpdate: session/update, with the update's kind (metering) and a
+	// config_option_update's options (the model allow-list).
 	SpecUpdate = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"sessionId": leafSession,
-		"update":    {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind}},
+		"update":    {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind, "configOptions": configOptions}},
 	}}
 	updateKind = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
 	// specPromptResult: a PromptResponse's stopReason and usage (metering).
@@ -99,6 +101,24 @@ var (
 		"stopReason": {Kind: jsonrpc.FieldTag, Label: LabelStopReason},
 		"usage":      {Kind: jsonrpc.FieldTag, Label: LabelUsage},
 	}}
+	// The model selectors of a session (package models reads them): the
+	// config options (session config options RFD) and the older models
+	// API's object, each located whole.
+	configOptions = &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Label: LabelConfigOptions}
+	modelState    = &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Label: LabelModels}
+	// specResultCreated: session/new and fork results: the new session's
+	// ID and its selectors.
+	specResultCreated = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
+		"sessionId": leafSession, "configOptions": configOptions, "models": modelState,
+	}}
+	// specResultSelectors: load, resume and set_config_option results.
+	specResultSelectors = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"configOptions": configOptions, "models": modelState}}
+	// modelParams: what the allow-list checks in a client's switch.
+	modelParams = map[string]*jsonrpc.Spec{
+		SessionSetConfigOption: {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession,
+			"configId": {Kind: jsonrpc.FieldTag, Label: LabelConfigID}, "value": {Kind: jsonrpc.FieldTag, Label: LabelConfigValue}}},
+		SessionSetModel: {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession, "modelId": {Kind: jsonrpc.FieldTag, Label: LabelModelID}}},
+	}
 	// specErrorData: v2 -32002 errors carry data.sessionId.
 	specErrorData = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"data": {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession}},
@@ -117,6 +137,9 @@ func ParamsSpec(method string, paths bool) *jsonrpc.Spec {
 	case ElicitationCreate:
 		return specElicitation
 	}
+	if s := modelParams[method]; s != nil {
+		return s
+	}
 	if paths {
 		if s := pathParams[method]; s != nil {
 			return s
@@ -134,7 +157,11 @@ func ResultSpec(method string, isError, paths bool) *jsonrpc.Spec {
 		return specErrorData
 	}
 	switch method {
-	case SessionNew, SessionFork, NesStart:
+	case SessionNew, SessionFork:
+		return specResultCreated
+	case SessionLoad, SessionResume, SessionSetConfigOption:
+		return specResultSelectors
+	case NesStart:
 		return specResultSession
 	case SessionPrompt:
 		return specPromptResult
@@ -224,6 +251,7 @@ var (
 				"plan":                  {Fields: fields{"uri": uriField("update.plan.uri")}},
 				"summary":               contentSpec,
 				"sessionUpdate":         updateKind,
+				"configOptions":         configOptions,
 			}},
 		}},
 		RequestPermission: {Fields: fields{
@@ -304,6 +332,9 @@ var (
 		for _, s := range pathParams {
 			add(s)
 		}
+		for _, s := range modelParams {
+			add(s)
+		}
 		return out
 	}()
 )
@@ -317,6 +348,16 @@ func MetaIndex(m *jsonrpc.Message) int {
 	}
 	return -1
 }
+
+// Labels of the model selectors and switches the specs above locate
+// (package models).
+const (
+	LabelConfigOptions = "configOptions" // a result's or config_option_update's configOptions
+	LabelModels        = "models"        // a result's models (the older models API)
+	LabelConfigID      = "configId"      // session/set_config_option params
+	LabelConfigValue   = "value"         // session/set_config_option params
+	LabelModelID       = "modelId"       // session/set_model params
+)
 
 // Labels of the fields metering locates (the specs above).
 const (
@@ -609,4 +650,50 @@ func TraceContext(m *jsonrpc.Message) (traceparent, tracestate string) {
 		}
 	}
 	return traceparent, tracestate
+}
+
+// ParseAgentID reads an id the gateway issued to an agent (a positive
+// integer).
+func ParseAgentID(raw []byte) (int64, bool) {
+	if len(raw) == 0 || len(raw) > 19 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// SessionCwd is the cwd a session/new, load, resume or fork asks for, as
+// the client sent it and the scanner located it ("" if none).
+func SessionCwd(m *jsonrpc.Message) string {
+	for _, f := range m.Fields {
+		if f.Kind == jsonrpc.FieldPath && f.Label == "cwd" {
+			v, _ := m.String(f)
+			return v
+		}
+	}
+	return ""
+}
+
+// CreatedCwd is SessionCwd for a request that creates a session.
+func CreatedCwd(m *jsonrpc.Message) string {
+	if !CreatesSession(m.Method) {
+		return ""
+	}
+	return SessionCwd(m)
+}
+
+// ReadContentLen is the length of the content of a fs/read_text_file
+// result.
+func ReadContentLen(result []byte) int {
+	var res struct {
+		Content string `json:"content"`
+	}
+	_ = json.Unmarshal(result, &res)
+	return len(res.Content)
 }

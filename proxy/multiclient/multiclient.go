@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/models"
+	"github.com/acpgate/acpgate/proxy/policy"
 )
 
 // MaxClientField bounds each of what a client names itself.
@@ -131,6 +133,16 @@ type Result struct {
 	Replayed            int  // messages of the history replayed
 	Trimmed             bool // the history had dropped older ones
 	Turn                string
+	// Models is the tenant's model allow-list: the session's recorded
+	// selectors are reported through it (models.FilterState).
+	Models policy.ModelPolicy
+}
+
+// filtered is st with its model selectors as r's allow-list lets a client
+// see them.
+func (r Result) filtered(st State) State {
+	st.ConfigOptions, st.Models = models.FilterState(st.ConfigOptions, st.Models, r.Models)
+	return st
 }
 
 // AttachResult is session/attach's result.
@@ -146,7 +158,7 @@ func AttachResult(r Result, st State) []byte {
 		ReadOnly         bool   `json:"readOnly"`
 		State
 		Meta map[string]any `json:"_meta"`
-	}{r.SessionID, r.ClientID, r.Clients, r.HistoryPolicy, r.ReadOnly, st,
+	}{r.SessionID, r.ClientID, r.Clients, r.HistoryPolicy, r.ReadOnly, r.filtered(st),
 		map[string]any{"acpgate": map[string]any{"replayed": r.Replayed, "historyTrimmed": r.Trimmed, "turn": r.Turn}}})
 	return res
 }
@@ -163,7 +175,7 @@ func LoadResult(r Result, st State) []byte {
 	res, _ := json.Marshal(struct {
 		State
 		Meta map[string]any `json:"_meta"`
-	}{st, map[string]any{"acpgate": map[string]any{"attached": true, "readOnly": r.ReadOnly, "clientId": r.ClientID,
+	}{r.filtered(st), map[string]any{"acpgate": map[string]any{"attached": true, "readOnly": r.ReadOnly, "clientId": r.ClientID,
 		"connectedClients": r.Clients, "historyPolicy": r.HistoryPolicy, "replayed": r.Replayed, "historyTrimmed": r.Trimmed, "turn": r.Turn}}})
 	return res
 }

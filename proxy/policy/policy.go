@@ -58,6 +58,10 @@ type Policy struct {
 	// (with AgentAuth), MCP servers of type "acp", and the matching unstable
 	// capability keys. Off, those keys are removed from the initialize result.
 	Unstable bool `yaml:"unstable"`
+
+	// Models is the model allow-list: which models the tenant's sessions
+	// may run on (see [ModelPolicy]).
+	Models ModelPolicy `yaml:"models"`
 }
 
 // SessionPolicy gates the session methods beyond the baseline.
@@ -120,7 +124,8 @@ func (p Policy) ClientCaps() (fsRead, fsWrite, terminal bool) {
 	return p.Client.FsRead, p.Client.FsWrite, p.Client.Terminal
 }
 
-// Validate reports every malformed entry of HTTPHosts and Extensions.
+// Validate reports every malformed entry of HTTPHosts, Extensions and
+// Models.Allow.
 // The gates never match a malformed pattern, so an unvalidated policy fails
 // closed; Validate tells the operator why.
 func (p Policy) Validate() error {
@@ -133,6 +138,11 @@ func (p Policy) Validate() error {
 	for _, e := range p.Extensions {
 		if err := validateExtensionPattern(e); err != nil {
 			errs = append(errs, fmt.Errorf("extensions: %w", err))
+		}
+	}
+	for _, m := range p.Models.Allow {
+		if err := validateModelPattern(m); err != nil {
+			errs = append(errs, fmt.Errorf("models.allow: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -216,5 +226,11 @@ func (p Policy) Describe() string {
 	kv("", "agent_auth", p.AgentAuth)
 	list("", "extensions", p.Extensions, "[]  # none")
 	kv("", "unstable", p.Unstable)
+	b.WriteString("models:\n")
+	if p.Models.Allow == nil {
+		b.WriteString("  allow: null  # every model\n")
+	} else {
+		list("  ", "allow", p.Models.Allow, "[]  # none")
+	}
 	return b.String()
 }

@@ -50,6 +50,8 @@ client:
 agent_auth: false
 extensions: []  # none
 unstable: false
+models:
+  allow: null  # every model
 `
 	if got := Default().Describe(); got != want {
 		t.Errorf("Describe:\n%s", got)
@@ -66,7 +68,7 @@ unstable: false
 	}
 	// One key per line, every key of the policy present.
 	lines := strings.Count(Default().Describe(), "\n")
-	if lines != 24 {
+	if lines != 26 {
 		t.Errorf("%d lines", lines)
 	}
 }

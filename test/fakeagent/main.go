@@ -63,6 +63,20 @@
 // (options allow and reject) and waits for the answer, other messages being
 // handled meanwhile: "Permission granted (allow)." and end_turn, or the
 // stopReason cancelled for a cancelled outcome.
+//
+// FAKE_MODELS (model IDs, comma-separated; the first is each session's
+// model to begin with; FAKE_MODELS_PAD=N adds N more, pad-0 ... pad-N-1)
+// makes the results of session/new, load and resume advertise them, as
+// FAKE_MODEL_SHAPE says: "config" (the default: a v1 config option of
+// category model, after a mode option), "v2" (the v2 draft's shape:
+// configId, the models in two groups under groupId), "api" (the older
+// models API's models object only) or "both" (config and api).
+// session/set_config_option (configId model) and session/set_model switch
+// the session's model: each is logged to stderr ("fakeagent:
+// set_config_option model=<value>", "fakeagent: set_model <modelId>"),
+// sends a config_option_update, and is answered (configOptions for
+// set_config_option); a model not offered gets -32602. A prompt's answer
+// then ends with " [model <the session's model>]".
 package main
 
 import (
@@ -100,11 +114,25 @@ type agent struct {
 
 	mu  sync.Mutex // guards out: silent turns answer from goroutines of their own
 	out *bufio.Writer
+
+	// FAKE_MODELS: the models offered, each session's model (by ID; absent:
+	// the first), the shape. Used by the main goroutine only.
+	models     []string
+	model      map[string]string
+	modelShape string
 }
 
 func main() {
 	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
-		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{}}
+		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{},
+		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE")}
+	if v := os.Getenv("FAKE_MODELS"); v != "" {
+		a.models = strings.Split(v, ",")
+	}
+	pad, _ := strconv.Atoi(os.Getenv("FAKE_MODELS_PAD"))
+	for i := range min(max(pad, 0), 1_000_000) {
+		a.models = append(a.models, fmt.Sprintf("pad-%d", i))
+	}
 	if a.mode == "exit-before-init" {
 		fmt.Fprintln(os.Stderr, "fakeagent: exiting before initialize (FAKE_MODE=exit-before-init)")
 		os.Exit(3)
@@ -220,7 +248,9 @@ func (a *agent) handle(line []byte) {
 			a.store[sid] = &fakeSession{cwd: p.Cwd}
 			a.smu.Unlock()
 		}
-		a.result(m.ID, map[string]any{"sessionId": sid})
+		a.result(m.ID, a.withModels(sid, map[string]any{"sessionId": sid}))
+	case "session/set_config_option", "session/set_model":
+		a.setModel(m)
 	case "session/prompt":
 		var p acpclient.PromptParams
 		_ = json.Unmarshal(m.Params, &p)
@@ -264,6 +294,9 @@ func (a *agent) handle(line []byte) {
 		if a.mode == "sessions" && strings.Contains(text.String(), "permission") {
 			go a.permissionTurn(m.ID, p.SessionID) // ends when the client answers
 			return
+		}
+		if len(a.models) > 0 {
+			text.WriteString(" [model " + a.current(p.SessionID) + "]")
 		}
 		a.reply(p.SessionID, "You said: "+text.String())
 		a.result(m.ID, map[string]string{"stopReason": "end_turn"})
@@ -548,6 +581,92 @@ func (a *agent) handleSessions(m message) bool {
 			a.update(p.SessionID, u)
 		}
 	}
-	a.result(m.ID, map[string]any{})
+	res := map[string]any{}
+	if m.Method == "session/load" || m.Method == "session/resume" {
+		res = a.withModels(p.SessionID, res)
+	}
+	a.result(m.ID, res)
 	return true
+}
+
+// current is the model session sid runs on (FAKE_MODELS).
+func (a *agent) current(sid string) string {
+	if cur, ok := a.model[sid]; ok {
+		return cur
+	}
+	return a.models[0]
+}
+
+// configOptions are session sid's config options, in FAKE_MODEL_SHAPE.
+func (a *agent) configOptions(sid string) []any {
+	key := "id"
+	if a.modelShape == "v2" {
+		key = "configId"
+	}
+	var opts []any
+	for _, id := range a.models {
+		opts = append(opts, map[string]string{"value": id, "name": "Model " + id})
+	}
+	if a.modelShape == "v2" {
+		half := (len(opts) + 1) / 2
+		opts = []any{map[string]any{"groupId": "first", "name": "First", "options": opts[:half]},
+			map[string]any{"groupId": "rest", "name": "Rest", "options": opts[half:]}}
+	}
+	return []any{
+		map[string]any{key: "mode", "name": "Mode", "category": "mode", "type": "select", "currentValue": "ask",
+			"options": []any{map[string]string{"value": "ask", "name": "Ask"}, map[string]string{"value": "code", "name": "Code"}}},
+		map[string]any{key: "model", "name": "Model", "category": "model", "type": "select", "currentValue": a.current(sid),
+			"options": opts, "_meta": map[string]any{"fake": "kept"}},
+	}
+}
+
+// withModels adds session sid's model selectors to a result (FAKE_MODELS).
+func (a *agent) withModels(sid string, res map[string]any) map[string]any {
+	if len(a.models) == 0 {
+		return res
+	}
+	if a.modelShape != "api" {
+		res["configOptions"] = a.configOptions(sid)
+	}
+	if a.modelShape == "api" || a.modelShape == "both" {
+		var avail []any
+		for _, id := range a.models {
+			avail = append(avail, map[string]string{"modelId": id, "name": "Model " + id})
+		}
+		res["models"] = map[string]any{"currentModelId": a.current(sid), "availableModels": avail}
+	}
+	return res
+}
+
+// setModel serves session/set_config_option and session/set_model.
+func (a *agent) setModel(m message) {
+	var p struct {
+		SessionID string          `json:"sessionId"`
+		ConfigID  string          `json:"configId"`
+		Value     json.RawMessage `json:"value"`
+		ModelID   string          `json:"modelId"`
+	}
+	_ = json.Unmarshal(m.Params, &p)
+	to := p.ModelID
+	if m.Method == "session/set_config_option" {
+		_ = json.Unmarshal(p.Value, &to)
+		fmt.Fprintf(os.Stderr, "fakeagent: set_config_option %s=%s\n", p.ConfigID, to)
+	} else {
+		fmt.Fprintf(os.Stderr, "fakeagent: set_model %s\n", to)
+	}
+	offered := false
+	for _, id := range a.models {
+		offered = offered || id == to
+	}
+	if !offered || m.Method == "session/set_config_option" && p.ConfigID != "model" {
+		a.fail(m.ID, -32602, "no such model or option")
+		return
+	}
+	a.model[p.SessionID] = to
+	a.update(p.SessionID, map[string]any{"sessionUpdate": "config_option_update", "configOptions": a.configOptions(p.SessionID)})
+	if m.Method == "session/set_model" {
+		a.result(m.ID, map[string]any{})
+		return
+	}
+	a.result(m.ID, map[string]any{"configOptions": a.configOptions(p.SessionID)})
 }

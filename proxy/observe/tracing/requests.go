@@ -11,6 +11,10 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // The spans of requests: a span per client request, named by its method,
@@ -251,4 +255,38 @@ func WithTrace(log *slog.Logger, span trace.Span) *slog.Logger {
 		return log
 	}
 	return log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
+}
+
+// TracerOf is the tracer called name of tp (nil: tracing off).
+func TracerOf(tp trace.TracerProvider, name string) trace.Tracer {
+	if tp == nil {
+		return nil
+	}
+	return tp.Tracer(name)
+}
+
+// ParentEdit sets a forwarded request's params._meta.traceparent to span
+// (nil: no edit).
+func ParentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
+	if span == nil {
+		return jsonrpc.Edit{}, false
+	}
+	return acp.TraceparentEdit(m, Traceparent(span))
+}
+
+// ParentOf is the trace context a client message names: its params._meta
+// (traceparent, tracestate), else parent (a POST's header).
+func ParentOf(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext {
+	if sc := ParseTraceparent(acp.TraceContext(m)); sc.IsValid() {
+		return sc
+	}
+	return parent
+}
+
+// TurnSpan is the span of a traced turn (nil: t is nil, or not traced).
+func TurnSpan(t *observe.Turn) trace.Span {
+	if t == nil {
+		return nil
+	}
+	return t.Span
 }

@@ -15,8 +15,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/acpgate/acpgate/proxy/acp"
-	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 )
 
@@ -155,30 +153,4 @@ func (t *turnTrace) end() {
 	t.tools, t.ended = nil, true
 	t.mu.Unlock()
 	t.span.SetAttributes(attribute.Int64(attrUpdates, t.updates.Load()))
-}
-
-// Tracer is the tracer named name of tp (nil: tracing off).
-func Tracer(tp trace.TracerProvider, name string) trace.Tracer {
-	if tp == nil {
-		return nil
-	}
-	return tp.Tracer(name)
-}
-
-// ParentOf is the trace context a client message names: its params._meta
-// (traceparent, tracestate), else parent (a POST's header).
-func ParentOf(m *jsonrpc.Message, parent trace.SpanContext) trace.SpanContext {
-	if sc := ParseTraceparent(acp.TraceContext(m)); sc.IsValid() {
-		return sc
-	}
-	return parent
-}
-
-// ForwardEdit sets the forwarded request's params._meta.traceparent to
-// span (nil: no edit).
-func ForwardEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
-	if span == nil {
-		return jsonrpc.Edit{}, false
-	}
-	return acp.TraceparentEdit(m, Traceparent(span))
 }
