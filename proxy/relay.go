@@ -215,7 +215,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		first:      cfg.Agents[0].Name,
 		tenantCfg:  cfg.Tenants,
 		mapPaths:   mapPaths,
-		instance:   newInstanceID(),
+		instance:   sessionid.NewInstance(),
 		promptCh:   make(chan struct{}),
 	}
 	for _, spec := range cfg.Agents {
@@ -308,7 +308,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	keep := 0 // bytes the outbox keeps for a resume
 	if r.resume.DetachTimeout > 0 && !info.NoResume {
 		keep = r.resume.ReplayBufferBytes
-		c.token = r.newResumeToken()
+		c.token = sessionid.NewToken(r.instance)
 		c.keeps = true
 	}
 	c.out.Init(sink, keep)

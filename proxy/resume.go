@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"crypto/rand"
 	"crypto/subtle"
-	"encoding/base64"
 	"errors"
 	"strconv"
 	"strings"
@@ -36,24 +34,6 @@ const MethodResumed = "_acpgate/resumed"
 // methodTurnEnded tells the connection that took a session over that the
 // turn it found running has ended.
 const methodTurnEnded = "_acpgate/turn_ended"
-
-// newResumeToken returns an unguessable token (192 bits) that names the
-// gateway process that issued it: "<instance>.<random>". The instance only
-// classifies a refusal (another replica's token, or one from before a
-// restart); it grants nothing.
-func (r *Relay) newResumeToken() string {
-	var b [24]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return r.instance + "." + base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// newInstanceID names a gateway process in its resume tokens (48 random
-// bits, 8 characters).
-func newInstanceID() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
 
 // refused counts a refused resume.
 func (r *Relay) refused(reason string) {

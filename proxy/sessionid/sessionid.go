@@ -189,3 +189,21 @@ func (s *Sealer) Open(scope, id string) (Opened, error) {
 	}
 	return Opened{}, errBadSessionID
 }
+
+// NewToken returns an unguessable token (192 bits) that names the process
+// that issued it, instance (NewInstance): "<instance>.<random>". The
+// instance only classifies a refusal (another replica's token, or one
+// from before a restart); it grants nothing. Resume tokens are these.
+func NewToken(instance string) string {
+	var b [24]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return instance + "." + b64.EncodeToString(b[:])
+}
+
+// NewInstance names a gateway process in its tokens (48 random bits, 8
+// characters).
+func NewInstance() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return b64.EncodeToString(b[:])
+}
