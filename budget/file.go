@@ -4,10 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/acpgate/acpgate/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -27,19 +26,9 @@ const keepPeriods = 45 * 24 * time.Hour
 // process that opens it waits up to 5 s for the first to let go, then
 // fails.
 func OpenFile(path string) (*File, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("budget ledger %s: %w", path, err)
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := boltfile.Open(path, "budget ledger", spentBucket)
 	if err != nil {
-		return nil, fmt.Errorf("budget ledger %s: %w", path, err)
-	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(spentBucket)
-		return err
-	}); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("budget ledger %s: %w", path, err)
+		return nil, err
 	}
 	return &File{path: path, db: db}, nil
 }

@@ -1,12 +1,9 @@
 package access
 
 import (
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"time"
 
+	"github.com/acpgate/acpgate/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -33,19 +30,9 @@ const ownersQueue = 4096
 // OpenOwners is an Owners kept in the file at path too (created 0600), so
 // that session/list knows who made a session after a restart. Close it.
 func OpenOwners(path string, log *slog.Logger) (*Owners, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("session owners file %s: %w", path, err)
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := boltfile.Open(path, "session owners file", ownersBucket)
 	if err != nil {
-		return nil, fmt.Errorf("session owners file %s: %w", path, err)
-	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(ownersBucket)
-		return err
-	}); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("session owners file %s: %w", path, err)
+		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -35,8 +35,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"unicode/utf8"
 
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -302,17 +302,7 @@ func tag(m *jsonrpc.Message, label string) (string, bool) {
 func listed(allow policy.ModelPolicy) string { return "policy.models.allow: " + allow.Describe() }
 
 // quote quotes a peer's string for a message, cut to a reasonable length.
-func quote(s string) string {
-	const limit = 80
-	if len(s) > limit {
-		cut := limit
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return strconv.Quote(s)
-}
+func quote(s string) string { return logx.Quote(s, 80) }
 
 // Switch is a switch of a session's model that the gateway asks the agent
 // for before it answers the request that made or loaded the session: the

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
+	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
@@ -34,17 +34,7 @@ func (e *Error) Unwrap() error { return e.Kind }
 
 // quoteClient quotes a peer-supplied string for an error message, cut to a
 // reasonable length.
-func quoteClient(s string) string {
-	const limit = 80
-	if len(s) > limit {
-		cut := limit
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return strconv.Quote(s)
-}
+func quoteClient(s string) string { return logx.Quote(s, 80) }
 
 func methodNotAllowed(method string) error {
 	return &Error{Kind: ErrNotAllowed, Msg: "method " + quoteClient(method) + " is not allowed by the gateway policy"}

@@ -97,21 +97,6 @@ func (c *subjHTTP) respond(req rpcMsg, result any) {
 	c.post(acpclient.Response(req.ID, result), map[string]string{"Acp-Session-Id": req.Param("sessionId")})
 }
 
-func (c *subjHTTP) recv(timeout time.Duration) (rpcMsg, bool) {
-	c.t.Helper()
-	select {
-	case d := <-c.events:
-		var m rpcMsg
-		if err := json.Unmarshal([]byte(d), &m); err != nil {
-			c.t.Fatalf("event %q: %v", d, err)
-		}
-		m.Raw = []byte(d)
-		return m, true
-	case <-time.After(timeout):
-		return rpcMsg{}, false
-	}
-}
-
 // subjTransports dial an initialized connection with a bearer token.
 var subjTransports = []struct {
 	name string

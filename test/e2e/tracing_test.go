@@ -421,6 +421,17 @@ func (c *httpTraceClient) Respond(id json.RawMessage, result any) {
 
 func (c *httpTraceClient) Next(timeout time.Duration) rpcMsg {
 	c.t.Helper()
+	m, ok := c.recv(timeout)
+	if !ok {
+		c.t.Fatalf("no event within %s", timeout)
+	}
+	return m
+}
+
+// recv is the next event of the connection's streams, if one comes within
+// timeout.
+func (c *httpTraceClient) recv(timeout time.Duration) (rpcMsg, bool) {
+	c.t.Helper()
 	select {
 	case d := <-c.events:
 		var m rpcMsg
@@ -428,11 +439,10 @@ func (c *httpTraceClient) Next(timeout time.Duration) rpcMsg {
 			c.t.Fatalf("event %q: %v", d, err)
 		}
 		m.Raw = []byte(d)
-		return m
+		return m, true
 	case <-time.After(timeout):
-		c.t.Fatalf("no event within %s", timeout)
+		return rpcMsg{}, false
 	}
-	return rpcMsg{}
 }
 
 func (c *httpTraceClient) opened(sid string) {
