@@ -148,57 +148,100 @@ func checkPath(glob string) error {
 // isControl reports a C0 or C1 control character, or DEL.
 func isControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r < 0xa0) }
 
-// matchTitle matches a title glob against the whole of s.
+// matchTitle matches a title glob against the whole of s, in time linear
+// in len(s) times the glob's length (an agent chooses the title: a
+// backtracking matcher would let a crafted one stall its reader): on a
+// mismatch only the last '*' takes one more character.
 func matchTitle(glob, s string) (bool, error) {
+	toks, err := titleTokens(glob)
+	if err != nil {
+		return false, err
+	}
+	ti, si := 0, 0
+	star, mark := -1, 0 // the last '*' seen, and where its run ends so far
+	for si < len(s) {
+		switch {
+		case ti < len(toks) && toks[ti].star:
+			star, mark = ti, si
+			ti++
+			continue
+		case ti < len(toks):
+			if n, ok, err := toks[ti].match(s[si:]); err != nil {
+				return false, err
+			} else if ok {
+				ti, si = ti+1, si+n
+				continue
+			}
+		}
+		if star < 0 {
+			return false, nil
+		}
+		_, n := firstRune(s[mark:]) // the '*' takes one more character
+		mark += n
+		ti, si = star+1, mark
+	}
+	for ti < len(toks) && toks[ti].star {
+		ti++
+	}
+	return ti == len(toks), nil
+}
+
+// titleToken is one step of a title glob: a '*', a '?', a class or a
+// literal character.
+type titleToken struct {
+	star  bool
+	any   bool   // '?'
+	class string // "[...]"
+	lit   string // one character
+}
+
+// titleTokens splits a title glob into its steps.
+func titleTokens(glob string) ([]titleToken, error) {
+	var toks []titleToken
 	for len(glob) > 0 {
 		switch glob[0] {
 		case '*':
+			toks = append(toks, titleToken{star: true})
 			glob = strings.TrimLeft(glob, "*")
-			if glob == "" {
-				return true, nil
-			}
-			for i := 0; i <= len(s); i++ {
-				if i < len(s) && !startsRune(s, i) {
-					continue
-				}
-				if ok, err := matchTitle(glob, s[i:]); ok || err != nil {
-					return ok, err
-				}
-			}
-			return false, nil
+		case '?':
+			toks = append(toks, titleToken{any: true})
+			glob = glob[1:]
 		case '[':
 			end := strings.IndexByte(glob[1:], ']')
 			if end < 0 {
-				return false, path.ErrBadPattern
+				return nil, path.ErrBadPattern
 			}
-			class := glob[:end+2]
-			r, n := firstRune(s)
-			ok, err := path.Match(class, r)
-			if err != nil || !ok || n == 0 {
-				return false, err
-			}
-			glob, s = glob[len(class):], s[n:]
-		case '?':
-			_, n := firstRune(s)
-			if n == 0 {
-				return false, nil
-			}
-			glob, s = glob[1:], s[n:]
+			toks = append(toks, titleToken{class: glob[:end+2]})
+			glob = glob[end+2:]
 		default:
-			lit := glob[:1]
 			if glob[0] == '\\' {
 				if len(glob) < 2 {
-					return false, path.ErrBadPattern
+					return nil, path.ErrBadPattern
 				}
-				lit, glob = glob[1:2], glob[1:]
+				glob = glob[1:]
 			}
-			if !strings.HasPrefix(s, lit) {
-				return false, nil
-			}
-			glob, s = glob[1:], s[1:]
+			lit, n := firstRune(glob)
+			toks = append(toks, titleToken{lit: lit})
+			glob = glob[n:]
 		}
 	}
-	return s == "", nil
+	return toks, nil
+}
+
+// match reports whether the step matches the start of s, and how many
+// bytes it takes.
+func (t titleToken) match(s string) (int, bool, error) {
+	r, n := firstRune(s)
+	switch {
+	case n == 0:
+		return 0, false, nil
+	case t.any:
+		return n, true, nil
+	case t.class != "":
+		ok, err := path.Match(t.class, r)
+		return n, ok, err
+	}
+	return n, r == t.lit, nil
 }
 
 // firstRune is s's first character as a string, and its length in bytes.
@@ -211,8 +254,6 @@ func firstRune(s string) (string, int) {
 	return s, len(s)
 }
 
-// startsRune reports whether a character starts at byte i of s.
-func startsRune(s string, i int) bool { return s[i]&0xc0 != 0x80 }
 
 // matchPath matches a path glob against a slash-separated relative path
 // (no segments: the root itself).
