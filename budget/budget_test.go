@@ -357,3 +357,21 @@ func TestLedgerStoreFails(t *testing.T) {
 		}
 	}
 }
+
+// A capped currency counts by its own name, even when the tenant's metrics
+// label it "other" (an agent that reported other currencies first must not
+// make the cap stop counting); an uncapped one never reaches the store.
+func TestLedgerCountsTheCurrencyNotItsLabel(t *testing.T) {
+	l, _, _ := newLedger(t, NewMemory(), false, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 1}}})
+	e := cost("acme", "s", "other", 2)
+	e.Unit = "USD"
+	l.Observe(e)
+	l.Observe(cost("acme", "s", "EUR", 5))
+	waitFlushed(t, l)
+	if r := l.Prompt(prompt("acme")); r == nil || r.Code != CodeExhausted {
+		t.Errorf("USD labelled other: %+v", r)
+	}
+	if st, _ := l.Statuses(context.Background()); st[0].Cost["EUR"] != 0 || st[0].Cost["other"] != 0 {
+		t.Errorf("an uncapped currency or a label reached the ledger: %+v", st[0].Cost)
+	}
+}

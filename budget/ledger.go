@@ -194,10 +194,16 @@ func (l *Ledger) Observe(e *observe.Event) {
 	var add Spent
 	switch e.Kind {
 	case observe.CostReported:
-		if e.Amount <= 0 || e.Currency == "" {
-			return
+		// The currency itself, not its metrics label: a tenant's first
+		// currencies must not turn a capped one into "other".
+		cur := e.Unit
+		if cur == "" {
+			cur = e.Currency
 		}
-		add.Cost = map[string]float64{e.Currency: e.Amount}
+		if _, capped := lim.Cost[cur]; !capped || e.Amount <= 0 {
+			return // only capped currencies go to the store
+		}
+		add.Cost = map[string]float64{cur: e.Amount}
 	case observe.TurnEnded:
 		add.Tokens = e.Tokens["input"] + e.Tokens["output"]
 		if add.Tokens <= 0 {
@@ -500,7 +506,7 @@ func (l *Ledger) Reset(ctx context.Context, tenant, by string) error {
 		return err
 	}
 	if m := l.cfg.Metrics; m != nil {
-		m.spent(tenant, Spent{})
+		m.reset(tenant)
 	}
 	l.cfg.Log.Info("tenant budget reset", "tenant", tenant, "by", by)
 	if l.cfg.Event != nil {

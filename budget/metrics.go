@@ -59,10 +59,13 @@ func (m *Metrics) spent(tenant string, s Spent) {
 	for cur, v := range s.Cost {
 		m.Spent.WithLabelValues(t, cur).Set(v)
 	}
-	if len(s.Cost) == 0 { // a reset: every currency back to zero
-		m.Spent.DeletePartialMatch(prometheus.Labels{"tenant": t})
-		m.Spent.WithLabelValues(t, "tokens").Set(0)
-	}
+}
+
+// reset puts the tenant's spend back to nothing (an operator's reset).
+func (m *Metrics) reset(tenant string) {
+	t := m.Label(tenant)
+	m.Spent.DeletePartialMatch(prometheus.Labels{"tenant": t})
+	m.Spent.WithLabelValues(t, "tokens").Set(0)
 }
 
 func (m *Metrics) refused(tenant string) { m.Refusals.WithLabelValues(m.Label(tenant)).Inc() }

@@ -49,7 +49,7 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 		s.link.p.Log().Debug("agent usage_update counted as nothing", "reason", reject, "session", s.GatewayID)
 		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
 	case inc > 0:
-		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Amount: inc}
+		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label, Amount: inc}
 	default:
 		return
 	}

@@ -47,7 +47,7 @@ const (
 	SessionLost                         // Reason: its agent process died
 	TurnStarted                         // Turn; Prompt (its content blocks as sent; nil: read them from Params); Params
 	Update                              // Turn (nil: between turns); UpdateKind; Params: the session/update's; First: the turn's first, Duration after it started
-	CostReported                        // Turn; Currency (a metrics label); Amount: the session's cost increase
+	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
@@ -91,7 +91,8 @@ type Event struct {
 	Duration   time.Duration
 	Tokens     map[string]int64   // by kind: input, output, thought, cached_read, cached_write
 	Cost       map[string]float64 // by currency label
-	Currency   string
+	Currency   string // a metrics label: past a tenant's first few currencies, "other"
+	Unit       string // the currency as metering names it, whatever the label (budgets cap it)
 	Amount     float64
 	Method     string
 	Path       string
