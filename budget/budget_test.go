@@ -371,7 +371,7 @@ func TestLedgerCountsTheCurrencyNotItsLabel(t *testing.T) {
 	if r := l.Prompt(prompt("acme")); r == nil || r.Code != CodeExhausted {
 		t.Errorf("USD labelled other: %+v", r)
 	}
-	if st, _ := l.Statuses(context.Background()); st[0].Cost["EUR"] != 0 || st[0].Cost["other"] != 0 {
-		t.Errorf("an uncapped currency or a label reached the ledger: %+v", st[0].Cost)
+	if st, _ := l.Statuses(context.Background()); st[0].Spent.Cost["EUR"] != 0 || st[0].Spent.Cost["other"] != 0 {
+		t.Errorf("an uncapped currency or a label reached the ledger: %+v", st[0].Spent.Cost)
 	}
 }
