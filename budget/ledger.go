@@ -127,6 +127,7 @@ type Ledger struct {
 	kick   chan struct{}
 	ctx    context.Context
 	stop   context.CancelFunc
+	quit   chan struct{} // closed by Close: the writer ends after the flush it is in
 	done   chan struct{}
 	closed atomic.Bool
 }
@@ -143,6 +144,7 @@ func New(cfg Config) *Ledger {
 	}
 	l.SetLimits(cfg.Limits)
 	l.ctx, l.stop = context.WithCancel(context.Background())
+	l.quit = make(chan struct{})
 	go l.write()
 	return l
 }
@@ -330,12 +332,14 @@ func (l *Ledger) write() {
 	retry.Stop()
 	for {
 		select {
-		case <-l.ctx.Done():
+		case <-l.quit:
 			return
 		case <-l.kick:
 		case <-retry.C:
 		}
-		if !l.flush(l.ctx) {
+		// Never cancelled midway: an add Redis applied but whose answer was
+		// cut off would be added again (the store's own timeouts bound it).
+		if !l.flush(context.Background()) {
 			retry.Reset(retryEvery)
 		}
 	}
@@ -521,9 +525,13 @@ func (l *Ledger) Close(ctx context.Context) error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	l.stop()
-	<-l.done
-	if !l.flush(ctx) {
+	close(l.quit)
+	<-l.done // after the flush it was in
+	defer l.stop()
+	// Its own bound: the caller's ctx may be spent on the drain already.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if !l.flush(fctx) {
 		l.mu.Lock()
 		lost := l.pend
 		l.pend = map[Key]*pending{}

@@ -380,7 +380,13 @@ func New(opts Options) (*Server, error) {
 
 // startRelay starts the relay (s.relay) with cfg's agents, s's audit
 // trail and tracing.
-func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer *sessionid.Sealer, tenants []proxy.TenantConfig) error {
+func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer *sessionid.Sealer, tenants []proxy.TenantConfig) (err error) {
+	defer func() {
+		if err != nil && s.owners != nil { // a failed start lets go of the owners file
+			_ = s.owners.Close()
+			s.owners = nil
+		}
+	}()
 	s.launch.setTracing(s.tracing)
 	var agents []proxy.AgentSpec
 	for _, a := range cfg.AgentList() {

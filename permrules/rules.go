@@ -254,7 +254,6 @@ func firstRune(s string) (string, int) {
 	return s, len(s)
 }
 
-
 // matchPath matches a path glob against a slash-separated relative path
 // (no segments: the root itself).
 func matchPath(glob, rel []string) bool {

@@ -214,21 +214,21 @@ func (r *outReq) whyEdit(raw []byte, start, end int) (jsonrpc.Edit, bool) {
 // running, for the gateway (a budget): the agent gets session/cancel, and
 // the prompt's answer says why under _meta.acpgate.<key> (value: JSON). An
 // agent that has not answered within adminCancelWait is answered for
-// ("cancelled"). False: no such live session, or no turn running.
+// ("cancelled"). False: no such live session, no turn running, its turn
+// cancelled already, or the relay closing.
 func (r *Relay) CancelTurn(id, key string, value []byte) bool {
 	s := r.findSession(id)
 	if s == nil || !s.live() {
 		return false
 	}
-	prompts := s.link.promptsOf(s)
+	prompts, fresh := s.link.promptsOf(s), false
 	for _, req := range prompts {
-		req.why.CompareAndSwap(nil, &cancelWhy{key: key, value: value})
+		fresh = req.why.CompareAndSwap(nil, &cancelWhy{key: key, value: value}) || fresh
 	}
-	if len(prompts) == 0 {
-		return false
+	if !fresh {
+		return false // no turn running, or it is being cancelled already
 	}
-	r.bg.Go(func() { r.cancelTurn(r.ctx, s, prompts) })
-	return true
+	return r.bg.Go(func() { r.cancelTurn(r.ctx, s, prompts) })
 }
 
 // cancelTurn asks the agent to cancel the turn of s its prompts run, and

@@ -237,7 +237,9 @@ func (s *Session) announcePrompt(sender *Conn, blocks []json.RawMessage) {
 // turnComplete tells the members but the prompter that a turn ended, and
 // how.
 func (s *Session) turnComplete(prompter *Conn, stop string) {
-	s.toMembers(multiclient.TurnComplete(stop), prompter)
+	if s.audience() { // nothing built for a session no other client hears
+		s.toMembers(multiclient.TurnComplete(stop), prompter)
+	}
 }
 
 // addMember attaches c (s.fan held): false with a reason when the session

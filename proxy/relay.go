@@ -555,13 +555,15 @@ type workers struct {
 	wg     sync.WaitGroup
 }
 
-// Go runs f on a goroutine of its own, unless the workers have closed.
-func (w *workers) Go(f func()) {
+// Go runs f on a goroutine of its own, unless the workers have closed
+// (false).
+func (w *workers) Go(f func()) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.closed {
 		w.wg.Go(f)
 	}
+	return !w.closed
 }
 
 // Close lets nothing more start and waits for what runs.

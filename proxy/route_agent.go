@@ -491,8 +491,10 @@ func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Ed
 	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
 	r.l.p.SendCtrl(append(jsonrpc.AppendResult(nil, m.ID, result), '\n'))
 	s.emit(&observe.Event{Kind: observe.PermissionResolved, Turn: s.curTurn(), Msg: view, By: d.By, Rule: d.Rule, Outcome: d.Outcome})
-	if body := multiclient.ByPolicy(s.resolution(view, nil, d.Outcome), d.Rule, d.Decide); body != nil && s.members.Load() != nil {
-		s.toMembers(body, nil)
+	if s.audience() { // members, and an owner that asked, hear who decided
+		if body := multiclient.ByPolicy(s.resolution(view, nil, d.Outcome), d.Rule, d.Decide); body != nil {
+			s.toMembers(body, nil)
+		}
 	}
 	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By, "rule", d.Rule)
 	return true

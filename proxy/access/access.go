@@ -130,8 +130,9 @@ func (o *Owners) Of(scope, agentSID string) string {
 	k := ownerKey{scope, agentSID}
 	o.mu.Lock()
 	subject, ok := o.m[k]
+	noFile := o.file == nil || o.file.closed
 	o.mu.Unlock()
-	if ok || o.file == nil {
+	if ok || noFile {
 		return subject
 	}
 	if subject = o.file.get(k); subject != "" {

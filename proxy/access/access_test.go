@@ -101,4 +101,13 @@ func TestOwnersFile(t *testing.T) {
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("the file: %v %v", fi.Mode(), err)
 	}
+	// Closed (a shutdown racing a late session): a note is kept in memory
+	// only, never sent to the closed writer; Close runs twice.
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.Note("acme", "late", "token:carol")
+	if got := o.Of("acme", "late"); got != "token:carol" {
+		t.Errorf("a note after Close: %q", got)
+	}
 }

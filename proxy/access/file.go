@@ -2,18 +2,22 @@ package access
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/acpgate/acpgate/internal/boltfile"
+	"github.com/acpgate/acpgate/internal/logx"
 	bolt "go.etcd.io/bbolt"
 )
 
 // ownersFile keeps Owners in an embedded database (bbolt), written by one
 // goroutine so that Note never waits for the disk.
 type ownersFile struct {
-	db   *bolt.DB
-	log  *slog.Logger
-	ch   chan ownerEntry
-	done chan struct{}
+	db     *bolt.DB
+	log    *slog.Logger
+	ch     chan ownerEntry
+	done   chan struct{}
+	closed bool          // Close has run: put drops (under Owners.mu)
+	warn   *logx.Limiter // "falls behind", at most once a minute
 }
 
 type ownerEntry struct {
@@ -37,29 +41,44 @@ func OpenOwners(path string, log *slog.Logger) (*Owners, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := &ownersFile{db: db, log: log, ch: make(chan ownerEntry, ownersQueue), done: make(chan struct{})}
+	f := &ownersFile{db: db, log: log, ch: make(chan ownerEntry, ownersQueue), done: make(chan struct{}), warn: logx.NewLimiter(1, time.Minute)}
 	go f.write()
 	return &Owners{file: f}, nil
 }
 
 // Close ends the file's writer once what waits is written. The zero Owners
 // has nothing to close.
+// Close may run more than once; a Note after it keeps the owner in
+// memory only.
 func (o *Owners) Close() error {
 	if o.file == nil {
 		return nil
 	}
-	close(o.file.ch)
+	o.mu.Lock()
+	was := o.file.closed
+	o.file.closed = true
+	o.mu.Unlock()
+	if was {
+		return nil
+	}
+	close(o.file.ch) // no put sends any more: each runs under o.mu and checks closed
 	<-o.file.done
 	return o.file.db.Close()
 }
 
 func (k ownerKey) bytes() []byte { return []byte(k.scope + "\x00" + k.agentSID) }
 
+// put queues an owner for the file (Owners.mu held).
 func (f *ownersFile) put(k ownerKey, subject string) {
+	if f.closed {
+		return
+	}
 	select {
 	case f.ch <- ownerEntry{k, subject}:
 	default:
-		f.log.Warn("session owners file falls behind: an owner is kept in memory only", "scope", k.scope)
+		if f.warn.Allow() {
+			f.log.Warn("session owners file falls behind: owners are kept in memory only", "scope", k.scope)
+		}
 	}
 }
 

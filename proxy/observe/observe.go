@@ -91,8 +91,8 @@ type Event struct {
 	Duration   time.Duration
 	Tokens     map[string]int64   // by kind: input, output, thought, cached_read, cached_write
 	Cost       map[string]float64 // by currency label
-	Currency   string // a metrics label: past a tenant's first few currencies, "other"
-	Unit       string // the currency as metering names it, whatever the label (budgets cap it)
+	Currency   string             // a metrics label: past a tenant's first few currencies, "other"
+	Unit       string             // the currency as metering names it, whatever the label (budgets cap it)
 	Amount     float64
 	Method     string
 	Path       string
