@@ -13,9 +13,13 @@ import (
 // File is a store in an embedded database file (bbolt): it survives a
 // restart; one gateway process holds it at a time.
 type File struct {
-	path string
-	db   *bolt.DB
+	path   string
+	db     *bolt.DB
+	pruned time.Time // when old periods were last deleted (in an Add's transaction)
 }
+
+// pruneEvery is how often an Add also deletes the periods past keepPeriods.
+const pruneEvery = time.Hour
 
 var spentBucket = []byte("spent")
 
@@ -74,7 +78,11 @@ func (f *File) Add(_ context.Context, key Key, add Spent, next time.Time) (Spent
 		if err := b.Put(k, v); err != nil {
 			return err
 		}
-		return prune(b, time.Now())
+		if now := time.Now(); now.Sub(f.pruned) > pruneEvery { // a write at a time: bbolt serialises them
+			f.pruned = now
+			return prune(b, now)
+		}
+		return nil
 	})
 	if err != nil {
 		return Spent{}, fmt.Errorf("budget ledger %s: %w", f.path, err)

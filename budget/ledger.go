@@ -161,6 +161,9 @@ func (l *Ledger) SetLimits(limits map[string]Limits) {
 		}
 	}
 	l.limits.Store(&m)
+	l.mu.Lock()
+	clear(l.exceeded) // a raised cap, once reached, is recorded again
+	l.mu.Unlock()
 	if l.cfg.Metrics != nil {
 		l.cfg.Metrics.limits(m)
 	}
