@@ -253,7 +253,12 @@ func (l *Ledger) Prompt(e *observe.Event) *observe.Refusal {
 		return nil
 	}
 	key, next := l.key(tenant, lim)
-	spent, err := l.spentOf(l.ctx, key)
+	// A prompt waits for this read on its client's reader: a store that
+	// hangs is a failing store after checkTimeout, not after its own
+	// timeouts and retries.
+	ctx, cancel := context.WithTimeout(l.ctx, checkTimeout)
+	defer cancel()
+	spent, err := l.spentOf(ctx, key)
 	l.noteStore(err)
 	if err != nil {
 		if l.cfg.AllowOnStoreError {
@@ -323,6 +328,9 @@ func (l *Ledger) noteStore(err error) {
 		l.cfg.Log.Info("budget ledger store back", "store", l.cfg.Store.Name())
 	}
 }
+
+// checkTimeout bounds the store read a prompt's check waits for.
+const checkTimeout = time.Second
 
 // retryEvery is how soon the writer tries a failing store again.
 const retryEvery = 500 * time.Millisecond
