@@ -1,12 +1,13 @@
 package permrules
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
 	"strings"
 	"sync/atomic"
+
+	jsonv2 "github.com/go-json-experiment/json"
 
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/pathmap"
@@ -66,7 +67,7 @@ func (l *List) Decide(msg []byte, cwd string) Verdict {
 		return Verdict{}
 	}
 	var req request
-	if err := json.Unmarshal(msg, &req); err != nil {
+	if err := jsonv2.Unmarshal(msg, &req); err != nil {
 		return Verdict{} // the clients judge what the gateway cannot read
 	}
 	sc := l.scope(cwd)

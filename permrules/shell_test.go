@@ -382,8 +382,10 @@ var globstarRules = []Rule{
 	{Path: "**/node_modules/**/node_modules/**/y", Decide: Allow},
 }
 
-// A 256 KiB path under several "**" rules is decided in well under 10 ms
-// (99b340a's matcher took 11.9 s for the first rule alone, at 253 KiB).
+// A 256 KiB path under several "**" rules is decided promptly: a few
+// milliseconds (BenchmarkMatchDecideGlobstar); the bound here leaves room
+// for -race on a loaded host, where 99b340a's matcher took minutes (11.9 s
+// for the first rule alone, at 253 KiB, without -race).
 func TestGlobstarLinear(t *testing.T) {
 	l, err := Compile(globstarRules, repo(t), "permissions")
 	if err != nil {
@@ -392,7 +394,7 @@ func TestGlobstarLinear(t *testing.T) {
 	msg := req("edit", "Edit", crafted(256<<10/len("node_modules/")))
 	start := time.Now()
 	v := l.Decide(msg, "/workspace")
-	if took := time.Since(start); v.Decide != "" || took > 250*time.Millisecond {
+	if took := time.Since(start); v.Decide != "" || took > 3*time.Second {
 		t.Errorf("decided %q in %v", v.Decide, took)
 	}
 }
@@ -427,5 +429,25 @@ func BenchmarkMatchDecideGlobstar(b *testing.B) {
 		if v := l.Decide(msg, "/workspace"); v.Decide != "" {
 			b.Fatal(v)
 		}
+	}
+}
+
+// What the gateway cannot read is never allowed: a member twice (which
+// one would the agent act on?), invalid UTF-8, a title whose backticks do
+// not close.
+func TestUnreadable(t *testing.T) {
+	l := mustCompile(t, Rule{Title: "`git status`", Decide: Allow}, Rule{Title: "*", Decide: Deny})
+	opts := `"options":[{"optionId":"yes","kind":"allow_once"},{"optionId":"no","kind":"reject_once"}]`
+	for _, msg := range []string{
+		`{"params":{"toolCall":{"title":"` + "`git status`" + `","title":"` + "`rm -rf ~`" + `"},` + opts + `}}`,
+		`{"params":{"toolCall":{"title":"` + "`git status`\xff" + `"},` + opts + `}}`,
+		`{"params":{"toolCall":{"title":"` + "`git status`" + `"},` + opts + `}`,
+	} {
+		if v := l.Decide([]byte(msg), ""); v.Decide == Allow {
+			t.Errorf("%q: %+v", msg, v)
+		}
+	}
+	if v := l.Decide(req(nil, "`git status"), ""); v.Decide != Deny {
+		t.Errorf("an open backtick: %+v", v)
 	}
 }
