@@ -253,7 +253,10 @@ func (sc *scope) location(locs []location, i int) *resolved {
 	if !path.IsAbs(p) {
 		return l
 	}
-	clean := path.Clean(p)
+	clean := p
+	if strings.Contains(p, "//") || strings.Contains(p, "/.") || len(p) > 1 && strings.HasSuffix(p, "/") {
+		clean = path.Clean(p) // a path already clean (most) is not copied again
+	}
 	l.lex, l.inside = below(sc.root, clean)
 	if sc.m == nil || hasDotDot(p) {
 		return l

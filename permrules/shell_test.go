@@ -4,6 +4,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -400,17 +401,21 @@ func TestGlobstarLinear(t *testing.T) {
 }
 
 // BenchmarkMatchPathGlobstar: the path matcher alone on the review's
-// 253 KiB path (20,000 segments) under its rule; the same code benchmarks
-// 99b340a's recursive matcher (see BENCHMARKS.md).
+// path of n node_modules segments (20,000: 253 KiB) under its rule; the
+// same code benchmarks 99b340a's recursive matcher (see BENCHMARKS.md).
 //
 //	go test -run '^$' -bench MatchPathGlobstar ./permrules/
 func BenchmarkMatchPathGlobstar(b *testing.B) {
 	glob := strings.Split("**/node_modules/**/package.json", "/")
-	rel := strings.Split(strings.TrimPrefix(crafted(20000), "/workspace/"), "/")
-	for b.Loop() {
-		if matchPath(glob, rel) {
-			b.Fatal("matched")
-		}
+	for _, n := range []int{5000, 10000, 20000} {
+		rel := strings.Split(strings.TrimPrefix(crafted(n), "/workspace/"), "/")
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			for b.Loop() {
+				if matchPath(glob, rel) {
+					b.Fatal("matched")
+				}
+			}
+		})
 	}
 }
 
