@@ -542,9 +542,9 @@ func (c *compiled) matches(req *request, sc *scope) match {
 // rule matches any form a shell would run the title's command under.
 func (c *compiled) matchTitle(title string, sc *scope) bool {
 	if c.Decide == Allow {
-		return !strings.ContainsFunc(title, isControl) && c.title.match(title, true) && allowable(title, sc)
+		return !strings.ContainsFunc(title, isControl) && c.title.match(title, true) && sc.allowable(title)
 	}
-	for _, f := range commandForms(title) {
+	for _, f := range sc.commandForms(title) {
 		if c.title.match(f, false) {
 			return true
 		}

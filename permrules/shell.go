@@ -226,6 +226,27 @@ type scope struct {
 	cwd  string          // the session's cwd as clients see it
 	m    *pathmap.Mapper // to the host directory; nil: no path can be resolved
 	locs []resolved      // the request's locations, each looked at once for all rules
+
+	// The request's title as the rules read it, worked out once for all.
+	forms     []string // commandForms; nil: not yet
+	allowed   bool     // allowable
+	allowedOK bool     // allowed is worked out
+}
+
+// commandForms is commandForms(title), title being the request's.
+func (sc *scope) commandForms(title string) []string {
+	if sc.forms == nil {
+		sc.forms = commandForms(title)
+	}
+	return sc.forms
+}
+
+// allowable is allowable(title, sc), title being the request's.
+func (sc *scope) allowable(title string) bool {
+	if !sc.allowedOK {
+		sc.allowed, sc.allowedOK = allowable(title, sc), true
+	}
+	return sc.allowed
 }
 
 // resolved is one location of a request, below the root.
