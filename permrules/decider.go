@@ -61,7 +61,9 @@ type Verdict struct {
 // session's as clients see it (the root when the list has none). A deny
 // or ask rule naming a kind, whose other keys match a request that names
 // no kind, cannot be judged: the clients are asked (Ask, the rule named
-// with "(the request names no kind)"), and no later rule is looked at.
+// with "(the request names no kind)"), and no later rule is looked at; so
+// is one with a path that matches no location when one of them cannot be
+// resolved (see matchLocations).
 func (l *List) Decide(msg []byte, cwd string) Verdict {
 	if l == nil || len(l.rules) == 0 {
 		return Verdict{}
@@ -78,6 +80,8 @@ func (l *List) Decide(msg []byte, cwd string) Verdict {
 			continue
 		case kindUnknown:
 			return Verdict{Decide: Ask, Rule: c.name + " (the request names no kind)"}
+		case unjudged:
+			return Verdict{Decide: Ask, Rule: c.name + " (a location cannot be resolved)"}
 		}
 		v := Verdict{Decide: c.Decide, Rule: c.name}
 		if c.Decide != Ask {

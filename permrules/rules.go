@@ -34,11 +34,14 @@
 //     resolved, to match (and at least one location); a location with a
 //     ".." segment, outside the root, not absolute, or that cannot be
 //     resolved or resolves outside the root, matches no allow. Deny and
-//     ask need one location to match, as written or as resolved.
+//     ask need one location to match, as written or as resolved; when
+//     none does and one cannot be resolved (see matchLocations), the
+//     clients are asked and no later rule is looked at.
 //
 // Matching a request against any rule takes time linear in the request's
 // size times a constant of the rule: the globs are automata whose live
-// states follow the title or path once.
+// states follow the title or path once; resolving paths in the file
+// system is bounded by maxLocations and maxSegments.
 //
 // The matching reads the request as clients would be sent it: its paths
 // are already the tenant's virtual ones, and a path outside the root is
@@ -512,6 +515,16 @@ const (
 	noMatch     match = iota
 	matched           // the rule decides
 	kindUnknown       // a deny or ask rule whose other keys match, on a request without a kind
+	unjudged          // a deny or ask rule with a path that matches no location, one of which it cannot resolve
+)
+
+// What a path rule resolves in a request: at most maxLocations locations,
+// each of at most maxSegments segments. Resolving looks at the file system
+// (one lstat a segment that exists), so these bound what an agent's
+// request costs there. A location beyond them is not resolved.
+const (
+	maxLocations = 64
+	maxSegments  = 256
 )
 
 // matches judges req by the rule, its paths resolved in sc.
@@ -527,8 +540,10 @@ func (c *compiled) matches(req *request, sc *scope) match {
 	if c.title != nil && (tc.Title == nil || !c.matchTitle(*tc.Title, sc)) {
 		return noMatch
 	}
-	if c.path != nil && !c.matchLocations(tc.Locations, sc) {
-		return noMatch
+	if c.path != nil {
+		if m := c.matchLocations(tc.Locations, sc); m != matched {
+			return m
+		}
 	}
 	if c.Kind != "" && kindless {
 		return kindUnknown
@@ -553,25 +568,36 @@ func (c *compiled) matchTitle(title string, sc *scope) bool {
 }
 
 // matchLocations: an allow rule needs every location, resolved in the
-// root, to match (and at least one location); a deny or ask rule one
-// location, as written or as resolved.
-func (c *compiled) matchLocations(locs []location, sc *scope) bool {
+// root, to match (and at least one location). A deny or ask rule needs
+// one location to match, as written or as resolved; when none does but one
+// could not be resolved (not absolute, a ".." segment, beyond maxLocations
+// or maxSegments, unreadable on the way), the rule cannot judge the
+// request: unjudged.
+func (c *compiled) matchLocations(locs []location, sc *scope) match {
 	if len(locs) == 0 {
-		return false
+		return noMatch
 	}
+	unresolved := false
 	for i := range locs {
 		l := sc.location(locs, i)
 		if c.Decide == Allow {
 			if !l.resolved || !c.path.match(l.res) {
-				return false
+				return noMatch
 			}
 			continue
 		}
 		if l.inside && c.path.match(l.lex) || l.resolved && !l.same && c.path.match(l.res) {
-			return true
+			return matched
 		}
+		unresolved = unresolved || l.unresolved
 	}
-	return c.Decide == Allow
+	switch {
+	case c.Decide == Allow:
+		return matched
+	case unresolved:
+		return unjudged
+	}
+	return noMatch
 }
 
 // outcome is the RequestPermissionOutcome that answers req as decide

@@ -1,6 +1,7 @@
 package permrules
 
 import (
+	"errors"
 	"path"
 	"strings"
 
@@ -73,7 +74,10 @@ func allowable(title string, sc *scope) bool {
 			return false
 		}
 	}
-	for w := range strings.FieldsSeq(text) {
+	// Words as the shell splits them: at spaces and tabs only (a no-break
+	// space is part of a word); an allow glob's '*' takes neither, so a
+	// title it matches has no more words than the glob.
+	for w := range strings.FieldsFuncSeq(text, func(r rune) bool { return r == ' ' || r == '\t' }) {
 		if !plainWord(w, sc) {
 			return false
 		}
@@ -256,7 +260,12 @@ type resolved struct {
 	res      []string // once its links are followed
 	resolved bool     // res is below the root: the path has no ".." segment and could be resolved
 	same     bool     // res is lex: no link on the way
-	done     bool     // worked out
+	// unresolved: where it leads is unknown (not absolute, a ".." segment,
+	// beyond maxLocations or maxSegments, no root to resolve in, a lookup
+	// that failed); a location outside the root, as written or as
+	// resolved, is known to be outside.
+	unresolved bool
+	done       bool // worked out
 }
 
 // location is locs[i] (of the request sc is for) below the root, worked
@@ -272,20 +281,27 @@ func (sc *scope) location(locs []location, i int) *resolved {
 	l.done = true
 	p := locs[i].Path
 	if !path.IsAbs(p) {
+		l.unresolved = true
 		return l
 	}
-	clean := p
-	if strings.Contains(p, "//") || strings.Contains(p, "/.") || len(p) > 1 && strings.HasSuffix(p, "/") {
-		clean = path.Clean(p) // a path already clean (most) is not copied again
+	clean, dotdot := shape(p)
+	if !clean {
+		p = path.Clean(p) // a path already clean (most) is not copied again
 	}
-	l.lex, l.inside = below(sc.root, clean)
-	if sc.m == nil || hasDotDot(p) {
+	l.lex, l.inside = below(sc.root, p)
+	if !l.inside && !dotdot {
+		return l // outside the root: no glob of the root's matches
+	}
+	if sc.m == nil || dotdot || i >= maxLocations || strings.Count(p, "/") > maxSegments {
+		l.unresolved = true
 		return l
 	}
 	r, err := sc.m.Resolve(p)
 	switch {
+	case errors.Is(err, pathmap.ErrSymlinkEscape):
 	case err != nil:
-	case r == clean:
+		l.unresolved = true
+	case r == p:
 		l.res, l.resolved, l.same = l.lex, l.inside, true
 	default:
 		l.res, l.resolved = below(sc.root, r)
@@ -303,11 +319,33 @@ func (sc *scope) plain(p string) bool {
 	if _, inside := relative(sc.root, p); !inside {
 		return true
 	}
-	if sc.m == nil || hasDotDot(p) {
+	if sc.m == nil || hasDotDot(p) || strings.Count(p, "/") > maxSegments {
 		return false
 	}
 	r, err := sc.m.Resolve(p)
 	return err == nil && r == path.Clean(p)
+}
+
+// shape reports, in one pass, whether the absolute path p is clean (as
+// path.Clean leaves it) and whether it has a ".." segment.
+func shape(p string) (clean, dotdot bool) {
+	clean = len(p) == 1 || p[len(p)-1] != '/'
+	for i := 0; i < len(p); {
+		j := strings.IndexByte(p[i+1:], '/') + i + 1 // the segment p[i+1:j]
+		if j == i {
+			j = len(p)
+		}
+		switch p[i+1 : j] {
+		case "":
+			clean = clean && j == len(p)
+		case ".":
+			clean = false
+		case "..":
+			clean, dotdot = false, true
+		}
+		i = j
+	}
+	return clean, dotdot
 }
 
 // hasDotDot reports a ".." segment in p.

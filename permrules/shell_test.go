@@ -230,7 +230,8 @@ func TestKindlessRequests(t *testing.T) {
 // A path rule is matched against the path resolved in the root: an allow
 // never matches a location through a link that leaves docs/ or the root,
 // with a ".." segment, or that cannot be resolved; a deny matches the
-// path as written or as resolved.
+// path as written or as resolved, and sends to the clients a location it
+// matches in neither form but cannot resolve.
 func TestPathsResolved(t *testing.T) {
 	m := repo(t)
 	l, err := Compile([]Rule{
@@ -250,8 +251,8 @@ func TestPathsResolved(t *testing.T) {
 		"/workspace/docs/link/hooks/pre-commit": Deny,
 		"/workspace/docs/link":                  Deny,
 		"/workspace/docs/etc/passwd":            "",
-		"/workspace/docs/../docs/a.md":          "",
-		"/workspace/docs/loop/x":                "",
+		"/workspace/docs/../docs/a.md":          Ask, // the deny cannot tell where .. leads after a link
+		"/workspace/docs/loop/x":                Ask, // nor where a loop leads
 		"/workspace/.git/config":                Deny,
 		"/workspace/src/x":                      "",
 		"/<outside-workspace>/x":                "",
@@ -386,7 +387,9 @@ var globstarRules = []Rule{
 // A 256 KiB path under several "**" rules is decided promptly: a few
 // milliseconds (BenchmarkMatchDecideGlobstar); the bound here leaves room
 // for -race on a loaded host, where 99b340a's matcher took minutes (11.9 s
-// for the first rule alone, at 253 KiB, without -race).
+// for the first rule alone, at 253 KiB, without -race). The path is too
+// deep to resolve (maxSegments), so the deny rule that does not match it
+// as written sends it to the clients.
 func TestGlobstarLinear(t *testing.T) {
 	l, err := Compile(globstarRules, repo(t), "permissions")
 	if err != nil {
@@ -395,8 +398,23 @@ func TestGlobstarLinear(t *testing.T) {
 	msg := req("edit", "Edit", crafted(256<<10/len("node_modules/")))
 	start := time.Now()
 	v := l.Decide(msg, "/workspace")
+	if took := time.Since(start); v.Decide != Ask || !strings.HasSuffix(v.Rule, "(a location cannot be resolved)") || took > 3*time.Second {
+		t.Errorf("decided %q by %s in %v", v.Decide, v.Rule, took)
+	}
+	// Within the bounds, every rule runs over the path: 256 segments of
+	// 255 bytes (64 KiB), a location 64 times (4 MiB in all).
+	deep := "/workspace"
+	for range maxSegments - 2 {
+		deep += "/" + strings.Repeat("n", 255)
+	}
+	var paths []string
+	for range maxLocations {
+		paths = append(paths, deep+"/x")
+	}
+	start = time.Now()
+	v = l.Decide(req("edit", "Edit", paths...), "/workspace")
 	if took := time.Since(start); v.Decide != "" || took > 3*time.Second {
-		t.Errorf("decided %q in %v", v.Decide, took)
+		t.Errorf("64 deep locations: decided %q by %s in %v", v.Decide, v.Rule, took)
 	}
 }
 
@@ -431,7 +449,7 @@ func BenchmarkMatchDecideGlobstar(b *testing.B) {
 	}
 	msg := req("edit", "Edit", crafted(256<<10/len("node_modules/")))
 	for b.Loop() {
-		if v := l.Decide(msg, "/workspace"); v.Decide != "" {
+		if v := l.Decide(msg, "/workspace"); v.Decide != Ask {
 			b.Fatal(v)
 		}
 	}
@@ -454,5 +472,85 @@ func TestUnreadable(t *testing.T) {
 	}
 	if v := l.Decide(req(nil, "`git status"), ""); v.Decide != Deny {
 		t.Errorf("an open backtick: %+v", v)
+	}
+}
+
+// Resolving is bounded: a location past the first maxLocations, or deeper
+// than maxSegments, is not resolved, so no allow rule with a path matches
+// it, and a deny rule that does not match it as written sends the request
+// to the clients rather than letting a later rule allow it.
+func TestLocationBounds(t *testing.T) {
+	l, err := Compile([]Rule{
+		{Path: ".git/**", Decide: Deny},
+		{Path: "docs/**", Decide: Allow},
+		{Kind: "edit", Decide: Allow},
+	}, repo(t), "permissions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for range maxLocations {
+		paths = append(paths, "/workspace/docs/a.md")
+	}
+	if v := l.Decide(req("edit", "Edit", paths...), "/workspace"); v.Decide != Allow || !strings.HasPrefix(v.Rule, "permissions[1] ") {
+		t.Errorf("%d locations: %+v", len(paths), v)
+	}
+	paths = append(paths, "/workspace/docs/link/hooks/pre-commit")
+	if v := l.Decide(req("edit", "Edit", paths...), "/workspace"); v.Decide != Ask || !strings.HasPrefix(v.Rule, "permissions[0] ") {
+		t.Errorf("%d locations, the last through a link: %+v", len(paths), v)
+	}
+	deep := "/workspace/docs/link" + strings.Repeat("/x", maxSegments)
+	if v := l.Decide(req("edit", "Edit", deep), "/workspace"); v.Decide != Ask || !strings.HasPrefix(v.Rule, "permissions[0] ") {
+		t.Errorf("a location too deep: %+v", v)
+	}
+	if v := l.Decide(req("edit", "Edit", "/workspace/docs/link"+strings.Repeat("/x", maxSegments-4)), "/workspace"); v.Decide != Deny {
+		t.Errorf("a location just within the bound: %+v", v)
+	}
+	if v := l.Decide(req("edit", "Edit", "/etc/x"), "/workspace"); v.Decide != Allow || !strings.HasPrefix(v.Rule, "permissions[2] ") {
+		t.Errorf("a location outside the root is known to be outside: %+v", v)
+	}
+}
+
+// shape agrees with path.Clean and a split on what is clean and what
+// climbs.
+func FuzzShape(f *testing.F) {
+	for _, p := range []string{"/", "/a", "/a/", "//a", "/a/./b", "/a/../b", "/..", "/a/..", "/.a/..b", "/a//"} {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if !path.IsAbs(p) {
+			return
+		}
+		clean, dotdot := shape(p)
+		if clean != (path.Clean(p) == p) || dotdot != hasDotDot(p) {
+			t.Errorf("shape(%q) = %v, %v; path.Clean gives %q", p, clean, dotdot, path.Clean(p))
+		}
+	})
+}
+
+// BenchmarkMatchDecideDeep: the most a request may make the rules resolve:
+// 64 locations (maxLocations) of 255 segments of 255 bytes (64 KiB each,
+// 4 MiB in all), under the four "**" rules; each location's first segment
+// is missing, so a lookup or two each.
+//
+//	go test -run '^$' -bench MatchDecideDeep ./permrules/
+func BenchmarkMatchDecideDeep(b *testing.B) {
+	l, err := Compile(globstarRules, repo(b), "permissions")
+	if err != nil {
+		b.Fatal(err)
+	}
+	deep := "/workspace"
+	for range maxSegments - 1 {
+		deep += "/" + strings.Repeat("n", 255)
+	}
+	var paths []string
+	for range maxLocations {
+		paths = append(paths, deep)
+	}
+	msg := req("edit", "Edit", paths...)
+	for b.Loop() {
+		if v := l.Decide(msg, "/workspace"); v.Decide != "" {
+			b.Fatal(v)
+		}
 	}
 }
