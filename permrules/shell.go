@@ -122,29 +122,35 @@ func plainWord(w string, sc *scope) bool {
 }
 
 // commandForms are the titles a deny or ask rule is matched against: the
-// title, and for a command title ("`…`") each simple command in it (split
-// at ; & | ( ) ` and line ends, a split inside quotes too) in backticks,
-// trimmed, and once more normalized as the shell would run it: leading
-// variable assignments, reserved words (! { if then else elif do while
-// until) and wrappers (command, builtin, exec, env, sudo, doas, nohup,
-// time, nice, timeout, stdbuf, with their options) dropped, quotes and
-// backslashes removed, the command's path cut to its base name ("/bin/rm"
-// → "rm"), spaces collapsed. Their total length is at most three times
-// the title's.
+// title, and each simple command in it (split at ; & | ( ) < > and line
+// ends, and in a command title ("`…`") at its backticks too; a split
+// inside quotes too), trimmed, and once more normalized as the shell would
+// run it: leading variable assignments, reserved words (! { if then else
+// elif do while until) and wrappers (command, builtin, exec, env, sudo,
+// doas, nohup, time, nice, timeout, stdbuf, with their options) dropped,
+// quotes and backslashes removed, the command's path cut to its base name
+// ("/bin/rm" → "rm"), spaces collapsed; in a command title, each in
+// backticks again. Their total length is at most three times the title's.
 func commandForms(title string) []string {
 	forms := []string{title}
-	cmd, ok := commandOf(strings.TrimSpace(title))
-	if !ok {
-		return forms
+	trimmed := strings.TrimSpace(title)
+	cmd, wrapped := commandOf(trimmed)
+	seps, quote := ";&|()<>\n\r", ""
+	if wrapped {
+		seps, quote = ";&|()<>`\n\r", "`"
+	} else {
+		cmd = trimmed
 	}
-	for _, piece := range strings.FieldsFunc(cmd, func(r rune) bool { return strings.ContainsRune(controlOps+"\n\r", r) }) {
+	for _, piece := range strings.FieldsFunc(cmd, func(r rune) bool { return strings.ContainsRune(seps, r) }) {
 		piece = strings.TrimSpace(piece)
 		if piece == "" {
 			continue
 		}
-		forms = append(forms, "`"+piece+"`")
+		if f := quote + piece + quote; f != title {
+			forms = append(forms, f)
+		}
 		if n := normalize(piece); n != piece && n != "" {
-			forms = append(forms, "`"+n+"`")
+			forms = append(forms, quote+n+quote)
 		}
 	}
 	return forms
@@ -153,7 +159,7 @@ func commandForms(title string) []string {
 // wrappers are the commands that run the command that follows them, with
 // the options of each that take a value ("-u root"), as letters.
 var wrappers = map[string]string{
-	"command": "", "builtin": "", "exec": "a", "env": "uCS", "sudo": "ughpCDrtUTR", "doas": "uC",
+	"command": "", "builtin": "", "exec": "a", "env": "uC", "sudo": "ughpCDrtUTR", "doas": "uC",
 	"nohup": "", "time": "", "nice": "n", "timeout": "sk", "stdbuf": "ioe",
 }
 

@@ -195,6 +195,26 @@ func TestDenyForms(t *testing.T) {
 	}
 }
 
+// Titles that are not in backticks (other agents write the bare command)
+// are split and normalized alike.
+func TestDenyFormsBare(t *testing.T) {
+	l := mustCompile(t, Rule{Title: "rm *", Decide: Deny})
+	for title, want := range map[string]string{
+		"rm -rf build":                Deny,
+		"git status && rm -rf build":  Deny,
+		"/bin/rm -rf build":           Deny,
+		"sudo env FOO=1 rm -rf build": Deny,
+		"ls > x; rm x":                Deny,
+		"env -S rm x":                 Deny,
+		"git rm --cached x":           "",
+		"Edit `rm x`":                 "",
+	} {
+		if got := l.Decide(req("execute", title), "").Decide; got != want {
+			t.Errorf("%q: %q, want %q", title, got, want)
+		}
+	}
+}
+
 // A deny or ask rule naming a kind cannot judge a request without one
 // (claude-code-acp sends none): when its other keys match, the clients are
 // asked and no later, weaker rule allows it. An allow rule naming a kind
