@@ -16,19 +16,24 @@ import (
 // permAgentCmd is the agent of the permission-rule attacks: the interop
 // tests' perm-agent.mjs (on the official SDK), which sends each prompt's
 // JSON as a tool call and asks for permission. The test skips without
-// Node or the interop tests' node_modules.
+// Node or the interop tests' node_modules, or fails when
+// ACPGATE_REQUIRE_INTEROP=1 (as in CI).
 func permAgentCmd(t *testing.T) string {
 	t.Helper()
+	missing := t.Skipf
+	if os.Getenv("ACPGATE_REQUIRE_INTEROP") == "1" {
+		missing = t.Fatalf
+	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		t.Skip("node is not installed")
+		missing("node is not installed: %v", err)
 	}
 	dir, err := filepath.Abs(filepath.Join("..", "interop"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@agentclientprotocol", "sdk", "package.json")); err != nil {
-		t.Skipf("the interop tests' node_modules: %v", err)
+		missing("the interop tests' node_modules: %v", err)
 	}
 	return node + " " + filepath.Join(dir, "perm-agent.mjs")
 }
