@@ -1,28 +1,32 @@
 package permrules
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"sync/atomic"
 
+	jsonv2 "github.com/go-json-experiment/json"
+
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/pathmap"
 )
 
-// List is one tenant's rules, checked, with the virtual root their paths
-// are relative to. Immutable once made.
+// List is one tenant's rules, checked, with the root their paths are
+// relative to. Immutable once made.
 type List struct {
 	rules []compiled
-	root  string // "": the session's cwd (the gateway without tenants)
+	m     *pathmap.Mapper // the tenant's root; nil: the session's cwd (the gateway without tenants)
 }
 
-// Compile checks rules and makes them a List; root is the tenant's virtual
-// root ("" for the gateway without tenants: paths are then relative to the
-// session's cwd), where is how a rule is named ("permissions" makes
-// "permissions[2]").
-func Compile(rules []Rule, root, where string) (*List, error) {
-	l := &List{root: root}
+// Compile checks rules and makes them a List; m maps the tenant's virtual
+// root, which paths are relative to, to its host directory, where they
+// are resolved (nil for the gateway without tenants: paths are then
+// relative to the session's cwd); where is how a rule is named
+// ("permissions" makes "permissions[2]").
+func Compile(rules []Rule, m *pathmap.Mapper, where string) (*List, error) {
+	l := &List{m: m}
 	var errs []error
 	for i, r := range rules {
 		name := fmt.Sprintf("%s[%d]", where, i)
@@ -31,7 +35,11 @@ func Compile(rules []Rule, root, where string) (*List, error) {
 		}
 		c := compiled{Rule: r, name: name + " " + r.String()}
 		if r.Path != "" {
-			c.path = strings.Split(r.Path, "/")
+			c.path = newPathGlob(strings.Split(r.Path, "/"))
+		}
+		if r.Title != "" {
+			toks, _ := titleTokens(r.Title) // checked above
+			c.title = newTitleGlob(toks)
 		}
 		l.rules = append(l.rules, c)
 	}
@@ -50,23 +58,30 @@ type Verdict struct {
 
 // Decide looks for the first rule that matches msg, a
 // session/request_permission as clients would be sent it; cwd is the
-// session's (used when the list has no root).
+// session's as clients see it (the root when the list has none). A deny
+// or ask rule naming a kind, whose other keys match a request that names
+// no kind, cannot be judged: the clients are asked (Ask, the rule named
+// with "(the request names no kind)"), and no later rule is looked at; so
+// is one with a path that matches no location when one of them cannot be
+// resolved (see matchLocations).
 func (l *List) Decide(msg []byte, cwd string) Verdict {
 	if l == nil || len(l.rules) == 0 {
 		return Verdict{}
 	}
 	var req request
-	if err := json.Unmarshal(msg, &req); err != nil {
+	if err := jsonv2.Unmarshal(msg, &req); err != nil {
 		return Verdict{} // the clients judge what the gateway cannot read
 	}
-	root := l.root
-	if root == "" {
-		root = cwd
-	}
+	sc := l.scope(cwd)
 	for i := range l.rules {
 		c := &l.rules[i]
-		if !c.matches(&req, root) {
+		switch c.matches(&req, sc) {
+		case noMatch:
 			continue
+		case kindUnknown:
+			return Verdict{Decide: Ask, Rule: c.name + " (the request names no kind)"}
+		case unjudged:
+			return Verdict{Decide: Ask, Rule: c.name + " (a location cannot be resolved)"}
 		}
 		v := Verdict{Decide: c.Decide, Rule: c.name}
 		if c.Decide != Ask {
@@ -75,6 +90,21 @@ func (l *List) Decide(msg []byte, cwd string) Verdict {
 		return v
 	}
 	return Verdict{}
+}
+
+// scope is where the list resolves a request's paths: the tenant's root,
+// else the session's cwd (mapped to itself, its symbolic links resolved;
+// none when it cannot be, and then no path is resolved).
+func (l *List) scope(cwd string) *scope {
+	if l.m != nil {
+		return &scope{root: l.m.VirtualRoot(), cwd: cwd, m: l.m}
+	}
+	sc := &scope{cwd: cwd}
+	if path.IsAbs(cwd) {
+		sc.root = path.Clean(cwd)
+		sc.m, _ = pathmap.New(cwd, cwd)
+	}
+	return sc
 }
 
 // Table is every tenant's rules. Immutable once made.

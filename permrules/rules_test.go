@@ -2,6 +2,8 @@ package permrules
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/pathmap"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -36,9 +39,19 @@ func req(kind, title any, paths ...string) []byte {
 	return b
 }
 
+// workspace is a tenant root on disk, shown to clients as /workspace.
+func workspace(t testing.TB) *pathmap.Mapper {
+	t.Helper()
+	m, err := pathmap.New(t.TempDir(), "/workspace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func mustCompile(t *testing.T, rules ...Rule) *List {
 	t.Helper()
-	l, err := Compile(rules, "/workspace", "permissions")
+	l, err := Compile(rules, workspace(t), "permissions")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +68,8 @@ func TestMatching(t *testing.T) {
 		{"kind", Rule{Kind: "read", Decide: Allow}, req("read", "Read x"), true},
 		{"other kind", Rule{Kind: "read", Decide: Allow}, req("edit", "Read x"), false},
 		{"no kind in the request", Rule{Kind: "other", Decide: Allow}, req(nil, "x"), false},
-		{"null kind", Rule{Kind: "other", Decide: Deny}, req(json.RawMessage("null"), "x"), false},
+		{"null kind, allow", Rule{Kind: "other", Decide: Allow}, req(json.RawMessage("null"), "x"), false},
+		{"null kind, deny: asks", Rule{Kind: "other", Decide: Deny}, req(json.RawMessage("null"), "x"), true},
 		{"catch-all", Rule{Decide: Deny}, req(nil, nil), true},
 		{"title glob", Rule{Title: "rm *", Decide: Deny}, req("execute", "rm -rf /tmp/x"), true},
 		{"title whole", Rule{Title: "rm", Decide: Deny}, req("execute", "rm -rf"), false},
@@ -131,15 +145,40 @@ func TestDecide(t *testing.T) {
 
 // Without a root (no tenants), paths are relative to the session's cwd.
 func TestCwdRoot(t *testing.T) {
-	l, err := Compile([]Rule{{Path: "src/**", Decide: Allow}}, "", "permissions")
+	l, err := Compile([]Rule{{Path: "src/**", Decide: Allow}}, nil, "permissions")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := l.Decide(req("edit", "e", "/home/u/p/src/a.go"), "/home/u/p"); v.Decide != Allow {
+	base := t.TempDir()
+	p, q := filepath.Join(base, "p"), filepath.Join(base, "q")
+	for _, d := range []string{p, q} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(q, filepath.Join(p, "src")); err != nil {
+		t.Fatal(err)
+	}
+	if v := l.Decide(req("edit", "e", p+"/lib/src/a.go"), p); v.Decide != "" {
+		t.Errorf("not under src: %+v", v)
+	}
+	if err := os.Remove(filepath.Join(p, "src")); err != nil {
+		t.Fatal(err)
+	}
+	if v := l.Decide(req("edit", "e", p+"/src/a.go"), p); v.Decide != Allow {
 		t.Errorf("inside the cwd: %+v", v)
 	}
-	if v := l.Decide(req("edit", "e", "/home/u/q/src/a.go"), "/home/u/p"); v.Decide != "" {
+	if v := l.Decide(req("edit", "e", q+"/src/a.go"), p); v.Decide != "" {
 		t.Errorf("outside the cwd: %+v", v)
+	}
+	if err := os.Symlink(q, filepath.Join(p, "src")); err != nil {
+		t.Fatal(err)
+	}
+	if v := l.Decide(req("edit", "e", p+"/src/a.go"), p); v.Decide != "" {
+		t.Errorf("through a link out of the cwd: %+v", v)
+	}
+	if v := l.Decide(req("edit", "e", "/nonexistent-permrules/src/a.go"), "/nonexistent-permrules"); v.Decide != "" {
+		t.Errorf("a cwd that cannot be resolved: %+v", v)
 	}
 }
 
@@ -174,7 +213,7 @@ func TestCheck(t *testing.T) {
 			t.Errorf("%v: %v, want one problem with %s: …%s…", tt.rule, ps, tt.key, tt.msg)
 		}
 	}
-	if _, err := Compile([]Rule{{Decide: Allow}, {Path: "../x", Decide: Allow}}, "/w", "tenants[a].permissions"); err == nil ||
+	if _, err := Compile([]Rule{{Decide: Allow}, {Path: "../x", Decide: Allow}}, nil, "tenants[a].permissions"); err == nil ||
 		!strings.Contains(err.Error(), `tenants[a].permissions[1].path: "../x"`) {
 		t.Errorf("Compile: %v", err)
 	}
@@ -193,7 +232,7 @@ func TestRuleString(t *testing.T) {
 // Update while other goroutines decide.
 func TestDecider(t *testing.T) {
 	tbl := func(rules ...Rule) *Table {
-		l, err := Compile(rules, "/w", "permissions")
+		l, err := Compile(rules, workspace(t), "permissions")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,7 +292,8 @@ func TestClaudeCodeTitles(t *testing.T) {
 		"`rm -rf build`":                Deny,
 		"`git push origin main`":        Ask,
 		"`git status`":                  Allow,
-		"`git status\nrm -rf ~`":        "",
+		"`git status\nrm -rf ~`":        Deny,
+		"`git status\n`":                "",
 		"Edit `/workspace/docs/a/b.md`": Allow,
 		"Edit `/workspace/src/main.go`": "",
 	} {
@@ -285,13 +325,16 @@ func TestMatchTitleSteps(t *testing.T) {
 		{"*a*a*b", strings.Repeat("a", 1<<16), false},
 		{"*a*a*b", strings.Repeat("a", 1<<16) + "b", true},
 	} {
-		got, err := matchTitle(tc.glob, tc.title)
-		if err != nil || got != tc.want {
-			t.Errorf("matchTitle(%q, %.20q…) = %v, %v; want %v", tc.glob, tc.title, got, err, tc.want)
+		toks, err := titleTokens(tc.glob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := matchTitle(toks, tc.title, false); got != tc.want {
+			t.Errorf("matchTitle(%q, %.20q…) = %v; want %v", tc.glob, tc.title, got, tc.want)
 		}
 	}
-	if _, err := matchTitle("[ab", "a"); err == nil {
-		t.Error("an unclosed class matched")
+	if _, err := titleTokens("[ab"); err == nil {
+		t.Error("an unclosed class compiled")
 	}
 }
 
@@ -301,8 +344,9 @@ func TestMatchTitleSteps(t *testing.T) {
 //	go test -run '^$' -bench MatchTitleCrafted ./permrules/
 func BenchmarkMatchTitleCrafted(b *testing.B) {
 	title := strings.Repeat("a", 1<<16)
+	toks, _ := titleTokens("*a*a*b")
 	for b.Loop() {
-		if ok, _ := matchTitle("*a*a*b", title); ok {
+		if matchTitle(toks, title, false) {
 			b.Fatal("matched")
 		}
 	}

@@ -2,11 +2,11 @@ package config
 
 import (
 	"fmt"
-	"path/filepath"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/acpgate/acpgate/permrules"
+	"github.com/acpgate/acpgate/proxy/pathmap"
 )
 
 // validatePermissions checks the top-level and every tenant's
@@ -53,7 +53,7 @@ func (c *Config) validatePermissions(root *yaml.Node) []Problem {
 // rule is named as the audit trail and the clients are told of it:
 // "permissions[2]", or "tenants[acme].permissions[0]" for a tenant's own.
 func (c *Config) PermissionTable() (*permrules.Table, error) {
-	def, err := permrules.Compile(c.Permissions, "", "permissions")
+	def, err := permrules.Compile(c.Permissions, nil, "permissions")
 	if err != nil {
 		return nil, err
 	}
@@ -68,23 +68,15 @@ func (c *Config) PermissionTable() (*permrules.Table, error) {
 		if ten.Permissions != nil {
 			rules, where = ten.Permissions, fmt.Sprintf("tenants[%s].permissions", ten.Name)
 		}
-		l, err := permrules.Compile(rules, virtualRoot(ten), where)
+		m, err := pathmap.New(ten.Root, ten.VirtualRoot)
+		if err != nil {
+			return nil, fmt.Errorf("tenants[%s]: permission rules: %w", ten.Name, err)
+		}
+		l, err := permrules.Compile(rules, m, where)
 		if err != nil {
 			return nil, err
 		}
 		t.Tenants[ten.Name] = l
 	}
 	return t, nil
-}
-
-// virtualRoot is the root a tenant's clients see: virtual_root, else its
-// root with symbolic links resolved (as the relay's path mapper makes it).
-func virtualRoot(t *Tenant) string {
-	if t.VirtualRoot != "" {
-		return filepath.Clean(t.VirtualRoot)
-	}
-	if r, err := filepath.EvalSymlinks(t.Root); err == nil {
-		return r
-	}
-	return filepath.Clean(t.Root)
 }

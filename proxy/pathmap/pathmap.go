@@ -250,6 +250,31 @@ func (m *Mapper) ToAgent(p string) (string, error) {
 	return m.root + tail, nil
 }
 
+// Resolve is the client path p resolves to: p mapped to the host, its
+// symlinks followed as [Mapper.ToAgent] follows them (a missing rest is
+// appended lexically), and mapped back under the virtual root. It fails as
+// ToAgent does: [ErrOutside], [ErrSymlinkEscape] for a path that resolves
+// outside the host root, [ErrResolve] for one that cannot be examined.
+// For a path reached through no symlink, the result is path.Clean(p).
+func (m *Mapper) Resolve(p string) (string, error) {
+	if err := checkAbs(p); err != nil {
+		return "", &PathError{Path: p, Err: err}
+	}
+	tail, ok := cutRoot(path.Clean(p), m.vroot)
+	if !ok {
+		return "", &PathError{Path: p, Err: ErrOutside, Root: m.vroot}
+	}
+	resolved, err := resolve(m.root, tail)
+	if err != nil {
+		return "", &PathError{Path: p, Err: ErrResolve, Cause: err}
+	}
+	rtail, ok := cutRoot(resolved, m.root)
+	if !ok {
+		return "", &PathError{Path: p, Err: ErrSymlinkEscape}
+	}
+	return m.virtual(rtail), nil
+}
+
 // maxLinks is how many symlinks resolve follows, as Linux's MAXSYMLINKS.
 const maxLinks = 40
 

@@ -431,3 +431,39 @@ func TestConcurrentUse(t *testing.T) {
 		<-done
 	}
 }
+
+// Resolve gives the client path a path really names: links inside the
+// root followed and mapped back under the virtual root, a missing rest
+// kept; a path that escapes, or cannot be examined, is an error.
+func TestResolve(t *testing.T) {
+	tr := newTree(t)
+	m, err := New(tr.root, "/workspace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		in, want string
+		err      error
+	}{
+		{"/workspace", "/workspace", nil},
+		{"/workspace/src/main.go", "/workspace/src/main.go", nil},
+		{"/workspace/link-in/main.go", "/workspace/src/main.go", nil},
+		{"/workspace/link-in-abs/dir/new", "/workspace/sub/dir/new", nil},
+		{"/workspace/sub/back/x", "/workspace/src/x", nil},
+		{"/workspace/dangling-in", "/workspace/sub/new.txt", nil},
+		{"/workspace/there-and-back/main.go", "/workspace/src/main.go", nil},
+		{"/workspace/src/../sub", "/workspace/sub", nil},
+		{"/workspace/etc/passwd", "", ErrSymlinkEscape},
+		{"/workspace/sibling/secret.txt", "", ErrSymlinkEscape},
+		{"/workspace/dangling-sib", "", ErrSymlinkEscape},
+		{"/workspace/loop/x", "", ErrResolve},
+		{"/workspace/../etc", "", ErrOutside},
+		{"/workspace2/x", "", ErrOutside},
+		{"workspace/x", "", ErrRelative},
+	} {
+		got, err := m.Resolve(tc.in)
+		if got != tc.want || !errors.Is(err, tc.err) || (tc.err == nil) != (err == nil) {
+			t.Errorf("Resolve(%q) = %q, %v; want %q, %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
