@@ -32,6 +32,9 @@ type agentReader struct {
 	// A model switch an answer needs (answerEdits), for the session swSess.
 	sw     *models.Switch
 	swSess *Session
+	// swGated: the session whose gate the request's end would have opened;
+	// the switch's end opens it instead (establish.go).
+	swGated *Session
 }
 
 func newAgentReader(l *procLink) *agentReader {
@@ -109,7 +112,14 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.switched(m, req)
 		return
 	}
+	// A gate the request closed opens once its answer is out, or once the
+	// switch the answer needs is done (switchModel).
+	gated := req.hold.takeGated()
+	defer func() { gated.ungate(c) }()
 	edits, created, ok := r.answerEdits(m, req)
+	if r.sw != nil {
+		r.swGated, gated = gated, nil
+	}
 	if created != nil {
 		c.attach(created) // counted before the request's tenant slot is given back
 	}
@@ -161,9 +171,10 @@ func (r *agentReader) switchModel(req *outReq, out []byte) bool {
 	if sw == nil {
 		return false
 	}
-	r.sw, r.swSess = nil, nil
+	gated := r.swGated
+	r.sw, r.swSess, r.swGated = nil, nil, nil
 	sw.Hold(out)
-	next := &outReq{conn: c, clientID: req.clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s}, model: sw}
+	next := &outReq{conn: c, clientID: req.clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s, gated: gated}, model: sw}
 	if r.l.track(next) {
 		r.l.p.SendCtrl(sw.Request(next.agentID))
 	} else {
@@ -182,8 +193,10 @@ func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
 		return
 	}
 	req.hold.keepAttach()
+	gated := req.hold.takeGated()
 	req.end()
 	req.conn.deliverFor(req.model.Held(), nil, Facts{ID: req.clientID}, false)
+	gated.ungate(req.conn) // after the answer: what it held is answered after it
 }
 
 // takeAnswered takes the request an answer is for out of the table; a

@@ -175,6 +175,7 @@ type Seen struct {
 }
 
 type seen struct {
+	opts    bool     // the session's config options are known
 	ids     []string // config options of category "model"
 	current string   // the model the session runs on ("": not known)
 }
@@ -187,7 +188,7 @@ func (s *Seen) note(opts []selector, api selector, hasOpts bool, switched string
 		next = *old
 	}
 	if hasOpts {
-		next.ids, next.current = nil, ""
+		next.opts, next.ids, next.current = true, nil, ""
 		for _, o := range opts {
 			if o.model && o.id != "" {
 				next.ids = append(next.ids, o.id)
@@ -255,15 +256,21 @@ func (s *Seen) Check(m *jsonrpc.Message, allow policy.ModelPolicy) *policy.Refus
 	cur := s.p.Load()
 	switch m.Method {
 	case acp.SessionPrompt:
-		if cur != nil && cur.current != "" && !allow.Allows(cur.current) {
+		switch {
+		case cur == nil || cur.current == "": // unknown is not allowed
+			return refusal(jsonrpc.CodeInvalidRequest, "the gateway could not learn which model this session runs on (the agent did not report it), and the gateway policy restricts models ("+
+				listed(allow)+"); switch it to an allowed model first")
+		case !allow.Allows(cur.current):
 			return refusal(jsonrpc.CodeInvalidRequest, "this session runs on model "+quote(cur.current)+
 				", which the gateway policy does not allow ("+listed(allow)+"); switch it to an allowed model first")
 		}
 	case acp.SessionSetConfigOption:
 		id, _ := tag(m, acp.LabelConfigID)
-		if cur == nil || !slices.Contains(cur.ids, id) {
+		if cur != nil && cur.opts && !slices.Contains(cur.ids, id) {
 			return nil // not a model option of the session's
 		}
+		// A model option, or the session's options are not known: its
+		// value must be an allowed model (unknown is not allowed).
 		f, ok := acp.Tagged(m, acp.LabelConfigValue)
 		v, isStr := "", false
 		if ok {

@@ -341,6 +341,30 @@ func TestCheck(t *testing.T) {
 	if r := other.Check(prompt, policy.ModelPolicy{}); r != nil {
 		t.Errorf("no list: %v", r.Err)
 	}
+
+	// Unknown is not allowed: a session whose model the gateway has not
+	// learnt (nothing seen, or selectors without a current model) runs no
+	// turn; a switch to an allowed model passes, to another is refused,
+	// whatever option it names while the session's options are unknown.
+	var none, noCurrent Seen
+	noCurrent.note([]selector{{id: "model", model: true, sel: true}}, selector{}, true, "")
+	for _, s := range []*Seen{&none, &noCurrent} {
+		if r := s.Check(prompt, sonnet); r == nil || r.Code != jsonrpc.CodeInvalidRequest || !strings.Contains(r.Err.Error(), "the gateway could not learn which model this session runs on") {
+			t.Errorf("prompt with no known model: %+v", r)
+		}
+		if r := s.Check(prompt, policy.ModelPolicy{}); r != nil {
+			t.Errorf("no list, no known model: %v", r.Err)
+		}
+		if r := s.Check(client(`{"jsonrpc":"2.0","id":1,"method":"session/set_config_option","params":{"sessionId":"s","configId":"model","value":"claude-sonnet-4"}}`), sonnet); r != nil {
+			t.Errorf("allowed switch with no known model: %v", r.Err)
+		}
+		if r := s.Check(client(`{"jsonrpc":"2.0","id":1,"method":"session/set_model","params":{"sessionId":"s","modelId":"claude-opus-4"}}`), sonnet); r == nil || r.Code != jsonrpc.CodeInvalidParams {
+			t.Errorf("forbidden set_model with no known model: %+v", r)
+		}
+	}
+	if r := none.Check(client(`{"jsonrpc":"2.0","id":1,"method":"session/set_config_option","params":{"sessionId":"s","configId":"other","value":"claude-opus-4"}}`), sonnet); r == nil || r.Code != jsonrpc.CodeInvalidParams {
+		t.Errorf("an option of a session whose options are unknown, to a forbidden model: %+v", r)
+	}
 }
 
 // Hostile: model IDs made of glob metacharacters are text, never

@@ -77,6 +77,10 @@
 // sends a config_option_update, and is answered (configOptions for
 // set_config_option); a model not offered gets -32602. A prompt's answer
 // then ends with " [model <the session's model>]".
+//
+// FAKE_LOAD_DELAY_MS (at most 10000) makes session/load and session/resume
+// wait that long before they are handled: a slow load, so that what a
+// client pipelines after one reaches the gateway before its answer.
 package main
 
 import (
@@ -562,6 +566,9 @@ func (a *agent) handleSessions(m message) bool {
 		SessionID string `json:"sessionId"`
 	}
 	_ = json.Unmarshal(m.Params, &p)
+	if ms, _ := strconv.Atoi(os.Getenv("FAKE_LOAD_DELAY_MS")); ms > 0 && (m.Method == "session/load" || m.Method == "session/resume") {
+		time.Sleep(time.Duration(min(ms, 10_000)) * time.Millisecond)
+	}
 	a.smu.Lock()
 	s := a.store[p.SessionID]
 	var history []map[string]any

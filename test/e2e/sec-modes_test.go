@@ -1,0 +1,208 @@
+package e2e
+
+// Issue #36, finding 6 of the review at 99b340a: the model allow-list
+// holds under pipelining. A client that sends session/load, a switch to a
+// forbidden model and a prompt back to back, before the load is answered,
+// must not get a turn on the forbidden model: what it sends about the
+// session waits until the gateway knows the session's model (and has
+// switched it), then is checked in order. Over WebSocket and Streamable
+// HTTP, with test/fakeagent offering FAKE_MODELS.
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// slowLoad makes the fake agent answer a load 300 ms late: what the
+// client pipelines after it reaches the gateway first, over either
+// transport.
+const slowLoad = `, FAKE_LOAD_DELAY_MS: "300"`
+
+// pipeAwait reads p until every request in ids is answered, and returns
+// the answers by id and the text of the agent's message chunks meanwhile.
+func pipeAwait(t *testing.T, p subjPeer, ids ...int) (map[int]rpcMsg, string) {
+	t.Helper()
+	answers := map[int]rpcMsg{}
+	var text strings.Builder
+	deadline := time.Now().Add(modelWait)
+	for len(answers) < len(ids) {
+		m, ok := p.recv(time.Until(deadline))
+		if !ok {
+			t.Fatalf("answers to %v: got only %d within %s", ids, len(answers), modelWait)
+		}
+		if m.Method == "session/update" {
+			if u := parseUpdate(t, m); u.Update.Kind == "agent_message_chunk" {
+				text.WriteString(u.text())
+			}
+			continue
+		}
+		if m.Method != "" {
+			t.Fatalf("unexpected: %.500s", m.Raw)
+		}
+		var id int
+		if _, err := fmt.Sscan(string(m.ID), &id); err != nil {
+			t.Fatalf("answer with id %s: %.300s", m.ID, m.Raw)
+		}
+		answers[id] = m
+	}
+	return answers, text.String()
+}
+
+// ranOn is the model the agent said the turn that said said ran on ("":
+// it did not run).
+func ranOn(text, said string) string {
+	m := regexp.MustCompile(regexp.QuoteMeta("You said: "+said) + ` \[model ([^\]]+)\]`).FindStringSubmatch(text)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+// pipeSession makes a session on g's agent with a connection that leaves,
+// then returns a new connection over tr: the load that follows is its
+// first word about the session.
+func pipeSession(t *testing.T, g *gateway, dial func(*testing.T, *gateway, string) subjPeer) (string, subjPeer) {
+	t.Helper()
+	c := dialInit(t, g)
+	sid := c.newSession(t.TempDir())
+	c.Close()
+	return sid, dial(t, g, "")
+}
+
+// The review's attack: session/load, set_config_option(model=forbidden-x)
+// (and session/set_model) and session/prompt back to back. The switch is
+// refused, the agent never hears of it, and the prompt runs on allowed-a.
+func TestModelAllowListPipelined(t *testing.T) {
+	g := modelGateway(t, "allowed-a,forbidden-x", "config", `["allowed-*"]`, slowLoad)
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			sid, p := pipeSession(t, g, tr.dial)
+			said := "pipelined after load over " + tr.name
+			load := p.request("session/load", loadParams(sid))
+			setModel := p.request("session/set_model", map[string]any{"sessionId": sid, "modelId": "forbidden-x"})
+			set := p.request("session/set_config_option", map[string]any{"sessionId": sid, "configId": "model", "value": "forbidden-x"})
+			prompt := p.request("session/prompt", textPrompt(sid, said))
+			got, text := pipeAwait(t, p, load, setModel, set, prompt)
+			if got[load].Error != nil {
+				t.Fatalf("load: %s", got[load].Raw)
+			}
+			if got[setModel].Error == nil {
+				t.Errorf("session/set_model to forbidden-x passed: %s", got[setModel].Raw)
+			}
+			wantError(t, got[set], -32602, fmt.Sprint(set), `model "forbidden-x" is not allowed by the gateway policy (policy.models.allow: "allowed-*")`)
+			if stopReason(t, got[prompt]) != "end_turn" {
+				t.Errorf("prompt: %s", got[prompt].Raw)
+			}
+			if m := ranOn(text, said); m != "allowed-a" {
+				t.Errorf("the pipelined prompt ran on %q, want allowed-a (agent said %q)", m, text)
+			}
+			for _, line := range []string{"fakeagent: set_config_option model=forbidden-x", "fakeagent: set_model forbidden-x"} {
+				if n := g.agentLogged(line); n != 0 {
+					t.Errorf("the agent got the forbidden switch (%q) %d times", line, n)
+				}
+			}
+		})
+	}
+}
+
+// A session the agent keeps on a model a reload has since forbidden: the
+// prompt pipelined after its load runs after the gateway's switch, on the
+// allowed model.
+func TestModelAllowListPipelinedStoredModel(t *testing.T) {
+	g := modelGateway(t, "allowed-a,forbidden-x", "config", `null`, slowLoad)
+	var sids []string
+	for range subjTransports { // one session per transport, on forbidden-x
+		c := dialInit(t, g)
+		sid := c.newSession(t.TempDir())
+		m := c.Call("session/set_config_option", map[string]any{"sessionId": sid, "configId": "model", "value": "forbidden-x"}, modelWait)
+		if m.Error != nil {
+			t.Fatalf("switch with no list: %s", m.Raw)
+		}
+		c.Close()
+		sids = append(sids, sid)
+	}
+	_ = g.reloadPolicy(t, `["allowed-*"]`)
+	for i, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			sid, p := sids[i], tr.dial(t, g, "")
+			said := "stored on forbidden over " + tr.name
+			load := p.request("session/load", loadParams(sid))
+			prompt := p.request("session/prompt", textPrompt(sid, said))
+			got, text := pipeAwait(t, p, load, prompt)
+			if got[load].Error != nil {
+				t.Fatalf("load: %s", got[load].Raw)
+			}
+			if stopReason(t, got[prompt]) != "end_turn" {
+				t.Errorf("prompt: %s", got[prompt].Raw)
+			}
+			if m := ranOn(text, said); m != "allowed-a" {
+				t.Errorf("the pipelined prompt ran on %q, want allowed-a (agent said %q)", m, text)
+			}
+		})
+	}
+}
+
+// Held messages of a load that fails get a clear error, never a hang:
+// the agent never gets the prompt.
+func TestModelAllowListPipelinedFailedLoad(t *testing.T) {
+	cfg := fmt.Sprintf("agent: {command: [%q], env: {FAKE_MODE: sessions, FAKE_MODELS: \"allowed-a,forbidden-x\"%s}, stop_grace: 1s}\n", fakeAgentBin(t), slowLoad) +
+		"pool: {min_idle: 1, max_processes: 1}\npolicy: {session: {load: true, delete: true}, models: {allow: [\"allowed-*\"]}}\n"
+	g := startGateway(t, gwOpts{config: cfg})
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			sid, p := pipeSession(t, g, tr.dial)
+			del := dialInit(t, g) // the agent forgets the session: its load fails
+			if m := del.Call("session/delete", map[string]any{"sessionId": sid}, modelWait); m.Error != nil {
+				t.Fatalf("delete: %s", m.Raw)
+			}
+			said := "after a failed load over " + tr.name
+			load := p.request("session/load", loadParams(sid))
+			prompt := p.request("session/prompt", textPrompt(sid, said))
+			got, _ := pipeAwait(t, p, load, prompt)
+			if got[load].Error == nil {
+				t.Fatalf("the load of a deleted session passed: %s", got[load].Raw)
+			}
+			wantError(t, got[prompt], -32600, fmt.Sprint(prompt), "session/prompt was not sent: the gateway held it until session "+sid+" was established, and it was not (the session failed to load)")
+			for _, r := range g.Logs() {
+				if r["msg"] == "agent stderr" && strings.Contains(fmt.Sprint(r["line"]), said) {
+					t.Errorf("the agent got the prompt: %v", r["line"])
+				}
+			}
+		})
+	}
+}
+
+// Unknown is not allowed: under a model allow-list, a session whose agent
+// reports no model runs no turn, and the client is told why.
+func TestModelAllowListUnknownModel(t *testing.T) {
+	cfg := fmt.Sprintf("agent: {command: [%q], env: {FAKE_MODE: sessions}, stop_grace: 1s}\n", fakeAgentBin(t)) +
+		"pool: {min_idle: 1, max_processes: 1}\npolicy: {models: {allow: [\"allowed-*\"]}}\n"
+	g := startGateway(t, gwOpts{config: cfg})
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := tr.dial(t, g, "")
+			got, _ := pipeAwait(t, p, p.request("session/new", map[string]any{"cwd": t.TempDir(), "mcpServers": []any{}}))
+			var created struct {
+				SessionID string `json:"sessionId"`
+			}
+			for _, m := range got {
+				if m.Error != nil || json.Unmarshal(m.Result, &created) != nil {
+					t.Fatalf("session/new: %s", m.Raw)
+				}
+			}
+			said := "no model known over " + tr.name
+			id := p.request("session/prompt", textPrompt(created.SessionID, said))
+			got, _ = pipeAwait(t, p, id)
+			wantError(t, got[id], -32600, fmt.Sprint(id), `the gateway could not learn which model this session runs on (the agent did not report it), and the gateway policy restricts models (policy.models.allow: "allowed-*")`)
+			for _, r := range g.Logs() {
+				if r["msg"] == "agent stderr" && strings.Contains(fmt.Sprint(r["line"]), said) {
+					t.Errorf("the agent got the prompt: %v", r["line"])
+				}
+			}
+		})
+	}
+}
