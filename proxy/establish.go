@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/models"
 )
 
 // Under a restricting model allow-list, what a client sends about a
@@ -30,7 +31,7 @@ type heldMsg struct {
 
 // gatesSessions reports whether the tenant's policy makes c's loads wait
 // for the session's model before the client's messages about it pass.
-func (c *Conn) gatesSessions() bool { return c.ten.policy(c.ag.name).Models.Restricts() }
+func (c *Conn) gatesSessions() bool { return models.ListsOf(c.ten.policy(c.ag.name)).Restricts() }
 
 // gate closes s's gate until the request h is for ends.
 func (h *hold) gate(s *Session) {
@@ -103,14 +104,7 @@ func (s *Session) failHeld(why string) {
 // closed, reporting whether it did so (or answered m: no room to hold it).
 func (cr *clientReader) holdBack(m *jsonrpc.Message) bool {
 	c := cr.c
-	f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
-	if !ok {
-		return false
-	}
-	gwID, _ := m.String(f)
-	c.mu.Lock()
-	s := c.sessions[gwID]
-	c.mu.Unlock()
+	s := c.sessionNamed(m)
 	if s == nil {
 		return false
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
@@ -238,7 +239,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 // like session/new.
 func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
 	c := cr.c
-	if r := sess.models.Check(m, c.ten.policy(c.ag.name).Models); r != nil {
+	if r := sess.models.Check(m, models.ListsOf(c.ten.policy(c.ag.name))); r != nil {
 		cr.refuse(m, r.Code, r.Reason, r.Err)
 		return nil, errAnswered
 	}

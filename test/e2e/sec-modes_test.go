@@ -73,6 +73,33 @@ func pipeSession(t *testing.T, g *gateway, dial func(*testing.T, *gateway, strin
 	return sid, dial(t, g, "")
 }
 
+// pipeline sends p session/load of sid, the switches, and a prompt saying
+// said, back to back, and returns the answers by request (load, each
+// switch, prompt) and the agent's text meanwhile; the load must pass.
+func pipeline(t *testing.T, p subjPeer, sid, said string, switches ...rpcCall) ([]rpcMsg, string) {
+	t.Helper()
+	ids := []int{p.request("session/load", loadParams(sid))}
+	for _, sw := range switches {
+		ids = append(ids, p.request(sw.method, sw.params))
+	}
+	ids = append(ids, p.request("session/prompt", textPrompt(sid, said)))
+	got, text := pipeAwait(t, p, ids...)
+	if got[ids[0]].Error != nil {
+		t.Fatalf("load: %s", got[ids[0]].Raw)
+	}
+	out := make([]rpcMsg, len(ids))
+	for i, id := range ids {
+		out[i] = got[id]
+	}
+	return out, text
+}
+
+// rpcCall is a request to send: its method and params.
+type rpcCall struct {
+	method string
+	params map[string]any
+}
+
 // The review's attack: session/load, set_config_option(model=forbidden-x)
 // (and session/set_model) and session/prompt back to back. The switch is
 // refused, the agent never hears of it, and the prompt runs on allowed-a.
@@ -82,20 +109,15 @@ func TestModelAllowListPipelined(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			sid, p := pipeSession(t, g, tr.dial)
 			said := "pipelined after load over " + tr.name
-			load := p.request("session/load", loadParams(sid))
-			setModel := p.request("session/set_model", map[string]any{"sessionId": sid, "modelId": "forbidden-x"})
-			set := p.request("session/set_config_option", map[string]any{"sessionId": sid, "configId": "model", "value": "forbidden-x"})
-			prompt := p.request("session/prompt", textPrompt(sid, said))
-			got, text := pipeAwait(t, p, load, setModel, set, prompt)
-			if got[load].Error != nil {
-				t.Fatalf("load: %s", got[load].Raw)
+			got, text := pipeline(t, p, sid, said,
+				rpcCall{"session/set_model", map[string]any{"sessionId": sid, "modelId": "forbidden-x"}},
+				rpcCall{"session/set_config_option", map[string]any{"sessionId": sid, "configId": "model", "value": "forbidden-x"}})
+			if got[1].Error == nil {
+				t.Errorf("session/set_model to forbidden-x passed: %s", got[1].Raw)
 			}
-			if got[setModel].Error == nil {
-				t.Errorf("session/set_model to forbidden-x passed: %s", got[setModel].Raw)
-			}
-			wantError(t, got[set], -32602, fmt.Sprint(set), `model "forbidden-x" is not allowed by the gateway policy (policy.models.allow: "allowed-*")`)
-			if stopReason(t, got[prompt]) != "end_turn" {
-				t.Errorf("prompt: %s", got[prompt].Raw)
+			wantError(t, got[2], -32602, string(got[2].ID), `model "forbidden-x" is not allowed by the gateway policy (policy.models.allow: "allowed-*")`)
+			if stopReason(t, got[3]) != "end_turn" {
+				t.Errorf("prompt: %s", got[3].Raw)
 			}
 			if m := ranOn(text, said); m != "allowed-a" {
 				t.Errorf("the pipelined prompt ran on %q, want allowed-a (agent said %q)", m, text)
@@ -130,14 +152,9 @@ func TestModelAllowListPipelinedStoredModel(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			sid, p := sids[i], tr.dial(t, g, "")
 			said := "stored on forbidden over " + tr.name
-			load := p.request("session/load", loadParams(sid))
-			prompt := p.request("session/prompt", textPrompt(sid, said))
-			got, text := pipeAwait(t, p, load, prompt)
-			if got[load].Error != nil {
-				t.Fatalf("load: %s", got[load].Raw)
-			}
-			if stopReason(t, got[prompt]) != "end_turn" {
-				t.Errorf("prompt: %s", got[prompt].Raw)
+			got, text := pipeline(t, p, sid, said)
+			if stopReason(t, got[1]) != "end_turn" {
+				t.Errorf("prompt: %s", got[1].Raw)
 			}
 			if m := ranOn(text, said); m != "allowed-a" {
 				t.Errorf("the pipelined prompt ran on %q, want allowed-a (agent said %q)", m, text)
@@ -201,6 +218,168 @@ func TestModelAllowListUnknownModel(t *testing.T) {
 			for _, r := range g.Logs() {
 				if r["msg"] == "agent stderr" && strings.Contains(fmt.Sprint(r["line"]), said) {
 					t.Errorf("the agent got the prompt: %v", r["line"])
+				}
+			}
+		})
+	}
+}
+
+// modeGateway starts a gateway whose agent is the fake agent offering
+// modes (FAKE_MODES, the first its sessions' mode) in shape, behind a
+// policy allowing allow (YAML flow list) of them.
+func modeGateway(t *testing.T, modes, shape, allow string) *gateway {
+	t.Helper()
+	cfg := fmt.Sprintf("agent: {command: [%q], env: {FAKE_MODE: sessions, FAKE_MODES: %q, FAKE_MODE_SHAPE: %q%s}, stop_grace: 1s}\n",
+		fakeAgentBin(t), modes, shape, slowLoad) +
+		"pool: {min_idle: 1, max_processes: 1}\npolicy: {modes: {allow: " + allow + "}}\n"
+	return startGateway(t, gwOpts{config: cfg})
+}
+
+// shownModes is what a result shows of a session's modes: the modes
+// object's current mode and modes, the mode config option's.
+func shownModes(t *testing.T, result json.RawMessage) (objCur string, obj []string, optCur string, opt []string) {
+	t.Helper()
+	var r struct {
+		Modes *struct {
+			CurrentModeID  string `json:"currentModeId"`
+			AvailableModes []struct {
+				ID string `json:"id"`
+			} `json:"availableModes"`
+		} `json:"modes"`
+		ConfigOptions []struct {
+			Category     string `json:"category"`
+			CurrentValue string `json:"currentValue"`
+			Options      []struct {
+				Value string `json:"value"`
+			} `json:"options"`
+		} `json:"configOptions"`
+	}
+	if err := json.Unmarshal(result, &r); err != nil {
+		t.Fatalf("%v: %s", err, result)
+	}
+	if r.Modes != nil {
+		objCur = r.Modes.CurrentModeID
+		for _, m := range r.Modes.AvailableModes {
+			obj = append(obj, m.ID)
+		}
+	}
+	for _, o := range r.ConfigOptions {
+		if o.Category == "mode" {
+			optCur = o.CurrentValue
+			for _, v := range o.Options {
+				opt = append(opt, v.Value)
+			}
+		}
+	}
+	return objCur, obj, optCur, opt
+}
+
+// modeOf is the mode the agent said the turn that said said ran in.
+func modeOf(text, said string) string {
+	m := regexp.MustCompile(regexp.QuoteMeta("You said: "+said) + ` \[mode ([^\]]+)\]`).FindStringSubmatch(text)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+// policy.modes.allow keeps bypassPermissions and acceptEdits away from
+// clients: the agent's sessions start in bypassPermissions and are
+// switched before the client hears of them; clients see only the allowed
+// modes, in the modes object and the mode config option; a switch to
+// another is refused and never reaches the agent.
+func TestModeAllowList(t *testing.T) {
+	const offered = "bypassPermissions,default,acceptEdits,plan"
+	for _, shape := range []string{"both", "modes", "config"} {
+		t.Run(shape, func(t *testing.T) {
+			g := modeGateway(t, offered, shape, `["default", "plan"]`)
+			p := subjWS{dialInit(t, g)}
+			id := p.request("session/new", map[string]any{"cwd": t.TempDir(), "mcpServers": []any{}})
+			got, _ := pipeAwait(t, p, id)
+			m := got[id]
+			if m.Error != nil {
+				t.Fatalf("session/new: %s", m.Raw)
+			}
+			sid := m.NewSessionID()
+			objCur, obj, optCur, opt := shownModes(t, m.Result)
+			if shape != "config" && (objCur != "default" || strings.Join(obj, ",") != "default,plan") {
+				t.Errorf("modes object: current %q, modes %q: %s", objCur, obj, m.Result)
+			}
+			if shape != "modes" && (optCur != "default" || strings.Join(opt, ",") != "default,plan") {
+				t.Errorf("mode option: current %q, values %q: %s", optCur, opt, m.Result)
+			}
+			switchLine := "fakeagent: set_config_option mode=default"
+			if shape == "modes" {
+				switchLine = "fakeagent: set_mode default"
+			}
+			g.WaitLog(t, "agent stderr", "line", switchLine, modelWait)
+
+			said := "first turn"
+			id = p.request("session/prompt", textPrompt(sid, said))
+			got, text := pipeAwait(t, p, id)
+			if stopReason(t, got[id]) != "end_turn" || modeOf(text, said) != "default" {
+				t.Errorf("the first turn ran in %q: %s", modeOf(text, said), got[id].Raw)
+			}
+
+			for _, req := range []struct {
+				method string
+				params map[string]any
+				line   string
+			}{
+				{"session/set_mode", map[string]any{"sessionId": sid, "modeId": "bypassPermissions"}, "fakeagent: set_mode bypassPermissions"},
+				{"session/set_config_option", map[string]any{"sessionId": sid, "configId": "mode", "value": "acceptEdits"}, "fakeagent: set_config_option mode=acceptEdits"},
+			} {
+				id := p.request(req.method, req.params)
+				got, _ := pipeAwait(t, p, id)
+				bad := req.params["modeId"]
+				if bad == nil {
+					bad = req.params["value"]
+				}
+				wantError(t, got[id], -32602, fmt.Sprint(id), fmt.Sprintf(`mode %q is not allowed by the gateway policy (policy.modes.allow: "default", "plan")`, bad))
+				if n := g.agentLogged(req.line); n != 0 {
+					t.Errorf("the agent got the refused switch %q", req.line)
+				}
+			}
+
+			id = p.request("session/set_mode", map[string]any{"sessionId": sid, "modeId": "plan"})
+			if got, _ := pipeAwait(t, p, id); got[id].Error != nil {
+				t.Fatalf("allowed switch: %s", got[id].Raw)
+			}
+			said = "after the switch"
+			id = p.request("session/prompt", textPrompt(sid, said))
+			got, text = pipeAwait(t, p, id)
+			if stopReason(t, got[id]) != "end_turn" || modeOf(text, said) != "plan" {
+				t.Errorf("after the allowed switch the turn ran in %q", modeOf(text, said))
+			}
+		})
+	}
+}
+
+// The pipelined attack with modes: session/load, session/set_mode and
+// set_config_option(mode) to bypassPermissions, and a prompt, back to
+// back: both switches are refused and the prompt runs in the allowed
+// mode the gateway switched the session to.
+func TestModeAllowListPipelined(t *testing.T) {
+	g := modeGateway(t, "bypassPermissions,default", "both", `["default"]`)
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			sid, p := pipeSession(t, g, tr.dial)
+			said := "pipelined modes over " + tr.name
+			got, text := pipeline(t, p, sid, said,
+				rpcCall{"session/set_mode", map[string]any{"sessionId": sid, "modeId": "bypassPermissions"}},
+				rpcCall{"session/set_config_option", map[string]any{"sessionId": sid, "configId": "mode", "value": "bypassPermissions"}})
+			for _, m := range got[1:3] {
+				wantError(t, m, -32602, string(m.ID), `mode "bypassPermissions" is not allowed by the gateway policy (policy.modes.allow: "default")`)
+			}
+			if stopReason(t, got[3]) != "end_turn" {
+				t.Errorf("prompt: %s", got[3].Raw)
+			}
+			if m := modeOf(text, said); m != "default" {
+				t.Errorf("the pipelined prompt ran in %q, want default (agent said %q)", m, text)
+			}
+			for _, line := range []string{"fakeagent: set_mode bypassPermissions", "fakeagent: set_config_option mode=bypassPermissions"} {
+				if n := g.agentLogged(line); n != 0 {
+					t.Errorf("the agent got the forbidden switch (%q) %d times", line, n)
 				}
 			}
 		})
