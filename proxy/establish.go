@@ -62,8 +62,8 @@ func (s *Session) ungate(c *Conn) {
 	if idle {
 		c.ag.gating.Add(-1)
 	}
-	if drain {
-		c.relay.bg.Go(func() { s.drainGate(c) })
+	if drain && !c.relay.bg.Go(func() { s.drainGate(c) }) {
+		s.failHeld("the gateway is shutting down")
 	}
 }
 

@@ -464,6 +464,14 @@ func TestFilterState(t *testing.T) {
 	if o, _, _ := FilterState(opts, nil, nil, Lists{}); string(o) != string(opts) {
 		t.Error("no list")
 	}
+	// A session/attach reports the session's modes through the mode list.
+	modes := []byte(`{"currentModeId":"bypassPermissions","availableModes":[{"id":"bypassPermissions","name":"B"},{"id":"plan","name":"P"}]}`)
+	if _, md, mo := FilterState(opts, mods, modes, noBypass); string(mo) != `{"currentModeId":"plan","availableModes":[{"id":"plan","name":"P"}]}` || !strings.Contains(string(md), `"currentModelId":"claude-sonnet-4"`) {
+		t.Errorf("modes %s, models %s", mo, md)
+	}
+	if _, _, mo := FilterState(nil, nil, modes, sonnet); string(mo) != string(modes) {
+		t.Errorf("no mode list: %s", mo)
+	}
 }
 
 var noBypass = Lists{Models: sonnet.Models, Modes: policy.ModelPolicy{Allow: []string{"default", "plan"}}}
