@@ -385,3 +385,32 @@ func TestModeAllowListPipelined(t *testing.T) {
 		})
 	}
 }
+
+// policy.modes.allow reloads like the rest of policy: a session made in
+// bypassPermissions with no list runs its turns there; after a reload
+// allowing only default, its live holder's next prompt is refused, saying
+// why, and a load (a prompt pipelined behind it) switches it to default
+// first.
+func TestModeAllowListReload(t *testing.T) {
+	g := modeGateway(t, "bypassPermissions,default", "both", `null`)
+	c := subjWS{dialInit(t, g)}
+	id := c.request("session/new", map[string]any{"cwd": t.TempDir(), "mcpServers": []any{}})
+	got, _ := pipeAwait(t, c, id)
+	sid := got[id].NewSessionID()
+	id = c.request("session/prompt", textPrompt(sid, "before the reload"))
+	if got, text := pipeAwait(t, c, id); stopReason(t, got[id]) != "end_turn" || modeOf(text, "before the reload") != "bypassPermissions" {
+		t.Fatalf("with no list the turn ran in %q", modeOf(text, "before the reload"))
+	}
+	_ = g.reloadList(t, "modes", `["default"]`)
+	id = c.request("session/prompt", textPrompt(sid, "after the reload"))
+	got, _ = pipeAwait(t, c, id)
+	wantError(t, got[id], -32600, fmt.Sprint(id), `this session runs on mode "bypassPermissions", which the gateway policy does not allow (policy.modes.allow: "default"); switch it to an allowed mode first`)
+	c.Close()
+
+	p := subjWS{dialInit(t, g)}
+	got2, text := pipeline(t, p, sid, "loaded after the reload")
+	if stopReason(t, got2[1]) != "end_turn" || modeOf(text, "loaded after the reload") != "default" {
+		t.Errorf("after the load the turn ran in %q", modeOf(text, "loaded after the reload"))
+	}
+	g.WaitLog(t, "agent stderr", "line", "fakeagent: set_config_option mode=default", modelWait)
+}
