@@ -10,15 +10,16 @@ import (
 	"github.com/acpgate/acpgate/proxy/models"
 )
 
-// Under a restricting model allow-list, what a client sends about a
-// session waits until the gateway knows the session's model: a load or
-// resume closes the session's gate (Session.gate) when it goes to the
-// agent, and its end opens it (hold.release), after the answer and any
-// switch the gateway made for it (agentReader.switchModel). Meanwhile the
-// client's messages about the session are held in order (holdBack), then
-// handled as if they had just arrived (drainGate); a session that ends
-// first fails them (failHeld). Without such a policy no gate closes, and
-// the one check on the hot path is an atomic load (agent.gating).
+// Under a restricting model or mode allow-list, what a client sends about a
+// session waits until the gateway knows the session's model and mode: a
+// load or resume closes the session's gate (Session.gate) when it goes to
+// the agent, and opens it once its answer is out, after any switch the
+// gateway made for it (agentReader.switchModel, switched), or when it
+// ends otherwise (hold.release). Meanwhile the connection's messages about
+// the session are held in order (holdBack), then handled as if they had
+// just arrived (drainGate); a session that ends first fails them with why
+// (failHeld). Without such a policy no gate closes, and the one check on
+// the hot path is an atomic load (agent.gating).
 
 // heldMsg is a client message a session's gate holds.
 type heldMsg struct {
@@ -30,7 +31,8 @@ type heldMsg struct {
 }
 
 // gatesSessions reports whether the tenant's policy makes c's loads wait
-// for the session's model before the client's messages about it pass.
+// for the session's model and mode before the client's messages about it
+// pass.
 func (c *Conn) gatesSessions() bool { return models.ListsOf(c.ten.policy(c.ag.name)).Restricts() }
 
 // gate closes s's gate until the request h is for ends.
