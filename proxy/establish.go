@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/models"
+	"github.com/acpgate/acpgate/proxy/observe/tracing"
 )
 
 // Under a restricting model or mode allow-list, what a client sends about a
@@ -151,4 +153,39 @@ func (c *Conn) handleHeld(hm heldMsg) {
 	}
 	c.handleMu.Unlock()
 	c.handled()
+}
+
+// modeChoice is m, a client's answer to the agent's permission request in,
+// unless it picks an option named after a mode of the session outside the
+// mode list (models.Seen.Choice): then the agent, and the session's other
+// clients, get a cancelled outcome in its place (scanned into cr.choice),
+// and the refusal is counted, audited and logged. Failing closed, the tool
+// call is not run; an answer has no answer of its own to carry the error
+// to the client.
+func (cr *clientReader) modeChoice(in *inReq, m *jsonrpc.Message) *jsonrpc.Message {
+	c := cr.c
+	ls := models.ListsOf(c.ten.policy(c.ag.name))
+	if !ls.Modes.Restricts() {
+		return m
+	}
+	var res struct {
+		Outcome struct {
+			Outcome  string `json:"outcome"`
+			OptionID string `json:"optionId"`
+		} `json:"outcome"`
+	}
+	if json.Unmarshal(m.Payload, &res) != nil || res.Outcome.Outcome != "selected" {
+		return m
+	}
+	r := in.sess.models.Choice(res.Outcome.OptionID, ls)
+	if r == nil {
+		return m
+	}
+	c.denied(r.Reason, in.method)
+	tracing.WithTrace(c.log, in.span).Info("refused a permission answer; the agent is told it was cancelled", "session", in.sess.GatewayID, "err", r.Err)
+	line := jsonrpc.AppendResult(nil, m.ID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
+	if err := ScanClient(&cr.choiceSc, line, &cr.choice); err != nil {
+		return m // cannot happen: the gateway's own line
+	}
+	return &cr.choice
 }

@@ -271,7 +271,11 @@ type seen struct {
 	opts    bool             // the session's config options are known
 	ids     [nKinds][]string // config options by kind (kindNone: neither)
 	current [nKinds]string   // what the session runs on ("": not known)
+	offered [nKinds][]string // the values its selectors offer (at most maxOffered a kind)
 }
+
+// maxOffered bounds the values of a kind a session's record keeps.
+const maxOffered = 256
 
 // note records the selectors of a message; mode is a current_mode_update's
 // mode ("": none).
@@ -281,25 +285,60 @@ func (s *Seen) note(opts []selector, apis [nKinds]selector, hasOpts bool, mode s
 		next = *old
 	}
 	if hasOpts {
-		next.opts, next.ids, next.current = true, [nKinds][]string{}, [nKinds]string{}
+		next.opts, next.ids, next.current, next.offered = true, [nKinds][]string{}, [nKinds]string{}, [nKinds][]string{}
 		for _, o := range opts {
 			if o.kind != kindNone && o.id != "" {
 				next.ids[o.kind] = append(next.ids[o.kind], o.id)
 				if next.current[o.kind] == "" && o.sel && o.curOK {
 					next.current[o.kind] = o.cur
 				}
+				next.offered[o.kind] = o.appendValues(next.offered[o.kind])
 			}
 		}
 	}
 	for _, k := range selecting {
-		if api := apis[k]; api.api && len(next.ids[k]) == 0 && api.curOK {
+		api := apis[k]
+		if !api.api {
+			continue
+		}
+		if len(next.ids[k]) == 0 && api.curOK {
 			next.current[k] = api.cur
 		}
+		if !hasOpts {
+			next.offered[k] = nil
+		}
+		next.offered[k] = api.appendValues(next.offered[k])
 	}
 	if mode != "" {
 		next.current[kindMode] = mode
 	}
 	s.p.Store(&next)
+}
+
+// appendValues appends the values s offers to vs, up to maxOffered.
+func (s *selector) appendValues(vs []string) []string {
+	for _, e := range s.entries {
+		for _, v := range e.values() {
+			if v.ok && len(vs) < maxOffered && !slices.Contains(vs, v.value) {
+				vs = append(vs, v.value)
+			}
+		}
+	}
+	return vs
+}
+
+// Choice checks a client's answer to one of the session's permission
+// requests that picks the option optionID. An agent that names an option
+// after one of the session's modes switches the session into it when it is
+// picked (claude-code-acp's "Always Allow" is "acceptEdits"): outside the
+// mode list, such an answer is refused. nil: it passes.
+func (s *Seen) Choice(optionID string, ls Lists) *policy.Refusal {
+	cur := s.p.Load()
+	if !ls.Modes.Restricts() || cur == nil || ls.Modes.Allows(optionID) || !slices.Contains(cur.offered[kindMode], optionID) {
+		return nil
+	}
+	return refusal(jsonrpc.CodeInvalidParams, kindMode, "the permission option "+quote(optionID)+" switches the session to that mode, which the gateway policy does not allow ("+
+		listed(kindMode, ls.Modes)+")")
 }
 
 // switched records that the session runs on to (of kind k) now.

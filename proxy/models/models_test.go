@@ -545,6 +545,21 @@ func TestModes(t *testing.T) {
 		}
 	}
 
+	// A permission option named after a mode the session offers outside
+	// the list is refused; one named after an allowed mode, or no mode, or
+	// with no mode list, passes.
+	if r := seen.Choice("acceptEdits", noBypass); r == nil || r.Code != jsonrpc.CodeInvalidParams || !strings.Contains(r.Err.Error(), `the permission option "acceptEdits" switches the session to that mode`) {
+		t.Errorf("acceptEdits picked: %+v", r)
+	}
+	for _, ok := range []string{"plan", "allow", "reject"} {
+		if r := seen.Choice(ok, noBypass); r != nil {
+			t.Errorf("%s picked: %v", ok, r.Err)
+		}
+	}
+	if r := seen.Choice("acceptEdits", sonnet); r != nil {
+		t.Errorf("no mode list: %v", r.Err)
+	}
+
 	// The agent moves the session into a forbidden mode on its own: its
 	// turns stop until it is switched back.
 	u := scanParams(t, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"current_mode_update","currentModeId":"acceptEdits"}}}`, agentSpec(false))

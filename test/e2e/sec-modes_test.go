@@ -414,3 +414,37 @@ func TestModeAllowListReload(t *testing.T) {
 	}
 	g.WaitLog(t, "agent stderr", "line", "fakeagent: set_config_option mode=default", modelWait)
 }
+
+// A permission option named after a mode outside the list (as
+// claude-code-acp's "Always Allow", optionId acceptEdits, which switches
+// the session into it) is not passed on when a client picks it: the agent
+// hears the request was cancelled. Another option passes.
+func TestModeAllowListPermissionOption(t *testing.T) {
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			g := modeGateway(t, "default,acceptEdits", "both", `["default"]`) // its own log
+			p := tr.dial(t, g, "")
+			id := p.request("session/new", map[string]any{"cwd": t.TempDir(), "mcpServers": []any{}})
+			got, _ := pipeAwait(t, p, id)
+			sid := got[id].NewSessionID()
+			for _, c := range []struct{ option, want, stop string }{
+				{"acceptEdits", "fakeagent: permission answered cancelled ", "cancelled"},
+				{"allow", "fakeagent: permission answered selected allow", "end_turn"},
+			} {
+				id := p.request("session/prompt", textPrompt(sid, "permission please, "+tr.name+" "+c.option))
+				answer := subjAwait(t, p, "prompt", id, func(m rpcMsg) {
+					if m.Method == "session/request_permission" {
+						p.respond(m, map[string]any{"outcome": map[string]any{"outcome": "selected", "optionId": c.option}})
+					}
+				})
+				if got := stopReason(t, answer); got != c.stop {
+					t.Errorf("picking %s: stopReason %q, want %q", c.option, got, c.stop)
+				}
+				g.WaitLog(t, "agent stderr", "line", c.want, modelWait) // stderr comes apart from stdout, in order
+			}
+			if n := g.agentLogged("fakeagent: permission answered selected acceptEdits"); n != 0 {
+				t.Errorf("the agent got the acceptEdits answer %d times", n)
+			}
+		})
+	}
+}

@@ -87,7 +87,10 @@
 // each is logged ("fakeagent: set_mode <modeId>", "fakeagent:
 // set_config_option mode=<value>"), sends a current_mode_update, and is
 // answered; a mode not offered gets -32602. A prompt's answer then ends
-// with " [mode <the session's mode>]" (after its model's).
+// with " [mode <the session's mode>]" (after its model's). A "permission"
+// turn's request then also offers the option "acceptEdits" (as
+// claude-code-acp's "Always Allow"); every answer to it is logged
+// ("fakeagent: permission answered <outcome> <optionId>").
 //
 // FAKE_LOAD_DELAY_MS (at most 10000) makes session/load and session/resume
 // wait that long before they are handled: a slow load, so that what a
@@ -491,8 +494,9 @@ type fakeSession struct {
 // permissionAnswer is the client's answer to a permission request: its
 // outcome ("selected" or "cancelled"), or failed for an error.
 type permissionAnswer struct {
-	outcome string
-	failed  bool
+	outcome  string
+	optionID string
+	failed   bool
 }
 
 // textUpdate is a session/update's update of kind with one text block.
@@ -528,13 +532,18 @@ func (a *agent) permissionTurn(id json.RawMessage, sid string) {
 	wait := make(chan permissionAnswer, 1)
 	a.waits[strconv.Quote(reqID)] = wait
 	a.smu.Unlock()
+	options := []map[string]string{{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+		{"optionId": "reject", "name": "Reject", "kind": "reject_once"}}
+	if len(a.modes) > 0 { // as claude-code-acp: "Always Allow" moves the session to acceptEdits
+		options = append(options, map[string]string{"optionId": "acceptEdits", "name": "Always Allow", "kind": "allow_always"})
+	}
 	a.send(map[string]any{"jsonrpc": "2.0", "id": reqID, "method": "session/request_permission", "params": map[string]any{
 		"sessionId": sid,
 		"toolCall":  map[string]any{"toolCallId": "tool-" + reqID, "title": "Run a harmless command", "kind": "execute"},
-		"options": []map[string]string{{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
-			{"optionId": "reject", "name": "Reject", "kind": "reject_once"}},
+		"options":   options,
 	}})
 	ans := <-wait // the gateway answers it in the client's place when the client goes
+	fmt.Fprintf(os.Stderr, "fakeagent: permission answered %s %s\n", ans.outcome, ans.optionID)
 	if ans.failed || ans.outcome != "selected" {
 		a.result(id, map[string]string{"stopReason": "cancelled"})
 		return
@@ -555,7 +564,8 @@ func (a *agent) answered(line []byte, id json.RawMessage) {
 	var r struct {
 		Result *struct {
 			Outcome struct {
-				Outcome string `json:"outcome"`
+				Outcome  string `json:"outcome"`
+				OptionID string `json:"optionId"`
 			} `json:"outcome"`
 		} `json:"result"`
 	}
@@ -563,7 +573,7 @@ func (a *agent) answered(line []byte, id json.RawMessage) {
 		wait <- permissionAnswer{failed: true}
 		return
 	}
-	wait <- permissionAnswer{outcome: r.Result.Outcome.Outcome}
+	wait <- permissionAnswer{outcome: r.Result.Outcome.Outcome, optionID: r.Result.Outcome.OptionID}
 }
 
 // handleSessions serves the session methods of FAKE_MODE=sessions and
