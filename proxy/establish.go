@@ -109,7 +109,7 @@ func (s *Session) failHeld(why string) {
 func (cr *clientReader) holdBack(m *jsonrpc.Message) bool {
 	c := cr.c
 	s := c.sessionNamed(m)
-	if s == nil {
+	if s == nil || !s.gate.Active() {
 		return false
 	}
 	n := len(m.Raw)

@@ -49,6 +49,13 @@ func (g *Gate[T]) Close() (first bool) {
 	return first
 }
 
+// Active reports whether the gate holds what it is given now (not idle).
+func (g *Gate[T]) Active() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.activeLocked()
+}
+
 // Hold keeps v (n bytes) unless the gate is idle (held false: handle it
 // now). A gate with no room refuses it (err) and keeps nothing.
 func (g *Gate[T]) Hold(v T, n int) (held bool, err error) {

@@ -10,7 +10,7 @@ import (
 // stops the drain, and its Open resumes it.
 func TestGateHoldsInOrder(t *testing.T) {
 	var g Gate[int]
-	if held, err := g.Hold(0, 1); held || err != nil {
+	if held, err := g.Hold(0, 1); held || err != nil || g.Active() {
 		t.Fatal("an idle gate held a message")
 	}
 	if !g.Close() || g.Close() {
@@ -57,7 +57,7 @@ func TestGateHoldsInOrder(t *testing.T) {
 	if len(got) != 3 || got[0] != 2 || got[1] != 3 || got[2] != 4 {
 		t.Fatalf("drained %v, want [2 3 4]", got)
 	}
-	if held, _ := g.Hold(5, 1); held {
+	if held, _ := g.Hold(5, 1); held || g.Active() {
 		t.Fatal("the drained gate still holds")
 	}
 }
