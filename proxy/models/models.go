@@ -30,7 +30,15 @@
 //     session when it offers none.
 //   - [Seen.Check] refuses a client's switch to a model outside the list,
 //     and a prompt while the session's model is outside it (after a reload
-//     of the policy, or an agent that switched on its own).
+//     of the policy, or an agent that switched on its own) or not known
+//     (unknown is not allowed).
+//   - [Seen.Choice] refuses a client's permission answer that picks an
+//     option named after a mode outside the mode list (an agent that
+//     switches the session into the mode picked).
+//
+// What a client pipelines behind a load waits for the load's answer and
+// switch (package proxy, establish.go), so that Check decides on what the
+// gateway has learnt of the session, never on nothing.
 package models
 
 import (
