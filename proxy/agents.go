@@ -85,6 +85,9 @@ type agent struct {
 	// retired: removed by a reload; no new connection, the pool closes
 	// once its connections are drained (CloseAgent).
 	retired atomic.Bool
+	// gating counts its sessions whose gate is not idle (establish.go):
+	// while none is, a client message costs the gate one load of it.
+	gating atomic.Int32
 
 	mu    sync.Mutex
 	links map[*pool.Process]*procLink // the live processes' links

@@ -7,6 +7,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -254,7 +255,7 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add
 // session/load or session/resume result of a load that became an attach).
 func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed, asLoad bool) []byte {
 	r := multiclient.Result{SessionID: s.GatewayID, ClientID: mem.id, HistoryPolicy: policy, ReadOnly: mem.readOnly,
-		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.Name(), Models: s.ten.policy(s.link.ag.name).Models}
+		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.Name(), Lists: models.ListsOf(s.ten.policy(s.link.ag.name))}
 	if o := s.Owner(); o != nil {
 		r.Clients = append(r.Clients, connPeer(o))
 	}
@@ -333,19 +334,24 @@ func (c *Conn) dropRequestsOf(s *Session) {
 	}
 }
 
+// sessionNamed is the session of c's that m names (nil: none).
+func (c *Conn) sessionNamed(m *jsonrpc.Message) *Session {
+	f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
+	if !ok {
+		return nil
+	}
+	gwID, _ := m.String(f)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sessions[gwID]
+}
+
 // readOnlyWrite refuses m if it names a session c is a read-only member
 // of: every method but session/detach, before the policy looks at it, so
 // that each gets the one documented error.
 func (cr *clientReader) readOnlyWrite(m *jsonrpc.Message) bool {
 	c := cr.c
-	f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1)
-	if !ok {
-		return false
-	}
-	gwID, _ := m.String(f)
-	c.mu.Lock()
-	s := c.sessions[gwID]
-	c.mu.Unlock()
+	s := c.sessionNamed(m)
 	if s == nil {
 		return false
 	}

@@ -149,6 +149,11 @@ type clientReader struct {
 	// transport (a POST's traceparent header; HandleScannedTrace).
 	traceParent trace.SpanContext
 
+	// choice: a permission answer the gateway put in a client's place
+	// (modeChoice), scanned with choiceSc.
+	choice   jsonrpc.Message
+	choiceSc jsonrpc.Scanner
+
 	limiter *rate.Limiter // the connection's message rate; nil = none
 	logLim  *logx.Limiter // bounds what one client can make the gateway log
 }
@@ -581,6 +586,9 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	if !in.claim() {
 		tracing.WithTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
 		return
+	}
+	if in.method == acp.RequestPermission && in.sess != nil && !m.IsError {
+		m = cr.modeChoice(in, m) // an option that would switch to a mode outside the list: cancelled
 	}
 	// The other clients hear it was settled before the agent goes on.
 	in.withdraw(c, m)

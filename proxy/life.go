@@ -172,6 +172,11 @@ func (e *ending) run() {
 		}
 	}
 	s.failTurns(e.queued, steps.queued)
+	why := steps.queued
+	if why == "" {
+		why = "its agent process exited"
+	}
+	s.failHeld(why)
 	by := e.by
 	if e.cause == endAgentExited {
 		by = e.owner // its last owner is told it was lost

@@ -37,6 +37,7 @@ type hold struct {
 	// keepAttach undoes it.
 	attach   *Session
 	replay   *Session // a load or resume in flight of this session (Session.meter)
+	gated    *Session // a load or resume that closed this session's gate (establish.go)
 	released atomic.Bool
 }
 
@@ -72,6 +73,9 @@ func (h *hold) release() {
 	}
 	if h.attach != nil {
 		h.attach.end(endLoadFailed, c)
+	}
+	if h.gated != nil {
+		h.gated.ungate(c)
 	}
 }
 

@@ -32,6 +32,9 @@ type agentReader struct {
 	// A model switch an answer needs (answerEdits), for the session swSess.
 	sw     *models.Switch
 	swSess *Session
+	// swGated: the session whose gate the request's end would have opened;
+	// the switch's end opens it instead (establish.go).
+	swGated *Session
 }
 
 func newAgentReader(l *procLink) *agentReader {
@@ -109,7 +112,14 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.switched(m, req)
 		return
 	}
+	// A gate the request closed opens once its answer is out, or once the
+	// switch the answer needs is done (switchModel).
+	gated := req.hold.takeGated()
+	defer func() { gated.ungate(c) }()
 	edits, created, ok := r.answerEdits(m, req)
+	if r.sw != nil {
+		r.swGated, gated = gated, nil
+	}
 	if created != nil {
 		c.attach(created) // counted before the request's tenant slot is given back
 	}
@@ -157,24 +167,30 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 // delivered once the agent has switched (switched); a failure ends the
 // session (hold.attach).
 func (r *agentReader) switchModel(req *outReq, out []byte) bool {
-	sw, s, c := r.sw, r.swSess, req.conn
+	sw, s, gated := r.sw, r.swSess, r.swGated
 	if sw == nil {
 		return false
 	}
-	r.sw, r.swSess = nil, nil
+	r.sw, r.swSess, r.swGated = nil, nil, nil
 	sw.Hold(out)
-	next := &outReq{conn: c, clientID: req.clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s}, model: sw}
+	r.sendSwitch(req.conn, req.clientID, s, sw, gated)
+	return true
+}
+
+// sendSwitch sends sw, a switch of s's model or mode for c's request
+// clientID, whose answer it holds; its end opens the gate gated.
+func (r *agentReader) sendSwitch(c *Conn, clientID []byte, s *Session, sw *models.Switch, gated *Session) {
+	next := &outReq{conn: c, clientID: clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s, gated: gated}, model: sw}
 	if r.l.track(next) {
 		r.l.p.SendCtrl(sw.Request(next.agentID))
 	} else {
 		next.failWith(jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 	}
-	return true
 }
 
-// switched delivers the answer a model switch held (switchModel) once the
-// agent has switched; the agent refusing, the session ends and the client
-// gets why.
+// switched delivers the answer a switch held (switchModel) once the agent
+// has switched, or makes the next switch it needs (a mode's after a
+// model's); the agent refusing, the session ends and the client gets why.
 func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
 	if err := req.model.Done(m, &req.sess.models); err != nil {
 		req.sess.end(endRefused, req.conn)
@@ -182,8 +198,14 @@ func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
 		return
 	}
 	req.hold.keepAttach()
+	gated := req.hold.takeGated()
 	req.end()
+	if next := req.model.Next(); next != nil {
+		r.sendSwitch(req.conn, req.clientID, req.sess, next, gated)
+		return
+	}
 	req.conn.deliverFor(req.model.Held(), nil, Facts{ID: req.clientID}, false)
+	gated.ungate(req.conn) // after the answer: what it held is answered after it
 }
 
 // takeAnswered takes the request an answer is for out of the table; a
@@ -243,7 +265,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 	if s != nil { // its model selectors (package models); a switch is made before it is delivered
 		var err error
 		establishes := acp.CreatesSession(req.method) || acp.AttachesSession(req.method)
-		if edits, r.sw, err = s.models.Answer(m, c.ten.policy(c.ag.name).Models, establishes, s.AgentID, edits); err != nil {
+		if edits, r.sw, err = s.models.Answer(m, models.ListsOf(c.ten.policy(c.ag.name)), establishes, s.AgentID, edits); err != nil {
 			s.end(endRefused, c)
 			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil))
 			return nil, nil, false
@@ -319,7 +341,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	}
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
 		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
-		rc.edits = rc.sess.models.Edits(m, rc.conn.ten.policy(rc.conn.ag.name).Models, rc.edits)
+		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {

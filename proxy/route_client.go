@@ -13,6 +13,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
+	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
@@ -36,14 +37,22 @@ type routed struct {
 // it checks the message, lets one handler per class of message choose the
 // process and take what the request holds, then sends it.
 func (cr *clientReader) handleCall(m *jsonrpc.Message) {
+	if m.Method == acp.CancelRequest {
+		cr.forwardCancelRequest(m)
+		return
+	}
+	if cr.c.ag.gating.Load() > 0 && cr.holdBack(m) {
+		return // handled once its session is established (establish.go)
+	}
+	cr.handleCallNow(m)
+}
+
+// handleCallNow is handleCall past the session's gate.
+func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 	c := cr.c
 	isReq := m.Kind == jsonrpc.KindRequest
 	if isReq && c.reqs.Client(m.ID) != nil {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
-		return
-	}
-	if m.Method == acp.CancelRequest {
-		cr.forwardCancelRequest(m)
 		return
 	}
 	span := cr.startSpan(m)
@@ -170,6 +179,9 @@ func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwI
 	case live:
 		h := &hold{conn: c}
 		h.replaying(sess)
+		if m.Kind == jsonrpc.KindRequest && c.gatesSessions() {
+			h.gate(sess)
+		}
 		return &routed{link: sess.link, sess: sess, h: h}, id.Agent, nil
 	case verdict == access.ReadOnly:
 		cr.watch(m, gwID, id.Agent)
@@ -213,6 +225,9 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 		h.attach = l.addSession(c, id, gwID, acp.SessionCwd(m), h.takeSlot())
 		h.attach.meter.Loaded()
 		h.replaying(h.attach)
+		if c.gatesSessions() { // before the client can name it
+			h.gate(h.attach)
+		}
 		c.attach(h.attach)
 	}
 	return &routed{link: l, sess: sess, h: h}, nil
@@ -224,7 +239,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 // like session/new.
 func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, error) {
 	c := cr.c
-	if r := sess.models.Check(m, c.ten.policy(c.ag.name).Models); r != nil {
+	if r := sess.models.Check(m, models.ListsOf(c.ten.policy(c.ag.name))); r != nil {
 		cr.refuse(m, r.Code, r.Reason, r.Err)
 		return nil, errAnswered
 	}

@@ -46,7 +46,10 @@ type Session struct {
 	// state: the modes, config options and models the agent last reported,
 	// for session/attach's result (kept for a session clients may attach to).
 	state  multiclient.Record
-	models models.Seen   // its model selectors as last seen (the allow-list)
+	models models.Seen // its model selectors as last seen (the allow-list)
+	// gate holds its client's messages while a load or resume establishes
+	// it under a restricting allow-list (establish.go).
+	gate   inflight.Gate[heldMsg]
 	meter  usage.Meter   // what its agent reported using
 	opened time.Time     // when it was created or loaded here
 	life   atomic.Uint32 // its lifeStage (life.go); written under mu

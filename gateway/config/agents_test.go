@@ -238,3 +238,46 @@ tenants:
 		t.Errorf("problems = %v", ps)
 	}
 }
+
+// policy.modes.allow layers as policy.models.allow does, and check-config
+// refuses a bad pattern in it.
+func TestModeAllowLayers(t *testing.T) {
+	root := t.TempDir()
+	cfg := mustParse(t, `
+policy:
+  modes: {allow: ["default", "plan"]}
+agents:
+  a:
+    policy: {modes: {allow: ["default"]}}
+  b: {}
+default_agent: a
+sandbox: {mode: off}
+tenants:
+  - name: acme
+    tokens_sha256: ["`+strings.Repeat("ab", 32)+`"]
+    root: `+root+`
+    policy: {modes: {allow: []}}
+`)
+	if got := cfg.GlobalPolicy().Modes.Allow; strings.Join(got, ",") != "default,plan" {
+		t.Errorf("global: %q", got)
+	}
+	if got := cfg.AgentPolicy("a").Modes.Allow; strings.Join(got, ",") != "default" {
+		t.Errorf("agent a: %q", got)
+	}
+	if got := cfg.AgentPolicy("b").Modes; !got.Allows("plan") || got.Allows("bypassPermissions") {
+		t.Errorf("agent b: %q", got.Allow)
+	}
+	if got := cfg.TenantAgentPolicy(&cfg.Tenants[0], "a").Modes; got.Allow == nil || got.Allows("default") {
+		t.Errorf("acme with a: %#v, want an empty list (no mode)", got)
+	}
+	if !mustParse(t, "sandbox: {mode: off}\n").GlobalPolicy().Modes.Allows("bypassPermissions") {
+		t.Error("no list: every mode")
+	}
+	if !strings.Contains(cfg.GlobalPolicy().Describe(), "modes:\n  allow:\n    - \"default\"\n    - \"plan\"\n") {
+		t.Errorf("check-config's policy:\n%s", cfg.GlobalPolicy().Describe())
+	}
+	ps := problems(t, "policy: {modes: {allow: [\"\"]}}\n")
+	if len(ps) == 0 || !strings.Contains(ps[0].String(), "modes.allow") {
+		t.Errorf("problems = %v", ps)
+	}
+}

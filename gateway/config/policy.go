@@ -41,6 +41,10 @@ type PolicyYAML struct {
 		// Allow: nil keeps the layer below's list; [] allows no model.
 		Allow *[]string `yaml:"allow"`
 	} `yaml:"models"`
+	Modes struct {
+		// Allow: nil keeps the layer below's list; [] allows no mode.
+		Allow *[]string `yaml:"allow"`
+	} `yaml:"modes"`
 }
 
 // apply lays the keys y sets over p.
@@ -76,6 +80,9 @@ func (y *PolicyYAML) apply(p policy.Policy) policy.Policy {
 	set(&p.Unstable, y.Unstable)
 	if y.Models.Allow != nil {
 		p.Models.Allow = append([]string{}, (*y.Models.Allow)...) // [] stays a list: no model
+	}
+	if y.Modes.Allow != nil {
+		p.Modes.Allow = append([]string{}, (*y.Modes.Allow)...) // [] stays a list: no mode
 	}
 	return p
 }

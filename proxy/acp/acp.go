@@ -93,7 +93,8 @@ var (
 	// config_option_update's options (the model allow-list).
 	SpecUpdate = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"sessionId": leafSession,
-		"update":    {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind, "configOptions": configOptions}},
+		"update": {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind, "configOptions": configOptions,
+			"currentModeId": {Kind: jsonrpc.FieldTag, Label: LabelCurrentModeID}}},
 	}}
 	updateKind = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
 	// specPromptResult: a PromptResponse's stopReason and usage (metering).
@@ -106,18 +107,20 @@ var (
 	// API's object, each located whole.
 	configOptions = &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Label: LabelConfigOptions}
 	modelState    = &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Label: LabelModels}
+	modeState     = &jsonrpc.Spec{Kind: jsonrpc.FieldElement, Label: LabelModes}
 	// specResultCreated: session/new and fork results: the new session's
 	// ID and its selectors.
 	specResultCreated = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
-		"sessionId": leafSession, "configOptions": configOptions, "models": modelState,
+		"sessionId": leafSession, "configOptions": configOptions, "models": modelState, "modes": modeState,
 	}}
 	// specResultSelectors: load, resume and set_config_option results.
-	specResultSelectors = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"configOptions": configOptions, "models": modelState}}
+	specResultSelectors = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"configOptions": configOptions, "models": modelState, "modes": modeState}}
 	// modelParams: what the allow-list checks in a client's switch.
 	modelParams = map[string]*jsonrpc.Spec{
 		SessionSetConfigOption: {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession,
 			"configId": {Kind: jsonrpc.FieldTag, Label: LabelConfigID}, "value": {Kind: jsonrpc.FieldTag, Label: LabelConfigValue}}},
 		SessionSetModel: {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession, "modelId": {Kind: jsonrpc.FieldTag, Label: LabelModelID}}},
+		SessionSetMode:  {Fields: map[string]*jsonrpc.Spec{"sessionId": leafSession, "modeId": {Kind: jsonrpc.FieldTag, Label: LabelModeID}}},
 	}
 	// specErrorData: v2 -32002 errors carry data.sessionId.
 	specErrorData = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
@@ -357,6 +360,9 @@ const (
 	LabelConfigID      = "configId"      // session/set_config_option params
 	LabelConfigValue   = "value"         // session/set_config_option params
 	LabelModelID       = "modelId"       // session/set_model params
+	LabelModes         = "modes"         // a result's modes
+	LabelModeID        = "modeId"        // session/set_mode params
+	LabelCurrentModeID = "currentModeId" // a current_mode_update's mode
 )
 
 // Labels of the fields metering locates (the specs above).

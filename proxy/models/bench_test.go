@@ -7,7 +7,8 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 )
 
-// The relay's hot path: an update or a result without model selectors is
+// The relay's hot path: an update or a result without model or mode
+// selectors is
 // scanned with the specs that locate them, and the allow-list's hook
 // (Seen.Answer; Seen.Edits for updates is the same) runs on it. "scan" is the scan alone, "hook" the hook
 // alone on the scanned message: what a message without models pays on top
@@ -20,7 +21,7 @@ func BenchmarkWithoutModels(b *testing.B) {
 	}{
 		{"update", "", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess-1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"Hello, this is a chunk of an answer streamed by the agent, about as long as one usually is."}}}}`},
 		{"prompt-result", acp.SessionPrompt, `{"jsonrpc":"2.0","id":12,"result":{"stopReason":"end_turn","usage":{"inputTokens":10,"outputTokens":20}}}`},
-		{"new-result", acp.SessionNew, `{"jsonrpc":"2.0","id":3,"result":{"sessionId":"sess-1","modes":{"currentModeId":"ask","availableModes":[{"id":"ask","name":"Ask"}]}}}`},
+		{"new-result", acp.SessionNew, `{"jsonrpc":"2.0","id":3,"result":{"sessionId":"sess-1","_meta":{"vendor":{"a":"b"}}}}`},
 	}
 	for _, c := range msgs {
 		resolve := func(m *jsonrpc.Message) *jsonrpc.Spec {

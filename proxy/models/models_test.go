@@ -12,7 +12,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/policy"
 )
 
-var sonnet = policy.ModelPolicy{Allow: []string{"claude-sonnet-*"}}
+var sonnet = Lists{Models: policy.ModelPolicy{Allow: []string{"claude-sonnet-*"}}}
 
 // scanResult scans an agent's answer to method as the relay does.
 func scanResult(t testing.TB, method, raw string) *jsonrpc.Message {
@@ -145,12 +145,12 @@ func TestEditsNewResultV1(t *testing.T) {
 	}
 	// What the session's selectors are: the model option's ID and its
 	// (agent's) current model.
-	if s := seen.p.Load(); s == nil || len(s.ids) != 1 || s.ids[0] != "model" || s.current != "claude-opus-4" {
+	if s := seen.p.Load(); s == nil || len(s.ids[kindModel]) != 1 || s.ids[kindModel][0] != "model" || s.current[kindModel] != "claude-opus-4" {
 		t.Errorf("seen: %+v", s)
 	}
 	// No list: nothing changes, the selectors are still noted.
 	var all Seen
-	if e := all.Edits(m, policy.ModelPolicy{}, nil); len(e) != 0 || all.p.Load() == nil {
+	if e := all.Edits(m, Lists{}, nil); len(e) != 0 || all.p.Load() == nil {
 		t.Errorf("no list: %d edits", len(e))
 	}
 }
@@ -179,7 +179,7 @@ func TestEditsUpdateV2Grouped(t *testing.T) {
 		if !strings.Contains(out, `{"groupId":"sonnet","name":"Sonnet","options":[{"value":"claude-sonnet-4","name":"Sonnet 4"}],"_meta":{"g":1}}`) {
 			t.Errorf("paths %v: the kept group: %s", paths, out)
 		}
-		if s := seen.p.Load(); s == nil || strings.Join(s.ids, ",") != "model,fast" || s.current != "claude-sonnet-4" {
+		if s := seen.p.Load(); s == nil || strings.Join(s.ids[kindModel], ",") != "model,fast" || s.current[kindModel] != "claude-sonnet-4" {
 			t.Errorf("seen %+v", s)
 		}
 	}
@@ -190,7 +190,7 @@ func TestEditsUpdateV2Grouped(t *testing.T) {
 func TestEditsNoneAllowed(t *testing.T) {
 	m := scanResult(t, acp.SessionLoad, `{"jsonrpc":"2.0","id":1,"result":{"configOptions":[{"id":"model","name":"M","category":"model","type":"select","currentValue":"a","options":[{"value":"a","name":"A"}]}],"models":{"currentModelId":"a","availableModels":[{"modelId":"a","name":"A"}]}}}`)
 	var seen Seen
-	out := apply(m, seen.Edits(m, policy.ModelPolicy{Allow: []string{}}, nil))
+	out := apply(m, seen.Edits(m, Lists{Models: policy.ModelPolicy{Allow: []string{}}}, nil))
 	if out != `{"jsonrpc":"2.0","id":1,"result":{"configOptions":[],"models":null}}` {
 		t.Errorf("got %s", out)
 	}
@@ -209,7 +209,7 @@ func TestEditsWithout(t *testing.T) {
 }
 
 // planFor runs Seen.Answer for an answer that made or loaded session sid.
-func planFor(t *testing.T, m *jsonrpc.Message, allow policy.ModelPolicy, sid string) (*Switch, error) {
+func planFor(t *testing.T, m *jsonrpc.Message, allow Lists, sid string) (*Switch, error) {
 	t.Helper()
 	var seen Seen
 	_, sw, err := seen.Answer(m, allow, true, sid, nil)
@@ -243,7 +243,7 @@ func TestAnswerSwitch(t *testing.T) {
 		if err := sw.Done(done, &seen); err != nil || string(sw.Held()) != out {
 			t.Fatalf("done: %v", err)
 		}
-		if r := seen.Check(prompt, sonnet); r != nil || seen.p.Load().current != "claude-sonnet-4" {
+		if r := seen.Check(prompt, sonnet); r != nil || seen.p.Load().current[kindModel] != "claude-sonnet-4" {
 			t.Errorf("after the switch: %v", r)
 		}
 		// A refused switch says why.
@@ -292,7 +292,7 @@ func TestAnswerSwitch(t *testing.T) {
 				t.Errorf("%s: %v %v", raw, sw, err)
 			}
 		}
-		if sw, err := planFor(t, scanResult(t, acp.SessionNew, newResultV1), policy.ModelPolicy{}, "n"); sw != nil || err != nil {
+		if sw, err := planFor(t, scanResult(t, acp.SessionNew, newResultV1), Lists{}, "n"); sw != nil || err != nil {
 			t.Errorf("no list: %v %v", sw, err)
 		}
 	})
@@ -300,7 +300,7 @@ func TestAnswerSwitch(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	var seen Seen
-	seen.note([]selector{{id: "model", model: true, sel: true, cur: "claude-sonnet-4", curOK: true}}, selector{}, true, "")
+	seen.note([]selector{{id: "model", kind: kindModel, sel: true, cur: "claude-sonnet-4", curOK: true}}, [nKinds]selector{}, true, "")
 	client := func(raw string) *jsonrpc.Message { return scanParams(t, raw, acp.ClientSpec) }
 	for _, c := range []struct {
 		raw  string
@@ -328,18 +328,42 @@ func TestCheck(t *testing.T) {
 	}
 	// A session on a model outside the list (a reload narrowed it): its
 	// prompts are refused; no list: everything passes.
-	seen.note(nil, selector{api: true, cur: "claude-opus-4", curOK: true}, false, "")
+	seen.note(nil, [nKinds]selector{kindModel: {api: true, kind: kindModel, cur: "claude-opus-4", curOK: true}}, false, "")
 	prompt := client(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}`)
 	if r := seen.Check(prompt, sonnet); r != nil {
 		t.Errorf("the model option's current value decides, not the models API's: %v", r.Err)
 	}
 	var other Seen
-	other.note(nil, selector{api: true, cur: "claude-opus-4", curOK: true}, false, "")
+	other.note(nil, [nKinds]selector{kindModel: {api: true, kind: kindModel, cur: "claude-opus-4", curOK: true}}, false, "")
 	if r := other.Check(prompt, sonnet); r == nil || r.Code != jsonrpc.CodeInvalidRequest || !strings.Contains(r.Err.Error(), `runs on model "claude-opus-4"`) {
 		t.Errorf("prompt on a disallowed model: %+v", r)
 	}
-	if r := other.Check(prompt, policy.ModelPolicy{}); r != nil {
+	if r := other.Check(prompt, Lists{}); r != nil {
 		t.Errorf("no list: %v", r.Err)
+	}
+
+	// Unknown is not allowed: a session whose model the gateway has not
+	// learnt (nothing seen, or selectors without a current model) runs no
+	// turn; a switch to an allowed model passes, to another is refused,
+	// whatever option it names while the session's options are unknown.
+	var none, noCurrent Seen
+	noCurrent.note([]selector{{id: "model", kind: kindModel, sel: true}}, [nKinds]selector{}, true, "")
+	for _, s := range []*Seen{&none, &noCurrent} {
+		if r := s.Check(prompt, sonnet); r == nil || r.Code != jsonrpc.CodeInvalidRequest || !strings.Contains(r.Err.Error(), "the gateway could not learn which model this session runs on") {
+			t.Errorf("prompt with no known model: %+v", r)
+		}
+		if r := s.Check(prompt, Lists{}); r != nil {
+			t.Errorf("no list, no known model: %v", r.Err)
+		}
+		if r := s.Check(client(`{"jsonrpc":"2.0","id":1,"method":"session/set_config_option","params":{"sessionId":"s","configId":"model","value":"claude-sonnet-4"}}`), sonnet); r != nil {
+			t.Errorf("allowed switch with no known model: %v", r.Err)
+		}
+		if r := s.Check(client(`{"jsonrpc":"2.0","id":1,"method":"session/set_model","params":{"sessionId":"s","modelId":"claude-opus-4"}}`), sonnet); r == nil || r.Code != jsonrpc.CodeInvalidParams {
+			t.Errorf("forbidden set_model with no known model: %+v", r)
+		}
+	}
+	if r := none.Check(client(`{"jsonrpc":"2.0","id":1,"method":"session/set_config_option","params":{"sessionId":"s","configId":"other","value":"claude-opus-4"}}`), sonnet); r == nil || r.Code != jsonrpc.CodeInvalidParams {
+		t.Errorf("an option of a session whose options are unknown, to a forbidden model: %+v", r)
 	}
 }
 
@@ -418,7 +442,7 @@ func TestEditsHostile(t *testing.T) {
 			t.Errorf("plan: %v", err)
 		}
 		// Refused with none allowed: the message lists only the first ten.
-		if _, err := planFor(t, m, policy.ModelPolicy{Allow: []string{"gpt-*"}}, "n"); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("(%d more)", n-10)) {
+		if _, err := planFor(t, m, Lists{Models: policy.ModelPolicy{Allow: []string{"gpt-*"}}}, "n"); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("(%d more)", n-10)) {
 			t.Errorf("refusal: %v", err)
 		}
 	})
@@ -427,17 +451,125 @@ func TestEditsHostile(t *testing.T) {
 func TestFilterState(t *testing.T) {
 	opts := []byte(`[{"id":"model","name":"M","category":"model","type":"select","currentValue":"opus","options":[{"value":"opus","name":"O"},{"value":"claude-sonnet-4","name":"S"}]}]`)
 	mods := []byte(`{"currentModelId":"opus","availableModels":[{"modelId":"opus","name":"O"},{"modelId":"claude-sonnet-4","name":"S"}]}`)
-	o, md := FilterState(opts, mods, sonnet)
+	o, md, _ := FilterState(opts, mods, nil, sonnet)
 	if string(o) != `[{"id":"model","name":"M","category":"model","type":"select","currentValue":"claude-sonnet-4","options":[{"value":"claude-sonnet-4","name":"S"}]}]` {
 		t.Errorf("options %s", o)
 	}
 	if string(md) != `{"currentModelId":"claude-sonnet-4","availableModels":[{"modelId":"claude-sonnet-4","name":"S"}]}` {
 		t.Errorf("models %s", md)
 	}
-	if o, md := FilterState(nil, nil, sonnet); o != nil || md != nil {
+	if o, md, _ := FilterState(nil, nil, nil, sonnet); o != nil || md != nil {
 		t.Error("nothing recorded")
 	}
-	if o, _ := FilterState(opts, nil, policy.ModelPolicy{}); string(o) != string(opts) {
+	if o, _, _ := FilterState(opts, nil, nil, Lists{}); string(o) != string(opts) {
 		t.Error("no list")
+	}
+	// A session/attach reports the session's modes through the mode list.
+	modes := []byte(`{"currentModeId":"bypassPermissions","availableModes":[{"id":"bypassPermissions","name":"B"},{"id":"plan","name":"P"}]}`)
+	if _, md, mo := FilterState(opts, mods, modes, noBypass); string(mo) != `{"currentModeId":"plan","availableModes":[{"id":"plan","name":"P"}]}` || !strings.Contains(string(md), `"currentModelId":"claude-sonnet-4"`) {
+		t.Errorf("modes %s, models %s", mo, md)
+	}
+	if _, _, mo := FilterState(nil, nil, modes, sonnet); string(mo) != string(modes) {
+		t.Errorf("no mode list: %s", mo)
+	}
+}
+
+var noBypass = Lists{Models: sonnet.Models, Modes: policy.ModelPolicy{Allow: []string{"default", "plan"}}}
+
+// Modes are handled as models are, by the same code: the modes object and
+// the mode config option are filtered; a session that starts in a
+// forbidden mode and on a forbidden model gets the model's switch, then
+// the mode's, before its answer; set_mode and a mode option's switch to a
+// forbidden mode are refused; a current_mode_update into one stops the
+// session's turns.
+func TestModes(t *testing.T) {
+	const raw = `{"jsonrpc":"2.0","id":3,"result":{"sessionId":"s1",` +
+		`"modes":{"currentModeId":"bypassPermissions","availableModes":[{"id":"bypassPermissions","name":"B"},{"id":"default","name":"D"},{"id":"acceptEdits","name":"A"},{"id":"plan","name":"P"}]},` +
+		`"configOptions":[{"id":"mode","name":"Mode","category":"mode","type":"select","currentValue":"bypassPermissions","options":[{"value":"bypassPermissions","name":"B"},{"value":"default","name":"D"}]},` +
+		`{"id":"model","name":"Model","category":"model","type":"select","currentValue":"claude-opus-4","options":[{"value":"claude-opus-4","name":"O"},{"value":"claude-sonnet-4","name":"S"}]}]}}`
+	m := scanResult(t, acp.SessionNew, raw)
+	var seen Seen
+	edits, sw, err := seen.Answer(m, noBypass, true, "s1", nil)
+	if err != nil || sw == nil {
+		t.Fatalf("answer: %v %v", sw, err)
+	}
+	out := apply(m, edits)
+	for _, want := range []string{
+		`"modes":{"currentModeId":"default","availableModes":[{"id":"default","name":"D"},{"id":"plan","name":"P"}]}`,
+		`{"id":"mode","name":"Mode","category":"mode","type":"select","currentValue":"default","options":[{"value":"default","name":"D"}]}`,
+		`"currentValue":"claude-sonnet-4","options":[{"value":"claude-sonnet-4","name":"S"}]`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("%s\nlacks %s", out, want)
+		}
+	}
+	if got := string(sw.Request(1)); !strings.Contains(got, `"params":{"sessionId":"s1","configId":"model","value":"claude-sonnet-4"}`) {
+		t.Errorf("first switch: %s", got)
+	}
+	sw.Hold([]byte("answer"))
+	ok := scanResult(t, acp.SessionSetConfigOption, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	if err := sw.Done(ok, &seen); err != nil {
+		t.Fatal(err)
+	}
+	next := sw.Next()
+	if next == nil || string(next.Held()) != "answer" || !strings.Contains(string(next.Request(2)), `"params":{"sessionId":"s1","configId":"mode","value":"default"}`) {
+		t.Fatalf("the mode's switch: %+v", next)
+	}
+	prompt := scanParams(t, `{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}`, acp.ClientSpec)
+	if r := seen.Check(prompt, noBypass); r == nil || !strings.Contains(r.Err.Error(), `this session runs on mode "bypassPermissions"`) {
+		t.Errorf("a prompt before the mode's switch: %+v", r)
+	}
+	if err := next.Done(ok, &seen); err != nil || next.Next() != nil {
+		t.Fatal(err)
+	}
+	if r := seen.Check(prompt, noBypass); r != nil {
+		t.Errorf("a prompt after both switches: %v", r.Err)
+	}
+
+	client := func(raw string) *jsonrpc.Message { return scanParams(t, raw, acp.ClientSpec) }
+	for _, c := range []struct {
+		raw  string
+		code int
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":"session/set_mode","params":{"sessionId":"s","modeId":"bypassPermissions"}}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"session/set_mode","params":{"sessionId":"s","modeId":"plan"}}`, 0},
+		{`{"jsonrpc":"2.0","id":1,"method":"session/set_config_option","params":{"sessionId":"s","configId":"mode","value":"acceptEdits"}}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"session/set_config_option","params":{"sessionId":"s","configId":"mode","value":"plan"}}`, 0},
+	} {
+		r := seen.Check(client(c.raw), noBypass)
+		switch {
+		case c.code == 0 && r != nil:
+			t.Errorf("%s refused: %v", c.raw, r.Err)
+		case c.code != 0 && (r == nil || r.Code != c.code || !strings.Contains(r.Err.Error(), `is not allowed by the gateway policy (policy.modes.allow: "default", "plan")`)):
+			t.Errorf("%s: %+v", c.raw, r)
+		}
+	}
+
+	// A permission option named after a mode the session offers outside
+	// the list is refused; one named after an allowed mode, or no mode, or
+	// with no mode list, passes.
+	if r := seen.Choice("acceptEdits", noBypass); r == nil || r.Code != jsonrpc.CodeInvalidParams || !strings.Contains(r.Err.Error(), `the permission option "acceptEdits" switches the session to that mode`) {
+		t.Errorf("acceptEdits picked: %+v", r)
+	}
+	for _, ok := range []string{"plan", "allow", "reject"} {
+		if r := seen.Choice(ok, noBypass); r != nil {
+			t.Errorf("%s picked: %v", ok, r.Err)
+		}
+	}
+	if r := seen.Choice("acceptEdits", sonnet); r != nil {
+		t.Errorf("no mode list: %v", r.Err)
+	}
+
+	// The agent moves the session into a forbidden mode on its own: its
+	// turns stop until it is switched back.
+	u := scanParams(t, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"current_mode_update","currentModeId":"acceptEdits"}}}`, agentSpec(false))
+	if e := seen.Edits(u, noBypass, nil); len(e) != 0 {
+		t.Errorf("a current_mode_update was edited: %v", e)
+	}
+	if r := seen.Check(prompt, noBypass); r == nil || !strings.Contains(r.Err.Error(), `runs on mode "acceptEdits"`) {
+		t.Errorf("a prompt in a mode the agent moved to: %+v", r)
+	}
+	if r := seen.Check(prompt, sonnet); r != nil {
+		t.Errorf("no mode list: %v", r.Err)
 	}
 }

@@ -6,17 +6,18 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// selector is one model selector as an agent message carries it: a
-// session config option of category "model" (type "select"), or the older
-// models API's object. Every range is in the message's bytes.
+// selector is one model or mode selector as an agent message carries it:
+// a session config option of category "model" or "mode" (type "select"),
+// or the models API's or the modes' object. Every range is in the
+// message's bytes.
 type selector struct {
-	api     bool   // the models API's object, not a config option
+	api     bool   // the models or modes object, not a config option
 	id      string // a config option's ID
 	v2      bool   // its ID is "configId" (v2), not "id" (v1)
-	model   bool   // category "model"
-	sel     bool   // type "select" (or the models API)
+	kind    kind   // what it selects (its category): a model, a mode, or neither
+	sel     bool   // type "select" (or an object)
 	elem    [2]int // the config option element, or the models object
-	cur     string // currentValue / currentModelId
+	cur     string // currentValue / currentModelId / currentModeId
 	curOK   bool   // cur is a string
 	curPos  [2]int
 	entries []entry // options[] / availableModels[]
@@ -130,7 +131,7 @@ func configOptions(doc []byte, start, end int) ([]selector, error) {
 			case "category":
 				var cat string
 				cat, _, _, err = w.str()
-				s.model = cat == "model"
+				s.kind = kindOfCategory(cat)
 			case "type":
 				var typ string
 				typ, _, _, err = w.str()
@@ -151,19 +152,21 @@ func configOptions(doc []byte, start, end int) ([]selector, error) {
 	return out, err
 }
 
-// modelsObject reads the models API's object at doc[start:end]:
-// {currentModelId, availableModels: [{modelId, ...}]}. ok false: not an
-// object (null: the agent has none).
-func modelsObject(doc []byte, start, end int) (s selector, ok bool, err error) {
+// apiObject reads the object of kind k at doc[start:end]: the models
+// API's {currentModelId, availableModels: [{modelId, ...}]} or the modes'
+// {currentModeId, availableModes: [{id, ...}]}. ok false: not an object
+// (null: the agent has none).
+func apiObject(doc []byte, start, end int, k kind) (s selector, ok bool, err error) {
 	w := newWalker(doc, start, end)
-	s = selector{api: true, model: true, sel: true}
+	s = selector{api: true, kind: k, sel: true}
+	o := kinds[k]
 	s.elem, ok, err = w.object(func(name string) error {
 		var err error
 		switch name {
-		case "currentModelId":
+		case o.current:
 			s.cur, s.curOK, s.curPos, err = w.str()
-		case "availableModels":
-			s.entries, err = w.entries("modelId", false)
+		case o.available:
+			s.entries, err = w.entries(o.key, false)
 		default:
 			err = w.dec.SkipValue()
 		}

@@ -22,7 +22,6 @@ import (
 
 	"github.com/acpgate/acpgate/internal/logx"
 	"github.com/acpgate/acpgate/proxy/models"
-	"github.com/acpgate/acpgate/proxy/policy"
 )
 
 // MaxClientField bounds each of what a client names itself.
@@ -133,15 +132,15 @@ type Result struct {
 	Replayed            int  // messages of the history replayed
 	Trimmed             bool // the history had dropped older ones
 	Turn                string
-	// Models is the tenant's model allow-list: the session's recorded
-	// selectors are reported through it (models.FilterState).
-	Models policy.ModelPolicy
+	// Lists are the tenant's model and mode allow-lists: the session's
+	// recorded selectors are reported through them (models.FilterState).
+	Lists models.Lists
 }
 
 // filtered is st with its model selectors as r's allow-list lets a client
 // see them.
 func (r Result) filtered(st State) State {
-	st.ConfigOptions, st.Models = models.FilterState(st.ConfigOptions, st.Models, r.Models)
+	st.ConfigOptions, st.Models, st.Modes = models.FilterState(st.ConfigOptions, st.Models, st.Modes, r.Lists)
 	return st
 }
 

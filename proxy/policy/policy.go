@@ -62,6 +62,10 @@ type Policy struct {
 	// Models is the model allow-list: which models the tenant's sessions
 	// may run on (see [ModelPolicy]).
 	Models ModelPolicy `yaml:"models"`
+	// Modes is the mode allow-list, applied as Models is: which session
+	// modes (ACP's modes and config options of category "mode") the
+	// tenant's sessions may run in.
+	Modes ModelPolicy `yaml:"modes"`
 }
 
 // SessionPolicy gates the session methods beyond the baseline.
@@ -124,8 +128,8 @@ func (p Policy) ClientCaps() (fsRead, fsWrite, terminal bool) {
 	return p.Client.FsRead, p.Client.FsWrite, p.Client.Terminal
 }
 
-// Validate reports every malformed entry of HTTPHosts, Extensions and
-// Models.Allow.
+// Validate reports every malformed entry of HTTPHosts, Extensions,
+// Models.Allow and Modes.Allow.
 // The gates never match a malformed pattern, so an unvalidated policy fails
 // closed; Validate tells the operator why.
 func (p Policy) Validate() error {
@@ -143,6 +147,11 @@ func (p Policy) Validate() error {
 	for _, m := range p.Models.Allow {
 		if err := validateModelPattern(m); err != nil {
 			errs = append(errs, fmt.Errorf("models.allow: %w", err))
+		}
+	}
+	for _, m := range p.Modes.Allow {
+		if err := validateModelPattern(m); err != nil {
+			errs = append(errs, fmt.Errorf("modes.allow: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -231,6 +240,12 @@ func (p Policy) Describe() string {
 		b.WriteString("  allow: null  # every model\n")
 	} else {
 		list("  ", "allow", p.Models.Allow, "[]  # none")
+	}
+	b.WriteString("modes:\n")
+	if p.Modes.Allow == nil {
+		b.WriteString("  allow: null  # every mode\n")
+	} else {
+		list("  ", "allow", p.Modes.Allow, "[]  # none")
 	}
 	return b.String()
 }

@@ -383,16 +383,23 @@ func TestModelAllowListHostile(t *testing.T) {
 // list) in its configuration file and reloads it (SIGHUP).
 func (g *gateway) reloadPolicy(t *testing.T, allow string) string {
 	t.Helper()
+	return g.reloadList(t, "models", allow)
+}
+
+// reloadList is reloadPolicy for policy.<key>.allow (models or modes), the
+// configuration's last line.
+func (g *gateway) reloadList(t *testing.T, key, allow string) string {
+	t.Helper()
 	path := g.Cmd.Args[slices.Index(g.Cmd.Args, "--config")+1]
 	old, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	head, _, ok := strings.Cut(string(old), "policy: {models: {allow: ")
+	head, _, ok := strings.Cut(string(old), "policy: {"+key+": {allow: ")
 	if !ok {
-		t.Fatalf("no model policy in %s", old)
+		t.Fatalf("no %s policy in %s", key, old)
 	}
-	cfg := head + "policy: {models: {allow: " + allow + "}}\n"
+	cfg := head + "policy: {" + key + ": {allow: " + allow + "}}\n"
 	writeFile(t, path, []byte(cfg))
 	n := g.CountLogs("configuration reloaded", "", "")
 	if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {

@@ -77,6 +77,24 @@
 // sends a config_option_update, and is answered (configOptions for
 // set_config_option); a model not offered gets -32602. A prompt's answer
 // then ends with " [model <the session's model>]".
+//
+// FAKE_MODES (mode IDs, comma-separated; the first is each session's mode
+// to begin with) makes the same results advertise modes, as FAKE_MODE_SHAPE
+// says: "config" (the mode config option, of category mode, lists them),
+// "modes" (the modes object: {currentModeId, availableModes: [{id,
+// name}]}) or "both" (the default). session/set_mode and
+// session/set_config_option (configId mode) switch the session's mode:
+// each is logged ("fakeagent: set_mode <modeId>", "fakeagent:
+// set_config_option mode=<value>"), sends a current_mode_update, and is
+// answered; a mode not offered gets -32602. A prompt's answer then ends
+// with " [mode <the session's mode>]" (after its model's). A "permission"
+// turn's request then also offers the option "acceptEdits" (as
+// claude-code-acp's "Always Allow"); every answer to it is logged
+// ("fakeagent: permission answered <outcome> <optionId>").
+//
+// FAKE_LOAD_DELAY_MS (at most 10000) makes session/load and session/resume
+// wait that long before they are handled: a slow load, so that what a
+// client pipelines after one reaches the gateway before its answer.
 package main
 
 import (
@@ -120,12 +138,20 @@ type agent struct {
 	models     []string
 	model      map[string]string
 	modelShape string
+	// FAKE_MODES: the same for modes.
+	modes     []string
+	curMode   map[string]string
+	modeShape string
 }
 
 func main() {
 	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
 		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{},
-		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE")}
+		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE"),
+		curMode: map[string]string{}, modeShape: os.Getenv("FAKE_MODE_SHAPE")}
+	if v := os.Getenv("FAKE_MODES"); v != "" {
+		a.modes = strings.Split(v, ",")
+	}
 	if v := os.Getenv("FAKE_MODELS"); v != "" {
 		a.models = strings.Split(v, ",")
 	}
@@ -249,7 +275,7 @@ func (a *agent) handle(line []byte) {
 			a.smu.Unlock()
 		}
 		a.result(m.ID, a.withModels(sid, map[string]any{"sessionId": sid}))
-	case "session/set_config_option", "session/set_model":
+	case "session/set_config_option", "session/set_model", "session/set_mode":
 		a.setModel(m)
 	case "session/prompt":
 		var p acpclient.PromptParams
@@ -297,6 +323,9 @@ func (a *agent) handle(line []byte) {
 		}
 		if len(a.models) > 0 {
 			text.WriteString(" [model " + a.current(p.SessionID) + "]")
+		}
+		if len(a.modes) > 0 {
+			text.WriteString(" [mode " + a.currentMode(p.SessionID) + "]")
 		}
 		a.reply(p.SessionID, "You said: "+text.String())
 		a.result(m.ID, map[string]string{"stopReason": "end_turn"})
@@ -465,8 +494,9 @@ type fakeSession struct {
 // permissionAnswer is the client's answer to a permission request: its
 // outcome ("selected" or "cancelled"), or failed for an error.
 type permissionAnswer struct {
-	outcome string
-	failed  bool
+	outcome  string
+	optionID string
+	failed   bool
 }
 
 // textUpdate is a session/update's update of kind with one text block.
@@ -502,13 +532,18 @@ func (a *agent) permissionTurn(id json.RawMessage, sid string) {
 	wait := make(chan permissionAnswer, 1)
 	a.waits[strconv.Quote(reqID)] = wait
 	a.smu.Unlock()
+	options := []map[string]string{{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+		{"optionId": "reject", "name": "Reject", "kind": "reject_once"}}
+	if len(a.modes) > 0 { // as claude-code-acp: "Always Allow" moves the session to acceptEdits
+		options = append(options, map[string]string{"optionId": "acceptEdits", "name": "Always Allow", "kind": "allow_always"})
+	}
 	a.send(map[string]any{"jsonrpc": "2.0", "id": reqID, "method": "session/request_permission", "params": map[string]any{
 		"sessionId": sid,
 		"toolCall":  map[string]any{"toolCallId": "tool-" + reqID, "title": "Run a harmless command", "kind": "execute"},
-		"options": []map[string]string{{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
-			{"optionId": "reject", "name": "Reject", "kind": "reject_once"}},
+		"options":   options,
 	}})
 	ans := <-wait // the gateway answers it in the client's place when the client goes
+	fmt.Fprintf(os.Stderr, "fakeagent: permission answered %s %s\n", ans.outcome, ans.optionID)
 	if ans.failed || ans.outcome != "selected" {
 		a.result(id, map[string]string{"stopReason": "cancelled"})
 		return
@@ -529,7 +564,8 @@ func (a *agent) answered(line []byte, id json.RawMessage) {
 	var r struct {
 		Result *struct {
 			Outcome struct {
-				Outcome string `json:"outcome"`
+				Outcome  string `json:"outcome"`
+				OptionID string `json:"optionId"`
 			} `json:"outcome"`
 		} `json:"result"`
 	}
@@ -537,7 +573,7 @@ func (a *agent) answered(line []byte, id json.RawMessage) {
 		wait <- permissionAnswer{failed: true}
 		return
 	}
-	wait <- permissionAnswer{outcome: r.Result.Outcome.Outcome}
+	wait <- permissionAnswer{outcome: r.Result.Outcome.Outcome, optionID: r.Result.Outcome.OptionID}
 }
 
 // handleSessions serves the session methods of FAKE_MODE=sessions and
@@ -562,6 +598,9 @@ func (a *agent) handleSessions(m message) bool {
 		SessionID string `json:"sessionId"`
 	}
 	_ = json.Unmarshal(m.Params, &p)
+	if ms, _ := strconv.Atoi(os.Getenv("FAKE_LOAD_DELAY_MS")); ms > 0 && (m.Method == "session/load" || m.Method == "session/resume") {
+		time.Sleep(time.Duration(min(ms, 10_000)) * time.Millisecond)
+	}
 	a.smu.Lock()
 	s := a.store[p.SessionID]
 	var history []map[string]any
@@ -612,21 +651,48 @@ func (a *agent) configOptions(sid string) []any {
 		opts = []any{map[string]any{"groupId": "first", "name": "First", "options": opts[:half]},
 			map[string]any{"groupId": "rest", "name": "Rest", "options": opts[half:]}}
 	}
-	return []any{
-		map[string]any{key: "mode", "name": "Mode", "category": "mode", "type": "select", "currentValue": "ask",
-			"options": []any{map[string]string{"value": "ask", "name": "Ask"}, map[string]string{"value": "code", "name": "Code"}}},
-		map[string]any{key: "model", "name": "Model", "category": "model", "type": "select", "currentValue": a.current(sid),
-			"options": opts, "_meta": map[string]any{"fake": "kept"}},
+	mode := map[string]any{key: "mode", "name": "Mode", "category": "mode", "type": "select", "currentValue": "ask",
+		"options": []any{map[string]string{"value": "ask", "name": "Ask"}, map[string]string{"value": "code", "name": "Code"}}}
+	if len(a.modes) > 0 {
+		var modes []any
+		for _, id := range a.modes {
+			modes = append(modes, map[string]string{"value": id, "name": "Mode " + id})
+		}
+		mode["currentValue"], mode["options"] = a.currentMode(sid), modes
 	}
+	out := []any{mode}
+	if len(a.models) > 0 {
+		out = append(out, map[string]any{key: "model", "name": "Model", "category": "model", "type": "select", "currentValue": a.current(sid),
+			"options": opts, "_meta": map[string]any{"fake": "kept"}})
+	}
+	return out
+}
+
+// currentMode is the mode session sid runs in (FAKE_MODES).
+func (a *agent) currentMode(sid string) string {
+	if cur, ok := a.curMode[sid]; ok {
+		return cur
+	}
+	return a.modes[0]
 }
 
 // withModels adds session sid's model selectors to a result (FAKE_MODELS).
 func (a *agent) withModels(sid string, res map[string]any) map[string]any {
-	if len(a.models) == 0 {
+	if len(a.models) == 0 && len(a.modes) == 0 {
 		return res
 	}
-	if a.modelShape != "api" {
+	if len(a.models) > 0 && a.modelShape != "api" || len(a.models) == 0 && a.modeShape != "modes" {
 		res["configOptions"] = a.configOptions(sid)
+	}
+	if len(a.modes) > 0 && a.modeShape != "config" {
+		var avail []any
+		for _, id := range a.modes {
+			avail = append(avail, map[string]string{"id": id, "name": "Mode " + id})
+		}
+		res["modes"] = map[string]any{"currentModeId": a.currentMode(sid), "availableModes": avail}
+	}
+	if len(a.models) == 0 {
+		return res
 	}
 	if a.modelShape == "api" || a.modelShape == "both" {
 		var avail []any
@@ -638,6 +704,32 @@ func (a *agent) withModels(sid string, res map[string]any) map[string]any {
 	return res
 }
 
+// setMode serves session/set_mode and session/set_config_option of the
+// mode option (FAKE_MODES).
+func (a *agent) setMode(m message, sid, to string, value json.RawMessage) {
+	if m.Method == "session/set_config_option" {
+		_ = json.Unmarshal(value, &to)
+		fmt.Fprintf(os.Stderr, "fakeagent: set_config_option mode=%s\n", to)
+	} else {
+		fmt.Fprintf(os.Stderr, "fakeagent: set_mode %s\n", to)
+	}
+	offered := false
+	for _, id := range a.modes {
+		offered = offered || id == to
+	}
+	if !offered {
+		a.fail(m.ID, -32602, "no such mode")
+		return
+	}
+	a.curMode[sid] = to
+	a.update(sid, map[string]any{"sessionUpdate": "current_mode_update", "currentModeId": to})
+	if m.Method == "session/set_mode" {
+		a.result(m.ID, map[string]any{})
+		return
+	}
+	a.result(m.ID, map[string]any{"configOptions": a.configOptions(sid)})
+}
+
 // setModel serves session/set_config_option and session/set_model.
 func (a *agent) setModel(m message) {
 	var p struct {
@@ -645,8 +737,13 @@ func (a *agent) setModel(m message) {
 		ConfigID  string          `json:"configId"`
 		Value     json.RawMessage `json:"value"`
 		ModelID   string          `json:"modelId"`
+		ModeID    string          `json:"modeId"`
 	}
 	_ = json.Unmarshal(m.Params, &p)
+	if m.Method == "session/set_mode" || m.Method == "session/set_config_option" && p.ConfigID == "mode" {
+		a.setMode(m, p.SessionID, p.ModeID, p.Value)
+		return
+	}
 	to := p.ModelID
 	if m.Method == "session/set_config_option" {
 		_ = json.Unmarshal(p.Value, &to)
