@@ -22,11 +22,14 @@ import (
 // its working directory (the tenant root), and its confinement, which
 // acpgate supervise applies before it starts the agent.
 type launcher struct {
-	log  *slog.Logger
-	abi  int // Landlock ABI; 0: the kernel has none (mode auto)
-	user *sandbox.User
-	cfg  atomic.Pointer[config.Config]
-	seq  atomic.Int64
+	log *slog.Logger
+	abi int // Landlock ABI; 0: the kernel has none (mode auto)
+	// probeErr is why there is no Landlock (abi 0): a reload that adds
+	// agent_env is refused with it.
+	probeErr error
+	user     *sandbox.User
+	cfg      atomic.Pointer[config.Config]
+	seq      atomic.Int64
 	// tracing gives agents their OTEL_* variables; nil: none. Set before
 	// the first launch.
 	tracing *tracing
@@ -53,6 +56,10 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 	l := &launcher{log: log, creds: creds}
 	l.cfg.Store(cfg)
 	abi, err := sandbox.Probe()
+	if cerr := credsApart(cfg, abi, err); cerr != nil {
+		return nil, cerr
+	}
+	l.probeErr = err
 	switch {
 	case err != nil && mode == "required":
 		return nil, fmt.Errorf("sandbox.mode is required but the agents cannot be confined: %w", err)
@@ -87,6 +94,44 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 		}
 	}
 	return l, nil
+}
+
+// credsApart says why cfg's agent credentials (tenants[].agent_env) would
+// not be kept apart on this host, or nil. Every tenant's agents run as one
+// user, so what keeps tenant A's agents from reading B's credential in
+// /proc/<pid>/environ is Landlock: a process confined by it may not trace
+// or inspect (ptrace access mode read) a process outside its own domain,
+// and each agent process has a domain of its own. abi and probeErr are
+// what sandbox.Probe reported: with agent_env, sandbox.mode auto is
+// required.
+func credsApart(cfg *config.Config, abi int, probeErr error) error {
+	if !cfg.HasAgentEnv() || (probeErr == nil && abi >= 1) {
+		return nil
+	}
+	why := "the kernel offers no Landlock ABI"
+	if probeErr != nil {
+		why = probeErr.Error()
+	}
+	return fmt.Errorf("tenants[].agent_env needs Landlock to keep one tenant's agents from reading another's credentials "+
+		"(/proc/<pid>/environ: all agents run as one user), and this host has none: %s; run the gateway where Landlock "+
+		"is enabled (Linux 5.13 or later with landlock in the lsm= list, and a container seccomp profile that allows the "+
+		"landlock_* system calls), or remove agent_env and run one gateway per tenant", why)
+}
+
+// CredsApart is what check-config reports about tenants[].agent_env on
+// this host: how the tenants' credentials are kept apart, or why serve
+// would refuse to start. ok is false for a refusal; "" when no tenant
+// has agent_env.
+func CredsApart(cfg *config.Config) (msg string, ok bool) {
+	if !cfg.HasAgentEnv() {
+		return "", true
+	}
+	abi, err := sandbox.Probe()
+	if err := credsApart(cfg, abi, err); err != nil {
+		return "agent_env: REFUSED on this host, serve would not start: " + err.Error(), false
+	}
+	return fmt.Sprintf("agent_env: tenants' credentials are kept apart by Landlock ABI %d on this host "+
+		"(no agent may read the environment of a process outside its own Landlock domain)", abi), true
 }
 
 // setTracing makes agents export their traces where the gateway's go.
