@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -126,7 +127,10 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	var creds map[string]map[string]string
 	var credsChanged []string
 	if s.launch != nil {
-		if err := credsApart(next, s.launch.abi, s.launch.probeErr); err != nil {
+		if err := credsApart(next, s.launch.abi, s.launch.probeErr, os.Geteuid()); err != nil {
+			return err
+		}
+		if err := checkUsers(next, os.Geteuid()); err != nil {
 			return err
 		}
 		if creds, credsChanged, err = s.launch.creds.read(next); err != nil {

@@ -123,6 +123,75 @@ func TestCredsRefusedWithoutLandlock(t *testing.T) {
 	})
 }
 
+// TestCredsApartByAccount (finding 2, the other way): without Landlock,
+// a gateway running as root with an account of its own for every tenant
+// (tenants[].sandbox.user) starts with agent_env, and one tenant's agent
+// scanning every /proc/<pid>/environ finds its own credential only; two
+// tenants with one account are refused.
+func TestCredsApartByAccount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: tenants[].sandbox.user needs the gateway to run as root")
+	}
+	force := sandbox.ForceNoLandlockEnv + "=1"
+	uids := map[string]int{"acme": 61001, "globex": 61002}
+	secrets := map[string]string{"acme": "sk-acct-acme-" + harness.RandomHex(t, 16), "globex": "sk-acct-globex-" + harness.RandomHex(t, 16)}
+	e := newIsoEnv(t)
+	state := t.TempDir()
+	for _, d := range []string{filepath.Dir(e.dir), e.dir, state, filepath.Dir(fakeAgentBin(t))} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	credFile := filepath.Join(e.dir, "acme.credential")
+	writeFile(t, credFile, []byte(secrets["acme"]+"\n"))
+	tenantYAML := func(acmeUID, globexUID int) map[string]string {
+		return map[string]string{
+			"acme":   fmt.Sprintf("    agent_env: {%s: {file: %q}}\n    sandbox: {user: \"%d:%d\"}\n", credVar, credFile, acmeUID, acmeUID),
+			"globex": fmt.Sprintf("    agent_env: {%s: {env: %s}}\n    sandbox: {user: \"%d:%d\"}\n", credVar, credSourceEnv, globexUID, globexUID),
+		}
+	}
+	for name, uid := range uids {
+		if err := os.Chown(e.roots[name], uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{force, credSourceEnv + "=" + secrets["globex"]}
+
+	t.Run("one account for two tenants is refused", func(t *testing.T) {
+		e.tenantYAML = tenantYAML(uids["acme"], uids["acme"])
+		path := filepath.Join(t.TempDir(), "acpgate.yaml")
+		writeFile(t, path, []byte(fakeAgentConfig(t, "")+e.config(e.keyFile, nil)+policyAllowFake))
+		out, err := runCmd(t, append(gatewayEnv(), env...), "serve", "--listen", "127.0.0.1:0", "--config", path)
+		if err == nil || !strings.Contains(out, fmt.Sprintf("uid %d is also tenant \"acme\"'s", uids["acme"])) {
+			t.Errorf("serve with one account for two tenants: %v\n%s", err, out)
+		}
+	})
+
+	e.tenantYAML = tenantYAML(uids["acme"], uids["globex"])
+	cfg := fakeAgentConfig(t, "") + e.config(e.keyFile, nil) + policyAllowFake
+	g := startGateway(t, gwOpts{stateDir: state, config: cfg, env: env})
+	g.WaitLog(t, "agents run WITHOUT Landlock", "", "", 5*time.Second)
+	out, err := runCmd(t, append(gatewayEnv(), env...), "check-config", "--config", g.Cmd.Args[len(g.Cmd.Args)-1])
+	if err != nil || !strings.Contains(out, "agent_env: tenants' credentials are kept apart by one account per tenant") {
+		t.Errorf("check-config: %v\n%s", err, out)
+	}
+	gc := dialToken(t, g, e.tokens["globex"])
+	gsid := gc.newSession(vroot)
+	if got := credOf(t, gc, gsid); got.sum != hexSHA256(secrets["globex"]) {
+		t.Fatalf("globex's agent lacks its credential")
+	}
+	ac := dialToken(t, g, e.tokens["acme"])
+	asid := ac.newSession(vroot)
+	scan := `for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" 2>/dev/null | grep "^` + credVar + `=" | sed "s|^|$f |"; done`
+	a := host(t, ac, map[string]any{"sessionId": asid, "op": "exec", "argv": []string{"/bin/sh", "-c", scan}})
+	if strings.Contains(a.Data, secrets["globex"]) {
+		t.Errorf("acme's agent read globex's credential:\n%s", a.Data)
+	}
+	if !strings.Contains(a.Data, secrets["acme"]) { // the scan works: it finds acme's own
+		t.Errorf("the scan did not find acme's own credential (%s):\n%s", a.Err, a.Data)
+	}
+}
+
 // credLogAgent is a shell agent that writes its credential to stderr in
 // several forms, among them lines cut by the gateway's 512- and 2048-byte
 // bounds right inside the value, and exits before it initializes.
