@@ -412,6 +412,9 @@ func describeSandbox(w io.Writer, cfg *config.Config) {
 		}
 		fmt.Fprintf(w, "  %s: HOME %s\n    read-write: %s\n    read-only:  %s (and the agent's program)\n",
 			who, cfg.SandboxHome(tenantName(t)), strings.Join(rw, " "), strings.Join(ro[len(sandbox.SystemReadOnly):], " "))
+		if u, err := cfg.TenantUser(t); err == nil && u != nil {
+			fmt.Fprintf(w, "    runs as:    uid %d gid %d\n", u.UID, u.GID)
+		}
 	}
 	fmt.Fprintf(w, "  every agent reads: %s\n", strings.Join(sandbox.SystemReadOnly, " "))
 	for _, a := range cfg.AgentList() {
