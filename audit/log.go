@@ -36,6 +36,10 @@ type Config struct {
 	// Start are fields of the gateway.started line each Open writes first
 	// (the version…), after its boot ID.
 	Start []Field
+	// Redact, if set, returns an event's line with secrets taken out; the
+	// writer applies it to each event before it chains it (off Record's
+	// goroutine).
+	Redact func(string) string
 	// Hooks for metrics; nil ones are skipped. Written and WriteError are
 	// called on the writer's goroutine, Dropped also on Record's.
 	Written    func(event string) // a line reached the trail

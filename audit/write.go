@@ -71,7 +71,13 @@ func (l *Log) add(q queued) {
 		l.lose(GapQueueFull, q.lost)
 	}
 	l.own()
-	l.chain(q.event, q.line)
+	line := q.line
+	if l.cfg.Redact != nil {
+		if r := l.cfg.Redact(string(line)); r != string(line) {
+			line = []byte(r)
+		}
+	}
+	l.chain(q.event, line)
 	l.batch.events++
 	l.takeFull()
 }

@@ -96,3 +96,25 @@ func (c *agentCreds) of(tenant string) map[string]string {
 	defer c.mu.Unlock()
 	return maps.Clone(c.vals[tenant])
 }
+
+// all returns a copy of every tenant's credentials.
+func (c *agentCreds) all() map[string]map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]map[string]string, len(c.vals))
+	for t, v := range c.vals {
+		out[t] = maps.Clone(v)
+	}
+	return out
+}
+
+// mergeCreds is every value of a and b, under tenant names that keep both
+// apart where they differ (for the redactor, which only needs the values).
+func mergeCreds(a, b map[string]map[string]string) map[string]map[string]string {
+	out := make(map[string]map[string]string, len(a)+len(b))
+	for t, v := range a {
+		out[t+" (before the reload)"] = v
+	}
+	maps.Copy(out, b)
+	return out
+}

@@ -88,6 +88,7 @@ func (ag *agents) spec(cfg *config.Config, a config.AgentEntry) (proxy.AgentSpec
 			RecycleAfterSessions:  p.RecycleAfterSessions,
 			RecycleAfter:          p.RecycleAfter.D(),
 			ClientVersion:         ag.opts.Version,
+			Redact:                ag.opts.Redactor.String,
 		},
 		Timeouts: proxy.Timeouts{
 			ClientRequest: cfg.Timeouts.ClientRequest.D(),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/internal/redact"
 )
 
 // auditTrail is the gateway's side of the audit trail (audit.file): the
@@ -90,7 +91,7 @@ func (t *auditTrail) adminDenied(r *http.Request, reason string) {
 // openAudit opens the audit trail (recording nothing when audit.file is
 // unset), keyed by audit.hmac_key_file if set, and registers its metrics
 // on reg. Its first line, gateway.started, names the version.
-func openAudit(cfg *config.Config, version string, reg prometheus.Registerer, log *slog.Logger) (*auditTrail, error) {
+func openAudit(cfg *config.Config, version string, reg prometheus.Registerer, red *redact.Redactor, log *slog.Logger) (*auditTrail, error) {
 	t := &auditTrail{keyFile: cfg.Audit.HMACKeyFile, log: log}
 	t.authFails = audit.NewThrottle(audit.RecorderFunc(t.record), "auth.failed", audit.ThrottleConfig{})
 	t.adminDenials = audit.NewThrottle(audit.RecorderFunc(t.record), "admin.denied", audit.ThrottleConfig{})
@@ -114,6 +115,7 @@ func openAudit(cfg *config.Config, version string, reg prometheus.Registerer, lo
 		File:       cfg.Audit.File,
 		Key:        key,
 		Start:      []audit.Field{audit.F("version", version), audit.F("pid", os.Getpid())},
+		Redact:     red.String,
 		Written:    func(ev string) { events.WithLabelValues(ev).Inc() },
 		Dropped:    func(n int) { dropped.Add(float64(n)) },
 		WriteError: writeErrors.Inc,

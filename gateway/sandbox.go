@@ -22,11 +22,13 @@ import (
 // its working directory (the tenant root), and its confinement, which
 // acpgate supervise applies before it starts the agent.
 type launcher struct {
-	log  *slog.Logger
-	abi  int // Landlock ABI; 0: the kernel has none (mode auto)
-	user *sandbox.User
-	cfg  atomic.Pointer[config.Config]
-	seq  atomic.Int64
+	log *slog.Logger
+	abi int // Landlock ABI; 0: the kernel has none (mode auto)
+	// probeErr is why there is no Landlock (abi 0): a reload that adds
+	// agent_env is refused with it.
+	probeErr error
+	cfg      atomic.Pointer[config.Config]
+	seq      atomic.Int64
 	// tracing gives agents their OTEL_* variables; nil: none. Set before
 	// the first launch.
 	tracing *tracing
@@ -53,6 +55,10 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 	l := &launcher{log: log, creds: creds}
 	l.cfg.Store(cfg)
 	abi, err := sandbox.Probe()
+	if cerr := credsApart(cfg, abi, err, os.Geteuid()); cerr != nil {
+		return nil, cerr
+	}
+	l.probeErr = err
 	switch {
 	case err != nil && mode == "required":
 		return nil, fmt.Errorf("sandbox.mode is required but the agents cannot be confined: %w", err)
@@ -68,14 +74,11 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 			log.Error("sandbox.network.restrict needs Landlock ABI 4; this kernel's agents keep their network", "landlock_abi", abi)
 		}
 	}
-	if l.user, err = cfg.SandboxUser(); err != nil {
+	if err := checkUsers(cfg, os.Geteuid()); err != nil {
 		return nil, err
 	}
-	if os.Geteuid() == 0 && l.user == nil {
+	if u, _ := cfg.SandboxUser(); os.Geteuid() == 0 && u == nil && !cfg.UserPerTenant() {
 		log.Warn("agents run as root, without capabilities; set sandbox.user to an unprivileged account")
-	}
-	if l.user != nil && os.Geteuid() != 0 {
-		return nil, fmt.Errorf("sandbox.user %q needs the gateway to run as root", cfg.Sandbox.User)
 	}
 	if err := os.MkdirAll(cfg.Sandbox.Home, 0o711); err != nil {
 		return nil, fmt.Errorf("sandbox.home: %w (set sandbox.home to a directory the gateway may create)", err)
@@ -87,6 +90,67 @@ func newLauncher(cfg *config.Config, supervisor []string, log *slog.Logger) (*la
 		}
 	}
 	return l, nil
+}
+
+// checkUsers refuses sandbox.user and tenants[].sandbox.user unless the
+// gateway runs as root (euid), which alone can start agents as them.
+func checkUsers(cfg *config.Config, euid int) error {
+	if u, err := cfg.SandboxUser(); err != nil {
+		return err
+	} else if u != nil && euid != 0 {
+		return fmt.Errorf("sandbox.user %q needs the gateway to run as root", cfg.Sandbox.User)
+	}
+	for i := range cfg.Tenants {
+		t := &cfg.Tenants[i]
+		if t.Sandbox.User != "" && euid != 0 {
+			return fmt.Errorf("tenant %q's sandbox.user %q needs the gateway to run as root", t.Name, t.Sandbox.User)
+		}
+	}
+	return nil
+}
+
+// credsApart says why cfg's agent credentials (tenants[].agent_env) would
+// not be kept apart on this host, or nil. What keeps tenant A's agents
+// from reading B's credential in /proc/<pid>/environ is either Landlock (a
+// process confined by it may not inspect, in ptrace's read mode, a process
+// outside its own domain, and each agent process has a domain of its own)
+// or one account per tenant (tenants[].sandbox.user, the gateway running
+// as root, euid): an agent without capabilities may not inspect another
+// user's process. abi and probeErr are what sandbox.Probe reported: with
+// agent_env and no account per tenant, sandbox.mode auto is required.
+func credsApart(cfg *config.Config, abi int, probeErr error, euid int) error {
+	if !cfg.HasAgentEnv() || (probeErr == nil && abi >= 1) || (euid == 0 && cfg.UserPerTenant()) {
+		return nil
+	}
+	why := "the kernel offers no Landlock ABI"
+	if probeErr != nil {
+		why = probeErr.Error()
+	}
+	return fmt.Errorf("tenants[].agent_env needs Landlock to keep one tenant's agents from reading another's credentials "+
+		"(/proc/<pid>/environ: all agents run as one user), and this host has none: %s; run the gateway where Landlock "+
+		"is enabled (Linux 5.13 or later with landlock in the lsm= list, and a container seccomp profile that allows the "+
+		"landlock_* system calls), or run it as root with an account of its own for every tenant "+
+		"(tenants[].sandbox.user, no two alike, none sandbox.user's)", why)
+}
+
+// CredsApart is what check-config reports about tenants[].agent_env on
+// this host: how the tenants' credentials are kept apart, or why serve
+// would refuse to start. ok is false for a refusal; "" when no tenant
+// has agent_env.
+func CredsApart(cfg *config.Config) (msg string, ok bool) {
+	if !cfg.HasAgentEnv() {
+		return "", true
+	}
+	abi, err := sandbox.Probe()
+	if err := credsApart(cfg, abi, err, os.Geteuid()); err != nil {
+		return "agent_env: REFUSED on this host, serve would not start: " + err.Error(), false
+	}
+	if err != nil || abi < 1 {
+		return "agent_env: tenants' credentials are kept apart by one account per tenant (tenants[].sandbox.user) on this host " +
+			"(no Landlock; an agent may not read another user's process environment)", true
+	}
+	return fmt.Sprintf("agent_env: tenants' credentials are kept apart by Landlock ABI %d on this host "+
+		"(no agent may read the environment of a process outside its own Landlock domain)", abi), true
 }
 
 // setTracing makes agents export their traces where the gateway's go.
@@ -131,7 +195,11 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 	}
 	home := cfg.SandboxHome(name)
 	tmp := filepath.Join(home, "tmp")
-	if err := l.makeHome(home, tmp); err != nil {
+	user, err := cfg.TenantUser(t)
+	if err != nil {
+		return proxy.Launch{}, err
+	}
+	if err := l.makeHome(user, home, tmp); err != nil {
 		return proxy.Launch{}, err
 	}
 	vars := withTracingEnv(l.tracing.agentEnv(agentName, name), agent.Env)
@@ -158,7 +226,7 @@ func (l *launcher) launch(agentName, exe, tenant string) (proxy.Launch, error) {
 		ro = append(ro, exe)
 	}
 	lim := cfg.Sandbox.Limits
-	spec := l.sandboxSpec(cfg, ro, rw)
+	spec := l.sandboxSpec(cfg, ro, rw, user)
 	launch := proxy.Launch{Dir: home, Sandbox: "landlock v" + strconv.Itoa(l.abi)}
 	if l.abi == 0 {
 		launch.Sandbox = "no landlock"
@@ -194,7 +262,7 @@ func launchTenant(cfg *config.Config, tenant string) (*config.Tenant, error) {
 }
 
 // makeHome makes an agent's home and temporary directory, its user's only.
-func (l *launcher) makeHome(dirs ...string) error {
+func (l *launcher) makeHome(user *sandbox.User, dirs ...string) error {
 	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("agent home: %w", err)
@@ -202,8 +270,8 @@ func (l *launcher) makeHome(dirs ...string) error {
 		if err := os.Chmod(d, 0o700); err != nil {
 			return fmt.Errorf("agent home: %w", err)
 		}
-		if l.user != nil {
-			if err := os.Chown(d, l.user.UID, l.user.GID); err != nil {
+		if user != nil {
+			if err := os.Chown(d, user.UID, user.GID); err != nil {
 				return fmt.Errorf("agent home: %w", err)
 			}
 		}
@@ -211,8 +279,9 @@ func (l *launcher) makeHome(dirs ...string) error {
 	return nil
 }
 
-// sandboxSpec is the sandbox of a process that may read ro and write rw.
-func (l *launcher) sandboxSpec(cfg *config.Config, ro, rw []string) *sandbox.Spec {
+// sandboxSpec is the sandbox of a process that may read ro and write rw,
+// running as user (nil: the gateway's).
+func (l *launcher) sandboxSpec(cfg *config.Config, ro, rw []string, user *sandbox.User) *sandbox.Spec {
 	lim := cfg.Sandbox.Limits
 	spec := &sandbox.Spec{
 		Landlock:  l.abi > 0,
@@ -222,7 +291,7 @@ func (l *launcher) sandboxSpec(cfg *config.Config, ro, rw []string) *sandbox.Spe
 		DevicesRO: sandbox.SystemDevicesRO,
 		Limits: sandbox.Limits{OpenFiles: uint64(lim.OpenFiles), Processes: uint64(lim.Processes),
 			DataBytes: uint64(lim.Memory)},
-		User: l.user,
+		User: user,
 	}
 	if n := cfg.Sandbox.Network; n.Restrict {
 		spec.Net = &sandbox.Net{}

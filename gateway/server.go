@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/internal/redact"
 	"github.com/acpgate/acpgate/permrules"
 	"github.com/acpgate/acpgate/proxy"
 	"github.com/acpgate/acpgate/proxy/access"
@@ -44,12 +46,18 @@ type Options struct {
 	Supervisor func(stopGrace time.Duration) []string
 	Version    string
 	Logger     *slog.Logger
+	// Redactor takes the configuration's secrets out of what Logger
+	// writes (its handler is a redact.Handler over it), of the audit
+	// trail and of traces: New and Reload set its secrets. nil: New makes
+	// one and wraps Logger's handler itself.
+	Redactor *redact.Redactor
 }
 
 // Server is a running gateway.
 type Server struct {
 	// Static after New.
 	log      *slog.Logger
+	redactor *redact.Redactor // its secrets: Reload replaces them
 	relay    *proxy.Relay
 	authn    *auth.Authenticator // nil: no authentication (no tenants)
 	admin    *adminAPI           // nil: no admin API
@@ -119,6 +127,12 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	var creds map[string]map[string]string
 	var credsChanged []string
 	if s.launch != nil {
+		if err := credsApart(next, s.launch.abi, s.launch.probeErr, os.Geteuid()); err != nil {
+			return err
+		}
+		if err := checkUsers(next, os.Geteuid()); err != nil {
+			return err
+		}
 		if creds, credsChanged, err = s.launch.creds.read(next); err != nil {
 			return err
 		}
@@ -158,8 +172,13 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	s.mu.Unlock()
 	s.agents.retire(cur, removed)
 	if s.launch != nil {
+		// The new values are redacted before any agent gets them; the old
+		// ones stay redacted too while processes that hold them run.
+		setSecrets(s.redactor, next, mergeCreds(s.launch.creds.all(), creds), s.log)
 		s.launch.creds.set(creds)
 		s.replaceTenantAgents(next, credsChanged)
+	} else {
+		setSecrets(s.redactor, next, nil, s.log)
 	}
 	s.audit.configReloaded(cur, next, added, removed, credsChanged)
 	return nil
@@ -302,6 +321,14 @@ func New(opts Options) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if opts.Redactor == nil {
+		opts.Redactor = &redact.Redactor{}
+		log = slog.New(redact.NewHandler(log.Handler(), opts.Redactor))
+	}
+	// The secrets known before any is read from the tenants' sources
+	// (those are added once the launcher has read them, before any agent
+	// starts).
+	setSecrets(opts.Redactor, cfg, nil, log)
 	sealer, err := newSealer(cfg, log)
 	if err != nil {
 		return nil, err
@@ -347,17 +374,20 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if trail, err = openAudit(cfg, opts.Version, reg, log); err != nil {
+	if launch != nil {
+		setSecrets(opts.Redactor, cfg, launch.creds.all(), log)
+	}
+	if trail, err = openAudit(cfg, opts.Version, reg, opts.Redactor, log); err != nil {
 		return fail(err)
 	}
 	if bud, err = newBudgets(cfg, reg, relayMetrics.Tenants(), trail, log); err != nil {
 		return fail(err)
 	}
-	tr, err := startTracing(cfg, opts.Version, log)
+	tr, err := startTracing(cfg, opts.Version, opts.Redactor, log)
 	if err != nil {
 		return fail(err)
 	}
-	s := &Server{cfg: cfg, log: log, authn: authn, launch: launch, links: newLinkRegistry(),
+	s := &Server{cfg: cfg, log: log, redactor: opts.Redactor, authn: authn, launch: launch, links: newLinkRegistry(),
 		tracing: tr, registry: reg, audit: trail, budgets: bud}
 	s.agents = newAgents(opts, launch, tr, s.links, log)
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count

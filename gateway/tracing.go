@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/internal/redact"
 )
 
 // tracing is where traces go, from observability.tracing or the standard
@@ -98,12 +99,12 @@ func (t *tracing) copyEnv(getenv func(string) string, keys ...string) {
 
 // startTracing reads where traces go and builds the tracer provider; nil
 // when tracing is off.
-func startTracing(cfg *config.Config, version string, log *slog.Logger) (*tracing, error) {
+func startTracing(cfg *config.Config, version string, red *redact.Redactor, log *slog.Logger) (*tracing, error) {
 	t, err := newTracing(cfg, os.Getenv)
 	if t == nil || err != nil {
 		return nil, err
 	}
-	if t.tp, err = t.provider(context.Background(), version, log); err != nil {
+	if t.tp, err = t.provider(context.Background(), version, red, log); err != nil {
 		return nil, err
 	}
 	log.Info("tracing on", "protocol", t.protocol, "endpoint_from", map[bool]string{true: "observability.tracing", false: "OTEL_* variables"}[t.cfg != nil])
@@ -146,10 +147,13 @@ func withTracingEnv(tracingEnv, agentEnv map[string]string) map[string]string {
 // OTEL_TRACES_SAMPLER (the SDK reads it, as no sampler is given), the
 // span limits (spanLimits) and a resource naming this replica. Its
 // Shutdown flushes.
-func (t *tracing) provider(ctx context.Context, version string, log *slog.Logger) (*sdktrace.TracerProvider, error) {
+func (t *tracing) provider(ctx context.Context, version string, red *redact.Redactor, log *slog.Logger) (*sdktrace.TracerProvider, error) {
 	exp, err := t.exporter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	if red != nil { // no secret leaves in a span
+		exp = redactingExporter{SpanExporter: exp, r: red}
 	}
 	res, err := tracingResource(ctx, version)
 	if err != nil {

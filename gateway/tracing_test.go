@@ -233,7 +233,7 @@ func TestTracingProviderBoundsSpans(t *testing.T) {
 	if err != nil || tr == nil {
 		t.Fatalf("newTracing = %v, %v", tr, err)
 	}
-	tp, err := tr.provider(context.Background(), "test", slog.New(slog.DiscardHandler))
+	tp, err := tr.provider(context.Background(), "test", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/acpgate/acpgate/demoagent"
 	"github.com/acpgate/acpgate/gateway"
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/internal/redact"
 	"github.com/acpgate/acpgate/proxy/sandbox"
 	"github.com/acpgate/acpgate/proxy/supervise"
 )
@@ -114,7 +115,8 @@ func serve(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "acpgate: %v\n", err)
 		return 2
 	}
-	log := newLogger(cfg.Log, stderr)
+	red := &redact.Redactor{} // the gateway sets its secrets
+	log := newLogger(cfg.Log, stderr, red)
 	exe, err := os.Executable()
 	if err != nil {
 		log.Error("cannot find the acpgate executable", "err", err)
@@ -126,8 +128,9 @@ func serve(args []string, stderr io.Writer) int {
 		Supervisor: func(grace time.Duration) []string {
 			return []string{exe, "supervise", "--grace", grace.String(), "--parent-pid", strconv.Itoa(os.Getpid()), "--"}
 		},
-		Version: buildVersion(),
-		Logger:  log,
+		Version:  buildVersion(),
+		Logger:   log,
+		Redactor: red,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -307,14 +310,17 @@ func ignoredEnv(name string) bool {
 		strings.HasPrefix(name, "ACPGATE_E2E_") || name == "ACPGATE_JAEGER_BIN"
 }
 
-func newLogger(c config.Log, w io.Writer) *slog.Logger {
+// newLogger writes c's format at c's level to w, with red's secrets
+// redacted from every record.
+func newLogger(c config.Log, w io.Writer, red *redact.Redactor) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.Level))
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(redact.NewHandler(h, red))
 }
 
 func checkConfig(args []string, stdout, stderr io.Writer) int {
@@ -347,6 +353,12 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 	if !describeAgentEnv(stdout, cfg) {
 		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)
 		return 1
+	}
+	if msg, ok := gateway.CredsApart(cfg); !ok {
+		fmt.Fprintf(stderr, "%s: %s\n", *path, msg)
+		return 1
+	} else if msg != "" {
+		fmt.Fprintf(stdout, "\n%s\n", msg)
 	}
 	return 0
 }
@@ -400,6 +412,9 @@ func describeSandbox(w io.Writer, cfg *config.Config) {
 		}
 		fmt.Fprintf(w, "  %s: HOME %s\n    read-write: %s\n    read-only:  %s (and the agent's program)\n",
 			who, cfg.SandboxHome(tenantName(t)), strings.Join(rw, " "), strings.Join(ro[len(sandbox.SystemReadOnly):], " "))
+		if u, err := cfg.TenantUser(t); err == nil && u != nil {
+			fmt.Fprintf(w, "    runs as:    uid %d gid %d\n", u.UID, u.GID)
+		}
 	}
 	fmt.Fprintf(w, "  every agent reads: %s\n", strings.Join(sandbox.SystemReadOnly, " "))
 	for _, a := range cfg.AgentList() {

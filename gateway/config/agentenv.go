@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/acpgate/acpgate/internal/redact"
 )
 
 // AgentEnvSource is where one of a tenant's agent credentials comes from
@@ -40,8 +42,9 @@ const maxAgentEnvBytes = 64 << 10
 
 // ReadValue reads the credential. Its errors name the source and why, never
 // what was read: a file that is a symbolic link (O_NOFOLLOW), not a
-// regular file, over 64 KiB, empty or holding a NUL byte is refused, as is
-// an unset or empty environment variable.
+// regular file, over 64 KiB, empty, holding a NUL byte or a value shorter
+// than redact.MinLen (which the logs could not be kept free of) is
+// refused, as is an unset or empty environment variable.
 func (s AgentEnvSource) ReadValue() (string, error) {
 	var v string
 	if s.File == "" {
@@ -62,6 +65,9 @@ func (s AgentEnvSource) ReadValue() (string, error) {
 		return "", fmt.Errorf("%s is empty", s)
 	case strings.IndexByte(v, 0) >= 0:
 		return "", fmt.Errorf("%s holds a NUL byte, which no environment variable can", s)
+	case len(v) < redact.MinLen:
+		return "", fmt.Errorf("%s holds a value shorter than %d bytes, too short to be told from ordinary text and "+
+			"redacted from the logs; refused", s, redact.MinLen)
 	}
 	return v, nil
 }
@@ -159,6 +165,17 @@ func (c *Config) validateAgentEnv(i int, at nodeAt, item func(i int, key string)
 		at(n, "%s: needs the sandbox (sandbox.mode auto or required): with sandbox.mode: off every agent gets the gateway's "+
 			"whole environment and every file its user can read, other tenants' credentials included", where)
 	}
+}
+
+// HasAgentEnv reports whether any tenant has agent credentials
+// (tenants[].agent_env).
+func (c *Config) HasAgentEnv() bool {
+	for i := range c.Tenants {
+		if len(c.Tenants[i].AgentEnv) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // agentEnvFiles lists the tenants' credential files, for exposedSecrets.

@@ -103,7 +103,7 @@ func TestAgentEnvReadValue(t *testing.T) {
 		}
 		return p
 	}
-	for data, want := range map[string]string{"v1\n": "v1", "v2": "v2", "v3\r\n": "v3", "multi\nline\n\n": "multi\nline\n"} {
+	for data, want := range map[string]string{"value-01\n": "value-01", "value-02": "value-02", "value-03\r\n": "value-03", "multi\nline\n\n": "multi\nline\n"} {
 		if got, err := (AgentEnvSource{File: write("f", data)}).ReadValue(); err != nil || got != want {
 			t.Errorf("file %q: %q, %v; want %q", data, got, err, want)
 		}
@@ -138,6 +138,7 @@ func TestAgentEnvReadValue(t *testing.T) {
 		"missing":   {AgentEnvSource{File: filepath.Join(dir, "nope")}, "no such file"},
 		"empty":     {AgentEnvSource{File: write("empty", "\n")}, "is empty"},
 		"NUL":       {AgentEnvSource{File: write("nul", secret+"\x00x")}, "NUL byte"},
+		"short":     {AgentEnvSource{File: write("short", "1234567\n")}, "shorter than 8 bytes"},
 		"too big":   {AgentEnvSource{File: write("big", secret+strings.Repeat("x", 64<<10))}, "over 65536 bytes"},
 		"unset env": {AgentEnvSource{Env: "AGENTENV_TEST_UNSET"}, "AGENTENV_TEST_UNSET is not set"},
 		"empty env": {AgentEnvSource{Env: "AGENTENV_EMPTY"}, "is empty"},

@@ -100,7 +100,7 @@ type Tenant struct {
 	// Policy overrides the global policy for this tenant, key by key.
 	Policy PolicyYAML `yaml:"policy"`
 	// Sandbox adds paths this tenant's agents may read or write.
-	Sandbox TenantSandbox `yaml:"sandbox"`
+	Sandbox TenantSandboxUser `yaml:"sandbox"`
 	// Agents lists the named agents the tenant may use (unset: all of
 	// them).
 	Agents []string `yaml:"agents"`

@@ -64,6 +64,16 @@ type TenantSandbox struct {
 	ReadWrite []string `yaml:"read_write"`
 }
 
+// TenantSandboxUser is a tenant's sandbox: its paths, and the account its
+// agents run as.
+type TenantSandboxUser struct {
+	TenantSandbox `yaml:",inline"`
+	// User, when set, is the account this tenant's agents run as (UID[:GID]
+	// or a name; the gateway runs as root), over sandbox.user. One account
+	// per tenant keeps tenants' agents apart without Landlock too.
+	User string `yaml:"user"`
+}
+
 // ByteSize is a size written as 1048576, 512MiB, 2GiB, 64KiB (or KB, MB,
 // GB for powers of ten).
 type ByteSize int64
@@ -112,7 +122,42 @@ func (c *Config) SandboxMode() string {
 
 // SandboxUser resolves sandbox.user; nil when unset.
 func (c *Config) SandboxUser() (*sandbox.User, error) {
-	s := c.Sandbox.User
+	return parseUser("sandbox.user", c.Sandbox.User)
+}
+
+// TenantUser resolves the account tenant t's agents run as: its own
+// sandbox.user, else sandbox.user; nil when neither is set.
+func (c *Config) TenantUser(t *Tenant) (*sandbox.User, error) {
+	if t != nil && t.Sandbox.User != "" {
+		return parseUser(fmt.Sprintf("tenant %q sandbox.user", t.Name), t.Sandbox.User)
+	}
+	return c.SandboxUser()
+}
+
+// UserPerTenant reports whether every tenant's agents run as an account of
+// their own: each tenant sets sandbox.user, no two share a uid, and none is
+// the uid of sandbox.user (processes of no one tenant).
+func (c *Config) UserPerTenant() bool {
+	if len(c.Tenants) == 0 {
+		return false
+	}
+	seen := map[int]bool{}
+	if u, err := c.SandboxUser(); err == nil && u != nil {
+		seen[u.UID] = true
+	}
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		u, err := c.TenantUser(t)
+		if err != nil || u == nil || t.Sandbox.User == "" || seen[u.UID] {
+			return false
+		}
+		seen[u.UID] = true
+	}
+	return true
+}
+
+// parseUser resolves UID[:GID] or a name (where names the setting).
+func parseUser(where, s string) (*sandbox.User, error) {
 	if s == "" {
 		return nil, nil
 	}
@@ -123,7 +168,7 @@ func (c *Config) SandboxUser() (*sandbox.User, error) {
 	} else {
 		pw, err := user.Lookup(name)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox.user: %w", err)
+			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		u.UID, _ = strconv.Atoi(pw.Uid)
 		u.GID, _ = strconv.Atoi(pw.Gid)
@@ -134,13 +179,13 @@ func (c *Config) SandboxUser() (*sandbox.User, error) {
 		} else {
 			g, err := user.LookupGroup(group)
 			if err != nil {
-				return nil, fmt.Errorf("sandbox.user: %w", err)
+				return nil, fmt.Errorf("%s: %w", where, err)
 			}
 			u.GID, _ = strconv.Atoi(g.Gid)
 		}
 	}
 	if u.UID <= 0 || u.GID <= 0 {
-		return nil, fmt.Errorf("sandbox.user: %q must name an unprivileged account (uid and gid above 0)", s)
+		return nil, fmt.Errorf("%s: %q must name an unprivileged account (uid and gid above 0)", where, s)
 	}
 	return &u, nil
 }
@@ -207,6 +252,23 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	}
 	if _, err := c.SandboxUser(); err != nil {
 		add("sandbox.user", "%v", err)
+	}
+	uids := map[int]string{}
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		if t.Sandbox.User == "" {
+			continue
+		}
+		where := fmt.Sprintf("tenants[%d].sandbox.user", i)
+		u, err := c.TenantUser(t)
+		switch {
+		case err != nil:
+			add(where, "%v", err)
+		case uids[u.UID] != "":
+			add(where, "uid %d is also tenant %q's: each tenant's agents need an account of their own", u.UID, uids[u.UID])
+		default:
+			uids[u.UID] = t.Name
+		}
 	}
 	for _, p := range append(append([]int(nil), sb.Network.ConnectTCP...), sb.Network.BindTCP...) {
 		if p < 1 || p > 65535 {

@@ -95,3 +95,40 @@ func TestSandboxPathsOfATenant(t *testing.T) {
 		t.Errorf("tenant a may use tenant b's root: ro %v rw %v", ro, rw)
 	}
 }
+
+// TestTenantUsers: tenants[].sandbox.user overrides sandbox.user for its
+// tenant; UserPerTenant holds only when every tenant has an account of its
+// own, none sandbox.user's; two tenants with one uid are refused.
+func TestTenantUsers(t *testing.T) {
+	y, _ := sandboxTenants(t, "session.key", "homes")
+	withUsers := func(global, a, b string) string {
+		out := strings.Replace(y, "{name: a,", fmt.Sprintf("{name: a, sandbox: {user: %q},", a), 1)
+		out = strings.Replace(out, "{name: b,", fmt.Sprintf("{name: b, sandbox: {user: %q},", b), 1)
+		return strings.Replace(out, "sandbox: {home:", fmt.Sprintf("sandbox: {user: %q, home:", global), 1)
+	}
+	cfg := mustParse(t, withUsers("", "61001", "61002:61005"))
+	if u, err := cfg.TenantUser(&cfg.Tenants[1]); err != nil || u == nil || u.UID != 61002 || u.GID != 61005 {
+		t.Errorf("tenant b's user: %+v, %v", u, err)
+	}
+	if !cfg.UserPerTenant() {
+		t.Error("two tenants with accounts of their own: UserPerTenant false")
+	}
+	for name, data := range map[string]string{
+		"one tenant without":       withUsers("", "61001", ""),
+		"a tenant on sandbox.user": withUsers("61001", "61001", "61002"),
+	} {
+		if mustParse(t, data).UserPerTenant() {
+			t.Errorf("%s: UserPerTenant true", name)
+		}
+	}
+	if cfg := mustParse(t, withUsers("61000", "", "61002")); func() bool { u, _ := cfg.TenantUser(&cfg.Tenants[0]); return u.UID != 61000 }() {
+		t.Error("a tenant without its own user does not get sandbox.user")
+	}
+	var all []string
+	for _, p := range problems(t, withUsers("", "61001", "61001")) {
+		all = append(all, p.String())
+	}
+	if want := `tenants[1].sandbox.user: uid 61001 is also tenant "a"'s`; !strings.Contains(strings.Join(all, "\n"), want) {
+		t.Errorf("problems lack %q:\n%s", want, strings.Join(all, "\n"))
+	}
+}

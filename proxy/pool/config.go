@@ -82,6 +82,10 @@ type Config struct {
 	// before the process starts, with no pool lock held; nil = lines are
 	// dropped.
 	NewHandler func(*Process) Handler
+	// Redact, if set, takes secrets out of an agent's stderr line before
+	// it is kept or logged (and so before it is cut to the log's bound,
+	// which could leave part of a secret).
+	Redact func(string) string
 	// Metrics receives the pool's metrics; nil = not exported.
 	Metrics *Metrics
 }

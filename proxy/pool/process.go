@@ -444,6 +444,9 @@ func (a *Process) stderrLoop() {
 			return
 		}
 		text := string(line)
+		if redact := a.pool.cfg.Redact; redact != nil {
+			text = redact(text)
+		}
 		a.mu.Lock()
 		if len(a.stderrTail) == stderrTailLines {
 			copy(a.stderrTail, a.stderrTail[1:])
