@@ -104,8 +104,8 @@ func TestAuditVerifyGaps(t *testing.T) {
 }
 
 // The forged re-chained trail: with the key, verify fails naming the
-// edited line; without it the chain holds and verify says the MACs went
-// unchecked.
+// edited line; without it the chain holds, and verify says the MACs went
+// unchecked and exits 4.
 func TestAuditVerifyKey(t *testing.T) {
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "audit.key")
@@ -127,7 +127,9 @@ func TestAuditVerifyKey(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, errOut := runCmd(t, "audit", "verify", "--key", keyFile, path); code != 0 || out != "6 lines intact in 1 file, every MAC checked\n" {
+	kid := audit.KeyID(key)
+	if code, out, errOut := runCmd(t, "audit", "verify", "--key", keyFile, path); code != 0 ||
+		out != "6 lines intact in 1 file, every MAC checked\nkeys, in order: "+kid+" (from "+path+" line 1); the trail ends under key "+kid+"\n" {
 		t.Fatalf("audit verify --key of the trail: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	b, err := os.ReadFile(path)
@@ -145,8 +147,14 @@ func TestAuditVerifyKey(t *testing.T) {
 	if err := os.WriteFile(forged, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, _ := runCmd(t, "audit", "verify", forged); code != 0 || !strings.Contains(out, "6 MACs not checked (no --key)") {
-		t.Errorf("audit verify without the key: code %d, stdout %q", code, out)
+	// Finding 10: without --key a keyed trail is not verified, forged or
+	// not: exit 4, saying how many lines went unchecked.
+	for _, p := range []string{path, forged} {
+		code, out, errOut := runCmd(t, "audit", "verify", p)
+		if code != 4 || !strings.Contains(out, "6 MACs not checked (no --key)") ||
+			!strings.Contains(errOut, "6 of 6 lines carry a MAC that was not checked: the trail is keyed") {
+			t.Errorf("audit verify %s without the key: code %d, stdout %q, stderr %q; want 4", filepath.Base(p), code, out, errOut)
+		}
 	}
 	code, _, errOut := runCmd(t, "audit", "verify", "--key", keyFile, forged)
 	if code != 1 || !strings.HasPrefix(errOut, "acpgate audit verify: "+forged+": line 3: MAC does not match") {

@@ -1,0 +1,118 @@
+package e2e
+
+// Issue #36, finding 10 and the points open since 531cbc0: audit keys are
+// ordered, operations stay off the public port, failed admin calls are
+// audited, queued prompts are bounded per tenant.
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/acpgate/acpgate/audit"
+	"github.com/acpgate/acpgate/test/internal/harness"
+)
+
+// remacLine makes a keyed trail line's MAC again under key, as someone
+// holding key can: kid and mac replaced, a key change's mac_old dropped.
+func remacLine(line string, key []byte) string {
+	body := line[:strings.Index(line, `,"kid":"`)] + `,"kid":"` + audit.KeyID(key) + `"`
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(body))
+	return body + `,"mac":"` + hex.EncodeToString(m.Sum(nil)) + `"}`
+}
+
+// rechainFrom recomputes the prev of lines[from] from the line before it.
+func rechainFrom(lines []string, from int) {
+	sum := sha256.Sum256([]byte(lines[from-1]))
+	j := strings.Index(lines[from], `"prev":"`) + len(`"prev":"`)
+	lines[from] = lines[from][:j] + hex.EncodeToString(sum[:]) + lines[from][j+64:]
+}
+
+// TestAuditKeyRotationRetiresOldKey (finding 10): the audit key is
+// rotated by a SIGHUP. The trail says so in an audit.key_changed line
+// MACed under both keys, and verify passes it with both keys. Someone
+// holding the retired key (a leaked key is why one rotates) then rewrites
+// a line written after the rotation, MACs it and every later line under
+// the old key and re-chains them: verify with both keys fails at that
+// line, naming the line that retired the key. Without --key a keyed trail
+// is not verified: exit 4.
+func TestAuditKeyRotationRetiresOldKey(t *testing.T) {
+	e := newIsoEnv(t)
+	dir := t.TempDir()
+	trail, keyFile := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.key")
+	oldFile, newFile := filepath.Join(dir, "old.key"), filepath.Join(dir, "new.key")
+	oldHex, newHex := harness.RandomHex(t, 32), harness.RandomHex(t, 32)
+	for _, f := range []struct{ path, hex string }{{keyFile, oldHex}, {oldFile, oldHex}, {newFile, newHex}} {
+		if err := os.WriteFile(f.path, []byte(f.hex+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldKey, _ := hex.DecodeString(oldHex)
+	newKid := audit.KeyID(mustHex(t, newHex))
+
+	config := e.config(e.keyFile, nil) + fmt.Sprintf("audit: {file: %q, hmac_key_file: %q}\n", trail, keyFile)
+	g := startGateway(t, gwOpts{config: config})
+	c := dialToken(t, g, e.tokens["acme"])
+	promptOK(t, c, c.newSession(vroot), "before the rotation")
+
+	if err := os.WriteFile(keyFile, []byte(newHex+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitLog(t, "audit key read again", "kid", newKid, 20*time.Second)
+	promptOK(t, c, c.newSession(vroot), "after the rotation")
+	c.Close()
+	g.WaitLog(t, "connection closed", "conn", c.ConnID, 10*time.Second)
+	g.Stop(syscall.SIGTERM)
+
+	if code, out := verifyTrailArgs(t, "--key", oldFile, "--key", newFile, trail); code != 0 {
+		t.Fatalf("audit verify with both keys: exit %d: %s", code, out)
+	}
+	if code, out := verifyTrailArgs(t, trail); code != 4 || !strings.Contains(out, "lines carry a MAC that was not checked") {
+		t.Errorf("audit verify of the keyed trail without --key: exit %d, want 4 saying how many lines went unchecked: %s", code, out)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(mustRead(t, trail)), "\n"), "\n")
+	first := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, `"kid":"`+newKid+`"`) })
+	if first < 0 {
+		t.Fatalf("no line under the new key:\n%s", strings.Join(lines, "\n"))
+	}
+	// The line the forger wants changed: the second session's creation,
+	// written after the rotation.
+	k := first + 1 + slices.IndexFunc(lines[first+1:], func(l string) bool { return strings.Contains(l, `"event":"session.created"`) })
+	if k == first {
+		t.Fatalf("no session.created line after the rotation:\n%s", strings.Join(lines, "\n"))
+	}
+	forged := append([]string(nil), lines...)
+	forged[k] = strings.Replace(forged[k], `"tenant":"acme"`, `"tenant":"globex"`, 1)
+	for i := k; i < len(forged); i++ {
+		rechainFrom(forged, i)
+		forged[i] = remacLine(forged[i], oldKey)
+	}
+	path := filepath.Join(dir, "forged.jsonl")
+	writeFile(t, path, []byte(strings.Join(forged, "\n")+"\n"))
+	code, out := verifyTrailArgs(t, "--key", oldFile, "--key", newFile, path)
+	want := fmt.Sprintf("%s: line %d: MAC under key %s, which %s line %d replaced", path, k+1, audit.KeyID(oldKey), path, first+1)
+	if code != 1 || !strings.Contains(out, want) {
+		t.Errorf("audit verify of the trail forged under the retired key: exit %d, want 1 with %q: %s", code, want, out)
+	}
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
