@@ -343,6 +343,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		t := &cfg.Tenants[i]
 		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
 	}
+	fmt.Fprintf(stdout, "\n/metrics and the admin API: %s\n", cfg.OpsWhere())
 	describeAgents(stdout, cfg)
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {

@@ -340,9 +340,16 @@ type WebSocket struct {
 
 // Observability configures /metrics and tracing.
 type Observability struct {
-	// MetricsListen serves /metrics on a separate address (for example
-	// 127.0.0.1:9090) instead of the main listener. "" = the main one.
+	// MetricsListen serves /metrics and the admin API on a separate
+	// address (for example 127.0.0.1:9090) instead of the main listener.
+	// "" = the main one, when it is a loopback address (or
+	// OpsOnMainListener).
 	MetricsListen string `yaml:"metrics_listen"`
+	// OpsOnMainListener serves /metrics and the admin API on a main
+	// listener that is not a loopback address, when MetricsListen is
+	// unset (false: there they get 404, as any unknown path). On a
+	// loopback main listener they are served either way.
+	OpsOnMainListener bool `yaml:"ops_on_main_listener"`
 	// TenantLabelLimit caps how many tenants get their own label value in
 	// metrics; the rest are "other".
 	TenantLabelLimit int `yaml:"tenant_label_limit"`
@@ -664,6 +671,10 @@ func (c *Config) validateConnections(add addFunc) {
 		if _, _, err := net.SplitHostPort(ml); err != nil {
 			add("observability.metrics_listen", "%q is not host:port: %v", ml, err)
 		}
+		if c.Observability.OpsOnMainListener {
+			add("observability.ops_on_main_listener", "has no effect with observability.metrics_listen set "+
+				"(/metrics and the admin API are served there, never on the main listener): remove one")
+		}
 	}
 }
 
@@ -963,6 +974,23 @@ func ReadSessionKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("session key %s: must hold 32 bytes as 64 hex characters (acpgate keygen writes one)", path)
 	}
 	return k, nil
+}
+
+// OpsWhere says where /metrics and the admin API are served (check-config
+// shows it), judged from the listen addresses as configured: the gateway
+// judges the main listener by the address it binds.
+func (c *Config) OpsWhere() string {
+	host, _, _ := net.SplitHostPort(c.Listen)
+	switch {
+	case c.Observability.MetricsListen != "":
+		return "on observability.metrics_listen " + c.Observability.MetricsListen + " (the main listener answers 404)"
+	case IsLoopback(host):
+		return "on the main listener " + c.Listen + " (a loopback address)"
+	case c.Observability.OpsOnMainListener:
+		return "on the main listener " + c.Listen + ", NOT a loopback address (observability.ops_on_main_listener: true): " +
+			"whoever reaches it reaches them"
+	}
+	return "not served: the main listener " + c.Listen + " is not a loopback address and observability.metrics_listen is unset (they answer 404)"
 }
 
 // IsLoopback reports whether a listen host only accepts local connections.

@@ -9,6 +9,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -115,4 +118,104 @@ func mustHex(t *testing.T, s string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// opsGateway runs a gateway listening on listen with tenant acme and an
+// admin token (authentication on: a non-loopback listener needs it), and
+// extra YAML; it returns the gateway and its main listener's address as
+// reached over loopback.
+func opsGateway(t *testing.T, listen, extra string) (*gateway, string) {
+	t.Helper()
+	cfg := fmt.Sprintf("%stenants:\n  - name: acme\n    tokens_sha256: [%q]\n    root: %q\nadmin:\n  tokens_sha256: [%q]\n%s",
+		resumeConfig, hexSHA256(acmeTok), t.TempDir(), hexSHA256(adminTok), extra)
+	g := startGateway(t, gwOpts{config: cfg, args: []string{"--listen", listen}})
+	_, port, err := net.SplitHostPort(g.Addr)
+	if err != nil {
+		t.Fatalf("listening address %q: %v", g.Addr, err)
+	}
+	return g, net.JoinHostPort("127.0.0.1", port)
+}
+
+// opsGet calls addr's path with the admin token and returns the status
+// and body.
+func opsGet(t *testing.T, method, addr, path string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminTok)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestOpsOffPublicListener (open since 531cbc0): a main listener bound to
+// every interface (0.0.0.0: not a loopback address; the test reaches it
+// over 127.0.0.1) without observability.metrics_listen does not serve
+// /metrics nor the admin API, even to the admin's token: each path, with
+// any method, gets what an unknown path gets (404), while the ACP routes
+// and probes answer. With observability.ops_on_main_listener: true it
+// serves them, and warns at startup; on a loopback listener they are
+// served as before.
+func TestOpsOffPublicListener(t *testing.T) {
+	opsCalls := []struct{ method, path string }{
+		{http.MethodGet, "/metrics"}, {http.MethodGet, "/v1/admin/sessions"}, {http.MethodGet, "/v1/admin/connections"},
+		{http.MethodGet, "/v1/admin/budgets"}, {http.MethodDelete, "/v1/admin/connections/x"},
+		{http.MethodPost, "/v1/admin/sessions"}, {http.MethodGet, "/v1/admin/../admin/sessions"},
+	}
+	t.Run("public", func(t *testing.T) {
+		g, addr := opsGateway(t, "0.0.0.0:0", "")
+		unknownCode, unknownBody := opsGet(t, http.MethodGet, addr, "/no-such-path")
+		if unknownCode != http.StatusNotFound {
+			t.Fatalf("an unknown path: %d, want 404", unknownCode)
+		}
+		for _, c := range opsCalls {
+			code, body := opsGet(t, c.method, addr, c.path)
+			if code != unknownCode || body != unknownBody {
+				t.Errorf("%s %s on the public main listener: %d %q, want %d %q as an unknown path", c.method, c.path, code, body, unknownCode, unknownBody)
+			}
+		}
+		if code, _ := opsGet(t, http.MethodGet, addr, "/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz: %d", code)
+		}
+		if code, _ := opsGet(t, http.MethodGet, addr, "/v1/agents"); code == http.StatusNotFound {
+			t.Errorf("/v1/agents: %d", code)
+		}
+		c := dialToken(t, g, acmeTok) // the ACP route answers
+		c.Close()
+		if g.CountLogs("/metrics and the admin API are not served on the main listener, which is not a loopback address; "+
+			"observability.metrics_listen serves them", "", "") != 1 {
+			t.Error("no log line says the operations surface is not served")
+		}
+	})
+	t.Run("opted in", func(t *testing.T) {
+		g, addr := opsGateway(t, "0.0.0.0:0", "observability:\n  ops_on_main_listener: true\n")
+		if code, body := opsGet(t, http.MethodGet, addr, "/metrics"); code != http.StatusOK || !strings.Contains(body, "acpgate_build_info") {
+			t.Errorf("/metrics with ops_on_main_listener: %d", code)
+		}
+		if code, _ := opsGet(t, http.MethodGet, addr, "/v1/admin/sessions"); code != http.StatusOK {
+			t.Errorf("/v1/admin/sessions with ops_on_main_listener: %d", code)
+		}
+		found := false
+		for _, r := range g.Logs() {
+			found = found || r["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(r["msg"]), "/metrics and the admin API are served on the main listener, which is not a loopback address")
+		}
+		if !found {
+			t.Error("no startup WARN for ops_on_main_listener on a public listener")
+		}
+	})
+	t.Run("loopback", func(t *testing.T) {
+		_, addr := opsGateway(t, "127.0.0.1:0", "")
+		if code, _ := opsGet(t, http.MethodGet, addr, "/metrics"); code != http.StatusOK {
+			t.Errorf("/metrics on a loopback main listener: %d", code)
+		}
+		if code, _ := opsGet(t, http.MethodGet, addr, "/v1/admin/sessions"); code != http.StatusOK {
+			t.Errorf("/v1/admin/sessions on a loopback main listener: %d", code)
+		}
+	})
 }
