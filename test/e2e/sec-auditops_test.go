@@ -219,3 +219,84 @@ func TestOpsOffPublicListener(t *testing.T) {
 		}
 	})
 }
+
+// TestAuditAdminFailures (open since 531cbc0): an administrator's calls
+// that fail are in the audit trail as admin.failed, with the method, the
+// path (bounded, never its query), the status and the admin's subject: an
+// unknown session or connection (404), a call the API does not have
+// (404), a method a path lacks (404). A refused credential stays
+// admin.denied. A flood of failing calls from one address is throttled:
+// what is held back is counted in admin.failed.suppressed, nothing lost
+// silently.
+func TestAuditAdminFailures(t *testing.T) {
+	e := newIsoEnv(t)
+	trail := filepath.Join(t.TempDir(), "audit.jsonl")
+	extra := fmt.Sprintf("audit: {file: %q}\nobservability: {metrics_listen: 127.0.0.1:0}\nadmin:\n  tokens_sha256: [%q]\n",
+		trail, hexSHA256(adminTok))
+	g := startGateway(t, gwOpts{config: e.config(e.keyFile, nil) + extra})
+	ops := "http://" + g.MetricsAddr()
+	long := "/v1/admin/" + strings.Repeat("x", 1000)
+	calls := []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodDelete, "/v1/admin/sessions/no-such-session", http.StatusNotFound},
+		{http.MethodDelete, "/v1/admin/connections/no-such-conn", http.StatusNotFound},
+		{http.MethodGet, "/v1/admin/no-such-call?token=secret-in-query", http.StatusNotFound},
+		{http.MethodPost, "/v1/admin/sessions", http.StatusNotFound},
+		{http.MethodGet, long, http.StatusNotFound},
+	}
+	for _, c := range calls {
+		if got := adminDo(t, c.method, ops+c.path, adminTok, nil); got != c.want {
+			t.Errorf("%s %s: %d, want %d", c.method, c.path, got, c.want)
+		}
+	}
+	if got := adminDo(t, http.MethodGet, ops+"/v1/admin/no-such-call", "", nil); got != http.StatusUnauthorized {
+		t.Errorf("an anonymous unknown call: %d, want 401", got)
+	}
+	const flood = 60
+	for range flood {
+		adminDo(t, http.MethodDelete, ops+"/v1/admin/sessions/flood", adminTok, nil)
+	}
+	g.Stop(syscall.SIGTERM)
+
+	recs := readTrail(t, trail)
+	var failed []auditRecord
+	var suppressed int
+	denied := 0
+	for _, r := range recs {
+		switch r.Event {
+		case "admin.failed":
+			failed = append(failed, r)
+		case "admin.failed.suppressed":
+			n, _ := r.Fields["count"].(float64)
+			suppressed += int(n)
+		case "admin.denied":
+			denied++
+		}
+		if strings.Contains(r.line, "secret-in-query") {
+			t.Errorf("a query string reached the trail: %s", r.line)
+		}
+	}
+	if len(failed) < len(calls) {
+		t.Fatalf("%d admin.failed lines, want at least %d:\n%s", len(failed), len(calls), mustRead(t, trail))
+	}
+	for i, c := range calls {
+		r := failed[i]
+		path, _, _ := strings.Cut(c.path, "?")
+		if len(path) > 256 {
+			path = path[:256] + "…"
+		}
+		if r.Fields["method"] != c.method || r.Fields["path"] != path || r.Fields["status"] != float64(c.want) ||
+			r.Subject == "" || r.Subject != failed[0].Subject || r.Fields["remote"] == nil {
+			t.Errorf("call %d (%s %s): %s", i, c.method, c.path, r.line)
+		}
+	}
+	if denied != 1 {
+		t.Errorf("%d admin.denied lines, want 1 (the anonymous call)", denied)
+	}
+	// The flood: each failing call is written or counted as suppressed.
+	if got := len(failed) - len(calls); got+suppressed != flood || suppressed == 0 {
+		t.Errorf("flood of %d failing calls: %d admin.failed written, %d suppressed; want all counted, some suppressed", flood, got, suppressed)
+	}
+}
