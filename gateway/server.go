@@ -440,6 +440,7 @@ func relayConfig(cfg *config.Config, m *relaymetrics.Metrics, agents []proxy.Age
 			MessageBurst:            cfg.Limits.MessageBurst,
 			TenantMessagesPerSecond: cfg.Limits.TenantMessagesPerSecond,
 			TenantMessageBurst:      cfg.Limits.TenantMessageBurst,
+			TenantQueuedPromptBytes: int64(cfg.Limits.TenantQueuedPromptBytes),
 		},
 		ClientCaps: proxy.AllCapabilities,
 		Sealer:     sealer,

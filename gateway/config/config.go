@@ -310,6 +310,11 @@ type Limits struct {
 	MessageBurst            int     `yaml:"message_burst"`
 	TenantMessagesPerSecond float64 `yaml:"tenant_messages_per_second"`
 	TenantMessageBurst      int     `yaml:"tenant_message_burst"`
+	// TenantQueuedPromptBytes bounds the prompts all of a tenant's
+	// connections hold waiting for other clients' turns in shared
+	// sessions (beside 64 MiB per connection, 32 MiB and 8 prompts per
+	// session); past it a prompt gets -32006.
+	TenantQueuedPromptBytes int `yaml:"tenant_queued_prompt_bytes"`
 }
 
 // Timeouts bound how long the gateway waits.
@@ -420,6 +425,8 @@ func Default() *Config {
 			MaxPendingRequests: 256,
 			MessagesPerSecond:  100,
 			MessageBurst:       200,
+			// Four connections' worth of the 64 MiB each may hold.
+			TenantQueuedPromptBytes: 256 << 20,
 		},
 		Timeouts: Timeouts{
 			Handshake: Duration(10 * time.Second),
@@ -638,6 +645,9 @@ func (c *Config) validateLimits(add addFunc) {
 	}
 	if c.Limits.MaxPendingRequests < 1 {
 		add("limits.max_pending_requests", "must be at least 1")
+	}
+	if c.Limits.TenantQueuedPromptBytes < 1 {
+		add("limits.tenant_queued_prompt_bytes", "must be at least 1 (default 268435456, 256 MiB)")
 	}
 	if c.Limits.MessagesPerSecond < 0 || c.Limits.TenantMessagesPerSecond < 0 || c.Limits.MessageBurst < 0 || c.Limits.TenantMessageBurst < 0 {
 		add("limits", "rates and bursts must not be negative (0 = no limit)")

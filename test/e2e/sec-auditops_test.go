@@ -300,3 +300,114 @@ func TestAuditAdminFailures(t *testing.T) {
 		t.Errorf("flood of %d failing calls: %d admin.failed written, %d suppressed; want all counted, some suppressed", flood, got, suppressed)
 	}
 }
+
+// promptsToAgent counts the session/prompt requests relayed to agents.
+func promptsToAgent(t *testing.T, g *gateway) int {
+	t.Helper()
+	n := 0.0
+	for k, v := range g.metrics(t) {
+		if strings.HasPrefix(k, "acpgate_messages_total{") && strings.Contains(k, `direction="client_to_agent"`) &&
+			strings.Contains(k, `method="session/prompt"`) {
+			n += v
+		}
+	}
+	return int(n)
+}
+
+// waitQueued waits until acpgate_prompts_queued is n.
+func waitQueued(t *testing.T, g *gateway, n int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		v := g.metrics(t)["acpgate_prompts_queued"]
+		if int(v) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acpgate_prompts_queued is %v after 15 s, want %d", v, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// busySession opens a session with token's connection, starts a turn of
+// up to 60 s in it (the demo agent's "slow": a tick every 100 ms), and
+// returns the session once the prompt reached the
+// agent (the before-th prompt to reach one).
+func busySession(t *testing.T, g *gateway, token string, before int) (*client, string) {
+	t.Helper()
+	owner := dialToken(t, g, token)
+	sid := owner.newSession(vroot)
+	owner.Request("session/prompt", textPrompt(sid, "slow"))
+	deadline := time.Now().Add(15 * time.Second)
+	for promptsToAgent(t, g) < before+1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner's prompt did not reach the agent within 15 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return owner, sid
+}
+
+// TestQueuedPromptsTenantBound (open since 531cbc0): prompts waiting for
+// another client's turn are bounded per tenant too, over all its
+// connections. Three connections of acme, attached to a session whose
+// owner's turn runs, each send two prompts of 1 MiB: each connection
+// holds 2 MiB (its own bound is 64 MiB), the session 6 prompts and 6 MiB
+// (its bounds are 8 and 32 MiB), but acme's bound, set here to 5.5 MiB
+// (limits.tenant_queued_prompt_bytes; default 256 MiB), takes five: the
+// sixth gets -32006 naming it. Globex's prompts still wait meanwhile: one
+// tenant at its bound does not hold up another.
+func TestQueuedPromptsTenantBound(t *testing.T) {
+	const tenantBound = 5<<20 + 512<<10
+	e := newIsoEnv(t)
+	// The bound set through the environment, as an operator may (an
+	// acpgate without the setting warns of the name and runs on).
+	config := e.config(e.keyFile, nil) + "limits: {messages_per_second: 1000, message_burst: 1000}\n"
+	g := startGateway(t, gwOpts{config: config, env: []string{fmt.Sprintf("ACPGATE_LIMITS_TENANT_QUEUED_PROMPT_BYTES=%d", tenantBound)}})
+	_, sid := busySession(t, g, e.tokens["acme"], 0)
+	_, gsid := busySession(t, g, e.tokens["globex"], 1)
+
+	big := strings.Repeat("x", 1<<20)
+	var conns []*client
+	for i := range 3 {
+		c := dialToken(t, g, e.tokens["acme"])
+		if _, res := tryAttach(t, c, attachParams(sid, fmt.Sprintf("acme-%d", i), false)); res.Error != nil ||
+			!strings.Contains(string(res.Result), `"turn":"running"`) {
+			t.Fatalf("acme connection %d: session/attach: %s, want a running turn", i, res.Raw)
+		}
+		conns = append(conns, c)
+	}
+	queued := 0
+	var last int
+	for i, c := range conns {
+		for k := range 2 {
+			id := c.Request("session/prompt", textPrompt(sid, big))
+			if i == 2 && k == 1 {
+				last = id
+				break
+			}
+			queued++
+			waitQueued(t, g, queued)
+		}
+	}
+	m := conns[2].Await(last, 15*time.Second, nil)
+	if m.Error == nil || m.Error.Code != -32006 || !strings.Contains(m.Error.Message, `tenant "acme"`) ||
+		!strings.Contains(m.Error.Message, fmt.Sprintf("%d bytes", tenantBound)) {
+		t.Fatalf("acme's sixth prompt of 1 MiB: %s, want -32006 naming the tenant's bound of %d bytes", m.Raw, tenantBound)
+	}
+
+	// Globex, another tenant: its prompts wait as before.
+	gc := dialToken(t, g, e.tokens["globex"])
+	if _, res := tryAttach(t, gc, attachParams(gsid, "globex-1", false)); res.Error != nil {
+		t.Fatalf("globex: session/attach: %s", res.Raw)
+	}
+	for range 2 {
+		gc.Request("session/prompt", textPrompt(gsid, big))
+		queued++
+		waitQueued(t, g, queued)
+	}
+	if n := promptsToAgent(t, g); n != 2 {
+		t.Errorf("%d prompts reached the agent, want only the two owners'", n)
+	}
+}
