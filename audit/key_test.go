@@ -4,15 +4,18 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 var (
 	key1 = bytes.Repeat([]byte{1}, 32)
 	key2 = bytes.Repeat([]byte{2}, 32)
+	key3 = bytes.Repeat([]byte{3}, 32)
 )
 
 // keyedTrail writes n events under key and returns the file and its lines.
@@ -322,5 +325,51 @@ func TestRestartUnderAnotherKey(t *testing.T) {
 	p := writeLines(t, rechain(lines))
 	if _, err := Verify([]string{p}, [][]byte{key1, key2}); err == nil || !strings.Contains(err.Error(), "line 7: MAC under key "+KeyID(key1)+", which "+p+" line 5 replaced") {
 		t.Errorf("a line under the key the restart retired: %v", err)
+	}
+}
+
+// A key change whose write fails is owed again, from the key the file's
+// lines end under: two rotations while the disk is full (key1 to key2 to
+// key3) leave one audit.key_changed line, from key1 to key3, and the
+// trail verifies with key1 and key3.
+func TestKeyChangeWriteFails(t *testing.T) {
+	sink := &fakeSink{}
+	var c counters
+	l := start(c.config(Config{File: "fake", FlushEvery: time.Millisecond, Key: key1}), slog.New(slog.DiscardHandler), sink, tail{hash: Genesis})
+	recordN(l, 0, 1)
+	waitFor(t, func() bool { return c.written.Load() == 2 }) // started and one event
+	sink.setFail(true)
+	if err := l.SetKey(key2); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return c.errors.Load() >= 1 })
+	recordN(l, 1, 2) // lost
+	if err := l.SetKey(key3); err != nil {
+		t.Fatal(err)
+	}
+	n := c.errors.Load()
+	waitFor(t, func() bool { return c.errors.Load() > n })
+	sink.setFail(false)
+	recordN(l, 2, 3)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(path, sink.data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lines := readLines(t, path)
+	var changes []string
+	for _, l := range lines {
+		if strings.Contains(l, `"event":"`+EventKeyChanged+`"`) {
+			changes = append(changes, l)
+		}
+	}
+	if len(changes) != 1 || !strings.Contains(changes[0], `"old_kid":"`+KeyID(key1)+`"`) || !strings.Contains(changes[0], `"kid":"`+KeyID(key3)+`"`) {
+		t.Fatalf("key changes %q, want one from key1 to key3:\n%s", changes, strings.Join(lines, "\n"))
+	}
+	rep, err := Verify([]string{path}, [][]byte{key1, key3})
+	if err != nil || len(rep.Gaps) != 1 || len(rep.Keys) != 2 || rep.Keys[1].Kid != KeyID(key3) {
+		t.Fatalf("Verify: %+v, %v", rep, err)
 	}
 }
