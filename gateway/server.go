@@ -509,7 +509,7 @@ func isOpsPath(p string) bool {
 func (s *Server) opsGate(notFound http.Handler) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if !s.opsOnMain.Load() && isOpsPath(path.Clean("/"+r.URL.Path)) {
+			if !s.opsOnMain.Load() && isOpsPath(path.Clean(r.URL.Path)) { // Clean copies nothing when already clean
 				notFound.ServeHTTP(w, r)
 				return
 			}
