@@ -25,7 +25,7 @@ type Event struct {
 // Field is one of an event's own fields, written after the common ones in
 // the order given. Value is anything encoding/json marshals (anything else
 // is written as a string saying so). A field named like a common key (ts,
-// event, tenant, subject, agent, conn, session, seq, prev, kid, mac) is
+// event, tenant, subject, agent, conn, session, seq, prev, kid, mac, old_kid, mac_old) is
 // left out.
 type Field struct {
 	Key   string

@@ -18,6 +18,16 @@ const MinKeyBytes = 32
 // (its seq and prev among it). The chain's prev then depends on every MAC
 // before it: a line changed and the lines after it re-chained fail their
 // MAC, which only the key's holder can make again.
+//
+// Keys are ordered. A key changed while the gateway runs (SIGHUP) leaves
+// an audit.key_changed line naming the old key (old_kid) and MACed under
+// both: mac_old under the old key over the line up to its kid, then mac
+// under the new over the line up to its mac_old. From it on, Verify takes
+// no line under the old key, so a retired key (a leaked one, the usual
+// reason to rotate) cannot vouch for lines made after its retirement. A
+// run started under another key (a restart with a new key file) begins
+// with its gateway.started line under the new key: the gateway no longer
+// holds the old one, and that line retires it just the same.
 
 // ReadKeyFile reads a MAC key: hex (acpgate keygen writes one), surrounding
 // white space ignored, at least MinKeyBytes bytes. A file that its group or
@@ -78,6 +88,21 @@ func splitMAC(line []byte) (body []byte, mac string, ok bool) {
 		return nil, "", false
 	}
 	return body, string(tail[len(`,"mac":"`) : len(tail)-2]), true
+}
+
+// splitMACOld returns a key change's body without its mac_old (what the
+// old key's MAC covers) and its mac_old, from body (the line without its
+// mac), or ok false when body does not end in a mac_old.
+func splitMACOld(body []byte) (oldBody []byte, macOld string, ok bool) {
+	const n = len(`,"mac_old":"`) + 64 + len(`"`)
+	if len(body) < n {
+		return nil, "", false
+	}
+	oldBody, tail := body[:len(body)-n], string(body[len(body)-n:])
+	if !strings.HasPrefix(tail, `,"mac_old":"`) || !strings.HasSuffix(tail, `"`) {
+		return nil, "", false
+	}
+	return oldBody, tail[len(`,"mac_old":"`) : len(tail)-1], true
 }
 
 // errNoKey: a SetKey without a key.

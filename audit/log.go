@@ -60,6 +60,13 @@ const (
 	// unknown), "reason" why: GapQueueFull, GapWriteFailed or
 	// GapUncleanShutdown.
 	EventGap = "audit.gap"
+	// EventKeyChanged says the lines after it are MACed under another key:
+	// "old_kid" names the key before (absent: the lines before carry no
+	// MAC), "kid" the new one. Its "mac_old" is the old key's MAC of the
+	// line up to its kid, and its "mac" the new key's of the line up to
+	// its mac_old: both keys vouch for the change, and Verify takes no
+	// line under the old key after it.
+	EventKeyChanged = "audit.key_changed"
 )
 
 // Why a gap's events were lost.
@@ -104,14 +111,19 @@ type Log struct {
 	result  error        // the writer's last flush or close error (read after ended)
 
 	// The writer's own.
-	out      sink
-	size     int64  // bytes of out known good (lines fully written)
-	last     string // hex SHA-256 of the last line written
-	lastSeq  uint64 // seq of the last line written
-	boot     string
-	seq      uint64 // seq of the last line chained
-	key      []byte // nil: lines carry no MAC
-	kid      string
+	out     sink
+	size    int64  // bytes of out known good (lines fully written)
+	last    string // hex SHA-256 of the last line written
+	lastSeq uint64 // seq of the last line written
+	boot    string
+	seq     uint64 // seq of the last line chained
+	key     []byte // nil: lines carry no MAC
+	kid     string
+	// keyOwed: an audit.key_changed line from oldKey (the key of the last
+	// line chained before it; nil: none) to key is owed.
+	keyOwed  bool
+	oldKey   []byte
+	oldKid   string
 	started  bool   // the gateway.started line is chained or written
 	gaps     []gap  // losses no gap line chained says yet
 	batch    batch  // what pending holds
@@ -134,6 +146,12 @@ type batch struct {
 	events  int   // recorded events
 	started bool  // the gateway.started line
 	gaps    []gap // gap lines
+	// keyFrom is set when the batch holds an audit.key_changed line: the
+	// key of the line before its first (nil: none), owed again if the
+	// batch is lost.
+	keyChange bool
+	keyFrom   []byte
+	keyFromID string
 }
 
 type queued struct {
@@ -341,7 +359,7 @@ func (l *Log) Dropped() int64 { return l.dropped.Load() }
 // common are the keys the writer and Event's own fields write; a Field
 // with one of them is left out.
 var common = map[string]bool{"ts": true, "event": true, "tenant": true, "subject": true, "agent": true,
-	"conn": true, "session": true, "seq": true, "prev": true, "kid": true, "mac": true}
+	"conn": true, "session": true, "seq": true, "prev": true, "kid": true, "mac": true, "old_kid": true, "mac_old": true}
 
 // encode writes ev as a line up to its prev: {"ts":…,"event":…, …
 // (without the closing brace).
@@ -392,8 +410,10 @@ func (l *Log) Reopen() error {
 }
 
 // SetKey MACs the lines chained from now on under key (at least
-// MinKeyBytes); each line names its key (kid), so a trail can hold lines
-// of several keys.
+// MinKeyBytes); each line names its key (kid). A key other than the one
+// in use is a key change: the next line is audit.key_changed, MACed under
+// both the old key and the new, after which no line is MACed under the
+// old key. The key in use again changes nothing.
 func (l *Log) SetKey(key []byte) error {
 	if len(key) == 0 {
 		return errNoKey

@@ -26,7 +26,21 @@ type Report struct {
 	// Unnumbered counts lines without seq before the first numbered one
 	// (written by an acpgate before seq numbers).
 	Unnumbered int
+	// Keys are the keys the trail's lines are MACed under, in the order
+	// they took over: the first is the first keyed line's, each next one
+	// follows an audit.key_changed line (or a gateway.started line: a run
+	// begun under another key). The last is the key the trail ends under.
+	Keys []KeyUse
 }
+
+// KeyUse is a key's turn in a trail: its kid and the line it begins at.
+type KeyUse struct {
+	Kid  string
+	File string
+	Line int
+}
+
+func (k KeyUse) String() string { return fmt.Sprintf("%s (from %s line %d)", k.Kid, k.File, k.Line) }
 
 // Gap is an audit.gap line: events lost before it.
 type Gap struct {
@@ -49,7 +63,11 @@ func (g Gap) String() string {
 // file after the first chaining to the last line of the file before);
 // within one run (from a gateway.started line, seq 1) the seq numbers
 // follow each other; with keys, every line carries a MAC under one of them
-// (found by its kid). It returns what it checked and, at the first break,
+// (found by its kid). Keys are ordered, keys given or not: a line's kid is
+// the key in use, or a new one at an audit.key_changed line naming the
+// key in use as its old_kid (with keys, its mac_old checked under that
+// key) or at a gateway.started line (a run begun under another key); a
+// key once replaced MACs no later line. It returns what it checked and, at the first break,
 // an error "FILE: line N: …". Gaps the trail says it has, and a missing
 // head, are in the Report, not errors.
 //
@@ -66,6 +84,7 @@ func Verify(files []string, keys [][]byte) (*Report, error) {
 	defer r.close()
 	var before, before2 *trailLine // the two lines before cur
 	numbered := false              // a line with seq was seen
+	order := keyOrder{retired: map[string]*trailLine{}}
 	for {
 		cur, err := r.next()
 		if err != nil {
@@ -85,6 +104,9 @@ func Verify(files []string, keys [][]byte) (*Report, error) {
 			}
 		case cur.prev != before.hash:
 			return rep, r.broken(cur, before, before2)
+		}
+		if err := order.check(cur, rep); err != nil {
+			return rep, err
 		}
 		if err := checkMAC(cur, byID, rep); err != nil {
 			return rep, err
@@ -132,7 +154,59 @@ func checkMAC(cur *trailLine, keys map[string][]byte, rep *Report) error {
 	if !ok || mac != cur.mac || !hmac.Equal([]byte(lineMAC(key, body)), []byte(mac)) {
 		return cur.errorf("MAC does not match: the line was changed (or made by someone without the key)")
 	}
+	if cur.event == EventKeyChanged && cur.oldKid != "" {
+		old, ok := keys[cur.oldKid]
+		if !ok {
+			return cur.errorf("key change from key %s, which no key given is: its MAC under that key is not checked", cur.oldKid)
+		}
+		oldBody, macOld, ok := splitMACOld(body)
+		if !ok || macOld != cur.macOld || !hmac.Equal([]byte(lineMAC(old, oldBody)), []byte(macOld)) {
+			return cur.errorf("key change's MAC under the old key %s (mac_old) does not match: "+
+				"the line was changed (or made by someone without that key)", cur.oldKid)
+		}
+	}
 	rep.MACs++
+	return nil
+}
+
+// keyOrder follows which key the trail is under.
+type keyOrder struct {
+	now     string                // kid of the key in use ("": no keyed line yet)
+	retired map[string]*trailLine // kid → the line that replaced it
+}
+
+// check checks that cur is MACed under the key in use, or takes over
+// from it as a key change or a run's first line may, and notes a new key
+// in rep.Keys.
+func (k *keyOrder) check(cur *trailLine, rep *Report) error {
+	if cur.event == EventKeyChanged {
+		switch {
+		case cur.kid == "":
+			return cur.errorf("key change without a MAC (kid and mac)")
+		case cur.oldKid == cur.kid:
+			return cur.errorf("key change from key %s to itself", cur.kid)
+		case cur.oldKid != "" && cur.macOld == "":
+			return cur.errorf("key change from key %s without its MAC under that key (mac_old)", cur.oldKid)
+		case k.now != "" && cur.oldKid != k.now:
+			return cur.errorf("key change from key %s, but the lines before it are under key %s", cur.oldKid, k.now)
+		}
+	}
+	if cur.kid == "" || cur.kid == k.now {
+		return nil
+	}
+	if by, ok := k.retired[cur.kid]; ok {
+		return cur.errorf("MAC under key %s, which %s line %d replaced: a key replaced MACs no later line "+
+			"(the line was made by someone holding the old key)", cur.kid, by.file, by.n)
+	}
+	if k.now != "" && cur.event != EventKeyChanged && cur.event != EventStarted {
+		return cur.errorf("MAC under key %s, after lines under key %s with no key change (%s) between them",
+			cur.kid, k.now, EventKeyChanged)
+	}
+	if k.now != "" {
+		k.retired[k.now] = cur
+	}
+	k.now = cur.kid
+	rep.Keys = append(rep.Keys, KeyUse{Kid: cur.kid, File: cur.file, Line: cur.n})
 	return nil
 }
 
@@ -178,6 +252,8 @@ type trailLine struct {
 	seq     *uint64
 	kid     string
 	mac     string
+	oldKid  string // a key change's
+	macOld  string
 	lost    int64 // a gap's (-1: unknown)
 	reason  string
 	problem string // what is wrong with the line itself
@@ -243,6 +319,8 @@ func parseLine(file string, n int, b []byte) *trailLine {
 		Seq    *uint64 `json:"seq"`
 		Kid    string  `json:"kid"`
 		MAC    string  `json:"mac"`
+		OldKid string  `json:"old_kid"`
+		MACOld string  `json:"mac_old"`
 		Lost   *int64  `json:"lost"`
 		Reason string  `json:"reason"`
 	}
@@ -251,6 +329,7 @@ func parseLine(file string, n int, b []byte) *trailLine {
 		return l
 	}
 	l.event, l.seq, l.kid, l.mac, l.reason, l.lost = v.Event, v.Seq, v.Kid, v.MAC, v.Reason, -1
+	l.oldKid, l.macOld = v.OldKid, v.MACOld
 	if v.Lost != nil {
 		l.lost = *v.Lost
 	}

@@ -33,7 +33,7 @@ func (l *Log) write() {
 		case req := <-l.ctl:
 			if req.rekey { // events recorded before it keep the old key
 				l.drain()
-				l.key, l.kid = req.key, KeyID(req.key)
+				l.rekey(req.key)
 				req.reply <- nil
 			} else {
 				req.reply <- l.reopenFile()
@@ -109,14 +109,47 @@ func (l *Log) lose(reason string, n int64) {
 	l.gaps = append(l.gaps, gap{reason, n})
 }
 
+// rekey MACs the lines chained from now on under key, after an
+// audit.key_changed line from the key of the last line chained.
+func (l *Log) rekey(key []byte) {
+	kid := KeyID(key)
+	if kid == l.kid {
+		return // the key in use, read again
+	}
+	if !l.keyOwed { // else the change owed still goes from the key before it
+		l.oldKey, l.oldKid = l.key, l.kid
+	}
+	l.key, l.kid = key, kid
+	// Before the run's gateway.started line is chained there is nothing
+	// to vouch for: that line, under the new key, begins the run. Back to
+	// the key of the last line chained, nothing changed.
+	l.keyOwed = l.started && l.oldKid != kid
+	if !l.keyOwed {
+		l.oldKey, l.oldKid = nil, ""
+	}
+	l.own()
+}
+
 // own chains the lines the trail owes before its next event: the run's
-// gateway.started line, then a gap line for each reason events were lost
-// since the last one.
+// gateway.started line, then the key change owed, then a gap line for
+// each reason events were lost since the last one.
 func (l *Log) own() {
 	if !l.started {
 		fields := append([]Field{F("boot", l.boot)}, l.cfg.Start...)
 		l.chain(EventStarted, encode(time.Now(), Event{Event: EventStarted, Fields: fields}))
 		l.started, l.batch.started = true, true
+		l.keyOwed, l.oldKey, l.oldKid = false, nil, "" // the run begins under the key in use
+	}
+	if l.keyOwed {
+		line := encode(time.Now(), Event{Event: EventKeyChanged})
+		if l.oldKid != "" { // old_kid is the writer's own: no Field sets it
+			line = append(append(append(line, `,"old_kid":"`...), l.oldKid...), '"')
+		}
+		if !l.batch.keyChange {
+			l.batch.keyChange, l.batch.keyFrom, l.batch.keyFromID = true, l.oldKey, l.oldKid
+		}
+		l.chainKeyed(EventKeyChanged, line, l.oldKey)
+		l.keyOwed = false
 	}
 	for _, g := range l.gaps {
 		fields := []Field{F("reason", g.reason)}
@@ -131,7 +164,12 @@ func (l *Log) own() {
 
 // chain numbers line (an encoded event without its closing brace), chains
 // it to the one before, MACs it with a key, and holds it for flush.
-func (l *Log) chain(event string, line []byte) {
+func (l *Log) chain(event string, line []byte) { l.chainKeyed(event, line, nil) }
+
+// chainKeyed is chain; with oldKey (a key change's) the line carries
+// mac_old, oldKey's MAC of it up to its kid, before its mac, which then
+// covers mac_old too.
+func (l *Log) chainKeyed(event string, line, oldKey []byte) {
 	l.seq++
 	start := len(l.pending)
 	l.pending = append(l.pending, line...)
@@ -144,6 +182,12 @@ func (l *Log) chain(event string, line []byte) {
 		l.pending = append(l.pending, `,"kid":"`...)
 		l.pending = append(l.pending, l.kid...)
 		l.pending = append(l.pending, '"')
+		if oldKey != nil {
+			macOld := lineMAC(oldKey, l.pending[start:])
+			l.pending = append(l.pending, `,"mac_old":"`...)
+			l.pending = append(l.pending, macOld...)
+			l.pending = append(l.pending, '"')
+		}
 		mac := lineMAC(l.key, l.pending[start:])
 		l.pending = append(l.pending, `,"mac":"`...)
 		l.pending = append(l.pending, mac...)
@@ -170,6 +214,9 @@ func (l *Log) flush() error {
 	if err == nil {
 		l.size += int64(n)
 		l.last, l.lastSeq = l.next, l.seq
+		if !l.keyOwed {
+			l.oldKey = nil // retired: none of its lines are pending
+		}
 		if l.cfg.Written != nil {
 			for _, ev := range l.events {
 				l.cfg.Written(ev)
@@ -200,6 +247,10 @@ func (l *Log) failed(err error) {
 	l.drop(b.events)
 	l.next, l.seq = l.last, l.lastSeq
 	l.started = l.started && !b.started
+	if b.keyChange && l.started { // the key change is owed again, from the key the file's lines end under
+		l.oldKey, l.oldKid = b.keyFrom, b.keyFromID
+		l.keyOwed = l.oldKid != l.kid
+	}
 	gaps := l.gaps
 	l.gaps = nil
 	for _, g := range b.gaps {

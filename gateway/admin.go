@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -87,13 +88,57 @@ func (a *adminAPI) routes(r chi.Router) {
 	r.Delete("/v1/admin/connections/{id}", a.check(a.closeConn))
 	r.Get("/v1/admin/budgets", a.check(a.listBudgets))
 	r.Post("/v1/admin/budgets/{tenant}/reset", a.check(a.resetBudget))
+	// Any other path under it (or a method a path lacks): the admins'
+	// check first, then a 404 that the trail records as admin.failed.
+	r.HandleFunc("/v1/admin/*", a.check(a.unknownCall))
 }
+
+// unknownCall answers a call the admin API does not have.
+func (a *adminAPI) unknownCall(w http.ResponseWriter, r *http.Request, _ auth.Identity) {
+	writeJSONError(w, http.StatusNotFound, "not_found", "no such admin call: "+r.Method+" "+boundedPath(r.URL.Path))
+}
+
+// maxAuditPath bounds a path as the trail and an error message give it.
+const maxAuditPath = 256
+
+// boundedPath is p cut to maxAuditPath bytes (and valid UTF-8), with "…"
+// when cut: a caller's path cannot grow the trail's lines.
+func boundedPath(p string) string {
+	if len(p) <= maxAuditPath {
+		return strings.ToValidUTF8(p, "\uFFFD")
+	}
+	return strings.ToValidUTF8(p[:maxAuditPath], "") + "…"
+}
+
+// statusWriter notes the status a handler answers with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int // 0: none written yet (a Write makes it 200)
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // adminHandler serves an administrator, who.
 type adminHandler func(w http.ResponseWriter, r *http.Request, who auth.Identity)
 
 // check lets only administrators through to h: a tenant's credential gets
-// 403, none or an unknown one 401. Each refusal is audited.
+// 403, none or an unknown one 401. Each refusal is audited (admin.denied),
+// and so is each call of an administrator that fails (admin.failed: a
+// 4xx or 5xx, with the method, path and status).
 func (a *adminAPI) check(h adminHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		who, err := a.admins.Check(r)
@@ -109,7 +154,11 @@ func (a *adminAPI) check(h adminHandler) http.HandlerFunc {
 			writeJSONError(w, ae.Status, ae.Reason, ae.Message)
 			return
 		}
-		h(w, r, who)
+		sw := &statusWriter{ResponseWriter: w}
+		h(sw, r, who)
+		if sw.status >= http.StatusBadRequest {
+			a.audit.adminFailed(r, who.Subject, sw.status)
+		}
 	}
 }
 

@@ -29,8 +29,8 @@ type auditTrail struct {
 	log     *slog.Logger
 	// authFails and adminDenials bound the events anyone can make the
 	// trail write without a credential, each kind apart and by remote
-	// address.
-	authFails, adminDenials *audit.Throttle
+	// address; adminFailures those an administrator's failing calls make.
+	authFails, adminDenials, adminFailures *audit.Throttle
 }
 
 // on reports whether there is a trail to record to.
@@ -78,14 +78,29 @@ func (t *auditTrail) authFailed(r *http.Request, reason string) {
 	if t == nil || !t.on() { // nil: New has not finished
 		return
 	}
-	t.refusal(t.authFails, r, audit.F("reason", reason), audit.F("remote", r.RemoteAddr), audit.F("path", r.URL.Path))
+	t.refusal(t.authFails, r, audit.F("reason", reason), audit.F("remote", r.RemoteAddr), audit.F("path", boundedPath(r.URL.Path)))
 }
 
 // adminDenied records admin.denied for a request to the admin API the
 // admins' check refused.
 func (t *auditTrail) adminDenied(r *http.Request, reason string) {
-	t.refusal(t.adminDenials, r, audit.F("reason", reason), audit.F("method", r.Method), audit.F("path", r.URL.Path),
+	t.refusal(t.adminDenials, r, audit.F("reason", reason), audit.F("method", r.Method), audit.F("path", boundedPath(r.URL.Path)),
 		audit.F("remote", r.RemoteAddr))
+}
+
+// adminFailed records admin.failed for an administrator's call that
+// failed (404, 400, 503…): method, path (bounded, without its query),
+// status and who. Throttled as the refusals are, by remote host.
+func (t *auditTrail) adminFailed(r *http.Request, subject string, status int) {
+	if !t.on() {
+		return
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	t.adminFailures.Record(audit.Event{Subject: subject, Fields: []audit.Field{audit.F("method", r.Method),
+		audit.F("path", boundedPath(r.URL.Path)), audit.F("status", status), audit.F("remote", r.RemoteAddr)}}, host, r.RemoteAddr)
 }
 
 // openAudit opens the audit trail (recording nothing when audit.file is
@@ -95,6 +110,7 @@ func openAudit(cfg *config.Config, version string, reg prometheus.Registerer, re
 	t := &auditTrail{keyFile: cfg.Audit.HMACKeyFile, log: log}
 	t.authFails = audit.NewThrottle(audit.RecorderFunc(t.record), "auth.failed", audit.ThrottleConfig{})
 	t.adminDenials = audit.NewThrottle(audit.RecorderFunc(t.record), "admin.denied", audit.ThrottleConfig{})
+	t.adminFailures = audit.NewThrottle(audit.RecorderFunc(t.record), "admin.failed", audit.ThrottleConfig{})
 	if cfg.Audit.File == "" {
 		return t, nil
 	}
@@ -157,6 +173,7 @@ func (t *auditTrail) reopen() error {
 func (t *auditTrail) close() error {
 	t.authFails.Close()
 	t.adminDenials.Close()
+	t.adminFailures.Close()
 	if t.file == nil {
 		return nil
 	}

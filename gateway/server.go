@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"reflect"
 	"strings"
 	"sync"
@@ -75,6 +76,9 @@ type Server struct {
 
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
+	// opsOnMain: /metrics and /v1/admin/ are served on the main listener
+	// (Serve decides, from the address it is bound to).
+	opsOnMain atomic.Bool
 
 	mu  sync.Mutex
 	cfg *config.Config // the running configuration: Reload swaps it
@@ -466,6 +470,7 @@ func relayConfig(cfg *config.Config, m *relaymetrics.Metrics, agents []proxy.Age
 			MessageBurst:            cfg.Limits.MessageBurst,
 			TenantMessagesPerSecond: cfg.Limits.TenantMessagesPerSecond,
 			TenantMessageBurst:      cfg.Limits.TenantMessageBurst,
+			TenantQueuedPromptBytes: int64(cfg.Limits.TenantQueuedPromptBytes),
 		},
 		ClientCaps: proxy.AllCapabilities,
 		Sealer:     sealer,
@@ -483,6 +488,10 @@ func relayConfig(cfg *config.Config, m *relaymetrics.Metrics, agents []proxy.Age
 // routes is the gateway's HTTP surface.
 func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Handler {
 	r := chi.NewRouter()
+	notFound := web.Handler(func() string { return s.config().Sessions.AffinityCookie })
+	if cfg.Observability.MetricsListen == "" {
+		r.Use(s.opsGate(notFound))
+	}
 	// /acp (the default agent) and /acp/{agent}: a WebSocket upgrade, or
 	// Streamable HTTP (POST a message, GET an event stream, DELETE the
 	// connection).
@@ -504,7 +513,7 @@ func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Hand
 		}
 	}
 	r.HandleFunc("/v1/agents", s.handleAgents)
-	if cfg.Observability.MetricsListen == "" {
+	if cfg.Observability.MetricsListen == "" { // served only where opsGate lets them
 		r.Handle("/metrics", s.MetricsHandler())
 		s.admin.routes(r) // else on the operations listener (OpsHandler)
 	}
@@ -513,12 +522,56 @@ func (s *Server) routes(cfg *config.Config, authn *auth.Authenticator) http.Hand
 	}
 	r.Get("/healthz", s.handleHealth)
 	r.Get("/readyz", s.handleReady)
-	r.Handle("/*", web.Handler(func() string { return s.config().Sessions.AffinityCookie }))
+	r.Handle("/*", notFound)
 	return r
+}
+
+// isOpsPath reports whether path is the operations surface: /metrics or
+// the admin API.
+func isOpsPath(p string) bool {
+	return p == "/metrics" || strings.HasPrefix(p, "/v1/admin/") || p == "/v1/admin"
+}
+
+// opsGate hands a request for /metrics or /v1/admin/ to notFound (the
+// answer any unknown path gets: 404) unless the main listener serves
+// them (opsOnMain): before routing, so that a method the API lacks gets
+// the 404 too, not a 405 that would tell it is there.
+func (s *Server) opsGate(notFound http.Handler) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !s.opsOnMain.Load() && isOpsPath(path.Clean(r.URL.Path)) { // Clean copies nothing when already clean
+				notFound.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// opsOnMain says whether the main listener, bound to addr, serves
+// /metrics and the admin API: not when observability.metrics_listen
+// takes them; on a loopback address, yes; on any other (0.0.0.0 and ::
+// included: every interface), only with observability.ops_on_main_listener.
+func opsOnMain(cfg *config.Config, addr net.Addr) (on, loopback bool) {
+	ta, ok := addr.(*net.TCPAddr)
+	loopback = ok && ta.IP.IsLoopback()
+	return cfg.Observability.MetricsListen == "" && (loopback || cfg.Observability.OpsOnMainListener), loopback
 }
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	cfg := s.config()
+	on, loopback := opsOnMain(cfg, ln.Addr())
+	s.opsOnMain.Store(on)
+	switch {
+	case on && !loopback:
+		s.log.Warn("/metrics and the admin API are served on the main listener, which is not a loopback address "+
+			"(observability.ops_on_main_listener): whoever reaches it reaches them (the admin API still needs its credential); "+
+			"observability.metrics_listen keeps them apart", "addr", ln.Addr().String())
+	case !on && cfg.Observability.MetricsListen == "":
+		s.log.Info("/metrics and the admin API are not served on the main listener, which is not a loopback address; "+
+			"observability.metrics_listen serves them", "addr", ln.Addr().String())
+	}
 	s.started.Store(true)
 	s.log.Info("listening", "addr", ln.Addr().String())
 	err := s.http.Serve(ln)

@@ -325,6 +325,62 @@ func TestQueuedPromptsBoundedPerConnection(t *testing.T) {
 	}
 }
 
+// The same bound over all of a tenant's connections together: two
+// connections each well within their own bound pass the tenant's
+// together, and the prompt past it is refused naming the tenant's bound;
+// the connection that sent it keeps holding only what waits. What waits
+// is counted in both, and given back to both when it runs.
+func TestQueuedPromptsBoundedPerTenant(t *testing.T) {
+	r := testPool(t, "demo", nil)
+	owner := newTestConn(t, r, "owner")
+	owner.init(`{}`)
+	sid := owner.newSession("1")
+	ten := owner.c.ten
+	ten.queuedBytes.Max = 1 << 20
+	var members []*testConn
+	for i := range 2 {
+		m := newTestConn(t, r, fmt.Sprintf("member%d", i))
+		m.init(`{}`)
+		if res := m.attach(fmt.Sprint(10+i), sid, ""); res.Error != nil {
+			t.Fatalf("attach: %s", res.raw)
+		}
+		members = append(members, m)
+	}
+	if members[0].c.ten != ten || members[1].c.ten != ten {
+		t.Fatal("the connections are not of one tenant")
+	}
+	owner.prompt("2", sid, "permission") // the turn waits for the owner's answer
+	perm := owner.untilMethod(acp.RequestPermission, nil)
+	big := strings.Repeat("x", 300<<10)
+	members[0].prompt("20", sid, big)
+	members[0].prompt("21", sid, big)
+	members[1].prompt("22", sid, big)
+	waitFor(t, "three prompts to wait", func() bool { return ten.queuedBytes.Held() >= 900<<10 })
+	held1 := members[1].c.queuedBytes.Held()
+	if sum := members[0].c.queuedBytes.Held() + held1; ten.queuedBytes.Held() != sum || held1 < 300<<10 {
+		t.Fatalf("the tenant counts %d bytes waiting, its connections %d (member1 %d)", ten.queuedBytes.Held(), sum, held1)
+	}
+	members[1].prompt("23", sid, big)
+	refused := members[1].await("23", nil)
+	if refused.Error == nil || refused.Error.Code != codeBusy || !strings.Contains(refused.Error.Message, "would pass 1 MiB") ||
+		!strings.Contains(refused.Error.Message, "over all its connections") {
+		t.Fatalf("the prompt past the tenant's bound: %s", refused.raw)
+	}
+	if n := members[1].c.queuedBytes.Held(); n != held1 {
+		t.Fatalf("after the tenant's refusal its connection counts %d bytes waiting, want %d", n, held1)
+	}
+	owner.send(`{"jsonrpc":"2.0","id":` + string(perm.ID) + `,"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}`)
+	if m := owner.await("2", nil); m.Error != nil {
+		t.Fatalf("the owner's turn: %s", m.raw)
+	}
+	waitFor(t, "a waiting prompt to run", func() bool { return ten.queuedBytes.Held() < 900<<10 })
+	// Given back to the tenant and its connection alike (two steps: the
+	// counts agree once both are done).
+	waitFor(t, "the tenant's count to agree with its connections'", func() bool {
+		return ten.queuedBytes.Held() == members[0].c.queuedBytes.Held()+members[1].c.queuedBytes.Held()
+	})
+}
+
 // A drain that runs out of grace cancels the turn running, and refuses the
 // prompts waiting for it (never sent) with an error that says so, instead
 // of answering them "cancelled" as if they had run.

@@ -94,6 +94,22 @@ type Limits struct {
 	MessageBurst            int
 	TenantMessagesPerSecond float64 // all of a tenant's connections (0 = none)
 	TenantMessageBurst      int
+	// TenantQueuedPromptBytes bounds the prompts all of a tenant's
+	// connections hold waiting for sessions' turns (0 =
+	// DefaultTenantQueuedPromptBytes), beside each connection's and each
+	// session's own bounds.
+	TenantQueuedPromptBytes int64
+}
+
+// DefaultTenantQueuedPromptBytes is Limits.TenantQueuedPromptBytes unset.
+const DefaultTenantQueuedPromptBytes = 256 << 20
+
+// tenantQueuedBytes is the tenant-wide bound of queued prompts.
+func (l Limits) tenantQueuedBytes() int64 {
+	if l.TenantQueuedPromptBytes > 0 {
+		return l.TenantQueuedPromptBytes
+	}
+	return DefaultTenantQueuedPromptBytes
 }
 
 func newLimiter(perSecond float64, burst int) *rate.Limiter {
@@ -172,6 +188,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 			return nil, err
 		}
 		t.limiter = newLimiter(cfg.Limits.TenantMessagesPerSecond, cfg.Limits.TenantMessageBurst)
+		t.queuedBytes.Max = cfg.Limits.tenantQueuedBytes()
 		mapPaths = mapPaths || t.mapper.Load() != nil
 		tenants[tc.Name] = t
 	}
@@ -524,6 +541,7 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 		}
 		t := makeTenant(c, mappers[i], r.metrics)
 		t.limiter = newLimiter(r.limits.TenantMessagesPerSecond, r.limits.TenantMessageBurst)
+		t.queuedBytes.Max = r.limits.tenantQueuedBytes()
 		r.tenants[c.Name] = t
 	}
 	return nil

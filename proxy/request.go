@@ -173,11 +173,12 @@ func (r *outReq) fail(msg []byte) {
 }
 
 // releaseQueued gives back what r, a prompt that may wait for a turn,
-// holds of its connection's queued bytes (Conn.queuedBytes): once, when it
-// leaves the queue to run or ends.
+// holds of its connection's and its tenant's queued bytes (Conn.queuedBytes,
+// tenant.queuedBytes): once, when it leaves the queue to run or ends.
 func (r *outReq) releaseQueued() {
 	if n := r.queued.Swap(0); n != 0 {
 		r.conn.queuedBytes.Release(n)
+		r.conn.ten.queuedBytes.Release(n)
 	}
 }
 

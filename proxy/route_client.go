@@ -394,18 +394,33 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		return true
 	}
 	t := turn.Queued[*outReq]{Prompt: req, Line: out}
-	mayWait := c.queuedBytes.Hold(int64(len(out))) // room to wait, if it must
+	// Room to wait, if it must: in the connection's bound, then the
+	// tenant's (all its connections together).
+	n := int64(len(out))
+	roomConn := c.queuedBytes.Hold(n)
+	roomTenant := roomConn && c.ten.queuedBytes.Hold(n)
+	if roomConn && !roomTenant {
+		c.queuedBytes.Release(n)
+	}
+	mayWait := roomTenant
 	if mayWait {
-		req.queued.Store(int64(len(out)))
+		req.queued.Store(n)
 	}
 	now, full := s.turn.Take(t, mayWait)
 	if now || full != nil {
 		req.releaseQueued() // it runs now, or does not wait
 	}
 	switch {
+	case full == turn.ErrNoRoom && !roomConn:
+		if rt.link.take(req) {
+			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %s; try again when one has run",
+				sizeText(c.queuedBytes.Max)), nil)
+		}
+		return false
 	case full == turn.ErrNoRoom:
 		if rt.link.take(req) {
-			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %d MiB; try again when one has run", c.queuedBytes.Max>>20), nil)
+			req.failWith(codeBusy, fmt.Sprintf("the prompts of tenant %q waiting for sessions' turns, over all its connections, would pass %s; "+
+				"try again when one has run", c.tenant, sizeText(c.ten.queuedBytes.Max)), nil)
 		}
 		return false
 	case full != nil:
@@ -424,8 +439,17 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 
 // maxConnQueuedBytes bounds what one connection's prompts waiting for
 // sessions' turns may hold, over all its sessions (each session's queue
-// has its own bound, turn.MaxQueuedBytes).
+// has its own bound, turn.MaxQueuedBytes; all the tenant's connections
+// together, Limits.TenantQueuedPromptBytes).
 const maxConnQueuedBytes = 64 << 20
+
+// sizeText is n bytes as a bound is named in an error: in MiB when whole.
+func sizeText(n int64) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
 
 // startTurn sends a prompt that waited for another client's turn, now
 // that turn has ended.

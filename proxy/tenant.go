@@ -10,6 +10,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/acpgate/acpgate/proxy/access"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/pathmap"
 	"github.com/acpgate/acpgate/proxy/policy"
@@ -74,8 +75,11 @@ type tenant struct {
 	metrics *metrics.Metrics
 	mapper  atomic.Pointer[pathmap.Mapper] // nil: paths pass unchanged; swapped on reload
 
-	limiter *rate.Limiter                // all of the tenant's connections; nil = none
-	conf    atomic.Pointer[TenantConfig] // policies and agents; never nil; swapped on reload
+	limiter *rate.Limiter // all of the tenant's connections; nil = none
+	// queuedBytes: the prompts of all its connections waiting for
+	// sessions' turns (Limits.TenantQueuedPromptBytes).
+	queuedBytes inflight.Budget
+	conf        atomic.Pointer[TenantConfig] // policies and agents; never nil; swapped on reload
 
 	mu          sync.Mutex
 	maxSessions int

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,8 +106,8 @@ func TestAuditVerifyGaps(t *testing.T) {
 }
 
 // The forged re-chained trail: with the key, verify fails naming the
-// edited line; without it the chain holds and verify says the MACs went
-// unchecked.
+// edited line; without it the chain holds, and verify says the MACs went
+// unchecked and exits 4.
 func TestAuditVerifyKey(t *testing.T) {
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "audit.key")
@@ -127,7 +129,9 @@ func TestAuditVerifyKey(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, errOut := runCmd(t, "audit", "verify", "--key", keyFile, path); code != 0 || out != "6 lines intact in 1 file, every MAC checked\n" {
+	kid := audit.KeyID(key)
+	if code, out, errOut := runCmd(t, "audit", "verify", "--key", keyFile, path); code != 0 ||
+		out != "6 lines intact in 1 file, every MAC checked\nkeys, in order: "+kid+" (from "+path+" line 1); the trail ends under key "+kid+"\n" {
 		t.Fatalf("audit verify --key of the trail: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	b, err := os.ReadFile(path)
@@ -145,8 +149,14 @@ func TestAuditVerifyKey(t *testing.T) {
 	if err := os.WriteFile(forged, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, _ := runCmd(t, "audit", "verify", forged); code != 0 || !strings.Contains(out, "6 MACs not checked (no --key)") {
-		t.Errorf("audit verify without the key: code %d, stdout %q", code, out)
+	// Finding 10: without --key a keyed trail is not verified, forged or
+	// not: exit 4, saying how many lines went unchecked.
+	for _, p := range []string{path, forged} {
+		code, out, errOut := runCmd(t, "audit", "verify", p)
+		if code != 4 || !strings.Contains(out, "6 MACs not checked (no --key)") ||
+			!strings.Contains(errOut, "6 of 6 lines carry a MAC that was not checked: the trail is keyed") {
+			t.Errorf("audit verify %s without the key: code %d, stdout %q, stderr %q; want 4", filepath.Base(p), code, out, errOut)
+		}
 	}
 	code, _, errOut := runCmd(t, "audit", "verify", "--key", keyFile, forged)
 	if code != 1 || !strings.HasPrefix(errOut, "acpgate audit verify: "+forged+": line 3: MAC does not match") {
@@ -155,6 +165,86 @@ func TestAuditVerifyKey(t *testing.T) {
 	if code, _, errOut := runCmd(t, "audit", "verify", "--key", filepath.Join(dir, "missing.key"), path); code != 2 || !strings.Contains(errOut, "audit key") {
 		t.Errorf("audit verify with a missing key file: code %d, stderr %q", code, errOut)
 	}
+}
+
+// Finding 10: a trail whose key was rotated verifies with both keys and
+// lists them in order; a line after the rotation MACed again under the
+// retired key fails, naming the line that retired it; and without --key
+// the keyed trail exits 4 even when it has gaps (3).
+func TestAuditVerifyRotatedKey(t *testing.T) {
+	dir := t.TempDir()
+	var keys [2][]byte
+	var keyFiles [2]string
+	for i := range keys {
+		keyFiles[i] = filepath.Join(dir, fmt.Sprintf("k%d.key", i))
+		if err := os.WriteFile(keyFiles[i], []byte(strings.Repeat(fmt.Sprintf("%02x", 0xa0+i), 32)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		k, err := audit.ReadKeyFile(keyFiles[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i] = k
+	}
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := audit.Open(audit.Config{File: path, Key: keys[0]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Record(audit.Event{Event: "prompt.started", Tenant: "acme", Subject: "alice"})
+	if err := l.SetKey(keys[1]); err != nil {
+		t.Fatal(err)
+	}
+	l.Record(audit.Event{Event: "prompt.started", Tenant: "acme", Subject: "alice"})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kid0, kid1 := audit.KeyID(keys[0]), audit.KeyID(keys[1])
+	code, out, errOut := runCmd(t, "audit", "verify", "--key", keyFiles[1], "--key", keyFiles[0], path)
+	wantOut := "5 lines intact in 1 file, every MAC checked\nkeys, in order: " + kid0 + " (from " + path + " line 1), then " + kid1 +
+		" (from " + path + " line 3); the trail ends under key " + kid1 + "\n"
+	if code != 0 || out != wantOut {
+		t.Fatalf("audit verify with both keys: code %d, stdout %q, stderr %q; want stdout %q", code, out, errOut, wantOut)
+	}
+	// Line 4, the event after the key change, MACed again under the
+	// retired key (and line 5 re-chained and re-MACed after it).
+	lines := strings.Split(strings.TrimSuffix(string(mustReadFile(t, path)), "\n"), "\n")
+	for i := 3; i < len(lines); i++ {
+		sum := sha256.Sum256([]byte(lines[i-1]))
+		j := strings.Index(lines[i], `"prev":"`) + len(`"prev":"`)
+		lines[i] = lines[i][:j] + hex.EncodeToString(sum[:]) + lines[i][j+64:]
+		body := lines[i][:strings.Index(lines[i], `,"kid":"`)] + `,"kid":"` + kid0 + `"`
+		m := hmac.New(sha256.New, keys[0])
+		m.Write([]byte(body))
+		lines[i] = body + `,"mac":"` + hex.EncodeToString(m.Sum(nil)) + `"}`
+	}
+	forged := filepath.Join(dir, "forged.jsonl")
+	if err := os.WriteFile(forged, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runCmd(t, "audit", "verify", "--key", keyFiles[0], "--key", keyFiles[1], forged)
+	if code != 1 || !strings.HasPrefix(errOut, "acpgate audit verify: "+forged+": line 4: MAC under key "+kid0+", which "+forged+" line 3 replaced") {
+		t.Errorf("audit verify of lines forged under the retired key: code %d, stderr %q", code, errOut)
+	}
+	// The files from line 3 on only: the head is missing (3), and no
+	// --key: 4 wins.
+	tailFile := filepath.Join(dir, "tail.jsonl")
+	if err := os.WriteFile(tailFile, []byte(strings.Join(strings.Split(string(mustReadFile(t, path)), "\n")[2:], "\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := runCmd(t, "audit", "verify", tailFile); code != 4 || !strings.Contains(errOut, "the trail's head is missing") ||
+		!strings.Contains(errOut, "3 of 3 lines carry a MAC that was not checked") {
+		t.Errorf("audit verify without --key of a keyed trail missing its head: code %d, stderr %q; want 4", code, errOut)
+	}
+}
+
+func mustReadFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func TestCheckConfigAuditUnwritable(t *testing.T) {

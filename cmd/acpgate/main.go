@@ -84,7 +84,8 @@ func usage(w io.Writer) {
   acpgate check-config --config FILE
   acpgate audit verify [--key FILE]... [--allow-gaps] [--allow-missing-head] FILE...
                                    check an audit trail (its files oldest first): exit 1 if
-                                   changed, 3 if it has gaps or starts after its head
+                                   changed, 3 if it has gaps or starts after its head, 4 if
+                                   it is keyed and no --key was given (MACs not checked)
   acpgate keygen > session.key     a new session key (32 random bytes, hex)
   acpgate version
 `)
@@ -348,6 +349,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		t := &cfg.Tenants[i]
 		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
 	}
+	fmt.Fprintf(stdout, "\n/metrics and the admin API: %s\n", cfg.OpsWhere())
 	describeAgents(stdout, cfg)
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {
@@ -562,7 +564,9 @@ func (k *keyFiles) Set(v string) error { *k = append(*k, v); return nil }
 // --key); 3 when it holds together but is not whole: it has gaps (events
 // the gateway lost, each reported), or it begins before the files given
 // (the head missing), unless --allow-gaps or --allow-missing-head accept
-// that.
+// that; 4 (before 3) when it holds together but its lines carry MACs no
+// --key was given for: a keyed trail verified without its keys is not
+// verified.
 func auditCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) < 1 || args[0] != "verify" {
 		fmt.Fprintln(stderr, auditUsage)
@@ -612,6 +616,13 @@ func auditCmd(args []string, stdout, stderr io.Writer) int {
 		macs = fmt.Sprintf(", %d MACs not checked (no --key)", rep.Unchecked)
 	}
 	fmt.Fprintf(stdout, "%d lines intact in %d file%s%s\n", rep.Lines, len(files), plural, macs)
+	if len(rep.Keys) > 0 {
+		uses := make([]string, len(rep.Keys))
+		for i, k := range rep.Keys {
+			uses[i] = k.String()
+		}
+		fmt.Fprintf(stdout, "keys, in order: %s; the trail ends under key %s\n", strings.Join(uses, ", then "), rep.Keys[len(rep.Keys)-1].Kid)
+	}
 	code := 0
 	if rep.Head != "" {
 		fmt.Fprintln(stdout, rep.Head)
@@ -623,6 +634,11 @@ func auditCmd(args []string, stdout, stderr io.Writer) int {
 	if len(rep.Gaps) > 0 && !*allowGaps {
 		fmt.Fprintf(stderr, "acpgate audit verify: %d gaps: events the gateway lost (--allow-gaps accepts them)\n", len(rep.Gaps))
 		code = 3
+	}
+	if rep.Unchecked > 0 {
+		fmt.Fprintf(stderr, "acpgate audit verify: %d of %d lines carry a MAC that was not checked: the trail is keyed; "+
+			"give its keys (--key FILE for each key it was written under)\n", rep.Unchecked, rep.Lines)
+		code = 4
 	}
 	return code
 }

@@ -99,6 +99,9 @@ limits: {max_message_bytes: 1048576}
 	if code != 0 || !strings.HasPrefix(out, path+": ok\n") || !strings.Contains(out, "effective policy") || errOut != "" {
 		t.Fatalf("check-config good.yaml: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
+	if !strings.Contains(out, "\n/metrics and the admin API: on the main listener 127.0.0.1:8080 (a loopback address)\n") {
+		t.Errorf("check-config does not say where /metrics and the admin API are served: %s", out)
+	}
 }
 
 func TestCheckConfigBad(t *testing.T) {

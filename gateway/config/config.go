@@ -310,6 +310,11 @@ type Limits struct {
 	MessageBurst            int     `yaml:"message_burst"`
 	TenantMessagesPerSecond float64 `yaml:"tenant_messages_per_second"`
 	TenantMessageBurst      int     `yaml:"tenant_message_burst"`
+	// TenantQueuedPromptBytes bounds the prompts all of a tenant's
+	// connections hold waiting for other clients' turns in shared
+	// sessions (beside 64 MiB per connection, 32 MiB and 8 prompts per
+	// session); past it a prompt gets -32006.
+	TenantQueuedPromptBytes int `yaml:"tenant_queued_prompt_bytes"`
 }
 
 // Timeouts bound how long the gateway waits.
@@ -340,9 +345,16 @@ type WebSocket struct {
 
 // Observability configures /metrics and tracing.
 type Observability struct {
-	// MetricsListen serves /metrics on a separate address (for example
-	// 127.0.0.1:9090) instead of the main listener. "" = the main one.
+	// MetricsListen serves /metrics and the admin API on a separate
+	// address (for example 127.0.0.1:9090) instead of the main listener.
+	// "" = the main one, when it is a loopback address (or
+	// OpsOnMainListener).
 	MetricsListen string `yaml:"metrics_listen"`
+	// OpsOnMainListener serves /metrics and the admin API on a main
+	// listener that is not a loopback address, when MetricsListen is
+	// unset (false: there they get 404, as any unknown path). On a
+	// loopback main listener they are served either way.
+	OpsOnMainListener bool `yaml:"ops_on_main_listener"`
 	// TenantLabelLimit caps how many tenants get their own label value in
 	// metrics; the rest are "other".
 	TenantLabelLimit int `yaml:"tenant_label_limit"`
@@ -413,6 +425,8 @@ func Default() *Config {
 			MaxPendingRequests: 256,
 			MessagesPerSecond:  100,
 			MessageBurst:       200,
+			// Four connections' worth of the 64 MiB each may hold.
+			TenantQueuedPromptBytes: 256 << 20,
 		},
 		Timeouts: Timeouts{
 			Handshake: Duration(10 * time.Second),
@@ -632,6 +646,9 @@ func (c *Config) validateLimits(add addFunc) {
 	if c.Limits.MaxPendingRequests < 1 {
 		add("limits.max_pending_requests", "must be at least 1")
 	}
+	if c.Limits.TenantQueuedPromptBytes < 1 {
+		add("limits.tenant_queued_prompt_bytes", "must be at least 1 (default 268435456, 256 MiB)")
+	}
 	if c.Limits.MessagesPerSecond < 0 || c.Limits.TenantMessagesPerSecond < 0 || c.Limits.MessageBurst < 0 || c.Limits.TenantMessageBurst < 0 {
 		add("limits", "rates and bursts must not be negative (0 = no limit)")
 	}
@@ -663,6 +680,10 @@ func (c *Config) validateConnections(add addFunc) {
 	if ml := c.Observability.MetricsListen; ml != "" {
 		if _, _, err := net.SplitHostPort(ml); err != nil {
 			add("observability.metrics_listen", "%q is not host:port: %v", ml, err)
+		}
+		if c.Observability.OpsOnMainListener {
+			add("observability.ops_on_main_listener", "has no effect with observability.metrics_listen set "+
+				"(/metrics and the admin API are served there, never on the main listener): remove one")
 		}
 	}
 }
@@ -963,6 +984,23 @@ func ReadSessionKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("session key %s: must hold 32 bytes as 64 hex characters (acpgate keygen writes one)", path)
 	}
 	return k, nil
+}
+
+// OpsWhere says where /metrics and the admin API are served (check-config
+// shows it), judged from the listen addresses as configured: the gateway
+// judges the main listener by the address it binds.
+func (c *Config) OpsWhere() string {
+	host, _, _ := net.SplitHostPort(c.Listen)
+	switch {
+	case c.Observability.MetricsListen != "":
+		return "on observability.metrics_listen " + c.Observability.MetricsListen + " (the main listener answers 404)"
+	case IsLoopback(host):
+		return "on the main listener " + c.Listen + " (a loopback address)"
+	case c.Observability.OpsOnMainListener:
+		return "on the main listener " + c.Listen + ", NOT a loopback address (observability.ops_on_main_listener: true): " +
+			"whoever reaches it reaches them"
+	}
+	return "not served: the main listener " + c.Listen + " is not a loopback address and observability.metrics_listen is unset (they answer 404)"
 }
 
 // IsLoopback reports whether a listen host only accepts local connections.

@@ -573,3 +573,27 @@ func TestOverlappingTenantRootsRefused(t *testing.T) {
 		t.Fatalf("overlapping roots: %v", err)
 	}
 }
+
+// observability.ops_on_main_listener: refused beside metrics_listen (it
+// would do nothing); OpsWhere says where /metrics and the admin API go.
+func TestOpsOnMainListener(t *testing.T) {
+	data := "observability:\n  metrics_listen: 127.0.0.1:9090\n  ops_on_main_listener: true\n"
+	ps := problems(t, data)
+	if len(ps) != 1 || !strings.Contains(ps[0].Msg, "has no effect with observability.metrics_listen set") {
+		t.Fatalf("ops_on_main_listener with metrics_listen: %s", list(ps))
+	}
+	wantAtKey(t, ps[0], data, "ops_on_main_listener", 0)
+	if Default().Observability.OpsOnMainListener {
+		t.Error("ops_on_main_listener defaults to true")
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"", "on the main listener 127.0.0.1:8080 (a loopback address)"},
+		{"listen: 0.0.0.0:8080\nallow_unauthenticated: true\n", "not served: the main listener 0.0.0.0:8080 is not a loopback address"},
+		{"listen: 0.0.0.0:8080\nallow_unauthenticated: true\nobservability: {ops_on_main_listener: true}\n", "NOT a loopback address (observability.ops_on_main_listener: true)"},
+		{"listen: 0.0.0.0:8080\nallow_unauthenticated: true\nobservability: {metrics_listen: 127.0.0.1:9090}\n", "on observability.metrics_listen 127.0.0.1:9090"},
+	} {
+		if got := mustParse(t, c.yaml).OpsWhere(); !strings.Contains(got, c.want) {
+			t.Errorf("%q: OpsWhere %q, want %q in it", c.yaml, got, c.want)
+		}
+	}
+}

@@ -331,8 +331,8 @@ func TestAuditKeyedTrail(t *testing.T) {
 	}
 	path := filepath.Join(dir, "forged.jsonl")
 	writeFile(t, path, []byte(strings.Join(forged, "\n")+"\n"))
-	if code, out := verifyTrailArgs(t, path); code != 0 || !strings.Contains(out, "MACs not checked") {
-		t.Errorf("audit verify without the key of the forged trail: exit %d: %s", code, out)
+	if code, out := verifyTrailArgs(t, path); code != 4 || !strings.Contains(out, "MACs not checked") {
+		t.Errorf("audit verify without the key of the forged trail: exit %d, want 4: %s", code, out)
 	}
 	code, out := verifyTrailArgs(t, "--key", keyFile, path)
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("%s: line %d: MAC does not match", path, k)) {

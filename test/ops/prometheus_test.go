@@ -135,9 +135,15 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 	requireTool(t, prometheusBin)
 	// Recycling after one session (set through the environment, as an
 	// operator may): the session's process retires and a new one is
-	// spawned, which the pool's counters must show.
-	g := startGateway(t, gwOpts{env: []string{"ACPGATE_POOL_RECYCLE_AFTER_SESSIONS=1"}})
-	prom := startPrometheus(t, g.Addr)
+	// spawned, which the pool's counters must show. Prometheus scrapes the
+	// operations listener (metrics_listen), as in the deployment: a main
+	// listener on a public address does not serve /metrics.
+	g := startGateway(t, gwOpts{config: "observability:\n  metrics_listen: 127.0.0.1:0\n",
+		env: []string{"ACPGATE_POOL_RECYCLE_AFTER_SESSIONS=1"}})
+	if g.MetricsAddr() == "" {
+		t.Fatal("no operations listener")
+	}
+	prom := startPrometheus(t, g.MetricsAddr())
 	// One scrape before the traffic, so that rates see it happen.
 	deadline := time.Now().Add(30 * time.Second)
 	for len(query(t, prom, `up{job="acpgate"} == 1`)) == 0 {
