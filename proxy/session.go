@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/history"
 	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -35,6 +36,8 @@ type Session struct {
 	info      *observe.Session
 
 	subject    string           // the credential subject that made it, sealed in its ID (Sharing)
+	scope      string           // its tenant and agent (sessionid.Scope)
+	owners     *access.Owners   // where its maker and last use are noted (Relay.owners)
 	attachable bool             // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history.History // what session/attach replays; nil: none kept. Guarded by fan.
 
@@ -82,7 +85,7 @@ func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slo
 		gwID = c.relay.sealer.Seal(c.scope, id.Subject, id.Agent)
 	}
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, link: l, ten: c.ten,
-		slot: slot, subject: id.Subject, opened: time.Now()}
+		slot: slot, subject: id.Subject, scope: c.scope, owners: c.relay.owners, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.resume.HistoryBytes; n > 0 && s.attachable {

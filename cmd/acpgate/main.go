@@ -343,6 +343,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
 	}
 	describeAgents(stdout, cfg)
+	describeOwners(stdout, cfg)
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {
 		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)
@@ -373,6 +374,16 @@ func describeAgentEnv(w io.Writer, cfg *config.Config) bool {
 		}
 	}
 	return ok
+}
+
+// describeOwners tells where session makers are kept, and for how long.
+func describeOwners(w io.Writer, cfg *config.Config) {
+	where := "in memory only (until a restart)"
+	if cfg.Sessions.OwnersFile != "" {
+		where = "in " + cfg.Sessions.OwnersFile
+	}
+	fmt.Fprintf(w, "\nsession owners: %s; up to %d in memory per tenant and agent; forgotten after %s unused\n",
+		where, cfg.Sessions.OwnersPerTenant, cfg.Sessions.OwnersRetention.D())
 }
 
 // describeSandbox tells what agents may reach under the sandbox, and

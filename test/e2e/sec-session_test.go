@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,5 +138,42 @@ func TestSecSessionResumeIsTheSubjects(t *testing.T) {
 	})
 	if m.Error != nil || stopReason(t, m) != "end_turn" {
 		t.Fatalf("Alice's prompt after resuming: %s; want end_turn", m.Raw)
+	}
+}
+
+// TestSecSessionOwnersPerTenant: one tenant's churn never hides another
+// tenant's sessions from their makers' session/list (finding 8: one ring of
+// 65,536 owners for every tenant, so another tenant's sessions pushed
+// Alice's out and her list lost them). With sessions.owners_per_tenant at
+// 4, globex makes 12 sessions; Alice's session, made before, is still in
+// her list, over each transport.
+func TestSecSessionOwnersPerTenant(t *testing.T) {
+	acme, globex := &sharingTenant{name: "acme"}, &sharingTenant{name: "globex"}
+	extra := strings.Replace(subjConfig(t), "max_processes: 1", "max_processes: 2", 1) +
+		"sessions: {owners_per_tenant: 4}\n"
+	g := sharingGatewayWith(t, []*sharingTenant{acme, globex}, extra)
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			alice := tr.dial(t, g, acme.tokens[0])
+			m, _ := subjCall(t, alice, "Alice's session/new", "session/new", map[string]any{"cwd": vroot, "mcpServers": []any{}})
+			sid := m.NewSessionID()
+			if sid == "" {
+				t.Fatalf("Alice's session/new: %s", m.Raw)
+			}
+			gina := tr.dial(t, g, globex.tokens[0])
+			for i := range 12 {
+				m, _ := subjCall(t, gina, "globex's session/new", "session/new", map[string]any{"cwd": vroot, "mcpServers": []any{}})
+				gsid := m.NewSessionID()
+				if gsid == "" {
+					t.Fatalf("globex's session/new %d: %s", i, m.Raw)
+				}
+				if m, _ = subjCall(t, gina, "globex's session/close", "session/close", map[string]any{"sessionId": gsid}); m.Error != nil {
+					t.Fatalf("globex's session/close %d: %s", i, m.Raw)
+				}
+			}
+			if got := listed(t, alice, "Alice"); !slices.Contains(got, sid) {
+				t.Fatalf("after globex made 12 sessions, Alice's session/list lists %q, not her session %q", got, sid)
+			}
+		})
 	}
 }
