@@ -141,18 +141,23 @@ func TestOwnersRetention(t *testing.T) {
 	}
 	before := fileSize(t, path)
 
-	// Half the retention later, Alice loads her session: a use.
+	// Half the retention later, Alice loads her session: a use; and an
+	// eighth later, she ends it: a use too soon after the last for Note
+	// to write it, written at Close.
 	now = now.Add(retention / 2)
 	if o, err = OpenOwners(path, nil, cfg); err != nil {
 		t.Fatal(err)
 	}
 	o.Note("acme", "kept", "token:alice")
+	now = now.Add(retention / 8)
+	o.Note("acme", "kept", "token:alice")
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
 
-	// Past the retention of the churn, not of Alice's last use.
-	now = now.Add(retention/2 + time.Minute)
+	// Past the retention of the churn and of Alice's load, not of her
+	// last use.
+	now = now.Add(retention - retention/16)
 	if o, err = OpenOwners(path, nil, cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -87,7 +87,44 @@ func (o *Owners) Close() error {
 	}
 	close(o.file.ch) // no put sends any more: each runs under o.mu and checks closed
 	<-o.file.done
-	return o.file.db.Close()
+	err := o.flushUses()
+	if cerr := o.file.db.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// flushUses writes the last uses the file has not had yet (Note writes a
+// use at most every touchEvery), so that a restart counts the retention
+// from each session's last use. The writer has ended.
+func (o *Owners) flushUses() error {
+	o.mu.Lock()
+	var dirty []ownerEntry
+	for scope, so := range o.scopes {
+		for sid, rec := range so.m {
+			if rec.used > rec.stored {
+				dirty = append(dirty, ownerEntry{ownerKey{scope, sid}, rec.subject, rec.used})
+				rec.stored = rec.used
+			}
+		}
+	}
+	o.mu.Unlock()
+	if len(dirty) == 0 {
+		return nil
+	}
+	err := o.file.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(ownersBucket)
+		for _, e := range dirty {
+			if err := b.Put(e.k.bytes(), encodeOwner(e.subject, e.used)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("session owners file: writing the last uses: %w", err)
+	}
+	return nil
 }
 
 func (k ownerKey) bytes() []byte { return []byte(k.scope + "\x00" + k.agentSID) }
