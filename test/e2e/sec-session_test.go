@@ -177,3 +177,40 @@ func TestSecSessionOwnersPerTenant(t *testing.T) {
 		})
 	}
 }
+
+// TestSecSessionCreateNeverAdoptsAcrossProcesses: a session live on one
+// process of the agent is not taken by a create another process of the
+// same agent and tenant answers with its ID (one session per process, so
+// the second create goes to the second process). Alice's second
+// connection tries it, so that only the live check can refuse it; her
+// first connection is not disturbed.
+func TestSecSessionCreateNeverAdoptsAcrossProcesses(t *testing.T) {
+	acme := &sharingTenant{name: "acme"}
+	extra := strings.Replace(subjConfig(t), "max_processes: 1", "max_processes: 2, max_sessions_per_process: 1", 1)
+	g := sharingGatewayWith(t, []*sharingTenant{acme}, extra)
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			e := &subjEnv{g: g, alice: acme.tokens[0], bob: acme.tokens[1], dial: tr.dial}
+			agentSID := "alice-elsewhere-" + tr.name
+			a := e.aliceConn(t)
+			m, _ := subjCall(t, a, "Alice's session/new", "session/new", secNew(agentSID))
+			sid := m.NewSessionID()
+			if sid == "" {
+				t.Fatalf("Alice's session/new: %s", m.Raw)
+			}
+			promptWorks(t, a, "Alice", sid, "hello from alice")
+			a2 := e.aliceConn(t)
+			m, _ = subjCall(t, a2, "Alice's second session/new naming her session", "session/new", secNew(agentSID))
+			secRefusedCreate(t, "a session/new answered on another process with Alice's live session", m)
+			if !strings.Contains(m.Error.Message, "another process") {
+				t.Fatalf("the refusal %s; want it to come from the other process's live session", m.Raw)
+			}
+			noneOf(t, "Alice", subjDrain(a, subjQuiet), "_acpgate/session_ended")
+			promptWorks(t, a, "Alice", sid, "still mine")
+			// Her session ends, so the next subtest finds a free process.
+			if m, _ = subjCall(t, a, "Alice's session/close", "session/close", map[string]any{"sessionId": sid}); m.Error != nil {
+				t.Fatalf("Alice's session/close: %s", m.Raw)
+			}
+		})
+	}
+}
