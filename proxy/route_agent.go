@@ -273,10 +273,11 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 		// for _meta.claudeCode.options.resume): sealing it for the caller
 		// would hand it another's session, or eject its holder. The agent's
 		// session stays as it is; the process slot goes back with the hold.
+		// The client is not told which (whose it is, or where it is live).
 		tracing.WithTrace(c.log, req.span).Warn("agent answered a session-creating request with a session the gateway already knows; refused",
-			"method", req.method, "known", known)
+			"method", req.method, "known", known, "agent_session", truncate(sid, 128))
 		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
-			"session refused: the agent answered "+req.method+" with an existing session ("+known+"); a new session must be new, nothing was created", nil))
+			"session refused: the agent answered "+req.method+" with an existing session; a new session must be new, nothing was created", nil))
 		return jsonrpc.Edit{}, nil, false
 	}
 	if s.attachable {

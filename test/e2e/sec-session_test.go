@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -33,6 +34,35 @@ func secRefusedCreate(t *testing.T, what string, m rpcMsg) {
 	}
 }
 
+// secRefusedLog is the gateway's record of a refused create.
+const secRefusedLog = "agent answered a session-creating request with a session the gateway already knows; refused"
+
+// secWantRefusedLog waits for the n-th record of a refused create naming
+// agentSID, and fails unless it says known (which check refused it: the
+// client is not told).
+func secWantRefusedLog(t *testing.T, g *gateway, agentSID string, n int, known string) {
+	t.Helper()
+	deadline := time.Now().Add(subjWait)
+	for {
+		var got []string
+		for _, r := range g.Logs() {
+			if r["msg"] == secRefusedLog && r["agent_session"] == agentSID {
+				got = append(got, fmt.Sprint(r["known"]))
+			}
+		}
+		if len(got) >= n {
+			if got[n-1] != known {
+				t.Fatalf("refused create %d of %s logged known=%q; want %q", n, agentSID, got[n-1], known)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refused creates of %s logged within %s, want %d", len(got), agentSID, subjWait, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestSecSessionCreateNeverAdopts: a session/new whose answer names an
 // agent session the gateway knows is refused, and its holder is not
 // disturbed: the session live on Alice's connection (Bob's create, and
@@ -58,11 +88,13 @@ func TestSecSessionCreateNeverAdopts(t *testing.T) {
 				bob := e.bobConn(t)
 				m, _ = subjCall(t, bob, "Bob's session/new naming Alice's session", "session/new", secNew(agentSID))
 				secRefusedCreate(t, "Bob's session/new answered with Alice's live session", m)
+				secWantRefusedLog(t, g, agentSID, 1, "made by another subject")
 				if got := listed(t, bob, "Bob"); len(got) != 0 {
 					t.Fatalf("Bob's session/list after the refused create lists %q; want nothing", got)
 				}
 				m, _ = subjCall(t, e.aliceConn(t), "Alice's second session/new naming her session", "session/new", secNew(agentSID))
 				secRefusedCreate(t, "Alice's second connection's session/new answered with her live session", m)
+				secWantRefusedLog(t, g, agentSID, 2, "live")
 
 				noneOf(t, "Alice", subjDrain(a, subjQuiet), "_acpgate/session_ended")
 				promptWorks(t, a, "Alice", sid, "still mine after two refused creates")
@@ -83,6 +115,7 @@ func TestSecSessionCreateNeverAdopts(t *testing.T) {
 				bob := e.bobConn(t)
 				m, _ = subjCall(t, bob, "Bob's session/new naming Alice's closed session", "session/new", secNew(agentSID))
 				secRefusedCreate(t, "Bob's session/new answered with Alice's recorded session", m)
+				secWantRefusedLog(t, g, agentSID, 1, "made by another subject")
 
 				// Alice's session is hers still: she loads it, with her history.
 				a2 := e.aliceConn(t)
@@ -202,9 +235,7 @@ func TestSecSessionCreateNeverAdoptsAcrossProcesses(t *testing.T) {
 			a2 := e.aliceConn(t)
 			m, _ = subjCall(t, a2, "Alice's second session/new naming her session", "session/new", secNew(agentSID))
 			secRefusedCreate(t, "a session/new answered on another process with Alice's live session", m)
-			if !strings.Contains(m.Error.Message, "another process") {
-				t.Fatalf("the refusal %s; want it to come from the other process's live session", m.Raw)
-			}
+			secWantRefusedLog(t, g, agentSID, 1, "live on another process")
 			noneOf(t, "Alice", subjDrain(a, subjQuiet), "_acpgate/session_ended")
 			promptWorks(t, a, "Alice", sid, "still mine")
 			// Her session ends, so the next subtest finds a free process.
