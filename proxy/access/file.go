@@ -57,14 +57,19 @@ func OpenOwners(path string, log *slog.Logger, cfg OwnersConfig) (*Owners, error
 	}
 	f := &ownersFile{db: db, path: path, cfg: cfg, log: log, ch: make(chan ownerEntry, ownersQueue), done: make(chan struct{}), warn: logx.NewLimiter(1, time.Minute)}
 	deleted, err := f.prune(cfg.now())
-	if err == nil && deleted > 0 {
-		err = f.compact()
-	}
 	if err != nil {
-		if f.db != nil {
-			_ = f.db.Close()
-		}
+		_ = f.db.Close()
 		return nil, fmt.Errorf("session owners file %s: %w", path, err)
+	}
+	if deleted > 0 {
+		if err := f.compact(); err != nil { // the file works uncompacted: its free pages are reused
+			log.Warn("session owners file: compacting failed; it keeps its size", "err", err)
+		}
+		if f.db == nil { // closed for the rename, which failed
+			if f.db, err = boltfile.Open(path, "session owners file", ownersBucket); err != nil {
+				return nil, err
+			}
+		}
 	}
 	go f.write()
 	return &Owners{cfg: cfg, file: f}, nil
@@ -280,18 +285,19 @@ func (f *ownersFile) compact() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("compact: %w", err)
 	}
-	if err := f.db.Close(); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
+	cerr := f.db.Close()
 	f.db = nil
+	if cerr != nil {
+		_ = os.Remove(tmp)
+		return cerr
+	}
 	if err := os.Rename(tmp, f.path); err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("compact: %w", err)
 	}
 	db, err := boltfile.Open(f.path, "session owners file", ownersBucket)
 	if err != nil {
-		return err
+		return err // f.db is nil: OpenOwners tries once more, and fails
 	}
 	f.db = db
 	f.log.Info("session owners file: compacted", "bytes_before", fi.Size())
