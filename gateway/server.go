@@ -432,8 +432,10 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 	}
 	rc := relayConfig(cfg, m, agents, sealer, tenants)
 	rc.Audit, rc.AuditPrompts = s.audit.rec, cfg.Audit.IncludePrompts
+	ownersCfg := access.OwnersConfig{PerScope: cfg.Sessions.OwnersPerTenant, Retention: time.Duration(cfg.Sessions.OwnersRetention)}
+	rc.Owners = access.NewOwners(ownersCfg)
 	if path := cfg.Sessions.OwnersFile; path != "" {
-		owners, err := access.OpenOwners(path, s.log)
+		owners, err := access.OpenOwners(path, s.log, ownersCfg)
 		if err != nil {
 			return err
 		}

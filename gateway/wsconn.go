@@ -67,7 +67,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	resumed, received, ok := s.admitWebSocket(w, r, tenant, agent)
+	resumed, received, ok := s.admitWebSocket(w, r, who, agent)
 	if !ok {
 		return
 	}
@@ -119,18 +119,18 @@ func (s *Server) authenticateUpgrade(w http.ResponseWriter, r *http.Request) (au
 }
 
 // admitWebSocket takes the tenant's connection slot, or resumes a
-// connection of the tenant's on this socket (it holds its slot already).
-// Every refused resume looks the same.
-func (s *Server) admitWebSocket(w http.ResponseWriter, r *http.Request, tenant, agent string) (*proxy.Conn, int64, bool) {
+// connection of the same credential subject on this socket (it holds its
+// slot already). Every refused resume looks the same.
+func (s *Server) admitWebSocket(w http.ResponseWriter, r *http.Request, who auth.Identity, agent string) (*proxy.Conn, int64, bool) {
 	q := r.URL.Query()
 	if !q.Has("resume") {
-		return nil, 0, s.admit(w, tenant)
+		return nil, 0, s.admit(w, who.Tenant)
 	}
 	n, err := strconv.ParseInt(q.Get("received"), 10, 64)
 	if err != nil {
 		n = -1 // refused, and counted, like any bad resume
 	}
-	resumed, err := s.relay.Resume(tenant, agent, q.Get("resume"), n)
+	resumed, err := s.relay.Resume(who.Tenant, who.Subject, agent, q.Get("resume"), n)
 	if err != nil {
 		s.log.Info("resume refused", "remote", r.RemoteAddr)
 		writeJSONError(w, http.StatusNotFound, "resume_refused", err.Error())

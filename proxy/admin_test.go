@@ -112,7 +112,7 @@ func TestAdminCloseConnRefusesResume(t *testing.T) {
 	if _, err := r.CloseConn("c", "test", nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Resume("", "", c.c.token, 0); !errors.Is(err, ErrResumeRefused) {
+	if _, err := r.Resume("", "", "", c.c.token, 0); !errors.Is(err, ErrResumeRefused) {
 		t.Fatalf("resume after the close: %v", err)
 	}
 	if conns := r.ConnSnapshots(); len(conns) != 0 {

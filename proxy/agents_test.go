@@ -120,13 +120,13 @@ func TestResumeRefusalReasons(t *testing.T) {
 	if c.c.token == "" || !strings.HasPrefix(c.c.token, a.instance+".") {
 		t.Fatalf("token %q does not start with the instance %q", c.c.token, a.instance)
 	}
-	if _, err := b.Resume("", "a", c.c.token, 0); err == nil {
+	if _, err := b.Resume("", "", "a", c.c.token, 0); err == nil {
 		t.Fatal("another relay resumed a token it never issued")
 	}
-	if _, err := a.Resume("", "a", a.instance+".nope", 0); err == nil {
+	if _, err := a.Resume("", "", "a", a.instance+".nope", 0); err == nil {
 		t.Fatal("a forged token resumed")
 	}
-	if _, err := a.Resume("", "b", c.c.token, 0); err == nil {
+	if _, err := a.Resume("", "", "b", c.c.token, 0); err == nil {
 		t.Fatal("agent a's connection resumed on agent b")
 	}
 	for _, tc := range []struct {

@@ -154,7 +154,10 @@ func (e *ending) run() {
 	s, steps := e.s, endTable[e.cause]
 	e.slot.Release()
 	current := s.link.removeSession(s) // not for a replaced one: the newer load's session has its ID
-	if s.history != nil {              // let the history go
+	if current {
+		s.owners.Note(s.scope, s.AgentID, s.subject) // its last use (sessions.owners_retention counts from it)
+	}
+	if s.history != nil { // let the history go
 		s.fan.Lock()
 		s.history.Release()
 		s.fan.Unlock()

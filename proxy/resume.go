@@ -46,8 +46,12 @@ const maxTokenBytes = 64
 // Resume finds the connection of agent a client of tenant resumes with
 // token, having received received messages on it. The connection stops its detach timer;
 // the caller then attaches the new socket (Attach) or gives up
-// (AbortResume). Every failure is ErrResumeRefused.
-func (r *Relay) Resume(tenant, agent, token string, received int64) (*Conn, error) {
+// (AbortResume). Every failure is ErrResumeRefused. A token resumes its
+// connection only for the credential subject that made it: another
+// subject of the tenant (who may have read the token from a proxy's log or
+// a shared browser profile) is refused as for an unknown token, and the
+// connection is not disturbed.
+func (r *Relay) Resume(tenant, subject, agent, token string, received int64) (*Conn, error) {
 	if token == "" || len(token) > maxTokenBytes {
 		r.refused(metrics.RefusedUnknown)
 		return nil, ErrResumeRefused
@@ -63,7 +67,8 @@ func (r *Relay) Resume(tenant, agent, token string, received int64) (*Conn, erro
 			r.refused(metrics.RefusedUnknown)
 		}
 		return nil, ErrResumeRefused
-	case subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant)) != 1 || agent != "" && c.ag.name != agent:
+	case subtle.ConstantTimeCompare([]byte(c.tenant), []byte(tenant))&subtle.ConstantTimeCompare([]byte(c.subject), []byte(subject)) != 1 ||
+		agent != "" && c.ag.name != agent:
 		r.refused(metrics.RefusedMismatch)
 		return nil, ErrResumeRefused
 	case !c.reserveResume(received):

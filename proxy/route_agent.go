@@ -17,7 +17,6 @@ import (
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
-	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
 // agentReader routes the messages one agent process writes. It runs on the
@@ -290,7 +289,19 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 			"the agent answered "+req.method+" without a sessionId", nil))
 		return jsonrpc.Edit{}, nil, false
 	}
-	s := r.l.addSession(c, sessionid.Opened{Agent: sid, Subject: c.subject}, "", req.cwd, req.hold.takeSlot())
+	s, known := r.l.addCreated(c, sid, req.cwd, req.hold)
+	if known != "" {
+		// The agent named a session it already had (claude-code-acp does
+		// for _meta.claudeCode.options.resume): sealing it for the caller
+		// would hand it another's session, or eject its holder. The agent's
+		// session stays as it is; the process slot goes back with the hold.
+		// The client is not told which (whose it is, or where it is live).
+		tracing.WithTrace(c.log, req.span).Warn("agent answered a session-creating request with a session the gateway already knows; refused",
+			"method", req.method, "known", known, "agent_session", truncate(sid, 128))
+		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
+			"session refused: the agent answered "+req.method+" with an existing session; a new session must be new, nothing was created", nil))
+		return jsonrpc.Edit{}, nil, false
+	}
 	if s.attachable {
 		s.state.NoteResult(m.Payload)
 	}

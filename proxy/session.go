@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/internal/logx"
+	"github.com/acpgate/acpgate/proxy/access"
 	"github.com/acpgate/acpgate/proxy/history"
 	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -35,6 +36,8 @@ type Session struct {
 	info      *observe.Session
 
 	subject    string           // the credential subject that made it, sealed in its ID (Sharing)
+	scope      string           // its tenant and agent (sessionid.Scope)
+	owners     *access.Owners   // where its maker and last use are noted (Relay.owners)
 	attachable bool             // its tenant's sharing lets clients attach: its messages take the fan-out path
 	history    *history.History // what session/attach replays; nil: none kept. Guarded by fan.
 
@@ -84,9 +87,8 @@ func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slo
 	if gwID == "" {
 		gwID = c.relay.sealer.Seal(c.scope, id.Subject, id.Agent)
 	}
-	c.relay.owners.Note(c.scope, id.Agent, id.Subject) // for session/list
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, link: l, ten: c.ten,
-		slot: slot, subject: id.Subject, opened: time.Now()}
+		slot: slot, subject: id.Subject, scope: c.scope, owners: c.relay.owners, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.resume.HistoryBytes; n > 0 && s.attachable {
@@ -168,11 +170,14 @@ func (s *Session) unheld(log *slog.Logger) {
 	}
 }
 
-// addSession registers a session the agent now serves for c (newSession);
-// cwd is its working directory as the agent got it; it holds slot,
-// committed now. Another connection that held the same agent session
-// loses it, and is told: the newest load wins.
+// addSession registers a session the agent now serves for c after a load
+// or resume (newSession); cwd is its working directory as the agent got
+// it; it holds slot, committed now. Another connection that held the same
+// agent session loses it, and is told: the newest load wins (the load has
+// passed access.Decide). A create goes through addCreated, which never
+// replaces a holder.
 func (l *procLink) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
+	c.relay.owners.Note(c.scope, id.Agent, id.Subject) // for session/list
 	s := newSession(l, c, id, gwID, cwd, slot)
 	slot.Commit()
 	l.mu.Lock()
@@ -182,6 +187,39 @@ func (l *procLink) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, sl
 		old.end(endReplaced, c) // its members watched the session this load replaces
 	}
 	return s
+}
+
+// addCreated registers the session sid the agent answered a create
+// (session/new, fork) with, for c, taking the hold's process slot. A create
+// never adopts a session the gateway knows: one live on this process (any
+// tenant's), or on another process of the agent for c's tenant (any
+// tenant's where tenants share processes), or one recorded as made by
+// another subject (access.Owners). Then nothing is registered, nobody is
+// disturbed, and known says which it was.
+func (l *procLink) addCreated(c *Conn, sid, cwd string, h *hold) (s *Session, known string) {
+	if owner := c.relay.owners.Of(c.scope, sid); owner != "" && owner != c.subject {
+		return nil, "made by another subject"
+	}
+	for _, other := range l.ag.linkList() {
+		if other == l {
+			continue
+		}
+		if held, _ := other.session([]byte(sid)); held != nil && (!l.ag.isolate || held.ten.name == c.ten.name) {
+			return nil, "live on another process"
+		}
+	}
+	id := sessionid.Opened{Agent: sid, Subject: c.subject}
+	l.mu.Lock()
+	if held, _ := l.session([]byte(sid)); held != nil {
+		l.mu.Unlock()
+		return nil, "live"
+	}
+	s = newSession(l, c, id, "", cwd, h.takeSlot())
+	l.putSessionLocked(sid, s)
+	l.mu.Unlock()
+	s.slot.Commit()
+	c.relay.owners.Note(c.scope, sid, c.subject) // for session/list
+	return s, ""
 }
 
 // removeSession forgets s (it has ended) and reports whether it was still

@@ -351,6 +351,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "\n/metrics and the admin API: %s\n", cfg.OpsWhere())
 	describeAgents(stdout, cfg)
+	describeOwners(stdout, cfg)
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {
 		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)
@@ -387,6 +388,16 @@ func describeAgentEnv(w io.Writer, cfg *config.Config) bool {
 		}
 	}
 	return ok
+}
+
+// describeOwners tells where session makers are kept, and for how long.
+func describeOwners(w io.Writer, cfg *config.Config) {
+	where := "in memory only (until a restart)"
+	if cfg.Sessions.OwnersFile != "" {
+		where = "in " + cfg.Sessions.OwnersFile
+	}
+	fmt.Fprintf(w, "\nsession owners: %s; up to %d in memory per tenant and agent; forgotten after %s unused\n",
+		where, cfg.Sessions.OwnersPerTenant, cfg.Sessions.OwnersRetention.D())
 }
 
 // describeSandbox tells what agents may reach under the sandbox, and

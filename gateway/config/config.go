@@ -280,6 +280,14 @@ type Sessions struct {
 	// that session/list still shows a subject its sessions after a
 	// restart ("" = in memory only).
 	OwnersFile string `yaml:"owners_file"`
+	// OwnersRetention forgets the maker of a session not made, loaded or
+	// ended through this gateway for that long (in memory and in the
+	// file, which is compacted at start when that freed most of it).
+	OwnersRetention Duration `yaml:"owners_retention"`
+	// OwnersPerTenant bounds the session makers kept in memory per tenant
+	// and agent: past it that tenant's oldest is forgotten from memory
+	// (the file keeps it). One tenant's sessions never push out another's.
+	OwnersPerTenant int `yaml:"owners_per_tenant"`
 	// AffinityCookie names the balancer's affinity cookie ("" = none).
 	// When a connection's opening request carries it, its initialize
 	// result says so (_meta.acpgate.affinity), so that a share link can
@@ -416,6 +424,8 @@ func Default() *Config {
 			ReplayBufferBytes: 8 << 20,
 			HistoryBytes:      2 << 20,
 			MaxClients:        8,
+			OwnersRetention:   Duration(30 * 24 * time.Hour),
+			OwnersPerTenant:   1 << 16,
 		},
 		Auth: Auth{TicketTTL: Duration(30 * time.Second)},
 		Limits: Limits{
@@ -636,6 +646,12 @@ func (c *Config) validateLimits(add addFunc) {
 	}
 	if c.Sessions.MaxClients < 1 || c.Sessions.MaxClients > 256 {
 		add("sessions.max_clients", "must be from 1 to 256, is %d", c.Sessions.MaxClients)
+	}
+	if c.Sessions.OwnersRetention < Duration(time.Second) {
+		add("sessions.owners_retention", "must be at least 1s (how long the maker of an unused session is remembered), is %s", time.Duration(c.Sessions.OwnersRetention))
+	}
+	if c.Sessions.OwnersPerTenant < 1 || c.Sessions.OwnersPerTenant > 1<<24 {
+		add("sessions.owners_per_tenant", "must be from 1 to 16777216, is %d", c.Sessions.OwnersPerTenant)
 	}
 	if n := c.Sessions.AffinityCookie; n != "" && !cookieName.MatchString(n) {
 		add("sessions.affinity_cookie", "%q is not a cookie name (letters, digits and !#$%%&'*+-.^_`|~, at most 64)", n)

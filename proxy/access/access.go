@@ -6,8 +6,6 @@
 // list sessions the agent names by its own IDs (Owners).
 package access
 
-import "sync"
-
 // Sharing is a tenant's rule for the sessions of its subjects.
 type Sharing struct {
 	// Attach: SameSubject (also ""), Tenant or Off.
@@ -65,82 +63,4 @@ func (s Sharing) Decide(caller, owner string, a Action) Verdict {
 		return ReadOnly
 	}
 	return Allowed
-}
-
-// maxOwners bounds what Owners remembers in memory: the oldest entry goes
-// first (a file, OpenOwners, keeps them all).
-const maxOwners = 1 << 16
-
-// Owners remembers who made the sessions this gateway has seen made or
-// loaded, by agent and agent session ID, for session/list: an agent lists
-// its sessions by its own IDs, and the gateway seals each with its owner.
-// A session it does not know (made on another replica, before a restart
-// without a file, or forgotten past maxOwners) has the empty owner until
-// its maker loads it by its ID again. The zero Owners keeps them in memory;
-// OpenOwners in a file too. Safe for concurrent use.
-type Owners struct {
-	mu    sync.Mutex
-	m     map[ownerKey]string
-	order []ownerKey // ring of the keys in the order they were first noted
-	next  int
-	file  *ownersFile // nil: memory only
-}
-
-type ownerKey struct{ scope, agentSID string }
-
-// Note records that subject made the session agentSID of scope
-// (sessionid.Scope). The empty subject records nothing. It never waits for
-// the file: one writer goroutine keeps it.
-func (o *Owners) Note(scope, agentSID, subject string) {
-	if subject == "" {
-		return
-	}
-	if o.Of(scope, agentSID) != "" {
-		return // a session's maker never changes
-	}
-	k := ownerKey{scope, agentSID}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if _, ok := o.m[k]; ok {
-		return
-	}
-	o.rememberLocked(k, subject)
-	if o.file != nil {
-		o.file.put(k, subject)
-	}
-}
-
-// rememberLocked keeps k's subject in memory (o.mu held).
-func (o *Owners) rememberLocked(k ownerKey, subject string) {
-	if o.m == nil {
-		o.m = make(map[ownerKey]string)
-	}
-	if len(o.order) < maxOwners {
-		o.order = append(o.order, k)
-	} else {
-		delete(o.m, o.order[o.next])
-		o.order[o.next] = k
-		o.next = (o.next + 1) % maxOwners
-	}
-	o.m[k] = subject
-}
-
-// Of is who made the session agentSID of scope ("": not known).
-func (o *Owners) Of(scope, agentSID string) string {
-	k := ownerKey{scope, agentSID}
-	o.mu.Lock()
-	subject, ok := o.m[k]
-	noFile := o.file == nil || o.file.closed
-	o.mu.Unlock()
-	if ok || noFile {
-		return subject
-	}
-	if subject = o.file.get(k); subject != "" {
-		o.mu.Lock()
-		if _, ok := o.m[k]; !ok {
-			o.rememberLocked(k, subject)
-		}
-		o.mu.Unlock()
-	}
-	return subject
 }

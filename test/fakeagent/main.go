@@ -32,6 +32,13 @@
 //	                    do (read, write, list, env, exec ...; see host.go),
 //	                    and answer {"ok":..., "data":..., "err":...}
 //
+// session/new answers a new session ID, unique to the process
+// ("fake-<process>-<n>"), unless params.fakeSessionId names one: then it
+// answers with that ID, as an agent that resumes a session it already has
+// in place of a new one (claude-code-acp does for
+// _meta.claudeCode.options.resume); with FAKE_MODE=sessions a session it
+// already has goes on with its history.
+//
 // session/prompt answers "You said: <text>" in one agent_message_chunk and
 // ends the turn. A prompt "sleep <seconds>" (at most 60) is a silent turn,
 // as an agent that works without streaming makes: nothing for that long,
@@ -120,6 +127,7 @@ type message struct {
 
 type agent struct {
 	mode     string
+	id       string // this process's part of its session IDs: unique, as a real agent's are
 	sessions int
 
 	smu   sync.Mutex                       // guards store, waits and asked
@@ -148,7 +156,8 @@ func main() {
 	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
 		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{},
 		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE"),
-		curMode: map[string]string{}, modeShape: os.Getenv("FAKE_MODE_SHAPE")}
+		curMode: map[string]string{}, modeShape: os.Getenv("FAKE_MODE_SHAPE"),
+		id: strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + strconv.Itoa(os.Getpid())}
 	if v := os.Getenv("FAKE_MODES"); v != "" {
 		a.modes = strings.Split(v, ",")
 	}
@@ -263,15 +272,22 @@ func (a *agent) handle(line []byte) {
 			})
 		}
 	case "session/new":
+		var p struct {
+			Cwd    string `json:"cwd"`
+			Resume string `json:"fakeSessionId"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
 		a.sessions++
-		sid := fmt.Sprintf("fake-%d", a.sessions)
+		sid := fmt.Sprintf("fake-%s-%d", a.id, a.sessions)
+		if p.Resume != "" {
+			sid = p.Resume
+			fmt.Fprintf(os.Stderr, "fakeagent: session/new names %s\n", sid)
+		}
 		if a.mode == "sessions" {
-			var p struct {
-				Cwd string `json:"cwd"`
-			}
-			_ = json.Unmarshal(m.Params, &p)
 			a.smu.Lock()
-			a.store[sid] = &fakeSession{cwd: p.Cwd}
+			if a.store[sid] == nil { // one it has already goes on as it is
+				a.store[sid] = &fakeSession{cwd: p.Cwd}
+			}
 			a.smu.Unlock()
 		}
 		a.result(m.ID, a.withModels(sid, map[string]any{"sessionId": sid}))
