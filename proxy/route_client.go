@@ -74,6 +74,12 @@ func (cr *clientReader) handleCall(m *jsonrpc.Message) {
 		}
 		return
 	}
+	// _meta keeps only what policy.meta allows (a malformed one is refused).
+	edits, ok := cr.stripMeta(m, edits)
+	if !ok {
+		tracing.AnsweredByGateway(span)
+		return
+	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if span != nil {
@@ -310,7 +316,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
-		if e, ok := tracing.ParentEdit(m, span); ok {
+		if e, ok := tracing.ParentEdit(m, span, cr.metaEmptied); ok {
 			edits = append(edits, e)
 		}
 	} else {

@@ -343,6 +343,9 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "\neffective policy of tenant %q:\n%s", t.Name, indent(cfg.TenantPolicy(t).Describe()))
 	}
 	describeAgents(stdout, cfg)
+	for _, w := range cfg.MetaWarnings() {
+		fmt.Fprintf(stdout, "\nWARNING: %s\n", w)
+	}
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {
 		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)

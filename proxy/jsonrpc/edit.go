@@ -81,10 +81,15 @@ func PutBuffer(b []byte) {
 	bufPool.Put(bp)
 }
 
-// SortEdits orders edits by Start (insertion sort: there are a handful).
+// SortEdits orders edits by Start, an insertion (Start == End) before a
+// replacement that starts where it is inserted (insertion sort: there are
+// a handful).
 func SortEdits(edits []Edit) {
+	before := func(a, b Edit) bool {
+		return a.Start < b.Start || a.Start == b.Start && a.End == a.Start && b.End > b.Start
+	}
 	for i := 1; i < len(edits); i++ {
-		for j := i; j > 0 && edits[j].Start < edits[j-1].Start; j-- {
+		for j := i; j > 0 && before(edits[j], edits[j-1]); j-- {
 			edits[j], edits[j-1] = edits[j-1], edits[j]
 		}
 	}

@@ -62,6 +62,10 @@ type Policy struct {
 	// Models is the model allow-list: which models the tenant's sessions
 	// may run on (see [ModelPolicy]).
 	Models ModelPolicy `yaml:"models"`
+
+	// Meta is which members of a client's _meta reach the agent (see
+	// [MetaPolicy]): by default only the trace context and acpgate.
+	Meta MetaPolicy `yaml:"meta"`
 }
 
 // SessionPolicy gates the session methods beyond the baseline.
@@ -124,8 +128,8 @@ func (p Policy) ClientCaps() (fsRead, fsWrite, terminal bool) {
 	return p.Client.FsRead, p.Client.FsWrite, p.Client.Terminal
 }
 
-// Validate reports every malformed entry of HTTPHosts, Extensions and
-// Models.Allow.
+// Validate reports every malformed entry of HTTPHosts, Extensions,
+// Models.Allow and Meta.Allow.
 // The gates never match a malformed pattern, so an unvalidated policy fails
 // closed; Validate tells the operator why.
 func (p Policy) Validate() error {
@@ -143,6 +147,11 @@ func (p Policy) Validate() error {
 	for _, m := range p.Models.Allow {
 		if err := validateModelPattern(m); err != nil {
 			errs = append(errs, fmt.Errorf("models.allow: %w", err))
+		}
+	}
+	for _, m := range p.Meta.Allow {
+		if err := validateMetaPattern(m); err != nil {
+			errs = append(errs, fmt.Errorf("meta.allow: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -232,5 +241,7 @@ func (p Policy) Describe() string {
 	} else {
 		list("  ", "allow", p.Models.Allow, "[]  # none")
 	}
+	b.WriteString("meta:\n")
+	list("  ", "allow", p.Meta.Allow, "[]  # only traceparent, tracestate, acpgate")
 	return b.String()
 }

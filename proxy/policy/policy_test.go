@@ -52,6 +52,8 @@ extensions: []  # none
 unstable: false
 models:
   allow: null  # every model
+meta:
+  allow: []  # only traceparent, tracestate, acpgate
 `
 	if got := Default().Describe(); got != want {
 		t.Errorf("Describe:\n%s", got)
@@ -68,7 +70,7 @@ models:
 	}
 	// One key per line, every key of the policy present.
 	lines := strings.Count(Default().Describe(), "\n")
-	if lines != 26 {
+	if lines != 28 {
 		t.Errorf("%d lines", lines)
 	}
 }
