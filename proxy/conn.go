@@ -587,7 +587,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		// notification.
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		params := append(append([]byte(`{"requestId":`), agentID...), '}')
-		out = jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params)
+		out = append(jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params), '\n')
 	} else {
 		edits, ok := cr.stripMeta(m, append(cr.edits[:0], jsonrpc.Edit{Start: f.Start, End: f.End, Repl: agentID}))
 		if !ok {
@@ -595,9 +595,9 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		}
 		jsonrpc.SortEdits(edits)
 		cr.edits = edits
-		out = jsonrpc.Splice(nil, m.Raw, edits)
+		out = jsonrpc.SpliceLine(nil, m.Raw, edits)
 	}
-	if err := req.link.p.Send(ctx, append(out, '\n')); err != nil {
+	if err := req.link.p.Send(ctx, out); err != nil {
 		c.log.Debug("$/cancel_request not passed on: the agent process is gone or not reading", "err", err)
 	}
 }
@@ -642,11 +642,11 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	edits, _ := cr.stripMeta(m, append(cr.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}))
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
-	out := jsonrpc.Splice(nil, m.Raw, edits)
-	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out))
+	out := jsonrpc.SpliceLine(nil, m.Raw, edits)
+	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
+	if err := in.link.p.Send(ctx, out); err != nil {
 		tracing.WithTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
 	}
 }

@@ -324,7 +324,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	}
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
-	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
+	out := jsonrpc.SpliceLine(nil, m.Raw, edits) // one line, as the agent reads
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
 	}
