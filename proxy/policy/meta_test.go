@@ -181,3 +181,24 @@ func TestMetaAllows(t *testing.T) {
 		}
 	}
 }
+
+// TestMetaScannerRefusesFirst: what the walk never has to decide, the
+// relay's scanner refuses as unparsable (-32700): a _meta key twice, a
+// _meta twice, or a name that some decoders read as _meta or as a trace
+// key (a case twin).
+func TestMetaScannerRefusesFirst(t *testing.T) {
+	for _, params := range []string{
+		`{"_meta":{"claudeCode":{},"claudeCode":{}}}`,
+		`{"_meta":{},"_meta":{"claudeCode":{}}}`,
+		`{"_meta":{},"_Meta":{"claudeCode":{}}}`,
+		`{"_meta":{"TraceParent":{"claudeCode":{}}}}`,
+	} {
+		sc := jsonrpc.Scanner{Methods: acp.Methods}
+		var m jsonrpc.Message
+		err := sc.Scan([]byte(`{"jsonrpc":"2.0","id":1,"method":"session/new","params":`+params+`}`), &m, acp.ClientSpec)
+		var se *jsonrpc.ScanError
+		if !errors.As(err, &se) || se.Class != jsonrpc.ErrParse {
+			t.Errorf("%s: %v; want a parse error", params, err)
+		}
+	}
+}
