@@ -478,6 +478,9 @@ func (cr *clientReader) checkPolicy(m *jsonrpc.Message) bool {
 func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ []jsonrpc.Edit, ok bool) {
 	c := cr.c
 	cr.metaEmptied = false
+	if acp.MetaIndex(m) < 0 {
+		return edits, true // the common case: nothing to look up
+	}
 	out, res, err := cr.meta.Edits(edits, m, c.ten.policy(c.ag.name).Meta)
 	if err != nil {
 		if m.Kind == jsonrpc.KindResponse {

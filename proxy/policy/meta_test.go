@@ -202,3 +202,34 @@ func TestMetaScannerRefusesFirst(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMetaEdits is what the allow-list costs a client's 300-byte
+// prompt: without _meta (one look at the located fields), with only the
+// trace context (a walk that removes nothing), and with claudeCode (a walk
+// and a removal).
+func BenchmarkMetaEdits(b *testing.B) {
+	text := strings.Repeat("x", 200)
+	for _, c := range []struct{ name, meta string }{
+		{"none", ``},
+		{"trace", `,"_meta":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tracestate":"a=b"}`},
+		{"claudeCode", `,"_meta":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","claudeCode":{"options":{"executableArgs":["-e","x"]}}}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			raw := []byte(`{"jsonrpc":"2.0","id":12,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"` + text + `"}]` + c.meta + `}}`)
+			sc := jsonrpc.Scanner{Methods: acp.Methods}
+			var m jsonrpc.Message
+			if err := sc.Scan(raw, &m, acp.ClientSpec); err != nil {
+				b.Fatal(err)
+			}
+			var f MetaFilter
+			var edits []jsonrpc.Edit
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if edits, _, err = f.Edits(edits[:0], &m, MetaPolicy{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -18,7 +18,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -308,5 +310,52 @@ func TestClientMessageStaysOneLine(t *testing.T) {
 			}
 			metaAwait(t, p, "the prompt", 102, nil)
 		})
+	}
+}
+
+// TestClientMetaReload: policy.meta.allow reloads with the rest of the
+// policy. A tenant's prompt loses foo; a SIGHUP with foo allowed lets the
+// next prompt of the same connection keep it, and one removing it again
+// takes it away.
+func TestClientMetaReload(t *testing.T) {
+	dir, root := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "session.key"), []byte(harness.RandomHex(t, 32)+"\n"))
+	token := "acme-" + harness.RandomHex(t, 24)
+	sum := sha256.Sum256([]byte(token))
+	cfg := func(policy string) string {
+		return fmt.Sprintf("session_key_file: %q\nagent: {command: [%q], env: {FAKE_ECHO: \"1\"}, stop_grace: 1s}\n"+
+			"tenants:\n  - name: acme\n    tokens_sha256: [%q]\n    root: %q\n    virtual_root: %s\n%s",
+			filepath.Join(dir, "session.key"), fakeAgentBin(t), hex.EncodeToString(sum[:]), root, vroot, policy)
+	}
+	g := startGateway(t, gwOpts{config: cfg("")})
+	cfgPath := g.Cmd.Args[slices.Index(g.Cmd.Args, "--config")+1]
+	p := metaWS{dialToken(t, g, token)}
+	p.send(`{"jsonrpc":"2.0","id":101,"method":"session/new","params":{"cwd":"`+vroot+`","mcpServers":[]}}`, "")
+	sid := metaAwait(t, p, "session/new", 101, nil).NewSessionID()
+	for i, step := range []struct {
+		policy string
+		keep   []string
+	}{{"", nil}, {"    policy: {meta: {allow: [\"foo\"]}}\n", []string{"foo"}}, {"    policy: {meta: {allow: []}}\n", nil}} {
+		if i > 0 {
+			writeFile(t, cfgPath, []byte(cfg(step.policy)))
+			n := g.CountLogs("configuration reloaded", "", "")
+			if err := g.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			g.waitMoreLogs(t, "configuration reloaded", n, 20*time.Second)
+		}
+		n := "reload-" + harness.RandomHex(t, 8)
+		params := `{"sessionId":"` + sid + `","prompt":[{"type":"text","text":"hi"}],"_meta":` + fmt.Sprintf(metaSent, n) + `}`
+		p.send(`{"jsonrpc":"2.0","id":`+fmt.Sprint(200+i)+`,"method":"session/prompt","params":`+params+`}`, sid)
+		metaAwait(t, p, "session/prompt", 200+i, nil)
+		_, got := agentRead(t, g, n)
+		var ids struct {
+			SessionID string `json:"sessionId"`
+		}
+		_ = json.Unmarshal(got, &ids)
+		want := strings.NewReplacer(sid, ids.SessionID, fmt.Sprintf(metaSent, n), metaKept(n, step.keep...)).Replace(params)
+		if string(got) != want {
+			t.Errorf("step %d (%q): the agent read\n%s\nwant\n%s", i, step.keep, got, want)
+		}
 	}
 }
