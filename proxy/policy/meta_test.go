@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -232,4 +234,73 @@ func BenchmarkMetaEdits(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzMetaEdits: for any client message the relay's scanner accepts, the
+// edits never panic, and the message the agent would read (spliced, one
+// line) is valid JSON whose params._meta (result._meta) holds only keys
+// the allow-list lets through and every such key it had, with everything
+// outside _meta as it was.
+func FuzzMetaEdits(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","_meta":{"claudeCode":{"options":{}},"traceparent":"t","foo":1}}}`,
+		`{"jsonrpc":"2.0","method":"session/cancel","params":{"_meta":{ "a" : [ "}" ] ,` + "\n" + ` "acpgate":{} },"sessionId":"s"}}`,
+		`{"jsonrpc":"2.0","id":7,"result":{"_meta":{"claude\u0043ode":1,"fo\u006f":2},"outcome":{}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"_x/y","params":{"_meta":null}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"_x/y","params":{"_meta":{}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"_x/y","params":{"_meta":[1]}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	allow := MetaPolicy{Allow: []string{"foo", "zed.*"}}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		sc := jsonrpc.Scanner{Methods: acp.Methods}
+		var m jsonrpc.Message
+		if sc.Scan(raw, &m, acp.ClientSpec) != nil {
+			return
+		}
+		var fl MetaFilter
+		edits, _, err := fl.Edits(nil, &m, allow)
+		if err != nil {
+			return
+		}
+		jsonrpc.SortEdits(edits)
+		out := jsonrpc.SpliceLine(nil, m.Raw, edits)
+		if bytes.Count(out, []byte("\n")) != 1 || !json.Valid(out) {
+			t.Fatalf("not one valid line: %q from %q", out, raw)
+		}
+		payload := func(b []byte) map[string]any {
+			var env map[string]any
+			if err := json.Unmarshal(b, &env); err != nil {
+				t.Fatalf("%q: %v", b, err)
+			}
+			p, _ := env["params"].(map[string]any)
+			if p == nil {
+				p, _ = env["result"].(map[string]any)
+			}
+			return p
+		}
+		in, got := payload(m.Raw), payload(out)
+		inMeta, isObj := in["_meta"].(map[string]any)
+		if in == nil || !isObj {
+			if !reflect.DeepEqual(in, got) {
+				t.Fatalf("changed without a _meta object: %q -> %q", raw, out)
+			}
+			return
+		}
+		gotMeta, _ := got["_meta"].(map[string]any)
+		for k, v := range inMeta {
+			if _, kept := gotMeta[k]; kept != allow.Allows([]byte(k)) || kept && !reflect.DeepEqual(gotMeta[k], v) {
+				t.Fatalf("key %q: kept %v, allowed %v: %q -> %q", k, kept, allow.Allows([]byte(k)), raw, out)
+			}
+		}
+		if len(gotMeta) > len(inMeta) {
+			t.Fatalf("keys added: %q -> %q", raw, out)
+		}
+		delete(in, "_meta")
+		delete(got, "_meta")
+		if !reflect.DeepEqual(in, got) {
+			t.Fatalf("outside _meta changed: %q -> %q", raw, out)
+		}
+	})
 }
