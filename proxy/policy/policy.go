@@ -2,7 +2,7 @@
 // the gateway, and what the agent may ask of them.
 //
 // An operator writes a [Policy] (secure defaults in [Default]). The gateway
-// uses it at four points:
+// uses it at five points:
 //
 //   - [FilterInitialize] turns the agent's initialize result into the one a
 //     client receives: the agent's capabilities intersected with the policy,
@@ -15,6 +15,8 @@
 //     capability flag alone cannot (v1 has no flag for stdio MCP servers).
 //   - [Policy.ClientCaps] says which client capabilities an agent may be told
 //     about (fs and terminal: what the agent may ask of clients).
+//   - [MetaFilter] cuts the members of a client's _meta that [MetaPolicy]
+//     does not allow out of each message a client sends the agent.
 //
 // Advertising is not enforcing: a client can send a method or parameter the
 // filtered initialize result did not offer, so the gateway must call the
