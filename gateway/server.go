@@ -101,6 +101,7 @@ func (s *Server) Reload(next *config.Config) (err error) {
 	if err := next.Validate(); err != nil {
 		return err
 	}
+	warnMeta(s.log, next)
 	cur := s.config()
 	if next.AuthEnabled() != cur.AuthEnabled() {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
@@ -237,6 +238,14 @@ func authTenants(cfg *config.Config) []auth.TenantTokens {
 // ReloadFailed counts a reload whose file could not be read or parsed.
 func (s *Server) ReloadFailed() { s.metrics.reloads.WithLabelValues("failure").Inc() }
 
+// warnMeta logs each policy whose meta.allow lets a dangerous _meta key
+// through (config.MetaWarnings).
+func warnMeta(log *slog.Logger, cfg *config.Config) {
+	for _, w := range cfg.MetaWarnings() {
+		log.Warn("policy.meta.allow is unsafe", "why", w)
+	}
+}
+
 // relayTenants is the relay's view of the configured tenants (one
 // anonymous tenant with the global policy and sharing when none are
 // configured).
@@ -333,6 +342,7 @@ func New(opts Options) (*Server, error) {
 	// (those are added once the launcher has read them, before any agent
 	// starts).
 	setSecrets(opts.Redactor, cfg, nil, log)
+	warnMeta(log, cfg)
 	sealer, err := newSealer(cfg, log)
 	if err != nil {
 		return nil, err

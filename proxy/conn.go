@@ -148,6 +148,10 @@ type clientReader struct {
 	// traceParent: the trace context of the message in hand from its
 	// transport (a POST's traceparent header; HandleScannedTrace).
 	traceParent trace.SpanContext
+	// meta removes what policy.meta does not allow from the message in
+	// hand's _meta; metaEmptied: it removes every member (stripMeta).
+	meta        policy.MetaFilter
+	metaEmptied bool
 
 	// choice: a permission answer the gateway put in a client's place
 	// (modeChoice), scanned with choiceSc.
@@ -470,6 +474,50 @@ func (cr *clientReader) checkPolicy(m *jsonrpc.Message) bool {
 	return true
 }
 
+// stripMeta appends to edits those that remove from m's _meta (params, or
+// result of an answer) every member policy.meta does not allow: the
+// message still goes, without them. A removal is logged at debug with the
+// members' names (never their values) and counted. ok false: _meta is not
+// an object; a request or notification has been refused (-32602), an
+// answer's _meta is replaced by {} (it must still reach the agent).
+func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ []jsonrpc.Edit, ok bool) {
+	c := cr.c
+	cr.metaEmptied = false
+	if acp.MetaIndex(m) < 0 {
+		return edits, true // the common case: nothing to look up
+	}
+	out, res, err := cr.meta.Edits(edits, m, c.ten.policy(c.ag.name).Meta)
+	if err != nil {
+		if m.Kind == jsonrpc.KindResponse {
+			f := m.Fields[acp.MetaIndex(m)]
+			c.log.Debug("a client's answer had a _meta that is not an object; sent with {}", "method", cr.answerMethod(m))
+			return append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: []byte("{}")}), true
+		}
+		cr.refuse(m, jsonrpc.CodeInvalidParams, "meta", fmt.Errorf("params.%w", err))
+		return edits, false
+	}
+	if len(res.Removed) > 0 {
+		c.ten.metaRemoved(c.ag.metrics, len(res.Removed))
+		if c.log.Enabled(context.Background(), slog.LevelDebug) {
+			names := make([]string, len(res.Removed))
+			for i, n := range res.Removed {
+				names[i] = logx.Quote(n, 64)
+			}
+			cr.reqLog().Debug("removed _meta members policy.meta.allow does not allow", "method", cr.answerMethod(m), "keys", names)
+		}
+	}
+	cr.metaEmptied = res.Emptied
+	return out, true
+}
+
+// answerMethod is m's method, or "answer" for a client's answer.
+func (cr *clientReader) answerMethod(m *jsonrpc.Message) string {
+	if m.Kind == jsonrpc.KindResponse {
+		return "answer"
+	}
+	return m.Method
+}
+
 // refuse answers a message the policy refused (a notification is dropped)
 // and counts it. The error never carries MCP commands, env or headers.
 func (cr *clientReader) refuse(m *jsonrpc.Message, code int, reason string, err error) {
@@ -547,11 +595,17 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		// notification.
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		params := append(append([]byte(`{"requestId":`), agentID...), '}')
-		out = jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params)
+		out = append(jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params), '\n')
 	} else {
-		out = jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: f.Start, End: f.End, Repl: agentID}})
+		edits, ok := cr.stripMeta(m, append(cr.edits[:0], jsonrpc.Edit{Start: f.Start, End: f.End, Repl: agentID}))
+		if !ok {
+			return
+		}
+		jsonrpc.SortEdits(edits)
+		cr.edits = edits
+		out = jsonrpc.SpliceLine(nil, m.Raw, edits)
 	}
-	if err := req.link.p.Send(ctx, append(out, '\n')); err != nil {
+	if err := req.link.p.Send(ctx, out); err != nil {
 		c.log.Debug("$/cancel_request not passed on: the agent process is gone or not reading", "err", err)
 	}
 }
@@ -595,11 +649,15 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
 		cr.clientFsDone(in, m)
 	}
-	out := jsonrpc.Splice(nil, m.Raw, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}})
-	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out))
+	// Its result._meta keeps only what policy.meta allows, as a request's.
+	edits, _ := cr.stripMeta(m, append(cr.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}))
+	jsonrpc.SortEdits(edits)
+	cr.edits = edits
+	out := jsonrpc.SpliceLine(nil, m.Raw, edits)
+	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := in.link.p.Send(ctx, append(out, '\n')); err != nil {
+	if err := in.link.p.Send(ctx, out); err != nil {
 		tracing.WithTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
 	}
 }

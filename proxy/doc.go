@@ -92,7 +92,10 @@
 // a POST first, with ScanClient, and calls HandleScannedTrace). Under
 // handleMu the clientReader scans each message (jsonrpc.Scanner, no copy)
 // and checks it: rate limits, the initialize handshake, the tenant's
-// policy, paths under the tenant's root. handleCall then lets one small
+// policy, paths under the tenant's root; the members of its _meta the
+// policy does not allow (policy.MetaFilter) are cut out by splice edits,
+// and the line the agent reads is the message on one line
+// (jsonrpc.SpliceLine). handleCall then lets one small
 // handler per class of message choose the process and take the request's
 // hold: a message about a live session goes to its process; a load or
 // resume to the process that serves the session (or is taken over from a
@@ -141,7 +144,8 @@
 // agent's requests to the client, the file stand-in and each tool call are
 // spans, and the updates a count. The client's params._meta.traceparent (or
 // a POST's header) is its parent; the line the agent gets names it in
-// _meta.traceparent, the one edit made to _meta. Without it none of this
+// _meta.traceparent, the one edit made to _meta besides the allow-list's
+// removals. Without it none of this
 // runs.
 //
 // # Pooled buffers

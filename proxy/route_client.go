@@ -83,6 +83,12 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		}
 		return
 	}
+	// _meta keeps only what policy.meta allows (a malformed one is refused).
+	edits, ok := cr.stripMeta(m, edits)
+	if !ok {
+		tracing.AnsweredByGateway(span)
+		return
+	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
 	if span != nil {
@@ -325,7 +331,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 			return
 		}
 		edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, req.agentID, 10)})
-		if e, ok := tracing.ParentEdit(m, span); ok {
+		if e, ok := tracing.ParentEdit(m, span, cr.metaEmptied); ok {
 			edits = append(edits, e)
 		}
 	} else {
@@ -333,7 +339,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	}
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
-	out := append(jsonrpc.Splice(nil, m.Raw, edits), '\n')
+	out := jsonrpc.SpliceLine(nil, m.Raw, edits) // one line, as the agent reads
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
 	}

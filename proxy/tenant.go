@@ -180,3 +180,8 @@ func (t *tenant) added(am *metrics.Agent, n int) {
 func (t *tenant) denied(am *metrics.Agent, reason string) {
 	am.Denials.WithLabelValues(t.label, reason).Inc()
 }
+
+// metaRemoved counts n members removed from a client's _meta.
+func (t *tenant) metaRemoved(am *metrics.Agent, n int) {
+	am.MetaRemoved.WithLabelValues(t.label).Add(float64(n))
+}

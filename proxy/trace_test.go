@@ -98,7 +98,15 @@ func tracedRelay(t *testing.T, on bool) (*Relay, *tracetest.SpanRecorder) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return testPool(t, "traced", nil, func(c *Config) { c.Tracing = tp }), rec
+	return testPool(t, "traced", nil, func(c *Config) { c.Tracing = tp; allowMeta(c, "toolTitle") }), rec
+}
+
+// allowMeta lets the _meta keys through to the test agent (policy.meta):
+// "toolTitle" is the traced agent's knob.
+func allowMeta(c *Config, keys ...string) {
+	pol := *c.Tenants[0].Policy
+	pol.Meta.Allow = keys
+	c.Tenants[0].Policy = &pol
 }
 
 // promptLine runs a prompt (params as given, sessionId added first),
@@ -311,18 +319,40 @@ func TestTraceHeaderParent(t *testing.T) {
 }
 
 // With tracing off the agent reads the prompt as the client sent it, but
-// for the id and the session ID.
+// for the id, the session ID and the _meta members policy.meta does not
+// allow ("x", unless the list names it).
 func TestTraceOffPassesMetaAsItIs(t *testing.T) {
-	r, _ := tracedRelay(t, false)
+	tp := `"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tracestate":"a=b"`
+	for _, allow := range [][]string{nil, {"x"}} {
+		r := testPool(t, "traced", nil, func(c *Config) { allowMeta(c, allow...) })
+		tc := newTestConn(t, r, "c1")
+		tc.init(`{}`)
+		sid := tc.newSession("1")
+		params := `"prompt":[],"_meta":{ "x" : 1 ,` + tp + `}`
+		line := promptLine(t, tc, sid, params)
+		id := regexp.MustCompile(`"id":(\d+)`).FindStringSubmatch(line)
+		want := `{"jsonrpc":"2.0","id":` + id[1] + `,"method":"session/prompt","params":{"sessionId":"s1",` + params + `}}`
+		if allow == nil {
+			want = `{"jsonrpc":"2.0","id":` + id[1] + `,"method":"session/prompt","params":{"sessionId":"s1","prompt":[],"_meta":{ ` + tp + `}}}`
+		}
+		if line != want {
+			t.Errorf("allow %q: agent read\n%s\nwant\n%s", allow, line, want)
+		}
+	}
+}
+
+// With tracing on, a _meta whose members all go gets the traceparent
+// alone, valid JSON: the removals and the insertion are spliced together.
+func TestTraceMetaEmptiedGetsTraceparent(t *testing.T) {
+	r, rec := tracedRelay(t, true)
 	tc := newTestConn(t, r, "c1")
 	tc.init(`{}`)
 	sid := tc.newSession("1")
-	params := `"prompt":[],"_meta":{ "x" : 1 ,"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tracestate":"a=b"}`
-	line := promptLine(t, tc, sid, params)
-	id := regexp.MustCompile(`"id":(\d+)`).FindStringSubmatch(line)
-	want := `{"jsonrpc":"2.0","id":` + id[1] + `,"method":"session/prompt","params":{"sessionId":"s1",` + params + `}}`
-	if line != want {
-		t.Errorf("agent read\n%s\nwant\n%s", line, want)
+	line := promptLine(t, tc, sid, `"prompt":[],"_meta":{"claudeCode":{"options":{"executableArgs":["-e","x"]}}}`)
+	p := spanNamed(t, rec, acp.SessionPrompt)
+	want := fmt.Sprintf(`"params":{"sessionId":"s1","prompt":[],"_meta":{"traceparent":"00-%s-%s-01"}}}`, p.SpanContext().TraceID(), p.SpanContext().SpanID())
+	if !strings.HasSuffix(line, want) {
+		t.Errorf("agent read %s, want it to end %s", line, want)
 	}
 }
 
@@ -350,7 +380,7 @@ func TestTraceparentEdit(t *testing.T) {
 			t.Fatal(err)
 		}
 		var edits []jsonrpc.Edit
-		if e, ok := tracing.ParentEdit(&m, span); ok {
+		if e, ok := tracing.ParentEdit(&m, span, false); ok {
 			edits = append(edits, e)
 		}
 		got := string(jsonrpc.Splice(nil, m.Raw, edits))

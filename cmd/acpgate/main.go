@@ -352,6 +352,9 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "\n/metrics and the admin API: %s\n", cfg.OpsWhere())
 	describeAgents(stdout, cfg)
 	describeOwners(stdout, cfg)
+	for _, w := range cfg.MetaWarnings() {
+		fmt.Fprintf(stdout, "\nWARNING: %s\n", w)
+	}
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {
 		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)

@@ -104,6 +104,25 @@ limits: {max_message_bytes: 1048576}
 	}
 }
 
+// check-config warns when policy.meta.allow lets _meta.claudeCode through
+// (claude-code-acp turns it into SDK options), and not for a safe list.
+func TestCheckConfigMetaWarning(t *testing.T) {
+	for _, c := range []struct {
+		allow string
+		warn  bool
+	}{{`["*"]`, true}, {`["claude*", "foo"]`, true}, {`["foo", "zed.dev/*"]`, false}} {
+		path := writeFile(t, "meta.yaml", "listen: 127.0.0.1:8080\nagent: {command: [\"node\", \"agent.mjs\"]}\npolicy: {meta: {allow: "+c.allow+"}}\n")
+		code, out, errOut := runCmd(t, "check-config", "--config", path)
+		if code != 0 || errOut != "" {
+			t.Fatalf("%s: code %d, stderr %q", c.allow, code, errOut)
+		}
+		warned := strings.Contains(out, "WARNING: agent \"default\": policy.meta.allow lets _meta.claudeCode through")
+		if warned != c.warn || !strings.Contains(out, "meta:\n    allow:\n") {
+			t.Errorf("%s: warned %v, want %v:\n%s", c.allow, warned, c.warn, out)
+		}
+	}
+}
+
 func TestCheckConfigBad(t *testing.T) {
 	path := writeFile(t, "bad.yaml", `listen: 0.0.0.0:8080
 pool:

@@ -1,6 +1,10 @@
 package config
 
-import "github.com/acpgate/acpgate/proxy/policy"
+import (
+	"fmt"
+
+	"github.com/acpgate/acpgate/proxy/policy"
+)
 
 // PolicyYAML is a `policy:` section, globally or in a tenant. Every key is
 // optional: a tenant's policy is the global one with the tenant's keys
@@ -45,6 +49,10 @@ type PolicyYAML struct {
 		// Allow: nil keeps the layer below's list; [] allows no mode.
 		Allow *[]string `yaml:"allow"`
 	} `yaml:"modes"`
+	Meta struct {
+		// Allow: nil keeps the layer below's list.
+		Allow *[]string `yaml:"allow"`
+	} `yaml:"meta"`
 }
 
 // apply lays the keys y sets over p.
@@ -84,6 +92,9 @@ func (y *PolicyYAML) apply(p policy.Policy) policy.Policy {
 	if y.Modes.Allow != nil {
 		p.Modes.Allow = append([]string{}, (*y.Modes.Allow)...) // [] stays a list: no mode
 	}
+	if y.Meta.Allow != nil {
+		p.Meta.Allow = append([]string(nil), (*y.Meta.Allow)...)
+	}
 	return p
 }
 
@@ -109,4 +120,31 @@ func (c *Config) AgentPolicy(agent string) policy.Policy {
 // keys are the most specific and win.
 func (c *Config) TenantAgentPolicy(t *Tenant, agent string) policy.Policy {
 	return t.Policy.apply(c.AgentPolicy(agent))
+}
+
+// MetaWarnings says, for each policy clients get with an agent (every
+// agent without tenants; every tenant with each agent it may use), when
+// its meta.allow lets through a _meta key an agent is known to act on
+// dangerously (claudeCode; see policy.MetaPolicy.MetaWarning).
+// check-config prints them and serve logs them.
+func (c *Config) MetaWarnings() []string {
+	var out []string
+	for _, a := range c.AgentList() {
+		if len(c.Tenants) == 0 {
+			if w := c.AgentPolicy(a.Name).Meta.MetaWarning(); w != "" {
+				out = append(out, fmt.Sprintf("agent %q: policy.%s", a.Name, w))
+			}
+			continue
+		}
+		for i := range c.Tenants {
+			t := &c.Tenants[i]
+			if !t.MayUse(a.Name) {
+				continue
+			}
+			if w := c.TenantAgentPolicy(t, a.Name).Meta.MetaWarning(); w != "" {
+				out = append(out, fmt.Sprintf("tenant %q with agent %q: policy.%s", t.Name, a.Name, w))
+			}
+		}
+	}
+	return out
 }

@@ -340,9 +340,13 @@ var (
 		}
 		return out
 	}()
+	// specAnswerMeta locates result._meta of a client's answer to an agent
+	// request (policy.meta applies to it too).
+	specAnswerMeta = &jsonrpc.Spec{Fields: fields{"_meta": specMeta}}
 )
 
-// MetaIndex is the index in m.Fields of params._meta (-1: none).
+// MetaIndex is the index in m.Fields of params._meta, or of result._meta
+// in a client's answer (-1: none).
 func MetaIndex(m *jsonrpc.Message) int {
 	for i, f := range m.Fields {
 		if f.Kind == jsonrpc.FieldMeta && f.Parent == -1 {
@@ -405,10 +409,14 @@ func Tagged(m *jsonrpc.Message, label string) (jsonrpc.Field, bool) {
 	return jsonrpc.Field{}, false
 }
 
-// ClientSpec locates what the relay rewrites in a client message.
+// ClientSpec locates what the relay rewrites in a client message: in an
+// answer to an agent request, its result._meta.
 func ClientSpec(m *jsonrpc.Message) *jsonrpc.Spec {
 	if m.Kind == jsonrpc.KindResponse {
-		return nil
+		if m.IsError {
+			return nil
+		}
+		return specAnswerMeta
 	}
 	s := ParamsSpec(m.Method, true)
 	if t := metaSpecs[s]; t != nil { // params._meta's trace context (trace.go)
@@ -597,9 +605,11 @@ func PromptBlocks(params []byte) []json.RawMessage {
 
 // TraceparentEdit sets a forwarded request's params._meta.traceparent to
 // tp (a JSON string): the value replaced, the key added to _meta, or _meta added to
-// params. Everything else in _meta passes as it is. No edit: params is not
-// an object, or its _meta is not one.
-func TraceparentEdit(m *jsonrpc.Message, tp []byte) (jsonrpc.Edit, bool) {
+// params. Everything else in _meta passes as it is. emptied says that
+// other edits remove every member _meta has (policy.meta): the key is then
+// added without a comma after it. No edit: params is not an object, or
+// its _meta is not one.
+func TraceparentEdit(m *jsonrpc.Message, tp []byte, emptied bool) (jsonrpc.Edit, bool) {
 	idx := MetaIndex(m)
 	if idx < 0 {
 		if len(m.Payload) == 0 || m.Payload[0] != '{' {
@@ -622,7 +632,7 @@ func TraceparentEdit(m *jsonrpc.Message, tp []byte) (jsonrpc.Edit, bool) {
 		return jsonrpc.Edit{}, false
 	}
 	repl := append([]byte(`"traceparent":`), tp...)
-	if !emptyObject(m.Raw[meta.Start:meta.End]) {
+	if !emptied && !emptyObject(m.Raw[meta.Start:meta.End]) {
 		repl = append(repl, ',')
 	}
 	return jsonrpc.Edit{Start: meta.Start + 1, End: meta.Start + 1, Repl: repl}, true

@@ -1,6 +1,7 @@
 package jsonrpc
 
 import (
+	"bytes"
 	"strconv"
 	"sync"
 
@@ -32,6 +33,34 @@ func Splice(dst, raw []byte, edits []Edit) []byte {
 		at = e.End
 	}
 	return append(dst, raw[at:]...)
+}
+
+// SpliceLine is Splice for a peer that reads one message a line (an
+// agent's stdin): the message is appended with its line breaks made spaces,
+// then a newline. In valid JSON a raw CR or LF is white space between tokens
+// (a string cannot hold one), so the message means the same; kept, it would
+// end the line early, and what follows it would reach the agent as lines of
+// their own, messages the gateway never checked (a client's pretty-printed
+// value hiding a whole request).
+func SpliceLine(dst, raw []byte, edits []Edit) []byte {
+	at := len(dst)
+	dst = Splice(dst, raw, edits)
+	oneLine(dst[at:])
+	return append(dst, '\n')
+}
+
+// oneLine replaces each CR and LF of b with a space.
+func oneLine(b []byte) {
+	for _, c := range [...]byte{'\n', '\r'} {
+		for i := bytes.IndexByte(b, c); i >= 0; {
+			b[i] = ' '
+			j := bytes.IndexByte(b[i+1:], c)
+			if j < 0 {
+				break
+			}
+			i += 1 + j
+		}
+	}
 }
 
 // Message buffers are reused: the relay splices each outgoing message into
@@ -81,10 +110,15 @@ func PutBuffer(b []byte) {
 	bufPool.Put(bp)
 }
 
-// SortEdits orders edits by Start (insertion sort: there are a handful).
+// SortEdits orders edits by Start, an insertion (Start == End) before a
+// replacement that starts where it is inserted (insertion sort: there are
+// a handful).
 func SortEdits(edits []Edit) {
+	before := func(a, b Edit) bool {
+		return a.Start < b.Start || a.Start == b.Start && a.End == a.Start && b.End > b.Start
+	}
 	for i := 1; i < len(edits); i++ {
-		for j := i; j > 0 && edits[j].Start < edits[j-1].Start; j-- {
+		for j := i; j > 0 && before(edits[j], edits[j-1]); j-- {
 			edits[j], edits[j-1] = edits[j-1], edits[j]
 		}
 	}

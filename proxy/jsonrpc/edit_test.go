@@ -406,3 +406,42 @@ func TestAppendRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestSpliceLine: a message for a line-reading agent keeps its meaning on
+// one line: line breaks between tokens become spaces, so a value hiding a
+// whole request on a line of its own never reaches the agent as one.
+func TestSpliceLine(t *testing.T) {
+	raw := []byte("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"_x/y\",\"params\":{\"a\":\r\n{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/new\",\"params\":{\"s\":\"\\n\"}}\n,\"b\":\r1}}")
+	out := SpliceLine([]byte("keep"), raw, []Edit{{Start: 22, End: 23, Repl: []byte("77")}})
+	want := "keep{\"jsonrpc\":\"2.0\",\"id\":77,\"method\":\"_x/y\",\"params\":{\"a\":  {\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/new\",\"params\":{\"s\":\"\\n\"}} ,\"b\": 1}}\n"
+	if string(out) != want {
+		t.Fatalf("got  %q\nwant %q", out, want)
+	}
+	if !json.Valid(out[4:]) || bytes.Count(out, []byte("\n")) != 1 {
+		t.Fatalf("not one valid line: %q", out)
+	}
+	if got := SpliceLine(nil, []byte(`{"a":1}`), nil); string(got) != "{\"a\":1}\n" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// BenchmarkSpliceLine is what making a client message one line costs over
+// a plain splice, on a 20 KB prompt without a line break (the common case:
+// two scans that find nothing).
+func BenchmarkSpliceLine(b *testing.B) {
+	raw := []byte(`{"jsonrpc":"2.0","id":12,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"` + strings.Repeat("word ", 4000) + `"}]}}`)
+	edits := []Edit{{Start: 22, End: 24, Repl: []byte("345")}}
+	buf := make([]byte, 0, len(raw)+16)
+	b.Run("splice", func(b *testing.B) {
+		b.SetBytes(int64(len(raw)))
+		for b.Loop() {
+			buf = append(Splice(buf[:0], raw, edits), '\n')
+		}
+	})
+	b.Run("line", func(b *testing.B) {
+		b.SetBytes(int64(len(raw)))
+		for b.Loop() {
+			buf = SpliceLine(buf[:0], raw, edits)
+		}
+	})
+}

@@ -28,6 +28,7 @@ type Agent struct {
 	InitializeDuration  prometheus.Observer
 	PoolWait            prometheus.Observer
 	Denials             *prometheus.CounterVec // tenant, reason
+	MetaRemoved         *prometheus.CounterVec // tenant
 	AgentProtocolErrors *prometheus.CounterVec // kind
 	DoubleReleases      *prometheus.CounterVec // what
 	UsageTokens         *prometheus.CounterVec // tenant, kind
@@ -57,6 +58,7 @@ func (m *Metrics) ForAgent(name string) *Agent {
 		InitializeDuration:  m.initializeDuration.WithLabelValues(name),
 		PoolWait:            m.poolWait.WithLabelValues(name),
 		Denials:             m.denials.MustCurryWith(l),
+		MetaRemoved:         m.metaRemoved.MustCurryWith(l),
 		AgentProtocolErrors: m.agentProtocolErrors.MustCurryWith(l),
 		DoubleReleases:      m.doubleReleases.MustCurryWith(l),
 		UsageTokens:         m.usageTokens.MustCurryWith(l),

@@ -38,6 +38,7 @@ type Metrics struct {
 	usageCost           *prometheus.CounterVec
 	promptSeconds       *prometheus.CounterVec
 	usageRejected       *prometheus.CounterVec
+	metaRemoved         *prometheus.CounterVec
 
 	Detached  prometheus.Gauge
 	Resumes   *prometheus.CounterVec // result: ok, refused; reason (Refused*)
@@ -117,6 +118,9 @@ func New(reg prometheus.Registerer, tenantCap int) *Metrics {
 		agentProtocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_agent_protocol_errors_total", Help: "Agent output the gateway could not relay, by kind (invalid_json, line_too_long, unknown_id, no_recipient, duplicate_id, request_timeout: the agent did not answer in time, client_timeout: the client did not answer an agent request within timeouts.client_request).",
 		}, []string{"kind", "agent"}),
+		metaRemoved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "acpgate_meta_removed_total", Help: "Members of clients' _meta (params._meta, or result._meta of an answer) removed before the agent saw the message, as policy.meta.allow says.",
+		}, []string{"tenant", "agent"}),
 		doubleReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "acpgate_double_releases_total", Help: "Holds given back twice (a bug, logged as an error; the second release changes nothing), by what: hold (a client request's tenant slot, process slot and session route), session, home, request (a process lease), or a *_count that would have gone below zero.",
 		}, []string{"what", "agent"}),
@@ -180,7 +184,7 @@ func (m *Metrics) register() {
 	atZero(m.PermissionResolutions, "selected", "cancelled", "timeout", "disconnect")
 	m.reg.MustRegister(m.sessionsActive, m.sessionsTotal, m.messages, m.messageBytes, m.requestDuration,
 		m.firstUpdate, m.spawns, m.recycled, m.fsServed, m.Detached, m.Resumes, m.Takeovers, m.AttachedClients, m.Attaches, m.PermissionResolutions, m.PromptsQueued, m.exits, m.spawnDuration,
-		m.initializeDuration, m.poolWait, m.denials, m.agentProtocolErrors, m.doubleReleases,
+		m.initializeDuration, m.poolWait, m.denials, m.metaRemoved, m.agentProtocolErrors, m.doubleReleases,
 		m.usageTokens, m.usageCost, m.promptSeconds, m.usageRejected)
 }
 

@@ -2,7 +2,7 @@
 // the gateway, and what the agent may ask of them.
 //
 // An operator writes a [Policy] (secure defaults in [Default]). The gateway
-// uses it at four points:
+// uses it at five points:
 //
 //   - [FilterInitialize] turns the agent's initialize result into the one a
 //     client receives: the agent's capabilities intersected with the policy,
@@ -15,6 +15,8 @@
 //     capability flag alone cannot (v1 has no flag for stdio MCP servers).
 //   - [Policy.ClientCaps] says which client capabilities an agent may be told
 //     about (fs and terminal: what the agent may ask of clients).
+//   - [MetaFilter] cuts the members of a client's _meta that [MetaPolicy]
+//     does not allow out of each message a client sends the agent.
 //
 // Advertising is not enforcing: a client can send a method or parameter the
 // filtered initialize result did not offer, so the gateway must call the
@@ -66,6 +68,10 @@ type Policy struct {
 	// modes (ACP's modes and config options of category "mode") the
 	// tenant's sessions may run in.
 	Modes ModelPolicy `yaml:"modes"`
+
+	// Meta is which members of a client's _meta reach the agent (see
+	// [MetaPolicy]): by default only the trace context and acpgate.
+	Meta MetaPolicy `yaml:"meta"`
 }
 
 // SessionPolicy gates the session methods beyond the baseline.
@@ -129,7 +135,7 @@ func (p Policy) ClientCaps() (fsRead, fsWrite, terminal bool) {
 }
 
 // Validate reports every malformed entry of HTTPHosts, Extensions,
-// Models.Allow and Modes.Allow.
+// Models.Allow, Modes.Allow and Meta.Allow.
 // The gates never match a malformed pattern, so an unvalidated policy fails
 // closed; Validate tells the operator why.
 func (p Policy) Validate() error {
@@ -152,6 +158,11 @@ func (p Policy) Validate() error {
 	for _, m := range p.Modes.Allow {
 		if err := validateModelPattern(m); err != nil {
 			errs = append(errs, fmt.Errorf("modes.allow: %w", err))
+		}
+	}
+	for _, m := range p.Meta.Allow {
+		if err := validateMetaPattern(m); err != nil {
+			errs = append(errs, fmt.Errorf("meta.allow: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -247,5 +258,7 @@ func (p Policy) Describe() string {
 	} else {
 		list("  ", "allow", p.Modes.Allow, "[]  # none")
 	}
+	b.WriteString("meta:\n")
+	list("  ", "allow", p.Meta.Allow, "[]  # only traceparent, tracestate, acpgate")
 	return b.String()
 }

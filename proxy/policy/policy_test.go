@@ -54,6 +54,8 @@ models:
   allow: null  # every model
 modes:
   allow: null  # every mode
+meta:
+  allow: []  # only traceparent, tracestate, acpgate
 `
 	if got := Default().Describe(); got != want {
 		t.Errorf("Describe:\n%s", got)
@@ -70,7 +72,7 @@ modes:
 	}
 	// One key per line, every key of the policy present.
 	lines := strings.Count(Default().Describe(), "\n")
-	if lines != 28 {
+	if lines != 30 {
 		t.Errorf("%d lines", lines)
 	}
 }

@@ -71,6 +71,9 @@
 // handled meanwhile: "Permission granted (allow)." and end_turn, or the
 // stopReason cancelled for a cancelled outcome.
 //
+// With FAKE_ECHO=1 every line it reads is logged to stderr as it came,
+// "fakeagent: received <line>" (for tests of what reaches the agent).
+//
 // FAKE_MODELS (model IDs, comma-separated; the first is each session's
 // model to begin with; FAKE_MODELS_PAD=N adds N more, pad-0 ... pad-N-1)
 // makes the results of session/new, load and resume advertise them, as
@@ -174,8 +177,12 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "fakeagent: started (FAKE_MODE=%q)\n", a.mode)
 	in := bufio.NewReaderSize(os.Stdin, 1<<20)
+	echo := os.Getenv("FAKE_ECHO") == "1"
 	for {
 		line, err := in.ReadBytes('\n')
+		if echo && len(line) > 0 {
+			fmt.Fprintf(os.Stderr, "fakeagent: received %s\n", bytes.TrimSuffix(line, []byte("\n")))
+		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			a.handle(line)
 		}

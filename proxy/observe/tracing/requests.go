@@ -266,12 +266,13 @@ func TracerOf(tp trace.TracerProvider, name string) trace.Tracer {
 }
 
 // ParentEdit sets a forwarded request's params._meta.traceparent to span
-// (nil: no edit).
-func ParentEdit(m *jsonrpc.Message, span trace.Span) (jsonrpc.Edit, bool) {
+// (nil: no edit). metaEmptied: other edits remove every member of _meta
+// (acp.TraceparentEdit).
+func ParentEdit(m *jsonrpc.Message, span trace.Span, metaEmptied bool) (jsonrpc.Edit, bool) {
 	if span == nil {
 		return jsonrpc.Edit{}, false
 	}
-	return acp.TraceparentEdit(m, Traceparent(span))
+	return acp.TraceparentEdit(m, Traceparent(span), metaEmptied)
 }
 
 // ParentOf is the trace context a client message names: its params._meta
