@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -62,13 +63,13 @@ func TestStores(t *testing.T) {
 			var wg sync.WaitGroup
 			for range 20 {
 				wg.Go(func() {
-					if _, err := s.Add(ctx, acme, Spent{Tokens: 5, Cost: map[string]float64{"USD": 0.25}}, next); err != nil {
+					if _, err := s.Add(ctx, acme, Spent{Tokens: 5, Cost: map[string]float64{"USD": 0.25}}, nil, next); err != nil {
 						t.Error(err)
 					}
 				})
 			}
 			wg.Wait()
-			got, err := s.Add(ctx, globex, Spent{Cost: map[string]float64{"EUR": 1}}, next)
+			got, err := s.Add(ctx, globex, Spent{Cost: map[string]float64{"EUR": 1}}, nil, next)
 			if err != nil || got.Tokens != 0 || got.Cost["EUR"] != 1 {
 				t.Errorf("globex: %+v %v", got, err)
 			}
@@ -99,7 +100,7 @@ func TestFileSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Add(context.Background(), key, Spent{Tokens: 7, Cost: map[string]float64{"USD": 1.5}}, next); err != nil {
+	if _, err := s.Add(context.Background(), key, Spent{Tokens: 7, Cost: map[string]float64{"USD": 1.5}}, []Mark{{Session: "s1", Currency: "USD", Total: 2}}, next); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -110,8 +111,158 @@ func TestFileSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got, err := s.Get(context.Background(), key); err != nil || got.Tokens != 7 || got.Cost["USD"] != 1.5 {
-		t.Errorf("after a restart: %+v %v", got, err)
+	if got, err := s.Get(context.Background(), key); err != nil || got.Tokens != 7 || got.Cost["USD"] != 3.5 {
+		t.Errorf("after a restart: %+v %v (want 7 tokens, 1.5 + 2 USD)", got, err)
+	}
+	// The session's kept value survived too: the same total counts
+	// nothing, a higher one its increase.
+	for _, step := range []struct{ total, want float64 }{{2, 3.5}, {2.5, 4}} {
+		got, err := s.Add(context.Background(), key, Spent{}, []Mark{{Session: "s1", Currency: "USD", Total: step.total}}, next)
+		if err != nil || got.Cost["USD"] != step.want {
+			t.Errorf("a report of %v after a restart: %+v %v, want %v USD", step.total, got, err, step.want)
+		}
+	}
+}
+
+// Each store keeps every agent session's last cumulative cost (finding 5
+// of the review at 99b340a: the first report after a load was a baseline
+// and counted nothing): a report counts its increase over the kept value
+// once, whoever sends it and however many at once; a decrease, a replica
+// sending the same total, a reset of the tenant's spend or a new period
+// never let a later report count twice; a session with no kept value
+// counts its first report in full; a jump past usage.MaxCostIncrease
+// counts nothing.
+func TestStoresKeepSessionCost(t *testing.T) {
+	redis := redistest.Start(t)
+	for name, open := range map[string]func(t *testing.T) Store{
+		"memory": func(*testing.T) Store { return NewMemory() },
+		"file": func(t *testing.T) Store {
+			s, err := OpenStore("file:" + filepath.Join(t.TempDir(), "ledger.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"redis": func(t *testing.T) Store {
+			s, err := OpenStore(redis.URL(3))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := open(t)
+			defer s.Close()
+			ctx := context.Background()
+			start, next := Day.Bounds(time.Now())
+			tenant := "acme-" + name
+			key := Key{Tenant: tenant, Period: Day, Start: start}
+			spent := func(step string, marks []Mark, want float64) {
+				t.Helper()
+				got, err := s.Add(ctx, key, Spent{}, marks, next)
+				if err != nil || math.Abs(got.Cost["USD"]-want) > 1e-9 {
+					t.Errorf("%s: %+v %v; want %v USD", step, got, err, want)
+				}
+			}
+			usd := func(session string, total float64) []Mark {
+				return []Mark{{Session: session, Currency: "USD", Total: total}}
+			}
+			spent("a new session's first report", usd("s1", 3), 3)
+			spent("a load's first report, 50", usd("s1", 50), 50)
+			spent("the same total from another load", usd("s1", 50), 50)
+			spent("a decrease", usd("s1", 40), 50)
+			spent("back up, under the highest", usd("s1", 45), 50)
+			spent("past the highest", usd("s1", 60), 60)
+			spent("a session with no kept value", usd("s2", 5), 65)
+			spent("a jump past any real cost", usd("s3", 2e9), 65)
+			spent("after the jump", usd("s3", 2e9+1), 66)
+			spent("two sessions, one call", append(usd("s1", 61), usd("s2", 7)...), 69)
+
+			var wg sync.WaitGroup // 20 replicas send one total at once
+			for range 20 {
+				wg.Go(func() {
+					if _, err := s.Add(ctx, key, Spent{}, usd("s4", 7), next); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			spent("after 20 concurrent reports of 7", nil, 76)
+
+			if err := s.Reset(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			spent("a report already counted, after a reset", usd("s1", 61), 0)
+			tomorrow := Key{Tenant: tenant, Period: Day, Start: next}
+			got, err := s.Add(ctx, tomorrow, Spent{}, usd("s1", 62), next.AddDate(0, 0, 1))
+			if err != nil || got.Cost["USD"] != 1 {
+				t.Errorf("the next period: %+v %v; want 1 USD (its increase only)", got, err)
+			}
+			other := Key{Tenant: "globex-" + name, Period: Day, Start: start}
+			if got, err := s.Add(ctx, other, Spent{}, usd("s1", 62), next); err != nil || got.Cost["USD"] != 62 {
+				t.Errorf("another tenant's session of the same key: %+v %v; want 62 USD (kept apart)", got, err)
+			}
+		})
+	}
+}
+
+// Two gateways on one Redis keep one value per session: a total one sent
+// is counted once, the other's increase over it too.
+func TestRedisKeptSharedByReplicas(t *testing.T) {
+	redis := redistest.Start(t)
+	a, err := OpenStore(redis.URL(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := OpenStore(redis.URL(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	start, next := Day.Bounds(time.Now())
+	key := Key{Tenant: "acme", Period: Day, Start: start}
+	for _, step := range []struct {
+		s           Store
+		total, want float64
+	}{{a, 3, 3}, {b, 3, 3}, {b, 50, 50}, {a, 50, 50}, {a, 40, 50}, {b, 500, 500}} {
+		got, err := step.s.Add(ctx, key, Spent{}, []Mark{{Session: "s", Currency: "USD", Total: step.total}}, next)
+		if err != nil || got.Cost["USD"] != step.want {
+			t.Errorf("a report of %v: %+v %v; want %v USD", step.total, got, err, step.want)
+		}
+	}
+}
+
+// The ledger counts a load's reports against the session's kept value
+// (finding 5): a session's first turn 3, a load's 50 (reported live but
+// metered as nothing here: Amount 0), and a prompt past the cap is
+// refused before the store has it; the same total from another load counts
+// nothing.
+func TestLedgerCountsLoadedReports(t *testing.T) {
+	l, _, _ := newLedger(t, NewMemory(), false, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 100}}})
+	report := func(total, metered float64) {
+		e := cost("acme", "g1", "USD", metered)
+		e.Session.Key, e.Total = "k1", total
+		l.Observe(e)
+	}
+	report(3, 3)
+	waitFlushed(t, l)
+	report(50, 0) // a load's first report
+	if r := l.Prompt(prompt("acme")); r != nil {
+		t.Fatalf("under the cap: %+v", r)
+	}
+	waitFlushed(t, l)
+	report(50, 0) // another load, the same total
+	report(120, 70)
+	if r := l.Prompt(prompt("acme")); r == nil || r.Code != CodeExhausted {
+		t.Errorf("past the cap, the report not flushed yet: %+v", r)
+	}
+	waitFlushed(t, l)
+	st, err := l.Statuses(context.Background())
+	if err != nil || len(st) != 1 || st[0].Spent.Cost["USD"] != 120 {
+		t.Errorf("statuses: %+v %v; want 120 USD", st, err)
 	}
 }
 
@@ -147,11 +298,11 @@ func (f *flaky) Get(ctx context.Context, k Key) (Spent, error) {
 	}
 	return f.Store.Get(ctx, k)
 }
-func (f *flaky) Add(ctx context.Context, k Key, s Spent, next time.Time) (Spent, error) {
+func (f *flaky) Add(ctx context.Context, k Key, s Spent, marks []Mark, next time.Time) (Spent, error) {
 	if f.isDown() {
 		return Spent{}, errDown
 	}
-	return f.Store.Add(ctx, k, s, next)
+	return f.Store.Add(ctx, k, s, marks, next)
 }
 
 type cancelled struct {

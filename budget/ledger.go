@@ -99,10 +99,23 @@ const maxPendingSessions = 1024
 // pending is spend not yet in the store, and the sessions whose turns
 // reported it.
 type pending struct {
-	add      Spent
+	add Spent
+	// marks: the highest cumulative cost each agent session reported
+	// live, by session key and currency (bounded by the sessions there
+	// are: a session tracks at most usage.MaxCurrencies). The store counts
+	// their increase over its kept values.
+	marks    map[markKey]float64
 	next     time.Time
 	sessions map[string]struct{}
 }
+
+// markKey is an agent session (its observe.Session.Key) and a currency.
+type markKey struct{ session, currency string }
+
+// maxKept bounds the kept values a ledger remembers (Ledger.kept); past
+// it, it forgets them all and counts on the safe side until it learns them
+// again.
+const maxKept = 1 << 16
 
 // Ledger keeps every budgeted tenant's spend. Observe queues what the
 // agents report; one writer goroutine (ended by Close) adds it to the
@@ -123,6 +136,10 @@ type Ledger struct {
 	gen      map[Key]uint64
 	exceeded map[Key]bool // budget.exceeded written for the key
 	storeErr error        // the store's last failure, nil once a call succeeds
+	// kept is the store's kept value of each session this ledger added a
+	// mark of, as far as it knows (another replica may have raised it):
+	// what a prompt's check estimates a mark not yet in the store adds.
+	kept map[keptRef]float64
 
 	kick   chan struct{}
 	ctx    context.Context
@@ -137,7 +154,7 @@ func New(cfg Config) *Ledger {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, flying: map[Key]Spent{}, gen: map[Key]uint64{}, exceeded: map[Key]bool{},
+	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, flying: map[Key]Spent{}, gen: map[Key]uint64{}, exceeded: map[Key]bool{}, kept: map[keptRef]float64{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	if l.now == nil {
 		l.now = time.Now
@@ -197,6 +214,7 @@ func (l *Ledger) Observe(e *observe.Event) {
 		return // tenants without a budget never touch the store
 	}
 	var add Spent
+	var mark *Mark
 	switch e.Kind {
 	case observe.CostReported:
 		// The currency itself, not its metrics label: a tenant's first
@@ -205,10 +223,19 @@ func (l *Ledger) Observe(e *observe.Event) {
 		if cur == "" {
 			cur = e.Currency
 		}
-		if _, capped := lim.Cost[cur]; !capped || e.Amount <= 0 {
+		if _, capped := lim.Cost[cur]; !capped {
 			return // only capped currencies go to the store
 		}
-		add.Cost = map[string]float64{cur: e.Amount}
+		if e.Session.Key == "" { // nothing to keep a value by: what this process metered
+			if e.Amount <= 0 {
+				return
+			}
+			add.Cost = map[string]float64{cur: e.Amount}
+			break
+		}
+		// The store counts the increase over the session's kept value,
+		// whichever connection or replica loaded it.
+		mark = &Mark{Session: e.Session.Key, Currency: cur, Total: e.Total}
 	case observe.TurnEnded:
 		add.Tokens = e.Tokens["input"] + e.Tokens["output"]
 		if add.Tokens <= 0 {
@@ -225,6 +252,9 @@ func (l *Ledger) Observe(e *observe.Event) {
 		l.pend[key] = p
 	}
 	p.add.add(add)
+	if mark != nil {
+		p.mark(markKey{mark.Session, mark.Currency}, mark.Total)
+	}
 	if e.Kind == observe.CostReported && e.Turn != nil && len(p.sessions) < maxPendingSessions {
 		p.sessions[e.Session.ID] = struct{}{} // a running turn: cancelled once past a cap
 	}
@@ -290,6 +320,7 @@ func (l *Ledger) spentOf(ctx context.Context, key Key) (Spent, error) {
 		g := l.gen[key]
 		if p := l.pend[key]; p != nil {
 			unstored.add(p.add)
+			unstored.add(l.estimate(key.Tenant, p.marks))
 		}
 		unstored.add(l.flying[key])
 		l.mu.Unlock()
@@ -363,29 +394,82 @@ func (l *Ledger) flush(ctx context.Context) bool {
 	batch := l.pend
 	l.pend = map[Key]*pending{}
 	for key, p := range batch {
-		l.flying[key] = p.add.clone()
+		f := p.add.clone()
+		f.add(l.estimate(key.Tenant, p.marks))
+		l.flying[key] = f
 	}
 	l.mu.Unlock()
 	ok := true
 	for key, p := range batch {
-		if p.add.zero() {
+		if p.add.zero() && len(p.marks) == 0 {
 			l.landed(key)
 			continue
+		}
+		marks := make([]Mark, 0, len(p.marks))
+		for mk, total := range p.marks {
+			marks = append(marks, Mark{Session: mk.session, Currency: mk.currency, Total: total})
 		}
 		l.mu.Lock()
 		l.gen[key]++ // odd: adding
 		l.mu.Unlock()
-		total, err := l.cfg.Store.Add(ctx, key, p.add, p.next)
+		total, err := l.cfg.Store.Add(ctx, key, p.add, marks, p.next)
 		l.noteStore(err)
 		if err != nil {
 			ok = false
 			l.requeue(key, p)
 			continue
 		}
+		l.learn(key.Tenant, marks)
 		l.landed(key)
 		l.added(key, p, total)
 	}
 	return ok
+}
+
+// mark notes a live report of session k's cumulative cost: the highest
+// one of a batch is what counts (a lower one would count nothing after it).
+func (p *pending) mark(k markKey, total float64) {
+	if p.marks == nil {
+		p.marks = map[markKey]float64{}
+	}
+	if was, ok := p.marks[k]; !ok || total > was {
+		p.marks[k] = total
+	}
+}
+
+// keptRef is a tenant's session's kept value of a currency.
+type keptRef struct {
+	tenant string
+	markKey
+}
+
+// estimate is what marks of tenant's sessions add once in the store, as
+// far as the ledger knows the store's kept values: a session it knows
+// none of counts in full, on the safe side (a prompt at the cap refused a
+// moment early, until the store has them). Called with l.mu held.
+func (l *Ledger) estimate(tenant string, marks map[markKey]float64) Spent {
+	var s Spent
+	for mk, total := range marks {
+		kept, known := l.kept[keptRef{tenant, mk}]
+		inc, _ := overKept(kept, known, total)
+		s.addCost(mk.currency, inc)
+	}
+	return s
+}
+
+// learn notes the kept values marks left in the store: at least theirs.
+func (l *Ledger) learn(tenant string, marks []Mark) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.kept)+len(marks) > maxKept {
+		clear(l.kept)
+	}
+	for _, mk := range marks {
+		r := keptRef{tenant, markKey{mk.Session, mk.Currency}}
+		if was, ok := l.kept[r]; !ok || mk.Total > was {
+			l.kept[r] = mk.Total
+		}
+	}
 }
 
 // landed: what was flying for key is in the store (or was nothing).
@@ -414,6 +498,9 @@ func (l *Ledger) requeue(key Key, p *pending) {
 	}
 	if q := l.pend[key]; q != nil {
 		p.add.add(q.add)
+		for mk, total := range q.marks {
+			p.mark(mk, total)
+		}
 		for s := range q.sessions {
 			if len(p.sessions) < maxPendingSessions {
 				p.sessions[s] = struct{}{}
@@ -548,7 +635,7 @@ func (l *Ledger) Close(ctx context.Context) error {
 		l.pend = map[Key]*pending{}
 		l.mu.Unlock()
 		for key, p := range lost {
-			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", p.add.Tokens, "cost", p.add.Cost)
+			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", p.add.Tokens, "cost", p.add.Cost, "session_reports", len(p.marks))
 			if m := l.cfg.Metrics; m != nil {
 				m.lost(key.Tenant, p.add)
 			}

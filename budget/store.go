@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // Period is how long a budget runs before it starts again, in UTC.
@@ -67,6 +69,17 @@ func (s *Spent) add(o Spent) {
 	}
 }
 
+// addCost adds inc (> 0) of currency cur to s.
+func (s *Spent) addCost(cur string, inc float64) {
+	if inc <= 0 {
+		return
+	}
+	if s.Cost == nil {
+		s.Cost = map[string]float64{}
+	}
+	s.Cost[cur] += inc
+}
+
 // zero reports whether s adds nothing.
 func (s Spent) zero() bool {
 	if s.Tokens != 0 {
@@ -84,17 +97,59 @@ func (s Spent) clone() Spent {
 	return Spent{Tokens: s.Tokens, Cost: maps.Clone(s.Cost)}
 }
 
-// Store keeps ledgers. Each Add is atomic: two replicas adding to one key
-// at once both count.
+// Mark is a live report of an agent session's cumulative cost in a
+// currency (observe.CostReported's Total): what a store counts against the
+// value it keeps for the session (overKept).
+type Mark struct {
+	Session  string // the agent session's observe.Session.Key
+	Currency string
+	Total    float64
+}
+
+// overKept is the rule every store applies to a mark, in the same atomic
+// step as the addition: the increase of total over the value kept for the
+// session (known false: none kept) counts, and the kept value becomes the
+// highest one reported. A decrease counts nothing and leaves the kept value
+// (a report below it never counts twice what was counted); a jump past
+// usage.MaxCostIncrease counts nothing and moves it (as the meter does).
+// With no kept value (a session not seen since before kept values, or idle
+// past keepPeriods) the first live report counts in full: the safe side.
+func overKept(kept float64, known bool, total float64) (inc, next float64) {
+	if !known {
+		kept = 0
+	}
+	switch {
+	case known && total <= kept:
+		return 0, kept
+	case total-kept > usage.MaxCostIncrease:
+		return 0, total
+	}
+	return total - kept, total
+}
+
+// keptKey names a session's kept value of a currency in a store: tenant,
+// session key and currency, NUL-separated (none of them holds a NUL
+// where it matters: a currency with one only names itself).
+func keptKey(tenant string, m Mark) string {
+	return tenant + "\x00" + m.Session + "\x00" + m.Currency
+}
+
+// Store keeps ledgers, and the last cumulative cost of each agent session
+// that reported one (its kept value, per currency, for keepPeriods after
+// its last report, whatever the period). Each Add is atomic: two replicas
+// adding to one key at once both count, and two marks of one session at
+// once count its increase once.
 type Store interface {
 	// Name says where the ledger is, for errors and logs (never a
 	// password).
 	Name() string
 	// Get is what key holds (zero: nothing yet).
 	Get(ctx context.Context, key Key) (Spent, error)
-	// Add adds s to key and returns what it holds then. next is when the
-	// key's period ends: a store may forget the key some time after.
-	Add(ctx context.Context, key Key, s Spent, next time.Time) (Spent, error)
+	// Add adds s to key, and each mark's increase over the session's kept
+	// value (overKept, the session being key.Tenant's), and returns what
+	// key holds then. next is when the key's period ends: a store may
+	// forget the key some time after.
+	Add(ctx context.Context, key Key, s Spent, marks []Mark, next time.Time) (Spent, error)
 	// Reset forgets what key holds.
 	Reset(ctx context.Context, key Key) error
 	Close() error
@@ -150,12 +205,21 @@ func redactURL(spec string) string {
 
 // Memory is a store in the process: a restart forgets it.
 type Memory struct {
-	mu sync.Mutex
-	m  map[Key]Spent
+	mu     sync.Mutex
+	m      map[Key]Spent
+	kept   map[string]keptValue // by keptKey
+	pruned time.Time            // when kept values were last pruned
+}
+
+// keptValue is a session's kept value of a currency, and when it was
+// last reported.
+type keptValue struct {
+	Total float64   `json:"total"`
+	Seen  time.Time `json:"seen"`
 }
 
 // NewMemory is an empty memory store.
-func NewMemory() *Memory { return &Memory{m: map[Key]Spent{}} }
+func NewMemory() *Memory { return &Memory{m: map[Key]Spent{}, kept: map[string]keptValue{}} }
 
 func (*Memory) Name() string { return "memory" }
 
@@ -165,11 +229,27 @@ func (s *Memory) Get(_ context.Context, key Key) (Spent, error) {
 	return s.m[key].clone(), nil
 }
 
-func (s *Memory) Add(_ context.Context, key Key, add Spent, _ time.Time) (Spent, error) {
+func (s *Memory) Add(_ context.Context, key Key, add Spent, marks []Mark, _ time.Time) (Spent, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.m[key].clone()
 	cur.add(add)
+	now := time.Now()
+	for _, mk := range marks {
+		k := keptKey(key.Tenant, mk)
+		was, known := s.kept[k]
+		inc, next := overKept(was.Total, known, mk.Total)
+		s.kept[k] = keptValue{Total: next, Seen: now}
+		cur.addCost(mk.Currency, inc)
+	}
+	if now.Sub(s.pruned) > pruneEvery {
+		s.pruned = now
+		for k, v := range s.kept {
+			if now.Sub(v.Seen) > keepPeriods {
+				delete(s.kept, k)
+			}
+		}
+	}
 	s.m[key] = cur
 	// Past periods are of no more use: one key per tenant stays.
 	for k := range s.m {

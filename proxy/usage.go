@@ -40,20 +40,23 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 		return // no cost reported
 	}
 	var inc float64
+	var live bool
 	cur, label, amount, reject := usage.ParseCost(p.Update.Cost)
 	if reject == "" {
-		inc, reject = s.meter.NoteCost(cur, label, amount)
+		inc, live, reject = s.meter.NoteCost(cur, label, amount)
 	}
-	switch {
-	case reject != "":
-		s.link.p.Log().Debug("agent usage_update counted as nothing", "reason", reject, "session", s.GatewayID)
+	if reject != "" {
+		s.link.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
 		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
-	case inc > 0:
-		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label, Amount: inc}
-	default:
-		return
+		s.link.ag.obs.Observe(e)
 	}
-	s.link.ag.obs.Observe(e)
+	if live {
+		// Every live report, even one this meter counts as nothing (a
+		// loaded session's first, a decrease): a budget counts it against
+		// the value it keeps for the session, whichever process loaded it.
+		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label, Amount: inc, Total: amount}
+		s.link.ag.obs.Observe(e)
+	}
 }
 
 // turnTokens reads a PromptResponse's usage: the token counts that pass

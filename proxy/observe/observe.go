@@ -21,6 +21,10 @@ type Session struct {
 	Label  string // the tenant's label on metrics
 	Agent  string
 	Cwd    string // as the client asked for it
+	// Key names the agent's session the same on every connection, replica
+	// and restart (a digest of the agent's name and its own session ID,
+	// never the ID itself): what budgets keep its cumulative cost by.
+	Key string
 }
 
 // Client is who acted: the zero Client is the gateway itself.
@@ -47,7 +51,7 @@ const (
 	SessionLost                         // Reason: its agent process died
 	TurnStarted                         // Turn; Prompt (its content blocks as sent; nil: read them from Params); Params
 	Update                              // Turn (nil: between turns); UpdateKind; Params: the session/update's; First: the turn's first, Duration after it started
-	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase
+	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase as this process metered it (0 for a loaded session's first report); Total: the agent's cumulative cost as reported. Every live report (not a replay's) that reads as an amount
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
@@ -94,6 +98,7 @@ type Event struct {
 	Currency   string             // a metrics label: past a tenant's first few currencies, "other"
 	Unit       string             // the currency as metering names it, whatever the label (budgets cap it)
 	Amount     float64
+	Total      float64 // CostReported: the agent's cumulative amount
 	Method     string
 	Path       string
 	Bytes      int

@@ -21,7 +21,7 @@ import (
 // Limits of what a report may say; beyond them it counts nothing.
 const (
 	maxTurnTokens   = 1e12 // tokens of one kind in one turn
-	maxCostIncrease = 1e9  // a session's cost increase in one report
+	MaxCostIncrease = 1e9  // a session's cost increase in one report (budgets apply it too)
 	MaxCurrencies   = 8    // currencies a session tracks, and a tenant's labels name
 	maxCurrencyLen  = 16   // a currency label's length
 	maxCurrencyKey  = 64   // a currency's length; longer is invalid
@@ -34,7 +34,7 @@ const OtherCurrency = "other"
 const (
 	RejectInvalid    = "invalid"    // not a number, or not an integer token count
 	RejectNegative   = "negative"   // below zero
-	RejectTooLarge   = "too_large"  // beyond maxTurnTokens or maxCostIncrease
+	RejectTooLarge   = "too_large"  // beyond maxTurnTokens or MaxCostIncrease
 	RejectDecreased  = "decreased"  // a cumulative cost went down (the new amount is the baseline)
 	RejectCurrencies = "currencies" // a session's currency beyond MaxCurrencies
 )
@@ -84,8 +84,10 @@ func (mt *Meter) ReplayStarted() { mt.replays.Add(1) }
 // ReplayEnded undoes one ReplayStarted.
 func (mt *Meter) ReplayEnded() { mt.replays.Add(-1) }
 
-// Loaded marks a session that came by a load: the agent's cost so far was
-// counted before, or is not this gateway's to count.
+// Loaded marks a session that came by a load: this meter takes the first
+// amount of a currency as its baseline (the agent's cost so far was
+// metered before, or elsewhere). Budgets do not: they count a load's live
+// reports against the value kept for the session (package budget).
 func (mt *Meter) Loaded() {
 	mt.mu.Lock()
 	mt.loaded = true
@@ -108,25 +110,34 @@ func (mt *Meter) TurnCost() map[string]float64 {
 
 // NoteCost takes a report of the session's cumulative cost in currency cur
 // (as the agent wrote it: each currency has a baseline of its own, even
-// those whose label is "other") and returns the increase to count, or why
-// it counts nothing. label is cur's label, what the session's sums go by.
-func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, reject string) {
+// those whose label is "other") and returns the increase to count here
+// (this process's metering), or why it counts nothing. label is cur's
+// label, what the session's sums go by.
+//
+// live says the report came outside a load's replay, from the agent's
+// work since the session exists: what a budget counts against the
+// session's kept value (package budget), whatever this meter counted. A
+// replay's report, or one past MaxCurrencies, is not live.
+func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, live bool, reject string) {
 	replay := mt.replays.Load() > 0
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	last, known := mt.last[cur]
 	switch {
 	case !known && len(mt.last) >= MaxCurrencies:
-		return 0, RejectCurrencies
-	case replay || !known && mt.loaded:
+		return 0, false, RejectCurrencies
+	case replay:
 		setMap(&mt.last, cur, amount)
-		return 0, ""
+		return 0, false, ""
+	case !known && mt.loaded:
+		setMap(&mt.last, cur, amount)
+		return 0, true, ""
 	case amount < last:
 		mt.last[cur] = amount // the agent's counter restarted
-		return 0, RejectDecreased
-	case amount-last > maxCostIncrease:
+		return 0, true, RejectDecreased
+	case amount-last > MaxCostIncrease:
 		setMap(&mt.last, cur, amount) // counted as nothing; the next report counts from here
-		return 0, RejectTooLarge
+		return 0, true, RejectTooLarge
 	}
 	setMap(&mt.last, cur, amount)
 	inc = amount - last
@@ -134,7 +145,7 @@ func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, rejec
 		addMap(&mt.cost, label, inc)
 		addMap(&mt.turnCost, label, inc)
 	}
-	return inc, ""
+	return inc, true, ""
 }
 
 // NoteTokens adds a turn's token counts to the session's.
