@@ -45,7 +45,8 @@
 // "1e300" or "\"x\"" are sent as such; at most 1000, every at most 10s
 // apart), then ends the turn with usage {inputTokens: IN, outputTokens:
 // OUT} (written as they are too); a session/cancel meanwhile ends it at
-// once, stopReason "cancelled". Every prompt is logged to stderr as
+// once, stopReason "cancelled" (with "cancel=usage", its answer carries
+// that usage too, as an agent reporting what a cancelled turn used). Every prompt is logged to stderr as
 // "fakeagent: prompt <session> <text>" (for tests that check a prompt
 // never reached the agent).
 // Requests for other methods get -32601; notifications and
@@ -59,7 +60,11 @@
 // session/resume answers {} without a replay; session/list lists every
 // session (sessionId, cwd); session/close answers {} (the session stays
 // loadable); session/delete forgets it. A session it does not know gets
-// -32002. A prompt containing "permission" sends session/request_permission
+// -32002. FAKE_SESSIONS_DIR (a directory) shares the sessions between
+// processes, as an agent that keeps them on disk: session/new writes a
+// file per session there (its IDs then name the process), and a load or
+// resume of a session another process made finds it (its history is
+// that process's own). A prompt containing "permission" sends session/request_permission
 // (options allow and reject) and waits for the answer, other messages being
 // handled meanwhile: "Permission granted (allow)." and end_turn, or the
 // stopReason cancelled for a cancelled outcome.
@@ -86,6 +91,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,6 +109,7 @@ type message struct {
 type agent struct {
 	mode     string
 	sessions int
+	shared   string // FAKE_SESSIONS_DIR: where the sessions are shared with other processes
 
 	smu   sync.Mutex                       // guards store, waits and asked
 	store map[string]*fakeSession          // FAKE_MODE=sessions: the sessions by ID
@@ -123,7 +130,7 @@ type agent struct {
 }
 
 func main() {
-	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
+	a := &agent{mode: os.Getenv("FAKE_MODE"), shared: os.Getenv("FAKE_SESSIONS_DIR"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
 		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{},
 		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE")}
 	if v := os.Getenv("FAKE_MODELS"); v != "" {
@@ -239,6 +246,9 @@ func (a *agent) handle(line []byte) {
 	case "session/new":
 		a.sessions++
 		sid := fmt.Sprintf("fake-%d", a.sessions)
+		if a.shared != "" {
+			sid = fmt.Sprintf("fake-%d-%d", os.Getpid(), a.sessions)
+		}
 		if a.mode == "sessions" {
 			var p struct {
 				Cwd string `json:"cwd"`
@@ -247,6 +257,11 @@ func (a *agent) handle(line []byte) {
 			a.smu.Lock()
 			a.store[sid] = &fakeSession{cwd: p.Cwd}
 			a.smu.Unlock()
+			if a.shared != "" {
+				if err := os.WriteFile(filepath.Join(a.shared, sid), []byte(p.Cwd), 0o600); err != nil {
+					fmt.Fprintln(os.Stderr, "fakeagent: FAKE_SESSIONS_DIR:", err)
+				}
+			}
 		}
 		a.result(m.ID, a.withModels(sid, map[string]any{"sessionId": sid}))
 	case "session/set_config_option", "session/set_model":
@@ -354,10 +369,12 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 		return
 	}
 	amounts := strings.Split(fields[0], ",")
-	currency, every, tokens := "USD", 100*time.Millisecond, ""
+	currency, every, tokens, cancelUsage := "USD", 100*time.Millisecond, "", false
 	for _, f := range fields[1:] {
 		k, v, _ := strings.Cut(f, "=")
 		switch k {
+		case "cancel":
+			cancelUsage = v == "usage"
 		case "currency":
 			currency = v
 		case "every":
@@ -372,6 +389,10 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 	}
 	if len(amounts) > 1000 {
 		amounts = amounts[:1000]
+	}
+	cancelled := `{"stopReason":"cancelled"}`
+	if tokens != "" && cancelUsage {
+		cancelled = `{"stopReason":"cancelled","usage":` + tokens + `}`
 	}
 	cancel := make(chan struct{})
 	a.cancelMu.Lock()
@@ -396,7 +417,7 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 			if i > 0 {
 				select {
 				case <-cancel:
-					a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"stopReason":"cancelled"}}`))
+					a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + cancelled + `}`))
 					return
 				case <-tick.C:
 				}
@@ -407,7 +428,7 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 		}
 		select { // a last chance to be cancelled after the last report
 		case <-cancel:
-			a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"stopReason":"cancelled"}}`))
+			a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + cancelled + `}`))
 			return
 		case <-time.After(every):
 		}
@@ -564,6 +585,13 @@ func (a *agent) handleSessions(m message) bool {
 	_ = json.Unmarshal(m.Params, &p)
 	a.smu.Lock()
 	s := a.store[p.SessionID]
+	if s == nil && a.shared != "" && m.Method != "session/delete" && filepath.Base(p.SessionID) == p.SessionID {
+		// Another process's session (FAKE_SESSIONS_DIR): known here from now on.
+		if cwd, err := os.ReadFile(filepath.Join(a.shared, p.SessionID)); err == nil {
+			s = &fakeSession{cwd: string(cwd)}
+			a.store[p.SessionID] = s
+		}
+	}
 	var history []map[string]any
 	if s != nil {
 		history = append(history, s.history...)
