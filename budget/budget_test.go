@@ -526,3 +526,40 @@ func TestLedgerCountsTheCurrencyNotItsLabel(t *testing.T) {
 		t.Errorf("an uncapped currency or a label reached the ledger: %+v", st[0].Spent.Cost)
 	}
 }
+
+// A reset forgives what the sessions reported but not yet stored, and
+// keeps their values: the same total reported again counts nothing.
+func TestLedgerResetKeepsSessionValues(t *testing.T) {
+	store := &flaky{Store: NewMemory()}
+	l, _, _ := newLedger(t, store, true, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 100}}})
+	report := func(total float64) {
+		e := cost("acme", "g1", "USD", 0)
+		e.Session.Key, e.Total = "k1", total
+		l.Observe(e)
+	}
+	store.setDown(true)
+	report(5)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		l.mu.Lock()
+		failed := l.storeErr != nil && len(l.pend) == 1
+		l.mu.Unlock()
+		if failed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the store's failure never seen")
+		}
+	}
+	store.setDown(false)
+	if err := l.Reset(context.Background(), "acme", "test"); err != nil {
+		t.Fatal(err)
+	}
+	report(5)
+	waitFlushed(t, l)
+	report(6)
+	waitFlushed(t, l)
+	st, err := l.Statuses(context.Background())
+	if err != nil || len(st) != 1 || st[0].Spent.Cost["USD"] != 1 {
+		t.Errorf("statuses: %+v %v; want 1 USD (6 over the 5 forgiven)", st, err)
+	}
+}

@@ -599,10 +599,25 @@ func (l *Ledger) Reset(ctx context.Context, tenant, by string) error {
 	}
 	key, _ := l.key(tenant, lim)
 	l.mu.Lock()
+	p := l.pend[key]
 	delete(l.pend, key) // what was on its way is part of what is forgiven
 	delete(l.exceeded, key)
 	l.mu.Unlock()
-	err := l.cfg.Store.Reset(ctx, key)
+	var err error
+	if p != nil && len(p.marks) > 0 {
+		// Its sessions' reports are forgiven too, but their values are
+		// kept: a later report counts only what it adds to them.
+		marks := make([]Mark, 0, len(p.marks))
+		for mk, total := range p.marks {
+			marks = append(marks, Mark{Session: mk.session, Currency: mk.currency, Total: total})
+		}
+		if _, err = l.cfg.Store.Add(ctx, key, Spent{}, marks, p.next); err == nil {
+			l.learn(tenant, marks)
+		}
+	}
+	if err == nil {
+		err = l.cfg.Store.Reset(ctx, key)
+	}
 	l.noteStore(err)
 	if err != nil {
 		return err
