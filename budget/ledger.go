@@ -200,7 +200,7 @@ func (l *Ledger) key(tenant string, lim Limits) (Key, time.Time) {
 
 // Wants takes the events that spend: cost reports and turns' ends.
 func (l *Ledger) Wants(k observe.Kind) bool {
-	return k == observe.CostReported || k == observe.TurnEnded
+	return k == observe.CostReported || k == observe.TurnEnded || k == observe.TokensReported
 }
 
 // Observe queues what e reports spent for the writer. It never blocks on
@@ -236,7 +236,7 @@ func (l *Ledger) Observe(e *observe.Event) {
 		// The store counts the increase over the session's kept value,
 		// whichever connection or replica loaded it.
 		mark = &Mark{Session: e.Session.Key, Currency: cur, Total: e.Total}
-	case observe.TurnEnded:
+	case observe.TurnEnded, observe.TokensReported:
 		add.Tokens = e.Tokens["input"] + e.Tokens["output"]
 		if add.Tokens <= 0 {
 			return

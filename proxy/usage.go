@@ -69,6 +69,27 @@ func (s *Session) turnTokens(raw []byte) map[string]int64 {
 	return tokens
 }
 
+// lateAnswer counts the usage of m, the answer to a prompt whose turn the
+// gateway ended without it (timed out, cancelled in the agent's place):
+// observe.TokensReported. false: no such prompt.
+func (r *agentReader) lateAnswer(id int64, m *jsonrpc.Message) bool {
+	s := r.l.takeLate(id)
+	if s == nil {
+		return false
+	}
+	if m.IsError {
+		return true
+	}
+	if f, ok := acp.Tagged(m, acp.LabelUsage); ok {
+		if tokens := s.turnTokens(m.Bytes(f)); len(tokens) > 0 {
+			s.meter.NoteTokens(tokens)
+			s.emit(&observe.Event{Kind: observe.TokensReported, Tokens: tokens})
+		}
+	}
+	r.l.p.Log().Debug("a prompt answered after the gateway ended its turn; its usage counted", "session", s.GatewayID)
+	return true
+}
+
 // meterTurn counts the end of req's turn, answered by m: its stop reason
 // and the usage it reports (req.turnEnded).
 func meterTurn(req *outReq, m *jsonrpc.Message) {

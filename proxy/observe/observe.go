@@ -59,6 +59,7 @@ const (
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
 	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
 	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
+	TokensReported                      // Tokens: what a turn's answer reported after the gateway had ended the turn (timed out, cancelled in the agent's place)
 )
 
 // SessionName is what happened to the session, for a session event:

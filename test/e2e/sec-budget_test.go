@@ -259,3 +259,31 @@ func TestSecBudgetKeptAcrossGateways(t *testing.T) {
 	secSpent(t, g1, "acme", "9 back on the first gateway", 0, 9)
 	secSpent(t, g2, "acme", "9 as the second gateway reads it", 0, 9)
 }
+
+// A turn the gateway ends because the agent did not answer in time
+// (timeouts.prompt) still counts the usage the agent's answer brings
+// after it, over each transport. At 99b340a that answer was dropped as
+// unknown and its tokens never counted.
+func TestSecBudgetTimedOutTurnCounts(t *testing.T) {
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			e := newBudgetEnv(t)
+			g := startGateway(t, gwOpts{config: secBudgetConfig(t, e, "timeouts: {prompt: 1s}\n", t.TempDir(),
+				map[string]string{"acme": "{tokens: 10000000, cost: {USD: 100}}"})})
+			p := tr.dial(t, g, e.tokens["acme"])
+			m, _ := subjCall(t, p, "session/new", "session/new", map[string]any{"cwd": e.roots["acme"], "mcpServers": []any{}})
+			sid := m.NewSessionID()
+			if sid == "" {
+				t.Fatalf("session/new: %s", m.Raw)
+			}
+			// Its second report would come after 3 s: the gateway answers
+			// for the agent first and cancels the turn; the agent's answer
+			// (cancelled, with its usage) comes after.
+			r := secPrompt(t, p, "a turn past timeouts.prompt", sid, "spend 1,2 every=3s tokens=400000,400000 cancel=usage")
+			if r.Error == nil || !strings.Contains(r.Error.Message, "did not answer session/prompt") {
+				t.Fatalf("a turn past timeouts.prompt: %s; want the gateway's timeout error", r.Raw)
+			}
+			secSpent(t, g, "acme", "after the timed-out turn", 800000, 1)
+		})
+	}
+}
