@@ -650,9 +650,13 @@ func (l *Ledger) Close(ctx context.Context) error {
 		l.pend = map[Key]*pending{}
 		l.mu.Unlock()
 		for key, p := range lost {
-			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", p.add.Tokens, "cost", p.add.Cost, "session_reports", len(p.marks))
+			spent := p.add.clone()
+			l.mu.Lock()
+			spent.add(l.estimate(key.Tenant, p.marks)) // the sessions' reports, as far as known
+			l.mu.Unlock()
+			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", spent.Tokens, "cost", spent.Cost)
 			if m := l.cfg.Metrics; m != nil {
-				m.lost(key.Tenant, p.add)
+				m.lost(key.Tenant, spent)
 			}
 		}
 	}

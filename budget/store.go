@@ -128,8 +128,8 @@ func overKept(kept float64, known bool, total float64) (inc, next float64) {
 }
 
 // keptKey names a session's kept value of a currency in a store: tenant,
-// session key and currency, NUL-separated (none of them holds a NUL
-// where it matters: a currency with one only names itself).
+// session key and currency, NUL-separated (tenant names and session keys
+// hold no NUL; the currency, last, may hold anything).
 func keptKey(tenant string, m Mark) string {
 	return tenant + "\x00" + m.Session + "\x00" + m.Currency
 }
