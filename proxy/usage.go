@@ -40,21 +40,22 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 		return // no cost reported
 	}
 	var inc float64
-	var live bool
+	var b usage.Budgeted
 	cur, label, amount, reject := usage.ParseCost(p.Update.Cost)
 	if reject == "" {
-		inc, live, reject = s.meter.NoteCost(cur, label, amount)
+		inc, b, reject = s.meter.NoteCost(cur, label, amount)
 	}
 	if reject != "" {
 		s.link.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
 		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
 		s.link.ag.obs.Observe(e)
 	}
-	if live {
+	if b.Live {
 		// Every live report, even one this meter counts as nothing (a
 		// loaded session's first, a decrease): a budget counts it against
 		// the value it keeps for the session, whichever process loaded it.
-		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label, Amount: inc, Total: amount}
+		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label,
+			Amount: inc, Total: amount, First: b.First, From: b.From}
 		s.link.ag.obs.Observe(e)
 	}
 }

@@ -51,7 +51,7 @@ const (
 	SessionLost                         // Reason: its agent process died
 	TurnStarted                         // Turn; Prompt (its content blocks as sent; nil: read them from Params); Params
 	Update                              // Turn (nil: between turns); UpdateKind; Params: the session/update's; First: the turn's first, Duration after it started
-	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase as this process metered it (0 for a loaded session's first report); Total: the agent's cumulative cost as reported. Every live report (not a replay's) that reads as an amount
+	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase as this process metered it (0 for a loaded session's first report); Total: the agent's cumulative cost as reported; First: the load's first live report of the currency (the session was loaded or resumed), From: what its increase counts from (usage.Budgeted). Every live report (not a replay's) that reads as an amount
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
@@ -100,6 +100,7 @@ type Event struct {
 	Unit       string             // the currency as metering names it, whatever the label (budgets cap it)
 	Amount     float64
 	Total      float64 // CostReported: the agent's cumulative amount
+	From       float64 // CostReported: what Total's increase counts from (usage.Budgeted.From)
 	Method     string
 	Path       string
 	Bytes      int

@@ -68,6 +68,30 @@ type Meter struct {
 	// loaded: the session came to this gateway by a load, so the first
 	// amount of a currency is a baseline, not an increase.
 	loaded bool
+	// own is the load's last report by currency as budgets count it (a
+	// decrease leaves it): what the load's next report counts from.
+	// reloaded: the session was loaded or resumed, so the load's first
+	// live report of a currency (none in own) is compared with the
+	// session's kept value (package budget).
+	own      map[string]float64
+	reloaded bool
+}
+
+// Budgeted is a live report as budgets take it (package budget): a
+// report that came outside a load's replay, from the agent's work since
+// the session exists, whatever this meter counted. A replay's report, or
+// one past MaxCurrencies, is not live.
+type Budgeted struct {
+	Live bool
+	// First: the first live report of its currency since the session was
+	// loaded or resumed; budgets compare it with the session's kept value
+	// (the agent's total may have started again from zero).
+	First bool
+	// From is what the report's increase counts from: the load's previous
+	// report (0 for a session made here and its first report); for a
+	// First one, the report itself. A report below it (not First) is a
+	// decrease: it counts nothing and leaves From where it was.
+	From float64
 }
 
 // Usage is the session's Usage so far (copies).
@@ -78,8 +102,16 @@ func (mt *Meter) Usage() Usage {
 }
 
 // ReplayStarted marks a load or resume of the session in flight: until
-// ReplayEnded, a cost report only sets the baseline.
-func (mt *Meter) ReplayStarted() { mt.replays.Add(1) }
+// ReplayEnded, a cost report only sets the baseline (and counts nothing
+// for budgets); the first live report of each currency after it is a
+// load's first (Budgeted.First).
+func (mt *Meter) ReplayStarted() {
+	mt.replays.Add(1)
+	mt.mu.Lock()
+	clear(mt.own)
+	mt.reloaded = true
+	mt.mu.Unlock()
+}
 
 // ReplayEnded undoes one ReplayStarted.
 func (mt *Meter) ReplayEnded() { mt.replays.Add(-1) }
@@ -114,30 +146,30 @@ func (mt *Meter) TurnCost() map[string]float64 {
 // (this process's metering), or why it counts nothing. label is cur's
 // label, what the session's sums go by.
 //
-// live says the report came outside a load's replay, from the agent's
-// work since the session exists: what a budget counts against the
-// session's kept value (package budget), whatever this meter counted. A
-// replay's report, or one past MaxCurrencies, is not live.
-func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, live bool, reject string) {
+// b is the report as budgets take it (Budgeted).
+func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, b Budgeted, reject string) {
 	replay := mt.replays.Load() > 0
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	last, known := mt.last[cur]
 	switch {
 	case !known && len(mt.last) >= MaxCurrencies:
-		return 0, false, RejectCurrencies
+		return 0, Budgeted{}, RejectCurrencies
 	case replay:
 		setMap(&mt.last, cur, amount)
-		return 0, false, ""
+		return 0, Budgeted{}, ""
+	}
+	b = mt.budgeted(cur, amount)
+	switch {
 	case !known && mt.loaded:
 		setMap(&mt.last, cur, amount)
-		return 0, true, ""
+		return 0, b, ""
 	case amount < last:
 		mt.last[cur] = amount // the agent's counter restarted
-		return 0, true, RejectDecreased
+		return 0, b, RejectDecreased
 	case amount-last > MaxCostIncrease:
 		setMap(&mt.last, cur, amount) // counted as nothing; the next report counts from here
-		return 0, true, RejectTooLarge
+		return 0, b, RejectTooLarge
 	}
 	setMap(&mt.last, cur, amount)
 	inc = amount - last
@@ -145,7 +177,23 @@ func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, live 
 		addMap(&mt.cost, label, inc)
 		addMap(&mt.turnCost, label, inc)
 	}
-	return inc, true, ""
+	return inc, b, ""
+}
+
+// budgeted is a live report of amount in cur as budgets take it, and
+// moves the load's own value (own) unless it is a decrease. Called with
+// mt.mu held.
+func (mt *Meter) budgeted(cur string, amount float64) Budgeted {
+	from, ok := mt.own[cur]
+	switch {
+	case !ok && mt.reloaded:
+		setMap(&mt.own, cur, amount)
+		return Budgeted{Live: true, First: true, From: amount}
+	case amount < from:
+		return Budgeted{Live: true, From: from}
+	}
+	setMap(&mt.own, cur, amount)
+	return Budgeted{Live: true, From: from}
 }
 
 // NoteTokens adds a turn's token counts to the session's.

@@ -118,30 +118,63 @@ func TestCostLiveReports(t *testing.T) {
 	var loaded Meter
 	loaded.Loaded()
 	loaded.ReplayStarted()
-	if inc, live, reject := loaded.NoteCost("USD", "USD", 3); inc != 0 || live || reject != "" {
-		t.Errorf("a replay's report: %v, live %v, %q; want 0, not live", inc, live, reject)
+	if inc, b, reject := loaded.NoteCost("USD", "USD", 3); inc != 0 || b.Live || reject != "" {
+		t.Errorf("a replay's report: %v, live %v, %q; want 0, not live", inc, b.Live, reject)
 	}
 	loaded.ReplayEnded()
 	for _, step := range []struct {
 		amount, inc float64
 		reject      string
 	}{{50, 47, ""}, {40, 0, RejectDecreased}, {40 + MaxCostIncrease*2, 0, RejectTooLarge}} {
-		inc, live, reject := loaded.NoteCost("USD", "USD", step.amount)
-		if inc != step.inc || !live || reject != step.reject {
-			t.Errorf("live report %v: %v, live %v, %q; want %v, live, %q", step.amount, inc, live, reject, step.inc, step.reject)
+		inc, b, reject := loaded.NoteCost("USD", "USD", step.amount)
+		if inc != step.inc || !b.Live || reject != step.reject {
+			t.Errorf("live report %v: %v, live %v, %q; want %v, live, %q", step.amount, inc, b.Live, reject, step.inc, step.reject)
 		}
 	}
 	var fresh Meter
 	fresh.Loaded()
-	if inc, live, reject := fresh.NoteCost("EUR", "EUR", 7); inc != 0 || !live || reject != "" {
-		t.Errorf("a loaded session's first report without a replay: %v, live %v, %q; want 0 here, live", inc, live, reject)
+	if inc, b, reject := fresh.NoteCost("EUR", "EUR", 7); inc != 0 || !b.Live || reject != "" {
+		t.Errorf("a loaded session's first report without a replay: %v, live %v, %q; want 0 here, live", inc, b.Live, reject)
 	}
 	for i := range MaxCurrencies - 1 {
 		fresh.NoteCost(string(rune('A'+i)), "x", 1)
 	}
-	if _, live, reject := fresh.NoteCost("Z", "Z", 1); live || reject != RejectCurrencies {
-		t.Errorf("a currency past the cap: live %v, %q; want not live, %q", live, reject, RejectCurrencies)
+	if _, b, reject := fresh.NoteCost("Z", "Z", 1); b.Live || reject != RejectCurrencies {
+		t.Errorf("a currency past the cap: live %v, %q; want not live, %q", b.Live, reject, RejectCurrencies)
 	}
+}
+
+// What budgets count a live report from: a session made here counts its
+// reports' increases from zero; after each load or resume (even of a
+// session live on this meter) the first live report of each currency is
+// First (budgets compare it with the session's kept value: the agent's
+// total may have started again from zero), a replay's report sets
+// nothing, and a decrease within a load leaves From where it was (7, 6,
+// 8 counts 8 from 7). At the branch's previous state a load's first
+// report was not told apart.
+func TestCostBudgetedFrom(t *testing.T) {
+	var mt Meter
+	check := func(step, cur string, amount float64, want Budgeted) {
+		t.Helper()
+		if _, b, _ := mt.NoteCost(cur, cur, amount); b != want {
+			t.Errorf("%s: %+v; want %+v", step, b, want)
+		}
+	}
+	check("a new session's first report", "USD", 3, Budgeted{Live: true, From: 0})
+	check("its second", "USD", 5, Budgeted{Live: true, From: 3})
+	mt.ReplayStarted()
+	check("a load's replay", "USD", 9, Budgeted{})
+	mt.ReplayEnded()
+	check("the load's first live report, restarted", "USD", 1, Budgeted{Live: true, First: true, From: 1})
+	check("the load's second", "USD", 7, Budgeted{Live: true, From: 1})
+	check("a decrease", "USD", 6, Budgeted{Live: true, From: 7})
+	check("back up", "USD", 8, Budgeted{Live: true, From: 7})
+	check("another currency's first since the load", "EUR", 2, Budgeted{Live: true, First: true, From: 2})
+	mt.Loaded()
+	mt.ReplayStarted()
+	mt.ReplayEnded()
+	check("the first after another load", "USD", 8, Budgeted{Live: true, First: true, From: 8})
+	check("then", "USD", 8.5, Budgeted{Live: true, From: 8})
 }
 
 func TestParseCost(t *testing.T) {
