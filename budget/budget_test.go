@@ -100,7 +100,7 @@ func TestFileSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Add(context.Background(), key, Spent{Tokens: 7, Cost: map[string]float64{"USD": 1.5}}, []Mark{{Session: "s1", Currency: "USD", Total: 2}}, next); err != nil {
+	if _, err := s.Add(context.Background(), key, Spent{Tokens: 7, Cost: map[string]float64{"USD": 1.5}}, []Mark{{Session: "s1", Currency: "USD", Total: 2}}, next); err != nil { // a new session's first report
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -114,27 +114,19 @@ func TestFileSurvivesRestart(t *testing.T) {
 	if got, err := s.Get(context.Background(), key); err != nil || got.Tokens != 7 || got.Cost["USD"] != 3.5 {
 		t.Errorf("after a restart: %+v %v (want 7 tokens, 1.5 + 2 USD)", got, err)
 	}
-	// The session's kept value survived too: the same total counts
-	// nothing, a higher one its increase.
+	// The session's kept value survived too: a load's first report of
+	// the same total counts nothing, a higher one its increase.
 	for _, step := range []struct{ total, want float64 }{{2, 3.5}, {2.5, 4}} {
-		got, err := s.Add(context.Background(), key, Spent{}, []Mark{{Session: "s1", Currency: "USD", Total: step.total}}, next)
+		got, err := s.Add(context.Background(), key, Spent{}, []Mark{{Session: "s1", Currency: "USD", First: true, From: step.total, Total: step.total}}, next)
 		if err != nil || got.Cost["USD"] != step.want {
 			t.Errorf("a report of %v after a restart: %+v %v, want %v USD", step.total, got, err, step.want)
 		}
 	}
 }
 
-// Each store keeps every agent session's last cumulative cost (finding 5
-// of the review at 99b340a: the first report after a load was a baseline
-// and counted nothing): a report counts its increase over the kept value
-// once, whoever sends it and however many at once; a decrease, a replica
-// sending the same total, a reset of the tenant's spend or a new period
-// never let a later report count twice; a session with no kept value
-// counts its first report in full; a jump past usage.MaxCostIncrease
-// counts nothing.
-func TestStoresKeepSessionCost(t *testing.T) {
-	redis := redistest.Start(t)
-	for name, open := range map[string]func(t *testing.T) Store{
+// storeOpeners open each kind of store, Redis on db.
+func storeOpeners(redis *redistest.Server, db int) map[string]func(t *testing.T) Store {
+	return map[string]func(t *testing.T) Store{
 		"memory": func(*testing.T) Store { return NewMemory() },
 		"file": func(t *testing.T) Store {
 			s, err := OpenStore("file:" + filepath.Join(t.TempDir(), "ledger.db"))
@@ -144,13 +136,37 @@ func TestStoresKeepSessionCost(t *testing.T) {
 			return s
 		},
 		"redis": func(t *testing.T) Store {
-			s, err := OpenStore(redis.URL(3))
+			s, err := OpenStore(redis.URL(db))
 			if err != nil {
 				t.Fatal(err)
 			}
 			return s
 		},
-	} {
+	}
+}
+
+// first is a load's first report of total in USD (session, currency).
+func first(session string, total float64) []Mark {
+	return []Mark{{Session: session, Currency: "USD", First: true, From: total, Total: total}}
+}
+
+// later is a later report of a load, total after from.
+func later(session string, from, total float64) []Mark {
+	return []Mark{{Session: session, Currency: "USD", From: from, Total: total}}
+}
+
+// Each store keeps every agent session's last counted cumulative cost
+// (finding 5 of the review at 99b340a: the first report after a load was
+// a baseline and counted nothing): a load's first report counts its
+// increase over the kept value once, whoever sends it and however many at
+// once; a later report of a load its increase over the load's previous
+// one; a decrease, a replica sending the same total, a reset of the
+// tenant's spend or a new period never let a later report count twice; a
+// session with no kept value counts its first report in full; a jump past
+// usage.MaxCostIncrease counts nothing.
+func TestStoresKeepSessionCost(t *testing.T) {
+	redis := redistest.Start(t)
+	for name, open := range storeOpeners(redis, 3) {
 		t.Run(name, func(t *testing.T) {
 			s := open(t)
 			defer s.Close()
@@ -165,50 +181,97 @@ func TestStoresKeepSessionCost(t *testing.T) {
 					t.Errorf("%s: %+v %v; want %v USD", step, got, err, want)
 				}
 			}
-			usd := func(session string, total float64) []Mark {
-				return []Mark{{Session: session, Currency: "USD", Total: total}}
-			}
-			spent("a new session's first report", usd("s1", 3), 3)
-			spent("a load's first report, 50", usd("s1", 50), 50)
-			spent("the same total from another load", usd("s1", 50), 50)
-			spent("a decrease", usd("s1", 40), 50)
-			spent("back up, under the highest", usd("s1", 45), 50)
-			spent("past the highest", usd("s1", 60), 60)
-			spent("a session with no kept value", usd("s2", 5), 65)
-			spent("a jump past any real cost", usd("s3", 2e9), 65)
-			spent("after the jump", usd("s3", 2e9+1), 66)
-			spent("two sessions, one call", append(usd("s1", 61), usd("s2", 7)...), 69)
+			spent("a new session's first report", later("s1", 0, 3), 3)
+			spent("a load's first report, 50", first("s1", 50), 50)
+			spent("the same total from another load", first("s1", 50), 50)
+			spent("a decrease", later("s1", 50, 40), 50)
+			spent("back up, past the load's last", later("s1", 50, 60), 60)
+			spent("a session with no kept value", first("s2", 5), 65)
+			spent("a jump past any real cost", first("s3", 2e9), 65)
+			spent("after the jump", later("s3", 2e9, 2e9+1), 66)
+			spent("two sessions, one call", append(later("s1", 60, 61), first("s2", 7)...), 69)
+			spent("one load's reports, one mark", []Mark{{Session: "s1", Currency: "USD", First: true, From: 61, Total: 64}}, 72)
 
-			var wg sync.WaitGroup // 20 replicas send one total at once
+			var wg sync.WaitGroup // 20 replicas' loads send one total at once
 			for range 20 {
 				wg.Go(func() {
-					if _, err := s.Add(ctx, key, Spent{}, usd("s4", 7), next); err != nil {
+					if _, err := s.Add(ctx, key, Spent{}, first("s4", 7), next); err != nil {
 						t.Error(err)
 					}
 				})
 			}
 			wg.Wait()
-			spent("after 20 concurrent reports of 7", nil, 76)
+			spent("after 20 concurrent first reports of 7", nil, 79)
 
 			if err := s.Reset(ctx, key); err != nil {
 				t.Fatal(err)
 			}
-			spent("a report already counted, after a reset", usd("s1", 61), 0)
+			spent("a report already counted, after a reset", first("s1", 64), 0)
 			tomorrow := Key{Tenant: tenant, Period: Day, Start: next}
-			got, err := s.Add(ctx, tomorrow, Spent{}, usd("s1", 62), next.AddDate(0, 0, 1))
+			got, err := s.Add(ctx, tomorrow, Spent{}, first("s1", 65), next.AddDate(0, 0, 1))
 			if err != nil || got.Cost["USD"] != 1 {
 				t.Errorf("the next period: %+v %v; want 1 USD (its increase only)", got, err)
 			}
 			other := Key{Tenant: "globex-" + name, Period: Day, Start: start}
-			if got, err := s.Add(ctx, other, Spent{}, usd("s1", 62), next); err != nil || got.Cost["USD"] != 62 {
-				t.Errorf("another tenant's session of the same key: %+v %v; want 62 USD (kept apart)", got, err)
+			if got, err := s.Add(ctx, other, Spent{}, first("s1", 65), next); err != nil || got.Cost["USD"] != 65 {
+				t.Errorf("another tenant's session of the same key: %+v %v; want 65 USD (kept apart)", got, err)
 			}
 		})
 	}
 }
 
-// Two gateways on one Redis keep one value per session: a total one sent
-// is counted once, the other's increase over it too.
+// The kept value is the session's last counted total, not its highest,
+// and a load's first report below it is a total that started again
+// (claude-agent-acp's SDK after session/load): with 5 kept, a load whose
+// first report is 1 counts 1 (kept as the highest, it counted nothing
+// until the load passed 5, so a client reloading before each cheap turn
+// spent for free), one whose first is 7 counts 2; within one load 7, 6, 8
+// counts 1 at 8 (the decrease moves nothing). A later report counts over
+// its load's previous one, whatever another load did to the kept value
+// (two processes running one session each spend).
+func TestStoresRestartedTotal(t *testing.T) {
+	redis := redistest.Start(t)
+	for name, open := range storeOpeners(redis, 5) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t)
+			defer s.Close()
+			ctx := context.Background()
+			start, next := Day.Bounds(time.Now())
+			key := Key{Tenant: "acme-" + name, Period: Day, Start: start}
+			total := 0.0
+			spent := func(step string, marks []Mark, inc float64) {
+				t.Helper()
+				total += inc
+				got, err := s.Add(ctx, key, Spent{}, marks, next)
+				if err != nil || math.Abs(got.Cost["USD"]-total) > 1e-9 {
+					t.Errorf("%s: %+v %v; want %v USD (%v more)", step, got, err, total, inc)
+				}
+			}
+			spent("a: a new session reports 5", later("a", 0, 5), 5)
+			spent("a: a load's first report, 1 (restarted)", first("a", 1), 1)
+			spent("a: another load's first, 1 again", first("a", 1), 0)
+			spent("a: a cheaper turn after a reload, 0.5", first("a", 0.5), 0.5)
+
+			spent("b: a new session reports 5", later("b", 0, 5), 5)
+			spent("b: a load's first report, 7", first("b", 7), 2)
+			spent("b: 6 in the same load", later("b", 7, 6), 0)
+			spent("b: 8 in the same load", later("b", 7, 8), 1)
+
+			// Two processes, one session: c's load p reports 10; q loads
+			// it, its total restarted at 1; p's next report (12) counts
+			// its own 2, not 11; q's (4) its own 3.
+			spent("c: p reports 10", later("c", 0, 10), 10)
+			spent("c: q loads, first report 1", first("c", 1), 1)
+			spent("c: p reports 12", later("c", 10, 12), 2)
+			spent("c: q reports 4", later("c", 1, 4), 3)
+			spent("c: another load's first, 5", first("c", 5), 1)
+		})
+	}
+}
+
+// Two gateways on one Redis keep one value per session: a load's first
+// report of a total the other sent is counted once, its increase over it
+// too, and one below it in full (a total that started again).
 func TestRedisKeptSharedByReplicas(t *testing.T) {
 	redis := redistest.Start(t)
 	a, err := OpenStore(redis.URL(4))
@@ -227,8 +290,10 @@ func TestRedisKeptSharedByReplicas(t *testing.T) {
 	for _, step := range []struct {
 		s           Store
 		total, want float64
-	}{{a, 3, 3}, {b, 3, 3}, {b, 50, 50}, {a, 50, 50}, {a, 40, 50}, {b, 500, 500}} {
-		got, err := step.s.Add(ctx, key, Spent{}, []Mark{{Session: "s", Currency: "USD", Total: step.total}}, next)
+	}{{a, 3, 3}, {b, 3, 3}, {b, 50, 50}, {a, 50, 50}, {a, 40, 90}, {b, 500, 550}} {
+		// Each a load's first report: below the kept value (40 after 50), a
+		// total that started again counts in full.
+		got, err := step.s.Add(ctx, key, Spent{}, first("s", step.total), next)
 		if err != nil || got.Cost["USD"] != step.want {
 			t.Errorf("a report of %v: %+v %v; want %v USD", step.total, got, err, step.want)
 		}
@@ -242,20 +307,21 @@ func TestRedisKeptSharedByReplicas(t *testing.T) {
 // nothing.
 func TestLedgerCountsLoadedReports(t *testing.T) {
 	l, _, _ := newLedger(t, NewMemory(), false, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 100}}})
-	report := func(total, metered float64) {
+	report := func(total, metered float64, first bool, from float64) {
 		e := cost("acme", "g1", "USD", metered)
-		e.Session.Key, e.Total = "k1", total
+		e.Session.Key, e.Total, e.First, e.From = "k1", total, first, from
 		l.Observe(e)
 	}
-	report(3, 3)
+	report(3, 3, false, 0)
 	waitFlushed(t, l)
-	report(50, 0) // a load's first report
+	report(50, 0, true, 50) // a load's first report
 	if r := l.Prompt(prompt("acme")); r != nil {
 		t.Fatalf("under the cap: %+v", r)
 	}
 	waitFlushed(t, l)
-	report(50, 0) // another load, the same total
-	report(120, 70)
+	report(50, 0, true, 50)  // another load, the same total
+	report(40, 0, false, 50) // a decrease: nothing
+	report(120, 70, false, 50)
 	if r := l.Prompt(prompt("acme")); r == nil || r.Code != CodeExhausted {
 		t.Errorf("past the cap, the report not flushed yet: %+v", r)
 	}
@@ -532,9 +598,9 @@ func TestLedgerCountsTheCurrencyNotItsLabel(t *testing.T) {
 func TestLedgerResetKeepsSessionValues(t *testing.T) {
 	store := &flaky{Store: NewMemory()}
 	l, _, _ := newLedger(t, store, true, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 100}}})
-	report := func(total float64) {
+	report := func(total float64) { // each a load's first
 		e := cost("acme", "g1", "USD", 0)
-		e.Session.Key, e.Total = "k1", total
+		e.Session.Key, e.Total, e.First, e.From = "k1", total, true, total
 		l.Observe(e)
 	}
 	store.setDown(true)
@@ -561,5 +627,47 @@ func TestLedgerResetKeepsSessionValues(t *testing.T) {
 	st, err := l.Statuses(context.Background())
 	if err != nil || len(st) != 1 || st[0].Spent.Cost["USD"] != 1 {
 		t.Errorf("statuses: %+v %v; want 1 USD (6 over the 5 forgiven)", st, err)
+	}
+}
+
+// Reports that wait together for the store (it failed meanwhile) keep
+// their loads apart: a load's reports make one mark, a load's first
+// report starts another, so a batch counts what the reports one by one
+// would. A session's reports 5; a load restarts at 1, then 3; another at
+// 2, then 4: 5 + 1 + 2 + 2 + 2 = 12 (merged as the highest, 5).
+func TestLedgerBatchesLoads(t *testing.T) {
+	store := &flaky{Store: NewMemory()}
+	l, _, _ := newLedger(t, store, true, map[string]Limits{"acme": {Cost: map[string]float64{"USD": 100}}})
+	store.setDown(true)
+	for _, r := range []struct {
+		first       bool
+		from, total float64
+	}{{false, 0, 5}, {true, 1, 1}, {false, 1, 3}, {false, 3, 2}, {true, 2, 2}, {false, 2, 4}} {
+		e := cost("acme", "g1", "USD", 0)
+		e.Session.Key, e.Total, e.First, e.From = "k1", r.total, r.first, r.from
+		l.Observe(e)
+	}
+	start, _ := Day.Bounds(time.Now())
+	key := Key{Tenant: "acme", Period: Day, Start: start}
+	var est Spent
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) { // the writer may hold them a moment
+		l.mu.Lock()
+		p := l.pend[key]
+		if p != nil {
+			est = l.estimate("acme", p.marks)
+		}
+		l.mu.Unlock()
+		if p != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if est.Cost["USD"] != 12 {
+		t.Errorf("what the pending reports are estimated to add: %v; want 12", est.Cost)
+	}
+	store.setDown(false)
+	waitFlushed(t, l)
+	st, err := l.Statuses(context.Background())
+	if err != nil || len(st) != 1 || st[0].Spent.Cost["USD"] != 12 {
+		t.Errorf("statuses: %+v %v; want 12 USD", st, err)
 	}
 }

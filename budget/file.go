@@ -99,8 +99,9 @@ func (f *File) Add(_ context.Context, key Key, add Spent, marks []Mark, next tim
 	return e.Spent, nil
 }
 
-// addMarks adds to s each mark's increase over its session's kept value in
-// b, and keeps the new value (overKept), in the caller's transaction.
+// addMarks adds to s what each mark counts against its session's kept
+// value in b, and keeps the new value (counted), in the caller's
+// transaction.
 func addMarks(b *bolt.Bucket, tenant string, marks []Mark, s *Spent) error {
 	now := time.Now()
 	for _, mk := range marks {
@@ -112,8 +113,11 @@ func addMarks(b *bolt.Bucket, tenant string, marks []Mark, s *Spent) error {
 				return fmt.Errorf("kept value %q: %w", k, err)
 			}
 		}
-		inc, next := overKept(was.Total, v != nil, mk.Total)
-		nv, err := json.Marshal(keptValue{Total: next, Seen: now})
+		inc, keep := counted(was.Total, v != nil, mk)
+		if !keep {
+			continue
+		}
+		nv, err := json.Marshal(keptValue{Total: mk.Total, Seen: now})
 		if err != nil {
 			return err
 		}

@@ -100,14 +100,22 @@ const maxPendingSessions = 1024
 // reported it.
 type pending struct {
 	add Spent
-	// marks: the highest cumulative cost each agent session reported
-	// live, by session key and currency (bounded by the sessions there
-	// are: a session tracks at most usage.MaxCurrencies). The store counts
-	// their increase over its kept values.
-	marks    map[markKey]float64
+	// marks: the agent sessions' live reports, in order: a report that
+	// continues the last mark of its session and currency (not a load's
+	// first, From its Total) extends it, so there is a mark per load (at
+	// most maxPendingMarks). The store counts them against its kept
+	// values (counted).
+	marks    []Mark
+	last     map[markKey]int // the index in marks of each session's last mark
 	next     time.Time
 	sessions map[string]struct{}
 }
+
+// maxPendingMarks bounds the marks a pending addition holds (a mark per
+// load of a session: a store that fails while clients reload their
+// sessions would make them pile up); past it, a report counts the most
+// it may (counted with no kept value) and keeps no value.
+const maxPendingMarks = 4096
 
 // markKey is an agent session (its observe.Session.Key) and a currency.
 type markKey struct{ session, currency string }
@@ -233,9 +241,12 @@ func (l *Ledger) Observe(e *observe.Event) {
 			add.Cost = map[string]float64{cur: e.Amount}
 			break
 		}
-		// The store counts the increase over the session's kept value,
+		if !e.First && e.Total < e.From {
+			return // a decrease within its load: counts nothing, changes nothing
+		}
+		// The store counts it against the session's kept value,
 		// whichever connection or replica loaded it.
-		mark = &Mark{Session: e.Session.Key, Currency: cur, Total: e.Total}
+		mark = &Mark{Session: e.Session.Key, Currency: cur, First: e.First, From: e.From, Total: e.Total}
 	case observe.TurnEnded, observe.TokensReported:
 		add.Tokens = e.Tokens["input"] + e.Tokens["output"]
 		if add.Tokens <= 0 {
@@ -253,7 +264,7 @@ func (l *Ledger) Observe(e *observe.Event) {
 	}
 	p.add.add(add)
 	if mark != nil {
-		p.mark(markKey{mark.Session, mark.Currency}, mark.Total)
+		p.mark(*mark)
 	}
 	if e.Kind == observe.CostReported && e.Turn != nil && len(p.sessions) < maxPendingSessions {
 		p.sessions[e.Session.ID] = struct{}{} // a running turn: cancelled once past a cap
@@ -405,10 +416,7 @@ func (l *Ledger) flush(ctx context.Context) bool {
 			l.landed(key)
 			continue
 		}
-		marks := make([]Mark, 0, len(p.marks))
-		for mk, total := range p.marks {
-			marks = append(marks, Mark{Session: mk.session, Currency: mk.currency, Total: total})
-		}
+		marks := p.marks
 		l.mu.Lock()
 		l.gen[key]++ // odd: adding
 		l.mu.Unlock()
@@ -426,15 +434,25 @@ func (l *Ledger) flush(ctx context.Context) bool {
 	return ok
 }
 
-// mark notes a live report of session k's cumulative cost: the highest
-// one of a batch is what counts (a lower one would count nothing after it).
-func (p *pending) mark(k markKey, total float64) {
-	if p.marks == nil {
-		p.marks = map[markKey]float64{}
+// mark notes a live report of a session's cumulative cost: it extends
+// the session's last mark if it continues it (counted gives the same),
+// else it is a mark of its own.
+func (p *pending) mark(m Mark) {
+	k := markKey{m.Session, m.Currency}
+	if i, ok := p.last[k]; ok && !m.First && m.From == p.marks[i].Total {
+		p.marks[i].Total = m.Total
+		return
 	}
-	if was, ok := p.marks[k]; !ok || total > was {
-		p.marks[k] = total
+	if len(p.marks) >= maxPendingMarks {
+		inc, _ := counted(0, false, m)
+		p.add.addCost(m.Currency, inc)
+		return
 	}
+	if p.last == nil {
+		p.last = map[markKey]int{}
+	}
+	p.last[k] = len(p.marks)
+	p.marks = append(p.marks, m)
 }
 
 // keptRef is a tenant's session's kept value of a currency.
@@ -445,19 +463,32 @@ type keptRef struct {
 
 // estimate is what marks of tenant's sessions add once in the store, as
 // far as the ledger knows the store's kept values: a session it knows
-// none of counts in full, on the safe side (a prompt at the cap refused a
-// moment early, until the store has them). Called with l.mu held.
-func (l *Ledger) estimate(tenant string, marks map[markKey]float64) Spent {
+// none of counts its load's first report in full, on the safe side (a
+// prompt at the cap refused a moment early, until the store has them).
+// Called with l.mu held.
+func (l *Ledger) estimate(tenant string, marks []Mark) Spent {
 	var s Spent
-	for mk, total := range marks {
-		kept, known := l.kept[keptRef{tenant, mk}]
-		inc, _ := overKept(kept, known, total)
-		s.addCost(mk.currency, inc)
+	var moved map[markKey]float64 // kept values the marks before moved
+	for _, mk := range marks {
+		k := markKey{mk.Session, mk.Currency}
+		kept, known := moved[k]
+		if !known {
+			kept, known = l.kept[keptRef{tenant, k}]
+		}
+		inc, keep := counted(kept, known, mk)
+		s.addCost(mk.Currency, inc)
+		if keep {
+			if moved == nil {
+				moved = map[markKey]float64{}
+			}
+			moved[k] = mk.Total
+		}
 	}
 	return s
 }
 
-// learn notes the kept values marks left in the store: at least theirs.
+// learn notes the kept values marks left in the store (another replica
+// may have moved them since).
 func (l *Ledger) learn(tenant string, marks []Mark) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -465,9 +496,8 @@ func (l *Ledger) learn(tenant string, marks []Mark) {
 		clear(l.kept)
 	}
 	for _, mk := range marks {
-		r := keptRef{tenant, markKey{mk.Session, mk.Currency}}
-		if was, ok := l.kept[r]; !ok || mk.Total > was {
-			l.kept[r] = mk.Total
+		if mk.Total >= mk.From {
+			l.kept[keptRef{tenant, markKey{mk.Session, mk.Currency}}] = mk.Total
 		}
 	}
 }
@@ -498,8 +528,8 @@ func (l *Ledger) requeue(key Key, p *pending) {
 	}
 	if q := l.pend[key]; q != nil {
 		p.add.add(q.add)
-		for mk, total := range q.marks {
-			p.mark(mk, total)
+		for _, mk := range q.marks {
+			p.mark(mk)
 		}
 		for s := range q.sessions {
 			if len(p.sessions) < maxPendingSessions {
@@ -607,12 +637,8 @@ func (l *Ledger) Reset(ctx context.Context, tenant, by string) error {
 	if p != nil && len(p.marks) > 0 {
 		// Its sessions' reports are forgiven too, but their values are
 		// kept: a later report counts only what it adds to them.
-		marks := make([]Mark, 0, len(p.marks))
-		for mk, total := range p.marks {
-			marks = append(marks, Mark{Session: mk.session, Currency: mk.currency, Total: total})
-		}
-		if _, err = l.cfg.Store.Add(ctx, key, Spent{}, marks, p.next); err == nil {
-			l.learn(tenant, marks)
+		if _, err = l.cfg.Store.Add(ctx, key, Spent{}, p.marks, p.next); err == nil {
+			l.learn(tenant, p.marks)
 		}
 	}
 	if err == nil {

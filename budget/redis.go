@@ -90,8 +90,8 @@ func redisKeptKey(tenant, session string) string {
 // hash, KEYS[2:] each mark's kept-value hash; ARGV: tokens, the ledger's
 // expiry (unix seconds), the kept values' lifetime (seconds), the largest
 // increase one report may count, the number of cost additions, then each
-// addition (currency, amount) and each mark (currency, total). A mark's
-// rule is overKept's.
+// addition (currency, amount) and each mark (currency, "1" if First else
+// "0", From, Total). A mark's rule is counted's.
 var addScript = redis.NewScript(`
 local k = KEYS[1]
 if ARGV[1] ~= "0" then redis.call("HINCRBY", k, "tokens", ARGV[1]) end
@@ -102,23 +102,22 @@ for _ = 1, tonumber(ARGV[5]) do
   i = i + 2
 end
 for j = 2, #KEYS do
-  local cur, total = ARGV[i], tonumber(ARGV[i + 1])
-  local was = redis.call("HGET", KEYS[j], cur)
-  local inc, keep = 0, true
-  if was then
-    local kept = tonumber(was)
-    if total <= kept then
-      keep = false
-    elseif total - kept <= maxinc then
-      inc = total - kept
+  local cur, first, from, total = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  if total >= from then
+    local inc = total
+    if first == "0" then
+      inc = total - from
+    else
+      local was = redis.call("HGET", KEYS[j], cur)
+      if was and from >= tonumber(was) then inc = total - tonumber(was) end
     end
-  elseif total <= maxinc then
-    inc = total
+    if inc > 0 and inc <= maxinc then
+      redis.call("HINCRBYFLOAT", k, "cost:" .. cur, string.format("%.17g", inc))
+    end
+    redis.call("HSET", KEYS[j], cur, ARGV[i + 3])
+    redis.call("EXPIRE", KEYS[j], ARGV[3])
   end
-  if inc > 0 then redis.call("HINCRBYFLOAT", k, "cost:" .. cur, string.format("%.17g", inc)) end
-  if keep then redis.call("HSET", KEYS[j], cur, ARGV[i + 1]) end
-  redis.call("EXPIRE", KEYS[j], ARGV[3])
-  i = i + 2
+  i = i + 4
 end
 redis.call("EXPIREAT", k, ARGV[2])
 return redis.call("HGETALL", k)
@@ -139,7 +138,11 @@ func (r *Redis) Add(ctx context.Context, key Key, add Spent, marks []Mark, next 
 	args = append(append(args, len(costs)/2), costs...)
 	for _, mk := range marks {
 		keys = append(keys, redisKeptKey(key.Tenant, mk.Session))
-		args = append(args, mk.Currency, strconv.FormatFloat(mk.Total, 'g', -1, 64))
+		first := "0"
+		if mk.First {
+			first = "1"
+		}
+		args = append(args, mk.Currency, first, strconv.FormatFloat(mk.From, 'g', -1, 64), strconv.FormatFloat(mk.Total, 'g', -1, 64))
 	}
 	flat, err := addScript.Run(ctx, r.client, keys, args...).StringSlice()
 	if err != nil {

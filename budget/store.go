@@ -97,34 +97,57 @@ func (s Spent) clone() Spent {
 	return Spent{Tokens: s.Tokens, Cost: maps.Clone(s.Cost)}
 }
 
-// Mark is a live report of an agent session's cumulative cost in a
-// currency (observe.CostReported's Total): what a store counts against the
-// value it keeps for the session (overKept).
+// Mark is one load's live reports of an agent session's cumulative cost
+// in a currency (observe.CostReported), From to Total, in order: what a
+// store counts against the value it keeps for the session (counted).
 type Mark struct {
 	Session  string // the agent session's observe.Session.Key
 	Currency string
-	Total    float64
+	// First: the mark starts with its load's first live report (the
+	// session was loaded or resumed), whose total is From. Else From is
+	// the load's report before the mark's first (0 for a session made on
+	// this gateway process and not loaded since).
+	First bool
+	From  float64
+	Total float64 // the last report's total
 }
 
-// overKept is the rule every store applies to a mark, in the same atomic
-// step as the addition: the increase of total over the value kept for the
-// session (known false: none kept) counts, and the kept value becomes the
-// highest one reported. A decrease counts nothing and leaves the kept value
-// (a report below it never counts twice what was counted); a jump past
-// usage.MaxCostIncrease counts nothing and moves it (as the meter does).
-// With no kept value (a session not seen since before kept values, or idle
-// past keepPeriods) the first live report counts in full: the safe side.
-func overKept(kept float64, known bool, total float64) (inc, next float64) {
-	if !known {
-		kept = 0
-	}
+// counted is the rule every store applies to a mark, in the same atomic
+// step as the addition; kept is the session's kept value (known false:
+// none), the session's last counted total. keep says the kept value
+// becomes the mark's Total.
+//
+//   - A load's first report below the kept value: the agent's total
+//     started again from zero (claude-agent-acp's SDK after session/load),
+//     so it counts in full. At or above it: its increase over it (the same
+//     total reported by two loads counts once). With no kept value (a
+//     session last seen before kept values, or idle past keepPeriods): in
+//     full, the safe side.
+//   - A later report of the load counts its increase over the load's
+//     previous report, whatever another load did to the kept value
+//     meanwhile: two processes running one session each spend (counting
+//     over the kept value would count this load's earlier reports again
+//     when another load's restarted total lowered it, or nothing of this
+//     load's spend when another load raised it).
+//   - A decrease within a load (Total below From) counts nothing and
+//     changes nothing; the meter sends none, this is the store's guard.
+//   - More than usage.MaxCostIncrease at once counts nothing, and moves
+//     the kept value (as the meter does).
+func counted(kept float64, known bool, m Mark) (inc float64, keep bool) {
 	switch {
-	case known && total <= kept:
-		return 0, kept
-	case total-kept > usage.MaxCostIncrease:
-		return 0, total
+	case m.Total < m.From:
+		return 0, false
+	case !m.First:
+		inc = m.Total - m.From
+	case known && m.From >= kept:
+		inc = m.Total - kept
+	default:
+		inc = m.Total
 	}
-	return total - kept, total
+	if inc > usage.MaxCostIncrease {
+		inc = 0
+	}
+	return inc, true
 }
 
 // keptKey names a session's kept value of a currency in a store: tenant,
@@ -134,20 +157,19 @@ func keptKey(tenant string, m Mark) string {
 	return tenant + "\x00" + m.Session + "\x00" + m.Currency
 }
 
-// Store keeps ledgers, and the last cumulative cost of each agent session
-// that reported one (its kept value, per currency, for keepPeriods after
-// its last report, whatever the period). Each Add is atomic: two replicas
-// adding to one key at once both count, and two marks of one session at
-// once count its increase once.
+// Store keeps ledgers, and the last counted cumulative cost of each agent
+// session that reported one (its kept value, per currency, for
+// keepPeriods after its last report, whatever the period). Each Add is
+// atomic: two replicas adding to one key at once both count, and two
+// loads' first reports of one total at once count it once.
 type Store interface {
 	// Name says where the ledger is, for errors and logs (never a
 	// password).
 	Name() string
 	// Get is what key holds (zero: nothing yet).
 	Get(ctx context.Context, key Key) (Spent, error)
-	// Add adds s to key, and each mark's increase over the session's kept
-	// value (overKept, the session being key.Tenant's), and returns what
-	// key holds then. next is when the key's period ends: a store may
+	// Add adds s to key, and what each mark counts (counted, in order,
+	// the session being key.Tenant's), and returns what key holds then. next is when the key's period ends: a store may
 	// forget the key some time after.
 	Add(ctx context.Context, key Key, s Spent, marks []Mark, next time.Time) (Spent, error)
 	// Reset forgets what key holds.
@@ -238,8 +260,10 @@ func (s *Memory) Add(_ context.Context, key Key, add Spent, marks []Mark, _ time
 	for _, mk := range marks {
 		k := keptKey(key.Tenant, mk)
 		was, known := s.kept[k]
-		inc, next := overKept(was.Total, known, mk.Total)
-		s.kept[k] = keptValue{Total: next, Seen: now}
+		inc, keep := counted(was.Total, known, mk)
+		if keep {
+			s.kept[k] = keptValue{Total: mk.Total, Seen: now}
+		}
 		cur.addCost(mk.Currency, inc)
 	}
 	if now.Sub(s.pruned) > pruneEvery {
