@@ -287,3 +287,69 @@ func TestSecBudgetTimedOutTurnCounts(t *testing.T) {
 		})
 	}
 }
+
+// Reload before each turn, with an agent whose total starts again from
+// zero at each load (claude-agent-acp: its SDK's total_cost_usd, a new
+// query after session/load; the fake agent's "total=load"), over each
+// transport: every turn counts. A session's turn costs 6; a new
+// connection loads it and its turn costs 2 (the agent reports 2); the same
+// connection loads it again and its turn reports 0.5 then 1; a third
+// loads it for 0.75, a fourth for 0.5, which crosses the cap of 10 (the
+// turn is cancelled at 10.25), and a fifth is refused. With the kept
+// value the highest total (the branch before) every report after the
+// first counted nothing, below 6; at 99b340a a load's first report was a
+// baseline.
+func TestSecBudgetRestartedTotalCountsEachTurn(t *testing.T) {
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			e := newBudgetEnv(t)
+			g := startGateway(t, gwOpts{config: secBudgetConfig(t, e, "", t.TempDir(),
+				map[string]string{"acme": "{cost: {USD: 10}}"})})
+			cwd := e.roots["acme"]
+			p := tr.dial(t, g, e.tokens["acme"])
+			m, _ := subjCall(t, p, "session/new", "session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
+			sid := m.NewSessionID()
+			if sid == "" {
+				t.Fatalf("session/new: %s", m.Raw)
+			}
+			turn := func(p subjPeer, what, text string) {
+				t.Helper()
+				if r := secPrompt(t, p, what, sid, text); stopReason(t, r) != "end_turn" {
+					t.Fatalf("%s: %s", what, r.Raw)
+				}
+			}
+			turn(p, "the first turn", "spend 6 every=1ms total=load")
+			secSpent(t, g, "acme", "the first turn", 0, 6)
+
+			p2 := tr.dial(t, g, e.tokens["acme"])
+			secLoad(t, p2, "a second connection", sid, cwd)
+			turn(p2, "a turn of 2 after a load", "spend 2 every=1ms total=load")
+			secSpent(t, g, "acme", "a turn of 2 after a load", 0, 8)
+
+			secLoad(t, p2, "the second connection again", sid, cwd)
+			turn(p2, "a turn of 1 after a load on the same connection", "spend 0.5,1 every=1ms total=load")
+			secSpent(t, g, "acme", "a turn of 1 after a load on the same connection", 0, 9)
+
+			p3 := tr.dial(t, g, e.tokens["acme"])
+			secLoad(t, p3, "a third connection", sid, cwd)
+			turn(p3, "a turn of 0.75 after a load", "spend 0.75 every=1ms total=load")
+			secSpent(t, g, "acme", "a turn of 0.75 after a load", 0, 9.75)
+
+			// Its report crosses the cap: the turn waits (every=10s) and
+			// is cancelled, saying why.
+			p4 := tr.dial(t, g, e.tokens["acme"])
+			secLoad(t, p4, "a fourth connection", sid, cwd)
+			if r := secPrompt(t, p4, "a turn of 0.5 after a load", sid, "spend 0.5 every=10s total=load"); stopReason(t, r) != "cancelled" ||
+				!strings.Contains(string(r.Result), `"budget":{"tenant":"acme","period":"day","unit":"USD","spent":10.25,"limit":10`) {
+				t.Fatalf("a turn of 0.5 after a load: %s; want it cancelled at 10.25 of 10 USD", r.Raw)
+			}
+			secSpent(t, g, "acme", "a turn of 0.5 after a load", 0, 10.25)
+
+			p5 := tr.dial(t, g, e.tokens["acme"])
+			secLoad(t, p5, "a fifth connection", sid, cwd)
+			r := secPrompt(t, p5, "a turn after the cap", sid, "spend 0.1 every=1ms total=load")
+			refusedForBudget(t, r, "budget for tenant acme exhausted: 10.25 of 10.00 USD this day",
+				budgetData{Tenant: "acme", Period: "day", Unit: "USD", Spent: 10.25, Limit: 10})
+		})
+	}
+}

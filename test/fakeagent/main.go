@@ -46,7 +46,13 @@
 // apart), then ends the turn with usage {inputTokens: IN, outputTokens:
 // OUT} (written as they are too); a session/cancel meanwhile ends it at
 // once, stopReason "cancelled" (with "cancel=usage", its answer carries
-// that usage too, as an agent reporting what a cancelled turn used). Every prompt is logged to stderr as
+// that usage too, as an agent reporting what a cancelled turn used). With
+// "total=load" the amounts are the turn's own cost so far, and each report
+// is the session's running total in this process plus it, as
+// claude-agent-acp reports its SDK's total_cost_usd: the turn's last amount
+// is added to it at the turn's end (cancelled too), and a session/new,
+// session/load or session/resume starts it again from zero (a new SDK
+// query). Every prompt is logged to stderr as
 // "fakeagent: prompt <session> <text>" (for tests that check a prompt
 // never reached the agent).
 // Requests for other methods get -32601; notifications and
@@ -118,6 +124,7 @@ type agent struct {
 
 	cancelMu sync.Mutex
 	cancels  map[string]chan struct{} // running spend turns, by session
+	running  map[string]float64       // spend total=load: each session's running total since its new, load or resume (guarded by cancelMu)
 
 	mu  sync.Mutex // guards out: silent turns answer from goroutines of their own
 	out *bufio.Writer
@@ -369,12 +376,14 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 		return
 	}
 	amounts := strings.Split(fields[0], ",")
-	currency, every, tokens, cancelUsage := "USD", 100*time.Millisecond, "", false
+	currency, every, tokens, cancelUsage, running := "USD", 100*time.Millisecond, "", false, false
 	for _, f := range fields[1:] {
 		k, v, _ := strings.Cut(f, "=")
 		switch k {
 		case "cancel":
 			cancelUsage = v == "usage"
+		case "total":
+			running = v == "load"
 		case "currency":
 			currency = v
 		case "every":
@@ -400,7 +409,19 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 		a.cancels = map[string]chan struct{}{}
 	}
 	a.cancels[sid] = cancel
+	base := a.running[sid]
 	a.cancelMu.Unlock()
+	if running { // the running total plus the turn's own cost so far
+		for i, amount := range amounts {
+			v, err := strconv.ParseFloat(amount, 64)
+			if err != nil {
+				a.fail(id, -32602, "spend total=load: amount "+amount+" is not a number")
+				return
+			}
+			amounts[i] = strconv.FormatFloat(base+v, 'g', -1, 64)
+		}
+	}
+	last := "" // the last amount reported
 	sidJSON, _ := json.Marshal(sid)
 	curJSON, _ := json.Marshal(currency)
 	go func() {
@@ -408,6 +429,12 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 			a.cancelMu.Lock()
 			if a.cancels[sid] == cancel {
 				delete(a.cancels, sid)
+			}
+			if v, err := strconv.ParseFloat(last, 64); running && err == nil {
+				if a.running == nil {
+					a.running = map[string]float64{}
+				}
+				a.running[sid] = v
 			}
 			a.cancelMu.Unlock()
 		}()
@@ -425,6 +452,7 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 			a.writeLine([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
 				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":{"amount":` + amount +
 				`,"currency":` + string(curJSON) + `}}}}`))
+			last = amount
 		}
 		select { // a last chance to be cancelled after the last report
 		case <-cancel:
@@ -604,6 +632,9 @@ func (a *agent) handleSessions(m message) bool {
 		a.fail(m.ID, -32002, "session not found: "+p.SessionID)
 		return true
 	}
+	if m.Method == "session/load" || m.Method == "session/resume" {
+		a.restartTotal(p.SessionID)
+	}
 	if m.Method == "session/load" {
 		for _, u := range history {
 			a.update(p.SessionID, u)
@@ -615,6 +646,14 @@ func (a *agent) handleSessions(m message) bool {
 	}
 	a.result(m.ID, res)
 	return true
+}
+
+// restartTotal starts session sid's running total (spend total=load) again
+// from zero.
+func (a *agent) restartTotal(sid string) {
+	a.cancelMu.Lock()
+	delete(a.running, sid)
+	a.cancelMu.Unlock()
 }
 
 // current is the model session sid runs on (FAKE_MODELS).
