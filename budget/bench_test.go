@@ -48,7 +48,7 @@ func BenchmarkPromptCheck(b *testing.B) {
 				_ = l.Close(ctx)
 			}()
 			c := cost("acme", "s", "USD", 1)
-			c.Session.Key, c.Total = "k", 1 // a session's report: kept by the store
+			c.Session.Key, c.Total, c.First, c.From = "k", 1, true, 1 // a load's first report: counted against the kept value
 			l.Observe(c)
 			l.Observe(tokens("acme", "s", 10, 10))
 			e := prompt("acme")

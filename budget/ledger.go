@@ -145,7 +145,7 @@ type Ledger struct {
 	exceeded map[Key]bool // budget.exceeded written for the key
 	storeErr error        // the store's last failure, nil once a call succeeds
 	// kept is the store's kept value of each session this ledger added a
-	// mark of, as far as it knows (another replica may have raised it):
+	// mark of, as far as it knows (another replica may have moved it):
 	// what a prompt's check estimates a mark not yet in the store adds.
 	kept map[keptRef]float64
 
