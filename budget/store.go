@@ -104,9 +104,13 @@ type Mark struct {
 	Session  string // the agent session's observe.Session.Key
 	Currency string
 	// First: the mark starts with its load's first live report (the
-	// session was loaded or resumed), whose total is From. Else From is
-	// the load's report before the mark's first (0 for a session made on
-	// this gateway process and not loaded since).
+	// session was loaded or resumed) of an agent whose total carries on
+	// across loads (usage.cost_total: per_session) and whose replay
+	// carried no total, whose total is From: it counts against the kept
+	// value. Else From is the load's report before the mark's first: 0
+	// for a session made on this gateway process and its first report;
+	// for a load's first report, the load's baseline (the total its
+	// replay carried, or 0: package usage, Budgeted).
 	First bool
 	From  float64
 	Total float64 // the last report's total
@@ -117,12 +121,14 @@ type Mark struct {
 // none), the session's last counted total. keep says the kept value
 // becomes the mark's Total.
 //
-//   - A load's first report below the kept value: the agent's total
-//     started again from zero (claude-agent-acp's SDK after session/load),
-//     so it counts in full. At or above it: its increase over it (the same
-//     total reported by two loads counts once). With no kept value (a
-//     session last seen before kept values, or idle past keepPeriods): in
-//     full, the safe side.
+//   - A First mark (a load's first report of a per-session total with no
+//     replayed total) below the kept value: the agent's total started
+//     again from zero, so it counts in full. At or above it: its increase
+//     over it (the same total reported by two loads counts once). With no
+//     kept value (a session last seen before kept values, or idle past
+//     keepPeriods): in full, the safe side. A load's first report of a
+//     per-load total (the default) is not First: it counts over its
+//     load's baseline, as a later report over its previous one.
 //   - A later report of the load counts its increase over the load's
 //     previous report, whatever another load did to the kept value
 //     meanwhile: two processes running one session each spend (counting

@@ -87,6 +87,9 @@ func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slo
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, link: l, ten: c.ten,
 		slot: slot, subject: id.Subject, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd, Key: sessionKey(l.ag.name, id.Agent)}
+	if l.ag.costPerSession {
+		s.meter.SetPerSession()
+	}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.resume.HistoryBytes; n > 0 && s.attachable {
 		s.history = history.New(n)

@@ -51,7 +51,7 @@ const (
 	SessionLost                         // Reason: its agent process died
 	TurnStarted                         // Turn; Prompt (its content blocks as sent; nil: read them from Params); Params
 	Update                              // Turn (nil: between turns); UpdateKind; Params: the session/update's; First: the turn's first, Duration after it started
-	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase as this process metered it (0 for a loaded session's first report); Total: the agent's cumulative cost as reported; First: the load's first live report of the currency (the session was loaded or resumed), From: what its increase counts from (usage.Budgeted). Every live report (not a replay's) that reads as an amount
+	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase as this process metered it (0 for a loaded session's first report); Total: the agent's cumulative cost as reported; First: the load's first live report of the currency (the session was loaded or resumed) of a per-session total with no replayed total, to count against the session's kept value; From: what its increase counts from (usage.Budgeted). Every live report (not a replay's) that reads as an amount
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it

@@ -75,23 +75,55 @@ type Meter struct {
 	// session's kept value (package budget).
 	own      map[string]float64
 	reloaded bool
+	// replayed is the last amount by currency the load's replay carried
+	// (the agent's total at load time): the load's first live report
+	// counts over it.
+	replayed map[string]float64
+	// perSession: the agent's cumulative cost carries on across loads and
+	// processes (SetPerSession), so a load's first live report with no
+	// replayed amount counts over the session's kept value; else over 0.
+	perSession bool
 }
 
 // Budgeted is a live report as budgets take it (package budget): a
 // report that came outside a load's replay, from the agent's work since
 // the session exists, whatever this meter counted. A replay's report, or
 // one past MaxCurrencies, is not live.
+//
+// A load's (or resume's) first live report of a currency counts over
+// the load's own baseline: the last amount its replay carried (the
+// agent's total at load time), or, with none, 0, so it counts in full
+// (an agent whose total carries on across loads but is not replayed is
+// overcounted once per load: the safe side). A report below the
+// replayed amount is a total that started again: it counts in full.
+// Only for an agent whose total carries on across loads and processes
+// (SetPerSession) does a first report with no replayed amount go to the
+// session's kept value (First).
 type Budgeted struct {
 	Live bool
 	// First: the first live report of its currency since the session was
-	// loaded or resumed; budgets compare it with the session's kept value
-	// (the agent's total may have started again from zero).
+	// loaded or resumed, of a per-session total with no replayed amount:
+	// budgets compare it with the session's kept value (below it, the
+	// total started again and counts in full; at or above, its increase).
+	// From is then the report itself.
 	First bool
 	// From is what the report's increase counts from: the load's previous
 	// report (0 for a session made here and its first report); for a
-	// First one, the report itself. A report below it (not First) is a
-	// decrease: it counts nothing and leaves From where it was.
+	// load's first report, its baseline (the replayed amount, or 0). A
+	// report below it (not First) is a decrease: it counts nothing and
+	// leaves From where it was.
 	From float64
+}
+
+// SetPerSession tells the meter the agent's cumulative cost carries on
+// across loads and processes (usage.cost_total: per_session): a load's
+// first live report with no replayed amount is compared with the
+// session's kept value (Budgeted.First). Call it before the session's
+// first report.
+func (mt *Meter) SetPerSession() {
+	mt.mu.Lock()
+	mt.perSession = true
+	mt.mu.Unlock()
 }
 
 // Usage is the session's Usage so far (copies).
@@ -109,6 +141,7 @@ func (mt *Meter) ReplayStarted() {
 	mt.replays.Add(1)
 	mt.mu.Lock()
 	clear(mt.own)
+	clear(mt.replayed)
 	mt.reloaded = true
 	mt.mu.Unlock()
 }
@@ -157,6 +190,7 @@ func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, b Bud
 		return 0, Budgeted{}, RejectCurrencies
 	case replay:
 		setMap(&mt.last, cur, amount)
+		setMap(&mt.replayed, cur, amount)
 		return 0, Budgeted{}, ""
 	}
 	b = mt.budgeted(cur, amount)
@@ -185,11 +219,18 @@ func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, b Bud
 // mt.mu held.
 func (mt *Meter) budgeted(cur string, amount float64) Budgeted {
 	from, ok := mt.own[cur]
-	switch {
-	case !ok && mt.reloaded:
+	if !ok && mt.reloaded { // the load's first live report
 		setMap(&mt.own, cur, amount)
-		return Budgeted{Live: true, First: true, From: amount}
-	case amount < from:
+		base, replayed := mt.replayed[cur]
+		switch {
+		case !replayed && mt.perSession:
+			return Budgeted{Live: true, First: true, From: amount}
+		case amount < base: // the total started again despite its replay
+			base = 0
+		}
+		return Budgeted{Live: true, From: base}
+	}
+	if amount < from {
 		return Budgeted{Live: true, From: from}
 	}
 	setMap(&mt.own, cur, amount)

@@ -146,35 +146,56 @@ func TestCostLiveReports(t *testing.T) {
 
 // What budgets count a live report from: a session made here counts its
 // reports' increases from zero; after each load or resume (even of a
-// session live on this meter) the first live report of each currency is
-// First (budgets compare it with the session's kept value: the agent's
-// total may have started again from zero), a replay's report sets
-// nothing, and a decrease within a load leaves From where it was (7, 6,
-// 8 counts 8 from 7). At the branch's previous state a load's first
-// report was not told apart.
+// session live on this meter) the first live report of each currency
+// counts over the load's baseline: the last amount its replay carried
+// (below it, the total started again: from 0), else 0 with per_load (the
+// default), or First (the session's kept value decides) with
+// per_session; a replay's report counts nothing, and a decrease within a
+// load leaves From where it was (7, 6, 8 counts 8 from 7). At the
+// branch's previous state a load's first report without a replay was
+// always First: with a total that starts again at each load, a reload
+// before each turn of equal cost counted only the first turn.
 func TestCostBudgetedFrom(t *testing.T) {
-	var mt Meter
-	check := func(step, cur string, amount float64, want Budgeted) {
-		t.Helper()
-		if _, b, _ := mt.NoteCost(cur, cur, amount); b != want {
-			t.Errorf("%s: %+v; want %+v", step, b, want)
+	for _, perSession := range []bool{false, true} {
+		var mt Meter
+		if perSession {
+			mt.SetPerSession()
 		}
+		check := func(step, cur string, amount float64, want Budgeted) {
+			t.Helper()
+			if _, b, _ := mt.NoteCost(cur, cur, amount); b != want {
+				t.Errorf("per-session %v: %s: %+v; want %+v", perSession, step, b, want)
+			}
+		}
+		check("a new session's first report", "USD", 3, Budgeted{Live: true, From: 0})
+		check("its second", "USD", 5, Budgeted{Live: true, From: 3})
+		mt.ReplayStarted()
+		check("a load's replay", "USD", 9, Budgeted{})
+		mt.ReplayEnded()
+		check("the load's first live report, over the replayed 9", "USD", 10, Budgeted{Live: true, From: 9})
+		check("the load's second", "USD", 12, Budgeted{Live: true, From: 10})
+		mt.ReplayStarted()
+		check("another load's replay", "USD", 9, Budgeted{})
+		mt.ReplayEnded()
+		check("the load's first live report, below the replayed 9: in full", "USD", 1, Budgeted{Live: true, From: 0})
+		check("the load's second", "USD", 7, Budgeted{Live: true, From: 1})
+		check("a decrease", "USD", 6, Budgeted{Live: true, From: 7})
+		check("back up", "USD", 8, Budgeted{Live: true, From: 7})
+		noReplay := Budgeted{Live: true, From: 0} // per_load: in full
+		if perSession {
+			noReplay = Budgeted{Live: true, First: true, From: 2} // the kept value decides
+		}
+		check("another currency's first since the load, none replayed", "EUR", 2, noReplay)
+		mt.Loaded()
+		mt.ReplayStarted()
+		mt.ReplayEnded()
+		noReplay = Budgeted{Live: true, From: 0}
+		if perSession {
+			noReplay = Budgeted{Live: true, First: true, From: 8}
+		}
+		check("the first after a load that replayed nothing", "USD", 8, noReplay)
+		check("then", "USD", 8.5, Budgeted{Live: true, From: 8})
 	}
-	check("a new session's first report", "USD", 3, Budgeted{Live: true, From: 0})
-	check("its second", "USD", 5, Budgeted{Live: true, From: 3})
-	mt.ReplayStarted()
-	check("a load's replay", "USD", 9, Budgeted{})
-	mt.ReplayEnded()
-	check("the load's first live report, restarted", "USD", 1, Budgeted{Live: true, First: true, From: 1})
-	check("the load's second", "USD", 7, Budgeted{Live: true, From: 1})
-	check("a decrease", "USD", 6, Budgeted{Live: true, From: 7})
-	check("back up", "USD", 8, Budgeted{Live: true, From: 7})
-	check("another currency's first since the load", "EUR", 2, Budgeted{Live: true, First: true, From: 2})
-	mt.Loaded()
-	mt.ReplayStarted()
-	mt.ReplayEnded()
-	check("the first after another load", "USD", 8, Budgeted{Live: true, First: true, From: 8})
-	check("then", "USD", 8.5, Budgeted{Live: true, From: 8})
 }
 
 func TestParseCost(t *testing.T) {

@@ -83,9 +83,11 @@ func secPrompt(t *testing.T, p subjPeer, what, sid, text string) rpcMsg {
 }
 
 // The review's run, over each transport: a session spends 3 USD and 200
-// tokens; a new connection loads it and reports 5 (counts 2; at 99b340a
-// nothing, the load's baseline); a third loads it and reports the same
-// total (counts nothing more), then 50 (counts 45: the turn is cancelled,
+// tokens; a new connection loads it (the fake agent's total carries on,
+// and its replay tells it: the replay counts nothing) and reports 5
+// (counts 2 over the replayed 3; at 99b340a nothing, the load's
+// baseline); a third loads it and reports the same total (counts nothing
+// more), then 50 (counts 45: the turn is cancelled,
 // past the cap of 10 USD); a fourth that loads it to spend 500 is refused.
 func TestSecBudgetReloadCountsOnce(t *testing.T) {
 	for _, tr := range subjTransports {
@@ -107,6 +109,7 @@ func TestSecBudgetReloadCountsOnce(t *testing.T) {
 
 			p2 := tr.dial(t, g, e.tokens["acme"])
 			secLoad(t, p2, "a second connection", sid, cwd)
+			secSpent(t, g, "acme", "the load's replay of 3", 200, 3) // a replay's report never counts
 			if r := secPrompt(t, p2, "a turn after a load", sid, "spend 5 every=1ms"); stopReason(t, r) != "end_turn" {
 				t.Fatalf("a turn after a load: %s", r.Raw)
 			}
@@ -350,6 +353,106 @@ func TestSecBudgetRestartedTotalCountsEachTurn(t *testing.T) {
 			r := secPrompt(t, p5, "a turn after the cap", sid, "spend 0.1 every=1ms total=load")
 			refusedForBudget(t, r, "budget for tenant acme exhausted: 10.25 of 10.00 USD this day",
 				budgetData{Tenant: "acme", Period: "day", Unit: "USD", Spent: 10.25, Limit: 10})
+		})
+	}
+}
+
+// secAgentWith is cfg (secBudgetConfig's) with the fake agent's env
+// extended by env ("K: V, " items) and its agent keys by keys (", k: v").
+func secAgentWith(t *testing.T, cfg, env, keys string) string {
+	t.Helper()
+	if !strings.Contains(cfg, "env: {FAKE_MODE: sessions, ") || !strings.Contains(cfg, ", stop_grace: 1s}") {
+		t.Fatal("secBudgetConfig's agent line changed")
+	}
+	cfg = strings.Replace(cfg, "env: {FAKE_MODE: sessions, ", "env: {FAKE_MODE: sessions, "+env, 1)
+	return strings.Replace(cfg, ", stop_grace: 1s}", ", stop_grace: 1s"+keys+"}", 1)
+}
+
+// The reload attack on an agent whose total starts again from zero at
+// each load and is not replayed (claude-agent-acp; the fake agent's
+// "total=load"), over each transport, with usage.cost_total at its
+// default (per_load): a client reloads its session before each turn and
+// each turn costs as much as the one before (1, 1, 1 USD) or more (2, 3).
+// Each load's first report counts over the load's baseline, 0 with no
+// replayed total: every turn counts in full, 3 then 8 USD. At the
+// branch's previous state a load's first report at or above the kept
+// value counted its increase over it (1 of 3, then 3 of 8); at 99b340a
+// it was a baseline (nothing).
+func TestSecBudgetReloadEqualTurnsCountEach(t *testing.T) {
+	for _, tr := range subjTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			e := newBudgetEnv(t)
+			g := startGateway(t, gwOpts{config: secBudgetConfig(t, e, "", t.TempDir(),
+				map[string]string{"acme": "{cost: {USD: 100}}"})})
+			cwd := e.roots["acme"]
+			p := tr.dial(t, g, e.tokens["acme"])
+			m, _ := subjCall(t, p, "session/new", "session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
+			sid := m.NewSessionID()
+			if sid == "" {
+				t.Fatalf("session/new: %s", m.Raw)
+			}
+			var want float64
+			for i, cost := range []float64{1, 1, 1, 2, 3} {
+				what := fmt.Sprintf("turn %d of %v USD after a reload", i+1, cost)
+				pi := tr.dial(t, g, e.tokens["acme"])
+				secLoad(t, pi, fmt.Sprintf("connection %d", i+2), sid, cwd)
+				if r := secPrompt(t, pi, what, sid, fmt.Sprintf("spend %v every=1ms total=load", cost)); stopReason(t, r) != "end_turn" {
+					t.Fatalf("%s: %s", what, r.Raw)
+				}
+				want += cost
+				secSpent(t, g, "acme", what, 0, want)
+			}
+		})
+	}
+}
+
+// usage.cost_total, for an agent whose total carries on across loads but
+// whose replay does not tell it (FAKE_REPLAY_COST=off): a session spends
+// 3; a new connection loads it and its turn reports 5. per_load (the
+// default) cannot tell that total from one that started again: it counts
+// the load's first report in full (8, an overcount of 3: the safe side);
+// per_session counts it over the session's kept value (5), and another
+// load's report of the same total counts nothing. At 99b340a (and the
+// branch before) there was no such setting: the gateway refuses the
+// config.
+func TestSecBudgetCostTotalSetting(t *testing.T) {
+	for _, tc := range []struct {
+		name, keys  string
+		load, again float64 // spent after the load's turn of 5, and another load's of 5, 6
+	}{
+		{"per_load", "", 8, 14},
+		{"per_session", ", usage: {cost_total: per_session}", 5, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newBudgetEnv(t)
+			cfg := secAgentWith(t, secBudgetConfig(t, e, "", t.TempDir(), map[string]string{"acme": "{cost: {USD: 100}}"}),
+				"FAKE_REPLAY_COST: \"off\", ", tc.keys)
+			g := startGateway(t, gwOpts{config: cfg})
+			cwd := e.roots["acme"]
+			p := subjWS{dialToken(t, g, e.tokens["acme"])}
+			m, _ := subjCall(t, p, "session/new", "session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}})
+			sid := m.NewSessionID()
+			if sid == "" {
+				t.Fatalf("session/new: %s", m.Raw)
+			}
+			if r := secPrompt(t, p, "the first turn", sid, "spend 3 every=1ms"); stopReason(t, r) != "end_turn" {
+				t.Fatalf("the first turn: %s", r.Raw)
+			}
+			secSpent(t, g, "acme", "the first turn", 0, 3)
+
+			p2 := subjWS{dialToken(t, g, e.tokens["acme"])}
+			secLoad(t, p2, "a second connection", sid, cwd)
+			if r := secPrompt(t, p2, "a turn after a load", sid, "spend 5 every=1ms"); stopReason(t, r) != "end_turn" {
+				t.Fatalf("a turn after a load: %s", r.Raw)
+			}
+			secSpent(t, g, "acme", "5 after a load", 0, tc.load)
+
+			p3 := subjWS{dialToken(t, g, e.tokens["acme"])}
+			secLoad(t, p3, "a third connection", sid, cwd)
+			if r := secPrompt(t, p3, "the same total after another load, then 6", sid, "spend 5,6 every=1ms"); stopReason(t, r) != "end_turn" {
+				t.Fatalf("the same total after another load: %s", r.Raw)
+			}
+			secSpent(t, g, "acme", "5 again after another load, then 6", 0, tc.again)
 		})
 	}
 }

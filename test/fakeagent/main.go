@@ -52,7 +52,10 @@
 // claude-agent-acp reports its SDK's total_cost_usd: the turn's last amount
 // is added to it at the turn's end (cancelled too), and a session/new,
 // session/load or session/resume starts it again from zero (a new SDK
-// query). Every prompt is logged to stderr as
+// query). Without it the total carries on: session/load replays the
+// session's last (numeric) report after its history, as an agent that
+// keeps its total with the session would (FAKE_REPLAY_COST=off: it does
+// not, an agent whose total carries on unsaid). Every prompt is logged to stderr as
 // "fakeagent: prompt <session> <text>" (for tests that check a prompt
 // never reached the agent).
 // Requests for other methods get -32601; notifications and
@@ -116,6 +119,7 @@ type agent struct {
 	mode     string
 	sessions int
 	shared   string // FAKE_SESSIONS_DIR: where the sessions are shared with other processes
+	noCost   bool   // FAKE_REPLAY_COST=off: a load replays no cost report
 
 	smu   sync.Mutex                       // guards store, waits and asked
 	store map[string]*fakeSession          // FAKE_MODE=sessions: the sessions by ID
@@ -137,7 +141,7 @@ type agent struct {
 }
 
 func main() {
-	a := &agent{mode: os.Getenv("FAKE_MODE"), shared: os.Getenv("FAKE_SESSIONS_DIR"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
+	a := &agent{mode: os.Getenv("FAKE_MODE"), shared: os.Getenv("FAKE_SESSIONS_DIR"), noCost: os.Getenv("FAKE_REPLAY_COST") == "off", out: bufio.NewWriterSize(os.Stdout, 1<<16),
 		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{},
 		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE")}
 	if v := os.Getenv("FAKE_MODELS"); v != "" {
@@ -411,7 +415,8 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 	a.cancels[sid] = cancel
 	base := a.running[sid]
 	a.cancelMu.Unlock()
-	if running { // the running total plus the turn's own cost so far
+	if running { // the running total plus the turn's own cost so far; a load replays none
+		a.keepCost(sid, "")
 		for i, amount := range amounts {
 			v, err := strconv.ParseFloat(amount, 64)
 			if err != nil {
@@ -449,9 +454,12 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 				case <-tick.C:
 				}
 			}
+			cost := `{"amount":` + amount + `,"currency":` + string(curJSON) + `}`
 			a.writeLine([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
-				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":{"amount":` + amount +
-				`,"currency":` + string(curJSON) + `}}}}`))
+				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":` + cost + `}}}`))
+			if _, err := strconv.ParseFloat(amount, 64); err == nil && !running {
+				a.keepCost(sid, cost)
+			}
 			last = amount
 		}
 		select { // a last chance to be cancelled after the last report
@@ -509,6 +517,41 @@ func garbage() [][]byte {
 type fakeSession struct {
 	cwd     string
 	history []map[string]any // session/update params' update objects
+	cost    string           // the last cost report of a total that carries on (a usage_update's cost object), replayed by a load
+}
+
+// keepCost notes the last cost report of session sid, cost (a
+// usage_update's cost object), for its loads' replays; "" forgets it (a
+// total that starts again at each load replays none). With
+// FAKE_SESSIONS_DIR it is shared with the other processes.
+func (a *agent) keepCost(sid, cost string) {
+	a.smu.Lock()
+	defer a.smu.Unlock()
+	if s := a.store[sid]; s != nil {
+		s.cost = cost
+	}
+	if a.shared == "" || a.mode != "sessions" {
+		return
+	}
+	f := filepath.Join(a.shared, sid+".cost")
+	if cost == "" {
+		_ = os.Remove(f)
+	} else if err := os.WriteFile(f, []byte(cost), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "fakeagent: FAKE_SESSIONS_DIR:", err)
+	}
+}
+
+// keptCost is session sid's last cost report for a load's replay ("":
+// none); s is its session, a.smu held.
+func (a *agent) keptCost(sid string, s *fakeSession) string {
+	switch {
+	case a.noCost:
+		return ""
+	case a.shared != "":
+		b, _ := os.ReadFile(filepath.Join(a.shared, sid+".cost"))
+		return string(b)
+	}
+	return s.cost
 }
 
 // permissionAnswer is the client's answer to a permission request: its
@@ -621,8 +664,10 @@ func (a *agent) handleSessions(m message) bool {
 		}
 	}
 	var history []map[string]any
+	var cost string
 	if s != nil {
 		history = append(history, s.history...)
+		cost = a.keptCost(p.SessionID, s)
 		if m.Method == "session/delete" {
 			delete(a.store, p.SessionID)
 		}
@@ -638,6 +683,11 @@ func (a *agent) handleSessions(m message) bool {
 	if m.Method == "session/load" {
 		for _, u := range history {
 			a.update(p.SessionID, u)
+		}
+		if cost != "" { // the total carries on: the replay tells it, as a well-behaved agent would
+			sidJSON, _ := json.Marshal(p.SessionID)
+			a.writeLine([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
+				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":` + cost + `}}}`))
 		}
 	}
 	res := map[string]any{}
