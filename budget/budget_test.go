@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/acpgate/acpgate/internal/redistest"
 	"github.com/acpgate/acpgate/proxy/observe"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -669,5 +671,82 @@ func TestLedgerBatchesLoads(t *testing.T) {
 	st, err := l.Statuses(context.Background())
 	if err != nil || len(st) != 1 || st[0].Spent.Cost["USD"] != 12 {
 		t.Errorf("statuses: %+v %v; want 12 USD", st, err)
+	}
+}
+
+// What a load's reports count, as the session's meter (package usage)
+// marks them for each agent's usage.cost_total, in each store. Each load
+// is a meter of its own (another process or gateway): its replay, if any,
+// then its live reports.
+//   - An agent whose total starts again at each load and is not replayed
+//     (claude-agent-acp): a new session's turn of 1, then three loads
+//     with a turn of 1 each. per_load counts each (4); per_session
+//     (misconfigured for it) compares each load's first report with the
+//     kept value and counts only the first (1). At the branch's previous
+//     state every agent was per_session: 1 of 4.
+//   - An agent that replays its total: 3, a load replaying 3 reports 5,
+//     another replaying 5 reports 5 and 6: 6 under both; the replays count
+//     nothing.
+//   - An agent whose total carries on unsaid: 3, a load reports 5.
+//     per_load counts it in full (8, the safe side); per_session its
+//     increase over the kept value (5).
+func TestLedgerCostTotalSettings(t *testing.T) {
+	redis := redistest.Start(t)
+	type load struct {
+		replay  []float64 // what its replay carries (nil: no load, a new session)
+		loaded  bool
+		reports []float64
+	}
+	for _, tc := range []struct {
+		name             string
+		loads            []load
+		perLoad, perSess float64
+	}{
+		{"restarted total, not replayed", []load{{reports: []float64{1}}, {loaded: true, reports: []float64{1}},
+			{loaded: true, reports: []float64{1}}, {loaded: true, reports: []float64{1}}}, 4, 1},
+		{"carried total, replayed", []load{{reports: []float64{3}}, {loaded: true, replay: []float64{3}, reports: []float64{5}},
+			{loaded: true, replay: []float64{1, 5}, reports: []float64{5, 6}}}, 6, 6},
+		{"carried total, not replayed", []load{{reports: []float64{3}}, {loaded: true, reports: []float64{5}}}, 8, 5},
+		{"a replayed total, then a restarted one", []load{{reports: []float64{4}}, {loaded: true, replay: []float64{4}, reports: []float64{1, 2}}}, 6, 6},
+	} {
+		for _, perSession := range []bool{false, true} {
+			want := tc.perLoad
+			if perSession {
+				want = tc.perSess
+			}
+			for name, open := range storeOpeners(redis, 6) {
+				t.Run(fmt.Sprintf("%s/per-session %v/%s", tc.name, perSession, name), func(t *testing.T) {
+					tenant := fmt.Sprintf("t%d", time.Now().UnixNano()) // the Redis db is shared by the subtests
+					l, _, _ := newLedger(t, open(t), false, map[string]Limits{tenant: {Cost: map[string]float64{"USD": 1000}}})
+					for _, ld := range tc.loads {
+						var mt usage.Meter
+						if perSession {
+							mt.SetPerSession()
+						}
+						if ld.loaded {
+							mt.Loaded()
+							mt.ReplayStarted()
+							for _, v := range ld.replay {
+								if _, b, _ := mt.NoteCost("USD", "USD", v); b.Live {
+									t.Fatalf("a replay's report of %v is live", v)
+								}
+							}
+							mt.ReplayEnded()
+						}
+						for _, v := range ld.reports {
+							inc, b, _ := mt.NoteCost("USD", "USD", v)
+							e := cost(tenant, "g1", "USD", inc)
+							e.Unit, e.Session.Key, e.Total, e.First, e.From = "USD", "k1", v, b.First, b.From
+							l.Observe(e)
+						}
+						waitFlushed(t, l)
+					}
+					st, err := l.Statuses(context.Background())
+					if err != nil || len(st) != 1 || math.Abs(st[0].Spent.Cost["USD"]-want) > 1e-9 {
+						t.Errorf("statuses: %+v %v; want %v USD", st, err, want)
+					}
+				})
+			}
+		}
 	}
 }
