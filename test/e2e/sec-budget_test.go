@@ -18,8 +18,10 @@ import (
 // Issue #36, finding 5 of the review at 99b340a: spend counts once,
 // whoever loads. The first cost report after a session/load was a
 // baseline, so a client that reloaded its session before each turn spent
-// for free; the ledger now keeps each agent session's last cumulative
-// cost and counts a load's reports over it, on one gateway, after a
+// for free; now a load's first report counts over the load's own
+// baseline (the total its replay carried, else 0; usage.cost_total:
+// per_load) or, for an agent set per_session, over the session's last
+// counted total, which the ledger's store keeps: on one gateway, after a
 // restart and across gateways on one Redis. Against the fake agent's
 // "spend" prompts (test/fakeagent, FAKE_MODE=sessions).
 
@@ -185,8 +187,9 @@ func TestSecBudgetCancelledTurnCounts(t *testing.T) {
 }
 
 // The file ledger keeps the sessions' values over a restart: a session
-// spends 2, the gateway restarts, a load reports 5 (counts 3; at 99b340a
-// nothing), another load 5 again (nothing more) then 6 (counts 1).
+// spends 2, the gateway restarts, a load (its replay carries 2, and counts
+// nothing) reports 5 (counts 3; at 99b340a nothing), another load 5 again
+// (nothing more) then 6 (counts 1).
 func TestSecBudgetKeptOverRestart(t *testing.T) {
 	e := newBudgetEnv(t)
 	dir := t.TempDir()
@@ -210,6 +213,7 @@ func TestSecBudgetKeptOverRestart(t *testing.T) {
 	g = startGateway(t, gwOpts{config: cfg})
 	p = subjWS{dialToken(t, g, e.tokens["acme"])}
 	secLoad(t, p, "the client after the restart", sid, cwd)
+	secSpent(t, g, "acme", "the load's replay of 2", 0, 2)
 	if r := secPrompt(t, p, "more after the restart", sid, "spend 5 every=1ms"); stopReason(t, r) != "end_turn" {
 		t.Fatalf("more after the restart: %s", r.Raw)
 	}
@@ -224,9 +228,9 @@ func TestSecBudgetKeptOverRestart(t *testing.T) {
 }
 
 // Two gateways on one Redis ledger: a session made and spent (3) on the
-// first is loaded on the second, whose report of 8 counts 5 (at 99b340a
-// nothing); loaded back on the first, 8 again counts nothing (not twice),
-// then 9 counts 1.
+// first is loaded on the second (its replay carries 3 and counts
+// nothing), whose report of 8 counts 5 (at 99b340a nothing); loaded back
+// on the first, 8 again counts nothing (not twice), then 9 counts 1.
 func TestSecBudgetKeptAcrossGateways(t *testing.T) {
 	redis := redistest.Start(t)
 	e := newBudgetEnv(t)
@@ -249,6 +253,7 @@ func TestSecBudgetKeptAcrossGateways(t *testing.T) {
 
 	p2 := subjWS{dialToken(t, g2, e.tokens["acme"])}
 	secLoad(t, p2, "the client on the second gateway", sid, cwd)
+	secSpent(t, g2, "acme", "the load's replay of 3 on the second gateway", 0, 3)
 	if r := secPrompt(t, p2, "more on the second", sid, "spend 8 every=1ms"); stopReason(t, r) != "end_turn" {
 		t.Fatalf("more on the second: %s", r.Raw)
 	}
