@@ -47,7 +47,9 @@ func BenchmarkPromptCheck(b *testing.B) {
 				defer cancel()
 				_ = l.Close(ctx)
 			}()
-			l.Observe(cost("acme", "s", "USD", 1))
+			c := cost("acme", "s", "USD", 1)
+			c.Session.Key, c.Total, c.First, c.From = "k", 1, true, 1 // a load's first report: counted against the kept value
+			l.Observe(c)
 			l.Observe(tokens("acme", "s", 10, 10))
 			e := prompt("acme")
 			times := make([]time.Duration, 0, b.N)

@@ -99,10 +99,31 @@ const maxPendingSessions = 1024
 // pending is spend not yet in the store, and the sessions whose turns
 // reported it.
 type pending struct {
-	add      Spent
+	add Spent
+	// marks: the agent sessions' live reports, in order: a report that
+	// continues the last mark of its session and currency (not a load's
+	// first, From its Total) extends it, so there is a mark per load (at
+	// most maxPendingMarks). The store counts them against its kept
+	// values (counted).
+	marks    []Mark
+	last     map[markKey]int // the index in marks of each session's last mark
 	next     time.Time
 	sessions map[string]struct{}
 }
+
+// maxPendingMarks bounds the marks a pending addition holds (a mark per
+// load of a session: a store that fails while clients reload their
+// sessions would make them pile up); past it, a report counts the most
+// it may (counted with no kept value) and keeps no value.
+const maxPendingMarks = 4096
+
+// markKey is an agent session (its observe.Session.Key) and a currency.
+type markKey struct{ session, currency string }
+
+// maxKept bounds the kept values a ledger remembers (Ledger.kept); past
+// it, it forgets them all and counts on the safe side until it learns them
+// again.
+const maxKept = 1 << 16
 
 // Ledger keeps every budgeted tenant's spend. Observe queues what the
 // agents report; one writer goroutine (ended by Close) adds it to the
@@ -123,6 +144,10 @@ type Ledger struct {
 	gen      map[Key]uint64
 	exceeded map[Key]bool // budget.exceeded written for the key
 	storeErr error        // the store's last failure, nil once a call succeeds
+	// kept is the store's kept value of each session this ledger added a
+	// mark of, as far as it knows (another replica may have moved it):
+	// what a prompt's check estimates a mark not yet in the store adds.
+	kept map[keptRef]float64
 
 	kick   chan struct{}
 	ctx    context.Context
@@ -137,7 +162,7 @@ func New(cfg Config) *Ledger {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, flying: map[Key]Spent{}, gen: map[Key]uint64{}, exceeded: map[Key]bool{},
+	l := &Ledger{cfg: cfg, now: cfg.Now, pend: map[Key]*pending{}, flying: map[Key]Spent{}, gen: map[Key]uint64{}, exceeded: map[Key]bool{}, kept: map[keptRef]float64{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	if l.now == nil {
 		l.now = time.Now
@@ -183,7 +208,7 @@ func (l *Ledger) key(tenant string, lim Limits) (Key, time.Time) {
 
 // Wants takes the events that spend: cost reports and turns' ends.
 func (l *Ledger) Wants(k observe.Kind) bool {
-	return k == observe.CostReported || k == observe.TurnEnded
+	return k == observe.CostReported || k == observe.TurnEnded || k == observe.TokensReported
 }
 
 // Observe queues what e reports spent for the writer. It never blocks on
@@ -197,6 +222,7 @@ func (l *Ledger) Observe(e *observe.Event) {
 		return // tenants without a budget never touch the store
 	}
 	var add Spent
+	var mark *Mark
 	switch e.Kind {
 	case observe.CostReported:
 		// The currency itself, not its metrics label: a tenant's first
@@ -205,11 +231,23 @@ func (l *Ledger) Observe(e *observe.Event) {
 		if cur == "" {
 			cur = e.Currency
 		}
-		if _, capped := lim.Cost[cur]; !capped || e.Amount <= 0 {
+		if _, capped := lim.Cost[cur]; !capped {
 			return // only capped currencies go to the store
 		}
-		add.Cost = map[string]float64{cur: e.Amount}
-	case observe.TurnEnded:
+		if e.Session.Key == "" { // nothing to keep a value by: what this process metered
+			if e.Amount <= 0 {
+				return
+			}
+			add.Cost = map[string]float64{cur: e.Amount}
+			break
+		}
+		if !e.First && e.Total < e.From {
+			return // a decrease within its load: counts nothing, changes nothing
+		}
+		// The store counts it against the session's kept value,
+		// whichever connection or replica loaded it.
+		mark = &Mark{Session: e.Session.Key, Currency: cur, First: e.First, From: e.From, Total: e.Total}
+	case observe.TurnEnded, observe.TokensReported:
 		add.Tokens = e.Tokens["input"] + e.Tokens["output"]
 		if add.Tokens <= 0 {
 			return
@@ -225,6 +263,9 @@ func (l *Ledger) Observe(e *observe.Event) {
 		l.pend[key] = p
 	}
 	p.add.add(add)
+	if mark != nil {
+		p.mark(*mark)
+	}
 	if e.Kind == observe.CostReported && e.Turn != nil && len(p.sessions) < maxPendingSessions {
 		p.sessions[e.Session.ID] = struct{}{} // a running turn: cancelled once past a cap
 	}
@@ -290,6 +331,7 @@ func (l *Ledger) spentOf(ctx context.Context, key Key) (Spent, error) {
 		g := l.gen[key]
 		if p := l.pend[key]; p != nil {
 			unstored.add(p.add)
+			unstored.add(l.estimate(key.Tenant, p.marks))
 		}
 		unstored.add(l.flying[key])
 		l.mu.Unlock()
@@ -363,29 +405,101 @@ func (l *Ledger) flush(ctx context.Context) bool {
 	batch := l.pend
 	l.pend = map[Key]*pending{}
 	for key, p := range batch {
-		l.flying[key] = p.add.clone()
+		f := p.add.clone()
+		f.add(l.estimate(key.Tenant, p.marks))
+		l.flying[key] = f
 	}
 	l.mu.Unlock()
 	ok := true
 	for key, p := range batch {
-		if p.add.zero() {
+		if p.add.zero() && len(p.marks) == 0 {
 			l.landed(key)
 			continue
 		}
+		marks := p.marks
 		l.mu.Lock()
 		l.gen[key]++ // odd: adding
 		l.mu.Unlock()
-		total, err := l.cfg.Store.Add(ctx, key, p.add, p.next)
+		total, err := l.cfg.Store.Add(ctx, key, p.add, marks, p.next)
 		l.noteStore(err)
 		if err != nil {
 			ok = false
 			l.requeue(key, p)
 			continue
 		}
+		l.learn(key.Tenant, marks)
 		l.landed(key)
 		l.added(key, p, total)
 	}
 	return ok
+}
+
+// mark notes a live report of a session's cumulative cost: it extends
+// the session's last mark if it continues it (counted gives the same),
+// else it is a mark of its own.
+func (p *pending) mark(m Mark) {
+	k := markKey{m.Session, m.Currency}
+	if i, ok := p.last[k]; ok && !m.First && m.From == p.marks[i].Total {
+		p.marks[i].Total = m.Total
+		return
+	}
+	if len(p.marks) >= maxPendingMarks {
+		inc, _ := counted(0, false, m)
+		p.add.addCost(m.Currency, inc)
+		return
+	}
+	if p.last == nil {
+		p.last = map[markKey]int{}
+	}
+	p.last[k] = len(p.marks)
+	p.marks = append(p.marks, m)
+}
+
+// keptRef is a tenant's session's kept value of a currency.
+type keptRef struct {
+	tenant string
+	markKey
+}
+
+// estimate is what marks of tenant's sessions add once in the store, as
+// far as the ledger knows the store's kept values: a session it knows
+// none of counts its load's first report in full, on the safe side (a
+// prompt at the cap refused a moment early, until the store has them).
+// Called with l.mu held.
+func (l *Ledger) estimate(tenant string, marks []Mark) Spent {
+	var s Spent
+	var moved map[markKey]float64 // kept values the marks before moved
+	for _, mk := range marks {
+		k := markKey{mk.Session, mk.Currency}
+		kept, known := moved[k]
+		if !known {
+			kept, known = l.kept[keptRef{tenant, k}]
+		}
+		inc, keep := counted(kept, known, mk)
+		s.addCost(mk.Currency, inc)
+		if keep {
+			if moved == nil {
+				moved = map[markKey]float64{}
+			}
+			moved[k] = mk.Total
+		}
+	}
+	return s
+}
+
+// learn notes the kept values marks left in the store (another replica
+// may have moved them since).
+func (l *Ledger) learn(tenant string, marks []Mark) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.kept)+len(marks) > maxKept {
+		clear(l.kept)
+	}
+	for _, mk := range marks {
+		if mk.Total >= mk.From {
+			l.kept[keptRef{tenant, markKey{mk.Session, mk.Currency}}] = mk.Total
+		}
+	}
 }
 
 // landed: what was flying for key is in the store (or was nothing).
@@ -414,6 +528,9 @@ func (l *Ledger) requeue(key Key, p *pending) {
 	}
 	if q := l.pend[key]; q != nil {
 		p.add.add(q.add)
+		for _, mk := range q.marks {
+			p.mark(mk)
+		}
 		for s := range q.sessions {
 			if len(p.sessions) < maxPendingSessions {
 				p.sessions[s] = struct{}{}
@@ -512,10 +629,21 @@ func (l *Ledger) Reset(ctx context.Context, tenant, by string) error {
 	}
 	key, _ := l.key(tenant, lim)
 	l.mu.Lock()
+	p := l.pend[key]
 	delete(l.pend, key) // what was on its way is part of what is forgiven
 	delete(l.exceeded, key)
 	l.mu.Unlock()
-	err := l.cfg.Store.Reset(ctx, key)
+	var err error
+	if p != nil && len(p.marks) > 0 {
+		// Its sessions' reports are forgiven too, but their values are
+		// kept: a later report counts only what it adds to them.
+		if _, err = l.cfg.Store.Add(ctx, key, Spent{}, p.marks, p.next); err == nil {
+			l.learn(tenant, p.marks)
+		}
+	}
+	if err == nil {
+		err = l.cfg.Store.Reset(ctx, key)
+	}
 	l.noteStore(err)
 	if err != nil {
 		return err
@@ -548,9 +676,13 @@ func (l *Ledger) Close(ctx context.Context) error {
 		l.pend = map[Key]*pending{}
 		l.mu.Unlock()
 		for key, p := range lost {
-			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", p.add.Tokens, "cost", p.add.Cost)
+			spent := p.add.clone()
+			l.mu.Lock()
+			spent.add(l.estimate(key.Tenant, p.marks)) // the sessions' reports, as far as known
+			l.mu.Unlock()
+			l.cfg.Log.Error("budget spend not recorded: the store failed at shutdown", "tenant", key.Tenant, "tokens", spent.Tokens, "cost", spent.Cost)
 			if m := l.cfg.Metrics; m != nil {
-				m.lost(key.Tenant, p.add)
+				m.lost(key.Tenant, spent)
 			}
 		}
 	}

@@ -10,12 +10,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // Redis is a store shared by the gateway's replicas: one hash per tenant
 // and period ("acpgate:budget:" and the key), with a field "tokens" and one
-// "cost:" field per currency, each update one MULTI/EXEC, expiring some
-// time after its period.
+// "cost:" field per currency, expiring some time after its period; a hash
+// per agent session for its kept values (redisKeptKey); each update one
+// script.
 type Redis struct {
 	name   string
 	client *redis.Client
@@ -77,28 +80,79 @@ func (r *Redis) Get(ctx context.Context, key Key) (Spent, error) {
 	return parseHash(h)
 }
 
-func (r *Redis) Add(ctx context.Context, key Key, add Spent, next time.Time) (Spent, error) {
+// redisKeptKey is the hash of a tenant's agent session's kept values: a
+// field per currency, expiring keepPeriods after its last report.
+func redisKeptKey(tenant, session string) string {
+	return "acpgate:budget-kept:" + tenant + "/" + session
+}
+
+// addScript is an Add, one script (atomic in Redis): KEYS[1] the ledger
+// hash, KEYS[2:] each mark's kept-value hash; ARGV: tokens, the ledger's
+// expiry (unix seconds), the kept values' lifetime (seconds), the largest
+// increase one report may count, the number of cost additions, then each
+// addition (currency, amount) and each mark (currency, "1" if First else
+// "0", From, Total). A mark's rule is counted's.
+var addScript = redis.NewScript(`
+local k = KEYS[1]
+if ARGV[1] ~= "0" then redis.call("HINCRBY", k, "tokens", ARGV[1]) end
+local maxinc = tonumber(ARGV[4])
+local i = 6
+for _ = 1, tonumber(ARGV[5]) do
+  redis.call("HINCRBYFLOAT", k, "cost:" .. ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for j = 2, #KEYS do
+  local cur, first, from, total = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  if total >= from then
+    local inc = total
+    if first == "0" then
+      inc = total - from
+    else
+      local was = redis.call("HGET", KEYS[j], cur)
+      if was and from >= tonumber(was) then inc = total - tonumber(was) end
+    end
+    if inc > 0 and inc <= maxinc then
+      redis.call("HINCRBYFLOAT", k, "cost:" .. cur, string.format("%.17g", inc))
+    end
+    redis.call("HSET", KEYS[j], cur, ARGV[i + 3])
+    redis.call("EXPIRE", KEYS[j], ARGV[3])
+  end
+  i = i + 4
+end
+redis.call("EXPIREAT", k, ARGV[2])
+return redis.call("HGETALL", k)
+`)
+
+func (r *Redis) Add(ctx context.Context, key Key, add Spent, marks []Mark, next time.Time) (Spent, error) {
 	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
 	defer cancel()
-	k := redisKey(key)
-	var all *redis.MapStringStringCmd
-	_, err := r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		if add.Tokens != 0 {
-			p.HIncrBy(ctx, k, "tokens", add.Tokens)
+	keys := []string{redisKey(key)}
+	args := []any{strconv.FormatInt(add.Tokens, 10), next.Add(keepPeriods).Unix(), int64(keepPeriods / time.Second),
+		strconv.FormatFloat(usage.MaxCostIncrease, 'g', -1, 64)}
+	var costs []any
+	for cur, v := range add.Cost {
+		if v != 0 {
+			costs = append(costs, cur, strconv.FormatFloat(v, 'g', -1, 64))
 		}
-		for cur, v := range add.Cost {
-			if v != 0 {
-				p.HIncrByFloat(ctx, k, "cost:"+cur, v)
-			}
+	}
+	args = append(append(args, len(costs)/2), costs...)
+	for _, mk := range marks {
+		keys = append(keys, redisKeptKey(key.Tenant, mk.Session))
+		first := "0"
+		if mk.First {
+			first = "1"
 		}
-		p.ExpireAt(ctx, k, next.Add(keepPeriods))
-		all = p.HGetAll(ctx, k)
-		return nil
-	})
+		args = append(args, mk.Currency, first, strconv.FormatFloat(mk.From, 'g', -1, 64), strconv.FormatFloat(mk.Total, 'g', -1, 64))
+	}
+	flat, err := addScript.Run(ctx, r.client, keys, args...).StringSlice()
 	if err != nil {
 		return Spent{}, fmt.Errorf("budget ledger %s: %w", r.name, err)
 	}
-	return parseHash(all.Val())
+	h := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		h[flat[i]] = flat[i+1]
+	}
+	return parseHash(h)
 }
 
 func (r *Redis) Reset(ctx context.Context, key Key) error {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // Period is how long a budget runs before it starts again, in UTC.
@@ -67,6 +69,17 @@ func (s *Spent) add(o Spent) {
 	}
 }
 
+// addCost adds inc (> 0) of currency cur to s.
+func (s *Spent) addCost(cur string, inc float64) {
+	if inc <= 0 {
+		return
+	}
+	if s.Cost == nil {
+		s.Cost = map[string]float64{}
+	}
+	s.Cost[cur] += inc
+}
+
 // zero reports whether s adds nothing.
 func (s Spent) zero() bool {
 	if s.Tokens != 0 {
@@ -84,17 +97,87 @@ func (s Spent) clone() Spent {
 	return Spent{Tokens: s.Tokens, Cost: maps.Clone(s.Cost)}
 }
 
-// Store keeps ledgers. Each Add is atomic: two replicas adding to one key
-// at once both count.
+// Mark is one load's live reports of an agent session's cumulative cost
+// in a currency (observe.CostReported), From to Total, in order: what a
+// store counts against the value it keeps for the session (counted).
+type Mark struct {
+	Session  string // the agent session's observe.Session.Key
+	Currency string
+	// First: the mark starts with its load's first live report (the
+	// session was loaded or resumed) of an agent whose total carries on
+	// across loads (usage.cost_total: per_session) and whose replay
+	// carried no total, whose total is From: it counts against the kept
+	// value. Else From is the load's report before the mark's first: 0
+	// for a session made on this gateway process and its first report;
+	// for a load's first report, the load's baseline (the total its
+	// replay carried, or 0: package usage, Budgeted).
+	First bool
+	From  float64
+	Total float64 // the last report's total
+}
+
+// counted is the rule every store applies to a mark, in the same atomic
+// step as the addition; kept is the session's kept value (known false:
+// none), the session's last counted total. keep says the kept value
+// becomes the mark's Total.
+//
+//   - A First mark (a load's first report of a per-session total with no
+//     replayed total) below the kept value: the agent's total started
+//     again from zero, so it counts in full. At or above it: its increase
+//     over it (the same total reported by two loads counts once). With no
+//     kept value (a session last seen before kept values, or idle past
+//     keepPeriods): in full, the safe side. A load's first report of a
+//     per-load total (the default) is not First: it counts over its
+//     load's baseline, as a later report over its previous one.
+//   - A later report of the load counts its increase over the load's
+//     previous report, whatever another load did to the kept value
+//     meanwhile: two processes running one session each spend (counting
+//     over the kept value would count this load's earlier reports again
+//     when another load's restarted total lowered it, or nothing of this
+//     load's spend when another load raised it).
+//   - A decrease within a load (Total below From) counts nothing and
+//     changes nothing; the meter sends none, this is the store's guard.
+//   - More than usage.MaxCostIncrease at once counts nothing, and moves
+//     the kept value (as the meter does).
+func counted(kept float64, known bool, m Mark) (inc float64, keep bool) {
+	switch {
+	case m.Total < m.From:
+		return 0, false
+	case !m.First:
+		inc = m.Total - m.From
+	case known && m.From >= kept:
+		inc = m.Total - kept
+	default:
+		inc = m.Total
+	}
+	if inc > usage.MaxCostIncrease {
+		inc = 0
+	}
+	return inc, true
+}
+
+// keptKey names a session's kept value of a currency in a store: tenant,
+// session key and currency, NUL-separated (tenant names and session keys
+// hold no NUL; the currency, last, may hold anything).
+func keptKey(tenant string, m Mark) string {
+	return tenant + "\x00" + m.Session + "\x00" + m.Currency
+}
+
+// Store keeps ledgers, and the last counted cumulative cost of each agent
+// session that reported one (its kept value, per currency, for
+// keepPeriods after its last report, whatever the period). Each Add is
+// atomic: two replicas adding to one key at once both count, and two
+// loads' first reports of one total at once count it once.
 type Store interface {
 	// Name says where the ledger is, for errors and logs (never a
 	// password).
 	Name() string
 	// Get is what key holds (zero: nothing yet).
 	Get(ctx context.Context, key Key) (Spent, error)
-	// Add adds s to key and returns what it holds then. next is when the
-	// key's period ends: a store may forget the key some time after.
-	Add(ctx context.Context, key Key, s Spent, next time.Time) (Spent, error)
+	// Add adds s to key, and what each mark counts (counted, in order,
+	// the session being key.Tenant's), and returns what key holds then. next is when the key's period ends: a store may
+	// forget the key some time after.
+	Add(ctx context.Context, key Key, s Spent, marks []Mark, next time.Time) (Spent, error)
 	// Reset forgets what key holds.
 	Reset(ctx context.Context, key Key) error
 	Close() error
@@ -150,12 +233,21 @@ func redactURL(spec string) string {
 
 // Memory is a store in the process: a restart forgets it.
 type Memory struct {
-	mu sync.Mutex
-	m  map[Key]Spent
+	mu     sync.Mutex
+	m      map[Key]Spent
+	kept   map[string]keptValue // by keptKey
+	pruned time.Time            // when kept values were last pruned
+}
+
+// keptValue is a session's kept value of a currency, and when it was
+// last reported.
+type keptValue struct {
+	Total float64   `json:"total"`
+	Seen  time.Time `json:"seen"`
 }
 
 // NewMemory is an empty memory store.
-func NewMemory() *Memory { return &Memory{m: map[Key]Spent{}} }
+func NewMemory() *Memory { return &Memory{m: map[Key]Spent{}, kept: map[string]keptValue{}} }
 
 func (*Memory) Name() string { return "memory" }
 
@@ -165,11 +257,29 @@ func (s *Memory) Get(_ context.Context, key Key) (Spent, error) {
 	return s.m[key].clone(), nil
 }
 
-func (s *Memory) Add(_ context.Context, key Key, add Spent, _ time.Time) (Spent, error) {
+func (s *Memory) Add(_ context.Context, key Key, add Spent, marks []Mark, _ time.Time) (Spent, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.m[key].clone()
 	cur.add(add)
+	now := time.Now()
+	for _, mk := range marks {
+		k := keptKey(key.Tenant, mk)
+		was, known := s.kept[k]
+		inc, keep := counted(was.Total, known, mk)
+		if keep {
+			s.kept[k] = keptValue{Total: mk.Total, Seen: now}
+		}
+		cur.addCost(mk.Currency, inc)
+	}
+	if now.Sub(s.pruned) > pruneEvery {
+		s.pruned = now
+		for k, v := range s.kept {
+			if now.Sub(v.Seen) > keepPeriods {
+				delete(s.kept, k)
+			}
+		}
+	}
 	s.m[key] = cur
 	// Past periods are of no more use: one key per tenant stays.
 	for k := range s.m {

@@ -66,8 +66,9 @@ func (ag *agents) spec(cfg *config.Config, a config.AgentEntry) (proxy.AgentSpec
 	}
 	p := a.Pool
 	return proxy.AgentSpec{
-		Name:          a.Name,
-		SharedTenants: p.Isolation == "shared",
+		Name:           a.Name,
+		SharedTenants:  p.Isolation == "shared",
+		CostPerSession: a.Usage.CostTotal == config.CostPerSession,
 		Pool: proxy.PoolConfig{
 			Agent: proxy.AgentConfig{
 				Command:     cmd,

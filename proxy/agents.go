@@ -38,6 +38,10 @@ type AgentSpec struct {
 	// SharedTenants lets tenants share the agent's processes even where
 	// the relay isolates tenants (pool isolation "shared").
 	SharedTenants bool
+	// CostPerSession: the agent's cumulative cost carries on across loads
+	// and processes (usage.SetPerSession); else it may start again at
+	// each load.
+	CostPerSession bool
 }
 
 // Timeouts bound how long the relay lets requests wait; 0 = no limit.
@@ -71,12 +75,15 @@ type agent struct {
 	pool     *pool.Pool
 	cfg      *pool.Config // the pool's, defaults applied
 	timeouts Timeouts
-	mapPaths bool // some tenant maps paths: locate path fields in agent output
-	metrics  *metrics.Agent
-	isolate  bool             // two tenants never share a process of this agent
-	audit    audit.Recorder   // the relay's audit trail (nil: none)
-	obs      *observe.Set     // what watches its sessions (events.go)
-	dec      observe.Deciders // what decides for them
+	// costPerSession: its cumulative cost carries on across loads
+	// (AgentSpec.CostPerSession).
+	costPerSession bool
+	mapPaths       bool // some tenant maps paths: locate path fields in agent output
+	metrics        *metrics.Agent
+	isolate        bool             // two tenants never share a process of this agent
+	audit          audit.Recorder   // the relay's audit trail (nil: none)
+	obs            *observe.Set     // what watches its sessions (events.go)
+	dec            observe.Deciders // what decides for them
 	// gatesReady: readiness waits for this agent. Agents configured at
 	// start do; one a reload added does once its pool has had a process
 	// ready, so that adding an agent never takes a ready replica (and every
@@ -141,7 +148,7 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
 	ag := &agent{name: spec.Name, metrics: r.metrics.ForAgent(spec.Name), isolate: isolate,
-		timeouts: spec.Timeouts, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit,
+		timeouts: spec.Timeouts, costPerSession: spec.CostPerSession, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit,
 		dec: r.deciders}
 	ag.obs = r.observers(ag, r.extraObs)
 	cfg.Metrics = ag.metrics.Pool()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,7 +38,16 @@ type procLink struct {
 	inbound   map[string]*inReq // agent→client requests in flight, by the agent's raw id
 	answering int               // prompt answers taken from pending, not yet delivered to their client
 	dead      bool              // the process has exited: nothing more is tracked
+	// late are the prompts whose turns the gateway ended without the
+	// agent's answer (timed out, cancelled in its place), by agent-side
+	// id: an answer that comes after still counts its usage. The oldest
+	// of lateOrder are forgotten past maxLate.
+	late      map[int64]*Session
+	lateOrder []int64
 }
+
+// maxLate bounds the late prompt answers a process's link waits for.
+const maxLate = 256
 
 // newLink makes the link of a process the agent's pool has just created.
 func (ag *agent) newLink(p *pool.Process) pool.Handler {
@@ -274,6 +284,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 		}
 		delete(l.pending, id)
 		l.answeringLocked(r)
+		l.expectLateLocked(r)
 		expired = append(expired, r)
 	}
 	l.mu.Unlock()
@@ -303,4 +314,44 @@ func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
 		}
 	}
 	return running, l.answering
+}
+
+// expectLateLocked notes r, a prompt whose turn the gateway is ending
+// without the agent's answer: the answer may still come, and its usage
+// counts (agentReader.lateAnswer). Called with l.mu held.
+func (l *procLink) expectLateLocked(r *outReq) {
+	if r.method != acp.SessionPrompt || r.sess == nil || r.conn == nil || r.began.Load() == 0 {
+		return // not a turn that ran
+	}
+	if l.late == nil {
+		l.late = map[int64]*Session{}
+	}
+	if len(l.lateOrder) >= maxLate {
+		delete(l.late, l.lateOrder[0])
+		l.lateOrder = l.lateOrder[1:]
+	}
+	l.late[r.agentID] = r.sess
+	l.lateOrder = append(l.lateOrder, r.agentID)
+}
+
+// expectLate is expectLateLocked for a prompt already taken.
+func (l *procLink) expectLate(r *outReq) {
+	l.mu.Lock()
+	l.expectLateLocked(r)
+	l.mu.Unlock()
+}
+
+// takeLate is the session of the late prompt answered by id, if the link
+// waits for it (its answer counts once).
+func (l *procLink) takeLate(id int64) *Session {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.late[id]
+	if s != nil {
+		delete(l.late, id)
+		if i := slices.Index(l.lateOrder, id); i >= 0 {
+			l.lateOrder = slices.Delete(l.lateOrder, i, i+1)
+		}
+	}
+	return s
 }

@@ -187,6 +187,9 @@ func (r *outReq) releaseQueued() {
 // stopReason "cancelled", to its client and, as turn_complete, to the
 // session's other clients.
 func (r *outReq) cancelInPlace() {
+	if r.link != nil {
+		r.link.expectLate(r) // its answer, if it comes, counts its usage
+	}
 	r.turnEnded("cancelled", nil)
 	r.sess.turnComplete(r.conn, "cancelled")
 	msg := jsonrpc.AppendResult(nil, r.clientID, []byte(`{"stopReason":"cancelled"}`))

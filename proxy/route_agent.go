@@ -54,8 +54,12 @@ func (r *agentReader) specFor(m *jsonrpc.Message) *jsonrpc.Spec {
 	}
 	r.l.mu.Lock()
 	req := r.l.pending[id]
+	late := req == nil && r.l.late[id] != nil
 	r.l.mu.Unlock()
-	if req == nil {
+	switch {
+	case late: // a prompt's answer after the gateway ended its turn (lateAnswer)
+		return acp.ResultSpec(acp.SessionPrompt, m.IsError, paths)
+	case req == nil:
 		return nil
 	}
 	return acp.ResultSpec(req.method, m.IsError, paths)
@@ -93,6 +97,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		return
 	}
 	req := l.takeAnswered(id)
+	if req == nil && r.lateAnswer(id, m) {
+		return
+	}
 	if req == nil {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent or already answered; dropped", "id", id)
 		return

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -89,7 +91,10 @@ func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slo
 	}
 	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, link: l, ten: c.ten,
 		slot: slot, subject: id.Subject, scope: c.scope, owners: c.relay.owners, opened: time.Now()}
-	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd}
+	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd, Key: sessionKey(l.ag.name, id.Agent)}
+	if l.ag.costPerSession {
+		s.meter.SetPerSession()
+	}
 	s.attachable = c.ten.sharing().Attach != SharingOff
 	if n := c.relay.resume.HistoryBytes; n > 0 && s.attachable {
 		s.history = history.New(n)
@@ -233,3 +238,14 @@ func (l *procLink) removeSession(s *Session) bool {
 
 // truncate shortens s to n bytes for a log line, marking the cut.
 func truncate(s string, n int) string { return logx.Truncate(s, n) }
+
+// sessionKey names the agent's session sid the same on every connection,
+// replica and restart, without showing sid (observe.Session.Key): 128 bits
+// of SHA-256 over the agent's name and sid, in hex.
+func sessionKey(agent, sid string) string {
+	h := sha256.New()
+	h.Write([]byte(agent))
+	h.Write([]byte{0})
+	h.Write([]byte(sid))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}

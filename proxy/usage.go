@@ -40,20 +40,24 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 		return // no cost reported
 	}
 	var inc float64
+	var b usage.Budgeted
 	cur, label, amount, reject := usage.ParseCost(p.Update.Cost)
 	if reject == "" {
-		inc, reject = s.meter.NoteCost(cur, label, amount)
+		inc, b, reject = s.meter.NoteCost(cur, label, amount)
 	}
-	switch {
-	case reject != "":
-		s.link.p.Log().Debug("agent usage_update counted as nothing", "reason", reject, "session", s.GatewayID)
+	if reject != "" {
+		s.link.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
 		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
-	case inc > 0:
-		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label, Amount: inc}
-	default:
-		return
+		s.link.ag.obs.Observe(e)
 	}
-	s.link.ag.obs.Observe(e)
+	if b.Live {
+		// Every live report, even one this meter counts as nothing (a
+		// loaded session's first, a decrease): a budget counts it against
+		// the value it keeps for the session, whichever process loaded it.
+		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label,
+			Amount: inc, Total: amount, First: b.First, From: b.From}
+		s.link.ag.obs.Observe(e)
+	}
 }
 
 // turnTokens reads a PromptResponse's usage: the token counts that pass
@@ -64,6 +68,27 @@ func (s *Session) turnTokens(raw []byte) map[string]int64 {
 		s.emit(&observe.Event{Kind: observe.UsageRejected, Reason: reject})
 	}
 	return tokens
+}
+
+// lateAnswer counts the usage of m, the answer to a prompt whose turn the
+// gateway ended without it (timed out, cancelled in the agent's place):
+// observe.TokensReported. false: no such prompt.
+func (r *agentReader) lateAnswer(id int64, m *jsonrpc.Message) bool {
+	s := r.l.takeLate(id)
+	if s == nil {
+		return false
+	}
+	if m.IsError {
+		return true
+	}
+	if f, ok := acp.Tagged(m, acp.LabelUsage); ok {
+		if tokens := s.turnTokens(m.Bytes(f)); len(tokens) > 0 {
+			s.meter.NoteTokens(tokens)
+			s.emit(&observe.Event{Kind: observe.TokensReported, Tokens: tokens})
+		}
+	}
+	r.l.p.Log().Debug("a prompt answered after the gateway ended its turn; its usage counted", "session", s.GatewayID)
+	return true
 }
 
 // meterTurn counts the end of req's turn, answered by m: its stop reason

@@ -465,7 +465,11 @@ func describeAgents(w io.Writer, cfg *config.Config) {
 				who = append(who, cfg.Tenants[i].Name)
 			}
 		}
-		fmt.Fprintf(w, "  %s: %s at %s; pool max_processes %d, min_idle %d", a.Name, cmd, path, a.Pool.MaxProcesses, a.Pool.MinIdle)
+		costTotal := a.Usage.CostTotal
+		if costTotal == "" {
+			costTotal = config.CostPerLoad
+		}
+		fmt.Fprintf(w, "  %s: %s at %s; pool max_processes %d, min_idle %d; usage.cost_total %s", a.Name, cmd, path, a.Pool.MaxProcesses, a.Pool.MinIdle, costTotal)
 		if len(cfg.Tenants) > 0 {
 			fmt.Fprintf(w, "; tenants: %s", strings.Join(who, ", "))
 		}

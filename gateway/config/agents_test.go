@@ -87,6 +87,8 @@ func TestAgentsProblems(t *testing.T) {
 		{"bad isolation", "agents:\n  a:\n    pool: {isolation: nope}\n", `agents.a.pool.isolation: "nope" is not tenant or shared`},
 		{"bad env", "agents:\n  a:\n    env: {\"A=B\": x}\n", `agents.a.env: "A=B" is not a valid environment variable name`},
 		{"bad grace", "agents:\n  a:\n    stop_grace: 0s\n", "agents.a.stop_grace: must be positive"},
+		{"bad cost total", "agents:\n  a:\n    usage: {cost_total: per_turn}\n", `agents.a.usage.cost_total: "per_turn" is not per_load or per_session`},
+		{"bad agent cost total", "agent:\n  usage: {cost_total: session}\n", `agent.usage.cost_total: "session" is not per_load or per_session`},
 		{"unknown key", "agents:\n  a:\n    comand: [x]\n", "field comand not found"},
 		{"bad policy", "agents:\n  a:\n    policy: {mcp: {http_hosts: [\"\"]}}\n", "agents.a.policy"},
 	} {
@@ -279,5 +281,28 @@ tenants:
 	ps := problems(t, "policy: {modes: {allow: [\"\"]}}\n")
 	if len(ps) == 0 || !strings.Contains(ps[0].String(), "modes.allow") {
 		t.Errorf("problems = %v", ps)
+	}
+}
+
+// usage.cost_total is per_load unless set; a named agent takes agent:'s
+// and may set its own.
+func TestAgentCostTotal(t *testing.T) {
+	cfg := mustParse(t, `
+agent:
+  usage: {cost_total: per_session}
+agents:
+  a: {}
+  b:
+    usage: {cost_total: per_load}
+default_agent: a
+`)
+	if got := cfg.AgentNamed("a").Usage.CostTotal; got != CostPerSession {
+		t.Errorf("a: cost_total %q, want agent:'s %q", got, CostPerSession)
+	}
+	if got := cfg.AgentNamed("b").Usage.CostTotal; got != CostPerLoad {
+		t.Errorf("b: cost_total %q, want its own %q", got, CostPerLoad)
+	}
+	if got := mustParse(t, "agent: {}\n").Agent.Usage.CostTotal; got != CostPerLoad {
+		t.Errorf("default cost_total %q, want %q", got, CostPerLoad)
 	}
 }

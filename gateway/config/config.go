@@ -162,7 +162,25 @@ type Agent struct {
 	StopGrace Duration `yaml:"stop_grace"`
 	// InitTimeout bounds the agent's answer to initialize.
 	InitTimeout Duration `yaml:"init_timeout"`
+	// Usage says how the agent reports what it uses.
+	Usage AgentUsage `yaml:"usage"`
 }
+
+// AgentUsage says how an agent reports what it uses.
+type AgentUsage struct {
+	// CostTotal is how the agent's cumulative usage_update cost runs:
+	// CostPerLoad (the default; "" is the default too) may start again
+	// from zero at each session/load or resume, CostPerSession carries on
+	// across loads and processes (budgets then count a load's first
+	// report with no replayed total over the session's kept value).
+	CostTotal string `yaml:"cost_total"`
+}
+
+// The values of usage.cost_total.
+const (
+	CostPerLoad    = "per_load"
+	CostPerSession = "per_session"
+)
 
 // NamedAgent is one entry of agents: an agent's settings, its pool (the
 // top-level pool with these keys laid over it), its policy keys (laid over
@@ -409,6 +427,7 @@ func Default() *Config {
 			StopGrace:   Duration(5 * time.Second),
 			InitTimeout: Duration(60 * time.Second),
 			InheritEnv:  []string{"PATH", "LANG", "LC_ALL", "TZ", "TERM"},
+			Usage:       AgentUsage{CostTotal: CostPerLoad},
 		},
 		Sandbox: Sandbox{Home: "/var/lib/acpgate/homes"},
 		Pool: Pool{
@@ -756,6 +775,11 @@ func validateAgent(root *yaml.Node, path string, a *Agent) []Problem {
 	}
 	if a.InitTimeout <= 0 {
 		add("init_timeout", "must be positive")
+	}
+	switch a.Usage.CostTotal {
+	case "", CostPerLoad, CostPerSession:
+	default:
+		add("usage.cost_total", "%q is not %s or %s", a.Usage.CostTotal, CostPerLoad, CostPerSession)
 	}
 	return ps
 }

@@ -181,6 +181,7 @@ agent:
   dir: /tmp
   stop_grace: 250ms
   init_timeout: 2m
+  usage: {cost_total: per_session}
 pool:
   min_idle: 0
   max_processes: 3
@@ -210,6 +211,7 @@ log:
 		InheritEnv:  want.Agent.InheritEnv,
 		StopGrace:   Duration(250 * time.Millisecond),
 		InitTimeout: Duration(2 * time.Minute),
+		Usage:       AgentUsage{CostTotal: CostPerSession},
 	}
 	want.Pool.MinIdle = 0
 	want.Pool.MaxProcesses = 3

@@ -38,6 +38,10 @@ func (am *Agent) Observe(e *observe.Event) {
 		for k, n := range e.Tokens {
 			am.UsageTokens.WithLabelValues(label, k).Add(float64(n))
 		}
+	case observe.TokensReported:
+		for k, n := range e.Tokens {
+			am.UsageTokens.WithLabelValues(label, k).Add(float64(n))
+		}
 	case observe.PermissionResolved:
 		if outcome := resolutionLabel(e.By, e.Outcome); outcome != "" {
 			am.root.PermissionResolutions.WithLabelValues(outcome).Inc()

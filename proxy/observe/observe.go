@@ -21,6 +21,10 @@ type Session struct {
 	Label  string // the tenant's label on metrics
 	Agent  string
 	Cwd    string // as the client asked for it
+	// Key names the agent's session the same on every connection, replica
+	// and restart (a digest of the agent's name and its own session ID,
+	// never the ID itself): what budgets keep its cumulative cost by.
+	Key string
 }
 
 // Client is who acted: the zero Client is the gateway itself.
@@ -47,7 +51,7 @@ const (
 	SessionLost                         // Reason: its agent process died
 	TurnStarted                         // Turn; Prompt (its content blocks as sent; nil: read them from Params); Params
 	Update                              // Turn (nil: between turns); UpdateKind; Params: the session/update's; First: the turn's first, Duration after it started
-	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase
+	CostReported                        // Turn; Currency (a metrics label), Unit (the currency itself); Amount: the session's cost increase as this process metered it (0 for a loaded session's first report); Total: the agent's cumulative cost as reported; First: the load's first live report of the currency (the session was loaded or resumed) of a per-session total with no replayed total, to count against the session's kept value; From: what its increase counts from (usage.Budgeted). Every live report (not a replay's) that reads as an amount
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
@@ -55,6 +59,7 @@ const (
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
 	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
 	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
+	TokensReported                      // Tokens: what a turn's answer reported after the gateway had ended the turn (timed out, cancelled in the agent's place)
 )
 
 // SessionName is what happened to the session, for a session event:
@@ -94,6 +99,8 @@ type Event struct {
 	Currency   string             // a metrics label: past a tenant's first few currencies, "other"
 	Unit       string             // the currency as metering names it, whatever the label (budgets cap it)
 	Amount     float64
+	Total      float64 // CostReported: the agent's cumulative amount
+	From       float64 // CostReported: what Total's increase counts from (usage.Budgeted.From)
 	Method     string
 	Path       string
 	Bytes      int

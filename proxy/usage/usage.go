@@ -21,7 +21,7 @@ import (
 // Limits of what a report may say; beyond them it counts nothing.
 const (
 	maxTurnTokens   = 1e12 // tokens of one kind in one turn
-	maxCostIncrease = 1e9  // a session's cost increase in one report
+	MaxCostIncrease = 1e9  // a session's cost increase in one report (budgets apply it too)
 	MaxCurrencies   = 8    // currencies a session tracks, and a tenant's labels name
 	maxCurrencyLen  = 16   // a currency label's length
 	maxCurrencyKey  = 64   // a currency's length; longer is invalid
@@ -34,7 +34,7 @@ const OtherCurrency = "other"
 const (
 	RejectInvalid    = "invalid"    // not a number, or not an integer token count
 	RejectNegative   = "negative"   // below zero
-	RejectTooLarge   = "too_large"  // beyond maxTurnTokens or maxCostIncrease
+	RejectTooLarge   = "too_large"  // beyond maxTurnTokens or MaxCostIncrease
 	RejectDecreased  = "decreased"  // a cumulative cost went down (the new amount is the baseline)
 	RejectCurrencies = "currencies" // a session's currency beyond MaxCurrencies
 )
@@ -68,6 +68,62 @@ type Meter struct {
 	// loaded: the session came to this gateway by a load, so the first
 	// amount of a currency is a baseline, not an increase.
 	loaded bool
+	// own is the load's last report by currency as budgets count it (a
+	// decrease leaves it): what the load's next report counts from.
+	// reloaded: the session was loaded or resumed, so the load's first
+	// live report of a currency (none in own) is compared with the
+	// session's kept value (package budget).
+	own      map[string]float64
+	reloaded bool
+	// replayed is the last amount by currency the load's replay carried
+	// (the agent's total at load time): the load's first live report
+	// counts over it.
+	replayed map[string]float64
+	// perSession: the agent's cumulative cost carries on across loads and
+	// processes (SetPerSession), so a load's first live report with no
+	// replayed amount counts over the session's kept value; else over 0.
+	perSession bool
+}
+
+// Budgeted is a live report as budgets take it (package budget): a
+// report that came outside a load's replay, from the agent's work since
+// the session exists, whatever this meter counted. A replay's report, or
+// one past MaxCurrencies, is not live.
+//
+// A load's (or resume's) first live report of a currency counts over
+// the load's own baseline: the last amount its replay carried (the
+// agent's total at load time), or, with none, 0, so it counts in full
+// (an agent whose total carries on across loads but is not replayed is
+// overcounted once per load: the safe side). A report below the
+// replayed amount is a total that started again: it counts in full.
+// Only for an agent whose total carries on across loads and processes
+// (SetPerSession) does a first report with no replayed amount go to the
+// session's kept value (First).
+type Budgeted struct {
+	Live bool
+	// First: the first live report of its currency since the session was
+	// loaded or resumed, of a per-session total with no replayed amount:
+	// budgets compare it with the session's kept value (below it, the
+	// total started again and counts in full; at or above, its increase).
+	// From is then the report itself.
+	First bool
+	// From is what the report's increase counts from: the load's previous
+	// report (0 for a session made here and its first report); for a
+	// load's first report, its baseline (the replayed amount, or 0). A
+	// report below it (not First) is a decrease: it counts nothing and
+	// leaves From where it was.
+	From float64
+}
+
+// SetPerSession tells the meter the agent's cumulative cost carries on
+// across loads and processes (usage.cost_total: per_session): a load's
+// first live report with no replayed amount is compared with the
+// session's kept value (Budgeted.First). Call it before the session's
+// first report.
+func (mt *Meter) SetPerSession() {
+	mt.mu.Lock()
+	mt.perSession = true
+	mt.mu.Unlock()
 }
 
 // Usage is the session's Usage so far (copies).
@@ -78,14 +134,25 @@ func (mt *Meter) Usage() Usage {
 }
 
 // ReplayStarted marks a load or resume of the session in flight: until
-// ReplayEnded, a cost report only sets the baseline.
-func (mt *Meter) ReplayStarted() { mt.replays.Add(1) }
+// ReplayEnded, a cost report only sets the baseline (and counts nothing
+// for budgets); the first live report of each currency after it is a
+// load's first (Budgeted.First).
+func (mt *Meter) ReplayStarted() {
+	mt.replays.Add(1)
+	mt.mu.Lock()
+	clear(mt.own)
+	clear(mt.replayed)
+	mt.reloaded = true
+	mt.mu.Unlock()
+}
 
 // ReplayEnded undoes one ReplayStarted.
 func (mt *Meter) ReplayEnded() { mt.replays.Add(-1) }
 
-// Loaded marks a session that came by a load: the agent's cost so far was
-// counted before, or is not this gateway's to count.
+// Loaded marks a session that came by a load: this meter takes the first
+// amount of a currency as its baseline (the agent's cost so far was
+// metered before, or elsewhere). Budgets do not: they count a load's live
+// reports against the value kept for the session (package budget).
 func (mt *Meter) Loaded() {
 	mt.mu.Lock()
 	mt.loaded = true
@@ -108,25 +175,35 @@ func (mt *Meter) TurnCost() map[string]float64 {
 
 // NoteCost takes a report of the session's cumulative cost in currency cur
 // (as the agent wrote it: each currency has a baseline of its own, even
-// those whose label is "other") and returns the increase to count, or why
-// it counts nothing. label is cur's label, what the session's sums go by.
-func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, reject string) {
+// those whose label is "other") and returns the increase to count here
+// (this process's metering), or why it counts nothing. label is cur's
+// label, what the session's sums go by.
+//
+// b is the report as budgets take it (Budgeted).
+func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, b Budgeted, reject string) {
 	replay := mt.replays.Load() > 0
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	last, known := mt.last[cur]
 	switch {
 	case !known && len(mt.last) >= MaxCurrencies:
-		return 0, RejectCurrencies
-	case replay || !known && mt.loaded:
+		return 0, Budgeted{}, RejectCurrencies
+	case replay:
 		setMap(&mt.last, cur, amount)
-		return 0, ""
+		setMap(&mt.replayed, cur, amount)
+		return 0, Budgeted{}, ""
+	}
+	b = mt.budgeted(cur, amount)
+	switch {
+	case !known && mt.loaded:
+		setMap(&mt.last, cur, amount)
+		return 0, b, ""
 	case amount < last:
 		mt.last[cur] = amount // the agent's counter restarted
-		return 0, RejectDecreased
-	case amount-last > maxCostIncrease:
+		return 0, b, RejectDecreased
+	case amount-last > MaxCostIncrease:
 		setMap(&mt.last, cur, amount) // counted as nothing; the next report counts from here
-		return 0, RejectTooLarge
+		return 0, b, RejectTooLarge
 	}
 	setMap(&mt.last, cur, amount)
 	inc = amount - last
@@ -134,7 +211,30 @@ func (mt *Meter) NoteCost(cur, label string, amount float64) (inc float64, rejec
 		addMap(&mt.cost, label, inc)
 		addMap(&mt.turnCost, label, inc)
 	}
-	return inc, ""
+	return inc, b, ""
+}
+
+// budgeted is a live report of amount in cur as budgets take it, and
+// moves the load's own value (own) unless it is a decrease. Called with
+// mt.mu held.
+func (mt *Meter) budgeted(cur string, amount float64) Budgeted {
+	from, ok := mt.own[cur]
+	if !ok && mt.reloaded { // the load's first live report
+		setMap(&mt.own, cur, amount)
+		base, replayed := mt.replayed[cur]
+		switch {
+		case !replayed && mt.perSession:
+			return Budgeted{Live: true, First: true, From: amount}
+		case amount < base: // the total started again despite its replay
+			base = 0
+		}
+		return Budgeted{Live: true, From: base}
+	}
+	if amount < from {
+		return Budgeted{Live: true, From: from}
+	}
+	setMap(&mt.own, cur, amount)
+	return Budgeted{Live: true, From: from}
 }
 
 // NoteTokens adds a turn's token counts to the session's.

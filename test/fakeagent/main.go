@@ -52,7 +52,17 @@
 // "1e300" or "\"x\"" are sent as such; at most 1000, every at most 10s
 // apart), then ends the turn with usage {inputTokens: IN, outputTokens:
 // OUT} (written as they are too); a session/cancel meanwhile ends it at
-// once, stopReason "cancelled". Every prompt is logged to stderr as
+// once, stopReason "cancelled" (with "cancel=usage", its answer carries
+// that usage too, as an agent reporting what a cancelled turn used). With
+// "total=load" the amounts are the turn's own cost so far, and each report
+// is the session's running total in this process plus it, as
+// claude-agent-acp reports its SDK's total_cost_usd: the turn's last amount
+// is added to it at the turn's end (cancelled too), and a session/new,
+// session/load or session/resume starts it again from zero (a new SDK
+// query). Without it the total carries on: session/load replays the
+// session's last (numeric) report after its history, as an agent that
+// keeps its total with the session would (FAKE_REPLAY_COST=off: it does
+// not, an agent whose total carries on unsaid). Every prompt is logged to stderr as
 // "fakeagent: prompt <session> <text>" (for tests that check a prompt
 // never reached the agent).
 // Requests for other methods get -32601; notifications and
@@ -66,7 +76,11 @@
 // session/resume answers {} without a replay; session/list lists every
 // session (sessionId, cwd); session/close answers {} (the session stays
 // loadable); session/delete forgets it. A session it does not know gets
-// -32002. A prompt containing "permission" sends session/request_permission
+// -32002. FAKE_SESSIONS_DIR (a directory) shares the sessions between
+// processes, as an agent that keeps them on disk: session/new writes a
+// file per session there (its IDs then name the process), and a load or
+// resume of a session another process made finds it (its history is
+// that process's own). A prompt containing "permission" sends session/request_permission
 // (options allow and reject) and waits for the answer, other messages being
 // handled meanwhile: "Permission granted (allow)." and end_turn, or the
 // stopReason cancelled for a cancelled outcome.
@@ -114,6 +128,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,6 +147,8 @@ type agent struct {
 	mode     string
 	id       string // this process's part of its session IDs: unique, as a real agent's are
 	sessions int
+	shared   string // FAKE_SESSIONS_DIR: where the sessions are shared with other processes
+	noCost   bool   // FAKE_REPLAY_COST=off: a load replays no cost report
 
 	smu   sync.Mutex                       // guards store, waits and asked
 	store map[string]*fakeSession          // FAKE_MODE=sessions: the sessions by ID
@@ -140,6 +157,7 @@ type agent struct {
 
 	cancelMu sync.Mutex
 	cancels  map[string]chan struct{} // running spend turns, by session
+	running  map[string]float64       // spend total=load: each session's running total since its new, load or resume (guarded by cancelMu)
 
 	mu  sync.Mutex // guards out: silent turns answer from goroutines of their own
 	out *bufio.Writer
@@ -156,7 +174,7 @@ type agent struct {
 }
 
 func main() {
-	a := &agent{mode: os.Getenv("FAKE_MODE"), out: bufio.NewWriterSize(os.Stdout, 1<<16),
+	a := &agent{mode: os.Getenv("FAKE_MODE"), shared: os.Getenv("FAKE_SESSIONS_DIR"), noCost: os.Getenv("FAKE_REPLAY_COST") == "off", out: bufio.NewWriterSize(os.Stdout, 1<<16),
 		store: map[string]*fakeSession{}, waits: map[string]chan permissionAnswer{},
 		model: map[string]string{}, modelShape: os.Getenv("FAKE_MODEL_SHAPE"),
 		curMode: map[string]string{}, modeShape: os.Getenv("FAKE_MODE_SHAPE"),
@@ -285,6 +303,8 @@ func (a *agent) handle(line []byte) {
 		}
 		_ = json.Unmarshal(m.Params, &p)
 		a.sessions++
+		// Unique to this process (a.id), so processes sharing
+		// FAKE_SESSIONS_DIR never name two sessions alike.
 		sid := fmt.Sprintf("fake-%s-%d", a.id, a.sessions)
 		if p.Resume != "" {
 			sid = p.Resume
@@ -296,6 +316,11 @@ func (a *agent) handle(line []byte) {
 				a.store[sid] = &fakeSession{cwd: p.Cwd}
 			}
 			a.smu.Unlock()
+			if a.shared != "" {
+				if err := os.WriteFile(filepath.Join(a.shared, sid), []byte(p.Cwd), 0o600); err != nil {
+					fmt.Fprintln(os.Stderr, "fakeagent: FAKE_SESSIONS_DIR:", err)
+				}
+			}
 		}
 		a.result(m.ID, a.withModels(sid, map[string]any{"sessionId": sid}))
 	case "session/set_config_option", "session/set_model", "session/set_mode":
@@ -406,10 +431,14 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 		return
 	}
 	amounts := strings.Split(fields[0], ",")
-	currency, every, tokens := "USD", 100*time.Millisecond, ""
+	currency, every, tokens, cancelUsage, running := "USD", 100*time.Millisecond, "", false, false
 	for _, f := range fields[1:] {
 		k, v, _ := strings.Cut(f, "=")
 		switch k {
+		case "cancel":
+			cancelUsage = v == "usage"
+		case "total":
+			running = v == "load"
 		case "currency":
 			currency = v
 		case "every":
@@ -425,13 +454,30 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 	if len(amounts) > 1000 {
 		amounts = amounts[:1000]
 	}
+	cancelled := `{"stopReason":"cancelled"}`
+	if tokens != "" && cancelUsage {
+		cancelled = `{"stopReason":"cancelled","usage":` + tokens + `}`
+	}
 	cancel := make(chan struct{})
 	a.cancelMu.Lock()
 	if a.cancels == nil {
 		a.cancels = map[string]chan struct{}{}
 	}
 	a.cancels[sid] = cancel
+	base := a.running[sid]
 	a.cancelMu.Unlock()
+	if running { // the running total plus the turn's own cost so far; a load replays none
+		a.keepCost(sid, "")
+		for i, amount := range amounts {
+			v, err := strconv.ParseFloat(amount, 64)
+			if err != nil {
+				a.fail(id, -32602, "spend total=load: amount "+amount+" is not a number")
+				return
+			}
+			amounts[i] = strconv.FormatFloat(base+v, 'g', -1, 64)
+		}
+	}
+	last := "" // the last amount reported
 	sidJSON, _ := json.Marshal(sid)
 	curJSON, _ := json.Marshal(currency)
 	go func() {
@@ -439,6 +485,12 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 			a.cancelMu.Lock()
 			if a.cancels[sid] == cancel {
 				delete(a.cancels, sid)
+			}
+			if v, err := strconv.ParseFloat(last, 64); running && err == nil {
+				if a.running == nil {
+					a.running = map[string]float64{}
+				}
+				a.running[sid] = v
 			}
 			a.cancelMu.Unlock()
 		}()
@@ -448,18 +500,22 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 			if i > 0 {
 				select {
 				case <-cancel:
-					a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"stopReason":"cancelled"}}`))
+					a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + cancelled + `}`))
 					return
 				case <-tick.C:
 				}
 			}
+			cost := `{"amount":` + amount + `,"currency":` + string(curJSON) + `}`
 			a.writeLine([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
-				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":{"amount":` + amount +
-				`,"currency":` + string(curJSON) + `}}}}`))
+				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":` + cost + `}}}`))
+			if _, err := strconv.ParseFloat(amount, 64); err == nil && !running {
+				a.keepCost(sid, cost)
+			}
+			last = amount
 		}
 		select { // a last chance to be cancelled after the last report
 		case <-cancel:
-			a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"stopReason":"cancelled"}}`))
+			a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + cancelled + `}`))
 			return
 		case <-time.After(every):
 		}
@@ -512,6 +568,41 @@ func garbage() [][]byte {
 type fakeSession struct {
 	cwd     string
 	history []map[string]any // session/update params' update objects
+	cost    string           // the last cost report of a total that carries on (a usage_update's cost object), replayed by a load
+}
+
+// keepCost notes the last cost report of session sid, cost (a
+// usage_update's cost object), for its loads' replays; "" forgets it (a
+// total that starts again at each load replays none). With
+// FAKE_SESSIONS_DIR it is shared with the other processes.
+func (a *agent) keepCost(sid, cost string) {
+	a.smu.Lock()
+	defer a.smu.Unlock()
+	if s := a.store[sid]; s != nil {
+		s.cost = cost
+	}
+	if a.shared == "" || a.mode != "sessions" {
+		return
+	}
+	f := filepath.Join(a.shared, sid+".cost")
+	if cost == "" {
+		_ = os.Remove(f)
+	} else if err := os.WriteFile(f, []byte(cost), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "fakeagent: FAKE_SESSIONS_DIR:", err)
+	}
+}
+
+// keptCost is session sid's last cost report for a load's replay ("":
+// none); s is its session, a.smu held.
+func (a *agent) keptCost(sid string, s *fakeSession) string {
+	switch {
+	case a.noCost:
+		return ""
+	case a.shared != "":
+		b, _ := os.ReadFile(filepath.Join(a.shared, sid+".cost"))
+		return string(b)
+	}
+	return s.cost
 }
 
 // permissionAnswer is the client's answer to a permission request: its
@@ -626,9 +717,18 @@ func (a *agent) handleSessions(m message) bool {
 	}
 	a.smu.Lock()
 	s := a.store[p.SessionID]
+	if s == nil && a.shared != "" && m.Method != "session/delete" && filepath.Base(p.SessionID) == p.SessionID {
+		// Another process's session (FAKE_SESSIONS_DIR): known here from now on.
+		if cwd, err := os.ReadFile(filepath.Join(a.shared, p.SessionID)); err == nil {
+			s = &fakeSession{cwd: string(cwd)}
+			a.store[p.SessionID] = s
+		}
+	}
 	var history []map[string]any
+	var cost string
 	if s != nil {
 		history = append(history, s.history...)
+		cost = a.keptCost(p.SessionID, s)
 		if m.Method == "session/delete" {
 			delete(a.store, p.SessionID)
 		}
@@ -638,9 +738,17 @@ func (a *agent) handleSessions(m message) bool {
 		a.fail(m.ID, -32002, "session not found: "+p.SessionID)
 		return true
 	}
+	if m.Method == "session/load" || m.Method == "session/resume" {
+		a.restartTotal(p.SessionID)
+	}
 	if m.Method == "session/load" {
 		for _, u := range history {
 			a.update(p.SessionID, u)
+		}
+		if cost != "" { // the total carries on: the replay tells it, as a well-behaved agent would
+			sidJSON, _ := json.Marshal(p.SessionID)
+			a.writeLine([]byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
+				`,"update":{"sessionUpdate":"usage_update","used":0,"size":1000000,"cost":` + cost + `}}}`))
 		}
 	}
 	res := map[string]any{}
@@ -649,6 +757,14 @@ func (a *agent) handleSessions(m message) bool {
 	}
 	a.result(m.ID, res)
 	return true
+}
+
+// restartTotal starts session sid's running total (spend total=load) again
+// from zero.
+func (a *agent) restartTotal(sid string) {
+	a.cancelMu.Lock()
+	delete(a.running, sid)
+	a.cancelMu.Unlock()
 }
 
 // current is the model session sid runs on (FAKE_MODELS).
