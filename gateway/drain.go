@@ -19,26 +19,24 @@ func (ag *agents) retire(cur *config.Config, removed []string) {
 		ag.mu.Unlock()
 		stopGrace := cur.AgentNamed(name).StopGrace.D()
 		grace := cur.ShutdownGrace.D() // restart-only: the same in the new configuration
+		linger := cur.Linger()
 		ag.drains.Add(1)
 		go func() { // ends within shutdown_grace and the agent's stop grace, or with stopDrains
 			defer ag.drains.Done()
-			ag.drain(name, grace, stopGrace)
+			ag.drain(name, grace, linger, stopGrace)
 		}()
 	}
 }
 
 // drain ends a removed agent as Shutdown ends the gateway: running prompts
-// get grace (shutdown_grace) to finish, then are cancelled; its
-// connections close (a WebSocket with 1001, going away); its processes
-// stop.
-func (ag *agents) drain(name string, grace, stopGrace time.Duration) {
+// get grace (shutdown_grace) to finish, then are cancelled; its clients get
+// the linger to read their answers and close; the connections left close
+// (a WebSocket with 1001, going away); its processes stop.
+func (ag *agents) drain(name string, grace, linger, stopGrace time.Duration) {
 	log := ag.log.With("agent", name)
 	log.Info("agent removed: draining")
-	ag.finishPrompts(ag.drainCtx, name, grace)
-	links, _ := ag.links.linksOf(name)
-	for _, l := range links {
-		l.goingAway("agent removed")
-	}
+	end := ag.finishPrompts(ag.drainCtx, name, grace)
+	ag.lingerThenClose(ag.drainCtx, name, linger, end, "agent removed")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+stopGrace)
 	defer cancel()
 	waitCtx, stopWait := context.WithCancel(ctx)
@@ -81,8 +79,9 @@ func (ag *agents) stopDrains() {
 // finishPrompts lets the running prompts of agent ("" = every agent) finish
 // for up to grace, or until ctx ends, then cancels those left (a drain).
 // Both waits are woken by the relay as each prompt's answer reaches its
-// client (proxy.Relay.WaitPrompts).
-func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Duration) {
+// client (proxy.Relay.WaitPrompts). It returns when the drain's time is up:
+// the end of grace, or of cancelWait after a cancel.
+func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Duration) time.Time {
 	log := ag.log
 	if agent != "" {
 		log = log.With("agent", agent)
@@ -90,15 +89,47 @@ func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Du
 	if n := ag.relay.PromptsInFlight(agent); n > 0 {
 		log.Info("letting running prompts finish", "prompts", n, "grace", grace)
 	}
-	wctx, cancel := context.WithTimeout(ctx, grace)
+	end := time.Now().Add(grace)
+	wctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	if ag.relay.WaitPrompts(wctx, agent) == nil {
-		return
+		return end
 	}
 	// Those left are cancelled; their clients get the stopReason
 	// "cancelled": the agents' if they answer within cancelWait, else the
 	// gateway's (even when ctx has ended).
+	end = time.Now().Add(cancelWait)
 	ag.relay.CancelPrompts(agent, cancelWait)
+	return end
+}
+
+// lingerThenClose closes the connections of agent ("" = every agent) once
+// a drain's prompts have ended (finishPrompts): each client first gets up
+// to linger to read its last answers and close by itself, as a client
+// that reads asynchronously needs (the ACP SDK's WebSocket client fails a
+// session's update stream on the close, answers it has not handed over
+// included). The wait ends when every such connection has closed, at
+// end (the drain's time is up: the linger never makes a drain longer), or
+// when ctx ends. Those still open then close: a WebSocket with 1001 (going
+// away), Streamable HTTP by ending its streams.
+func (ag *agents) lingerThenClose(ctx context.Context, agent string, linger time.Duration, end time.Time, reason string) {
+	if until := time.Now().Add(linger); until.Before(end) {
+		end = until
+	}
+	if links, _ := ag.links.linksOf(agent); len(links) > 0 && time.Until(end) > 0 {
+		log := ag.log
+		if agent != "" {
+			log = log.With("agent", agent)
+		}
+		log.Info("prompts ended; waiting for clients to close", "connections", len(links), "linger", time.Until(end).Round(time.Millisecond))
+		wctx, cancel := context.WithDeadline(ctx, end)
+		ag.links.waitLinks(wctx, agent)
+		cancel()
+	}
+	links, _ := ag.links.linksOf(agent)
+	for _, l := range links {
+		l.goingAway(reason)
+	}
 }
 
 // cancelWait is how long a drain waits for the agents to answer the
