@@ -106,31 +106,61 @@ func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Du
 // lingerThenClose closes the connections of agent ("" = every agent) once
 // a drain's prompts have ended (finishPrompts): each client first gets up
 // to linger to read its last answers and close by itself, as a client
-// that reads asynchronously needs (the ACP SDK's WebSocket client fails a
-// session's update stream on the close, answers it has not handed over
-// included). The wait ends when every such connection has closed, at
-// end (the drain's time is up: the linger never makes a drain longer), or
-// when ctx ends. Those still open then close: a WebSocket with 1001 (going
-// away), Streamable HTTP by ending its streams.
+// that reads asynchronously needs. The wait ends when every connection
+// has closed or its client has left (link.left: Streamable HTTP), at end
+// (the drain's time is up: the linger never makes a drain longer), or
+// when ctx ends. Those still open then close: a WebSocket with 1001
+// (going away), Streamable HTTP by ending its streams.
 func (ag *agents) lingerThenClose(ctx context.Context, agent string, linger time.Duration, end time.Time, reason string) {
 	if until := time.Now().Add(linger); until.Before(end) {
 		end = until
 	}
-	if links, _ := ag.links.linksOf(agent); len(links) > 0 && time.Until(end) > 0 {
-		log := ag.log
-		if agent != "" {
-			log = log.With("agent", agent)
+	wctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	// A client leaving Streamable HTTP changes no registry: it is looked
+	// for every lingerPoll.
+	poll := time.NewTicker(lingerPoll)
+	defer poll.Stop()
+	logged := false
+	for {
+		links, changed := ag.links.linksOf(agent)
+		open := 0
+		for _, l := range links {
+			if _, _, closing := l.closeState(); closing {
+				continue
+			}
+			if l.left() {
+				l.goingAway(reason)
+				continue
+			}
+			open++
 		}
-		log.Info("prompts ended; waiting for clients to close", "connections", len(links), "linger", time.Until(end).Round(time.Millisecond))
-		wctx, cancel := context.WithDeadline(ctx, end)
-		ag.links.waitLinks(wctx, agent)
-		cancel()
+		if open == 0 || wctx.Err() != nil {
+			break
+		}
+		if !logged {
+			logged = true
+			log := ag.log
+			if agent != "" {
+				log = log.With("agent", agent)
+			}
+			log.Info("prompts ended; waiting for clients to close", "connections", open, "linger", time.Until(end).Round(time.Millisecond))
+		}
+		select {
+		case <-changed:
+		case <-poll.C:
+		case <-wctx.Done():
+		}
 	}
 	links, _ := ag.links.linksOf(agent)
 	for _, l := range links {
 		l.goingAway(reason)
 	}
 }
+
+// lingerPoll is how often a drain's linger looks for Streamable HTTP
+// clients that have left.
+const lingerPoll = 50 * time.Millisecond
 
 // cancelWait is how long a drain waits for the agents to answer the
 // session/cancel of the prompts it cancelled.
