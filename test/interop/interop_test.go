@@ -59,7 +59,8 @@ const (
 var (
 	interopDir string // absolute path of test/interop
 	repoRoot   string
-	gatewayBin string // built once by TestMain
+	gatewayBin string // built once by TestMain, or ACPGATE_E2E_BIN
+	binDir     string // TestMain's, for binaries tests build
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -74,19 +75,29 @@ func testMain(m *testing.M) int {
 	interopDir = wd
 	repoRoot = filepath.Clean(filepath.Join(wd, "..", ".."))
 
-	binDir, err := os.MkdirTemp("", "acpgate-interop-bin-")
+	binDir, err = os.MkdirTemp("", "acpgate-interop-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
 	defer os.RemoveAll(binDir)
 	start := time.Now()
-	if gatewayBin, err = testharness.Build(binDir, false); err != nil {
+	// ACPGATE_E2E_BIN: a gateway built beforehand (e.g. an older build to
+	// compare against), as test/e2e takes it.
+	if gatewayBin, err = testharness.Prebuilt(); err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
-	if testing.Verbose() {
-		fmt.Printf("interop: built %s in %v\n", gatewayBin, time.Since(start).Round(time.Millisecond))
+	if gatewayBin == "" {
+		if gatewayBin, err = testharness.Build(binDir, false); err != nil {
+			fmt.Fprintln(os.Stderr, "interop:", err)
+			return 1
+		}
+		if testing.Verbose() {
+			fmt.Printf("interop: built %s in %v\n", gatewayBin, time.Since(start).Round(time.Millisecond))
+		}
+	} else if testing.Verbose() {
+		fmt.Printf("interop: gateway %s (ACPGATE_E2E_BIN)\n", gatewayBin)
 	}
 
 	code := m.Run()
