@@ -99,6 +99,22 @@ limits: {max_message_bytes: 1048576}
 	if code != 0 || !strings.HasPrefix(out, path+": ok\n") || !strings.Contains(out, "effective policy") || errOut != "" {
 		t.Fatalf("check-config good.yaml: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
+	if want := "running prompts get 30s (shutdown_grace) to finish before they are cancelled; once they have ended, each client gets up to 1s (shutdown_linger;"; !strings.Contains(out, want) {
+		t.Errorf("check-config good.yaml: stdout %q does not tell the drain: %q", out, want)
+	}
+}
+
+// check-config tells the linger cut to a shorter grace, and refuses one
+// set above the grace.
+func TestCheckConfigLinger(t *testing.T) {
+	code, out, errOut := runCmd(t, "check-config", "--config", writeFile(t, "short.yaml", "shutdown_grace: 500ms\n"))
+	if want := "each client gets up to 500ms (shutdown_linger 1s, cut to shutdown_grace;"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("check-config short.yaml: code %d, stdout %q, stderr %q; want %q", code, out, errOut, want)
+	}
+	code, out, errOut = runCmd(t, "check-config", "--config", writeFile(t, "long.yaml", "shutdown_grace: 2s\nshutdown_linger: 3s\n"))
+	if code != 1 || out != "" || !strings.Contains(errOut, "shutdown_linger: 3s must not exceed shutdown_grace (2s)") {
+		t.Errorf("check-config long.yaml: code %d, stdout %q, stderr %q; want the linger refused", code, out, errOut)
+	}
 }
 
 func TestCheckConfigBad(t *testing.T) {
