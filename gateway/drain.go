@@ -3,9 +3,13 @@ package gateway
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/proxy/jsonrpc"
+	"github.com/acpgate/acpgate/proxy/observe"
 )
 
 // retire retires the agents a reload removed from cur: they take no new
@@ -47,6 +51,7 @@ func (ag *agents) drain(name string, grace, linger, stopGrace time.Duration) {
 	if err := ag.relay.CloseAgent(ctx, name); err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("agent drain incomplete", "err", err)
 	}
+	ag.gate.reopen(name) // the name may be added again
 	ag.mu.Lock()
 	delete(ag.draining, name)
 	ag.mu.Unlock()
@@ -106,12 +111,14 @@ func (ag *agents) finishPrompts(ctx context.Context, agent string, grace time.Du
 // lingerThenClose closes the connections of agent ("" = every agent) once
 // a drain's prompts have ended (finishPrompts): each client first gets up
 // to linger to read its last answers and close by itself, as a client
-// that reads asynchronously needs. The wait ends when every connection
+// that reads asynchronously needs. Prompts are refused from now on
+// (drainGate). The wait ends when every connection
 // has closed or its client has left (link.left: Streamable HTTP), at end
 // (the drain's time is up: the linger never makes a drain longer), or
 // when ctx ends. Those still open then close: a WebSocket with 1001
 // (going away), Streamable HTTP by ending its streams.
 func (ag *agents) lingerThenClose(ctx context.Context, agent string, linger time.Duration, end time.Time, reason string) {
+	ag.gate.shut(agent) // a prompt now would be cut by the close
 	if until := time.Now().Add(linger); until.Before(end) {
 		end = until
 	}
@@ -156,6 +163,68 @@ func (ag *agents) lingerThenClose(ctx context.Context, agent string, linger time
 	for _, l := range links {
 		l.goingAway(reason)
 	}
+}
+
+// drainGate refuses the prompts of a drain that lingers (lingerThenClose),
+// as the one decider point (observe.Decider) refuses a prompt: a prompt
+// then would reach the agent only to be cut by the close that follows; its
+// client is told so at once instead, and the agent never sees it. Prompts
+// during the grace still run: the drain waits for them.
+type drainGate struct {
+	all     atomic.Bool  // the gateway's drain
+	removed atomic.Int32 // len(agents): the hot path takes no lock without one
+	mu      sync.Mutex
+	agents  map[string]struct{} // removed agents whose drain lingers
+}
+
+// shut refuses the prompts of agent ("" = every agent).
+func (g *drainGate) shut(agent string) {
+	if agent == "" {
+		g.all.Store(true)
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.agents[agent] = struct{}{}
+	g.removed.Store(int32(len(g.agents)))
+}
+
+// reopen takes prompts for a removed agent's name again, once its drain is
+// over.
+func (g *drainGate) reopen(agent string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.agents, agent)
+	g.removed.Store(int32(len(g.agents)))
+}
+
+// drainRefusal is what a prompt refused by a drain is answered: the code
+// and words of a queued prompt a drain drops (proxy.Relay.CancelPrompts).
+var drainRefusal = observe.Refusal{Code: jsonrpc.CodeRequestCancelled,
+	Message: "the gateway is shutting down; the prompt was not sent to the agent"}
+
+// Prompt implements observe.Decider.
+func (g *drainGate) Prompt(e *observe.Event) *observe.Refusal {
+	if g.all.Load() {
+		r := drainRefusal
+		return &r
+	}
+	if g.removed.Load() == 0 || e.Session == nil {
+		return nil
+	}
+	g.mu.Lock()
+	_, shut := g.agents[e.Session.Agent]
+	g.mu.Unlock()
+	if !shut {
+		return nil
+	}
+	r := drainRefusal
+	return &r
+}
+
+// Permission implements observe.Decider: a drain decides no permission.
+func (g *drainGate) Permission(*observe.Event) (observe.Decision, bool) {
+	return observe.Decision{}, false
 }
 
 // lingerPoll is how often a drain's linger looks for Streamable HTTP

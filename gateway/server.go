@@ -414,7 +414,8 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		return err
 	}
 	s.rules = permrules.NewDecider(table, s.metrics.ruleDecision)
-	rc.Deciders = append(rc.Deciders, s.budgets.ledger, s.rules)
+	// A lingering drain refuses prompts first: nothing else need decide.
+	rc.Deciders = append(rc.Deciders, s.agents.gate, s.budgets.ledger, s.rules)
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
 		return err

@@ -297,3 +297,35 @@ func lingerWithin(t *testing.T, term, answered, closed time.Time, grace time.Dur
 		t.Errorf("the gateway closed the connection %v after SIGTERM: the linger ran past shutdown_grace (%v)", since.Round(time.Millisecond), grace)
 	}
 }
+
+// TestDrainLingerRefusesPrompts: a prompt sent while the drain lingers
+// (after the last answer) is answered at once with -32800 and why, never
+// sent to the agent to be cut by the close. (WebSocket only: a draining
+// gateway's listener is closed, so a Streamable HTTP client cannot post.)
+// At 99b340a the connection had closed with the answer.
+func TestDrainLingerRefusesPrompts(t *testing.T) {
+	g := lingerGateway(t, "shutdown_grace: 20s\n")
+	c, sid := dialSession(t, g, t.TempDir())
+	answered := lingerPromptWS(t, g, c, sid)
+	id := c.Request("session/prompt", textPrompt(sid, "hello"))
+	var m rpcMsg
+	if !readOrEnd(t, c, "client", "an answer to the prompt sent while lingering", func(r rpcMsg) bool { m = r; return r.IsResponseTo(id) }) {
+		t.Fatalf("the connection ended (%v) %v after the answer, before the prompt sent while lingering was answered",
+			c.Err(), time.Since(answered).Round(time.Millisecond))
+	}
+	var res struct {
+		Error *struct {
+			Code    int
+			Message string
+		}
+	}
+	if err := json.Unmarshal(m.Raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	const want = "the gateway is shutting down; the prompt was not sent to the agent"
+	if res.Error == nil || res.Error.Code != -32800 || res.Error.Message != want {
+		t.Fatalf("the prompt sent while lingering got %s, want error -32800 %q", m.Raw, want)
+	}
+	c.Close()
+	waitDrained(t, g)
+}
