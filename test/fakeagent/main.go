@@ -42,8 +42,8 @@
 // memory tests). A prompt "trickle <seconds>" (at most 60) streams an
 // agent_message_chunk "chunk N " every trickleEvery for that long, then a
 // last one and the answer {"stopReason":"end_turn"} in one write: an agent
-// that streams until its last moment. A prompt "spend A,B,C [currency=USD] [every=100ms]
-// [tokens=IN,OUT]" reports the session's cumulative cost A, then B, then
+// that streams until its last moment. A prompt "spend A,B,C
+// [currency=USD] [every=100ms] [tokens=IN,OUT]" reports the session's cumulative cost A, then B, then
 // C (each written into usage_update's cost.amount as it is, so "-1",
 // "1e300" or "\"x\"" are sent as such; at most 1000, every at most 10s
 // apart), then ends the turn with usage {inputTokens: IN, outputTokens:
@@ -457,9 +457,6 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 	}()
 }
 
-// stream writes n agent_message_chunk notifications of session sid, each
-// size bytes long (or as short as one can be), flushing only when the
-// buffer fills.
 // trickleEvery is the pause between the chunks of a "trickle" turn.
 const trickleEvery = 5 * time.Millisecond
 
@@ -487,6 +484,9 @@ func (a *agent) trickle(id json.RawMessage, sid string, d time.Duration) {
 	a.out.Flush()
 }
 
+// stream writes n agent_message_chunk notifications of session sid, each
+// size bytes long (or as short as one can be), flushing only when the
+// buffer fills.
 func (a *agent) stream(sid string, n, size int) {
 	sidJSON, _ := json.Marshal(sid)
 	head := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":` + string(sidJSON) +
