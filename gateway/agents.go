@@ -29,6 +29,7 @@ type agents struct {
 	log      *slog.Logger
 	drainCtx context.Context    // ends removed agents' grace (stopDrains)
 	cancel   context.CancelFunc // cancels drainCtx
+	gate     *drainGate         // refuses prompts while a drain lingers
 
 	// Set once the relay has started, before anything is served.
 	relay *proxy.Relay
@@ -40,7 +41,8 @@ type agents struct {
 }
 
 func newAgents(opts Options, launch *launcher, tr *tracing, links *linkRegistry, log *slog.Logger) *agents {
-	ag := &agents{opts: opts, launch: launch, tracing: tr, links: links, log: log, draining: map[string]struct{}{}}
+	ag := &agents{opts: opts, launch: launch, tracing: tr, links: links, log: log, draining: map[string]struct{}{},
+		gate: &drainGate{agents: map[string]struct{}{}}}
 	ag.drainCtx, ag.cancel = context.WithCancel(context.Background())
 	return ag
 }

@@ -376,6 +376,23 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request, who auth.Identit
 	return h
 }
 
+// leftLocked implements transport: no stream is open and none has events
+// waiting, no receiver is writing and no initialize waits for its answer.
+// The client reads nothing more (the SDK's client ends its streams as it
+// closes; its DELETE cannot reach a draining gateway, whose listener is
+// closed).
+func (h *httpConn) leftLocked() bool {
+	if h.writing > 0 || h.initID != nil {
+		return false
+	}
+	for _, st := range h.streams {
+		if st.receiver || len(st.queue) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // ending reports whether a close of the connection is decided (a DELETE,
 // a drain, an administrator): it is gone for its client, even while it
 // still leaves the registry.

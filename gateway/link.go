@@ -95,6 +95,10 @@ type transport interface {
 	// tick does the transport's own periodic work when due and returns
 	// when it is due next (zero: never).
 	tick(now time.Time) time.Time
+	// leftLocked reports whether the client has gone without closing the
+	// connection: nothing it could still receive (a drain need not wait
+	// for it). A WebSocket's client goes by closing it.
+	leftLocked() bool
 }
 
 // linkInfo is what a new link is made of.
@@ -234,6 +238,14 @@ func (l *link) closeState() (reason, label string, closing bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.closeReason, l.closeLabel, l.closing
+}
+
+// left reports whether the connection has nothing left to send and its
+// client can receive nothing more (transport.leftLocked).
+func (l *link) left() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.queued == 0 && l.t.leftLocked()
 }
 
 // goingAway closes the connection for a drain (label shutdown): what is

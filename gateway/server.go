@@ -460,7 +460,8 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		return err
 	}
 	s.rules = permrules.NewDecider(table, s.metrics.ruleDecision)
-	rc.Deciders = append(rc.Deciders, s.budgets.ledger, s.rules)
+	// A lingering drain refuses prompts first: nothing else need decide.
+	rc.Deciders = append(rc.Deciders, s.agents.gate, s.budgets.ledger, s.rules)
 	relay, err := proxy.NewRelay(rc, s.log)
 	if err != nil {
 		return err
@@ -637,8 +638,9 @@ func (s *Server) MetricsHandler() http.Handler {
 
 // Shutdown drains the gateway: it turns not-ready and stops accepting, lets
 // running prompts finish for up to shutdown_grace, then cancels them,
-// closes every connection (a WebSocket with 1001, going away) and stops
-// every agent process group.
+// leaves the clients up to shutdown_linger (within the grace) to read
+// their answers and close, closes every connection left (a WebSocket with
+// 1001, going away) and stops every agent process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.notReady.Store(true)
 	if d := s.config().ShutdownDelay.D(); d > 0 {
@@ -653,11 +655,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// which end with their connections below.
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.http.Shutdown(ctx) }() // hijacked WebSockets are not waited for
-	s.agents.finishPrompts(ctx, "", s.config().ShutdownGrace.D())
-	links, _ := s.links.linksOf("")
-	for _, l := range links {
-		l.goingAway("gateway shutting down")
-	}
+	cfg := s.config()
+	end := s.agents.finishPrompts(ctx, "", cfg.ShutdownGrace.D())
+	s.agents.lingerThenClose(ctx, "", cfg.Linger(), end, "gateway shutting down")
 	s.links.waitServed(ctx)
 	var err error
 	select {

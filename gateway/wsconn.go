@@ -375,6 +375,10 @@ func (c *wsConn) closeLocked() {
 	c.startWriterLocked()
 }
 
+// leftLocked implements transport: a WebSocket's client goes by closing
+// it, which ends the link.
+func (c *wsConn) leftLocked() bool { return false }
+
 // handshakeDone implements transport: the client has sent a valid
 // initialize (answered or waiting for a first agent process).
 func (c *wsConn) handshakeDone() bool { return c.conn.HandshakeDone() }

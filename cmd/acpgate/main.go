@@ -355,6 +355,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 	for _, w := range cfg.MetaWarnings() {
 		fmt.Fprintf(stdout, "\nWARNING: %s\n", w)
 	}
+	describeDrain(stdout, cfg)
 	describeSandbox(stdout, cfg)
 	if !describeAgentEnv(stdout, cfg) {
 		fmt.Fprintf(stderr, "%s: an agent credential cannot be read (above); serve would refuse to start\n", *path)
@@ -367,6 +368,21 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "\n%s\n", msg)
 	}
 	return 0
+}
+
+// describeDrain tells what a SIGTERM gives running prompts and clients.
+func describeDrain(w io.Writer, cfg *config.Config) {
+	grace, linger := cfg.ShutdownGrace.D(), cfg.Linger()
+	fmt.Fprintf(w, "\ndrain (SIGTERM): running prompts get %s (shutdown_grace) to finish before they are cancelled; ", grace)
+	if linger <= 0 {
+		fmt.Fprintln(w, "connections close as soon as they have their answers (shutdown_linger 0)")
+		return
+	}
+	fmt.Fprintf(w, "once they have ended, each client gets up to %s (shutdown_linger", linger)
+	if linger < cfg.ShutdownLinger.D() {
+		fmt.Fprintf(w, " %s, cut to shutdown_grace", cfg.ShutdownLinger.D())
+	}
+	fmt.Fprintf(w, "; never past the grace) to read its last answers and close before the gateway closes it\n")
 }
 
 // describeAgentEnv lists each tenant's agent credentials by name and

@@ -102,6 +102,9 @@ limits: {max_message_bytes: 1048576}
 	if !strings.Contains(out, "\n/metrics and the admin API: on the main listener 127.0.0.1:8080 (a loopback address)\n") {
 		t.Errorf("check-config does not say where /metrics and the admin API are served: %s", out)
 	}
+	if want := "running prompts get 30s (shutdown_grace) to finish before they are cancelled; once they have ended, each client gets up to 1s (shutdown_linger;"; !strings.Contains(out, want) {
+		t.Errorf("check-config good.yaml: stdout %q does not tell the drain: %q", out, want)
+	}
 }
 
 // check-config warns when policy.meta.allow lets _meta.claudeCode through
@@ -120,6 +123,19 @@ func TestCheckConfigMetaWarning(t *testing.T) {
 		if warned != c.warn || !strings.Contains(out, "meta:\n    allow:\n") {
 			t.Errorf("%s: warned %v, want %v:\n%s", c.allow, warned, c.warn, out)
 		}
+	}
+}
+
+// check-config tells the linger cut to a shorter grace, and refuses one
+// set above the grace.
+func TestCheckConfigLinger(t *testing.T) {
+	code, out, errOut := runCmd(t, "check-config", "--config", writeFile(t, "short.yaml", "shutdown_grace: 500ms\n"))
+	if want := "each client gets up to 500ms (shutdown_linger 1s, cut to shutdown_grace;"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("check-config short.yaml: code %d, stdout %q, stderr %q; want %q", code, out, errOut, want)
+	}
+	code, out, errOut = runCmd(t, "check-config", "--config", writeFile(t, "long.yaml", "shutdown_grace: 2s\nshutdown_linger: 3s\n"))
+	if code != 1 || out != "" || !strings.Contains(errOut, "shutdown_linger: 3s must not exceed shutdown_grace (2s)") {
+		t.Errorf("check-config long.yaml: code %d, stdout %q, stderr %q; want the linger refused", code, out, errOut)
 	}
 }
 

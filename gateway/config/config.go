@@ -38,6 +38,11 @@ type Config struct {
 	// while /readyz already answers 503, so load balancers stop sending new
 	// clients before the listener closes (0 = close at once).
 	ShutdownDelay Duration `yaml:"shutdown_delay"`
+	// ShutdownLinger is how long a drain leaves each connection open after
+	// the running prompts have ended (their answers written), for the
+	// client to read them and close, before it closes it (1001). It runs
+	// within shutdown_grace: see Config.Linger.
+	ShutdownLinger Duration `yaml:"shutdown_linger"`
 
 	// Agent is the one agent (named "default") when Agents is empty; with
 	// Agents, its settings other than command are every named agent's
@@ -418,11 +423,19 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // D returns the time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
+// Linger is how long a drain leaves connections open for their clients
+// after the running prompts have ended: shutdown_linger, cut to
+// shutdown_grace.
+func (c *Config) Linger() time.Duration {
+	return max(min(c.ShutdownLinger.D(), c.ShutdownGrace.D()), 0)
+}
+
 // Default returns the configuration used when no file is given.
 func Default() *Config {
 	return &Config{
-		Listen:        "127.0.0.1:8080",
-		ShutdownGrace: Duration(30 * time.Second),
+		Listen:         "127.0.0.1:8080",
+		ShutdownGrace:  Duration(30 * time.Second),
+		ShutdownLinger: Duration(time.Second),
 		Agent: Agent{
 			StopGrace:   Duration(5 * time.Second),
 			InitTimeout: Duration(60 * time.Second),
@@ -611,6 +624,14 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	if c.ShutdownDelay < 0 {
 		add("shutdown_delay", "must not be negative")
+	}
+	switch {
+	case c.ShutdownLinger < 0:
+		add("shutdown_linger", "must not be negative")
+	case c.ShutdownLinger > c.ShutdownGrace && find(root, "shutdown_linger") != nil:
+		// Set explicitly; the default (1s) is cut to a shorter grace.
+		add("shutdown_linger", "%s must not exceed shutdown_grace (%s): the linger runs within the grace",
+			c.ShutdownLinger.D(), c.ShutdownGrace.D())
 	}
 	ps = append(ps, validateAgent(root, "agent", &c.Agent)...)
 	ps = append(ps, validatePool(root, "pool", &c.Pool)...)

@@ -599,3 +599,34 @@ func TestOpsOnMainListener(t *testing.T) {
 		}
 	}
 }
+
+// shutdown_linger defaults to 1s and runs within shutdown_grace: the
+// default is cut to a shorter grace, an explicit linger longer than the
+// grace or negative is refused at its key.
+func TestShutdownLinger(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		want time.Duration
+	}{
+		{"listen: 127.0.0.1:0\n", time.Second},
+		{"shutdown_grace: 300ms\n", 300 * time.Millisecond},
+		{"shutdown_grace: 0s\n", 0},
+		{"shutdown_linger: 0s\n", 0},
+		{"shutdown_grace: 5s\nshutdown_linger: 5s\n", 5 * time.Second},
+	} {
+		c, err := Parse("test.yaml", []byte(tc.data))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.data, err)
+		}
+		if got := c.Linger(); got != tc.want {
+			t.Errorf("%q: Linger() = %s, want %s", tc.data, got, tc.want)
+		}
+	}
+	for _, data := range []string{"shutdown_linger: -1s\n", "shutdown_grace: 2s\nshutdown_linger: 3s\n"} {
+		ps := problems(t, data)
+		if len(ps) != 1 {
+			t.Fatalf("%q: want 1 problem, got %d:\n%s", data, len(ps), list(ps))
+		}
+		wantAtKey(t, findProblem(t, ps, "shutdown_linger"), data, "shutdown_linger", 0)
+	}
+}

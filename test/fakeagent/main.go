@@ -46,8 +46,11 @@
 // meanwhile. A prompt "stream chunks=N size=S" gets N agent_message_chunk
 // notifications of S bytes each (N <= 1,000,000, S <= 16 MiB), written as
 // fast as stdout takes them, then the end of its turn (a flood for the
-// memory tests). A prompt "spend A,B,C [currency=USD] [every=100ms]
-// [tokens=IN,OUT]" reports the session's cumulative cost A, then B, then
+// memory tests). A prompt "trickle <seconds>" (at most 60) streams an
+// agent_message_chunk "chunk N " every trickleEvery for that long, then a
+// last one and the answer {"stopReason":"end_turn"} in one write: an agent
+// that streams until its last moment. A prompt "spend A,B,C
+// [currency=USD] [every=100ms] [tokens=IN,OUT]" reports the session's cumulative cost A, then B, then
 // C (each written into usage_update's cost.amount as it is, so "-1",
 // "1e300" or "\"x\"" are sent as such; at most 1000, every at most 10s
 // apart), then ends the turn with usage {inputTokens: IN, outputTokens:
@@ -348,6 +351,12 @@ func (a *agent) handle(line []byte) {
 				return
 			}
 		}
+		if secs, ok := strings.CutPrefix(text.String(), "trickle "); ok {
+			if f, err := strconv.ParseFloat(secs, 64); err == nil && f >= 0 && f <= 60 {
+				go a.trickle(m.ID, p.SessionID, time.Duration(f*float64(time.Second))) // ends with the turn, at most 60 s later
+				return
+			}
+		}
 		var chunks, size int
 		if _, err := fmt.Sscanf(text.String(), "stream chunks=%d size=%d", &chunks, &size); err == nil {
 			a.stream(p.SessionID, min(max(chunks, 0), 1_000_000), min(max(size, 0), 16<<20))
@@ -525,6 +534,33 @@ func (a *agent) spend(id json.RawMessage, sid, args string) {
 		}
 		a.writeLine([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + res + `}}`))
 	}()
+}
+
+// trickleEvery is the pause between the chunks of a "trickle" turn.
+const trickleEvery = 5 * time.Millisecond
+
+// trickle streams chunks to sid for d, then answers id right after the
+// last one, in the same write.
+func (a *agent) trickle(id json.RawMessage, sid string, d time.Duration) {
+	chunk := func(n int) []byte {
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+			"sessionId": sid, "update": textUpdate("agent_message_chunk", fmt.Sprintf("chunk %d ", n))}})
+		return b
+	}
+	end := time.Now().Add(d)
+	n := 1
+	for ; time.Now().Before(end); n++ {
+		a.writeLine(chunk(n))
+		time.Sleep(trickleEvery)
+	}
+	answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "result": map[string]string{"stopReason": "end_turn"}})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.out.Write(chunk(n))
+	a.out.WriteByte('\n')
+	a.out.Write(answer)
+	a.out.WriteByte('\n')
+	a.out.Flush()
 }
 
 // stream writes n agent_message_chunk notifications of session sid, each

@@ -59,7 +59,8 @@ const (
 var (
 	interopDir string // absolute path of test/interop
 	repoRoot   string
-	gatewayBin string // built once by TestMain
+	gatewayBin string // built once by TestMain, or ACPGATE_E2E_BIN
+	binDir     string // TestMain's, for binaries tests build
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -74,7 +75,7 @@ func testMain(m *testing.M) int {
 	interopDir = wd
 	repoRoot = filepath.Clean(filepath.Join(wd, "..", ".."))
 
-	binDir, err := os.MkdirTemp("", "acpgate-interop-bin-")
+	binDir, err = os.MkdirTemp("", "acpgate-interop-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
