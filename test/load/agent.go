@@ -103,8 +103,10 @@ func (a *fakeAgent) handle(line []byte) error {
 	case "initialize":
 		return a.reply(m.ID, agentInitResult, "")
 	case "session/new":
+		// Unique across the pool's processes, as a real agent's are: the
+		// gateway refuses a create that names a session it already knows.
 		a.sessions++
-		return a.reply(m.ID, `{"sessionId":"ls-`+strconv.Itoa(a.sessions)+`"}`, "")
+		return a.reply(m.ID, `{"sessionId":"ls-`+strconv.Itoa(os.Getpid())+`-`+strconv.Itoa(a.sessions)+`"}`, "")
 	case "session/close":
 		return a.reply(m.ID, `{}`, "")
 	case "session/prompt":
