@@ -93,6 +93,10 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		return
 	}
+	if req := l.acknowledge(id, m); req != nil { // v2: the turn goes on
+		r.deliverAck(m, req)
+		return
+	}
 	req := l.takeAnswered(id)
 	if req == nil {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent or already answered; dropped", "id", id)
@@ -339,9 +343,15 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
+	var idled []*outReq // v2 prompts whose turn this update ends
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
-		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
+		kind := acp.UpdateKind(m)
+		rc.sess.updated(m, kind, &r.event)
 		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
+		if string(kind) == "state_update" {
+			idled, rc.edits = r.idleTurns(m, rc.sess, rc.edits)
+			defer r.idleDelivered(idled)
+		}
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {

@@ -1,0 +1,229 @@
+//go:build unix
+
+package interop
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ACP v2 turns through the gateway (issue #37), with an agent on the SDK
+// 2.4.0 agentProtocolRouter (v2-agent.mjs, v1 and v2 in one process) and
+// the SDK's v2 client (v2-client.mjs) or the Go peer: a v2 prompt's answer
+// is only its acknowledgement, and the turn runs until the session's idle
+// state_update.
+
+// v2Env is a gateway serving v2-agent.mjs to tenants: their tokens and
+// roots.
+type v2Env struct {
+	h      *harness
+	g      *gateway
+	home   string
+	tokens map[string]string
+	roots  map[string]string
+}
+
+// startV2Gateway starts the gateway with v2-agent.mjs behind the tenants
+// named, each with its tenants[] extra YAML (a line of its own under the
+// tenant, "" for none), and top added to the config.
+func startV2Gateway(t *testing.T, top string, tenants map[string]string) *v2Env {
+	t.Helper()
+	node := requireNode(t, "@agentclientprotocol/sdk/package.json", "@agentclientprotocol/sdk/dist/protocol-router.js", "ws/package.json")
+	h := newHarness(t)
+	e := &v2Env{h: h, home: h.mkdir("home"), tokens: map[string]string{}, roots: map[string]string{}}
+	modules, err := filepath.EvalSymlinks(filepath.Join(interopDir, "node_modules"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := allowAllPolicy + top + fmt.Sprintf("sandbox: {home: %q, read_only: [%q, %q]}\ntenants:\n", h.mkdir("homes"), interopDir, modules)
+	for name, extra := range tenants {
+		e.tokens[name] = name + "-" + hex.EncodeToString([]byte(h.mark))
+		sum := sha256.Sum256([]byte(e.tokens[name]))
+		e.roots[name] = h.mkdir(name)
+		cfg += fmt.Sprintf("  - name: %s\n    root: %q\n    tokens_sha256: [%q]\n", name, e.roots[name], hex.EncodeToString(sum[:]))
+		if extra != "" {
+			cfg += "    " + extra + "\n"
+		}
+	}
+	e.g = h.startGatewayWith(t, cfg, shellJoin(node, filepath.Join(interopDir, "v2-agent.mjs")), e.home, h.mkdir("work"))
+	e.g.waitReady(t, readyLimit)
+	return e
+}
+
+// v2URLs are the gateway's endpoint over both transports.
+func (e *v2Env) urls() map[string]string {
+	return map[string]string{"ws": e.g.url(), "http": "http://" + e.g.Addr + "/acp"}
+}
+
+// runV2Client runs one v2-client.mjs prompt as tenant over url.
+func (e *v2Env) runV2Client(t *testing.T, tenant, url, prompt string) *nodeRun {
+	t.Helper()
+	return e.h.runNode(t, e.home, e.roots[tenant], runLimit, "v2-client.mjs", "--timeout", msString(scriptTimeout),
+		"--token", e.tokens[tenant], url, e.roots[tenant], prompt)
+}
+
+// v2Idle is a client's idle state_update.
+type v2Idle struct {
+	SessionID string `json:"sessionId"`
+	Update    struct {
+		SessionUpdate string          `json:"sessionUpdate"`
+		State         string          `json:"state"`
+		StopReason    string          `json:"stopReason"`
+		Usage         json.RawMessage `json:"usage"`
+	} `json:"update"`
+	Meta struct {
+		Acpgate struct {
+			Budget *struct {
+				Tenant, Unit string
+				Spent, Limit float64
+			} `json:"budget"`
+		} `json:"acpgate"`
+	} `json:"_meta"`
+}
+
+// ticks counts the agent_message_chunk ticks of a run.
+func ticks(t *testing.T, r *nodeRun) int {
+	n := 0
+	for _, u := range r.find("session/update", "") {
+		var p struct {
+			Update struct {
+				SessionUpdate string `json:"sessionUpdate"`
+				Content       struct{ Text string }
+			} `json:"update"`
+		}
+		mustUnmarshal(t, u.Params, &p)
+		if p.Update.SessionUpdate == "agent_message_chunk" && strings.HasPrefix(p.Update.Content.Text, "tick ") {
+			n++
+		}
+	}
+	return n
+}
+
+// idleOf is the run's idle line.
+func idleOf(t *testing.T, r *nodeRun) v2Idle {
+	t.Helper()
+	lines := r.find("idle", "")
+	if r.err != nil || len(lines) != 1 {
+		t.Fatalf("v2-client.mjs: exit %v, %d idle lines\n%s", r.err, len(lines), r.dump())
+	}
+	var idle v2Idle
+	mustUnmarshal(t, lines[0].Params, &idle)
+	return idle
+}
+
+// A v2 turn ends at its idle state_update, not at its acknowledgement: a
+// plain turn runs to end_turn with all its ticks, and a turn whose cost
+// takes its tenant past its budget is cancelled with session/cancel, its
+// idle update saying why (_meta.acpgate.budget), long before its 20 ticks;
+// over WebSocket and Streamable HTTP. At 99b340a the budget cancelled
+// nothing: the turn had ended, for the gateway, at its acknowledgement.
+func TestV2TurnBudget(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{
+		"ws": "budget: {cost: {USD: 1}}", "http": "budget: {cost: {USD: 1}}", "free": "",
+	})
+	for transport, url := range e.urls() {
+		t.Run(transport, func(t *testing.T) {
+			// Unbudgeted: the turn runs whole.
+			r := e.runV2Client(t, "free", url, "ticks 5 0.5")
+			if idle := idleOf(t, r); idle.Update.StopReason != "end_turn" || ticks(t, r) != 5 {
+				t.Errorf("free turn: stopReason %q after %d ticks, want end_turn after 5\n%s", idle.Update.StopReason, ticks(t, r), r.dump())
+			}
+			var ack struct{ MessageID string }
+			mustUnmarshal(t, r.find("session/prompt", "")[0].Result, &ack)
+			if ack.MessageID == "" {
+				t.Errorf("the prompt's answer has no messageId\n%s", r.dump())
+			}
+			// 0.2 USD a tick, 100 ms apart: the fifth crosses the 1 USD cap.
+			start := time.Now()
+			r = e.runV2Client(t, transport, url, "long 20 0.2")
+			idle := idleOf(t, r)
+			n := ticks(t, r)
+			t.Logf("%s: stopReason %s after %d of 20 ticks, %v", transport, idle.Update.StopReason, n, time.Since(start).Round(time.Millisecond))
+			if idle.Update.StopReason != "cancelled" || n >= 20 {
+				t.Fatalf("the v2 turn past its budget: stopReason %q after %d of 20 ticks, want cancelled before the 20th\n%s",
+					idle.Update.StopReason, n, r.dump())
+			}
+			if b := idle.Meta.Acpgate.Budget; b == nil || b.Tenant != transport || b.Unit != "USD" || b.Limit != 1 || b.Spent < 1 {
+				t.Errorf("the idle update does not say why (_meta.acpgate.budget): %s", r.find("idle", "")[0].raw)
+			}
+		})
+	}
+	if n := e.g.CountLogs("budgets: turn cancelled, its tenant's budget exhausted", "", ""); n != 2 {
+		t.Errorf("%d budget cancellations logged, want 2", n)
+	}
+}
+
+// A drain waits for v2 turns to go idle: 20 clients each mid-way through a
+// 1 s turn when the gateway gets SIGTERM each get the turn's idle end_turn
+// with all its ticks before the gateway closes them (at 99b340a none did:
+// the drain saw no turn running once the prompts were acknowledged).
+func TestV2DrainWaitsForIdle(t *testing.T) {
+	const clients = 20
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	peers := make([]*peer, clients)
+	sids := make([]string, clients)
+	for i := range peers {
+		p := dialTenant(t, e.g, e.tokens["ide"])
+		defer p.close()
+		m := p.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "drain", "version": "0"}, "capabilities": map[string]any{}}, attachStep)
+		var init struct{ ProtocolVersion int }
+		p.mustResult(m, &init)
+		if init.ProtocolVersion != 2 {
+			t.Fatalf("initialize: %s, want protocolVersion 2", m.raw)
+		}
+		var sess struct{ SessionID string }
+		p.mustResult(p.call("session/new", map[string]any{"cwd": e.roots["ide"], "mcpServers": []any{}}, attachStep), &sess)
+		peers[i], sids[i] = p, sess.SessionID
+	}
+	for i, p := range peers {
+		var ack struct{ MessageID string }
+		p.mustResult(p.call("session/prompt", map[string]any{"sessionId": sids[i], "prompt": []any{map[string]any{"type": "text", "text": "long 10"}}}, attachStep), &ack)
+	}
+	// Every turn is under way (its first tick arrived).
+	for _, p := range peers {
+		p.waitMsg(0, "the first tick", 10*time.Second, func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick 1 "`) })
+	}
+	start := time.Now()
+	e.g.stop(t)
+	delivered := 0
+	for i, p := range peers {
+		idle := func(m peerMsg) bool {
+			var u v2Idle
+			return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == sids[i] &&
+				u.Update.SessionUpdate == "state_update" && u.Update.State == "idle"
+		}
+		// Wait for the socket's end, then look.
+		p.mu.Lock()
+		for p.readErr == nil {
+			changed := p.changed
+			p.mu.Unlock()
+			select {
+			case <-changed:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("client %d: its socket did not end within 20 s of SIGTERM", i)
+			}
+			p.mu.Lock()
+		}
+		p.mu.Unlock()
+		if p.count(idle) == 1 && p.count(func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick 10 "`) }) == 1 {
+			_, m := p.waitMsg(0, "idle", time.Second, idle)
+			var u v2Idle
+			p.decode(m.Params, &u)
+			if u.Update.StopReason == "end_turn" {
+				delivered++
+				continue
+			}
+		}
+		t.Logf("client %d: no idle end_turn after tick 10 before the close:\n%s", i, p.dump())
+	}
+	t.Logf("%d of %d idle end_turn delivered; the drain took %v", delivered, clients, time.Since(start).Round(time.Millisecond))
+	if delivered != clients {
+		t.Errorf("the drain delivered %d of %d idle end_turn, want all", delivered, clients)
+	}
+}
