@@ -162,7 +162,7 @@ func (r *outReq) fail(msg []byte) {
 	r.end()
 	if r.acked.Load() { // its client has had the answer: the turn ends idle
 		idle := r.idleInPlace(msg)
-		r.conn.deliverFor(idle, r.sess, Facts{Method: acp.SessionUpdate, SessionID: r.sess.GatewayID}, false)
+		r.conn.deliverFor(idle, r.sess, Facts{Method: acp.SessionUpdate, SessionID: r.sess.streamID()}, false)
 	} else {
 		r.conn.deliverFor(msg, nil, Facts{ID: r.clientID}, false)
 	}

@@ -348,6 +348,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		kind := acp.UpdateKind(m)
 		rc.sess.updated(m, kind, &r.event)
 		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
+		rc.edits = r.childEdits(m, rc.sess, rc.conn, kind, rc.edits)
 		if string(kind) == "state_update" {
 			idled, rc.edits = r.idleTurns(m, rc.sess, rc.edits)
 			defer r.idleDelivered(idled)
@@ -376,7 +377,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		rc.conn.deliverFor(out, nil, f, rc.solo)
 		return
 	}
-	f.SessionID = rc.sess.GatewayID
+	f.SessionID = rc.sess.streamID()
 	rc.sess.deliverAll(rc.conn, out, f, rc.solo)
 }
 
@@ -589,6 +590,8 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	case owner != nil:
 		jsonrpc.PutBuffer(out)
 		conn.handOver(in, owner)
+	case rc.sess != nil && rc.sess.parent != nil: // a child's: on its parent's stream
+		conn.deliverFor(out, nil, Facts{ID: strconv.AppendInt(nil, connID, 10), Method: m.Method, SessionID: rc.sess.streamID()}, false)
 	default:
 		conn.deliver(out)
 	}

@@ -94,9 +94,16 @@ var (
 	SpecUpdate = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"sessionId": leafSession,
 		"update": {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind, "configOptions": configOptions,
-			"currentModeId": {Kind: jsonrpc.FieldTag, Label: LabelCurrentModeID}}},
+			"currentModeId": {Kind: jsonrpc.FieldTag, Label: LabelCurrentModeID},
+			"sessionId":     childSession, "senderSessionId": childSession, "recipientSessionId": childSession,
+			"background": backgroundSessions}},
 	}}
-	updateKind = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
+	// childSession: a session ID inside an update (a subagent_update's
+	// child, a session message's sender or recipient, a background
+	// subagent), sealed on the way out like params.sessionId.
+	childSession       = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelChildSessionID}
+	backgroundSessions = &jsonrpc.Spec{Elems: &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"sessionId": childSession}}}
+	updateKind         = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
 	// specPromptResult: a PromptResponse's stopReason and usage (metering).
 	specPromptResult = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"stopReason": {Kind: jsonrpc.FieldTag, Label: LabelStopReason},
@@ -255,6 +262,10 @@ var (
 				"summary":               contentSpec,
 				"sessionUpdate":         updateKind,
 				"configOptions":         configOptions,
+				"sessionId":             childSession,
+				"senderSessionId":       childSession,
+				"recipientSessionId":    childSession,
+				"background":            backgroundSessions,
 			}},
 		}},
 		RequestPermission: {Fields: fields{
@@ -368,8 +379,12 @@ const (
 // Labels of the fields metering locates (the specs above).
 const (
 	LabelUpdateKind = "update.sessionUpdate"
-	LabelStopReason = "stopReason"
-	LabelUsage      = "usage"
+	// LabelChildSessionID: a session ID inside a session/update's update
+	// (subagent_update.sessionId, senderSessionId, recipientSessionId,
+	// background[].sessionId).
+	LabelChildSessionID = "update.*sessionId"
+	LabelStopReason     = "stopReason"
+	LabelUsage          = "usage"
 )
 
 // UpdateKind is a session/update's sessionUpdate tag, as the scanner

@@ -43,10 +43,13 @@ func startV2Gateway(t *testing.T, top string, tenants map[string]string) *v2Env 
 	}
 	cfg := allowAllPolicy + top + fmt.Sprintf("sandbox: {home: %q, read_only: [%q, %q]}\ntenants:\n", h.mkdir("homes"), interopDir, modules)
 	for name, extra := range tenants {
+		// Two tokens, two subjects: tokens[name] and tokens[name+"2"].
 		e.tokens[name] = name + "-" + hex.EncodeToString([]byte(h.mark))
-		sum := sha256.Sum256([]byte(e.tokens[name]))
+		e.tokens[name+"2"] = name + "2-" + hex.EncodeToString([]byte(h.mark))
+		sum, sum2 := sha256.Sum256([]byte(e.tokens[name])), sha256.Sum256([]byte(e.tokens[name+"2"]))
 		e.roots[name] = h.mkdir(name)
-		cfg += fmt.Sprintf("  - name: %s\n    root: %q\n    tokens_sha256: [%q]\n", name, e.roots[name], hex.EncodeToString(sum[:]))
+		cfg += fmt.Sprintf("  - name: %s\n    root: %q\n    tokens_sha256: [%q, %q]\n", name, e.roots[name],
+			hex.EncodeToString(sum[:]), hex.EncodeToString(sum2[:]))
 		if extra != "" {
 			cfg += "    " + extra + "\n"
 		}
@@ -225,5 +228,136 @@ func TestV2DrainWaitsForIdle(t *testing.T) {
 	t.Logf("%d of %d idle end_turn delivered; the drain took %v", delivered, clients, time.Since(start).Round(time.Millisecond))
 	if delivered != clients {
 		t.Errorf("the drain delivered %d of %d idle end_turn, want all", delivered, clients)
+	}
+}
+
+// childIDs checks a run's subagent turn: the subagent_update names a child
+// by an ID that is neither the agent's own (the child says its own in its
+// text) nor the parent's; the child's own updates arrive under that ID,
+// and the parent's idle update lists it in background[]. It returns the
+// child's ID as the client knows it.
+func checkChild(t *testing.T, parent string, updates []json.RawMessage, dump func() string) string {
+	t.Helper()
+	type upd struct {
+		SessionID string `json:"sessionId"`
+		Update    struct {
+			SessionUpdate string          `json:"sessionUpdate"`
+			SessionID     string          `json:"sessionId"`
+			State         json.RawMessage `json:"state"` // a subagent_update's is an object
+			Content       struct{ Text string }
+			Background    []struct{ Type, SessionID string }
+		} `json:"update"`
+	}
+	var child, agentChild string
+	childUpdates, listed := 0, false
+	for _, raw := range updates {
+		var u upd
+		mustUnmarshal(t, raw, &u)
+		switch {
+		case u.SessionID == parent && u.Update.SessionUpdate == "subagent_update":
+			child = u.Update.SessionID
+		case u.SessionID == parent && string(u.Update.State) == `"idle"`:
+			listed = len(u.Update.Background) == 1 && u.Update.Background[0].SessionID == child && child != ""
+		case u.SessionID != parent:
+			if u.SessionID != child {
+				t.Errorf("an update under session %q, neither the parent's nor its announced child's %q", u.SessionID, child)
+			}
+			childUpdates++
+			if after, ok := strings.CutPrefix(u.Update.Content.Text, "child says "); ok {
+				agentChild = after
+			}
+		}
+	}
+	if child == "" || agentChild == "" || child == agentChild || child == parent {
+		t.Fatalf("child session: announced as %q, the agent's own %q, the parent %q; want a sealed ID of its own\n%s", child, agentChild, parent, dump())
+	}
+	if childUpdates != 3 {
+		t.Errorf("%d updates of the child arrived, want 3 (running, its chunk, idle)\n%s", childUpdates, dump())
+	}
+	if !listed {
+		t.Errorf("the parent's idle update does not list the child %q in background[]\n%s", child, dump())
+	}
+	return child
+}
+
+// A v2 subagent's child session reaches its client whole, under a sealed
+// ID that is not the agent's, over WebSocket and Streamable HTTP. At
+// 99b340a the subagent_update carried the agent's own child ID and every
+// update of the child was dropped ("a notification for an unknown
+// session").
+func TestV2SubagentChild(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	for transport, url := range e.urls() {
+		t.Run(transport, func(t *testing.T) {
+			r := e.runV2Client(t, "ide", url, "subagent")
+			if idle := idleOf(t, r); idle.Update.StopReason != "end_turn" {
+				t.Errorf("stopReason %q, want end_turn", idle.Update.StopReason)
+			}
+			var updates []json.RawMessage
+			for _, l := range r.find("session/update", "") {
+				updates = append(updates, l.Params)
+			}
+			checkChild(t, r.find("session/new", "")[0].SessionID, updates, r.dump)
+		})
+	}
+}
+
+// A child's ID is its parent's client's: session/status on it answers that
+// client (the agent's answer), and gets -32002, the answer for an unknown
+// session, from another subject of the same tenant and from another tenant.
+// At 99b340a the client was given the agent's own child ID, which named
+// nothing to the gateway: its own session/status on it got -32002.
+func TestV2ChildIDRefusedToOthers(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"alpha": "", "beta": ""})
+	v2Open := func(p *peer, cwd string) string {
+		p.mustResult(p.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+		var sess struct{ SessionID string }
+		p.mustResult(p.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, attachStep), &sess)
+		return sess.SessionID
+	}
+	a := dialTenant(t, e.g, e.tokens["alpha"])
+	defer a.close()
+	parent := v2Open(a, e.roots["alpha"])
+	from := a.count(func(peerMsg) bool { return true })
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": parent, "prompt": []any{map[string]any{"type": "text", "text": "subagent"}}}, attachStep), &struct{}{})
+	a.waitMsg(from, "the parent's idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == parent && u.Update.State == "idle"
+	})
+	var updates []json.RawMessage
+	a.mu.Lock()
+	for _, m := range a.msgs {
+		if m.Method == "session/update" {
+			updates = append(updates, m.Params)
+		}
+	}
+	a.mu.Unlock()
+	child := checkChild(t, parent, updates, a.dump)
+
+	status := func(p *peer, sid string) peerMsg {
+		return p.call("session/status", map[string]any{"sessionId": sid}, attachStep)
+	}
+	var st struct{ Status string }
+	a.mustResult(status(a, child), &st)
+	if st.Status != "open" {
+		t.Errorf("the owner's session/status on its child: %q, want open", st.Status)
+	}
+	b := dialTenant(t, e.g, e.tokens["beta"])
+	defer b.close()
+	v2Open(b, e.roots["beta"])
+	a2 := dialTenant(t, e.g, e.tokens["alpha2"])
+	defer a2.close()
+	v2Open(a2, e.roots["alpha"])
+	unknown := status(b, "gw_not-a-session")
+	for who, m := range map[string]peerMsg{"another tenant": status(b, child), "another subject": status(a2, child)} {
+		var got, want struct {
+			Code    int
+			Message string
+		}
+		b.decode(m.Error, &got)
+		b.decode(unknown.Error, &want)
+		if got.Code != -32002 || got != want {
+			t.Errorf("%s's session/status on the child: %s, want the unknown session's %s", who, m.raw, unknown.raw)
+		}
 	}
 }
