@@ -108,3 +108,12 @@ func (s *Session) streamID() string {
 	}
 	return s.GatewayID
 }
+
+// routesChildren reports whether c takes child sessions: a v2 client
+// always, a v1 client that offered clientCapabilities.subagents. Another
+// never receives a subagent_update (nor, without its child, the child's
+// messages).
+func (c *Conn) routesChildren() bool {
+	p := c.profile()
+	return p.Version >= 2 || p.Subagents
+}

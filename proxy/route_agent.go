@@ -346,6 +346,10 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	var idled []*outReq // v2 prompts whose turn this update ends
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
 		kind := acp.UpdateKind(m)
+		if string(kind) == "subagent_update" && !rc.conn.routesChildren() {
+			r.l.p.Log().Debug("subagent_update for a v1 client that did not offer clientCapabilities.subagents; dropped", "session", rc.sess.GatewayID)
+			return
+		}
 		rc.sess.updated(m, kind, &r.event)
 		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
 		rc.edits = r.childEdits(m, rc.sess, rc.conn, kind, rc.edits)

@@ -10,9 +10,13 @@
 //   long N           N ticks, 100 ms apart (a turn a drain or a budget
 //                    meets mid-way)
 //   subagent         the turn spawns a child session: subagent_update on
-//                    the parent, then the child's own update and state
-//                    (running, idle); the parent's idle lists the child in
-//                    background[]
+//                    the parent, then three updates of the child's own (v2:
+//                    state running, a chunk, state idle; v1: three chunks);
+//                    the parent's idle lists the child in background[]. A
+//                    v1 process spawns none unless initialize offered
+//                    clientCapabilities.subagents (it says "no subagents")
+//   subagent!        the same, in v1 even without the capability (an agent
+//                    that ignores it)
 //   permission       session/request_permission to the client (v2: the
 //                    turn is requires_action while it waits), then one tick
 //   anything else    one tick
@@ -31,6 +35,7 @@ import { agent as agentV1 } from "@agentclientprotocol/sdk/unstable";
 import { agent as agentV2, agentProtocolRouter, ndJsonStream } from "@agentclientprotocol/sdk/experimental/v2/unstable";
 
 const sessions = new Map(); // sessionId -> {cost, cancelled, history: [update], children: [id]}
+let v1Subagents = false; // the v1 initialize offered clientCapabilities.subagents
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function newSession() {
@@ -68,14 +73,19 @@ async function turn(v2, sid, params, send, request) {
         }
       }
       break;
-    case "subagent": {
+    case "subagent":
+    case "subagent!": {
+      if (!v2 && !v1Subagents && sc.name === "subagent") {
+        await send(sid, chunk("no subagents"));
+        break;
+      }
       const child = newSession();
       s.children.push(child);
       const title = "child of " + sid.slice(0, 8);
       await send(sid, { sessionUpdate: "subagent_update", sessionId: child, title, state: { state: "running" } });
-      await send(child, v2 ? { sessionUpdate: "state_update", state: "running" } : chunk("child starts "));
+      await send(child, v2 ? { sessionUpdate: "state_update", state: "running" } : chunk("child starts"));
       await send(child, chunk("child says " + child));
-      if (v2) await send(child, { sessionUpdate: "state_update", state: "idle", stopReason: "end_turn" });
+      await send(child, v2 ? { sessionUpdate: "state_update", state: "idle", stopReason: "end_turn" } : chunk("child ends"));
       await send(sid, chunk("parent done"));
       background = [{ type: "subagent", sessionId: child }];
       break;
@@ -103,7 +113,10 @@ const recorder = (client) => async (sid, update) => {
 };
 
 const v1 = agentV1({ name: "v2-agent" })
-  .onRequest("initialize", () => ({ protocolVersion: 1, agentCapabilities: { loadSession: false }, authMethods: [] }))
+  .onRequest("initialize", ({ params }) => {
+    v1Subagents = params.clientCapabilities?.subagents != null;
+    return { protocolVersion: 1, agentCapabilities: { loadSession: false }, authMethods: [] };
+  })
   .onRequest("session/new", () => ({ sessionId: newSession() }))
   .onRequest("session/prompt", async ({ params, client }) => {
     if (!sessions.has(params.sessionId)) throw new Error(`unknown session ${params.sessionId}`);

@@ -7,13 +7,16 @@
 // by v2turns_test.go.
 //
 // Usage:
-//   node v2-client.mjs [--timeout MS] [--token T] URL CWD [PROMPT...]
+//   node v2-client.mjs [--timeout MS] [--token T] [--v1 [--subagents]] URL CWD [PROMPT...]
 //     URL       ws://HOST/acp or http://HOST/acp
 //     CWD       cwd for session/new
 //     PROMPT    prompt text (default "hello"), see v2-agent.mjs
 //     --timeout overall limit in ms (default 30000)
 //     --token   bearer token (WebSocket: subprotocol acp.bearer.T; HTTP:
 //               the Authorization header)
+//     --v1      speak ACP v1 instead (the SDK's v1 unstable client): the
+//               prompt's answer ends the run, no idle line
+//     --subagents  with --v1: offer clientCapabilities.subagents
 //
 // stdout, one JSON object a line: {"type":"initialize","result"},
 // {"type":"session/new","result","sessionId"}, every session/update as
@@ -24,7 +27,8 @@
 // the session's idle state_update after the prompt's answer has arrived;
 // {"type":"error","stage","error"} then exit 1 on any failure. Exit 0 once
 // idle.
-import { client } from "@agentclientprotocol/sdk/experimental/v2/unstable";
+import { client as clientV2 } from "@agentclientprotocol/sdk/experimental/v2/unstable";
+import { client as clientV1 } from "@agentclientprotocol/sdk/unstable";
 import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
 import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-client";
 import WebSocket from "ws";
@@ -37,7 +41,11 @@ function usage(msg) {
 
 let timeoutMs = 30000;
 let token = "";
-const pos = parseArgs(process.argv.slice(2), {
+// --v1 and --subagents take no value: taken out before the others.
+const argv = process.argv.slice(2);
+const v1 = argv.includes("--v1");
+const subagents = argv.includes("--subagents");
+const pos = parseArgs(argv.filter((a) => a !== "--v1" && a !== "--subagents"), {
   "--timeout": (v) => {
     timeoutMs = timeoutArg(v, usage);
   },
@@ -74,7 +82,7 @@ const raw = /^wss?:/.test(url)
   : createHttpStream(url, token ? { headers: { Authorization: `Bearer ${token}` } } : {});
 const conn = tapped(raw, watch);
 
-const app = client({ name: "acpgate-interop-v2-client" })
+const app = (v1 ? clientV1 : clientV2)({ name: "acpgate-interop-v2-client" })
   .onNotification("*", () => {})
   .onRequest("session/request_permission", ({ params }) => {
     const opt = params.options.find((o) => o.kind.startsWith("allow")) ?? params.options[0];
@@ -86,11 +94,10 @@ const app = client({ name: "acpgate-interop-v2-client" })
 try {
   await app.connectWith(conn, async (agent) => {
     run.stage = "initialize";
-    const init = await agent.request("initialize", {
-      protocolVersion: 2,
-      info: { name: "acpgate-interop-v2-client", version: "0" },
-      capabilities: {},
-    });
+    const info = { name: "acpgate-interop-v2-client", version: "0" };
+    const init = await agent.request("initialize", v1
+      ? { protocolVersion: 1, clientInfo: info, clientCapabilities: subagents ? { subagents: {} } : {} }
+      : { protocolVersion: 2, info, capabilities: {} });
     out({ type: "initialize", result: init });
     run.stage = "session/new";
     const sess = await agent.request("session/new", { cwd, mcpServers: [] });
@@ -99,6 +106,7 @@ try {
     run.stage = "session/prompt";
     const res = await agent.request("session/prompt", { sessionId, prompt: [{ type: "text", text: promptText }] });
     out({ type: "session/prompt", result: res });
+    if (v1) return; // the answer ends a v1 turn
     armed = true;
     if (seenIdle) onIdle(seenIdle);
     run.stage = "idle";

@@ -64,11 +64,12 @@ func (e *v2Env) urls() map[string]string {
 	return map[string]string{"ws": e.g.url(), "http": "http://" + e.g.Addr + "/acp"}
 }
 
-// runV2Client runs one v2-client.mjs prompt as tenant over url.
-func (e *v2Env) runV2Client(t *testing.T, tenant, url, prompt string) *nodeRun {
+// runV2Client runs one v2-client.mjs prompt as tenant over url, with the
+// script's flags.
+func (e *v2Env) runV2Client(t *testing.T, tenant, url, prompt string, flags ...string) *nodeRun {
 	t.Helper()
-	return e.h.runNode(t, e.home, e.roots[tenant], runLimit, "v2-client.mjs", "--timeout", msString(scriptTimeout),
-		"--token", e.tokens[tenant], url, e.roots[tenant], prompt)
+	args := append([]string{"--timeout", msString(scriptTimeout), "--token", e.tokens[tenant]}, flags...)
+	return e.h.runNode(t, e.home, e.roots[tenant], runLimit, "v2-client.mjs", append(args, url, e.roots[tenant], prompt)...)
 }
 
 // v2Idle is a client's idle state_update.
@@ -234,9 +235,9 @@ func TestV2DrainWaitsForIdle(t *testing.T) {
 // childIDs checks a run's subagent turn: the subagent_update names a child
 // by an ID that is neither the agent's own (the child says its own in its
 // text) nor the parent's; the child's own updates arrive under that ID,
-// and the parent's idle update lists it in background[]. It returns the
-// child's ID as the client knows it.
-func checkChild(t *testing.T, parent string, updates []json.RawMessage, dump func() string) string {
+// and (v2) the parent's idle update lists it in background[]. It returns
+// the child's ID as the client knows it.
+func checkChild(t *testing.T, v2 bool, parent string, updates []json.RawMessage, dump func() string) string {
 	t.Helper()
 	type upd struct {
 		SessionID string `json:"sessionId"`
@@ -274,7 +275,7 @@ func checkChild(t *testing.T, parent string, updates []json.RawMessage, dump fun
 	if childUpdates != 3 {
 		t.Errorf("%d updates of the child arrived, want 3 (running, its chunk, idle)\n%s", childUpdates, dump())
 	}
-	if !listed {
+	if v2 && !listed {
 		t.Errorf("the parent's idle update does not list the child %q in background[]\n%s", child, dump())
 	}
 	return child
@@ -297,7 +298,7 @@ func TestV2SubagentChild(t *testing.T) {
 			for _, l := range r.find("session/update", "") {
 				updates = append(updates, l.Params)
 			}
-			checkChild(t, r.find("session/new", "")[0].SessionID, updates, r.dump)
+			checkChild(t, true, r.find("session/new", "")[0].SessionID, updates, r.dump)
 		})
 	}
 }
@@ -332,7 +333,7 @@ func TestV2ChildIDRefusedToOthers(t *testing.T) {
 		}
 	}
 	a.mu.Unlock()
-	child := checkChild(t, parent, updates, a.dump)
+	child := checkChild(t, true, parent, updates, a.dump)
 
 	status := func(p *peer, sid string) peerMsg {
 		return p.call("session/status", map[string]any{"sessionId": sid}, attachStep)
@@ -359,5 +360,52 @@ func TestV2ChildIDRefusedToOthers(t *testing.T) {
 		if got.Code != -32002 || got != want {
 			t.Errorf("%s's session/status on the child: %s, want the unknown session's %s", who, m.raw, unknown.raw)
 		}
+	}
+}
+
+// v1 subagents (clientCapabilities.subagents, v1 unstable): a client that
+// offers it gets a process told it, and its child session under a sealed
+// ID; one that does not never receives a subagent_update, nor the child's
+// updates, even from an agent that spawns a child regardless; over
+// WebSocket and Streamable HTTP. At 99b340a the pool never told the agent
+// the capability: no child session existed.
+func TestV1SubagentChild(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	for transport, url := range e.urls() {
+		t.Run(transport, func(t *testing.T) {
+			r := e.runV2Client(t, "ide", url, "subagent", "--v1", "--subagents")
+			if r.err != nil || len(r.find("session/prompt", "")) != 1 {
+				t.Fatalf("v2-client.mjs --v1: exit %v\n%s", r.err, r.dump())
+			}
+			var updates []json.RawMessage
+			for _, l := range r.find("session/update", "") {
+				updates = append(updates, l.Params)
+			}
+			checkChild(t, false, r.find("session/new", "")[0].SessionID, updates, r.dump)
+
+			// Without the capability, from an agent that ignores it.
+			r = e.runV2Client(t, "ide", url, "subagent!", "--v1")
+			if r.err != nil || len(r.find("session/prompt", "")) != 1 {
+				t.Fatalf("v2-client.mjs --v1: exit %v\n%s", r.err, r.dump())
+			}
+			parent, done := r.find("session/new", "")[0].SessionID, false
+			for _, l := range r.find("session/update", "") {
+				var u struct {
+					SessionID string `json:"sessionId"`
+					Update    struct {
+						SessionUpdate string `json:"sessionUpdate"`
+						Content       struct{ Text string }
+					} `json:"update"`
+				}
+				mustUnmarshal(t, l.Params, &u)
+				if u.SessionID != parent || u.Update.SessionUpdate == "subagent_update" {
+					t.Errorf("a v1 client without clientCapabilities.subagents got %s", l.raw)
+				}
+				done = done || u.Update.Content.Text == "parent done"
+			}
+			if !done {
+				t.Errorf("the parent's own update did not arrive\n%s", r.dump())
+			}
+		})
 	}
 }
