@@ -25,8 +25,9 @@
 // is {messageId}; the turn is a state_update running, the ticks, and a
 // state_update idle with stopReason and usage. session/cancel stops a turn
 // between ticks: stopReason "cancelled". Each session remembers its updates;
-// a v2 session/resume with replayFrom replays them (each child's too), then
-// sends its current idle state. Sessions live in this process only.
+// a v2 session/resume with replayFrom replays them, each session's (the
+// parent's, then each child's) followed by its replay_complete, then sends
+// the parent's current idle state. Sessions live in this process only.
 //
 // Usage: node v2-agent.mjs   (ACP on stdin/stdout)
 import { Readable, Writable } from "node:stream";
@@ -162,6 +163,7 @@ const v2 = agentV2({ name: "v2-agent" })
     if (params.replayFrom) {
       for (const sid of [params.sessionId, ...s.children]) {
         for (const update of sessions.get(sid).history) await client.notify("session/update", { sessionId: sid, update });
+        await client.notify("session/update", { sessionId: sid, update: { sessionUpdate: "replay_complete" } });
       }
     }
     await client.notify("session/update", { sessionId: params.sessionId, update: { sessionUpdate: "state_update", state: "idle" } });

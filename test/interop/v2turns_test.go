@@ -409,3 +409,86 @@ func TestV1SubagentChild(t *testing.T) {
 		})
 	}
 }
+
+// v2Peer opens a v2 session as tenant's peer over WebSocket.
+func (e *v2Env) v2Peer(t *testing.T, token, cwd string) (*peer, string) {
+	t.Helper()
+	p := dialTenant(t, e.g, token)
+	p.mustResult(p.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	var sess struct{ SessionID string }
+	p.mustResult(p.call("session/new", map[string]any{"cwd": cwd, "mcpServers": []any{}}, attachStep), &sess)
+	return p, sess.SessionID
+}
+
+// updatesSince are the session/update params p received from index from.
+func (p *peer) updatesSince(from int) []json.RawMessage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []json.RawMessage
+	for _, m := range p.msgs[from:] {
+		if m.Method == "session/update" {
+			out = append(out, m.Params)
+		}
+	}
+	return out
+}
+
+// A resumed history (v2 session/resume with replayFrom, on a second
+// connection of the same subject) brings the child back: its
+// subagent_update under the same sealed ID, the child's own replayed
+// updates under it, and each session's replay_complete under its own ID.
+// At 99b340a the replay named the agent's own child ID and dropped the
+// child's updates and its replay_complete.
+func TestV2ResumeBringsChildBack(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, parent := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": parent, "prompt": []any{map[string]any{"type": "text", "text": "subagent"}}}, attachStep), &struct{}{})
+	a.waitMsg(0, "the parent's idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == parent && u.Update.State == "idle"
+	})
+	child := checkChild(t, true, parent, a.updatesSince(0), a.dump)
+
+	b := dialTenant(t, e.g, e.tokens["ide"])
+	defer b.close()
+	b.mustResult(b.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	from := b.count(func(peerMsg) bool { return true })
+	if m := b.call("session/resume", map[string]any{"sessionId": parent, "cwd": e.roots["ide"], "replayFrom": map[string]any{"type": "start"}}, attachStep); len(m.Error) > 0 {
+		t.Fatalf("session/resume: %s", m.raw)
+	}
+	complete := map[string]int{}
+	announced, childUpdates := "", 0
+	for _, raw := range b.updatesSince(from) {
+		var u struct {
+			SessionID string `json:"sessionId"`
+			Update    struct {
+				SessionUpdate string `json:"sessionUpdate"`
+				SessionID     string `json:"sessionId"`
+			} `json:"update"`
+		}
+		mustUnmarshal(t, raw, &u)
+		switch {
+		case u.Update.SessionUpdate == "replay_complete":
+			complete[u.SessionID]++
+		case u.Update.SessionUpdate == "subagent_update":
+			announced = u.Update.SessionID
+		case u.SessionID == child:
+			childUpdates++
+		case u.SessionID != parent:
+			t.Errorf("a replayed update under %q, neither the parent's nor the child's", u.SessionID)
+		}
+	}
+	if announced != child || childUpdates != 3 {
+		t.Errorf("the replay announced child %q (want %q) with %d of its updates (want 3)\n%s", announced, child, childUpdates, b.dump())
+	}
+	if complete[parent] != 1 || complete[child] != 1 || len(complete) != 2 {
+		t.Errorf("replay_complete by session: %v; want one for the parent %q and one for the child %q\n%s", complete, parent, child, b.dump())
+	}
+	// The child is the resuming client's now: its session/status answers.
+	var st struct{ Status string }
+	b.mustResult(b.call("session/status", map[string]any{"sessionId": child}, attachStep), &st)
+	if st.Status != "open" {
+		t.Errorf("session/status on the resumed child: %q, want open", st.Status)
+	}
+}
