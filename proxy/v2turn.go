@@ -157,3 +157,11 @@ func (r *outReq) idleInPlace(msg []byte) []byte {
 	}
 	return out
 }
+
+// replayComplete is the v2 session/update that tells a client the replay
+// of s is over, for a replay the gateway makes from its own buffer (a
+// resumed socket's messages, an attach's history).
+func (s *Session) replayComplete() ([]byte, Facts) {
+	params := append(append([]byte(`{"sessionId":`), s.quotedID...), `,"update":{"sessionUpdate":"replay_complete"}}`...)
+	return jsonrpc.AppendRequest(nil, nil, acp.SessionUpdate, params), Facts{Method: acp.SessionUpdate, SessionID: s.streamID()}
+}

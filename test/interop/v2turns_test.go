@@ -3,14 +3,18 @@
 package interop
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // ACP v2 turns through the gateway (issue #37), with an agent on the SDK
@@ -491,4 +495,70 @@ func TestV2ResumeBringsChildBack(t *testing.T) {
 	if st.Status != "open" {
 		t.Errorf("session/status on the resumed child: %q, want open", st.Status)
 	}
+}
+
+// dialURL is dialWith at url (a resume's query).
+func dialURL(t *testing.T, url string, protos ...string) *peer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	dctx, dcancel := context.WithTimeout(ctx, attachStep)
+	defer dcancel()
+	ws, _, err := websocket.Dial(dctx, url, &websocket.DialOptions{Subprotocols: protos})
+	if err != nil {
+		cancel()
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	ws.SetReadLimit(64 << 20)
+	p := &peer{t: t, ws: ws, ctx: ctx, cancel: cancel, nextID: 1, changed: make(chan struct{}), stopped: make(chan struct{})}
+	go p.read()
+	return p
+}
+
+// A v2 client that resumes a dropped socket gets, after the gateway's
+// replay of what it missed, a replay_complete for each of its sessions.
+// At 99b340a the replay ended with nothing to say so.
+func TestV2SocketResumeReplayComplete(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a := dialTenant(t, e.g, e.tokens["ide"])
+	m := a.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep)
+	var init struct {
+		Meta struct {
+			Acpgate struct {
+				ResumeToken string `json:"resumeToken"`
+			} `json:"acpgate"`
+		} `json:"_meta"`
+	}
+	a.mustResult(m, &init)
+	if init.Meta.Acpgate.ResumeToken == "" {
+		t.Fatalf("no _meta.acpgate.resumeToken in the initialize result: %s", m.raw)
+	}
+	var sess struct{ SessionID string }
+	a.mustResult(a.call("session/new", map[string]any{"cwd": e.roots["ide"], "mcpServers": []any{}}, attachStep), &sess)
+	sid := sess.SessionID
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": "ticks 3"}}}, attachStep), &struct{}{})
+	a.waitMsg(0, "the idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.Update.State == "idle"
+	})
+	missed := a.count(func(peerMsg) bool { return true }) - 2 // all but initialize's and session/new's answers
+	_ = a.ws.CloseNow()                                       // no close frame: the connection is kept for a resume
+	a.cancel()
+	<-a.stopped
+
+	q := "?resume=" + url.QueryEscape(init.Meta.Acpgate.ResumeToken) + "&received=2"
+	b := dialURL(t, e.g.url()+q, "acp", "acp.bearer."+e.tokens["ide"])
+	defer b.close()
+	i, _ := b.waitMsg(0, "replay_complete", 10*time.Second, func(m peerMsg) bool {
+		return m.Method == "session/update" && strings.Contains(string(m.Params), `"replay_complete"`)
+	})
+	b.mu.Lock()
+	first, got := b.msgs[0], b.msgs[i]
+	b.mu.Unlock()
+	if first.Method != "_acpgate/resumed" {
+		t.Errorf("the resumed socket's first message: %s", first.raw)
+	}
+	if i != 1+missed {
+		t.Errorf("replay_complete is message %d, want %d: after the %d replayed\n%s", i, 1+missed, missed, b.dump())
+	}
+	b.checkSession(got, sid)
 }
