@@ -8,8 +8,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -313,7 +315,9 @@ func TestV2SubagentChild(t *testing.T) {
 // At 99b340a the client was given the agent's own child ID, which named
 // nothing to the gateway: its own session/status on it got -32002.
 func TestV2ChildIDRefusedToOthers(t *testing.T) {
-	e := startV2Gateway(t, "", map[string]string{"alpha": "", "beta": ""})
+	adminToken := "admin-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	adminSum := sha256.Sum256([]byte(adminToken))
+	e := startV2Gateway(t, fmt.Sprintf("admin: {tokens_sha256: [%q]}\n", hex.EncodeToString(adminSum[:])), map[string]string{"alpha": "", "beta": ""})
 	v2Open := func(p *peer, cwd string) string {
 		p.mustResult(p.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
 		var sess struct{ SessionID string }
@@ -364,6 +368,44 @@ func TestV2ChildIDRefusedToOthers(t *testing.T) {
 		if got.Code != -32002 || got != want {
 			t.Errorf("%s's session/status on the child: %s, want the unknown session's %s", who, m.raw, unknown.raw)
 		}
+	}
+
+	// The admin API lists the child under its parent; ending the parent
+	// ends the child.
+	admin := func(method, path string, out any) int {
+		req, err := http.NewRequest(method, "http://"+e.g.Addr+"/v1/admin/"+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if out != nil {
+			_ = json.NewDecoder(resp.Body).Decode(out)
+		}
+		return resp.StatusCode
+	}
+	var list struct {
+		Sessions []struct{ ID, Parent, Tenant string }
+	}
+	if code := admin(http.MethodGet, "sessions?tenant=alpha", &list); code != http.StatusOK {
+		t.Fatalf("GET sessions: %d", code)
+	}
+	parents := map[string]string{}
+	for _, s := range list.Sessions {
+		parents[s.ID] = s.Parent
+	}
+	if p, ok := parents[child]; !ok || p != parent || parents[parent] != "" {
+		t.Errorf("admin sessions: %+v; want the child %q listed with parent %q", list.Sessions, child, parent)
+	}
+	if code := admin(http.MethodDelete, "sessions/"+url.PathEscape(parent), nil); code/100 != 2 {
+		t.Fatalf("DELETE the parent: %d", code)
+	}
+	if m := status(a, child); !strings.Contains(string(m.Error), "-32002") {
+		t.Errorf("session/status on the child of an ended parent: %s, want -32002", m.raw)
 	}
 }
 
