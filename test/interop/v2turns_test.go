@@ -604,3 +604,71 @@ func TestV2SocketResumeReplayComplete(t *testing.T) {
 	}
 	b.checkSession(got, sid)
 }
+
+// The drain waits for v2 turns over Streamable HTTP too: five SDK v2
+// clients (v2-client.mjs, createHttpStream) mid-way through a 1.5 s turn
+// when the gateway gets SIGTERM each get the idle end_turn with all 15
+// ticks. (At 99b340a no turn was running once acknowledged: the admin API
+// never listed one.)
+func TestV2DrainWaitsForIdleHTTP(t *testing.T) {
+	const clients = 5
+	adminToken := "admin-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	adminSum := sha256.Sum256([]byte(adminToken))
+	e := startV2Gateway(t, fmt.Sprintf("admin: {tokens_sha256: [%q]}\n", hex.EncodeToString(adminSum[:])), map[string]string{"ide": ""})
+	runs := make([]*nodeRun, clients)
+	done := make(chan int, clients)
+	for i := range clients {
+		go func() {
+			runs[i] = e.runV2Client(t, "ide", e.urls()["http"], "long 15")
+			done <- i
+		}()
+	}
+	// SIGTERM once every turn runs, as the admin API sees them.
+	running := func() int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+e.g.Addr+"/v1/admin/sessions", nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		var list struct{ Sessions []struct{ State string } }
+		_ = json.NewDecoder(resp.Body).Decode(&list)
+		n := 0
+		for _, s := range list.Sessions {
+			if s.State == "running" {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for running() < clients && time.Now().Before(deadline) && len(done) == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	n := running()
+	start := time.Now()
+	e.g.stop(t)
+	for range clients {
+		<-done
+	}
+	if n < clients {
+		t.Errorf("%d of %d turns running (admin API) when the gateway got SIGTERM, want all", n, clients)
+	}
+	delivered := 0
+	for i, r := range runs {
+		if lines := r.find("idle", ""); r.err == nil && len(lines) == 1 {
+			var idle v2Idle
+			mustUnmarshal(t, lines[0].Params, &idle)
+			if idle.Update.StopReason == "end_turn" && ticks(t, r) == 15 {
+				delivered++
+				continue
+			}
+		}
+		t.Logf("client %d: no idle end_turn after 15 ticks: exit %v\n%s", i, r.err, r.dump())
+	}
+	t.Logf("%d of %d idle end_turn delivered over Streamable HTTP; the drain took %v", delivered, clients, time.Since(start).Round(time.Millisecond))
+	if delivered != clients {
+		t.Errorf("the drain delivered %d of %d idle end_turn, want all", delivered, clients)
+	}
+}
