@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/acpgate/acpgate/test/internal/metricscrape"
 )
 
 // ACP v2 turns through the gateway (issue #37), with an agent on the SDK
@@ -166,6 +168,20 @@ func TestV2TurnBudget(t *testing.T) {
 	}
 	if n := e.g.CountLogs("budgets: turn cancelled, its tenant's budget exhausted", "", ""); n != 2 {
 		t.Errorf("%d budget cancellations logged, want 2", n)
+	}
+	// Metering counts the free tenant's two turns from their idle usage
+	// (50 input, 5 output tokens each) and their cost (2.5 USD each).
+	_, text, err := metricscrape.Get(e.g.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, want := range map[string]float64{"input": 100, "output": 10} {
+		if got := metricscrape.Sum(text, "acpgate_usage_tokens_total", `tenant="free"`, `kind="`+kind+`"`); got != want {
+			t.Errorf("free %s tokens = %v, want %v (the idle updates' usage)", kind, got, want)
+		}
+	}
+	if got := metricscrape.Sum(text, "acpgate_usage_cost_total", `tenant="free"`, `currency="USD"`); got != 5 {
+		t.Errorf("free cost = %v USD, want 5", got)
 	}
 }
 
@@ -358,7 +374,8 @@ func TestV2ChildIDRefusedToOthers(t *testing.T) {
 	defer a2.close()
 	v2Open(a2, e.roots["alpha"])
 	unknown := status(b, "gw_not-a-session")
-	for who, m := range map[string]peerMsg{"another tenant": status(b, child), "another subject": status(a2, child)} {
+	for who, m := range map[string]peerMsg{"another tenant": status(b, child), "another subject": status(a2, child),
+		"another tenant, on the parent": status(b, parent), "another subject, on the parent": status(a2, parent)} {
 		var got, want struct {
 			Code    int
 			Message string
