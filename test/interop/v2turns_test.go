@@ -689,3 +689,40 @@ func TestV2DrainWaitsForIdleHTTP(t *testing.T) {
 		t.Errorf("the drain delivered %d of %d idle end_turn, want all", delivered, clients)
 	}
 }
+
+// Several clients on one v2 session: an attached client hears
+// turn_complete when the owner's v2 turn goes idle, not at its
+// acknowledgement, and its own prompt, sent mid-turn, waits for that idle
+// update before it goes to the agent (the gateway's per-session queue). At
+// 99b340a turn_complete came at the acknowledgement, and the second prompt
+// went to the agent at once.
+func TestV2SharedSessionTurn(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, sid := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	b := dialTenant(t, e.g, e.tokens["ide"])
+	defer b.close()
+	b.mustResult(b.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "b", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	b.mustResult(b.call("session/attach", map[string]any{"sessionId": sid, "historyPolicy": "none", "clientId": "b",
+		"clientInfo": map[string]any{"name": "b", "version": "1"}}, attachStep), &struct{}{})
+
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": "long 5"}}}, attachStep), &struct{}{})
+	b.waitMsg(0, "the owner's first tick", 10*time.Second, func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick 1 "`) })
+	b.send(map[string]any{"jsonrpc": "2.0", "id": 99, "method": "session/prompt", "params": map[string]any{"sessionId": sid,
+		"prompt": []any{map[string]any{"type": "text", "text": "ticks 1"}}}})
+	isIdle := func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.Update.State == "idle"
+	}
+	idle, _ := b.waitMsg(0, "the owner's idle update", 10*time.Second, isIdle)
+	lastTick, _ := b.waitMsg(0, "the owner's fifth tick", time.Second, func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick 5 "`) })
+	done, _ := b.waitMsg(0, "turn_complete", 10*time.Second, isUpdate("turn_complete"))
+	ack, _ := b.waitMsg(0, "the answer to its own prompt", 10*time.Second, func(m peerMsg) bool { return m.Method == "" && string(m.ID) == "99" })
+	b.waitMsg(idle+1, "its own turn's idle update", 10*time.Second, isIdle)
+	if done < lastTick {
+		t.Errorf("turn_complete (message %d) came before the owner's last tick (message %d)\n%s", done, lastTick, b.dump())
+	}
+	if ack < idle {
+		t.Errorf("the second client's prompt was answered (message %d) before the owner's turn went idle (message %d): it did not wait\n%s", ack, idle, b.dump())
+	}
+}
