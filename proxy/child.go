@@ -17,7 +17,8 @@ import (
 // requests route like any session's, and in the connection's index so
 // that the client's messages naming it are opened. It ends with its parent
 // (endParentEnded); the agent ends its children itself. Its messages go
-// with its parent's (streamID).
+// with its parent's: on the parent's stream (streamID), to the parent's
+// attached clients too, into the parent's history (root).
 //
 // Every session ID inside an update (the child's, senderSessionId,
 // recipientSessionId, background[].sessionId) is sealed on the way out:
@@ -98,16 +99,20 @@ func (s *Session) takeChildren() []*Session {
 	return k
 }
 
+// root is the session s's messages fan out with: its root parent (s
+// itself for a session a client made).
+func (s *Session) root() *Session {
+	for s.parent != nil {
+		s = s.parent
+	}
+	return s
+}
+
 // streamID is the session a message about s travels with, for a transport
 // that routes by session (a Streamable HTTP session stream) and for a
 // take-over: its root parent's ID, so that a child's messages reach the
 // client on its parent's stream (a client opens none for a child).
-func (s *Session) streamID() string {
-	for s.parent != nil {
-		s = s.parent
-	}
-	return s.GatewayID
-}
+func (s *Session) streamID() string { return s.root().GatewayID }
 
 // routesChildren reports whether c takes child sessions: a v2 client
 // always, a v1 client that offered clientCapabilities.subagents. Another

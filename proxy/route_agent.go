@@ -343,10 +343,12 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
-	var idled []*outReq // v2 prompts whose turn this update ends
+	var idled []*outReq  // v2 prompts whose turn this update ends
+	isChildNews := false // a subagent_update
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
 		kind := acp.UpdateKind(m)
-		if string(kind) == "subagent_update" && !rc.conn.routesChildren() {
+		isChildNews = string(kind) == "subagent_update"
+		if isChildNews && !rc.conn.routesChildren() {
 			r.l.p.Log().Debug("subagent_update for a v1 client that did not offer clientCapabilities.subagents; dropped", "session", rc.sess.GatewayID)
 			return
 		}
@@ -382,6 +384,10 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		return
 	}
 	f.SessionID = rc.sess.streamID()
+	if root := rc.sess.root(); root != rc.sess || isChildNews { // a child's: its parent's clients get it
+		root.deliverAllOf(rc.conn, out, f, rc.solo, true)
+		return
+	}
 	rc.sess.deliverAll(rc.conn, out, f, rc.solo)
 }
 

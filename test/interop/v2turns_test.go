@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -725,4 +726,35 @@ func TestV2SharedSessionTurn(t *testing.T) {
 	if ack < idle {
 		t.Errorf("the second client's prompt was answered (message %d) before the owner's turn went idle (message %d): it did not wait\n%s", ack, idle, b.dump())
 	}
+}
+
+// A client attached to a v2 session gets its subagent's child too: the
+// subagent_update and the child's own updates, under the child's sealed
+// ID. At 99b340a the child's updates were dropped for every client.
+func TestV2AttachedClientGetsChild(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, sid := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	b := dialTenant(t, e.g, e.tokens["ide"])
+	defer b.close()
+	b.mustResult(b.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "b", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	b.mustResult(b.call("session/attach", map[string]any{"sessionId": sid, "historyPolicy": "none", "clientId": "b",
+		"clientInfo": map[string]any{"name": "b", "version": "1"}}, attachStep), &struct{}{})
+	from := b.count(func(peerMsg) bool { return true })
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": "subagent"}}}, attachStep), &struct{}{})
+	b.waitMsg(from, "the parent's idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == sid && u.Update.State == "idle"
+	})
+	var updates []json.RawMessage
+	for _, raw := range b.updatesSince(from) {
+		var u struct {
+			Update struct{ SessionUpdate string } `json:"update"`
+		}
+		mustUnmarshal(t, raw, &u)
+		if !slices.Contains(attachOnlyKinds, u.Update.SessionUpdate) { // prompt_received, turn_complete: the attached client's own
+			updates = append(updates, raw)
+		}
+	}
+	checkChild(t, true, sid, updates, b.dump)
 }
