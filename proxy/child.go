@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"slices"
+
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/sessionid"
@@ -88,6 +90,13 @@ func (l *procLink) addChild(parent *Session, c *Conn, sid string) *Session {
 	c.attach(k)
 	c.log.Debug("subagent session opened", "session", k.GatewayID, "parent", parent.GatewayID)
 	return k
+}
+
+// childList is the child sessions of s.
+func (s *Session) childList() []*Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.children)
 }
 
 // takeChildren takes the child sessions of s (it is ending).

@@ -56,6 +56,12 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	notice, f := s.endedNotice("taken over by another client")
 	owner.deliverMember(notice, s, f, false) // kept for when it resumes
 	owner.detach(s)
+	for _, k := range s.childList() { // its children follow it
+		if k.moveOwner(owner, c) {
+			c.attach(k)
+			owner.detach(k)
+		}
+	}
 	s.sessionEvent(c, observe.SessionLoaded, "")
 	for _, in := range owner.takeRequestsOf(s) {
 		c.adopt(in)

@@ -17,6 +17,7 @@
 //                    clientCapabilities.subagents (it says "no subagents")
 //   subagent!        the same, in v1 even without the capability (an agent
 //                    that ignores it)
+//   subagent N       the same, then N parent ticks 100 ms apart
 //   permission       session/request_permission to the client (v2: the
 //                    turn is requires_action while it waits), then one tick
 //   anything else    one tick
@@ -48,7 +49,7 @@ function newSession() {
 function scenario(params) {
   const text = (params.prompt ?? []).filter((b) => b.type === "text").map((b) => b.text).join(" ").trim();
   const [name, n, cost] = text.split(/\s+/);
-  return { name, n: Math.max(1, Number(n) || 1), cost: Number(cost) || 0 };
+  return { name, n: Math.max(1, Number(n) || 1), counted: Number(n) > 0, cost: Number(cost) || 0 };
 }
 
 // turn runs one prompt's work on session sid: send(sid, update) sends a
@@ -87,6 +88,13 @@ async function turn(v2, sid, params, send, request) {
       await send(child, v2 ? { sessionUpdate: "state_update", state: "running" } : chunk("child starts"));
       await send(child, chunk("child says " + child));
       await send(child, v2 ? { sessionUpdate: "state_update", state: "idle", stopReason: "end_turn" } : chunk("child ends"));
+      if (sc.counted) {
+        for (let i = 1; i <= sc.n; i++) {
+          await sleep(100);
+          if (s.cancelled) return { stopReason: "cancelled", usage, background: [{ type: "subagent", sessionId: child }] };
+          await send(sid, chunk(`tick ${i} `));
+        }
+      }
       await send(sid, chunk("parent done"));
       background = [{ type: "subagent", sessionId: child }];
       break;

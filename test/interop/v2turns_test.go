@@ -758,3 +758,53 @@ func TestV2AttachedClientGetsChild(t *testing.T) {
 	}
 	checkChild(t, true, sid, updates, b.dump)
 }
+
+// A child follows its parent when another connection of the same subject
+// takes the parent over from a detached connection mid-turn: the child is
+// the new connection's (its session/status answers there), and the turn's
+// rest, the child's news included, reaches it. Without the move, the child
+// stayed with the detached connection: -32002 for the new one.
+func TestV2TakeoverMovesChild(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, parent := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": parent, "prompt": []any{map[string]any{"type": "text", "text": "subagent 20"}}}, attachStep), &struct{}{})
+	a.waitMsg(0, "the parent's first tick", 10*time.Second, func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick 1 "`) })
+	child := ""
+	for _, raw := range a.updatesSince(0) {
+		var u struct {
+			Update struct{ SessionUpdate, SessionID string } `json:"update"`
+		}
+		mustUnmarshal(t, raw, &u)
+		if u.Update.SessionUpdate == "subagent_update" {
+			child = u.Update.SessionID
+		}
+	}
+	if child == "" {
+		t.Fatalf("no subagent_update\n%s", a.dump())
+	}
+	_ = a.ws.CloseNow() // no close frame: a detaches, its turn runs on
+	a.cancel()
+	<-a.stopped
+
+	b := dialTenant(t, e.g, e.tokens["ide"])
+	defer b.close()
+	b.mustResult(b.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "b", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	var res struct {
+		Meta struct {
+			Acpgate struct{ Turn string } `json:"acpgate"`
+		} `json:"_meta"`
+	}
+	b.mustResult(b.call("session/resume", map[string]any{"sessionId": parent, "cwd": e.roots["ide"]}, attachStep), &res)
+	if res.Meta.Acpgate.Turn != "running" {
+		t.Fatalf("session/resume of the detached parent: turn %q, want a take-over of the running turn\n%s", res.Meta.Acpgate.Turn, b.dump())
+	}
+	var st struct{ Status string }
+	b.mustResult(b.call("session/status", map[string]any{"sessionId": child}, attachStep), &st)
+	if st.Status != "open" {
+		t.Errorf("session/status on the child after the take-over: %q, want open", st.Status)
+	}
+	b.waitMsg(0, "the parent's idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == parent && u.Update.State == "idle"
+	})
+}
