@@ -31,12 +31,19 @@ import (
 // c (kind: its sessionUpdate), appending the edits; a subagent_update
 // makes its child.
 func (r *agentReader) childEdits(m *jsonrpc.Message, s *Session, c *Conn, kind []byte, edits []jsonrpc.Edit) []jsonrpc.Edit {
-	for _, f := range m.Fields {
+	if !acp.CarriesSessionIDs(kind) {
+		return edits
+	}
+	ids := &r.idMsg
+	if r.ids.Scan(m.Raw, ids, func(*jsonrpc.Message) *jsonrpc.Spec { return acp.SpecChildSessions }) != nil {
+		return edits // it scanned once already
+	}
+	for _, f := range ids.Fields {
 		if f.Kind != jsonrpc.FieldTag || f.Label != acp.LabelChildSessionID {
 			continue
 		}
 		repl := []byte(`""`)
-		if sid, ok := m.String(f); ok && sid != "" {
+		if sid, ok := ids.String(f); ok && sid != "" {
 			if k := r.l.sessionFor(s, c, sid, string(kind) == "subagent_update"); k != nil {
 				repl = k.quotedID
 			}

@@ -23,9 +23,13 @@ import (
 // agentReader routes the messages one agent process writes. It runs on the
 // process's read goroutine only, so it reuses its scanner and buffers.
 type agentReader struct {
-	l       *procLink
-	sc      jsonrpc.Scanner
-	msg     jsonrpc.Message
+	l   *procLink
+	sc  jsonrpc.Scanner
+	msg jsonrpc.Message
+	// ids, idMsg: the second scan of an update that names sessions inside
+	// it (child.go).
+	ids     jsonrpc.Scanner
+	idMsg   jsonrpc.Message
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
 	event   observe.Event // what observers hear of a session/update, reused
@@ -40,6 +44,7 @@ type agentReader struct {
 func newAgentReader(l *procLink) *agentReader {
 	r := &agentReader{l: l}
 	r.sc.Methods = acp.Methods
+	r.ids.Methods = acp.Methods
 	r.resolve = r.specFor
 	return r
 }

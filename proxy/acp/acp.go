@@ -94,16 +94,22 @@ var (
 	SpecUpdate = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"sessionId": leafSession,
 		"update": {Fields: map[string]*jsonrpc.Spec{"sessionUpdate": updateKind, "configOptions": configOptions,
-			"currentModeId": {Kind: jsonrpc.FieldTag, Label: LabelCurrentModeID},
-			"sessionId":     childSession, "senderSessionId": childSession, "recipientSessionId": childSession,
-			"background": backgroundSessions}},
+			"currentModeId": {Kind: jsonrpc.FieldTag, Label: LabelCurrentModeID}}},
 	}}
-	// childSession: a session ID inside an update (a subagent_update's
-	// child, a session message's sender or recipient, a background
-	// subagent), sealed on the way out like params.sessionId.
-	childSession       = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelChildSessionID}
-	backgroundSessions = &jsonrpc.Spec{Elems: &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"sessionId": childSession}}}
-	updateKind         = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
+	updateKind = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
+	// SpecChildSessions locates the session IDs inside a session/update's
+	// update (a subagent_update's child, a session message's sender or
+	// recipient, a background subagent), sealed on the way out like
+	// params.sessionId. It is a second scan of the few updates that carry
+	// them (CarriesSessionIDs), not part of SpecUpdate: every member name
+	// a spec's object has costs each update the scanner walks.
+	SpecChildSessions = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
+		"update": {Fields: map[string]*jsonrpc.Spec{
+			"sessionId": childSession, "senderSessionId": childSession, "recipientSessionId": childSession,
+			"background": {Elems: &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"sessionId": childSession}}},
+		}},
+	}}
+	childSession = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelChildSessionID}
 	// specPromptResult: a PromptResponse's stopReason and usage (metering).
 	specPromptResult = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"stopReason": {Kind: jsonrpc.FieldTag, Label: LabelStopReason},
@@ -262,10 +268,6 @@ var (
 				"summary":               contentSpec,
 				"sessionUpdate":         updateKind,
 				"configOptions":         configOptions,
-				"sessionId":             childSession,
-				"senderSessionId":       childSession,
-				"recipientSessionId":    childSession,
-				"background":            backgroundSessions,
 			}},
 		}},
 		RequestPermission: {Fields: fields{
@@ -386,6 +388,17 @@ const (
 	LabelStopReason     = "stopReason"
 	LabelUsage          = "usage"
 )
+
+// CarriesSessionIDs reports whether an update of kind (its sessionUpdate)
+// may name sessions inside it (SpecChildSessions): subagent_update,
+// state_update (background[]), and the session messages.
+func CarriesSessionIDs(kind []byte) bool {
+	switch string(kind) {
+	case "subagent_update", "state_update", "session_message", "session_message_chunk":
+		return true
+	}
+	return false
+}
 
 // UpdateKind is a session/update's sessionUpdate tag, as the scanner
 // located it (nil: none).
