@@ -84,15 +84,20 @@ type idleUpdate struct {
 	} `json:"update"`
 }
 
-// idleTurns ends the turns of s that m, a v2 state_update, says are over
-// (state idle): each is counted with the update's stopReason and usage,
+// idleTurns notes what m, a v2 state_update of s, says of its turn
+// (requires_action or not), and ends the turns it says are over (state
+// idle): each is counted with the update's stopReason and usage,
 // the session's other clients hear turn_complete, and the next queued
 // prompt is held until the update is out. It returns the prompts ended
 // and edits with what says in m why the gateway cancelled the turn
 // (_meta.acpgate.<key> of its params), if it did.
 func (r *agentReader) idleTurns(m *jsonrpc.Message, s *Session, edits []jsonrpc.Edit) ([]*outReq, []jsonrpc.Edit) {
 	var u idleUpdate
-	if json.Unmarshal(m.Payload, &u) != nil || u.Update.State != "idle" {
+	if json.Unmarshal(m.Payload, &u) != nil {
+		return nil, edits
+	}
+	s.turn.RequiresAction(u.Update.State == "requires_action")
+	if u.Update.State != "idle" {
 		return nil, edits
 	}
 	prompts := r.l.takeAcked(s)

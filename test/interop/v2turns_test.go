@@ -808,3 +808,35 @@ func TestV2TakeoverMovesChild(t *testing.T) {
 		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == parent && u.Update.State == "idle"
 	})
 }
+
+// A v2 turn whose agent reports requires_action (its permission request
+// waits for the client) is in flight as requires_action: a client that
+// attaches then is told so (_meta.acpgate.turn), and the turn ends at its
+// idle update once the owner answers. At 99b340a the turn had ended at its
+// acknowledgement: "idle".
+func TestV2RequiresAction(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, sid := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": "permission"}}}, attachStep), &struct{}{})
+	_, req := a.waitMsg(0, "the permission request", 10*time.Second, func(m peerMsg) bool { return m.Method == "session/request_permission" })
+
+	b := dialTenant(t, e.g, e.tokens["ide"])
+	defer b.close()
+	b.mustResult(b.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "b", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	var att struct {
+		Meta struct {
+			Acpgate struct{ Turn string } `json:"acpgate"`
+		} `json:"_meta"`
+	}
+	b.mustResult(b.call("session/attach", map[string]any{"sessionId": sid, "historyPolicy": "none", "clientId": "b",
+		"clientInfo": map[string]any{"name": "b", "version": "1"}}, attachStep), &att)
+	if att.Meta.Acpgate.Turn != "requires_action" {
+		t.Errorf("session/attach while the permission request waits: turn %q, want requires_action", att.Meta.Acpgate.Turn)
+	}
+	a.answerPermission(req, "allow_once")
+	a.waitMsg(0, "the idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.Update.State == "idle" && u.Update.StopReason == "end_turn"
+	})
+}
