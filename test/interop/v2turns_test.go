@@ -840,3 +840,52 @@ func TestV2RequiresAction(t *testing.T) {
 		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.Update.State == "idle" && u.Update.StopReason == "end_turn"
 	})
 }
+
+// v2Admin calls the admin API at addr with token; out, if set, gets the
+// JSON answer. It returns the status code.
+func v2Admin(t *testing.T, addr, token, method, path string, out any) int {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+"/v1/admin/"+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		_ = json.NewDecoder(resp.Body).Decode(out)
+	}
+	return resp.StatusCode
+}
+
+// An administrator ending a session mid-way through a v2 turn cancels the
+// turn: the agent gets session/cancel and the client the turn's idle
+// update, stopReason cancelled, well before its 20 ticks, then
+// _acpgate/session_ended. At 99b340a the turn had ended, for the gateway,
+// at its acknowledgement: nothing was cancelled and the agent ticked on.
+func TestV2AdminEndCancelsTurn(t *testing.T) {
+	adminToken := "admin-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	adminSum := sha256.Sum256([]byte(adminToken))
+	e := startV2Gateway(t, fmt.Sprintf("admin: {tokens_sha256: [%q]}\n", hex.EncodeToString(adminSum[:])), map[string]string{"ide": ""})
+	a, sid := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": "long 20"}}}, attachStep), &struct{}{})
+	a.waitMsg(0, "the first tick", 10*time.Second, func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick 1 "`) })
+	if code := v2Admin(t, e.g.Addr, adminToken, http.MethodDelete, "sessions/"+url.PathEscape(sid), nil); code/100 != 2 {
+		t.Fatalf("DELETE the session: %d", code)
+	}
+	_, m := a.waitMsg(0, "the idle update", 10*time.Second, func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.Update.State == "idle"
+	})
+	var idle v2Idle
+	a.decode(m.Params, &idle)
+	ticked := a.count(func(m peerMsg) bool { return strings.Contains(string(m.Params), `"tick `) })
+	if idle.Update.StopReason != "cancelled" || ticked >= 20 {
+		t.Errorf("the ended session's turn: stopReason %q after %d of 20 ticks, want cancelled before the 20th\n%s", idle.Update.StopReason, ticked, a.dump())
+	}
+	a.waitMsg(0, "_acpgate/session_ended", 10*time.Second, func(m peerMsg) bool { return m.Method == "_acpgate/session_ended" })
+}
