@@ -209,6 +209,7 @@ type adminSession struct {
 	ID          string             `json:"id"`
 	Tenant      string             `json:"tenant"`
 	Agent       string             `json:"agent"`
+	Parent      string             `json:"parent,omitempty"` // a subagent's child session: its parent
 	Clients     int                `json:"clients"`
 	State       string             `json:"state"` // idle, running or detached
 	Since       time.Time          `json:"since"` // when it entered that state
@@ -222,7 +223,7 @@ func (a *adminAPI) listSessions(w http.ResponseWriter, r *http.Request, who auth
 	tenant, all := tenantFilter(r)
 	out := []adminSession{}
 	for _, ss := range a.relay.SessionSnapshots(tenant, all) {
-		as := adminSession{ID: ss.ID, Tenant: ss.Tenant, Agent: ss.Agent, Clients: ss.Clients, State: ss.State,
+		as := adminSession{ID: ss.ID, Tenant: ss.Tenant, Agent: ss.Agent, Parent: ss.Parent, Clients: ss.Clients, State: ss.State,
 			Since: ss.Since.UTC(), TurnStarted: optTime(ss.TurnStarted), Tokens: ss.Usage.Tokens, Cost: ss.Usage.Cost}
 		if as.Tokens == nil {
 			as.Tokens = map[string]int64{}

@@ -98,6 +98,9 @@ func (r *Relay) findSession(id string) *Session {
 // snapshot is what the admin API lists of s.
 func (s *Session) snapshot() adminview.Session {
 	snap := adminview.Session{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.meter.Usage()}
+	if s.parent != nil {
+		snap.Parent = s.parent.GatewayID
+	}
 	members := s.clientList()
 	snap.Clients = len(members)
 	owner := s.owner.Load()

@@ -207,6 +207,10 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	for _, msg := range replay {
 		c.deliverMember(msg, s, f, true) // may wait for this client to read
 	}
+	if policy == "full" && s.history != nil && c.profile().Version >= 2 {
+		msg, f := s.replayComplete()
+		c.deliverMember(msg, s, f, true)
+	}
 	s.fan.Lock()
 	if mem.overrun { // the session outran the replay: what c missed is gone
 		e := cr.overran(m, s, mem, add)

@@ -39,7 +39,14 @@
 //   - turn: the session's prompts: the one the agent works on, those of
 //     other clients waiting for it, when it started and last ended, its span
 //     as observers know it (observe.Turn), and a turn that ended while the
-//     owner was detached (package turn).
+//     owner was detached (package turn). An ACP v2 turn runs from its
+//     prompt's acknowledgement to the session's idle state_update: the
+//     prompt stays in its process's table, acked, until then (v2turn.go).
+//   - A child session (an agent's subagent, announced by subagent_update)
+//     is a Session of its parent's client, sealed with its subject: its
+//     messages go with its parent's (its stream, attached clients,
+//     history), a take-over moves it, and it ends with its parent
+//     (child.go).
 //   - Conn: one client connection, the client record: the index of its
 //     sessions by the ID it sees, its home process lease, its outbox
 //     (numbered, kept for a resume; a kept message is tagged with its

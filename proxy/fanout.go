@@ -120,6 +120,14 @@ func (s *Session) primary(request bool) *Conn {
 // wait allows backpressure only with a single client (a slow member never
 // delays the others: its sink cuts it off).
 func (s *Session) deliverAll(primary *Conn, msg []byte, f Facts, wait bool) {
+	s.deliverAllOf(primary, msg, f, wait, false)
+}
+
+// deliverAllOf is deliverAll; children: msg is about a child session (a
+// child's own or a subagent_update), which members that do not route
+// children (Conn.routesChildren) never get, and the session's own state
+// does not note.
+func (s *Session) deliverAllOf(primary *Conn, msg []byte, f Facts, wait, children bool) {
 	if !s.shared() {
 		primary.deliverFor(msg, s, f, wait)
 		return
@@ -129,10 +137,12 @@ func (s *Session) deliverAll(primary *Conn, msg []byte, f Facts, wait bool) {
 	if s.history != nil {
 		s.history.Add(msg)
 	}
-	s.state.NoteUpdate(msg)
+	if !children {
+		s.state.NoteUpdate(msg)
+	}
 	ms := s.clientList()
 	for _, m := range ms {
-		if m.conn != primary {
+		if m.conn != primary && (!children || m.conn.routesChildren()) {
 			m.send(s, clone(msg), f)
 		}
 	}

@@ -39,6 +39,7 @@ const (
 	endAdmin                          // an administrator ended it (Relay.EndSession)
 	endAgentExited                    // its agent process died: the session is lost
 	endRefused                        // its model is outside the tenant's allow-list, and no switch (package models)
+	endParentEnded                    // a child session whose parent ended (child.go)
 )
 
 // endSteps is what an end does, by cause.
@@ -61,6 +62,7 @@ var endTable = [...]endSteps{
 	endAdmin:          {detach: true, notice: "ended by an administrator", queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
 	endAgentExited:    {keepSeen: true, event: observe.SessionLost, reason: "agent_exited"},
 	endRefused:        {detach: true, queued: "the session was refused", onAgent: true, event: observe.SessionClosed, reason: "model_not_allowed"},
+	endParentEnded:    {detach: true, queued: "its parent session has ended"},
 }
 
 // ending is a session's teardown, decided under its lock and run once
@@ -187,7 +189,10 @@ func (e *ending) run() {
 	if steps.event != 0 && (by != nil || e.cause != endAgentExited) {
 		s.sessionEvent(by, steps.event, steps.reason)
 	}
-	if steps.onAgent && current {
+	for _, k := range s.takeChildren() {
+		k.end(endParentEnded, e.by)
+	}
+	if steps.onAgent && current && s.parent == nil { // a child is the agent's to end
 		params := acp.SessionIDObject(s.AgentID)
 		if e.running && e.cause != endAdmin { // EndSession has cancelled its turn already
 			s.link.p.Notify(acp.SessionCancel, params)

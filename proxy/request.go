@@ -95,6 +95,9 @@ type outReq struct {
 	// answer it itself (procLink.take); a prompt counts as running until
 	// that answer is in its client's queue (fail). Under link.mu.
 	answering bool
+	// acked: a v2 prompt the agent has acknowledged; its turn runs until
+	// the session's idle state_update (v2turn.go).
+	acked atomic.Bool
 	// queued: the bytes of a prompt waiting for its turn counted against
 	// its connection's bound (Conn.holdQueued), until it runs or ends.
 	queued atomic.Int64
@@ -157,7 +160,12 @@ func (r *outReq) end() {
 // first.
 func (r *outReq) fail(msg []byte) {
 	r.end()
-	r.conn.deliverFor(msg, nil, Facts{ID: r.clientID}, false)
+	if r.acked.Load() { // its client has had the answer: the turn ends idle
+		idle := r.idleInPlace(msg)
+		r.conn.deliverFor(idle, r.sess, Facts{Method: acp.SessionUpdate, SessionID: r.sess.streamID()}, false)
+	} else {
+		r.conn.deliverFor(msg, nil, Facts{ID: r.clientID}, false)
+	}
 	if l := r.link; l != nil {
 		l.mu.Lock()
 		counted := r.answering

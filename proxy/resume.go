@@ -120,12 +120,24 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 	n := c.recv.Load() // counted under c.out's lock (countFrom)
 	params := append(strconv.AppendInt([]byte(`{"received":`), n, 10), '}')
 	superseded := c.out.ResumeLocked(sink, received, jsonrpc.AppendRequest(nil, nil, MethodResumed, params))
+	overflow := false
+	if c.prof.Version >= 2 { // a v2 client hears that each session's replay is complete
+		for _, s := range c.sessions {
+			if s.live() {
+				msg, f := s.replayComplete()
+				overflow = c.out.DeliverLocked(msg, s, f, false) || overflow
+			}
+		}
+	}
 	c.out.Unlock()
 	wasDetached := c.detached
 	c.detached = false
 	c.mu.Unlock()
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()
+	}
+	if overflow {
+		c.overflowed()
 	}
 	c.relay.metrics.Resumes.WithLabelValues("ok", "").Inc()
 	c.log.Info("connection resumed", "client_received", received, "gateway_received", n, "superseded", superseded)

@@ -22,9 +22,13 @@ import (
 // agentReader routes the messages one agent process writes. It runs on the
 // process's read goroutine only, so it reuses its scanner and buffers.
 type agentReader struct {
-	l       *procLink
-	sc      jsonrpc.Scanner
-	msg     jsonrpc.Message
+	l   *procLink
+	sc  jsonrpc.Scanner
+	msg jsonrpc.Message
+	// ids, idMsg: the second scan of an update that names sessions inside
+	// it (child.go).
+	ids     jsonrpc.Scanner
+	idMsg   jsonrpc.Message
 	edits   []jsonrpc.Edit
 	resolve jsonrpc.Resolver
 	event   observe.Event // what observers hear of a session/update, reused
@@ -39,6 +43,7 @@ type agentReader struct {
 func newAgentReader(l *procLink) *agentReader {
 	r := &agentReader{l: l}
 	r.sc.Methods = acp.Methods
+	r.ids.Methods = acp.Methods
 	r.resolve = r.specFor
 	return r
 }
@@ -94,6 +99,10 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	id, ok := acp.ParseAgentID(m.ID)
 	if !ok {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
+		return
+	}
+	if req := l.acknowledge(id, m); req != nil { // v2: the turn goes on
+		r.deliverAck(m, req)
 		return
 	}
 	req := l.takeAnswered(id)
@@ -357,9 +366,22 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 	if !ok {
 		return
 	}
+	var idled []*outReq  // v2 prompts whose turn this update ends
+	isChildNews := false // a subagent_update
 	if m.Method == acp.SessionUpdate && rc.sess != nil {
-		rc.sess.updated(m, acp.UpdateKind(m), &r.event)
+		kind := acp.UpdateKind(m)
+		isChildNews = string(kind) == "subagent_update"
+		if isChildNews && !rc.conn.routesChildren() {
+			r.l.p.Log().Debug("subagent_update for a v1 client that did not offer clientCapabilities.subagents; dropped", "session", rc.sess.GatewayID)
+			return
+		}
+		rc.sess.updated(m, kind, &r.event)
 		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
+		rc.edits = r.childEdits(m, rc.sess, rc.conn, kind, rc.edits)
+		if string(kind) == "state_update" {
+			idled, rc.edits = r.idleTurns(m, rc.sess, rc.edits)
+			defer r.idleDelivered(idled)
+		}
 	}
 	edits, ok := r.gate(m, rc)
 	if !ok {
@@ -384,7 +406,11 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 		rc.conn.deliverFor(out, nil, f, rc.solo)
 		return
 	}
-	f.SessionID = rc.sess.GatewayID
+	f.SessionID = rc.sess.streamID()
+	if root := rc.sess.root(); root != rc.sess || isChildNews { // a child's: its parent's clients get it
+		root.deliverAllOf(rc.conn, out, f, rc.solo, true)
+		return
+	}
 	rc.sess.deliverAll(rc.conn, out, f, rc.solo)
 }
 
@@ -597,6 +623,8 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	case owner != nil:
 		jsonrpc.PutBuffer(out)
 		conn.handOver(in, owner)
+	case rc.sess != nil && rc.sess.parent != nil: // a child's: on its parent's stream
+		conn.deliverFor(out, nil, Facts{ID: strconv.AppendInt(nil, connID, 10), Method: m.Method, SessionID: rc.sess.streamID()}, false)
 	default:
 		conn.deliver(out)
 	}

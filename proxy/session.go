@@ -37,6 +37,9 @@ type Session struct {
 	ten       *tenant   // whose session quota it counts against
 	info      *observe.Session
 
+	// parent: a subagent's child session, the session that announced it
+	// (subagent_update); nil for a session a client made (child.go).
+	parent     *Session
 	subject    string           // the credential subject that made it, sealed in its ID (Sharing)
 	scope      string           // its tenant and agent (sessionid.Scope)
 	owners     *access.Owners   // where its maker and last use are noted (Relay.owners)
@@ -80,6 +83,8 @@ type Session struct {
 	holders int
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
+	// children are the child sessions it announced, ended with it.
+	children []*Session
 }
 
 // newSession makes a session of the link's process owned by c, holding

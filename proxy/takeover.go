@@ -56,6 +56,12 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	notice, f := s.endedNotice("taken over by another client")
 	owner.deliverMember(notice, s, f, false) // kept for when it resumes
 	owner.detach(s)
+	for _, k := range s.childList() { // its children follow it
+		if k.moveOwner(owner, c) {
+			c.attach(k)
+			owner.detach(k)
+		}
+	}
 	s.sessionEvent(c, observe.SessionLoaded, "")
 	for _, in := range owner.takeRequestsOf(s) {
 		c.adopt(in)
@@ -212,14 +218,22 @@ func (c *Conn) adopt(in *inReq) {
 // for a session whose owner is detached it is kept for a take-over; for a
 // session taken over meanwhile the new owner is told.
 func promptEnded(req *outReq, m *jsonrpc.Message) {
+	stop, errPayload := "", []byte(nil)
+	if m.IsError {
+		errPayload = m.Payload
+	} else {
+		stop, _ = acp.StopReason(m)
+	}
+	promptEndedWith(req, stop, errPayload)
+}
+
+// promptEndedWith is promptEnded for a turn that ended with stop, or with
+// the JSON-RPC error errPayload (non-nil).
+func promptEndedWith(req *outReq, stop string, errPayload []byte) {
 	s := req.sess
 	owner := s.Owner()
 	if owner == nil || owner == req.conn && !owner.Detached() || s.memberOf(req.conn) != nil {
 		return // the usual case: the client that asked reads the answer
-	}
-	stop := ""
-	if !m.IsError {
-		stop, _ = acp.StopReason(m)
 	}
 	if owner == req.conn { // ended while its owner is detached
 		s.turn.EndedWhileDetached(stop)
@@ -227,8 +241,8 @@ func promptEnded(req *outReq, m *jsonrpc.Message) {
 	}
 	// Taken over while the turn ran: the new owner hears of its end.
 	params := []byte(`{"sessionId":` + string(s.quotedID))
-	if m.IsError {
-		params = append(append(params, `,"error":`...), m.Payload...)
+	if errPayload != nil {
+		params = append(append(params, `,"error":`...), errPayload...)
 	} else {
 		params = append(append(params, `,"stopReason":`...), strconv.Quote(stop)...)
 	}

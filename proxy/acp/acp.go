@@ -97,6 +97,19 @@ var (
 			"currentModeId": {Kind: jsonrpc.FieldTag, Label: LabelCurrentModeID}}},
 	}}
 	updateKind = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelUpdateKind}
+	// SpecChildSessions locates the session IDs inside a session/update's
+	// update (a subagent_update's child, a session message's sender or
+	// recipient, a background subagent), sealed on the way out like
+	// params.sessionId. It is a second scan of the few updates that carry
+	// them (CarriesSessionIDs), not part of SpecUpdate: every member name
+	// a spec's object has costs each update the scanner walks.
+	SpecChildSessions = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
+		"update": {Fields: map[string]*jsonrpc.Spec{
+			"sessionId": childSession, "senderSessionId": childSession, "recipientSessionId": childSession,
+			"background": {Elems: &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{"sessionId": childSession}}},
+		}},
+	}}
+	childSession = &jsonrpc.Spec{Kind: jsonrpc.FieldTag, Label: LabelChildSessionID}
 	// specPromptResult: a PromptResponse's stopReason and usage (metering).
 	specPromptResult = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"stopReason": {Kind: jsonrpc.FieldTag, Label: LabelStopReason},
@@ -372,9 +385,24 @@ const (
 // Labels of the fields metering locates (the specs above).
 const (
 	LabelUpdateKind = "update.sessionUpdate"
-	LabelStopReason = "stopReason"
-	LabelUsage      = "usage"
+	// LabelChildSessionID: a session ID inside a session/update's update
+	// (subagent_update.sessionId, senderSessionId, recipientSessionId,
+	// background[].sessionId).
+	LabelChildSessionID = "update.*sessionId"
+	LabelStopReason     = "stopReason"
+	LabelUsage          = "usage"
 )
+
+// CarriesSessionIDs reports whether an update of kind (its sessionUpdate)
+// may name sessions inside it (SpecChildSessions): subagent_update,
+// state_update (background[]), and the session messages.
+func CarriesSessionIDs(kind []byte) bool {
+	switch string(kind) {
+	case "subagent_update", "state_update", "session_message", "session_message_chunk":
+		return true
+	}
+	return false
+}
 
 // UpdateKind is a session/update's sessionUpdate tag, as the scanner
 // located it (nil: none).

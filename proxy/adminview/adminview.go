@@ -23,6 +23,7 @@ type Conn struct {
 // Session is what the admin API lists of a session.
 type Session struct {
 	ID, Tenant, Agent string
+	Parent            string // a subagent's child session: its parent's ID ("": none)
 	Clients           int    // its owner, if any, and its members
 	State             string // Idle, Running or Detached
 	Since             time.Time

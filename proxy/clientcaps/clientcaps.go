@@ -54,6 +54,7 @@ func Parse(params []byte) (pool.Profile, error) {
 		el := v1.get("elicitation")
 		p.ElicitForm, p.ElicitURL = el.flag("form"), el.flag("url")
 		p.ConfigBool = v1.get("session").get("configOptions").flag("boolean")
+		p.Subagents = v1.flag("subagents")
 	}
 	if v2 := o.get("capabilities"); v2 != nil {
 		p.AuthTerminal = p.AuthTerminal || v2.get("auth").flag("terminal")

@@ -15,6 +15,8 @@ func TestParse(t *testing.T) {
 		{`{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true},"terminal":true}}`, pool.Profile{Version: 1, FsRead: true, Terminal: true}, false},
 		{`{"protocolVersion":1,"clientCapabilities":{"fs":"garbage","elicitation":{"form":{}}}}`, pool.Profile{Version: 1, ElicitForm: true}, false},
 		{`{"protocolVersion":2,"info":{"name":"x","version":"1"},"capabilities":{"auth":{"terminal":{}},"elicitation":{"url":{}}}}`, pool.Profile{Version: 2, AuthTerminal: true, ElicitURL: true}, false},
+		{`{"protocolVersion":1,"clientCapabilities":{"subagents":{}}}`, pool.Profile{Version: 1, Subagents: true}, false},
+		{`{"protocolVersion":1,"clientCapabilities":{"subagents":null}}`, pool.Profile{Version: 1}, false},
 		{`{"protocolVersion":9}`, pool.Profile{Version: 2}, false},
 		{`{"clientCapabilities":{}}`, pool.Profile{}, true},
 		{`[]`, pool.Profile{}, true},

@@ -31,6 +31,9 @@ type Profile struct {
 	ElicitForm   bool
 	ElicitURL    bool
 	ConfigBool   bool
+	// Subagents: the v1 client routes subagents' child sessions
+	// (clientCapabilities.subagents, v1 unstable; v2 has them always).
+	Subagents bool
 }
 
 // Kind is the part of p that decides which processes may serve it: p
@@ -48,7 +51,7 @@ func (p Profile) Serves(c Profile) bool {
 	return p.Tenant == c.Tenant && p.Version == c.Version &&
 		(!p.Terminal || c.Terminal) && (!p.AuthTerminal || c.AuthTerminal) &&
 		(!p.ElicitForm || c.ElicitForm) && (!p.ElicitURL || c.ElicitURL) &&
-		(!p.ConfigBool || c.ConfigBool)
+		(!p.ConfigBool || c.ConfigBool) && (!p.Subagents || c.Subagents)
 }
 
 // Intersect keeps only the capabilities both profiles have.
@@ -63,11 +66,12 @@ func (p Profile) Intersect(q Profile) Profile {
 		ElicitForm:   p.ElicitForm && q.ElicitForm,
 		ElicitURL:    p.ElicitURL && q.ElicitURL,
 		ConfigBool:   p.ConfigBool && q.ConfigBool,
+		Subagents:    p.Subagents && q.Subagents,
 	}
 }
 
 // AllCapabilities is a profile with every client capability.
-var AllCapabilities = Profile{Version: 1, FsRead: true, FsWrite: true, Terminal: true, AuthTerminal: true, ElicitForm: true, ElicitURL: true, ConfigBool: true}
+var AllCapabilities = Profile{Version: 1, FsRead: true, FsWrite: true, Terminal: true, AuthTerminal: true, ElicitForm: true, ElicitURL: true, ConfigBool: true, Subagents: true}
 
 // initializeParams is what the pool sends an agent: the profile in the v1
 // shape, and for v2 also in the v2 shape (an agent that answers v1 to a v2
@@ -89,6 +93,9 @@ func initializeParams(p Profile, name, version string) []byte {
 	}
 	if len(elicitation) > 0 {
 		v1["elicitation"] = elicitation
+	}
+	if p.Subagents {
+		v1["subagents"] = struct{}{}
 	}
 	if p.ConfigBool {
 		v1["session"] = map[string]any{"configOptions": map[string]any{"boolean": struct{}{}}}

@@ -3,6 +3,10 @@
 // when it started and when the last one ended, and its span as observers
 // know it.
 //
+// An ACP v2 turn is in flight from its prompt's acknowledgement to the
+// agent's idle state_update (the relay keeps its prompt running until
+// then); while the agent reports requires_action, Name says so.
+//
 // A turn is one client's at a time. That client's own second prompt joins
 // its turn (a single client's behaviour is unchanged); another client's
 // waits, in a queue of at most MaxQueued, and goes to the agent when the
@@ -74,6 +78,9 @@ type Turn[C comparable, P Prompt[C]] struct {
 	// socket, and how; a take-over reports it.
 	endedDetached bool
 	stopReason    string
+	// action: the agent reported the turn in flight requires_action (ACP
+	// v2: a permission or elicitation waits for a client).
+	action bool
 }
 
 // Take decides a prompt's fate on a shared session: it runs now (no turn
@@ -86,6 +93,7 @@ func (t *Turn[C, P]) Take(q Queued[P], mayWait bool) (now bool, full error) {
 	switch {
 	case len(t.running) == 0 && len(t.queue) == 0: // nobody's turn: it is this client's
 		t.prompt, t.client = q.Prompt, q.Prompt.Client()
+		t.action = false
 	case len(t.running) > 0 && t.client == q.Prompt.Client(): // its own turn goes on
 	case !mayWait:
 		return false, ErrNoRoom
@@ -134,6 +142,7 @@ func (t *Turn[C, P]) Done(p P, pending func(P) bool) (next Queued[P], ok bool, d
 	}
 	var nobody C
 	t.client = nobody
+	t.action = false
 	for len(t.queue) > 0 {
 		next, t.queue = t.queue[0], t.queue[1:]
 		t.queuedBytes -= len(next.Line)
@@ -209,12 +218,27 @@ func (t *Turn[C, P]) inFlightLocked() bool {
 	return len(t.running) > 0 || t.prompt != none && !t.prompt.Ended()
 }
 
-// Name says whether a turn is in flight: "running" or "idle".
+// Name says whether a turn is in flight: "running", "requires_action"
+// (in flight, and its agent reported it waits for a client), or "idle".
 func (t *Turn[C, P]) Name() string {
-	if t.InFlight() {
-		return "running"
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case !t.inFlightLocked():
+		return "idle"
+	case t.action:
+		return "requires_action"
 	}
-	return "idle"
+	return "running"
+}
+
+// RequiresAction records what the agent reported of the turn in flight
+// (ACP v2 state_update): on, it waits for a client (requires_action); off,
+// it runs, or it is over.
+func (t *Turn[C, P]) RequiresAction(on bool) {
+	t.mu.Lock()
+	t.action = on
+	t.mu.Unlock()
 }
 
 // EndedWhileDetached records that a turn ended while the owner had no

@@ -264,3 +264,34 @@ func TestTakeWithoutRoomToWait(t *testing.T) {
 		t.Fatalf("another's prompt without room to wait: now %v, %v; want ErrNoRoom", now, full)
 	}
 }
+
+// A v2 turn the agent reports requires_action says so while it is in
+// flight; the report is forgotten when the turn ends.
+func TestRequiresAction(t *testing.T) {
+	a := &client{"a"}
+	var tu testTurn
+	tu.RequiresAction(true) // no turn in flight: nothing to say
+	if got := tu.Name(); got != "idle" {
+		t.Fatalf("Name() = %q with no turn, want idle", got)
+	}
+	p := &prompt{by: a}
+	mustTake(t, &tu, p, true)
+	if got := tu.Name(); got != "running" {
+		t.Fatalf("Name() = %q for a new turn, want running (an earlier report is forgotten)", got)
+	}
+	tu.RequiresAction(true)
+	if got := tu.Name(); got != "requires_action" {
+		t.Fatalf("Name() = %q, want requires_action", got)
+	}
+	tu.RequiresAction(false)
+	if got := tu.Name(); got != "running" {
+		t.Fatalf("Name() = %q after the agent runs again, want running", got)
+	}
+	tu.RequiresAction(true)
+	tu.Done(p, pendingAll)
+	q := &prompt{by: a}
+	mustTake(t, &tu, q, true)
+	if got := tu.Name(); got != "running" {
+		t.Fatalf("Name() = %q for the next turn, want running", got)
+	}
+}
