@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy|subagent]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -40,12 +40,20 @@
 // budget  a tenant with a budget on test/fakeagent: the turn that crosses
 //         the cap is stopped, the next prompt refused; the page names the
 //         budget and when it resets
+// subagent the agent is test/interop/v2-agent.mjs (v1 and v2 in one
+//         process): the v1 page takes an ordinary turn, and a prompt that
+//         spawns a subagent shows the child's nested transcript (title,
+//         state, its messages) under the gateway's sealed child ID, never
+//         the agent's own; a child's permission request shows (and is
+//         answered) in the child's transcript; over WebSocket, then
+//         Streamable HTTP
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
 //   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
 //   ACPGATE_FALLBACK_URL     the gateway behind a proxy refusing upgrades (agents scenario)
 //   ACPGATE_AFFINITY         NAME=VALUE of the affinity cookie (affinity scenario)
+//   ACPGATE_CWD              the session's working directory (subagent scenario)
 //   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
 //
 // The script asks the harness to act (stop, kill or start the gateway; cut,
@@ -60,7 +68,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy|subagent]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1572,6 +1580,99 @@ async function budgetScenario() {
   });
 }
 
+async function subagentScenario() {
+  for (const [name, query] of [["websocket", ""], ["http", "?transport=http"]]) {
+    await run(`subagent (${name}): connect, new session`, async () => {
+      await page.goto(baseUrl + query);
+      await waitState("connected");
+      const detail = await page.locator("#conn-detail").innerText();
+      check(detail.includes(name === "http" ? "Streamable HTTP" : "WebSocket"), `connection detail: ${detail}`);
+      await page.locator("#cwd").fill(process.env.ACPGATE_CWD);
+      await page.locator("#new-session-btn").click();
+      await page.waitForFunction((cwd) => document.getElementById("session-meta").textContent === cwd, process.env.ACPGATE_CWD);
+    });
+
+    await run(`subagent (${name}): a v1 page on the v2-capable agent takes an ordinary turn`, async () => {
+      await send("hello");
+      await expectAgentText("tick 1");
+      const end = await page.locator("#transcript > .turn-end").last().getAttribute("data-stop-reason");
+      check(end === "end_turn", `the turn ended ${end}`);
+      check(await page.locator("#transcript .subagent").count() === 0, "a subagent card for a plain turn");
+    });
+
+    await run(`subagent (${name}): the child shows as a nested transcript under its sealed ID`, async () => {
+      await send("subagent");
+      const card = page.locator("#transcript > .subagent");
+      await page.waitForFunction(() => [...document.querySelectorAll("#transcript > .subagent .subagent-log > .msg.agent")].some((m) => m.innerText.includes("child ends")), null, { timeout: 15000 })
+        .catch(async () => {
+          throw new Failure(`no nested child transcript; the transcript reads ${JSON.stringify((await page.locator("#transcript").innerText()).slice(-600))}`);
+        });
+      check(await card.count() === 1, `${await card.count()} subagent cards, want 1`);
+      const child = (await card.locator(".subagent-log .msg.agent").allInnerTexts()).join(" ");
+      const m = /child says (\S+)/.exec(child);
+      check(m, `the child's text is not in its transcript: ${JSON.stringify(child)}`);
+      check(child.includes("child starts"), `the child's first message is missing: ${JSON.stringify(child)}`);
+      const native = m[1]; // the agent's own child ID, which it wrote into its text
+      const sealed = await card.getAttribute("data-session-id");
+      check(sealed && sealed !== native && !sealed.includes(native), `the child's card carries ${JSON.stringify(sealed)}, the agent's own ID is ${native}`);
+      // No attribute anywhere on the page names the agent's child ID (its
+      // text does: the agent wrote it there).
+      const leaks = await page.evaluate((id) => [...document.querySelectorAll("*")].flatMap((el) => [...el.attributes].filter((a) => a.value.includes(id)).map((a) => `${el.tagName}[${a.name}]`)), native);
+      check(leaks.length === 0, `attributes carry the agent's child ID: ${leaks}`);
+      // The parent's own reply is the parent's, after the card, not inside it.
+      const parentText = (await page.locator("#transcript > .msg.agent").allInnerTexts()).join(" ");
+      check(parentText.includes("parent done") && !parentText.includes("child says"), `the parent's messages: ${JSON.stringify(parentText)}`);
+      check(!(await card.innerText()).includes("parent done"), "the parent's reply is inside the child's card");
+      const after = await page.evaluate(() => {
+        const c = document.querySelector("#transcript > .subagent");
+        const done = [...document.querySelectorAll("#transcript > .msg.agent")].find((e) => e.innerText.includes("parent done"));
+        return !!(c.compareDocumentPosition(done) & Node.DOCUMENT_POSITION_FOLLOWING);
+      });
+      check(after, "the child's card is not where it was announced (before the parent's last reply)");
+      const title = await card.locator(".subagent-title").innerText();
+      check(/^child of \S{8}$/.test(title), `the child's title shows as ${JSON.stringify(title)}`);
+      const state = await card.locator(".subagent-state").innerText();
+      check(state === "running", `the child's state shows as ${JSON.stringify(state)}`);
+      const label = await card.locator(".subagent-log").getAttribute("aria-label");
+      check(label === `Subagent transcript: ${title}` && (await card.locator(".subagent-log").getAttribute("role")) === "log", `the child's log is labelled ${JSON.stringify(label)}`);
+      const end = await page.locator("#transcript > .turn-end").last().getAttribute("data-stop-reason");
+      check(end === "end_turn", `the parent's turn ended ${end}`);
+      await shot(`subagent-nested-${name}`);
+    });
+
+    await run(`subagent (${name}): the child's card folds with the keyboard`, async () => {
+      const card = page.locator("#transcript > .subagent");
+      await card.locator("summary").focus();
+      await page.keyboard.press("Enter");
+      check(!(await card.evaluate((d) => d.open)), "Enter on the summary did not fold the child's transcript");
+      check(!(await card.locator(".subagent-log").isVisible()), "the folded child's transcript is still visible");
+      await page.keyboard.press("Enter");
+      check(await card.evaluate((d) => d.open), "Enter again did not unfold it");
+    });
+
+    await run(`subagent (${name}): a child's permission request shows in the child's transcript`, async () => {
+      const before = await send("subagent-permission", { wait: false });
+      const card = page.locator("#transcript > .subagent").nth(1);
+      const perm = card.locator(".subagent-log > .permission");
+      await perm.waitFor({ timeout: 15000 }).catch(async () => {
+        throw new Failure(`no permission card in the child's transcript; the transcript reads ${JSON.stringify((await page.locator("#transcript").innerText()).slice(-600))}`);
+      });
+      check(await page.locator("#transcript > .permission").count() === 0, "the child's permission card is in the parent's transcript");
+      check((await perm.innerText()).includes("touch a file in the child"), `the card reads ${JSON.stringify(await perm.innerText())}`);
+      const focused = await page.evaluate(() => document.activeElement?.closest(".subagent .permission") != null && document.activeElement.dataset.optionId);
+      check(focused === "allow", `the focus is not on the child's first option: ${focused}`);
+      await shot(`subagent-permission-${name}`);
+      await page.keyboard.press("Enter");
+      await page.waitForFunction((n) => document.querySelectorAll("#transcript > .turn-end").length > n, before);
+      const child = (await card.locator(".subagent-log .msg.agent").allInnerTexts()).join(" ");
+      check(child.includes("child asks") && child.includes("child permission allow"), `the child's transcript reads ${JSON.stringify(child)}`);
+      check((await card.locator(".subagent-title").innerText()) === "asking child", "the second child's title");
+      const state = await card.locator(".subagent-state").innerText();
+      check(state === "idle", `the child's state shows as ${JSON.stringify(state)} after its idle subagent_update`);
+    });
+  }
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
@@ -1587,6 +1688,7 @@ try {
   else if (scenario === "policy") await policyScenario();
   else if (scenario === "affinity-off") await affinityOffScenario();
   else if (scenario === "budget") await budgetScenario();
+  else if (scenario === "subagent") await subagentScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);
