@@ -1581,6 +1581,52 @@ async function budgetScenario() {
 }
 
 async function subagentScenario() {
+  await run("subagent: the transcript renders children as text, nested, by their IDs", async () => {
+    await page.goto(baseUrl);
+    const r = await page.evaluate(async () => {
+      const { Transcript } = await import("/transcript.js");
+      const el = document.createElement("div");
+      document.body.append(el);
+      const t = new Transcript(el);
+      const evil = "<img src=x onerror=window.__xss=1>";
+      t.update({ sessionUpdate: "agent_message_chunk", content: { type: "text", text: "before" } });
+      t.update({ sessionUpdate: "subagent_update", sessionId: "", title: "nobody" }); // the gateway could not name it
+      t.update({ sessionUpdate: "subagent_update", sessionId: "c1", title: evil, state: { state: "running" } });
+      const c1 = t.child("c1");
+      c1.update({ sessionUpdate: "agent_message_chunk", content: { type: "text", text: evil } });
+      c1.update({ sessionUpdate: "tool_call", toolCallId: "tc", title: evil, kind: "read", status: "in_progress" });
+      c1.update({ sessionUpdate: "subagent_update", sessionId: "c2", title: null });
+      t.child("c2")?.update({ sessionUpdate: "agent_message_chunk", content: { type: "text", text: "grandchild" } });
+      c1.update({ sessionUpdate: "state_update", state: "idle", stopReason: "cancelled" });
+      t.update({ sessionUpdate: "subagent_update", sessionId: "c1", title: "renamed" });
+      await new Promise((res) => setTimeout(res, 100)); // the streams render on the next frame
+      const card = el.querySelector(":scope > .subagent");
+      const out = {
+        cards: el.querySelectorAll(":scope > .subagent").length,
+        id: card?.dataset.sessionId,
+        title: card?.querySelector(".subagent-title").textContent,
+        state: card?.querySelector(".subagent-state").textContent,
+        child: card?.querySelector(".subagent-log > .msg.agent")?.textContent,
+        tool: card?.querySelector(".subagent-log > .tool .tool-title")?.textContent,
+        nested: card?.querySelector(".subagent-log > .subagent")?.dataset.sessionId,
+        nestedTitle: card?.querySelector(".subagent-log > .subagent .subagent-title")?.textContent,
+        grandchild: card?.querySelector(".subagent-log > .subagent .msg.agent")?.textContent,
+        elements: el.querySelectorAll("img, script").length,
+        xss: window.__xss ?? null,
+        order: el.firstElementChild?.classList.contains("msg") && el.lastElementChild === card,
+        unknown: t.child("c3"),
+      };
+      el.remove();
+      return out;
+    });
+    const J = JSON.stringify;
+    check(r.cards === 1 && r.id === "c1" && r.order, `the child's card: ${J(r)}`);
+    check(r.title === "renamed" && r.state === "idle (cancelled)", `title and state: ${J(r)}`);
+    check(r.child === "<img src=x onerror=window.__xss=1>" && r.tool === r.child, `the child's message and tool call as text: ${J(r)}`);
+    check(r.nested === "c2" && r.nestedTitle === "Subagent" && r.grandchild === "grandchild", `a child's child: ${J(r)}`);
+    check(r.elements === 0 && r.xss === null && r.unknown === null, `markup or an unknown child: ${J(r)}`);
+  });
+
   for (const [name, query] of [["websocket", ""], ["http", "?transport=http"]]) {
     await run(`subagent (${name}): connect, new session`, async () => {
       await page.goto(baseUrl + query);

@@ -32,8 +32,9 @@ export class Transcript {
    * opts.scroller: the element that scrolls (el itself, unless this is a
    * subagent's transcript nested in its parent's).
    */
-  constructor(el, { onTitle = () => {}, announce = () => {}, onUsage = () => {}, onState = () => {}, scroller = el } = {}) {
+  constructor(el, { onTitle = () => {}, announce = () => {}, onUsage = () => {}, onState = () => {}, scroller = el, who = "agent" } = {}) {
     this.el = el;
+    this.who = who; // "agent", or "subagent" in a child's transcript
     this.scroller = scroller;
     this.onTitle = onTitle;
     this.announce = announce;
@@ -406,7 +407,7 @@ export class Transcript {
     const outcomeEl = h("p", { class: "perm-outcome", hidden: true });
     const card = h("section", { class: "permission", role: "group", "aria-labelledby": headingId, dataset: { toolCallId } },
       h("header", {}, h("span", { class: "card-kind" }, "Permission"),
-        h("span", { id: headingId, class: "perm-title" }, "The agent asks to: ", h("strong", {}, String(title)))),
+        h("span", { id: headingId, class: "perm-title" }, `The ${this.who} asks to: `, h("strong", {}, String(title)))),
       kind ? h("p", { class: "perm-detail" }, `Tool kind: ${kind}`) : null,
       this.readOnly ? h("p", { class: "perm-detail perm-readonly" }, "Read-only: a client that may write answers this.") : null,
       buttons, outcomeEl);
@@ -532,6 +533,7 @@ class Subagent {
     this.log = log;
     this.transcript = new Transcript(log, {
       scroller: parent.scroller,
+      who: "subagent",
       announce: parent.announce,
       onTitle: (title) => this.#title(title),
       onState: (s) => this.#state(s),
