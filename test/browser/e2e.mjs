@@ -44,7 +44,8 @@
 //         process): the v1 page takes an ordinary turn, and a prompt that
 //         spawns a subagent shows the child's nested transcript (title,
 //         state, its messages) under the gateway's sealed child ID, never
-//         the agent's own; a child's permission request shows (and is
+//         the agent's own; an attached page gets it too (replayed and
+//         live); a child's permission request shows (and is
 //         answered) in the child's transcript; over WebSocket, then
 //         Streamable HTTP
 //
@@ -1696,9 +1697,34 @@ async function subagentScenario() {
       check(await card.evaluate((d) => d.open), "Enter again did not unfold it");
     });
 
+    if (name === "websocket") {
+      await run("subagent (websocket): a page attached to the session gets the child, replayed and live", async () => {
+        const sealed = await page.locator("#transcript > .subagent").first().getAttribute("data-session-id");
+        await page.locator("#share-btn").click();
+        const link = await page.locator("#share-link").inputValue();
+        const B = await context.newPage();
+        B.setDefaultTimeout(15000);
+        B.on("pageerror", (err) => problems.push(`page error (attached page): ${err.message}`));
+        try {
+          await B.goto(link);
+          await B.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+          const replayed = B.locator("#transcript > .subagent");
+          check(await replayed.count() === 1 && (await replayed.getAttribute("data-session-id")) === sealed, `B's replay: ${await replayed.count()} child cards, ID ${await replayed.first().getAttribute("data-session-id").catch(() => "")}, A's ${sealed}`);
+          check((await replayed.locator(".subagent-log").innerText()).includes("child says"), "B's replayed child has no text");
+          await send("subagent");
+          await B.waitForFunction(() => document.querySelectorAll("#transcript > .subagent").length === 2 &&
+            document.querySelectorAll("#transcript > .subagent")[1].querySelector(".subagent-log").innerText.includes("child ends"));
+          const [a2, b2] = [await page.locator("#transcript > .subagent").last().getAttribute("data-session-id"), await B.locator("#transcript > .subagent").last().getAttribute("data-session-id")];
+          check(a2 && a2 === b2 && a2 !== sealed, `the live child's IDs: A ${a2}, B ${b2} (the first ${sealed})`);
+        } finally {
+          await B.close();
+        }
+      });
+    }
+
     await run(`subagent (${name}): a child's permission request shows in the child's transcript`, async () => {
       const before = await send("subagent-permission", { wait: false });
-      const card = page.locator("#transcript > .subagent").nth(1);
+      const card = page.locator("#transcript > .subagent").last();
       const perm = card.locator(".subagent-log > .permission");
       await perm.waitFor({ timeout: 15000 }).catch(async () => {
         throw new Failure(`no permission card in the child's transcript; the transcript reads ${JSON.stringify((await page.locator("#transcript").innerText()).slice(-600))}`);
