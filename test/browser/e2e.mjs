@@ -3,7 +3,7 @@
 // chromium driven by playwright-core. browser_test.go builds and starts the
 // gateway and runs this script:
 //
-//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy]
+//   node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy|subagent]
 //
 // main    the built-in demo agent, no authentication: connect, stream,
 //         permission, file panel, cancel, XSS, reconnect, reload + load
@@ -40,12 +40,21 @@
 // budget  a tenant with a budget on test/fakeagent: the turn that crosses
 //         the cap is stopped, the next prompt refused; the page names the
 //         budget and when it resets
+// subagent the agent is test/interop/v2-agent.mjs (v1 and v2 in one
+//         process): the v1 page takes an ordinary turn, and a prompt that
+//         spawns a subagent shows the child's nested transcript (title,
+//         state, its messages) under the gateway's sealed child ID, never
+//         the agent's own; an attached page gets it too (replayed and
+//         live); a child's permission request shows (and is
+//         answered) in the child's transcript; over WebSocket, then
+//         Streamable HTTP
 //
 // Environment:
 //   ACPGATE_BROWSER_OUT      where screenshots go (default ../out/browser)
 //   ACPGATE_GOOD_TOKEN       the tenant's token (tenant scenario)
 //   ACPGATE_FALLBACK_URL     the gateway behind a proxy refusing upgrades (agents scenario)
 //   ACPGATE_AFFINITY         NAME=VALUE of the affinity cookie (affinity scenario)
+//   ACPGATE_CWD              the session's working directory (subagent scenario)
 //   ACPGATE_CHROMIUM         the browser binary (default /usr/bin/chromium)
 //
 // The script asks the harness to act (stop, kill or start the gateway; cut,
@@ -60,7 +69,7 @@ import { Failure, check, harness, launch, log } from "../internal/chromium/launc
 const here = dirname(fileURLToPath(import.meta.url));
 const [baseUrl, scenario = "main"] = process.argv.slice(2);
 if (!baseUrl) {
-  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy]");
+  console.error("usage: node e2e.mjs <gateway-url> [main|tenant|resume|http|fallback|agents|attach|spoof|affinity|affinity-off|budget|policy|subagent]");
   process.exit(2);
 }
 const outDir = process.env.ACPGATE_BROWSER_OUT || join(here, "..", "out", "browser");
@@ -1572,6 +1581,170 @@ async function budgetScenario() {
   });
 }
 
+async function subagentScenario() {
+  await run("subagent: the transcript renders children as text, nested, by their IDs", async () => {
+    await page.goto(baseUrl);
+    const r = await page.evaluate(async () => {
+      const { Transcript } = await import("/transcript.js");
+      const el = document.createElement("div");
+      document.body.append(el);
+      const t = new Transcript(el);
+      const evil = "<img src=x onerror=window.__xss=1>";
+      t.update({ sessionUpdate: "agent_message_chunk", content: { type: "text", text: "before" } });
+      t.update({ sessionUpdate: "subagent_update", sessionId: "", title: "nobody" }); // the gateway could not name it
+      t.update({ sessionUpdate: "subagent_update", sessionId: "c1", title: evil, state: { state: "running" } });
+      const c1 = t.child("c1");
+      c1.update({ sessionUpdate: "agent_message_chunk", content: { type: "text", text: evil } });
+      c1.update({ sessionUpdate: "tool_call", toolCallId: "tc", title: evil, kind: "read", status: "in_progress" });
+      c1.update({ sessionUpdate: "subagent_update", sessionId: "c2", title: null });
+      t.child("c2")?.update({ sessionUpdate: "agent_message_chunk", content: { type: "text", text: "grandchild" } });
+      c1.update({ sessionUpdate: "state_update", state: "idle", stopReason: "cancelled" });
+      t.update({ sessionUpdate: "subagent_update", sessionId: "c1", title: "renamed" });
+      await new Promise((res) => setTimeout(res, 100)); // the streams render on the next frame
+      const card = el.querySelector(":scope > .subagent");
+      const out = {
+        cards: el.querySelectorAll(":scope > .subagent").length,
+        id: card?.dataset.sessionId,
+        title: card?.querySelector(".subagent-title").textContent,
+        state: card?.querySelector(".subagent-state").textContent,
+        child: card?.querySelector(".subagent-log > .msg.agent")?.textContent,
+        tool: card?.querySelector(".subagent-log > .tool .tool-title")?.textContent,
+        nested: card?.querySelector(".subagent-log > .subagent")?.dataset.sessionId,
+        nestedTitle: card?.querySelector(".subagent-log > .subagent .subagent-title")?.textContent,
+        grandchild: card?.querySelector(".subagent-log > .subagent .msg.agent")?.textContent,
+        elements: el.querySelectorAll("img, script").length,
+        xss: window.__xss ?? null,
+        order: el.firstElementChild?.classList.contains("msg") && el.lastElementChild === card,
+        unknown: t.child("c3"),
+      };
+      el.remove();
+      return out;
+    });
+    const J = JSON.stringify;
+    check(r.cards === 1 && r.id === "c1" && r.order, `the child's card: ${J(r)}`);
+    check(r.title === "renamed" && r.state === "idle (cancelled)", `title and state: ${J(r)}`);
+    check(r.child === "<img src=x onerror=window.__xss=1>" && r.tool === r.child, `the child's message and tool call as text: ${J(r)}`);
+    check(r.nested === "c2" && r.nestedTitle === "Subagent" && r.grandchild === "grandchild", `a child's child: ${J(r)}`);
+    check(r.elements === 0 && r.xss === null && r.unknown === null, `markup or an unknown child: ${J(r)}`);
+  });
+
+  for (const [name, query] of [["websocket", ""], ["http", "?transport=http"]]) {
+    await run(`subagent (${name}): connect, new session`, async () => {
+      await page.goto(baseUrl + query);
+      await waitState("connected");
+      const detail = await page.locator("#conn-detail").innerText();
+      check(detail.includes(name === "http" ? "Streamable HTTP" : "WebSocket"), `connection detail: ${detail}`);
+      await page.locator("#cwd").fill(process.env.ACPGATE_CWD);
+      await page.locator("#new-session-btn").click();
+      await page.waitForFunction((cwd) => document.getElementById("session-meta").textContent === cwd, process.env.ACPGATE_CWD);
+    });
+
+    await run(`subagent (${name}): a v1 page on the v2-capable agent takes an ordinary turn`, async () => {
+      await send("hello");
+      await expectAgentText("tick 1");
+      const end = await page.locator("#transcript > .turn-end").last().getAttribute("data-stop-reason");
+      check(end === "end_turn", `the turn ended ${end}`);
+      check(await page.locator("#transcript .subagent").count() === 0, "a subagent card for a plain turn");
+    });
+
+    await run(`subagent (${name}): the child shows as a nested transcript under its sealed ID`, async () => {
+      await send("subagent");
+      const card = page.locator("#transcript > .subagent");
+      await page.waitForFunction(() => [...document.querySelectorAll("#transcript > .subagent .subagent-log > .msg.agent")].some((m) => m.innerText.includes("child ends")), null, { timeout: 15000 })
+        .catch(async () => {
+          throw new Failure(`no nested child transcript; the transcript reads ${JSON.stringify((await page.locator("#transcript").innerText()).slice(-600))}`);
+        });
+      check(await card.count() === 1, `${await card.count()} subagent cards, want 1`);
+      const child = (await card.locator(".subagent-log .msg.agent").allInnerTexts()).join(" ");
+      const m = /child says (\S+)/.exec(child);
+      check(m, `the child's text is not in its transcript: ${JSON.stringify(child)}`);
+      check(child.includes("child starts"), `the child's first message is missing: ${JSON.stringify(child)}`);
+      const native = m[1]; // the agent's own child ID, which it wrote into its text
+      const sealed = await card.getAttribute("data-session-id");
+      check(sealed && sealed !== native && !sealed.includes(native), `the child's card carries ${JSON.stringify(sealed)}, the agent's own ID is ${native}`);
+      // No attribute anywhere on the page names the agent's child ID (its
+      // text does: the agent wrote it there).
+      const leaks = await page.evaluate((id) => [...document.querySelectorAll("*")].flatMap((el) => [...el.attributes].filter((a) => a.value.includes(id)).map((a) => `${el.tagName}[${a.name}]`)), native);
+      check(leaks.length === 0, `attributes carry the agent's child ID: ${leaks}`);
+      // The parent's own reply is the parent's, after the card, not inside it.
+      const parentText = (await page.locator("#transcript > .msg.agent").allInnerTexts()).join(" ");
+      check(parentText.includes("parent done") && !parentText.includes("child says"), `the parent's messages: ${JSON.stringify(parentText)}`);
+      check(!(await card.innerText()).includes("parent done"), "the parent's reply is inside the child's card");
+      const after = await page.evaluate(() => {
+        const c = document.querySelector("#transcript > .subagent");
+        const done = [...document.querySelectorAll("#transcript > .msg.agent")].find((e) => e.innerText.includes("parent done"));
+        return !!(c.compareDocumentPosition(done) & Node.DOCUMENT_POSITION_FOLLOWING);
+      });
+      check(after, "the child's card is not where it was announced (before the parent's last reply)");
+      const title = await card.locator(".subagent-title").innerText();
+      check(/^child of \S{8}$/.test(title), `the child's title shows as ${JSON.stringify(title)}`);
+      const state = await card.locator(".subagent-state").innerText();
+      check(state === "running", `the child's state shows as ${JSON.stringify(state)}`);
+      const label = await card.locator(".subagent-log").getAttribute("aria-label");
+      check(label === `Subagent transcript: ${title}` && (await card.locator(".subagent-log").getAttribute("role")) === "log", `the child's log is labelled ${JSON.stringify(label)}`);
+      const end = await page.locator("#transcript > .turn-end").last().getAttribute("data-stop-reason");
+      check(end === "end_turn", `the parent's turn ended ${end}`);
+      await shot(`subagent-nested-${name}`);
+    });
+
+    await run(`subagent (${name}): the child's card folds with the keyboard`, async () => {
+      const card = page.locator("#transcript > .subagent");
+      await card.locator("summary").focus();
+      await page.keyboard.press("Enter");
+      check(!(await card.evaluate((d) => d.open)), "Enter on the summary did not fold the child's transcript");
+      check(!(await card.locator(".subagent-log").isVisible()), "the folded child's transcript is still visible");
+      await page.keyboard.press("Enter");
+      check(await card.evaluate((d) => d.open), "Enter again did not unfold it");
+    });
+
+    if (name === "websocket") {
+      await run("subagent (websocket): a page attached to the session gets the child, replayed and live", async () => {
+        const sealed = await page.locator("#transcript > .subagent").first().getAttribute("data-session-id");
+        await page.locator("#share-btn").click();
+        const link = await page.locator("#share-link").inputValue();
+        const B = await context.newPage();
+        B.setDefaultTimeout(15000);
+        B.on("pageerror", (err) => problems.push(`page error (attached page): ${err.message}`));
+        try {
+          await B.goto(link);
+          await B.waitForFunction(() => document.getElementById("transcript").innerText.includes("Attached to the shared session"));
+          const replayed = B.locator("#transcript > .subagent");
+          check(await replayed.count() === 1 && (await replayed.getAttribute("data-session-id")) === sealed, `B's replay: ${await replayed.count()} child cards, ID ${await replayed.first().getAttribute("data-session-id").catch(() => "")}, A's ${sealed}`);
+          check((await replayed.locator(".subagent-log").innerText()).includes("child says"), "B's replayed child has no text");
+          await send("subagent");
+          await B.waitForFunction(() => document.querySelectorAll("#transcript > .subagent").length === 2 &&
+            document.querySelectorAll("#transcript > .subagent")[1].querySelector(".subagent-log").innerText.includes("child ends"));
+          const [a2, b2] = [await page.locator("#transcript > .subagent").last().getAttribute("data-session-id"), await B.locator("#transcript > .subagent").last().getAttribute("data-session-id")];
+          check(a2 && a2 === b2 && a2 !== sealed, `the live child's IDs: A ${a2}, B ${b2} (the first ${sealed})`);
+        } finally {
+          await B.close();
+        }
+      });
+    }
+
+    await run(`subagent (${name}): a child's permission request shows in the child's transcript`, async () => {
+      const before = await send("subagent-permission", { wait: false });
+      const card = page.locator("#transcript > .subagent").last();
+      const perm = card.locator(".subagent-log > .permission");
+      await perm.waitFor({ timeout: 15000 }).catch(async () => {
+        throw new Failure(`no permission card in the child's transcript; the transcript reads ${JSON.stringify((await page.locator("#transcript").innerText()).slice(-600))}`);
+      });
+      check(await page.locator("#transcript > .permission").count() === 0, "the child's permission card is in the parent's transcript");
+      check((await perm.innerText()).includes("touch a file in the child"), `the card reads ${JSON.stringify(await perm.innerText())}`);
+      const focused = await page.evaluate(() => document.activeElement?.closest(".subagent .permission") != null && document.activeElement.dataset.optionId);
+      check(focused === "allow", `the focus is not on the child's first option: ${focused}`);
+      await shot(`subagent-permission-${name}`);
+      await page.keyboard.press("Enter");
+      await page.waitForFunction((n) => document.querySelectorAll("#transcript > .turn-end").length > n, before);
+      const child = (await card.locator(".subagent-log .msg.agent").allInnerTexts()).join(" ");
+      check(child.includes("child asks") && child.includes("child permission allow"), `the child's transcript reads ${JSON.stringify(child)}`);
+      check((await card.locator(".subagent-title").innerText()) === "asking child", "the second child's title");
+      const state = await card.locator(".subagent-state").innerText();
+      check(state === "idle", `the child's state shows as ${JSON.stringify(state)} after its idle subagent_update`);
+    });
+  }
+}
+
 // -- main ----------------------------------------------------------------------
 let code = 0;
 try {
@@ -1587,6 +1760,7 @@ try {
   else if (scenario === "policy") await policyScenario();
   else if (scenario === "affinity-off") await affinityOffScenario();
   else if (scenario === "budget") await budgetScenario();
+  else if (scenario === "subagent") await subagentScenario();
   else throw new Failure(`unknown scenario ${scenario}`);
   check(problems.length === 0, problems.join("\n"));
   log(`PASS ${scenario}`);

@@ -18,6 +18,11 @@
 //   subagent!        the same, in v1 even without the capability (an agent
 //                    that ignores it)
 //   subagent N       the same, then N parent ticks 100 ms apart
+//   subagent-permission  a child ("asking child") that says "child asks",
+//                    sends session/request_permission in its own session
+//                    (toolCallId child-call-1), says "child permission
+//                    <optionId>", and is reported idle by a subagent_update
+//                    (v1 only with the capability, as for subagent)
 //   permission       session/request_permission to the client (v2: the
 //                    turn is requires_action while it waits), then one tick
 //   anything else    one tick
@@ -95,6 +100,28 @@ async function turn(v2, sid, params, send, request) {
           await send(sid, chunk(`tick ${i} `));
         }
       }
+      await send(sid, chunk("parent done"));
+      background = [{ type: "subagent", sessionId: child }];
+      break;
+    }
+    case "subagent-permission": {
+      if (!v2 && !v1Subagents) {
+        await send(sid, chunk("no subagents"));
+        break;
+      }
+      const child = newSession();
+      s.children.push(child);
+      await send(sid, { sessionUpdate: "subagent_update", sessionId: child, title: "asking child", state: { state: "running" } });
+      await send(child, chunk("child asks"));
+      if (v2) await send(child, { sessionUpdate: "state_update", state: "requires_action" });
+      const res = await request("session/request_permission", {
+        sessionId: child,
+        toolCall: { toolCallId: "child-call-1", title: "touch a file in the child", kind: "edit", status: "pending" },
+        options: [{ optionId: "allow", name: "Allow", kind: "allow_once" }, { optionId: "reject", name: "Reject", kind: "reject_once" }],
+      });
+      await send(child, chunk("child permission " + (res?.outcome?.optionId ?? res?.outcome?.outcome)));
+      if (v2) await send(child, { sessionUpdate: "state_update", state: "idle", stopReason: "end_turn" });
+      await send(sid, { sessionUpdate: "subagent_update", sessionId: child, state: { state: "idle", stopReason: "end_turn" } });
       await send(sid, chunk("parent done"));
       background = [{ type: "subagent", sessionId: child }];
       break;

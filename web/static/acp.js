@@ -176,6 +176,17 @@
 // (web/static/app.js clears its view at the replay's first session/update
 // instead, which also keeps it whole after a take-over.)
 //
+// Subagents (v1 unstable): a client that passes clientCapabilities
+// {subagents: {}} to initialize may be told of an agent's child sessions:
+// session/update {sessionId: PARENT, update: {sessionUpdate:
+// "subagent_update", sessionId: CHILD, title?, state?: {state}}}, then the
+// child's own session/update messages and requests (permission, fs) with
+// sessionId CHILD, on the same connection (over HTTP, on the parent's
+// stream). Through acpgate, CHILD is sealed like any session ID. A child is
+// not one of .sessions: loading its parent again replays it. This client
+// speaks ACP v1 only; acpgate gives a v1 client a v1 agent process, also of
+// an agent that serves v1 and v2.
+//
 // Sharing a session (acpgate, issue #22; the initialize result carries
 // agentCapabilities.sessionCapabilities.attach: canAttach()). Several
 // clients, on any connections, may hold one live session:

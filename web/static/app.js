@@ -55,7 +55,9 @@ import { h, clear, replace, relativeTime } from "./dom.js";
 const CLIENT_INFO = { name: "acpgate-web", title: "acpgate web client", version: "1.0.0" };
 // What this client can do for the agent. terminal/* and elicitation are not
 // offered, so the agent never asks for them.
-const CLIENT_CAPABILITIES = { fs: { readTextFile: true, writeTextFile: true }, terminal: false };
+// subagents (v1 unstable): the page shows a subagent's child session as a
+// nested transcript, so the agent may announce children (subagent_update).
+const CLIENT_CAPABILITIES = { fs: { readTextFile: true, writeTextFile: true }, terminal: false, subagents: {} };
 
 // The transport forced by the page's address (?transport=http|websocket), if any.
 const FORCED_TRANSPORT = ["http", "websocket"].find((t) => t === new URLSearchParams(location.search).get("transport")) ?? null;
@@ -801,7 +803,12 @@ async function restoreSession() {
 // The agent's requests and notifications.
 function wireHandlers(conn) {
   conn.on("session/update", (p) => {
-    if (!app.session || p.sessionId !== app.session.id) return;
+    if (!app.session) return;
+    if (p.sessionId !== app.session.id) {
+      // A subagent's child session of the open one: its nested transcript.
+      transcript.child(p.sessionId)?.update(p.update);
+      return;
+    }
     if (app.replacing?.sessionId === p.sessionId) {
       app.replacing = null;
       replaceView();
@@ -817,8 +824,10 @@ function wireHandlers(conn) {
     updateControls();
   });
   conn.handle("session/request_permission", (p, { signal }) => {
-    if (!app.session || p.sessionId !== app.session.id) return { outcome: { outcome: "cancelled" } };
-    return transcript.askPermission(p, signal).then((outcome) => ({ outcome }));
+    // The open session's, or one of its subagents' (shown in the child's transcript).
+    const t = !app.session ? null : p.sessionId === app.session.id ? transcript : transcript.child(p.sessionId);
+    if (!t) return { outcome: { outcome: "cancelled" } };
+    return t.askPermission(p, signal).then((outcome) => ({ outcome }));
   });
   conn.handle("fs/read_text_file", (p) => files.read(p));
   conn.handle("fs/write_text_file", (p) => files.write(p));

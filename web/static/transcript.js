@@ -26,15 +26,20 @@ const IMAGE_TYPES = /^image\/(png|jpeg|gif|webp)$/;
 
 export class Transcript {
   /**
-   * el: the scrolling log element. opts.onTitle(title) is called for
+   * el: the log element. opts.onTitle(title) is called for
    * session_info_update; opts.announce(text) speaks through the aria-live
-   * status region.
+   * status region; opts.onState(update) is called for state_update.
+   * opts.scroller: the element that scrolls (el itself, unless this is a
+   * subagent's transcript nested in its parent's).
    */
-  constructor(el, { onTitle = () => {}, announce = () => {}, onUsage = () => {} } = {}) {
+  constructor(el, { onTitle = () => {}, announce = () => {}, onUsage = () => {}, onState = () => {}, scroller = el, who = "agent" } = {}) {
     this.el = el;
+    this.who = who; // "agent", or "subagent" in a child's transcript
+    this.scroller = scroller;
     this.onTitle = onTitle;
     this.announce = announce;
     this.onUsage = onUsage;
+    this.onState = onState;
     this.readOnly = false; // a read-only attach: permission requests are shown, not answered
     this.shared = false; // the gateway shares sessions: a withdrawn request may have been answered elsewhere
     this.member = false; // the page attached to the session: a request answered elsewhere comes with permission_resolved
@@ -52,6 +57,21 @@ export class Transcript {
     this.remote = false; // a turn another client of the session started is running
     this.echo = null; // {text, pos}: a prompt shown from prompt_received, whose user_message_chunk copy is dropped
     this.elsewhere = []; // cards of this turn withdrawn as "answered elsewhere" (a plain client of a shared session)
+    this.children = new Map(); // a subagent's child session ID (as the gateway sealed it) -> Subagent
+  }
+
+  /**
+   * The transcript of the child session sessionId, announced here or in a
+   * child's transcript (a subagent's subagent), or null.
+   */
+  child(sessionId) {
+    if (!sessionId) return null;
+    for (const [id, c] of this.children) {
+      if (id === sessionId) return c.transcript;
+      const t = c.transcript.child(sessionId);
+      if (t) return t;
+    }
+    return null;
   }
 
   get isEmpty() {
@@ -68,11 +88,12 @@ export class Transcript {
   }
 
   #nearBottom() {
-    return this.el.scrollHeight - this.el.scrollTop - this.el.clientHeight < 80;
+    const s = this.scroller;
+    return s.scrollHeight - s.scrollTop - s.clientHeight < 80;
   }
 
   #scroll() {
-    this.el.scrollTop = this.el.scrollHeight;
+    this.scroller.scrollTop = this.scroller.scrollHeight;
   }
 
   /** Shows node (e.g. the demo's suggestions) while the transcript is empty. */
@@ -134,6 +155,7 @@ export class Transcript {
     this.remote = false;
     this.echo = null;
     this.el.setAttribute("aria-busy", "false");
+    for (const c of this.children.values()) c.transcript.settle();
     for (const p of this.permissions) p.cancel("The turn ended.");
     // A withdrawn card of a turn that ended cancelled was not answered
     // elsewhere: the agent withdrew it (another client cancelled the turn).
@@ -151,8 +173,18 @@ export class Transcript {
     this.#append(h("div", { class: "turn-end", dataset: { stopReason } },
       h("span", { class: "turn-end-label" }, labels[stopReason] ?? "Stopped"),
       h("span", { class: "turn-end-detail" }, ` · stopReason: ${stopReason}${secs}`)));
-    const last = [...this.el.querySelectorAll(".msg.agent")].pop();
+    const last = [...this.el.querySelectorAll(":scope > .msg.agent")].pop();
     this.announce(stopReason === "end_turn" ? "Reply complete. " + (last?.textContent ?? "").slice(0, 400) : labels[stopReason] ?? stopReason);
+  }
+
+  /**
+   * Ends the message being streamed (the turn that wrote it is over: a
+   * subagent's parent ended its turn, or the child went idle), here and in
+   * this transcript's own children.
+   */
+  settle() {
+    this.#endStream();
+    for (const c of this.children.values()) c.transcript.settle();
   }
 
   /** A line of status or error in the conversation. kind: info|error|warn. */
@@ -197,6 +229,12 @@ export class Transcript {
         break;
       case "usage_update":
         this.onUsage(u);
+        break;
+      case "subagent_update":
+        this.#subagent(u);
+        break;
+      case "state_update":
+        this.onState(u);
         break;
       default:
         // available_commands_update, current_mode_update, config_option_update
@@ -302,6 +340,27 @@ export class Transcript {
     t.el = el;
   }
 
+  // -- subagents --------------------------------------------------------------
+
+  // A subagent_update: the agent announces (or updates) a child session.
+  // Its transcript nests here, where it was announced, as a collapsible
+  // card with the child's title and state; the child's own session/update
+  // messages and requests go to it (child()), rendered by this same class.
+  // sessionId is the gateway's sealed ID of the child ("" when the gateway
+  // could not name it: nothing to show).
+  #subagent(u) {
+    const id = typeof u.sessionId === "string" ? u.sessionId : "";
+    if (!id) return;
+    let c = this.children.get(id);
+    if (!c) {
+      this.#endStream();
+      c = new Subagent(id, this);
+      this.children.set(id, c);
+      this.#append(c.el);
+    }
+    c.update(u);
+  }
+
   // -- plan ----------------------------------------------------------------
 
   #plan(entries) {
@@ -348,7 +407,7 @@ export class Transcript {
     const outcomeEl = h("p", { class: "perm-outcome", hidden: true });
     const card = h("section", { class: "permission", role: "group", "aria-labelledby": headingId, dataset: { toolCallId } },
       h("header", {}, h("span", { class: "card-kind" }, "Permission"),
-        h("span", { id: headingId, class: "perm-title" }, "The agent asks to: ", h("strong", {}, String(title)))),
+        h("span", { id: headingId, class: "perm-title" }, `The ${this.who} asks to: `, h("strong", {}, String(title)))),
       kind ? h("p", { class: "perm-detail" }, `Tool kind: ${kind}`) : null,
       this.readOnly ? h("p", { class: "perm-detail perm-readonly" }, "Read-only: a client that may write answers this.") : null,
       buttons, outcomeEl);
@@ -453,6 +512,63 @@ export class Transcript {
   /** Answers every open permission request with "cancelled" (session/cancel). */
   cancelPermissions(why) {
     for (const p of [...this.permissions]) p.cancel(why);
+    for (const c of this.children.values()) c.transcript.cancelPermissions(why);
+  }
+}
+
+const STATE_LABEL = { running: "running", idle: "idle", requires_action: "waiting for you", unknown: "unknown" };
+
+// A subagent's child session shown inside its parent's transcript: a
+// <details> card (keyboard-usable as it is: Enter or Space on its summary
+// folds it) whose summary names the child (its title, or "Subagent") and
+// its state, and whose body is the child's own Transcript.
+class Subagent {
+  constructor(sessionId, parent) {
+    this.titleEl = h("span", { class: "subagent-title" }, "Subagent");
+    this.stateEl = h("span", { class: "badge subagent-state", dataset: { state: "unknown" } }, "state not reported");
+    const log = h("div", { class: "subagent-log", role: "log", "aria-label": "Subagent transcript" });
+    this.el = h("details", { class: "subagent", open: true, dataset: { sessionId } },
+      h("summary", {}, h("span", { class: "card-kind" }, "Subagent"), this.titleEl, this.stateEl),
+      log);
+    this.log = log;
+    this.transcript = new Transcript(log, {
+      scroller: parent.scroller,
+      who: "subagent",
+      announce: parent.announce,
+      onTitle: (title) => this.#title(title),
+      onState: (s) => this.#state(s),
+    });
+    this.transcript.readOnly = parent.readOnly;
+    this.transcript.shared = parent.shared;
+    this.transcript.member = parent.member;
+    // A permission request of the child opens its card.
+    const ask = this.transcript.askPermission.bind(this.transcript);
+    this.transcript.askPermission = (params, signal) => {
+      this.el.open = true;
+      return ask(params, signal);
+    };
+  }
+
+  // subagent_update: only the fields present change (null clears).
+  update(u) {
+    if (u.title !== undefined) this.#title(u.title);
+    if (u.state !== undefined) this.#state(u.state);
+  }
+
+  #title(title) {
+    const t = typeof title === "string" && title ? title : "Subagent";
+    this.titleEl.textContent = t;
+    this.log.setAttribute("aria-label", `Subagent transcript: ${t}`);
+  }
+
+  // A state snapshot: a subagent_update's {state: "running"|…} or the
+  // child's own state_update.
+  #state(s) {
+    const state = typeof s?.state === "string" ? s.state : "unknown";
+    const why = state === "idle" && typeof s.stopReason === "string" && s.stopReason !== "end_turn" ? ` (${s.stopReason})` : "";
+    this.stateEl.dataset.state = state;
+    if (state === "idle") this.transcript.settle();
+    this.stateEl.textContent = (s == null ? "state not reported" : STATE_LABEL[state] ?? state) + why;
   }
 }
 
