@@ -313,7 +313,15 @@ func TestAgentKilledMidPrompt(t *testing.T) {
 	if m.Error == nil || m.Error.Code != -32002 || !strings.Contains(m.Error.Message, "load the session again") {
 		t.Fatalf("prompt on a session of a dead agent: %s", m.Raw)
 	}
-	m = c.Await(c.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
+	// The kill may also have hit the pool's spare while it started; the
+	// pool then backs off (100 ms, doubling) and says "try again
+	// shortly", as a client is told to do.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		m = c.Await(c.Request("session/load", map[string]any{"sessionId": sid, "cwd": cwd, "mcpServers": []any{}}), turn, func(rpcMsg) {})
+		if m.Error == nil || !strings.Contains(m.Error.Message, "try again shortly") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if m.Error != nil {
 		t.Fatalf("reload after the agent died: %s", m.Raw)
 	}

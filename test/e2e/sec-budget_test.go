@@ -124,7 +124,7 @@ func TestSecBudgetReloadCountsOnce(t *testing.T) {
 			}
 			secSpent(t, g, "acme", "the same total reported after another load", 200, 5)
 			// Its report crosses the cap: the turn is cancelled, saying why.
-			if r := secPrompt(t, p3, "spend 50", sid, "spend 50 every=1ms"); stopReason(t, r) != "cancelled" ||
+			if r := secPrompt(t, p3, "spend 50", sid, "spend 50 every=10s"); stopReason(t, r) != "cancelled" ||
 				!strings.Contains(string(r.Result), `"budget":{"tenant":"acme","period":"day","unit":"USD","spent":50,"limit":10`) {
 				t.Fatalf("spend 50: %s; want it cancelled at 50 of 10 USD", r.Raw)
 			}
