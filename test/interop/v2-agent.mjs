@@ -30,19 +30,25 @@
 // parent's, then each child's) followed by its replay_complete, then sends
 // the parent's current idle state. Sessions live in this process only.
 //
+// A v2 prompt's idempotencyKey (which the SDK's schema drops) is read from
+// the raw line on stdin before the SDK parses it: a prompt whose key the
+// session has seen is answered with the first one's messageId and runs no
+// turn; a new key's turn begins with the chunk "idempotencyKey KEY".
+//
 // Usage: node v2-agent.mjs   (ACP on stdin/stdout)
-import { Readable, Writable } from "node:stream";
+import { Readable, Transform, Writable } from "node:stream";
 import { randomUUID } from "node:crypto";
 import { agent as agentV1 } from "@agentclientprotocol/sdk/unstable";
 import { agent as agentV2, agentProtocolRouter, ndJsonStream } from "@agentclientprotocol/sdk/experimental/v2/unstable";
 
-const sessions = new Map(); // sessionId -> {cost, cancelled, history: [update], children: [id]}
+const sessions = new Map(); // sessionId -> {cost, cancelled, history: [update], children: [id], keys: Map(key -> messageId)}
+const promptKeys = new Map(); // sessionId -> [idempotencyKey | undefined], one per prompt read and not yet handled
 let v1Subagents = false; // the v1 initialize offered clientCapabilities.subagents
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function newSession() {
   const sessionId = randomUUID();
-  sessions.set(sessionId, { cost: 0, cancelled: false, history: [], children: [] });
+  sessions.set(sessionId, { cost: 0, cancelled: false, history: [], children: [], keys: new Map() });
   return sessionId;
 }
 
@@ -128,6 +134,7 @@ const v1 = agentV1({ name: "v2-agent" })
   })
   .onRequest("session/new", () => ({ sessionId: newSession() }))
   .onRequest("session/prompt", async ({ params, client }) => {
+    promptKeys.get(params.sessionId)?.shift(); // v1 has no idempotencyKey
     if (!sessions.has(params.sessionId)) throw new Error(`unknown session ${params.sessionId}`);
     const send = recorder(client);
     const { stopReason, usage } = await turn(false, params.sessionId, params, send, (m, p) => client.request(m, p));
@@ -150,11 +157,16 @@ const v2 = agentV2({ name: "v2-agent" })
     const sid = params.sessionId;
     if (!sessions.has(sid)) throw new Error(`unknown session ${sid}`);
     const send = recorder(client);
+    const key = promptKeys.get(sid)?.shift();
+    const s = sessions.get(sid);
+    if (key !== undefined && s.keys.has(key)) return { messageId: s.keys.get(key) }; // a retry: it ran once
     const messageId = params.messageId ?? randomUUID();
+    if (key !== undefined) s.keys.set(key, messageId);
     // The answer goes first; the turn's progress follows it.
     setTimeout(async () => {
       try {
         await send(sid, { sessionUpdate: "state_update", state: "running" });
+        if (key !== undefined) await send(sid, { sessionUpdate: "agent_message_chunk", content: { type: "text", text: `idempotencyKey ${key}` } });
         const { stopReason, usage, background } = await turn(true, sid, params, send, (m, p) => client.request(m, p));
         const idle = { sessionUpdate: "state_update", state: "idle", stopReason, usage };
         if (background) idle.background = background;
@@ -190,6 +202,31 @@ const v2 = agentV2({ name: "v2-agent" })
     if (s) s.cancelled = true;
   });
 
+// tap passes stdin through unchanged, noting each session/prompt's
+// idempotencyKey (in order, by session) before the SDK reads the line.
+let partial = "";
+const tap = new Transform({
+  transform(chunk, _enc, done) {
+    const lines = (partial + chunk.toString("utf8")).split("\n");
+    partial = lines.pop();
+    for (const line of lines) {
+      let m;
+      try {
+        m = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      if (m?.method === "session/prompt" && typeof m.params?.sessionId === "string") {
+        const q = promptKeys.get(m.params.sessionId) ?? [];
+        q.push(typeof m.params.idempotencyKey === "string" ? m.params.idempotencyKey : undefined);
+        promptKeys.set(m.params.sessionId, q);
+      }
+    }
+    done(null, chunk);
+  },
+});
+process.stdin.pipe(tap);
+
 const conn = agentProtocolRouter().withV1(v1).withV2(v2)
-  .connect(ndJsonStream(Writable.toWeb(process.stdout), Readable.toWeb(process.stdin)));
+  .connect(ndJsonStream(Writable.toWeb(process.stdout), Readable.toWeb(tap)));
 await conn.closed;

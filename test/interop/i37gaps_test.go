@@ -1,0 +1,135 @@
+//go:build unix
+
+package interop
+
+import (
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Gaps left in issue #37's v2 work: retries across a gateway resume.
+
+// v2Counts counts, in the session/update params of a run, the ticks, the
+// agent's "idempotencyKey KEY" chunks (one per turn it ran for a key) and
+// the idle updates of session sid.
+func v2Counts(t *testing.T, updates []json.RawMessage, sid, key string) (ticks, keyed, idles int) {
+	t.Helper()
+	for _, raw := range updates {
+		var u struct {
+			SessionID string `json:"sessionId"`
+			Update    struct {
+				SessionUpdate string `json:"sessionUpdate"`
+				State         string `json:"state"`
+				Content       struct{ Text string }
+			} `json:"update"`
+		}
+		mustUnmarshal(t, raw, &u)
+		if u.SessionID != sid {
+			continue
+		}
+		switch {
+		case u.Update.SessionUpdate == "state_update" && u.Update.State == "idle":
+			idles++
+		case u.Update.SessionUpdate == "agent_message_chunk" && u.Update.Content.Text == "idempotencyKey "+key:
+			keyed++
+		case u.Update.SessionUpdate == "agent_message_chunk" && strings.HasPrefix(u.Update.Content.Text, "tick "):
+			ticks++
+		}
+	}
+	return ticks, keyed, idles
+}
+
+// A v2 prompt's idempotencyKey reaches the agent as sent, and a prompt
+// re-sent after a gateway resume keeps its key, so it runs once: the client
+// sends a prompt with a key and its socket drops before the
+// acknowledgement; it resumes the connection (?resume=) and sends the
+// prompt again with the same key. The agent (v2-agent.mjs, which reads the
+// key from the raw line and dedupes by it) ran one turn: the resumed client
+// gets its three ticks, the key's chunk and the idle update once each.
+func TestV2IdempotencyKeyAcrossResume(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	for _, c := range []struct {
+		name  string
+		delay time.Duration // before the resume
+	}{{"mid-turn", 0}, {"after-the-turn", time.Second}} {
+		t.Run(c.name, func(t *testing.T) { idempotentRetry(t, e, c.delay) })
+	}
+}
+
+// idempotentRetry is TestV2IdempotencyKeyAcrossResume's run: the client
+// resumes delay after the drop.
+func idempotentRetry(t *testing.T, e *v2Env, delay time.Duration) {
+	a := dialTenant(t, e.g, e.tokens["ide"])
+	m := a.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep)
+	var init struct {
+		Meta struct {
+			Acpgate struct {
+				ResumeToken string `json:"resumeToken"`
+			} `json:"acpgate"`
+		} `json:"_meta"`
+	}
+	a.mustResult(m, &init)
+	if init.Meta.Acpgate.ResumeToken == "" {
+		t.Fatalf("no _meta.acpgate.resumeToken in the initialize result: %s", m.raw)
+	}
+	var sess struct{ SessionID string }
+	a.mustResult(a.call("session/new", map[string]any{"cwd": e.roots["ide"], "mcpServers": []any{}}, attachStep), &sess)
+	sid := sess.SessionID
+	// Another client of the session hears of each turn: prompt_received
+	// and turn_complete once a turn.
+	o := dialTenant(t, e.g, e.tokens["ide"])
+	defer o.close()
+	o.mustResult(o.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "o", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	o.mustResult(o.call("session/attach", map[string]any{"sessionId": sid, "historyPolicy": "none", "clientId": "o",
+		"clientInfo": map[string]any{"name": "o", "version": "1"}}, attachStep), &struct{}{})
+	key := "retry-" + e.h.mark + "-" + t.Name()
+	prompt := func(id int, key, text string) map[string]any {
+		return map[string]any{"jsonrpc": "2.0", "id": id, "method": "session/prompt", "params": map[string]any{"sessionId": sid,
+			"idempotencyKey": key, "prompt": []any{map[string]any{"type": "text", "text": text}}}}
+	}
+	start := time.Now()
+	a.send(prompt(3, key, "long 5"))
+	_ = a.ws.CloseNow() // no close frame, before the acknowledgement: the connection is kept for a resume
+	a.cancel()
+	<-a.stopped
+	if n := a.count(func(m peerMsg) bool { return string(m.ID) == "3" }); n != 0 {
+		t.Logf("the acknowledgement arrived before the drop (%d): the retry is still a retry", n)
+	}
+
+	time.Sleep(delay)
+	q := "?resume=" + url.QueryEscape(init.Meta.Acpgate.ResumeToken) + "&received=2"
+	b := dialURL(t, e.g.url()+q, "acp", "acp.bearer."+e.tokens["ide"])
+	defer b.close()
+	b.waitMsg(0, "_acpgate/resumed", 10*time.Second, func(m peerMsg) bool { return m.Method == "_acpgate/resumed" })
+	sent := time.Now()
+	b.send(prompt(4, key, "long 5"))
+	isIdle := func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == sid && u.Update.State == "idle"
+	}
+	idle, _ := b.waitMsg(0, "the idle update", 10*time.Second, isIdle)
+	ackAt, ack := b.waitMsg(0, "the answer to the re-sent prompt", 10*time.Second, func(m peerMsg) bool { return m.Method == "" && string(m.ID) == "4" })
+	if len(ack.Error) > 0 {
+		t.Fatalf("the re-sent prompt: %s", ack.raw)
+	}
+	t.Logf("re-sent %v after the first; answered as message %d, the turn's idle is message %d", sent.Sub(start), ackAt, idle)
+	// The session is free: the next prompt (another key) runs at once.
+	b.send(prompt(5, key+"-next", "ticks 2"))
+	b.waitMsg(0, "the answer to the next prompt", 10*time.Second, func(m peerMsg) bool { return m.Method == "" && string(m.ID) == "5" })
+	b.waitMsg(max(idle, ackAt)+1, "the next prompt's idle update", 5*time.Second, isIdle)
+	ticks, keyed, idles := v2Counts(t, b.updatesSince(0), sid, key)
+	if ticks != 5+2 || keyed != 1 || idles != 2 {
+		t.Errorf("the resumed client got %d ticks, %d %q chunks, %d idle updates; want 7, 1, 2 (the keyed prompt ran once, then the next one)\n%s",
+			ticks, keyed, "idempotencyKey "+key, idles, b.dump())
+	}
+	first, _ := o.waitMsg(0, "the keyed turn's idle update", 5*time.Second, isIdle)
+	o.waitMsg(first+1, "the next prompt's idle update", 5*time.Second, isIdle)
+	time.Sleep(300 * time.Millisecond) // a third turn_complete would be out by now
+	received, complete := o.count(isUpdate("prompt_received")), o.count(isUpdate("turn_complete"))
+	if received != 2 || complete != 2 {
+		t.Errorf("the other client heard %d prompt_received and %d turn_complete; want 2 each (the keyed turn, the next one)\n%s", received, complete, o.dump())
+	}
+}
