@@ -5,9 +5,12 @@ package interop
 import (
 	"encoding/json"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // Gaps left in issue #37's v2 work: retries across a gateway resume.
@@ -131,5 +134,46 @@ func idempotentRetry(t *testing.T, e *v2Env, delay time.Duration) {
 	received, complete := o.count(isUpdate("prompt_received")), o.count(isUpdate("turn_complete"))
 	if received != 2 || complete != 2 {
 		t.Errorf("the other client heard %d prompt_received and %d turn_complete; want 2 each (the keyed turn, the next one)\n%s", received, complete, o.dump())
+	}
+}
+
+// A session/resume's replayFrom cursor the gateway does not understand (an
+// agent's own, not {type:"start"}) reaches the agent byte for byte:
+// spacing, escapes, a number's spelling and a path-like string as the
+// client wrote them. v2-agent.mjs reads the raw line and sends back the
+// cursor's bytes as it read them.
+func TestV2UnknownReplayFromVerbatim(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, sid := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	b := dialTenant(t, e.g, e.tokens["ide"])
+	defer b.close()
+	b.mustResult(b.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "t", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	cursor := `{"type":"agent-cursor",  "cursor":"op\u00e9 \"q\" ` + e.roots["ide"] + `/x","n":1.50e0,"l":[1, {"a":"}"}]}`
+	line := `{"jsonrpc":"2.0","id":7,"method":"session/resume","params":{"sessionId":` + strconv.Quote(sid) + `,"cwd":` + strconv.Quote(e.roots["ide"]) +
+		`,"replayFrom" :` + cursor + ` ,"mcpServers":[]}}`
+	from := b.count(func(peerMsg) bool { return true })
+	if err := b.ws.Write(b.ctx, websocket.MessageText, []byte(line)); err != nil {
+		t.Fatal(err)
+	}
+	_, res := b.waitMsg(from, "the resume's answer", 10*time.Second, func(m peerMsg) bool { return m.Method == "" && string(m.ID) == "7" })
+	if len(res.Error) > 0 {
+		t.Fatalf("session/resume: %s", res.raw)
+	}
+	var got string
+	for _, raw := range b.updatesSince(from) {
+		var u struct {
+			Update struct {
+				SessionUpdate string `json:"sessionUpdate"`
+				Content       struct{ Text string }
+			} `json:"update"`
+		}
+		mustUnmarshal(t, raw, &u)
+		if u.Update.SessionUpdate == "agent_message_chunk" && strings.HasPrefix(u.Update.Content.Text, "replayFrom ") {
+			got = strings.TrimPrefix(u.Update.Content.Text, "replayFrom ")
+		}
+	}
+	if got != cursor {
+		t.Errorf("the agent read replayFrom as\n%s\nwant the bytes sent\n%s\n%s", got, cursor, b.dump())
 	}
 }
