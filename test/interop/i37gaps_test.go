@@ -177,3 +177,95 @@ func TestV2UnknownReplayFromVerbatim(t *testing.T) {
 		t.Errorf("the agent read replayFrom as\n%s\nwant the bytes sent\n%s\n%s", got, cursor, b.dump())
 	}
 }
+
+// attachV2 is a second v2 client of the subject of token, attached to sid
+// with historyPolicy policy (read-only if asked).
+func (e *v2Env) attachV2(t *testing.T, token, sid, policy string, readOnly bool) *peer {
+	t.Helper()
+	p := dialTenant(t, e.g, token)
+	p.mustResult(p.call("initialize", map[string]any{"protocolVersion": 2, "info": map[string]any{"name": "m", "version": "0"}, "capabilities": map[string]any{}}, attachStep), &struct{}{})
+	params := map[string]any{"sessionId": sid, "historyPolicy": policy, "clientInfo": map[string]any{"name": "m", "version": "1"}}
+	if readOnly {
+		params["_meta"] = map[string]any{"acpgate": map[string]any{"readOnly": true}}
+	}
+	p.mustResult(p.call("session/attach", params, attachStep), &struct{}{})
+	return p
+}
+
+// errCode is the JSON-RPC error code of m (0: none).
+func errCode(t *testing.T, m peerMsg) int {
+	t.Helper()
+	if len(m.Error) == 0 {
+		return 0
+	}
+	var e struct{ Code int }
+	mustUnmarshal(t, m.Error, &e)
+	return e.Code
+}
+
+// A client attached to a v2 parent gets its child sessions, those the
+// agent makes after the attach and those it made before: its own requests
+// naming a child work (session/status answers "open"), within its rights
+// (a read-only member's prompt to the child is refused read-only, -32007,
+// as on the parent), and an attach's history replay ends with a
+// replay_complete for the parent and one for each child, after the
+// child's replayed updates. At 99b340a (and before the fix) a member's
+// request naming a child was -32002, and the replay had no child's
+// replay_complete.
+func TestV2AttachedMemberGetsChildren(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	a, parent := e.v2Peer(t, e.tokens["ide"], e.roots["ide"])
+	defer a.close()
+	b := e.attachV2(t, e.tokens["ide"], parent, "none", false) // before the child
+	defer b.close()
+	ro := e.attachV2(t, e.tokens["ide"], parent, "none", true)
+	defer ro.close()
+	a.mustResult(a.call("session/prompt", map[string]any{"sessionId": parent, "prompt": []any{map[string]any{"type": "text", "text": "subagent"}}}, attachStep), &struct{}{})
+	isParentIdle := func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == parent && u.Update.State == "idle"
+	}
+	a.waitMsg(0, "the parent's idle update", 10*time.Second, isParentIdle)
+	child := checkChild(t, true, parent, a.updatesSince(0), a.dump)
+	b.waitMsg(0, "the parent's idle update", 10*time.Second, isParentIdle)
+
+	status := func(p *peer, who string) {
+		t.Helper()
+		m := p.call("session/status", map[string]any{"sessionId": child}, attachStep)
+		var st struct{ Status string }
+		if len(m.Error) > 0 || json.Unmarshal(m.Result, &st) != nil || st.Status != "open" {
+			t.Errorf("%s: session/status of the child: %s, want status open", who, m.raw)
+		}
+	}
+	status(b, "a member attached before the child")
+	m := ro.call("session/prompt", map[string]any{"sessionId": child, "prompt": []any{map[string]any{"type": "text", "text": "hello"}}}, attachStep)
+	if code := errCode(t, m); code != -32007 {
+		t.Errorf("a read-only member's prompt to the child: %s, want the read-only error -32007", m.raw)
+	}
+
+	// A member attached after the child: it gets the child too, and its
+	// replay ends with each session's replay_complete.
+	d := e.attachV2(t, e.tokens["ide"], parent, "full", false)
+	defer d.close()
+	var order []string // "update:<session>" and "complete:<session>" in order
+	for _, raw := range d.updatesSince(0) {
+		var u struct {
+			SessionID string `json:"sessionId"`
+			Update    struct {
+				SessionUpdate string `json:"sessionUpdate"`
+			} `json:"update"`
+		}
+		mustUnmarshal(t, raw, &u)
+		who := map[string]string{parent: "parent", child: "child"}[u.SessionID]
+		if u.Update.SessionUpdate == "replay_complete" {
+			order = append(order, "complete:"+who)
+		} else if who == "child" && (len(order) == 0 || order[len(order)-1] != "update:child") {
+			order = append(order, "update:child")
+		}
+	}
+	want := []string{"update:child", "complete:parent", "complete:child"}
+	if strings.Join(order, " ") != strings.Join(want, " ") {
+		t.Errorf("the full attach's replay: %v, want %v (the child's updates, then each session's replay_complete)\n%s", order, want, d.dump())
+	}
+	status(d, "a member attached after the child")
+}
