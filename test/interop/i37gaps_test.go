@@ -3,8 +3,13 @@
 package interop
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -268,4 +273,181 @@ func TestV2AttachedMemberGetsChildren(t *testing.T) {
 		t.Errorf("the full attach's replay: %v, want %v (the child's updates, then each session's replay_complete)\n%s", order, want, d.dump())
 	}
 	status(d, "a member attached after the child")
+}
+
+// httpV2 is a raw Streamable HTTP client of the gateway for tenant's token.
+type httpV2 struct {
+	t     *testing.T
+	base  string
+	token string
+	conn  string
+}
+
+// post POSTs body (one JSON-RPC message), with Acp-Session-Id sid if not
+// "", and returns the status and body.
+func (h *httpV2) post(body, sid string) (int, string, http.Header) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), attachStep)
+	defer cancel()
+	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.base, strings.NewReader(body))
+	r.Header.Set("Authorization", "Bearer "+h.token)
+	r.Header.Set("Content-Type", "application/json")
+	if h.conn != "" {
+		r.Header.Set("Acp-Connection-Id", h.conn)
+	}
+	if sid != "" {
+		r.Header.Set("Acp-Session-Id", sid)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		h.t.Fatalf("POST %s: %v", h.base, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// stream opens the connection's event stream (sid "") or a session's, and
+// hands back its messages until ctx ends.
+func (h *httpV2) stream(ctx context.Context, sid string) <-chan peerMsg {
+	h.t.Helper()
+	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.base, nil)
+	r.Header.Set("Authorization", "Bearer "+h.token)
+	r.Header.Set("Accept", "text/event-stream")
+	r.Header.Set("Acp-Connection-Id", h.conn)
+	if sid != "" {
+		r.Header.Set("Acp-Session-Id", sid)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("GET %s (session %q): %v %v", h.base, sid, resp, err)
+	}
+	out := make(chan peerMsg, 1000)
+	go func() { // ends with the body, which ends with ctx
+		defer close(out)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				var m peerMsg
+				if json.Unmarshal([]byte(d), &m) == nil {
+					m.raw = []byte(d)
+					select {
+					case out <- m:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// next is the next message of ch that matches pred, within d.
+func next(t *testing.T, ch <-chan peerMsg, what string, d time.Duration, seen *[]peerMsg, pred func(peerMsg) bool) peerMsg {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				t.Fatalf("the stream ended waiting for %s", what)
+			}
+			*seen = append(*seen, m)
+			if pred(m) {
+				return m
+			}
+		case <-timer.C:
+			t.Fatalf("no %s within %v", what, d)
+		}
+	}
+}
+
+// The idempotencyKey retry over Streamable HTTP: a prompt POSTed with a
+// key and POSTed again with the same key (a client that lost the first
+// answer) runs once: both answers carry the same messageId, the session's
+// stream has the key's chunk, the ticks and the idle update once each, and
+// a WebSocket client attached to the session hears one prompt_received and
+// one turn_complete. At 99b340a it heard two of each.
+func TestV2IdempotencyKeyRePOST(t *testing.T) {
+	e := startV2Gateway(t, "", map[string]string{"ide": ""})
+	h := &httpV2{t: t, base: "http://" + e.g.Addr + "/acp", token: e.tokens["ide"]}
+	code, body, hdr := h.post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":2,"info":{"name":"h","version":"0"},"capabilities":{}}}`, "")
+	if h.conn = hdr.Get("Acp-Connection-Id"); code != http.StatusOK || h.conn == "" {
+		t.Fatalf("initialize over HTTP: %d %s", code, body)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	connStream := h.stream(ctx, "")
+	if code, body, _ := h.post(`{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":`+strconv.Quote(e.roots["ide"])+`,"mcpServers":[]}}`, ""); code != http.StatusAccepted {
+		t.Fatalf("session/new: %d %s", code, body)
+	}
+	var seen []peerMsg
+	m := next(t, connStream, "session/new's answer", 10*time.Second, &seen, func(m peerMsg) bool { return string(m.ID) == "2" })
+	var sess struct{ SessionID string }
+	mustUnmarshal(t, m.Result, &sess)
+	sid := sess.SessionID
+	sessStream := h.stream(ctx, sid)
+	o := e.attachV2(t, e.tokens["ide"], sid, "none", false)
+	defer o.close()
+
+	key := "re-post-" + e.h.mark
+	prompt := func(id int) string {
+		return `{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"session/prompt","params":{"sessionId":` + strconv.Quote(sid) +
+			`,"idempotencyKey":` + strconv.Quote(key) + `,"prompt":[{"type":"text","text":"ticks 3"}]}}`
+	}
+	for _, id := range []int{3, 4} {
+		if code, body, _ := h.post(prompt(id), sid); code != http.StatusAccepted {
+			t.Fatalf("POST prompt %d: %d %s", id, code, body)
+		}
+	}
+	var got []peerMsg
+	msgIDs := map[string]string{}
+	for len(msgIDs) < 2 {
+		m := next(t, sessStream, "the prompts' answers", 10*time.Second, &got, func(m peerMsg) bool { return m.Method == "" })
+		var res struct{ MessageID string }
+		mustUnmarshal(t, m.Result, &res)
+		msgIDs[string(m.ID)] = res.MessageID
+	}
+	if msgIDs["3"] == "" || msgIDs["3"] != msgIDs["4"] {
+		t.Errorf("the answers' messageIds: %v, want one, the same for both", msgIDs)
+	}
+	isIdle := func(m peerMsg) bool {
+		var u v2Idle
+		return m.Method == "session/update" && json.Unmarshal(m.Params, &u) == nil && u.SessionID == sid && u.Update.State == "idle"
+	}
+	if !slices.ContainsFunc(got, isIdle) {
+		next(t, sessStream, "the idle update", 10*time.Second, &got, isIdle)
+	}
+	// A second turn (60 ms of ticks) would be over within this.
+	deadline := time.After(time.Second)
+	for done := false; !done; {
+		select {
+		case m, ok := <-sessStream:
+			if ok {
+				got = append(got, m)
+			} else {
+				done = true
+			}
+		case <-deadline:
+			done = true
+		}
+	}
+	var updates []json.RawMessage
+	for _, m := range got {
+		if m.Method == "session/update" {
+			updates = append(updates, m.Params)
+		}
+	}
+	ticks, keyed, idles := v2Counts(t, updates, sid, key)
+	if ticks != 3 || keyed != 1 || idles != 1 {
+		t.Errorf("the session's stream had %d ticks, %d key chunks, %d idle updates; want 3, 1, 1 (one turn)", ticks, keyed, idles)
+	}
+	received, complete := o.count(isUpdate("prompt_received")), o.count(isUpdate("turn_complete"))
+	if received != 1 || complete != 1 {
+		t.Errorf("the attached client heard %d prompt_received and %d turn_complete; want 1 each\n%s", received, complete, o.dump())
+	}
 }
