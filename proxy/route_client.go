@@ -399,7 +399,9 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 	c := cr.c
 	s := rt.sess
 	if !s.shared() {
-		s.turn.Started(req)
+		if !req.retry { // the turn stays its first sending's
+			s.turn.Started(req)
+		}
 		return true
 	}
 	t := turn.Queued[*outReq]{Prompt: req, Line: out}
