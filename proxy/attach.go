@@ -71,6 +71,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 		c.detach(s)
 		return
 	}
+	c.attachChildren(s)
 	c.relay.metrics.Attaches.WithLabelValues("ok").Inc()
 	c.relay.metrics.AttachedClients.Inc()
 	s.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: readOnly, History: p.HistoryPolicy})
@@ -210,6 +211,10 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	if policy == "full" && s.history != nil && c.profile().Version >= 2 {
 		msg, f := s.replayComplete()
 		c.deliverMember(msg, s, f, true)
+		for _, k := range s.descendants() { // the history holds its children's updates too
+			msg, f := k.replayComplete()
+			c.deliverMember(msg, s, f, true)
+		}
 	}
 	s.fan.Lock()
 	if mem.overrun { // the session outran the replay: what c missed is gone
@@ -310,6 +315,7 @@ func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
 func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
 	if mem, e := s.removeMember(c); mem != nil {
+		c.leaveChildren(s)
 		c.relay.metrics.AttachedClients.Dec()
 		s.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
 		c.dropRequestsOf(s)
@@ -359,7 +365,7 @@ func (cr *clientReader) readOnlyWrite(m *jsonrpc.Message) bool {
 	if s == nil {
 		return false
 	}
-	if mem := s.memberOf(c); mem == nil || !mem.readOnly {
+	if mem := s.root().memberOf(c); mem == nil || !mem.readOnly { // a child: its parent's rights
 		return false
 	}
 	c.denied("read_only", m.Method)

@@ -95,8 +95,42 @@ func (l *procLink) addChild(parent *Session, c *Conn, sid string) *Session {
 		return nil
 	}
 	c.attach(k)
+	for _, m := range parent.root().clientList() { // the clients attached to it hold its children too
+		m.conn.attach(k)
+	}
 	c.log.Debug("subagent session opened", "session", k.GatewayID, "parent", parent.GatewayID)
 	return k
+}
+
+// descendants is the child sessions of s, theirs, and so on.
+func (s *Session) descendants() []*Session {
+	var out []*Session
+	for _, k := range s.childList() {
+		out = append(append(out, k), k.descendants()...)
+	}
+	return out
+}
+
+// A client attached to a session (session/attach) holds its children too,
+// those there at the attach (attachChildren) and those made later
+// (addChild): its messages naming a child route to it, as its owner's do,
+// with the rights it has on the parent (readOnlyWrite asks the root's
+// membership). It lets them go when it leaves the parent (leaveChildren).
+
+// attachChildren makes c, a client attaching to s, hold s's children.
+func (c *Conn) attachChildren(s *Session) {
+	for _, k := range s.descendants() {
+		c.attach(k)
+	}
+}
+
+// leaveChildren lets go of s's children c held as a client of s.
+func (c *Conn) leaveChildren(s *Session) {
+	for _, k := range s.descendants() {
+		if k.Owner() != c {
+			c.detach(k)
+		}
+	}
 }
 
 // childList is the child sessions of s.

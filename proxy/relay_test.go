@@ -50,6 +50,9 @@ func TestMain(m *testing.M) {
 	case "traced":
 		tracedAgent()
 		os.Exit(0)
+	case "traced-v2":
+		tracedV2Agent()
+		os.Exit(0)
 	case "init-error":
 		var req struct {
 			ID json.RawMessage `json:"id"`

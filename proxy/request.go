@@ -98,6 +98,11 @@ type outReq struct {
 	// acked: a v2 prompt the agent has acknowledged; its turn runs until
 	// the session's idle state_update (v2turn.go).
 	acked atomic.Bool
+	// key: a v2 prompt's idempotencyKey; retry: a prompt whose key the
+	// session's agent was sent before, which starts no turn of its own
+	// (v2turn.go). Set before the prompt goes to the agent, under link.mu.
+	key   string
+	retry bool
 	// queued: the bytes of a prompt waiting for its turn counted against
 	// its connection's bound (Conn.holdQueued), until it runs or ends.
 	queued atomic.Int64

@@ -101,7 +101,10 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.protocolError("unknown_id", "agent answered an id the gateway never sent; dropped", "id", truncate(string(m.ID), 64))
 		return
 	}
-	if req := l.acknowledge(id, m); req != nil { // v2: the turn goes on
+	if req, late := l.acknowledge(id, m); req != nil { // v2: the turn goes on
+		if late { // a retry the agent ran again: its turn counts from here
+			req.sess.turnStarted(req, nil, nil)
+		}
 		r.deliverAck(m, req)
 		return
 	}
@@ -153,7 +156,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		if !m.IsError {
 			stop, _ = acp.StopReason(m)
 		}
-		req.sess.turnComplete(c, stop) // before the next turn is announced
+		if !req.retry { // a retry's answer ends no turn: its first sending's does
+			req.sess.turnComplete(c, stop) // before the next turn is announced
+		}
 		req.holdNext = true
 		defer req.startNext() // once this answer is out
 	}

@@ -340,10 +340,13 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
 	out := jsonrpc.SpliceLine(nil, m.Raw, edits) // one line, as the agent reads
+	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && rt.link.speaksV2() {
+		rt.link.noteKey(req, acp.TaggedString(m, acp.LabelIdempotencyKey))
+	}
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
 	}
-	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil {
+	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !req.retry {
 		rt.sess.turnStarted(req, nil, m.Payload)
 	}
 	c.ag.metrics.Message(metrics.ClientToAgent, m.Method, len(out))
@@ -396,7 +399,9 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 	c := cr.c
 	s := rt.sess
 	if !s.shared() {
-		s.turn.Started(req)
+		if !req.retry { // the turn stays its first sending's
+			s.turn.Started(req)
+		}
 		return true
 	}
 	t := turn.Queued[*outReq]{Prompt: req, Line: out}
@@ -439,7 +444,9 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
-	s.announcePrompt(c, acp.PromptBlocks(m.Payload))
+	if !req.retry { // a retry's prompt was announced at its first sending
+		s.announcePrompt(c, acp.PromptBlocks(m.Payload))
+	}
 	return true
 }
 
@@ -475,8 +482,10 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 		}
 		return
 	}
-	s.announcePrompt(c, blocks)
-	s.turnStarted(t.Prompt, blocks, nil)
+	if !t.Prompt.retry { // a retry's turn is its first sending's
+		s.announcePrompt(c, blocks)
+		s.turnStarted(t.Prompt, blocks, nil)
+	}
 	s.link.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()

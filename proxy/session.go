@@ -47,6 +47,9 @@ type Session struct {
 	history    *history.History // what session/attach replays; nil: none kept. Guarded by fan.
 
 	turn turn.Turn[*Conn, *outReq] // its prompts: the one in flight, those waiting (package turn)
+	// keys are the v2 idempotencyKeys of the prompts sent to its agent
+	// (v2turn.go). Guarded by link.mu.
+	keys promptKeys
 	// inbound are the agent's requests about the session still waiting
 	// for a client's answer (a take-over sends them again to the new
 	// owner).

@@ -540,3 +540,81 @@ func benchEcho(b *testing.B, traced bool) {
 
 func BenchmarkEcho(b *testing.B)       { benchEcho(b, false) }
 func BenchmarkEchoTraced(b *testing.B) { benchEcho(b, true) }
+
+// tracedV2Agent speaks ACP v2: a prompt is acknowledged at once
+// ({messageId}), then runs 200 ms (state running, a chunk) and ends with
+// the session's idle state_update.
+func tracedV2Agent() {
+	out := bufio.NewWriter(os.Stdout)
+	serveLines(func(m agentLine) {
+		defer out.Flush()
+		update := func(u string) {
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":%s}}`+"\n", u)
+		}
+		switch m.Method {
+		case "initialize":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":2,"info":{"name":"t","version":"0"},"capabilities":{"session":{}}}}`+"\n", m.ID)
+		case "session/new":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}`+"\n", m.ID)
+		case "session/prompt":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"messageId":"m1"}}`+"\n", m.ID)
+			update(`{"sessionUpdate":"state_update","state":"running"}`)
+			update(`{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"working"}}`)
+			out.Flush()
+			time.Sleep(200 * time.Millisecond)
+			update(`{"sessionUpdate":"state_update","state":"idle","stopReason":"end_turn"}`)
+		}
+	})
+}
+
+// A v2 turn's span runs from the prompt to the session's idle
+// state_update, not to the prompt's acknowledgement: no session/prompt
+// span has ended when the acknowledgement arrives, and the span that ends
+// by the idle update lasts the turn's 200 ms.
+func TestTraceV2TurnEndsAtIdle(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	r := testPool(t, "traced-v2", nil, func(c *Config) { c.Tracing = tp })
+	tc := newTestConn(t, r, "c1")
+	tc.send(`{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":2,"info":{"name":"c","version":"0"},"capabilities":{}}}`)
+	if m := tc.await(`"init"`, nil); m.Error != nil {
+		t.Fatalf("initialize: %s", m.raw)
+	}
+	sid := tc.newSession("1")
+	tc.send(`{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"sessionId":"` + sid + `","prompt":[]}}`)
+	if m := tc.await("9", nil); m.Error != nil {
+		t.Fatalf("prompt: %s", m.raw)
+	}
+	acked := time.Now()
+	for _, s := range rec.Ended() {
+		if s.Name() == acp.SessionPrompt {
+			t.Fatalf("the prompt's span ended at its acknowledgement")
+		}
+	}
+	for {
+		m := tc.next()
+		if m.Method == acp.SessionUpdate && strings.Contains(string(m.Params), `"idle"`) {
+			break
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var p sdktrace.ReadOnlySpan
+		for _, s := range rec.Ended() {
+			if s.Name() == acp.SessionPrompt {
+				p = s
+			}
+		}
+		if p != nil {
+			if d := p.EndTime().Sub(p.StartTime()); d < 150*time.Millisecond || p.EndTime().Before(acked) {
+				t.Errorf("the v2 turn's span lasted %v (ended %v after the acknowledgement), want the turn's 200 ms", d, p.EndTime().Sub(acked))
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no session/prompt span ended after the idle update")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

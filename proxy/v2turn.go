@@ -28,22 +28,94 @@ func (l *procLink) speaksV2() bool { return l.p.Init().Version >= 2 }
 // acknowledge marks the prompt the answer m (agent-side id) is for as
 // acknowledged, when m is a v2 acknowledgement: a success without
 // stopReason from a v2 process. It returns the prompt, still in pending
-// (nil: m is not one).
-func (l *procLink) acknowledge(id int64, m *jsonrpc.Message) *outReq {
+// (nil: m is not one, or it is a retry's: see noteKey). late: a retry
+// the agent answered with a new messageId, so ran again: its turn starts
+// now.
+func (l *procLink) acknowledge(id int64, m *jsonrpc.Message) (req *outReq, late bool) {
 	if m.IsError || !l.speaksV2() {
-		return nil
+		return nil, false
 	}
 	if _, ok := acp.StopReason(m); ok {
-		return nil
+		return nil, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	req := l.pending[id]
+	req = l.pending[id]
 	if req == nil || req.method != acp.SessionPrompt || req.conn == nil || req.sess == nil || req.acked.Load() {
-		return nil
+		return nil, false
+	}
+	if req.key != "" {
+		msgID := acp.TaggedString(m, acp.LabelMessageID)
+		if req.retry {
+			if first, ok := req.sess.keys.get(req.key); ok && first != "" && first == msgID {
+				return nil, false // the first sending's turn: the answer ends the retry
+			}
+			req.retry, late = false, true
+			l.p.Log().Warn("agent ran a prompt again for an idempotencyKey it was sent before; counted as a new turn",
+				"session", req.sess.GatewayID)
+		}
+		req.sess.keys.answered(req.key, msgID)
 	}
 	req.acked.Store(true)
-	return req
+	return req, late
+}
+
+// noteKey notes key, the idempotencyKey of req (a prompt to a v2
+// process, about to be sent; "" for none), in its session. A key the
+// session's agent was sent before makes req a retry (a client re-sending
+// a prompt it had no answer to, as after a resume): the agent, which
+// dedupes by key, answers it with the first sending's messageId and runs
+// no second turn, so neither does the gateway: the retry is forwarded as
+// sent and its answer ends it, while the turn stays the first sending's.
+func (l *procLink) noteKey(req *outReq, key string) {
+	if key == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	req.key = key
+	req.retry = !req.sess.keys.add(key)
+}
+
+// maxPromptKeys bounds the idempotencyKeys a session remembers: the
+// oldest are forgotten first (a retry comes soon after its first sending).
+const maxPromptKeys = 64
+
+// promptKeys are a session's v2 idempotencyKeys with the messageId of
+// each one's first acknowledgement ("" until then), oldest first.
+type promptKeys struct {
+	ids   map[string]string
+	order []string
+}
+
+// add notes key, false if it is known already.
+func (k *promptKeys) add(key string) bool {
+	if _, ok := k.ids[key]; ok {
+		return false
+	}
+	if k.ids == nil {
+		k.ids = make(map[string]string)
+	}
+	if len(k.order) == maxPromptKeys {
+		delete(k.ids, k.order[0])
+		k.order = append(k.order[:0], k.order[1:]...)
+	}
+	k.ids[key] = ""
+	k.order = append(k.order, key)
+	return true
+}
+
+// get is the messageId key's first sending was acknowledged with.
+func (k *promptKeys) get(key string) (string, bool) {
+	id, ok := k.ids[key]
+	return id, ok
+}
+
+// answered notes msgID as key's acknowledgement if it has none yet.
+func (k *promptKeys) answered(key, msgID string) {
+	if id, ok := k.ids[key]; ok && id == "" {
+		k.ids[key] = msgID
+	}
 }
 
 // deliverAck gives the client its prompt's acknowledgement: the turn goes

@@ -114,6 +114,7 @@ var (
 	specPromptResult = &jsonrpc.Spec{Fields: map[string]*jsonrpc.Spec{
 		"stopReason": {Kind: jsonrpc.FieldTag, Label: LabelStopReason},
 		"usage":      {Kind: jsonrpc.FieldTag, Label: LabelUsage},
+		"messageId":  {Kind: jsonrpc.FieldTag, Label: LabelMessageID},
 	}}
 	// The model selectors of a session (package models reads them): the
 	// config options (session config options RFD) and the older models
@@ -254,8 +255,9 @@ var (
 		SessionFork:   sessionSetup,
 		SessionList:   {Fields: fields{"cwd": pathField("cwd")}},
 		SessionPrompt: {Fields: fields{
-			"sessionId": leafSession,
-			"prompt":    {Elems: promptBlock},
+			"sessionId":      leafSession,
+			"prompt":         {Elems: promptBlock},
+			"idempotencyKey": {Kind: jsonrpc.FieldTag, Label: LabelIdempotencyKey},
 		}},
 		SessionUpdate: {Fields: fields{
 			"sessionId": leafSession,
@@ -391,6 +393,10 @@ const (
 	LabelChildSessionID = "update.*sessionId"
 	LabelStopReason     = "stopReason"
 	LabelUsage          = "usage"
+	// LabelMessageID: a v2 PromptResponse's messageId; LabelIdempotencyKey:
+	// a v2 prompt's idempotencyKey (retries across a resume).
+	LabelMessageID      = "messageId"
+	LabelIdempotencyKey = "idempotencyKey"
 )
 
 // CarriesSessionIDs reports whether an update of kind (its sessionUpdate)
@@ -425,6 +431,17 @@ func StopReason(m *jsonrpc.Message) (stop string, ok bool) {
 	}
 	stop, _ = m.String(f)
 	return stop, true
+}
+
+// TaggedString is the string value of the tag of the given label, "" when
+// m has none or it is not a string.
+func TaggedString(m *jsonrpc.Message, label string) string {
+	f, ok := Tagged(m, label)
+	if !ok {
+		return ""
+	}
+	v, _ := m.String(f)
+	return v
 }
 
 // Tagged finds the located tag of the given label.

@@ -35,19 +35,68 @@
 // parent's, then each child's) followed by its replay_complete, then sends
 // the parent's current idle state. Sessions live in this process only.
 //
+// A v2 prompt's idempotencyKey (which the SDK's schema drops) is read from
+// the raw line on stdin before the SDK parses it: a prompt whose key the
+// session has seen is answered with the first one's messageId and runs no
+// turn; a new key's turn begins with the chunk "idempotencyKey KEY". A
+// session/resume's replayFrom is read from the raw line too: a replayFrom
+// other than {type:"start"} replays nothing and sends the chunk
+// "replayFrom RAW", RAW its bytes exactly as the agent read them.
+//
 // Usage: node v2-agent.mjs   (ACP on stdin/stdout)
-import { Readable, Writable } from "node:stream";
+import { Readable, Transform, Writable } from "node:stream";
 import { randomUUID } from "node:crypto";
 import { agent as agentV1 } from "@agentclientprotocol/sdk/unstable";
 import { agent as agentV2, agentProtocolRouter, ndJsonStream } from "@agentclientprotocol/sdk/experimental/v2/unstable";
 
-const sessions = new Map(); // sessionId -> {cost, cancelled, history: [update], children: [id]}
+const sessions = new Map(); // sessionId -> {cost, cancelled, history: [update], children: [id], keys: Map(key -> messageId)}
+const promptKeys = new Map(); // sessionId -> [idempotencyKey | undefined], one per prompt read and not yet handled
+const resumeCursors = new Map(); // sessionId -> [raw replayFrom text | undefined], one per session/resume read and not yet handled
+
+// rawMember is the text of the value of member name of the top-level
+// object of params inside line (a JSON-RPC message), as it was written:
+// undefined if there is none. A scan of strings and nesting, enough for a
+// well-formed line.
+function rawMember(line, name) {
+  const at = line.indexOf('"params"');
+  if (at < 0) return undefined;
+  let depth = 0;
+  for (let i = line.indexOf("{", at); i >= 0 && i < line.length; i++) {
+    const ch = line[i];
+    if (ch === '"') {
+      let j = i + 1;
+      while (line[j] !== '"') j += line[j] === "\\" ? 2 : 1;
+      const key = line.slice(i, j + 1);
+      if (depth === 1 && JSON.parse(key) === name && /^\s*:/.test(line.slice(j + 1))) {
+        let k = line.indexOf(":", j) + 1;
+        while (/\s/.test(line[k])) k++;
+        let d = 0;
+        for (let e = k; e < line.length; e++) {
+          const c = line[e];
+          if (c === '"') {
+            e++;
+            while (line[e] !== '"') e += line[e] === "\\" ? 2 : 1;
+          } else if (c === "{" || c === "[") d++;
+          else if (c === "}" || c === "]") d--;
+          if (d === 0 && (c === '"' || c === "}" || c === "]" || /[,}\s]/.test(line[e + 1] ?? "}"))) return line.slice(k, e + 1);
+        }
+        return undefined;
+      }
+      i = j;
+    } else if (ch === "{" || ch === "[") depth++;
+    else if (ch === "}" || ch === "]") {
+      depth--;
+      if (depth === 0) return undefined;
+    }
+  }
+  return undefined;
+}
 let v1Subagents = false; // the v1 initialize offered clientCapabilities.subagents
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function newSession() {
   const sessionId = randomUUID();
-  sessions.set(sessionId, { cost: 0, cancelled: false, history: [], children: [] });
+  sessions.set(sessionId, { cost: 0, cancelled: false, history: [], children: [], keys: new Map() });
   return sessionId;
 }
 
@@ -155,6 +204,7 @@ const v1 = agentV1({ name: "v2-agent" })
   })
   .onRequest("session/new", () => ({ sessionId: newSession() }))
   .onRequest("session/prompt", async ({ params, client }) => {
+    promptKeys.get(params.sessionId)?.shift(); // v1 has no idempotencyKey
     if (!sessions.has(params.sessionId)) throw new Error(`unknown session ${params.sessionId}`);
     const send = recorder(client);
     const { stopReason, usage } = await turn(false, params.sessionId, params, send, (m, p) => client.request(m, p));
@@ -177,11 +227,16 @@ const v2 = agentV2({ name: "v2-agent" })
     const sid = params.sessionId;
     if (!sessions.has(sid)) throw new Error(`unknown session ${sid}`);
     const send = recorder(client);
+    const key = promptKeys.get(sid)?.shift();
+    const s = sessions.get(sid);
+    if (key !== undefined && s.keys.has(key)) return { messageId: s.keys.get(key) }; // a retry: it ran once
     const messageId = params.messageId ?? randomUUID();
+    if (key !== undefined) s.keys.set(key, messageId);
     // The answer goes first; the turn's progress follows it.
     setTimeout(async () => {
       try {
         await send(sid, { sessionUpdate: "state_update", state: "running" });
+        if (key !== undefined) await send(sid, { sessionUpdate: "agent_message_chunk", content: { type: "text", text: `idempotencyKey ${key}` } });
         const { stopReason, usage, background } = await turn(true, sid, params, send, (m, p) => client.request(m, p));
         const idle = { sessionUpdate: "state_update", state: "idle", stopReason, usage };
         if (background) idle.background = background;
@@ -193,9 +248,13 @@ const v2 = agentV2({ name: "v2-agent" })
     return { messageId };
   })
   .onRequest("session/resume", async ({ params, client }) => {
+    const raw = resumeCursors.get(params.sessionId)?.shift();
     const s = sessions.get(params.sessionId);
     if (!s) throw Object.assign(new Error("Resource not found"), { code: -32002 });
-    if (params.replayFrom) {
+    if (params.replayFrom && params.replayFrom.type !== "start") {
+      const update = { sessionUpdate: "agent_message_chunk", content: { type: "text", text: `replayFrom ${raw}` } };
+      await client.notify("session/update", { sessionId: params.sessionId, update });
+    } else if (params.replayFrom) {
       for (const sid of [params.sessionId, ...s.children]) {
         for (const update of sessions.get(sid).history) await client.notify("session/update", { sessionId: sid, update });
         await client.notify("session/update", { sessionId: sid, update: { sessionUpdate: "replay_complete" } });
@@ -217,6 +276,36 @@ const v2 = agentV2({ name: "v2-agent" })
     if (s) s.cancelled = true;
   });
 
+// tap passes stdin through unchanged, noting each session/prompt's
+// idempotencyKey (in order, by session) before the SDK reads the line.
+let partial = "";
+const tap = new Transform({
+  transform(chunk, _enc, done) {
+    const lines = (partial + chunk.toString("utf8")).split("\n");
+    partial = lines.pop();
+    for (const line of lines) {
+      let m;
+      try {
+        m = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      if (m?.method === "session/resume" && typeof m.params?.sessionId === "string") {
+        const q = resumeCursors.get(m.params.sessionId) ?? [];
+        q.push(rawMember(line, "replayFrom"));
+        resumeCursors.set(m.params.sessionId, q);
+      }
+      if (m?.method === "session/prompt" && typeof m.params?.sessionId === "string") {
+        const q = promptKeys.get(m.params.sessionId) ?? [];
+        q.push(typeof m.params.idempotencyKey === "string" ? m.params.idempotencyKey : undefined);
+        promptKeys.set(m.params.sessionId, q);
+      }
+    }
+    done(null, chunk);
+  },
+});
+process.stdin.pipe(tap);
+
 const conn = agentProtocolRouter().withV1(v1).withV2(v2)
-  .connect(ndJsonStream(Writable.toWeb(process.stdout), Readable.toWeb(process.stdin)));
+  .connect(ndJsonStream(Writable.toWeb(process.stdout), Readable.toWeb(tap)));
 await conn.closed;
