@@ -293,6 +293,7 @@ func ScanClient(sc *jsonrpc.Scanner, frame []byte, m *jsonrpc.Message) error {
 	if sc.Methods == nil {
 		sc.Methods = acp.Methods
 	}
+	sc.SnakeTwins = true
 	return sc.Scan(frame, m, acp.ClientSpec)
 }
 

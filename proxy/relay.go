@@ -321,6 +321,7 @@ func (r *Relay) NewConn(info ConnInfo, sink Sink) (*Conn, error) {
 	c.cr = clientReader{c: c, resolve: acp.ClientSpec, limiter: newLimiter(r.limits.MessagesPerSecond, r.limits.MessageBurst),
 		logLim: logx.NewLimiter(20, time.Second)}
 	c.cr.sc.Methods = acp.Methods
+	c.cr.sc.SnakeTwins = true
 	c.auditLim = audit.NewLimiter(20, 20)
 	keep := 0 // bytes the outbox keeps for a resume
 	if r.resume.DetachTimeout > 0 && !info.NoResume {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -127,6 +128,14 @@ type Scanner struct {
 	// Methods interns method names so that scanning a known method does not
 	// allocate: keys and values are the same strings. May be nil.
 	Methods map[string]string
+
+	// SnakeTwins also rejects a payload member that is the snake_case
+	// spelling of a field the Spec locates ("session_id" for "sessionId",
+	// "mcp_servers" for "mcpServers", "field_meta" for "_meta"): the models
+	// of ACP's Python SDK accept those names as well (pydantic's
+	// populate_by_name), so an agent built on it would read a field the
+	// gateway never located or checked. Set for clients' messages.
+	SnakeTwins bool
 
 	bb     bytes.Buffer
 	dec    jsontext.Decoder
@@ -429,6 +438,11 @@ func (s *Scanner) walk(m *Message, spec *Spec, parent int) error {
 				if err := checkCaseTwin(spec.Fields, name); err != nil {
 					return err
 				}
+				if s.SnakeTwins && bytes.IndexByte(name, '_') >= 0 {
+					if err := checkSnakeTwin(spec.Fields, name); err != nil {
+						return err
+					}
+				}
 				if err := d.SkipValue(); err != nil {
 					return err
 				}
@@ -495,6 +509,39 @@ func checkCaseTwin(fields map[string]*Spec, name []byte) error {
 		}
 	}
 	return nil
+}
+
+// checkSnakeTwin reports a name that is the snake_case spelling of one of
+// fields' names (see Scanner.SnakeTwins). Only names with an underscore get
+// here, and only those the Spec does not locate: rare, so its allocation is
+// of no account.
+func checkSnakeTwin(fields map[string]*Spec, name []byte) error {
+	for n := range fields {
+		if snake := snakeCase(n); snake != n && strings.EqualFold(string(name), snake) {
+			return fmt.Errorf("member name %q is the snake_case spelling of %q; some peers read them as one", name, n)
+		}
+	}
+	return nil
+}
+
+// snakeCase spells an ACP member name as Python models name its field:
+// camelCase words joined by underscores, a leading underscore as "field_"
+// ("_meta" is field_meta).
+func snakeCase(n string) string {
+	var b strings.Builder
+	if strings.HasPrefix(n, "_") {
+		b.WriteString("field")
+	}
+	for i, r := range n {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func caseTwinError(name []byte, twin string) error {

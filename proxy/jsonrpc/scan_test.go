@@ -747,3 +747,37 @@ func TestScanErrorUnwrap(t *testing.T) {
 }
 
 func unsafeStringData(s string) *byte { return unsafe.StringData(s) }
+
+// A client scanner (SnakeTwins) refuses a member that is the snake_case
+// spelling of a located field, which ACP's Python SDK models also accept;
+// other underscored names pass, and without SnakeTwins (agents' messages)
+// nothing changes.
+func TestSnakeTwins(t *testing.T) {
+	for n, want := range map[string]string{"sessionId": "session_id", "mcpServers": "mcp_servers", "_meta": "field_meta", "cwd": "cwd", "additionalDirectories": "additional_directories"} {
+		if got := snakeCase(n); got != want {
+			t.Errorf("snakeCase(%q) = %q, want %q", n, got, want)
+		}
+	}
+	spec := &Spec{Fields: map[string]*Spec{"sessionId": {Kind: 1, Label: "sessionId"}, "_meta": {Kind: 2, Label: "_meta"}}}
+	resolve := func(*Message) *Spec { return spec }
+	for _, c := range []struct {
+		params string
+		bad    bool
+	}{
+		{`{"sessionId":"a","session_id":"b"}`, true},
+		{`{"sessionId":"a","SESSION_ID":"b"}`, true},
+		{`{"field_meta":{"x":1}}`, true},
+		{`{"my_option":1,"sessionId":"a"}`, false},
+		{`{"session_idx":1}`, false},
+	} {
+		raw := []byte(`{"jsonrpc":"2.0","id":1,"method":"x","params":` + c.params + `}`)
+		var m Message
+		err := (&Scanner{SnakeTwins: true}).Scan(raw, &m, resolve)
+		if (err != nil) != c.bad || c.bad && !strings.Contains(err.Error(), "snake_case") {
+			t.Errorf("%s: %v, want refused %v", c.params, err, c.bad)
+		}
+		if err := (&Scanner{}).Scan(raw, &m, resolve); err != nil {
+			t.Errorf("%s without SnakeTwins: %v", c.params, err)
+		}
+	}
+}

@@ -359,3 +359,89 @@ func TestClientMetaReload(t *testing.T) {
 		}
 	}
 }
+
+// TestClientSnakeCaseTwinsRefused: ACP's Python SDK models accept a field's
+// snake_case name as well as its wire name (pydantic's populate_by_name),
+// so "field_meta", "mcp_servers" or "session_id" would be read by such an
+// agent as _meta, mcpServers or sessionId, none of which the gateway would
+// have located, filtered or checked. A client message carrying the
+// snake_case twin of a field the gateway reads is refused as a duplicate is
+// (-32700), and the agent never reads it; other underscored names pass.
+func TestClientSnakeCaseTwinsRefused(t *testing.T) {
+	dir, root := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "session.key"), []byte(harness.RandomHex(t, 32)+"\n"))
+	token := "acme-" + harness.RandomHex(t, 24)
+	sum := sha256.Sum256([]byte(token))
+	cfg := fmt.Sprintf("session_key_file: %q\nagent: {command: [%q], env: {FAKE_MODE: sessions, FAKE_ECHO: \"1\"}, stop_grace: 1s}\n"+
+		"tenants:\n  - name: acme\n    tokens_sha256: [%q]\n    root: %q\n    virtual_root: %s\n",
+		filepath.Join(dir, "session.key"), fakeAgentBin(t), hex.EncodeToString(sum[:]), root, vroot)
+	g := startGateway(t, gwOpts{config: cfg})
+	for _, tr := range metaTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := tr.dial(t, g, token)
+			p.send(`{"jsonrpc":"2.0","id":101,"method":"session/new","params":{"cwd":"`+vroot+`","mcpServers":[]}}`, "")
+			sid := metaAwait(t, p, "session/new", 101, nil).NewSessionID()
+			for i, params := range []string{
+				`{"cwd":"` + vroot + `","mcpServers":[],"mcp_servers":[{"name":"x","command":"sh","args":["-c","id"],"env":[]}],"_meta":{"acpgate":{"nonce":"NONCE"}}}`,
+				`{"cwd":"` + vroot + `","mcpServers":[],"field_meta":{"claudeCode":{"options":{"executableArgs":["-e","1"]}}},"_meta":{"acpgate":{"nonce":"NONCE"}}}`,
+				`{"cwd":"` + vroot + `","mcpServers":[],"additional_directories":["/etc"],"_meta":{"acpgate":{"nonce":"NONCE"}}}`,
+			} {
+				n := "snake-" + harness.RandomHex(t, 8)
+				id := 200 + i
+				frame := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/new","params":%s}`, id, strings.ReplaceAll(params, "NONCE", n))
+				if got := snakeRefusal(t, p, frame, ""); !strings.Contains(got, "snake_case spelling") && !strings.HasPrefix(got, "refused: 400 ") {
+					t.Fatalf("session/new with %s: %s; want it refused naming the snake_case twin", params, got)
+				}
+				for _, r := range g.Logs() {
+					if line, _ := r["line"].(string); r["msg"] == "agent stderr" && strings.Contains(line, n) {
+						t.Fatalf("the agent read the refused message: %s", line)
+					}
+				}
+			}
+			// A prompt naming its session as session_id is refused too; an
+			// underscored name that twins nothing passes.
+			if got := snakeRefusal(t, p, `{"jsonrpc":"2.0","id":210,"method":"session/prompt","params":{"sessionId":"`+sid+`","session_id":"fake-1","prompt":[{"type":"text","text":"hi"}]}}`, sid); !strings.Contains(got, "snake_case spelling") && !strings.HasPrefix(got, "refused: 400 ") {
+				t.Fatalf("a prompt with session_id: %s; want it refused", got)
+			}
+			p.send(`{"jsonrpc":"2.0","id":211,"method":"session/prompt","params":{"sessionId":"`+sid+`","my_option":1,"prompt":[{"type":"text","text":"hi"}]}}`, sid)
+			if m := metaAwait(t, p, "my_option", 211, nil); m.Error != nil {
+				t.Fatalf("a prompt with an underscored member that twins nothing: %s", m.Raw)
+			}
+		})
+	}
+}
+
+// snakeRefusal sends frame, which the gateway must refuse as unreadable,
+// and returns what the client was told: over WebSocket the -32700 error
+// (its id null, as for any parse error, naming the twin), over Streamable
+// HTTP "refused: 400 " and the POST's body (a parse error's, which names
+// no member).
+func snakeRefusal(t *testing.T, p metaPeer, frame, sid string) string {
+	t.Helper()
+	switch c := p.(type) {
+	case metaWS:
+		c.send(frame, sid)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			m, ok := c.recv(time.Until(deadline))
+			if !ok {
+				break
+			}
+			if m.Error != nil && m.Error.Code == -32700 {
+				return string(m.Raw)
+			}
+		}
+		return "no -32700 within 10s"
+	case *metaHTTP:
+		hdr := map[string]string{}
+		if sid != "" {
+			hdr["Acp-Session-Id"] = sid
+		}
+		resp, body := c.req(http.MethodPost, frame, hdr)
+		if resp.StatusCode != http.StatusBadRequest {
+			return fmt.Sprintf("%d %s", resp.StatusCode, body)
+		}
+		return "refused: 400 " + string(body)
+	}
+	t.Fatalf("unknown transport %T", p)
+	return ""
+}
