@@ -475,6 +475,18 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 		}
 		return
 	}
+	if s.gate.Active() {
+		// A load of the session went to the agent while this prompt
+		// waited its turn: the gateway does not know the session's model
+		// and mode until that load is done (establish.go), and this
+		// prompt was checked against what they were before. Unknown is
+		// not allowed.
+		if s.link.take(t.Prompt) {
+			t.Prompt.failWith(jsonrpc.CodeInvalidRequest, "the prompt was not sent: session "+s.GatewayID+
+				" was being loaded again when its turn came, and the gateway checks a prompt against the session's model and mode once a load is done; send it again", nil)
+		}
+		return
+	}
 	blocks := pathrewrite.PromptBlocks(c.ten.mapper.Load(), t.Line) // the tenant's view of the agent's line
 	if refusal := c.refusePrompt(s, blocks, nil); refusal != nil {
 		if s.link.take(t.Prompt) {

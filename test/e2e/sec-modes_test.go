@@ -448,3 +448,53 @@ func TestModeAllowListPermissionOption(t *testing.T) {
 		})
 	}
 }
+
+// A prompt that waited its turn in a shared session while the session's
+// owner sent session/load again is not sent when its turn comes: the load
+// closed the gate, the gateway no longer knows the session's model, and
+// the prompt was checked against the model before it (unknown is not
+// allowed). It gets a clear error; it never reaches the agent during the
+// load.
+func TestModelAllowListQueuedPromptDuringLoad(t *testing.T) {
+	g := modelGateway(t, "allowed-a,forbidden-x", "config", `["allowed-*"]`, `, FAKE_LOAD_DELAY_MS: "1500"`)
+	for attempt := 1; ; attempt++ {
+		owner := dialInit(t, g)
+		sid := owner.newSession(t.TempDir())
+		member := dialInit(t, g)
+		if m := member.Call("session/attach", attachParams(sid, "member", false), turn); m.Error != nil {
+			t.Fatalf("attach: %s", m.Raw)
+		}
+		running := owner.Request("session/prompt", textPrompt(sid, "trickle 1"))
+		if m := owner.Next(5 * time.Second); m.Method != "session/update" { // its first chunk: the turn is on
+			t.Fatalf("the owner's turn: %s", m.Raw)
+		}
+		said := fmt.Sprintf("queued behind the owner's turn, attempt %d", attempt)
+		queued := member.Request("session/prompt", textPrompt(sid, said))
+		time.Sleep(300 * time.Millisecond) // the member's prompt waits its turn before the load goes
+		held := g.CountLogs("held until the session is established", "method", "session/prompt")
+		load := owner.Request("session/load", loadParams(sid))
+		owner.Await(load, 15*time.Second, func(m rpcMsg) {
+			if m.IsResponseTo(running) && m.Error != nil {
+				t.Errorf("the owner's turn: %s", m.Raw)
+			}
+		})
+		m := member.Await(queued, 15*time.Second, func(rpcMsg) {})
+		if m.Error == nil && g.CountLogs("held until the session is established", "method", "session/prompt") > held && attempt < 3 {
+			// The member's prompt reached the gateway after the load after
+			// all (a loaded machine): the gate held it, rightly, and it
+			// ran once the load was done. Try again.
+			owner.Close()
+			member.Close()
+			continue
+		}
+		if m.Error == nil || !strings.Contains(m.Error.Message, "was being loaded again when its turn came") {
+			t.Fatalf("the queued prompt: %s; want it refused while the load runs", m.Raw)
+		}
+		for _, r := range g.Logs() {
+			if line, _ := r["line"].(string); r["msg"] == "agent stderr" && strings.HasSuffix(line, " "+said) {
+				t.Fatalf("the agent got the queued prompt: %s", line)
+			}
+		}
+		return
+	}
+}
