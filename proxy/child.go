@@ -75,6 +75,12 @@ func (l *procLink) sessionFor(s *Session, c *Conn, sid string, create bool) *Ses
 // addChild makes sid a child session of parent, held by c (its owner).
 // nil: the parent has ended, or sid was taken meanwhile.
 func (l *procLink) addChild(parent *Session, c *Conn, sid string) *Session {
+	// A child is made as a create is: never of a session the gateway
+	// knows (an agent told to announce another's session as its child).
+	if known := l.knownElsewhere(c, sid); known != "" {
+		c.log.Warn("a subagent's child names a session the gateway knows; not routed", "parent", parent.GatewayID, "known", known)
+		return nil
+	}
 	k := newSession(l, c, sessionid.Opened{Agent: sid, Subject: parent.subject}, "", parent.cwd, nil)
 	k.parent = parent
 	l.mu.Lock()

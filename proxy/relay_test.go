@@ -53,6 +53,9 @@ func TestMain(m *testing.M) {
 	case "traced-v2":
 		tracedV2Agent()
 		os.Exit(0)
+	case "child-steal":
+		childStealAgent()
+		os.Exit(0)
 	case "init-error":
 		var req struct {
 			ID json.RawMessage `json:"id"`

@@ -210,16 +210,8 @@ func (l *procLink) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, sl
 // another subject (access.Owners). Then nothing is registered, nobody is
 // disturbed, and known says which it was.
 func (l *procLink) addCreated(c *Conn, sid, cwd string, h *hold) (s *Session, known string) {
-	if owner := c.relay.owners.Of(c.scope, sid); owner != "" && owner != c.subject {
-		return nil, "made by another subject"
-	}
-	for _, other := range l.ag.linkList() {
-		if other == l {
-			continue
-		}
-		if held, _ := other.session([]byte(sid)); held != nil && (!l.ag.isolate || held.ten.name == c.ten.name) {
-			return nil, "live on another process"
-		}
+	if known := l.knownElsewhere(c, sid); known != "" {
+		return nil, known
 	}
 	id := sessionid.Opened{Agent: sid, Subject: c.subject}
 	l.mu.Lock()
@@ -233,6 +225,26 @@ func (l *procLink) addCreated(c *Conn, sid, cwd string, h *hold) (s *Session, kn
 	s.slot.Commit()
 	c.relay.owners.Note(c.scope, sid, c.subject) // for session/list
 	return s, ""
+}
+
+// knownElsewhere says why sid, an agent session this process names as new
+// (a create's answer, a subagent's child), is one the gateway already
+// knows beyond this process ("": it is not): recorded as made by another
+// subject than c's, or live on another process of the agent for c's tenant
+// (any tenant's where tenants share processes).
+func (l *procLink) knownElsewhere(c *Conn, sid string) string {
+	if owner := c.relay.owners.Of(c.scope, sid); owner != "" && owner != c.subject {
+		return "made by another subject"
+	}
+	for _, other := range l.ag.linkList() {
+		if other == l {
+			continue
+		}
+		if held, _ := other.session([]byte(sid)); held != nil && (!l.ag.isolate || held.ten.name == c.ten.name) {
+			return "live on another process"
+		}
+	}
+	return ""
 }
 
 // removeSession forgets s (it has ended) and reports whether it was still
