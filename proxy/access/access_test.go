@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -110,13 +111,16 @@ func TestOwnersPerTenant(t *testing.T) {
 // session used since (a load) stays, and its maker with it.
 func TestOwnersRetention(t *testing.T) {
 	const retention = time.Hour
-	now := time.Unix(1_800_000_000, 0)
-	clock := func() time.Time { return now }
+	// The clock is read by the owners file's writer goroutine too.
+	var nowNs atomic.Int64
+	setNow := func(t time.Time) { nowNs.Store(t.UnixNano()) }
+	clock := func() time.Time { return time.Unix(0, nowNs.Load()) }
+	setNow(time.Unix(1_800_000_000, 0))
 	cfg := OwnersConfig{Retention: retention, Now: clock}
 
 	mem := NewOwners(cfg)
 	mem.Note("acme", "old", "token:alice")
-	now = now.Add(retention + time.Second)
+	setNow(clock().Add(retention + time.Second))
 	if got := mem.Of("acme", "old"); got != "" {
 		t.Errorf("memory: an owner unused for longer than the retention: %q", got)
 	}
@@ -125,7 +129,7 @@ func TestOwnersRetention(t *testing.T) {
 		t.Errorf("memory: the maker after the retention: %q", got)
 	}
 
-	now = time.Unix(1_800_000_000, 0)
+	setNow(time.Unix(1_800_000_000, 0))
 	path := filepath.Join(t.TempDir(), "owners.db")
 	o, err := OpenOwners(path, nil, cfg)
 	if err != nil {
@@ -144,12 +148,12 @@ func TestOwnersRetention(t *testing.T) {
 	// Half the retention later, Alice loads her session: a use; and an
 	// eighth later, she ends it: a use too soon after the last for Note
 	// to write it, written at Close.
-	now = now.Add(retention / 2)
+	setNow(clock().Add(retention / 2))
 	if o, err = OpenOwners(path, nil, cfg); err != nil {
 		t.Fatal(err)
 	}
 	o.Note("acme", "kept", "token:alice")
-	now = now.Add(retention / 8)
+	setNow(clock().Add(retention / 8))
 	o.Note("acme", "kept", "token:alice")
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
@@ -157,7 +161,7 @@ func TestOwnersRetention(t *testing.T) {
 
 	// Past the retention of the churn and of Alice's load, not of her
 	// last use.
-	now = now.Add(retention - retention/16)
+	setNow(clock().Add(retention - retention/16))
 	if o, err = OpenOwners(path, nil, cfg); err != nil {
 		t.Fatal(err)
 	}
