@@ -1,10 +1,8 @@
 package policy
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
@@ -29,9 +27,6 @@ type MetaPolicy struct {
 
 // MetaAlways are the _meta keys that pass whatever the allow-list says.
 var MetaAlways = []string{"traceparent", "tracestate", "acpgate"}
-
-// maxMetaPattern bounds the length of one allow-list pattern.
-const maxMetaPattern = 256
 
 // Allows reports whether a client's _meta member key reaches the agent.
 func (m MetaPolicy) Allows(key []byte) bool {
@@ -76,22 +71,7 @@ func (m MetaPolicy) MetaWarning() string {
 		"servers past policy.mcp (mcpServers, extraArgs)"
 }
 
-func validateMetaPattern(pat string) error {
-	switch {
-	case pat == "":
-		return fmt.Errorf("an empty pattern matches no key")
-	case len(pat) > maxMetaPattern:
-		return fmt.Errorf("%q…: longer than %d bytes", pat[:32], maxMetaPattern)
-	case !utf8.ValidString(pat):
-		return fmt.Errorf("%q: not valid UTF-8", pat)
-	}
-	for _, r := range pat {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%q: control characters are not allowed", pat)
-		}
-	}
-	return nil
-}
+func validateMetaPattern(pat string) error { return validatePattern(pat, "key") }
 
 // MetaFilter removes what a policy does not allow from a client's _meta
 // (MetaPolicy). One is kept per client reader: it reuses its buffers and

@@ -20,8 +20,8 @@ type ModelPolicy struct {
 	Allow []string `yaml:"allow"`
 }
 
-// maxModelPattern bounds the length of one allow-list pattern.
-const maxModelPattern = 256
+// maxPattern bounds the length of one allow-list pattern.
+const maxPattern = 256
 
 // Restricts reports whether the list limits the models at all.
 func (m ModelPolicy) Restricts() bool { return m.Allow != nil }
@@ -60,12 +60,16 @@ func (m ModelPolicy) Describe() string {
 	return b.String()
 }
 
-func validateModelPattern(pat string) error {
+func validateModelPattern(pat string) error { return validatePattern(pat, "model") }
+
+// validatePattern checks one allow-list pattern (models, modes, _meta
+// keys); what names what it matches, for the error.
+func validatePattern(pat, what string) error {
 	switch {
 	case pat == "":
-		return fmt.Errorf("an empty pattern matches no model")
-	case len(pat) > maxModelPattern:
-		return fmt.Errorf("%q…: longer than %d bytes", pat[:32], maxModelPattern)
+		return fmt.Errorf("an empty pattern matches no %s", what)
+	case len(pat) > maxPattern:
+		return fmt.Errorf("%q…: longer than %d bytes", pat[:32], maxPattern)
 	case !utf8.ValidString(pat):
 		return fmt.Errorf("%q: not valid UTF-8", pat)
 	}
