@@ -20,6 +20,7 @@ import (
 	"io"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -512,36 +513,46 @@ func checkCaseTwin(fields map[string]*Spec, name []byte) error {
 }
 
 // checkSnakeTwin reports a name that is the snake_case spelling of one of
-// fields' names (see Scanner.SnakeTwins). Only names with an underscore get
-// here, and only those the Spec does not locate: rare, so its allocation is
-// of no account.
+// fields' names (see Scanner.SnakeTwins). Only names with an underscore
+// that the Spec does not locate get here; the comparison allocates nothing.
 func checkSnakeTwin(fields map[string]*Spec, name []byte) error {
 	for n := range fields {
-		if snake := snakeCase(n); snake != n && strings.EqualFold(string(name), snake) {
+		if snakeTwin(name, n) {
 			return fmt.Errorf("member name %q is the snake_case spelling of %q; some peers read them as one", name, n)
 		}
 	}
 	return nil
 }
 
-// snakeCase spells an ACP member name as Python models name its field:
-// camelCase words joined by underscores, a leading underscore as "field_"
-// ("_meta" is field_meta).
-func snakeCase(n string) string {
-	var b strings.Builder
+// snakeTwin reports whether name is n as Python models name its field,
+// case folded: camelCase words joined by underscores, a leading underscore
+// as "field_" ("_meta" is field_meta). A name n spells the same either way
+// ("cwd") is no twin.
+func snakeTwin(name []byte, n string) bool {
+	i, differs := 0, false
 	if strings.HasPrefix(n, "_") {
-		b.WriteString("field")
+		if len(name) < 5 || !strings.EqualFold(string(name[:5]), "field") {
+			return false
+		}
+		i, differs = 5, true
 	}
-	for i, r := range n {
+	for _, r := range n {
 		if unicode.IsUpper(r) {
 			if i > 0 {
-				b.WriteByte('_')
+				if i >= len(name) || name[i] != '_' {
+					return false
+				}
+				i++
+				differs = true
 			}
-			r = unicode.ToLower(r)
 		}
-		b.WriteRune(r)
+		c, size := utf8.DecodeRune(name[i:])
+		if i >= len(name) || unicode.ToLower(c) != unicode.ToLower(r) {
+			return false
+		}
+		i += size
 	}
-	return b.String()
+	return differs && i == len(name)
 }
 
 func caseTwinError(name []byte, twin string) error {

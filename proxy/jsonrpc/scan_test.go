@@ -753,9 +753,16 @@ func unsafeStringData(s string) *byte { return unsafe.StringData(s) }
 // other underscored names pass, and without SnakeTwins (agents' messages)
 // nothing changes.
 func TestSnakeTwins(t *testing.T) {
-	for n, want := range map[string]string{"sessionId": "session_id", "mcpServers": "mcp_servers", "_meta": "field_meta", "cwd": "cwd", "additionalDirectories": "additional_directories"} {
-		if got := snakeCase(n); got != want {
-			t.Errorf("snakeCase(%q) = %q, want %q", n, got, want)
+	for _, c := range []struct {
+		name, field string
+		twin        bool
+	}{
+		{"session_id", "sessionId", true}, {"MCP_SERVERS", "mcpServers", true}, {"field_meta", "_meta", true},
+		{"additional_directories", "additionalDirectories", true}, {"cwd", "cwd", false}, {"sessionid", "sessionId", false},
+		{"session_idx", "sessionId", false}, {"session_i", "sessionId", false}, {"fiel", "_meta", false}, {"field_met", "_meta", false},
+	} {
+		if got := snakeTwin([]byte(c.name), c.field); got != c.twin {
+			t.Errorf("snakeTwin(%q, %q) = %v, want %v", c.name, c.field, got, c.twin)
 		}
 	}
 	spec := &Spec{Fields: map[string]*Spec{"sessionId": {Kind: 1, Label: "sessionId"}, "_meta": {Kind: 2, Label: "_meta"}}}
