@@ -268,6 +268,21 @@ func metaSuite(t *testing.T, global, agentPolicy string, tenants []metaTenant) {
 	}
 }
 
+// echoTenantGateway is a gateway whose one tenant, acme, runs the fake
+// agent logging every line it reads (FAKE_ECHO), and acme's token.
+func echoTenantGateway(t *testing.T) (*gateway, string) {
+	t.Helper()
+	dir, root := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "session.key"), []byte(harness.RandomHex(t, 32)+"\n"))
+	token := "acme-" + harness.RandomHex(t, 24)
+	sum := sha256.Sum256([]byte(token))
+	cfg := fmt.Sprintf("session_key_file: %q\nagent: {command: [%q], env: {FAKE_MODE: sessions, FAKE_ECHO: \"1\"}, stop_grace: 1s}\n"+
+		"tenants:\n  - name: acme\n    tokens_sha256: [%q]\n    root: %q\n    virtual_root: %s\n",
+		filepath.Join(dir, "session.key"), fakeAgentBin(t), hex.EncodeToString(sum[:]), root, vroot)
+	g := startGateway(t, gwOpts{config: cfg})
+	return g, token
+}
+
 // TestClientMessageStaysOneLine: the agent reads one message a line, and
 // JSON allows line breaks between tokens. A client's pretty-printed
 // prompt hides a whole session/new (with _meta.claudeCode) on a line of
@@ -277,14 +292,7 @@ func metaSuite(t *testing.T, global, agentPolicy string, tenants []metaTenant) {
 // request as a message of its own (and answered it). Over WebSocket and
 // Streamable HTTP.
 func TestClientMessageStaysOneLine(t *testing.T) {
-	dir, root := t.TempDir(), t.TempDir()
-	writeFile(t, filepath.Join(dir, "session.key"), []byte(harness.RandomHex(t, 32)+"\n"))
-	token := "acme-" + harness.RandomHex(t, 24)
-	sum := sha256.Sum256([]byte(token))
-	cfg := fmt.Sprintf("session_key_file: %q\nagent: {command: [%q], env: {FAKE_MODE: sessions, FAKE_ECHO: \"1\"}, stop_grace: 1s}\n"+
-		"tenants:\n  - name: acme\n    tokens_sha256: [%q]\n    root: %q\n    virtual_root: %s\n",
-		filepath.Join(dir, "session.key"), fakeAgentBin(t), hex.EncodeToString(sum[:]), root, vroot)
-	g := startGateway(t, gwOpts{config: cfg})
+	g, token := echoTenantGateway(t)
 	for _, tr := range metaTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			p := tr.dial(t, g, token)
@@ -368,14 +376,7 @@ func TestClientMetaReload(t *testing.T) {
 // snake_case twin of a field the gateway reads is refused as a duplicate is
 // (-32700), and the agent never reads it; other underscored names pass.
 func TestClientSnakeCaseTwinsRefused(t *testing.T) {
-	dir, root := t.TempDir(), t.TempDir()
-	writeFile(t, filepath.Join(dir, "session.key"), []byte(harness.RandomHex(t, 32)+"\n"))
-	token := "acme-" + harness.RandomHex(t, 24)
-	sum := sha256.Sum256([]byte(token))
-	cfg := fmt.Sprintf("session_key_file: %q\nagent: {command: [%q], env: {FAKE_MODE: sessions, FAKE_ECHO: \"1\"}, stop_grace: 1s}\n"+
-		"tenants:\n  - name: acme\n    tokens_sha256: [%q]\n    root: %q\n    virtual_root: %s\n",
-		filepath.Join(dir, "session.key"), fakeAgentBin(t), hex.EncodeToString(sum[:]), root, vroot)
-	g := startGateway(t, gwOpts{config: cfg})
+	g, token := echoTenantGateway(t)
 	for _, tr := range metaTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			p := tr.dial(t, g, token)
