@@ -146,6 +146,16 @@ func (s *Session) childList() []*Session {
 	return slices.Clone(s.children)
 }
 
+// forgetChild takes k, a child of s that has ended, out of s's children:
+// the agent announces children as it likes, and a long-lived parent would
+// otherwise keep every one it ever had (and hand ended ones to attaching
+// clients).
+func (s *Session) forgetChild(k *Session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.children = slices.DeleteFunc(s.children, func(c *Session) bool { return c == k })
+}
+
 // takeChildren takes the child sessions of s (it is ending).
 func (s *Session) takeChildren() []*Session {
 	s.mu.Lock()

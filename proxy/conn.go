@@ -484,13 +484,14 @@ func (cr *clientReader) checkPolicy(m *jsonrpc.Message) bool {
 func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ []jsonrpc.Edit, ok bool) {
 	c := cr.c
 	cr.metaEmptied = false
-	if acp.MetaIndex(m) < 0 {
+	mi := acp.MetaIndex(m)
+	if mi < 0 {
 		return edits, true // the common case: nothing to look up
 	}
 	out, res, err := cr.meta.Edits(edits, m, c.ten.policy(c.ag.name).Meta)
 	if err != nil {
 		if m.Kind == jsonrpc.KindResponse {
-			f := m.Fields[acp.MetaIndex(m)]
+			f := m.Fields[mi]
 			c.log.Debug("a client's answer had a _meta that is not an object; sent with {}", "method", cr.answerMethod(m))
 			return append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: []byte("{}")}), true
 		}

@@ -115,7 +115,7 @@ func (cr *clientReader) holdBack(m *jsonrpc.Message) bool {
 	n := len(m.Raw)
 	if !c.queuedBytes.Hold(int64(n)) {
 		if m.Kind == jsonrpc.KindRequest {
-			c.replyError(m.ID, codeBusy, fmt.Sprintf("this connection's messages waiting for sessions would pass %d MiB; try again when one has run", c.queuedBytes.Max>>20), nil)
+			c.replyError(m.ID, codeBusy, "this connection's messages waiting for sessions would pass "+sizeText(c.queuedBytes.Max)+"; try again when one has run", nil)
 		}
 		return true
 	}

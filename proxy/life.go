@@ -192,6 +192,9 @@ func (e *ending) run() {
 	for _, k := range s.takeChildren() {
 		k.end(endParentEnded, e.by)
 	}
+	if s.parent != nil { // a child that ends on its own leaves its parent's list
+		s.parent.forgetChild(s)
+	}
 	if steps.onAgent && current && s.parent == nil { // a child is the agent's to end
 		params := acp.SessionIDObject(s.AgentID)
 		if e.running && e.cause != endAdmin { // EndSession has cancelled its turn already
