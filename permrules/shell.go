@@ -84,9 +84,11 @@ func allowable(title string, sc *scope) bool {
 
 // plainWord reports whether one word of an allowable title is: no ".."
 // segment once quotes and escapes are dropped (nor ".?", ".*", ".[",
-// ".{", which a shell may expand to ".."); and, if it holds a '/', no
-// character a shell expands, and the path after its last '=' (relative
-// ones taken from the session's cwd) inside the root resolves to itself.
+// ".{", which a shell may expand to ".."); no "~" or "$" in a bare word,
+// and a bare word the shell takes as it is names, from the session's cwd,
+// a path that resolves to itself; and, if it holds a '/', no character a
+// shell expands, and the path after its last '=' (relative ones taken from
+// the session's cwd) inside the root resolves to itself.
 func plainWord(w string, sc *scope) bool {
 	for part := range strings.FieldsFuncSeq(unquote(w), func(r rune) bool { return r == '/' || r == '=' || r == ':' }) {
 		if len(part) >= 2 && part[0] == '.' && strings.IndexByte(".?*[{", part[1]) >= 0 {
@@ -94,6 +96,15 @@ func plainWord(w string, sc *scope) bool {
 		}
 	}
 	if strings.IndexByte(w, '/') < 0 {
+		// A bare word is a path too: "notes" may be a link out of the
+		// root, and "~" or "$HOME" names one the shell expands.
+		if strings.HasPrefix(w, "~") || strings.Contains(w, "$") {
+			return false
+		}
+		if p := w[strings.LastIndexByte(w, '=')+1:]; p != "" && sc.m != nil && path.IsAbs(sc.cwd) &&
+			!strings.ContainsAny(p, `*?[]{}$'"\`) {
+			return sc.plain(path.Join(sc.cwd, p))
+		}
 		return true
 	}
 	if strings.ContainsAny(w, `*?[]{}~$'"\`) {

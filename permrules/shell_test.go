@@ -574,3 +574,32 @@ func BenchmarkMatchDecideDeep(b *testing.B) {
 		}
 	}
 }
+
+// A bare word of an allowed title is a path too, from the session's cwd:
+// "cat notes" where notes links out of the root, "cat ~" and "cat $HOME"
+// never match an allow rule; a bare word naming nothing, or a plain file,
+// still does.
+func TestBareWordsResolved(t *testing.T) {
+	m := repo(t)
+	if err := os.Symlink("/etc/passwd", filepath.Join(m.Root(), "notes")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.Root(), "todo.txt"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Compile([]Rule{{Title: "`cat *`", Decide: Allow}}, m, "permissions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for title, want := range map[string]string{
+		"`cat notes`":    "",
+		"`cat ~`":        "",
+		"`cat $HOME`":    "",
+		"`cat todo.txt`": Allow,
+		"`cat missing`":  Allow,
+	} {
+		if v := l.Decide(req(nil, title), "/workspace"); v.Decide != want {
+			t.Errorf("%s: %q by %s, want %q", title, v.Decide, v.Rule, want)
+		}
+	}
+}
