@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/acpgate/acpgate/gateway/config"
@@ -19,8 +20,9 @@ import (
 type agentCreds struct {
 	log *slog.Logger
 
-	mu   sync.Mutex
-	vals map[string]map[string]string // tenant → variable → value
+	mu      sync.Mutex
+	vals    map[string]map[string]string // tenant → variable → value
+	retired map[string]bool              // values a reload replaced: agents started before it may still hold them
 }
 
 // newAgentCreds reads cfg's credentials; any that cannot be read is an
@@ -83,8 +85,18 @@ func (c *agentCreds) read(cfg *config.Config) (next map[string]map[string]string
 // set makes next the credentials agents start with from now on.
 func (c *agentCreds) set(next map[string]map[string]string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, vars := range c.vals {
+		for k, v := range vars {
+			if next[t][k] != v {
+				if c.retired == nil {
+					c.retired = map[string]bool{}
+				}
+				c.retired[v] = true
+			}
+		}
+	}
 	c.vals = next
-	c.mu.Unlock()
 }
 
 // of returns a copy of tenant's credentials (nil: none).
@@ -97,13 +109,22 @@ func (c *agentCreds) of(tenant string) map[string]string {
 	return maps.Clone(c.vals[tenant])
 }
 
-// all returns a copy of every tenant's credentials.
+// all returns a copy of every tenant's credentials, and under "(retired)"
+// every value a reload replaced: a process started before still holds it
+// in its environment, so the redactor must know it for the gateway's life.
 func (c *agentCreds) all() map[string]map[string]string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]map[string]string, len(c.vals))
+	out := make(map[string]map[string]string, len(c.vals)+1)
 	for t, v := range c.vals {
 		out[t] = maps.Clone(v)
+	}
+	if len(c.retired) > 0 {
+		r := make(map[string]string, len(c.retired))
+		for v := range c.retired {
+			r[strconv.Itoa(len(r))] = v
+		}
+		out["(retired)"] = r
 	}
 	return out
 }

@@ -147,3 +147,25 @@ func TestAgentCredsReload(t *testing.T) {
 		t.Errorf("removed: %v, %v", changed, err)
 	}
 }
+
+// A credential two reloads replaced is still one the redactor gets: an
+// agent started before the first still holds it in its environment.
+func TestAgentCredsKeepRetired(t *testing.T) {
+	c := &agentCreds{vals: map[string]map[string]string{"acme": {"KEY": "old-secret-1"}}}
+	c.set(map[string]map[string]string{"acme": {"KEY": "new-secret-2"}})
+	c.set(map[string]map[string]string{"acme": {"KEY": "new-secret-3"}})
+	var values []string
+	for _, vars := range c.all() {
+		for _, v := range vars {
+			values = append(values, v)
+		}
+	}
+	for _, want := range []string{"old-secret-1", "new-secret-2", "new-secret-3"} {
+		if !slices.Contains(values, want) {
+			t.Errorf("all() = %q lacks %q", values, want)
+		}
+	}
+	if got := c.of("acme")["KEY"]; got != "new-secret-3" {
+		t.Errorf("acme's credential %q, want the newest", got)
+	}
+}
