@@ -123,18 +123,6 @@ type located struct {
 	hasMode bool
 }
 
-// carries reports whether m has a selector field located: the cost of a
-// message without selectors is one pass over its few fields.
-func carries(m *jsonrpc.Message) bool {
-	for i := range m.Fields {
-		switch m.Fields[i].Label {
-		case acp.LabelConfigOptions, acp.LabelModels, acp.LabelModes, acp.LabelCurrentModeID:
-			return true
-		}
-	}
-	return false
-}
-
 // locate finds the selector fields among m's located fields; false: none.
 func locate(m *jsonrpc.Message) (l located, any bool) {
 	for _, f := range m.Fields {
@@ -382,7 +370,7 @@ func (s *Seen) Edits(m *jsonrpc.Message, ls Lists, edits []jsonrpc.Edit) []jsonr
 // a model's, then a mode's), or an error when the agent offers no allowed
 // one (the session is refused).
 func (s *Seen) Answer(m *jsonrpc.Message, ls Lists, establishes bool, sid string, edits []jsonrpc.Edit) ([]jsonrpc.Edit, *Switch, error) {
-	if m.IsError || !carries(m) {
+	if m.IsError {
 		return edits, nil, nil
 	}
 	l, any := locate(m)

@@ -25,13 +25,10 @@ type MetaPolicy struct {
 	Allow []string `yaml:"allow"`
 }
 
-// MetaAlways are the _meta keys that pass whatever the allow-list says.
-var MetaAlways = []string{"traceparent", "tracestate", "acpgate"}
-
 // Allows reports whether a client's _meta member key reaches the agent.
 func (m MetaPolicy) Allows(key []byte) bool {
 	switch string(key) {
-	case "traceparent", "tracestate", "acpgate":
+	case "traceparent", "tracestate", "acpgate": // pass whatever the list says
 		return true
 	}
 	for _, pat := range m.Allow {
