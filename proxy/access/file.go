@@ -205,7 +205,8 @@ func (f *ownersFile) write() {
 			b := tx.Bucket(ownersBucket)
 			for _, e := range batch {
 				subject, used := e.subject, e.used
-				if old, oldUsed, legacy := decodeOwner(b.Get(e.k.bytes())); old != "" && old != subject && (legacy || now.Sub(time.Unix(oldUsed, 0)) <= f.cfg.retention()) {
+				// (no legacy record is left: OpenOwners's prune stamped them)
+				if old, oldUsed, _ := decodeOwner(b.Get(e.k.bytes())); old != "" && old != subject && now.Sub(time.Unix(oldUsed, 0)) <= f.cfg.retention() {
 					subject = old // a session's maker never changes while it is remembered
 				}
 				if err := b.Put(e.k.bytes(), encodeOwner(subject, used)); err != nil {
@@ -304,15 +305,11 @@ func (f *ownersFile) compact() error {
 	return nil
 }
 
-// get is the record of k (subject "": none); a record of before last uses
-// was used now.
-func (f *ownersFile) get(k ownerKey, now time.Time) (subject string, used int64) {
+// get is the record of k (subject "": none). Records of before last uses
+// were all stamped by the prune OpenOwners runs before any get.
+func (f *ownersFile) get(k ownerKey) (subject string, used int64) {
 	err := f.db.View(func(tx *bolt.Tx) error {
-		var legacy bool
-		subject, used, legacy = decodeOwner(tx.Bucket(ownersBucket).Get(k.bytes()))
-		if legacy {
-			used = now.Unix()
-		}
+		subject, used, _ = decodeOwner(tx.Bucket(ownersBucket).Get(k.bytes()))
 		return nil
 	})
 	if err != nil {

@@ -141,7 +141,7 @@ func (o *Owners) Of(scope, agentSID string) string {
 	if ok || noFile {
 		return subject
 	}
-	subject, used := o.file.get(ownerKey{scope, agentSID}, now)
+	subject, used := o.file.get(ownerKey{scope, agentSID})
 	if subject == "" || o.expired(used, now) {
 		return ""
 	}
