@@ -92,15 +92,8 @@ func (t *auditTrail) adminDenied(r *http.Request, reason string) {
 // failed (404, 400, 503…): method, path (bounded, without its query),
 // status and who. Throttled as the refusals are, by remote host.
 func (t *auditTrail) adminFailed(r *http.Request, subject string, status int) {
-	if !t.on() {
-		return
-	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	t.adminFailures.Record(audit.Event{Subject: subject, Fields: []audit.Field{audit.F("method", r.Method),
-		audit.F("path", boundedPath(r.URL.Path)), audit.F("status", status), audit.F("remote", r.RemoteAddr)}}, host, r.RemoteAddr)
+	t.throttled(t.adminFailures, r, audit.Event{Subject: subject, Fields: []audit.Field{audit.F("method", r.Method),
+		audit.F("path", boundedPath(r.URL.Path)), audit.F("status", status), audit.F("remote", r.RemoteAddr)}})
 }
 
 // openAudit opens the audit trail (recording nothing when audit.file is
@@ -185,6 +178,11 @@ func (t *auditTrail) close() error {
 // address cannot crowd the trail's other events out, nor another
 // address's, and what it holds back is written as a suppressed event.
 func (t *auditTrail) refusal(th *audit.Throttle, r *http.Request, fields ...audit.Field) {
+	t.throttled(th, r, audit.Event{Fields: fields})
+}
+
+// throttled records ev through th, by the request's remote host.
+func (t *auditTrail) throttled(th *audit.Throttle, r *http.Request, ev audit.Event) {
 	if !t.on() {
 		return
 	}
@@ -192,7 +190,7 @@ func (t *auditTrail) refusal(th *audit.Throttle, r *http.Request, fields ...audi
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	th.Record(audit.Event{Fields: fields}, host, r.RemoteAddr)
+	th.Record(ev, host, r.RemoteAddr)
 }
 
 // configReloaded records config.reloaded for a reload from cur to next
