@@ -61,7 +61,7 @@ func (r *Relay) Resume(tenant, subject, agent, token string, received int64) (*C
 	r.mu.Unlock()
 	switch {
 	case c == nil:
-		if inst, _, ok := strings.Cut(token, "."); ok && inst != r.instance && len(inst) == len(r.instance) {
+		if inst, _, ok := strings.Cut(token, "."); ok && inst != r.instance && (r.named || len(inst) == len(r.instance)) {
 			r.refused(metrics.RefusedOtherReplica)
 		} else {
 			r.refused(metrics.RefusedUnknown)

@@ -88,6 +88,9 @@ type Config struct {
 	// IDs; every key opens IDs, so old keys can be kept during rotation.
 	SessionKeyFile  string   `yaml:"session_key_file"`
 	SessionKeyFiles []string `yaml:"session_key_files"`
+	// Cluster makes the gateway a replica that serves any session (nil:
+	// alone, or behind a balancer with affinity).
+	Cluster *Cluster `yaml:"cluster"`
 }
 
 // Tenant is one customer of the gateway.
@@ -652,6 +655,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	c.validateAudit(add)
 	c.validateTracing(add)
 	c.validateBudgets(add)
+	c.validateCluster(add)
 	return ps
 }
 
