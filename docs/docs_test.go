@@ -1,0 +1,185 @@
+// Package docs holds the tests of the repository's Markdown: every relative
+// link resolves, and every #anchor names a heading (or an <a id>) of the
+// file it points into.
+package docs
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// linkedDocs are the documents whose links are checked, relative to the
+// repository's root (globs allowed).
+var linkedDocs = []string{
+	"README.md", "SECURITY.md", "BENCHMARKS.md", "deploy/README.md",
+	"docs/*.md", "docs/benchmarks/*.md",
+}
+
+var (
+	linkRE    = regexp.MustCompile(`\]\(([^()\s]+)(?:\s+"[^"]*")?\)`)
+	codeRE    = regexp.MustCompile("`+[^`]*`+")
+	headingRE = regexp.MustCompile(`^(#{1,6})\s+(.+?)\s*#*\s*$`)
+	idRE      = regexp.MustCompile(`<a\s+(?:id|name)="([^"]+)"`)
+	schemeRE  = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*:`)
+)
+
+// slug is the anchor GitHub gives a heading: its text lowercased, inline
+// link targets dropped, punctuation other than - and _ removed, spaces
+// turned to -.
+func slug(heading string) string {
+	heading = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`).ReplaceAllString(heading, "$1")
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r > 127 && isLetter(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func isLetter(r rune) bool { return strings.ToUpper(string(r)) != strings.ToLower(string(r)) }
+
+// prose returns the lines of md outside fenced code blocks, each with its
+// 1-based line number.
+func prose(md string) (lines []string, numbers []int) {
+	fence := ""
+	for i, l := range strings.Split(md, "\n") {
+		t := strings.TrimLeft(l, " ")
+		if fence != "" {
+			if strings.HasPrefix(t, fence) {
+				fence = ""
+			}
+			continue
+		}
+		if strings.HasPrefix(t, "```") || strings.HasPrefix(t, "~~~") {
+			fence = t[:3]
+			continue
+		}
+		lines, numbers = append(lines, l), append(numbers, i+1)
+	}
+	return lines, numbers
+}
+
+// anchors are the anchors of a Markdown file, as GitHub makes them: one
+// per heading (a repeated one gets -1, -2, ...) and one per <a id>.
+func anchors(md string) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	lines, _ := prose(md)
+	for _, l := range lines {
+		for _, m := range idRE.FindAllStringSubmatch(l, -1) {
+			out[m[1]] = true
+		}
+		m := headingRE.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		s := slug(m[2])
+		if n := seen[s]; n > 0 {
+			out[s+"-"+strconv.Itoa(n)] = true
+		} else {
+			out[s] = true
+		}
+		seen[s]++
+	}
+	return out
+}
+
+func TestSlug(t *testing.T) {
+	for in, want := range map[string]string{
+		"Resume after a drop":                                            "resume-after-a-drop",
+		"Reloading (SIGHUP)":                                             "reloading-sighup",
+		"claude-code-acp and `_meta`":                                    "claude-code-acp-and-_meta",
+		"Metrics, probes, logs, drain and reload":                        "metrics-probes-logs-drain-and-reload",
+		"The stream side by side with 99b340a, after issues #36 and #37": "the-stream-side-by-side-with-99b340a-after-issues-36-and-37",
+		"See [the guide](docs/x.md) now":                                 "see-the-guide-now",
+	} {
+		if got := slug(in); got != want {
+			t.Errorf("slug(%q) = %q, want %q", in, got, want)
+		}
+	}
+	a := anchors("# A\n## A\n```\n# B\n```\n<a id=\"c\"></a>text\n")
+	if !a["a"] || !a["a-1"] || a["b"] || !a["c"] {
+		t.Errorf("anchors = %v, want a, a-1 and c, not b (in a fence)", a)
+	}
+}
+
+// TestLinks checks that every relative link of the documents resolves:
+// the file or directory exists, and an #anchor into a Markdown file names
+// one of its headings.
+func TestLinks(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, g := range linkedDocs {
+		m, err := filepath.Glob(filepath.Join(root, g))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	for _, must := range []string{"README.md", "docs/configuration.md", "docs/operations.md", "docs/protocol.md", "deploy/README.md"} {
+		if !slices.Contains(files, filepath.Join(root, must)) {
+			t.Errorf("%s is missing", must)
+		}
+	}
+	cache := map[string]map[string]bool{}
+	anchorsOf := func(path string) map[string]bool {
+		if a, ok := cache[path]; ok {
+			return a
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache[path] = anchors(string(b))
+		return cache[path]
+	}
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		lines, numbers := prose(string(b))
+		for i, l := range lines {
+			for _, m := range linkRE.FindAllStringSubmatch(codeRE.ReplaceAllString(l, ""), -1) {
+				target := m[1]
+				if schemeRE.MatchString(target) || strings.HasPrefix(target, "//") {
+					continue
+				}
+				checked++
+				path, anchor, _ := strings.Cut(target, "#")
+				dest := f
+				if path != "" {
+					dest = filepath.Join(filepath.Dir(f), filepath.FromSlash(path))
+				}
+				if r, err := filepath.Rel(root, dest); err != nil || strings.HasPrefix(r, "..") {
+					t.Errorf("%s:%d: %s leads out of the repository", rel, numbers[i], target)
+					continue
+				}
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s:%d: %s: no such file or directory", rel, numbers[i], target)
+					continue
+				}
+				if anchor != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[anchor] {
+					t.Errorf("%s:%d: %s: no heading or <a id> %q in %s", rel, numbers[i], target, anchor, filepath.Base(dest))
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Errorf("only %d relative links checked in %d files: the link pattern no longer matches", checked, len(files))
+	}
+}
