@@ -4,6 +4,7 @@
 package docs
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/acpgate/acpgate/gateway/config"
 )
 
 // linkedDocs are the documents whose links are checked, relative to the
@@ -181,5 +184,139 @@ func TestLinks(t *testing.T) {
 	}
 	if checked < 50 {
 		t.Errorf("only %d relative links checked in %d files: the link pattern no longer matches", checked, len(files))
+	}
+}
+
+func readRepo(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", filepath.FromSlash(path)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestReadmeFirstScreen checks the README's shape: at most 300 lines,
+// exactly the two set-up commands in its first code block (.ci/run runs
+// the second, ./test/run.sh), and, within its first 40 lines, the links to
+// the quick start, the configuration reference, the operator's guide and
+// the client author's guide.
+func TestReadmeFirstScreen(t *testing.T) {
+	readme := readRepo(t, "README.md")
+	lines := strings.Split(strings.TrimRight(readme, "\n"), "\n")
+	if len(lines) > 300 {
+		t.Errorf("README.md has %d lines, more than 300", len(lines))
+	}
+	_, rest, _ := strings.Cut(readme, "```sh\n")
+	block, _, _ := strings.Cut(rest, "```")
+	var cmds []string
+	for _, l := range strings.Split(strings.TrimSpace(block), "\n") {
+		cmd, _, _ := strings.Cut(l, "#")
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	if !slices.Equal(cmds, []string{"go run ./cmd/acpgate", "./test/run.sh"}) {
+		t.Errorf("README.md's first code block holds %q, want the two set-up commands", cmds)
+	}
+	if ci := readRepo(t, ".ci/run"); !strings.Contains(ci, "./test/run.sh") {
+		t.Errorf(".ci/run no longer runs ./test/run.sh, README's test command")
+	}
+	first := strings.Join(lines[:min(40, len(lines))], "\n")
+	for _, want := range []string{"(#the-web-client)", "(docs/configuration.md)", "(docs/operations.md)", "(docs/protocol.md)"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("README.md's first 40 lines do not link %s", want)
+		}
+	}
+}
+
+// TestReadmeSecureConfig checks that the README's minimal secure
+// configuration is one the gateway accepts, with its paths made real.
+func TestReadmeSecureConfig(t *testing.T) {
+	readme := readRepo(t, "README.md")
+	_, section, ok := strings.Cut(readme, "## A minimal secure configuration")
+	if !ok {
+		t.Fatal("README.md has no section A minimal secure configuration")
+	}
+	_, rest, _ := strings.Cut(section, "```yaml\n")
+	yml, _, _ := strings.Cut(rest, "```")
+	dir := t.TempDir()
+	key := filepath.Join(dir, "session.key")
+	if err := os.WriteFile(key, []byte(strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "acme")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	yml = strings.NewReplacer(
+		"/etc/acpgate/session.key", key,
+		"/srv/tenants/acme", root,
+		"<the sha256sum above>", strings.Repeat("0", 64),
+		"mode: required", "mode: off", // the sandbox's kernel support is the host's, not the file's
+	).Replace(yml)
+	for _, want := range []string{"tenants:", "session_key_file:", "allowed_origins:", "metrics_listen:", "sandbox:"} {
+		if !strings.Contains(yml, want) {
+			t.Errorf("the secure configuration lacks %s", want)
+		}
+	}
+	cfg, err := config.Parse("README.md", []byte(yml))
+	if err != nil {
+		t.Fatalf("the README's secure configuration is refused:\n%v\n%s", err, yml)
+	}
+	if !cfg.AuthEnabled() || cfg.Listen != "0.0.0.0:8080" || cfg.Observability.MetricsListen == "" {
+		t.Errorf("parsed: auth %v, listen %q, metrics_listen %q", cfg.AuthEnabled(), cfg.Listen, cfg.Observability.MetricsListen)
+	}
+}
+
+// TestProtocolNamesEveryExtension checks that docs/protocol.md's list of
+// extensions names every _acpgate/ method the code sends and every key it
+// puts under _meta.acpgate.
+func TestProtocolNamesEveryExtension(t *testing.T) {
+	doc := readRepo(t, "docs/protocol.md")
+	_, list, ok := strings.Cut(doc, "## Every extension, in one list")
+	if !ok {
+		t.Fatal("docs/protocol.md has no section Every extension, in one list")
+	}
+	methodRE := regexp.MustCompile(`"(_acpgate/[a-z_]+)"`)
+	// The keys the gateway writes under _meta.acpgate: the members of
+	// the maps and structs it marshals there, and the fields WithAcpgateMeta
+	// adds.
+	keyRE := regexp.MustCompile(`"acpgate":\s*map\[string\]any\{([^}]*)\}|` + "`" + `"([a-zA-Z]+)":` + "`" + `\+|map\[string\]any\{"(turn)"`)
+	memberRE := regexp.MustCompile(`"([a-zA-Z]+)":`)
+	found := map[string]bool{}
+	err := filepath.WalkDir(filepath.Join("..", "proxy"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		src := string(b)
+		for _, m := range methodRE.FindAllStringSubmatch(src, -1) {
+			found[m[1]] = true
+		}
+		for _, m := range keyRE.FindAllStringSubmatch(src, -1) {
+			for _, k := range memberRE.FindAllStringSubmatch(m[1], -1) {
+				found["_meta.acpgate."+k[1]] = true
+			}
+			if m[2] != "" {
+				found["_meta.acpgate."+m[2]] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, must := range []string{"_acpgate/resumed", "_acpgate/session_ended", "_acpgate/turn_ended", "_meta.acpgate.resumeToken", "_meta.acpgate.replayed"} {
+		if !found[must] {
+			t.Fatalf("the scan of proxy/ misses %s (found %v): its pattern no longer matches the code", must, slices.Sorted(maps.Keys(found)))
+		}
+	}
+	for name := range found {
+		short := strings.TrimPrefix(name, "_meta.acpgate.")
+		if !strings.Contains(list, "`"+name+"`") && !regexp.MustCompile(`\b`+short+`\b`).MatchString(list) {
+			t.Errorf("docs/protocol.md's list of extensions does not name %s", name)
+		}
 	}
 }
