@@ -178,7 +178,8 @@ func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	if current {
 		c.out.DetachLocked()
 	}
-	// A take-over delivers what came after the detach (README): taken in
+	// A take-over delivers what came after the detach (docs/protocol.md,
+	// "Resume after a drop"): taken in
 	// the same critical section as the sink, so nothing falls between.
 	sent := c.out.SentLocked()
 	c.out.Unlock()

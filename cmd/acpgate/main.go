@@ -279,7 +279,7 @@ func loadConfig(f serveFlags, stderr io.Writer) (*config.Config, error) {
 		}
 		for _, name := range unknown {
 			if !ignoredEnv(name) {
-				fmt.Fprintf(stderr, "acpgate: warning: %s is not a setting (see README, Running it)\n", name)
+				fmt.Fprintf(stderr, "acpgate: warning: %s is not a setting (see docs/configuration.md)\n", name)
 			}
 		}
 		if f.listen != "" {

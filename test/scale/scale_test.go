@@ -4,7 +4,8 @@
 // checks what a scaled-out deployment promises: clients spread over the
 // replicas, a dropped WebSocket resumes on its replica, a rolling restart
 // loses no turn and no client, a replica killed outright loses no session,
-// and no agent process outlives its replica. See README.md.
+// and no agent process outlives its replica. See README.md here and
+// docs/operations.md, "Scaling out".
 package scale
 
 import (
