@@ -45,7 +45,14 @@ type clusterResult struct {
 	AddedP50us float64     `json:"added_p50_us"`
 	AddedP99us float64     `json:"added_p99_us"`
 	RateRatio  float64     `json:"stream_ratio"` // forwarded / direct
-	Forwards   float64     `json:"bridges_opened"`
+	// The same over Streamable HTTP: a connection made on a, its POSTs and
+	// its session's event stream through a (direct) or b (forwarded).
+	DirectHTTP     clusterPath `json:"direct_http"`
+	ForwardedHTTP  clusterPath `json:"forwarded_http"`
+	AddedP50usHTTP float64     `json:"added_p50_us_http"`
+	AddedP99usHTTP float64     `json:"added_p99_us_http"`
+	RateRatioHTTP  float64     `json:"stream_ratio_http"`
+	Forwards       float64     `json:"forwarded_total_b"`
 }
 
 func (r *clusterResult) problems() []string {
@@ -58,6 +65,9 @@ func (r *clusterResult) problems() []string {
 	}
 	if r.AddedP99us > 1000 {
 		p = append(p, fmt.Sprintf("cluster: a forwarded round trip adds %.0f µs at p99 (target ≤ 1000 µs)", r.AddedP99us))
+	}
+	if r.RateRatioHTTP < 0.5 {
+		p = append(p, fmt.Sprintf("cluster: the forwarded HTTP stream runs at %.2f× the direct one (target ≥ 0.5×)", r.RateRatioHTTP))
 	}
 	return p
 }
@@ -72,6 +82,9 @@ func (r *clusterResult) print(w io.Writer) {
 	fmt.Fprintf(tw, "direct\t%.0f µs\t%.0f µs\t%.0f\n", r.Direct.RTTP50us, r.Direct.RTTP99us, r.Direct.MedianRate)
 	fmt.Fprintf(tw, "forwarded\t%.0f µs\t%.0f µs\t%.0f\n", r.Forwarded.RTTP50us, r.Forwarded.RTTP99us, r.Forwarded.MedianRate)
 	fmt.Fprintf(tw, "forwarded − direct\t%+.0f µs\t%+.0f µs\t%.2f×\n", r.AddedP50us, r.AddedP99us, r.RateRatio)
+	fmt.Fprintf(tw, "direct (HTTP)\t%.0f µs\t%.0f µs\t%.0f\n", r.DirectHTTP.RTTP50us, r.DirectHTTP.RTTP99us, r.DirectHTTP.MedianRate)
+	fmt.Fprintf(tw, "forwarded (HTTP)\t%.0f µs\t%.0f µs\t%.0f\n", r.ForwardedHTTP.RTTP50us, r.ForwardedHTTP.RTTP99us, r.ForwardedHTTP.MedianRate)
+	fmt.Fprintf(tw, "forwarded − direct (HTTP)\t%+.0f µs\t%+.0f µs\t%.2f×\n", r.AddedP50usHTTP, r.AddedP99usHTTP, r.RateRatioHTTP)
 	_ = tw.Flush()
 }
 
@@ -176,8 +189,29 @@ func (h *harness) runCluster() (*clusterResult, error) {
 			return nil, fmt.Errorf("cluster: attach (%s): %w", []string{"direct", "forwarded"}[i], err)
 		}
 	}
-	paths := []*clusterPath{&res.Direct, &res.Forwarded}
-	clients := []*rpcClient{direct, fwd}
+	// Over HTTP: two connections made on a, each with a session of its own;
+	// the second then sends everything (its POSTs, its session's stream)
+	// through b.
+	var httpSessions [2]string
+	var httpClients [2]*rpcClient
+	for i := range httpClients {
+		t := newHTTPTransport(httpURL(gw["a"].url))
+		defer t.Close()
+		c := &rpcClient{t: t}
+		if err := c.initialize(); err != nil {
+			return nil, fmt.Errorf("cluster: HTTP: %w", err)
+		}
+		if httpSessions[i], err = c.newSession(); err != nil {
+			return nil, fmt.Errorf("cluster: HTTP: %w", err)
+		}
+		if i == 1 {
+			t.url = httpURL(gw["b"].url)
+		}
+		httpClients[i] = c
+	}
+	paths := []*clusterPath{&res.Direct, &res.Forwarded, &res.DirectHTTP, &res.ForwardedHTTP}
+	clients := []*rpcClient{direct, fwd, httpClients[0], httpClients[1]}
+	sids := []string{sessions[0], sessions[1], httpSessions[0], httpSessions[1]}
 	prompt := func(c *rpcClient, sid string, chunks int) (time.Duration, int, error) {
 		c.nextID++
 		id := c.nextID
@@ -207,7 +241,7 @@ func (h *harness) runCluster() (*clusterResult, error) {
 	for done := 0; done < res.RoundTrips; done += 50 {
 		for p := range paths {
 			for range 50 {
-				d, _, err := prompt(clients[p], sessions[p], 0)
+				d, _, err := prompt(clients[p], sids[p], 0)
 				if err != nil {
 					return nil, fmt.Errorf("cluster: round trip: %w", err)
 				}
@@ -217,12 +251,12 @@ func (h *harness) runCluster() (*clusterResult, error) {
 	}
 	// Streams, alternating which path goes first.
 	for rep := range res.Reps {
-		order := []int{0, 1}
+		order := []int{0, 1, 2, 3}
 		if rep%2 == 1 {
-			order = []int{1, 0}
+			order = []int{3, 2, 1, 0}
 		}
 		for _, p := range order {
-			d, n, err := prompt(clients[p], sessions[p], res.Chunks)
+			d, n, err := prompt(clients[p], sids[p], res.Chunks)
 			if err != nil {
 				return nil, fmt.Errorf("cluster: stream: %w", err)
 			}
@@ -243,6 +277,9 @@ func (h *harness) runCluster() (*clusterResult, error) {
 	res.AddedP50us = res.Forwarded.RTTP50us - res.Direct.RTTP50us
 	res.AddedP99us = res.Forwarded.RTTP99us - res.Direct.RTTP99us
 	res.RateRatio = res.Forwarded.MedianRate / res.Direct.MedianRate
+	res.AddedP50usHTTP = res.ForwardedHTTP.RTTP50us - res.DirectHTTP.RTTP50us
+	res.AddedP99usHTTP = res.ForwardedHTTP.RTTP99us - res.DirectHTTP.RTTP99us
+	res.RateRatioHTTP = res.ForwardedHTTP.MedianRate / res.DirectHTTP.MedianRate
 	if v, err := scrapeCounter("http://"+gw["b"].addr+"/metrics", "acpgate_cluster_forwarded_total"); err == nil {
 		res.Forwards = float64(v)
 		if v < 1 {
