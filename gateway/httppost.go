@@ -16,6 +16,7 @@ import (
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/proxy"
+	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	spans "github.com/acpgate/acpgate/proxy/observe/tracing"
 )
@@ -34,9 +35,9 @@ const (
 // sessionScoped are the methods whose POST must name its session in
 // Acp-Session-Id (as the SDK's server requires).
 var sessionScoped = map[string]bool{
-	"session/cancel": true, "session/close": true, "session/delete": true, "session/fork": true,
-	"session/load": true, "session/prompt": true, "session/resume": true, "session/set_config_option": true,
-	"session/set_mode": true, "session/set_model": true,
+	acp.SessionCancel: true, acp.SessionClose: true, acp.SessionDelete: true, acp.SessionFork: true,
+	acp.SessionLoad: true, acp.SessionPrompt: true, acp.SessionResume: true, acp.SessionSetConfigOption: true,
+	acp.SessionSetMode: true, acp.SessionSetModel: true,
 }
 
 // plain writes a text/plain error, as the SDK's server does.
@@ -181,7 +182,7 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m := &p.m
-	isInit := p.err == nil && m.Method == "initialize" && m.Kind == jsonrpc.KindRequest
+	isInit := p.err == nil && m.Method == acp.Initialize && m.Kind == jsonrpc.KindRequest
 	if isInit && r.Header.Get(ConnectionIDHeader) == "" {
 		s.httpInitialize(w, r, who, agent, msg, m)
 		return
@@ -274,7 +275,7 @@ func (h *httpConn) admitPost(p *postScan, header string) (int, string) {
 	}
 	if m.Kind == jsonrpc.KindRequest && string(m.ID) != "null" {
 		route := header
-		if m.Method == "session/load" {
+		if m.Method == acp.SessionLoad {
 			route = "" // its answer goes where the client learns of sessions
 		}
 		h.replyTo[string(m.ID)] = route

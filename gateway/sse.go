@@ -140,7 +140,6 @@ func (h *httpConn) receive(w http.ResponseWriter, name string, after int64) (*ss
 // connection ends; what was queued before the end goes out first, as a
 // WebSocket's queue goes before its close frame.
 func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w http.ResponseWriter, st *sseStream) {
-	writeTimeout := h.cfg.WebSocket.WriteTimeout.D()
 	keepAlive := time.NewTicker(sseKeepAlive)
 	defer keepAlive.Stop()
 	var buf []byte
@@ -149,7 +148,7 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 		h.gather(st)
 		buf, n, size = h.takeEvents(st, buf[:0])
 		if n > 0 {
-			ok := writeSSE(rc, w, buf, writeTimeout)
+			ok := writeSSE(rc, w, buf, h.writeTimeout)
 			h.mu.Lock()
 			h.tookLocked(n, size) // counted as queued until written
 			h.writing--
@@ -177,7 +176,7 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 		case <-r.Context().Done():
 			return
 		case <-keepAlive.C:
-			if !writeSSE(rc, w, []byte(":\n\n"), writeTimeout) {
+			if !writeSSE(rc, w, []byte(":\n\n"), h.writeTimeout) {
 				return
 			}
 		}

@@ -365,13 +365,28 @@ type Timeouts struct {
 	// (permission, fs, elicitation) within it is answered for: permission
 	// cancelled, anything else -32603.
 	ClientRequest Duration `yaml:"client_request"`
+	// Write: a client that does not take a batch written to it (WebSocket
+	// frames, SSE events) within it is cut off, on either transport. 0 =
+	// websocket.write_timeout, the older name of this setting (30s).
+	Write Duration `yaml:"write"`
 }
 
 // WebSocket tunes the client transport.
 type WebSocket struct {
 	PingInterval Duration `yaml:"ping_interval"`
 	PingTimeout  Duration `yaml:"ping_timeout"`
+	// WriteTimeout is timeouts.write's older name, for both transports:
+	// used when timeouts.write is not set.
 	WriteTimeout Duration `yaml:"write_timeout"`
+}
+
+// WriteTimeout is how long a client may take to take a batch written to
+// it (timeouts.write, else websocket.write_timeout).
+func (t Timeouts) WriteTimeout(ws WebSocket) time.Duration {
+	if t.Write > 0 {
+		return t.Write.D()
+	}
+	return ws.WriteTimeout.D()
 }
 
 // Observability configures /metrics and tracing.
@@ -710,6 +725,9 @@ func (c *Config) validateLimits(add addFunc) {
 	}
 	if c.Timeouts.Handshake <= 0 || c.Timeouts.Request <= 0 || c.Timeouts.Prompt <= 0 || c.Timeouts.ClientRequest <= 0 || c.Timeouts.Idle < 0 {
 		add("timeouts", "handshake, request, prompt and client_request must be positive; idle not negative (0 = never)")
+	}
+	if c.Timeouts.Write < 0 {
+		add("timeouts.write", "must not be negative (0 = websocket.write_timeout)")
 	}
 	if c.Limits.SendQueueMessages < 1 {
 		add("limits.send_queue_messages", "must be at least 1")
