@@ -62,8 +62,11 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	ps = append(ps, validateAgent(root, "agent", &c.Agent)...)
 	ps = append(ps, validatePool(root, "pool", &c.Pool)...)
 	ps = append(ps, c.validateAgents(root)...)
-	c.validateLimits(add)
-	c.validateConnections(add)
+	c.Sessions.validate(add)
+	c.Limits.validate(add)
+	c.Timeouts.validate(add)
+	c.WebSocket.validate(add)
+	c.Observability.validate(add)
 	ps = append(ps, c.validateTenants(root)...)
 	if sp := c.validateSandbox(root); len(sp) > 0 {
 		ps = append(ps, sp...)
@@ -72,12 +75,12 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	}
 	c.validatePolicies(add)
 	ps = append(ps, c.validatePermissions(root)...)
-	c.validateSharing(add)
+	c.Sharing.validate(add)
 	c.validateAdmin(add)
-	c.validateLog(add)
-	c.validateAudit(add)
-	c.validateTracing(add)
-	c.validateBudgets(add)
+	c.Log.validate(add)
+	c.Audit.validate(add)
+	c.Observability.Tracing.validate(add)
+	c.Budgets.validate(add)
 	return ps
 }
 
@@ -99,74 +102,86 @@ func (c *Config) validateListen(add addFunc) {
 	}
 }
 
-// validateLimits checks sessions, limits and timeouts.
-func (c *Config) validateLimits(add addFunc) {
-	if c.Sessions.DetachTimeout < 0 {
+// validate checks the sessions section.
+func (s *Sessions) validate(add addFunc) {
+	if s.DetachTimeout < 0 {
 		add("sessions.detach_timeout", "must not be negative (0 = end a connection with its socket)")
 	}
-	if c.Sessions.ReplayBufferBytes < 64<<10 || c.Sessions.ReplayBufferBytes > 1<<30 {
-		add("sessions.replay_buffer_bytes", "must be from 65536 to 1073741824, is %d", c.Sessions.ReplayBufferBytes)
+	if s.ReplayBufferBytes < 64<<10 || s.ReplayBufferBytes > 1<<30 {
+		add("sessions.replay_buffer_bytes", "must be from 65536 to 1073741824, is %d", s.ReplayBufferBytes)
 	}
-	if c.Sessions.HistoryBytes < 0 || c.Sessions.HistoryBytes > 1<<30 {
-		add("sessions.history_bytes", "must be from 0 (keep no history) to 1073741824, is %d", c.Sessions.HistoryBytes)
+	if s.HistoryBytes < 0 || s.HistoryBytes > 1<<30 {
+		add("sessions.history_bytes", "must be from 0 (keep no history) to 1073741824, is %d", s.HistoryBytes)
 	}
-	if c.Sessions.MaxClients < 1 || c.Sessions.MaxClients > 256 {
-		add("sessions.max_clients", "must be from 1 to 256, is %d", c.Sessions.MaxClients)
+	if s.MaxClients < 1 || s.MaxClients > 256 {
+		add("sessions.max_clients", "must be from 1 to 256, is %d", s.MaxClients)
 	}
-	if c.Sessions.OwnersRetention < Duration(time.Second) {
-		add("sessions.owners_retention", "must be at least 1s (how long the maker of an unused session is remembered), is %s", time.Duration(c.Sessions.OwnersRetention))
+	if s.OwnersRetention < Duration(time.Second) {
+		add("sessions.owners_retention", "must be at least 1s (how long the maker of an unused session is remembered), is %s", time.Duration(s.OwnersRetention))
 	}
-	if c.Sessions.OwnersPerTenant < 1 || c.Sessions.OwnersPerTenant > 1<<24 {
-		add("sessions.owners_per_tenant", "must be from 1 to 16777216, is %d", c.Sessions.OwnersPerTenant)
+	if s.OwnersPerTenant < 1 || s.OwnersPerTenant > 1<<24 {
+		add("sessions.owners_per_tenant", "must be from 1 to 16777216, is %d", s.OwnersPerTenant)
 	}
-	if n := c.Sessions.AffinityCookie; n != "" && !cookieName.MatchString(n) {
+	if n := s.AffinityCookie; n != "" && !cookieName.MatchString(n) {
 		add("sessions.affinity_cookie", "%q is not a cookie name (letters, digits and !#$%%&'*+-.^_`|~, at most 64)", n)
-	}
-	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
-		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", c.Limits.MaxMessageBytes)
-	}
-	if c.Limits.MaxPendingRequests < 1 {
-		add("limits.max_pending_requests", "must be at least 1")
-	}
-	if c.Limits.TenantQueuedPromptBytes < 1 {
-		add("limits.tenant_queued_prompt_bytes", "must be at least 1 (default 268435456, 256 MiB)")
-	}
-	if c.Limits.MessagesPerSecond < 0 || c.Limits.TenantMessagesPerSecond < 0 || c.Limits.MessageBurst < 0 || c.Limits.TenantMessageBurst < 0 {
-		add("limits", "rates and bursts must not be negative (0 = no limit)")
-	}
-	if c.Timeouts.Handshake <= 0 || c.Timeouts.Request <= 0 || c.Timeouts.Prompt <= 0 || c.Timeouts.ClientRequest <= 0 || c.Timeouts.Idle < 0 {
-		add("timeouts", "handshake, request, prompt and client_request must be positive; idle not negative (0 = never)")
-	}
-	if c.Timeouts.Write < 0 {
-		add("timeouts.write", "must not be negative (0 = websocket.write_timeout)")
-	}
-	if c.Limits.SendQueueMessages < 1 {
-		add("limits.send_queue_messages", "must be at least 1")
-	}
-	if c.Limits.SendQueueBytes < c.Limits.MaxMessageBytes {
-		add("limits.send_queue_bytes", "must be at least max_message_bytes (%d), is %d", c.Limits.MaxMessageBytes, c.Limits.SendQueueBytes)
 	}
 }
 
-// validateConnections checks the websocket and observability settings.
-func (c *Config) validateConnections(add addFunc) {
-	if c.WebSocket.PingInterval < 0 {
+// validate checks the limits section.
+func (l *Limits) validate(add addFunc) {
+	if l.MaxMessageBytes < 1024 || l.MaxMessageBytes > 1<<30 {
+		add("limits.max_message_bytes", "must be from 1024 to 1073741824, is %d", l.MaxMessageBytes)
+	}
+	if l.MaxPendingRequests < 1 {
+		add("limits.max_pending_requests", "must be at least 1")
+	}
+	if l.TenantQueuedPromptBytes < 1 {
+		add("limits.tenant_queued_prompt_bytes", "must be at least 1 (default 268435456, 256 MiB)")
+	}
+	if l.MessagesPerSecond < 0 || l.TenantMessagesPerSecond < 0 || l.MessageBurst < 0 || l.TenantMessageBurst < 0 {
+		add("limits", "rates and bursts must not be negative (0 = no limit)")
+	}
+	if l.SendQueueMessages < 1 {
+		add("limits.send_queue_messages", "must be at least 1")
+	}
+	if l.SendQueueBytes < l.MaxMessageBytes {
+		add("limits.send_queue_bytes", "must be at least max_message_bytes (%d), is %d", l.MaxMessageBytes, l.SendQueueBytes)
+	}
+}
+
+// validate checks the timeouts section.
+func (t *Timeouts) validate(add addFunc) {
+	if t.Handshake <= 0 || t.Request <= 0 || t.Prompt <= 0 || t.ClientRequest <= 0 || t.Idle < 0 {
+		add("timeouts", "handshake, request, prompt and client_request must be positive; idle not negative (0 = never)")
+	}
+	if t.Write < 0 {
+		add("timeouts.write", "must not be negative (0 = websocket.write_timeout)")
+	}
+}
+
+// validate checks the websocket section.
+func (w *WebSocket) validate(add addFunc) {
+	if w.PingInterval < 0 {
 		add("websocket.ping_interval", "must not be negative (0 disables pings)")
 	}
-	if c.WebSocket.PingTimeout <= 0 {
+	if w.PingTimeout <= 0 {
 		add("websocket.ping_timeout", "must be positive")
 	}
-	if c.WebSocket.WriteTimeout <= 0 {
+	if w.WriteTimeout <= 0 {
 		add("websocket.write_timeout", "must be positive")
 	}
-	if c.Observability.TenantLabelLimit < 0 {
+}
+
+// validate checks the observability section (its tracing: Tracing.validate).
+func (o *Observability) validate(add addFunc) {
+	if o.TenantLabelLimit < 0 {
 		add("observability.tenant_label_limit", "must not be negative")
 	}
-	if ml := c.Observability.MetricsListen; ml != "" {
+	if ml := o.MetricsListen; ml != "" {
 		if _, _, err := net.SplitHostPort(ml); err != nil {
 			add("observability.metrics_listen", "%q is not host:port: %v", ml, err)
 		}
-		if c.Observability.OpsOnMainListener {
+		if o.OpsOnMainListener {
 			add("observability.ops_on_main_listener", "has no effect with observability.metrics_listen set "+
 				"(/metrics and the admin API are served there, never on the main listener): remove one")
 		}
@@ -187,16 +202,17 @@ func (c *Config) validatePolicies(add addFunc) {
 	}
 }
 
-func (c *Config) validateLog(add addFunc) {
-	switch c.Log.Level {
+// validate checks the log section.
+func (l *Log) validate(add addFunc) {
+	switch l.Level {
 	case "debug", "info", "warn", "error":
 	default:
-		add("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+		add("log.level", "%q is not one of debug, info, warn, error", l.Level)
 	}
-	switch c.Log.Format {
+	switch l.Format {
 	case "text", "json":
 	default:
-		add("log.format", "%q is not text or json", c.Log.Format)
+		add("log.format", "%q is not text or json", l.Format)
 	}
 }
 
