@@ -142,9 +142,9 @@ type reloadStep struct {
 var reloadSteps = []reloadStep{
 	{"restart", func(_ *Server, p *preparedReload) error { return restartNeeded(p.cur, p.next) }},
 	{"permissions", func(_ *Server, p *preparedReload) (err error) { p.rules, err = p.next.PermissionTable(); return err }},
-	{"agents", (*Server).prepareAgentChanges},
-	{"credentials", (*Server).prepareCreds},
-	{"auth tenants", (*Server).prepareAuthTenants},
+	{"agents", prepareAgentChanges},
+	{"credentials", prepareCreds},
+	{"auth tenants", prepareAuthTenants},
 	{"relay tenants", func(s *Server, p *preparedReload) (err error) {
 		p.relayTenants, err = s.relay.PrepareTenants(relayTenants(p.next))
 		return err
@@ -197,7 +197,7 @@ func restartNeeded(cur, next *config.Config) error {
 
 // prepareAgentChanges finds the agents added and removed, refusing other
 // changes to a running agent and the return of one still draining.
-func (s *Server) prepareAgentChanges(p *preparedReload) error {
+func prepareAgentChanges(s *Server, p *preparedReload) error {
 	var restart []string
 	p.added, p.removed, restart = agentChanges(p.cur, p.next)
 	if len(restart) > 0 {
@@ -215,7 +215,7 @@ func (s *Server) prepareAgentChanges(p *preparedReload) error {
 // prepareCreds reads the tenants' agent credentials, when the sandbox is
 // on: one that cannot be read keeps its value, or refuses the reload if it
 // has none.
-func (s *Server) prepareCreds(p *preparedReload) (err error) {
+func prepareCreds(s *Server, p *preparedReload) (err error) {
 	if s.launch == nil {
 		return nil
 	}
@@ -231,7 +231,7 @@ func (s *Server) prepareCreds(p *preparedReload) (err error) {
 
 // prepareAuthTenants builds the authenticator's tenant table, when there
 // is one.
-func (s *Server) prepareAuthTenants(p *preparedReload) (err error) {
+func prepareAuthTenants(s *Server, p *preparedReload) (err error) {
 	if s.authn != nil {
 		p.authTenants, err = auth.ParseTenants(authTenants(p.next))
 	}
@@ -432,73 +432,97 @@ func New(opts Options) (*Server, error) {
 	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
 	}, []string{"reason"})
-	var authn *auth.Authenticator
-	var trail *auditTrail // set below, before any request is served
-	var bud *budgets
+	p, err := openParts(opts, log, reg, relayMetrics, authFailures)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, redactor: opts.Redactor, authn: p.authn, launch: p.launch, links: newLinkRegistry(),
+		tracing: p.tracing, registry: reg, audit: p.trail, budgets: p.bud}
+	s.agents = newAgents(opts, p.launch, p.tracing, s.links, log)
+	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count
+	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
+		s.agents.stopDrains()
+		s.tracing.close(context.Background(), log)
+		p.close()
+		return nil, err
+	}
+	if p.admins != nil {
+		s.admin = &adminAPI{admins: p.admins, relay: s.relay, links: s.links, audit: s.audit, budget: p.bud.ledger, log: log}
+	}
+	s.http = &http.Server{
+		Handler:           s.routes(cfg, p.authn),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// serverParts are what New opens before it starts the relay.
+type serverParts struct {
+	authn   *auth.Authenticator // nil: no authentication
+	admins  *auth.Admins        // nil: no admin API
+	launch  *launcher           // nil: the sandbox is off
+	trail   *auditTrail
+	bud     *budgets
+	tracing *tracing // nil: tracing off
+}
+
+// openParts opens a server's parts in order; when one fails, those opened
+// before it are closed.
+func openParts(opts Options, log *slog.Logger, reg *prometheus.Registry, relayMetrics *relaymetrics.Metrics,
+	authFailures *prometheus.CounterVec) (_ *serverParts, err error) {
+	cfg := opts.Config
+	p := &serverParts{}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
 	if cfg.AuthEnabled() {
-		if authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
+		if p.authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
 			authFailures.WithLabelValues(reason).Inc()
-			trail.authFailed(r, reason)
+			p.trail.authFailed(r, reason) // set below, before any request is served
 		}); err != nil {
 			return nil, err
 		}
 	}
-	fail := func(err error) (*Server, error) {
-		if authn != nil {
-			authn.Close()
-		}
-		if bud != nil {
-			_ = bud.close(context.Background())
-		}
-		if trail != nil {
-			_ = trail.close()
-		}
+	if p.admins, err = newAdmins(cfg, p.authn, log); err != nil {
 		return nil, err
-	}
-	admins, err := newAdmins(cfg, authn, log)
-	if err != nil {
-		return fail(err)
 	}
 	var sup []string
 	if opts.Supervisor != nil {
 		sup = opts.Supervisor(0)
 	}
-	launch, err := newLauncher(cfg, sup, log)
-	if err != nil {
-		return fail(err)
+	if p.launch, err = newLauncher(cfg, sup, log); err != nil {
+		return nil, err
 	}
-	if launch != nil {
-		setSecrets(opts.Redactor, cfg, launch.creds.all(), log)
+	if p.launch != nil {
+		setSecrets(opts.Redactor, cfg, p.launch.creds.all(), log)
 	}
-	if trail, err = openAudit(cfg, opts.Version, reg, opts.Redactor, log); err != nil {
-		return fail(err)
+	if p.trail, err = openAudit(cfg, opts.Version, reg, opts.Redactor, log); err != nil {
+		return nil, err
 	}
-	if bud, err = newBudgets(cfg, reg, relayMetrics.Tenants(), trail, log); err != nil {
-		return fail(err)
+	if p.bud, err = newBudgets(cfg, reg, relayMetrics.Tenants(), p.trail, log); err != nil {
+		return nil, err
 	}
-	tr, err := startTracing(cfg, opts.Version, opts.Redactor, log)
-	if err != nil {
-		return fail(err)
+	if p.tracing, err = startTracing(cfg, opts.Version, opts.Redactor, log); err != nil {
+		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, redactor: opts.Redactor, authn: authn, launch: launch, links: newLinkRegistry(),
-		tracing: tr, registry: reg, audit: trail, budgets: bud}
-	s.agents = newAgents(opts, launch, tr, s.links, log)
-	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count
-	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
-		s.agents.stopDrains()
-		s.tracing.close(context.Background(), log)
-		return fail(err)
+	return p, nil
+}
+
+// close lets go of the authenticator, the budgets and the audit trail, if
+// they were opened.
+func (p *serverParts) close() {
+	if p.authn != nil {
+		p.authn.Close()
 	}
-	if admins != nil {
-		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, budget: bud.ledger, log: log}
+	if p.bud != nil {
+		_ = p.bud.close(context.Background())
 	}
-	r := s.routes(cfg, authn)
-	s.http = &http.Server{
-		Handler:           r,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	if p.trail != nil {
+		_ = p.trail.close()
 	}
-	return s, nil
 }
 
 // startRelay starts the relay (s.relay) with cfg's agents, s's audit
