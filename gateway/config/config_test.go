@@ -458,6 +458,10 @@ func TestWriteTimeoutNeutral(t *testing.T) {
 			t.Errorf("%q: write timeout %v, want %v", tc.data, got, tc.want)
 		}
 	}
+	c := Default()
+	if _, err := c.ApplyEnv([]string{"ACPGATE_TIMEOUTS_WRITE=7s"}); err != nil || c.Timeouts.WriteTimeout(c.WebSocket) != 7*time.Second {
+		t.Errorf("ACPGATE_TIMEOUTS_WRITE=7s: %v, write timeout %v", err, c.Timeouts.WriteTimeout(c.WebSocket))
+	}
 	data := "timeouts:\n  write: -1s\n"
 	ps := problems(t, data)
 	if len(ps) != 1 {
