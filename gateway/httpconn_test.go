@@ -481,7 +481,7 @@ func TestWriteTimeoutBothTransports(t *testing.T) {
 	links, _ := ts.s.links.linksOf("")
 	kinds := map[string]time.Duration{}
 	for _, l := range links {
-		kinds[l.kind] = l.writeTimeout
+		kinds[l.kind] = l.writeWait
 	}
 	if len(kinds) != 2 || kinds["http"] != 3*time.Second || kinds["websocket"] != 3*time.Second {
 		t.Fatalf("write timeouts by transport: %v, want 3s for http and websocket", kinds)

@@ -22,26 +22,26 @@ import (
 // transport; both embed a link.
 type link struct {
 	// Static after construction.
-	s            *Server
-	t            transport
-	kind         string // the metrics transport label: websocket, http
-	id           string
-	tenant       string
-	subject      string // who the credential names (auth.Identity.Subject)
-	affinity     string // the balancer's affinity cookie on the opening request (linkInfo)
-	remote       string // the opening request's remote address
-	agent        string
-	tenantLabel  string
-	log          *slog.Logger
-	cfg          *config.Config // the configuration the connection started with
-	start        time.Time
-	ctx          context.Context // ends with the connection
-	cancel       context.CancelFunc
-	maxMsgs      int           // limits.send_queue_messages
-	maxBytes     int           // limits.send_queue_bytes
-	handshake    time.Duration // no handshake within it closes the connection
-	idle         time.Duration // idle that long closes it (0: never)
-	writeTimeout time.Duration // a batch not written within it closes it (timeouts.write)
+	s           *Server
+	t           transport
+	kind        string // the metrics transport label: websocket, http
+	id          string
+	tenant      string
+	subject     string // who the credential names (auth.Identity.Subject)
+	affinity    string // the balancer's affinity cookie on the opening request (linkInfo)
+	remote      string // the opening request's remote address
+	agent       string
+	tenantLabel string
+	log         *slog.Logger
+	cfg         *config.Config // the configuration the connection started with
+	start       time.Time
+	ctx         context.Context // ends with the connection
+	cancel      context.CancelFunc
+	maxMsgs     int           // limits.send_queue_messages
+	maxBytes    int           // limits.send_queue_bytes
+	handshake   time.Duration // no handshake within it closes the connection
+	idle        time.Duration // idle that long closes it (0: never)
+	writeWait   time.Duration // a batch not written within it closes it (timeouts.write)
 
 	// Set before the link is registered, read-only afterwards.
 	conn      *proxy.Conn
@@ -120,7 +120,7 @@ func (l *link) init(s *Server, t transport, in linkInfo) {
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.maxMsgs, l.maxBytes = in.cfg.Limits.SendQueueMessages, in.cfg.Limits.SendQueueBytes
 	l.handshake, l.idle = in.handshake, in.idle
-	l.writeTimeout = in.cfg.Timeouts.WriteTimeout(in.cfg.WebSocket)
+	l.writeWait = in.cfg.Timeouts.WriteTimeout(in.cfg.WebSocket)
 	l.closeReq = make(chan struct{})
 	now := l.start.UnixNano()
 	l.lastRead.Store(now)

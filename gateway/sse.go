@@ -148,7 +148,7 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 		h.gather(st)
 		buf, n, size = h.takeEvents(st, buf[:0])
 		if n > 0 {
-			ok := writeSSE(rc, w, buf, h.writeTimeout)
+			ok := writeSSE(rc, w, buf, h.writeWait)
 			h.mu.Lock()
 			h.tookLocked(n, size) // counted as queued until written
 			h.writing--
@@ -176,7 +176,7 @@ func (h *httpConn) sendEvents(r *http.Request, rc *http.ResponseController, w ht
 		case <-r.Context().Done():
 			return
 		case <-keepAlive.C:
-			if !writeSSE(rc, w, []byte(":\n\n"), h.writeTimeout) {
+			if !writeSSE(rc, w, []byte(":\n\n"), h.writeWait) {
 				return
 			}
 		}

@@ -496,7 +496,7 @@ func (c *wsConn) gatherLocked() {
 // batch, bounds the writes (a context with a deadline would cost the
 // library a timer per frame).
 func (c *wsConn) writeTimed(batch [][]byte) bool {
-	timeout := c.writeTimeout
+	timeout := c.writeWait
 	if c.writeTimer == nil {
 		c.writeTimer = time.AfterFunc(timeout, func() {
 			c.log.Info("write to client timed out; closing", "write_timeout", timeout)
