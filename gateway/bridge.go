@@ -399,7 +399,7 @@ func (b *bridge) read() {
 			return
 		}
 		out := msg
-		if bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, nil) == nil {
+		if bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, routeSpec) == nil {
 			out = b.fromHolder(msg, &m)
 		}
 		if out == nil {
@@ -422,6 +422,11 @@ func (b *bridge) fromHolder(msg []byte, m *jsonrpc.Message) []byte {
 	switch m.Kind {
 	case jsonrpc.KindRequest:
 		cb.mu.Lock()
+		if sid, ok := sessionOf(m); ok && cb.bySess[sid] == nil {
+			// A session the holder asks about on this bridge (a subagent's
+			// child, say) is reached through it too.
+			cb.bySess[sid] = b
+		}
 		b.seq++
 		id := strconv.Quote(bridgeIDPrefix + b.holder + "." + strconv.FormatInt(b.seq, 10))
 		cb.asked[id] = asked{b: b, id: bytes.Clone(m.ID)}
