@@ -333,6 +333,11 @@ func (cb *connBridges) bridgeTo(ctx context.Context, holder string) (*bridge, er
 		b.ws.CloseNow()
 		return nil, errors.New("the connection ended")
 	}
+	if other := cb.byHolder[holder]; other != nil { // two POSTs opened one at once: the first stays
+		cb.mu.Unlock()
+		b.ws.CloseNow()
+		return other, nil
+	}
 	cb.byHolder[holder] = b
 	cb.mu.Unlock()
 	go b.read()
