@@ -78,7 +78,9 @@ type bridge struct {
 	ws     *websocket.Conn
 	done   chan struct{} // closed when read returns
 	wmu    sync.Mutex    // one writer at a time
-	seq    int64         // guarded by cb.mu: the holder's requests renamed so far
+	// Guarded by cb.mu.
+	seq     int64             // the holder's requests renamed so far
+	renamed map[string]string // a holder's request ID (raw) → the ID the client was sent
 }
 
 // bridgesOf is the connection's bridges, made if need be (nil outside a
@@ -205,6 +207,7 @@ func (cb *connBridges) carry(frame []byte, m *jsonrpc.Message) bool {
 			return false
 		}
 		delete(cb.asked, string(m.ID))
+		delete(a.b.renamed, string(a.id))
 		b = a.b
 		out = jsonrpc.Splice(nil, frame, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: a.id}})
 	default:
@@ -386,7 +389,7 @@ func (cb *connBridges) dial(ctx context.Context, holder string, init []byte) (*b
 	}
 	n.Metrics().Forwarded.WithLabelValues("bridge").Inc()
 	n.Metrics().ForwardTime.WithLabelValues("bridge").Observe(time.Since(start).Seconds())
-	return &bridge{cb: cb, holder: holder, ws: ws, done: make(chan struct{})}, nil
+	return &bridge{cb: cb, holder: holder, ws: ws, done: make(chan struct{}), renamed: map[string]string{}}, nil
 }
 
 // send writes one client message to the holder; a failed write breaks
@@ -414,8 +417,11 @@ func (b *bridge) read() {
 			return
 		}
 		out := msg
-		if bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, routeSpec) == nil {
+		switch {
+		case bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, routeSpec) == nil:
 			out = b.fromHolder(msg, &m)
+		case bytes.Contains(msg, []byte(`"$/cancel_request"`)) && sc.Scan(msg, &m, nil) == nil && m.Method == "$/cancel_request":
+			out = b.cancelFromHolder(&m)
 		}
 		if out == nil {
 			continue
@@ -445,6 +451,7 @@ func (b *bridge) fromHolder(msg []byte, m *jsonrpc.Message) []byte {
 		b.seq++
 		id := strconv.Quote(bridgeIDPrefix + b.holder + "." + strconv.FormatInt(b.seq, 10))
 		cb.asked[id] = asked{b: b, id: bytes.Clone(m.ID)}
+		b.renamed[string(m.ID)] = id
 		cb.mu.Unlock()
 		return jsonrpc.Splice(nil, msg, []jsonrpc.Edit{{Start: m.IDPos[0], End: m.IDPos[1], Repl: []byte(id)}})
 	case jsonrpc.KindResponse:
@@ -456,6 +463,25 @@ func (b *bridge) fromHolder(msg []byte, m *jsonrpc.Message) []byte {
 		cb.mu.Unlock()
 	}
 	return msg
+}
+
+// cancelFromHolder is the holder's $/cancel_request (another client
+// answered first) as the client knows the request: under the ID it was
+// sent; nil when the client was never sent it (or has answered it). The
+// holder's gateway wrote it: it is rebuilt, not spliced.
+func (b *bridge) cancelFromHolder(m *jsonrpc.Message) []byte {
+	id := cancelledID(m)
+	b.cb.mu.Lock()
+	renamed, ok := b.renamed[string(id)]
+	if ok {
+		delete(b.renamed, string(id))
+		delete(b.cb.asked, renamed)
+	}
+	b.cb.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return []byte(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":` + renamed + `}}`)
 }
 
 // broke forgets a bridge that failed: each of the client's requests in

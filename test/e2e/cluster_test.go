@@ -348,3 +348,58 @@ func TestClusterDrainingHandsLoadsOn(t *testing.T) {
 		t.Fatalf("prompt: %s", r.Raw)
 	}
 }
+
+// The holder's permission request reaches a client attached through
+// another replica under an ID of that replica's; its answer reaches the
+// agent under the holder's own. When another client answers first, its
+// $/cancel_request names the request as the client was sent it.
+func TestClusterBridgePermission(t *testing.T) {
+	e := newClusterEnv(t)
+	owner, sid, _ := e.clusterSession(t, e.a, e.alice)
+	member := dialToken(t, e.b, e.alice)
+	if m := member.Call("session/attach", map[string]any{"sessionId": sid}, 10*time.Second); m.Error != nil {
+		t.Fatalf("attach through b: %s", m.Raw)
+	}
+	ask := func(who *client) rpcMsg {
+		t.Helper()
+		for {
+			m := who.Next(15 * time.Second)
+			if m.Method == "session/request_permission" {
+				return m
+			}
+		}
+	}
+	// The member answers.
+	id := member.Request("session/prompt", textPrompt(sid, "permission, through b"))
+	req := ask(member)
+	if !strings.HasPrefix(string(req.ID), `"acpgate.bridge.a.`) {
+		t.Fatalf("the member's copy has id %s; want b's own name for it", req.ID)
+	}
+	member.Respond(req.ID, map[string]any{"outcome": map[string]any{"outcome": "selected", "optionId": "allow"}})
+	r := member.Await(id, 15*time.Second, nil)
+	if r.Error != nil || !strings.Contains(string(r.Raw), "end_turn") {
+		t.Fatalf("the prompt after the member's allow: %s", r.Raw)
+	}
+	// The owner's copy of that first request (withdrawn once the member
+	// answered).
+	if first := ask(owner); first.ID == nil {
+		t.Fatal("the owner got no copy of the first request")
+	}
+	// The owner answers first: the member's copy is withdrawn by its name.
+	id = owner.Request("session/prompt", textPrompt(sid, "permission, on a"))
+	oreq := ask(owner)
+	mreq := ask(member)
+	owner.Respond(oreq.ID, map[string]any{"outcome": map[string]any{"outcome": "selected", "optionId": "allow"}})
+	for {
+		m := member.Next(15 * time.Second)
+		if m.Method == "$/cancel_request" {
+			if !strings.Contains(string(m.Raw), string(mreq.ID)) {
+				t.Fatalf("the member's $/cancel_request %s does not name its copy %s", m.Raw, mreq.ID)
+			}
+			break
+		}
+	}
+	if r := owner.Await(id, 15*time.Second, nil); r.Error != nil {
+		t.Fatalf("the owner's prompt: %s", r.Raw)
+	}
+}
