@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/acpgate/acpgate/internal/redistest"
 	"github.com/acpgate/acpgate/proxy/sandbox"
 	"github.com/acpgate/acpgate/test/internal/harness"
 )
@@ -220,6 +221,18 @@ func TestDeploymentAgainstGateway(t *testing.T) {
 	dir := t.TempDir()
 	path, _ := relocate(t, "acpgate.yaml", configMapConfig(t), dir)
 	env := []string{"ACPGATE_OBSERVABILITY_METRICS_LISTEN=127.0.0.1:0"}
+	// Cluster mode: the store and the replica's name and address come
+	// from the environment as in deployment.yaml (ACPGATE_CLUSTER_NAME,
+	// ACPGATE_CLUSTER_ADVERTISE), the internal listener on loopback.
+	var top map[string]any
+	if err := yaml.Unmarshal(configMapConfig(t), &top); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := top["cluster"]; ok {
+		internal := harness.FreeAddr(t)
+		env = append(env, "ACPGATE_CLUSTER_STORE="+redistest.Start(t).URL(0), "ACPGATE_CLUSTER_NAME=ops",
+			"ACPGATE_CLUSTER_LISTEN="+internal, "ACPGATE_CLUSTER_ADVERTISE=http://"+internal)
+	}
 	if _, err := sandbox.Probe(); err != nil {
 		// The ConfigMap requires the sandbox; a node without Landlock
 		// refuses to start, which test/e2e covers. The probes still run.

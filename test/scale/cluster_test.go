@@ -29,8 +29,8 @@ import (
 
 // The cluster: two replicas of the gateway with one session key and one
 // agent store (the tenant's sandbox home, where the demo agent keeps its
-// sessions), behind an HAProxy configured as deploy/k8s configures
-// ingress-nginx.
+// sessions), behind an HAProxy with cookie affinity: replicas without a
+// cluster: block (replicas_test.go runs them in cluster mode).
 
 // Timings. The balancer checks /readyz every checkInter and takes a replica
 // out at the first failure; shutdown_delay is well above that, so that a
@@ -445,7 +445,8 @@ type balancer struct {
 	log []string // its stdout and stderr: traffic log lines and warnings
 }
 
-// haproxyConfig mirrors deploy/k8s/ingress.yaml: round robin, cookie
+// haproxyConfig is what replicas without a cluster: block need (as
+// ingress-nginx's cookie affinity gives them): round robin, cookie
 // affinity (inserted by the balancer, not the gateway), readiness checks on
 // /readyz, retries and redispatch on a connection failure, hour-long
 // timeouts for WebSockets and event streams.
