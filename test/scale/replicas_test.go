@@ -45,6 +45,7 @@ type ring struct {
 	redis      *redistest.Server
 	adminToken string
 	internal   map[string]string // cluster.listen, by replica
+	faults     *faultProxy       // between the others and b's cluster.listen
 
 	mu     sync.Mutex
 	probes int // requests steerAway sent
@@ -53,6 +54,10 @@ type ring struct {
 // ringConfig is replica name's configuration: the cluster's, plus its
 // cluster block and the admin API.
 func (g *ring) ringConfig(keyFile, adminHash, tokenHash, name string) string {
+	advertise := "http://" + g.internal[name]
+	if name == "b" {
+		advertise = "http://" + g.faults.addr()
+	}
 	return fmt.Sprintf(`session_key_file: %q
 shutdown_delay: %s
 shutdown_grace: %s
@@ -68,13 +73,14 @@ cluster:
   name: %s
   store: %s
   listen: %s
+  advertise: %s
   lease: %s
 tenants:
   - name: %s
     tokens_sha256: [%q]
     root: %q
 `, keyFile, shutdownDelay, shutdownGrace, binPath, chunkDelay, agentStop, g.homes, adminHash,
-		name, g.redis.URL(0), g.internal[name], lease, tenantName, tokenHash, g.root)
+		name, g.redis.URL(0), g.internal[name], advertise, lease, tenantName, tokenHash, g.root)
 }
 
 func newRing(t *testing.T, ctx context.Context) *ring {
@@ -101,6 +107,9 @@ func newRing(t *testing.T, ctx context.Context) *ring {
 	hash := func(s string) string { sum := sha256.Sum256([]byte(s)); return hex.EncodeToString(sum[:]) }
 	for _, name := range ringNames {
 		g.internal[name] = harness.FreeAddr(t)
+	}
+	g.faults = startFaultProxy(t, g.internal["b"])
+	for _, name := range ringNames {
 		r := &replica{c: g.cluster, name: name, addr: harness.FreeAddr(t), cfg: filepath.Join(dir, "acpgate-"+name+".yaml")}
 		harness.WriteFile(t, r.cfg, g.ringConfig(keyFile, hash(g.adminToken), hash(g.token), name), 0o600)
 		if out, err := exec.Command(binPath, "check-config", "--config", r.cfg).CombinedOutput(); err != nil {
@@ -842,8 +851,11 @@ func (g *ring) agentPrompts(t *testing.T, text string) int {
 	return n
 }
 
-func ringOnce(t *testing.T, ctx context.Context, g *ring) {
-	own, via := "c", "a"
+// httpSession opens a Streamable-HTTP connection on replica own, its
+// connection's event stream there, and a session; the session's event
+// stream on replica stream.
+func (g *ring) httpSession(t *testing.T, ctx context.Context, own, stream string) (*hpeer, string) {
+	t.Helper()
 	p := g.hpeer(t)
 	code, body := p.post(own, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}`)
 	if code != http.StatusOK || g.ownerOf(p.conn) != own {
@@ -862,11 +874,17 @@ func ringOnce(t *testing.T, ctx context.Context, g *ring) {
 			}
 		}
 	}
-	// The session's stream through the non-owner too: carried from the
-	// owner, as is the prompt.
-	p.stream(via, sid)
+	p.stream(stream, sid)
+	return p, sid
+}
+
+// promptOnce POSTs a prompt for sid through replica via and checks that
+// its client gets one answer, the whole echo, and nothing more; and that
+// the agent executed it once. It returns how many POSTs via counted
+// forwarded meanwhile.
+func (g *ring) promptOnce(t *testing.T, ctx context.Context, p *hpeer, sid, via, text string) float64 {
+	t.Helper()
 	before := g.replicas[via].metric(t, "acpgate_cluster_forwarded_total", `op="http_post"`)
-	text := "executed once " + harness.RandomHex(t, 8)
 	prompt, _ := json.Marshal(acpclient.Request(3, "session/prompt", textPrompt(sid, text)))
 	if code, body := p.post(via, sid, string(prompt)); code != http.StatusAccepted {
 		t.Fatalf("session/prompt POSTed to non-owner %s: %d %.300s", via, code, body)
@@ -889,12 +907,36 @@ func ringOnce(t *testing.T, ctx context.Context, g *ring) {
 		t.Fatalf("after the answer (a second execution?): %.300s", m.Raw)
 	case <-time.After(time.Second):
 	}
-	if got := g.replicas[via].metric(t, "acpgate_cluster_forwarded_total", `op="http_post"`) - before; got != 1 {
-		t.Errorf("replica %s forwarded %g POSTs for one prompt; want 1", via, got)
-	}
 	if n := g.agentPrompts(t, text); n != 1 {
 		t.Fatalf("the agent's stored session has the prompt %d times; want exactly once", n)
 	}
+	return g.replicas[via].metric(t, "acpgate_cluster_forwarded_total", `op="http_post"`) - before
+}
+
+func ringOnce(t *testing.T, ctx context.Context, g *ring) {
+	own, via := "b", "a"
+	// The session's event stream through the non-owner too: carried from
+	// the owner, as the prompt is.
+	p, sid := g.httpSession(t, ctx, own, via)
+	if fwd := g.promptOnce(t, ctx, p, sid, via, "executed once "+harness.RandomHex(t, 8)); fwd != 1 {
+		t.Errorf("replica %s forwarded %g POSTs for one prompt; want 1", via, fwd)
+	}
+
+	// The hop fails after the owner got the POST (its answer is withheld
+	// and the forwarder's connection reset): the forwarder sends it again,
+	// the owner drops what it has seen, the client gets one answer and
+	// the agent one prompt. (The stream stays on the owner: only the POST
+	// crosses the proxy.)
+	p, sid = g.httpSession(t, ctx, own, own)
+	g.faults.arm()
+	fwd := g.promptOnce(t, ctx, p, sid, via, "executed once despite a retry "+harness.RandomHex(t, 8))
+	if cuts := g.faults.cutCount(); cuts != 1 {
+		t.Fatalf("the proxy in front of %s cut %d hops; want the prompt's: the retry was not tested", own, cuts)
+	}
+	if fwd != 1 {
+		t.Errorf("replica %s counted %g POSTs forwarded for one prompt sent twice over the hop; want 1 (delivered once)", via, fwd)
+	}
+	t.Logf("a POST whose hop was reset after delivery: retried, executed once")
 }
 
 // --- g ---
