@@ -191,3 +191,17 @@ func parseHash(h map[string]string) (Spent, error) {
 	}
 	return s, errors.Join(errs...)
 }
+
+// RedisClient connects to the Redis spec names (redis:// or rediss://)
+// for another user of the shared store (what names the setting in errors),
+// each call bounded by timeout. It returns the client and the URL without
+// its password, for logs and errors.
+func RedisClient(spec, what string, timeout time.Duration) (*redis.Client, string, error) {
+	opts, err := redis.ParseURL(spec)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s %s: %s", what, redactURL(spec), scrub(err.Error(), spec))
+	}
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = timeout, timeout, timeout
+	opts.MaxRetries = 0
+	return redis.NewClient(opts), redactURL(spec), nil
+}

@@ -30,6 +30,9 @@ type adminAPI struct {
 	audit  *auditTrail
 	budget *budget.Ledger
 	log    *slog.Logger
+	// replicas: in a cluster, lists span every live replica and an end
+	// or close reaches the one that holds it (nil: this gateway alone).
+	replicas *replicas
 }
 
 // newAdmins is the admin API's credential check (nil: no admin API).
@@ -174,11 +177,22 @@ type adminConn struct {
 	State      string     `json:"state"` // attached or detached
 	DetachedAt *time.Time `json:"detachedAt,omitempty"`
 	Sessions   []string   `json:"sessions"`
+	Replica    string     `json:"replica,omitempty"` // the replica that holds it (in a cluster)
 }
 
 // listConns lists the open connections (?tenant= filters).
 func (a *adminAPI) listConns(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	tenant, all := tenantFilter(r)
+	out := a.localConns(tenant, all)
+	others, unreachable := gatherAdmin[adminConn](r.Context(), a.replicas, "connections", r.URL.RawQuery, who)
+	out = append(out, others...)
+	a.audit.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
+		Fields: []audit.Field{audit.F("count", len(out))}})
+	writeJSON(w, http.StatusOK, adminList("connections", out, unreachable))
+}
+
+// localConns is this replica's connections (tenant: the filter, unless all).
+func (a *adminAPI) localConns(tenant string, all bool) []adminConn {
 	links, _ := a.links.linksOf("")
 	byID := make(map[string]*link, len(links))
 	for _, l := range links {
@@ -197,11 +211,10 @@ func (a *adminAPI) listConns(w http.ResponseWriter, r *http.Request, who auth.Id
 		if c.Detached {
 			ac.State, ac.DetachedAt = "detached", optTime(c.DetachedAt)
 		}
+		ac.Replica = a.replicas.name()
 		out = append(out, ac)
 	}
-	a.audit.record(audit.Event{Event: "admin.connections.listed", Subject: who.Subject, Tenant: tenant,
-		Fields: []audit.Field{audit.F("count", len(out))}})
-	writeJSON(w, http.StatusOK, map[string]any{"connections": out})
+	return out
 }
 
 // adminSession is a session as GET /v1/admin/sessions lists it.
@@ -216,11 +229,23 @@ type adminSession struct {
 	TurnStarted *time.Time         `json:"turnStarted,omitempty"`
 	Tokens      map[string]int64   `json:"tokens"`
 	Cost        map[string]float64 `json:"cost"`
+	Replica     string             `json:"replica,omitempty"` // the replica that holds it (in a cluster)
 }
 
 // listSessions lists the live sessions (?tenant= filters).
 func (a *adminAPI) listSessions(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	tenant, all := tenantFilter(r)
+	out := a.localSessions(tenant, all)
+	others, unreachable := gatherAdmin[adminSession](r.Context(), a.replicas, "sessions", r.URL.RawQuery, who)
+	out = append(out, others...)
+	a.audit.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
+		Fields: []audit.Field{audit.F("count", len(out))}})
+	writeJSON(w, http.StatusOK, adminList("sessions", out, unreachable))
+}
+
+// localSessions is this replica's live sessions (tenant: the filter,
+// unless all).
+func (a *adminAPI) localSessions(tenant string, all bool) []adminSession {
 	out := []adminSession{}
 	for _, ss := range a.relay.SessionSnapshots(tenant, all) {
 		as := adminSession{ID: ss.ID, Tenant: ss.Tenant, Agent: ss.Agent, Parent: ss.Parent, Clients: ss.Clients, State: ss.State,
@@ -231,11 +256,10 @@ func (a *adminAPI) listSessions(w http.ResponseWriter, r *http.Request, who auth
 		if as.Cost == nil {
 			as.Cost = map[string]float64{}
 		}
+		as.Replica = a.replicas.name()
 		out = append(out, as)
 	}
-	a.audit.record(audit.Event{Event: "admin.sessions.listed", Subject: who.Subject, Tenant: tenant,
-		Fields: []audit.Field{audit.F("count", len(out))}})
-	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
+	return out
 }
 
 // endSession ends a session for every client, its running turn
@@ -243,6 +267,12 @@ func (a *adminAPI) listSessions(w http.ResponseWriter, r *http.Request, who auth
 func (a *adminAPI) endSession(w http.ResponseWriter, r *http.Request, who auth.Identity) {
 	id := chi.URLParam(r, "id")
 	owner, err := a.relay.EndSession(id, who.Subject)
+	if errors.Is(err, proxy.ErrNoSuchSession) {
+		owner, err = a.replicas.endElsewhere(r.Context(), "sessions", id, who, err)
+	}
+	if err == nil {
+		a.replicas.noteEnded(id)
+	}
 	if a.failed(w, err, proxy.ErrNoSuchSession, "no such session", "session", id) {
 		return
 	}
@@ -266,6 +296,9 @@ func (a *adminAPI) closeConn(w http.ResponseWriter, r *http.Request, who auth.Id
 		}
 	}
 	owner, err := a.relay.CloseConn(id, who.Subject, closeSockets)
+	if errors.Is(err, proxy.ErrNoSuchConn) {
+		owner, err = a.replicas.endElsewhere(r.Context(), "connections", id, who, err)
+	}
 	if a.failed(w, err, proxy.ErrNoSuchConn, "no such connection", "conn", id) {
 		return
 	}

@@ -324,6 +324,9 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Iden
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return auth.Identity{}, false
 	}
+	if id, ok := forwardedIdentity(r); ok { // signed by the replica it reached
+		return id, true
+	}
 	if s.authn == nil {
 		return auth.Identity{}, true
 	}
@@ -468,7 +471,7 @@ func (p *postScan) scan(w http.ResponseWriter, msg []byte) bool {
 // handleHTTPPost takes one client message.
 func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 	who, agent, ok := s.authenticateAgent(w, r)
-	if !ok {
+	if !ok || s.forwardHTTP(w, r, who) {
 		return
 	}
 	msg, ok := s.readPost(w, r)
@@ -498,9 +501,11 @@ func (s *Server) handleHTTPPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.read(len(msg))
-	if p.err == nil {
+	switch {
+	case p.err == nil && s.replicas.intercept(&h.link, msg, m): // a session another replica holds: carried there
+	case p.err == nil:
 		h.conn.HandleScannedTrace(&h.link, m, postTrace(r))
-	} else {
+	default:
 		h.conn.HandleFrom(&h.link, msg) // the relay answers what is not JSON-RPC
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -611,6 +616,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 	h.recordOpened()
 	reply := h.initReply // Send clears the field once it has answered
 	h.read(len(msg))
+	s.replicas.noteInit(&h.link, msg)
 	h.conn.HandleScannedTrace(&h.link, m, postTrace(r))
 	select {
 	case reply := <-reply:
@@ -635,7 +641,7 @@ func (s *Server) httpInitialize(w http.ResponseWriter, r *http.Request, who auth
 func (s *Server) newHTTPConn(who auth.Identity, agent string, initID []byte, affinity, remote string) (*httpConn, error) {
 	tenant := who.Tenant
 	cfg := s.config()
-	id := newConnID()
+	id := s.newConnID()
 	log := s.log.With("conn", id, "transport", "http", "agent", agent)
 	if s.authn != nil {
 		log = log.With("tenant", tenant)
@@ -669,7 +675,7 @@ func (h *httpConn) answerInit(w http.ResponseWriter, reply []byte) {
 // handleHTTPDelete ends a connection, as a WebSocket close 1000 would.
 func (s *Server) handleHTTPDelete(w http.ResponseWriter, r *http.Request) {
 	who, agent, ok := s.authenticateAgent(w, r)
-	if !ok {
+	if !ok || s.forwardHTTP(w, r, who) {
 		return
 	}
 	h := s.lookup(w, r, who, agent)
@@ -690,6 +696,9 @@ func (s *Server) handleSSE(w http.ResponseWriter, r *http.Request) {
 	}
 	if !strings.Contains(strings.ToLower(r.Header.Get("Accept")), "text/event-stream") {
 		plain(w, http.StatusNotAcceptable, "Not Acceptable")
+		return
+	}
+	if s.forwardHTTP(w, r, who) {
 		return
 	}
 	h, name, ok := s.lookupSession(w, r, who, agent)

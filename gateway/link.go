@@ -130,6 +130,7 @@ func (l *link) init(s *Server, t transport, in linkInfo) {
 func (l *link) newConn(noResume bool, onEnd func()) error {
 	release := func() {
 		l.s.links.giveSlot(l.tenant)
+		l.s.replicas.connEnded(l.id)
 		if onEnd != nil {
 			onEnd()
 		}
@@ -141,6 +142,7 @@ func (l *link) newConn(noResume bool, onEnd func()) error {
 		return fmt.Errorf("new connection: %w", err)
 	}
 	l.setConn(conn)
+	l.s.replicas.connStarted(l.id)
 	return nil
 }
 

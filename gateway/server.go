@@ -73,6 +73,7 @@ type Server struct {
 	links    *linkRegistry      // every open connection; refusing once the listener closes
 	agents   *agents            // agent specs, agents a reload adds, removed agents' drains
 	rules    *permrules.Decider // the standing permission rules; Reload swaps them
+	replicas *replicas          // cluster:; nil alone
 
 	started  atomic.Bool
 	notReady atomic.Bool // SIGTERM received: /readyz says draining
@@ -405,14 +406,20 @@ func New(opts Options) (*Server, error) {
 		tracing: tr, registry: reg, audit: trail, budgets: bud}
 	s.agents = newAgents(opts, launch, tr, s.links, log)
 	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count
+	if s.replicas, err = newReplicas(s, cfg, reg); err != nil {
+		s.agents.stopDrains()
+		s.tracing.close(context.Background(), log)
+		return fail(err)
+	}
 	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
 		s.agents.stopDrains()
 		s.tracing.close(context.Background(), log)
 		return fail(err)
 	}
 	if admins != nil {
-		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, budget: bud.ledger, log: log}
+		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, budget: bud.ledger, log: log, replicas: s.replicas}
 	}
+	s.replicas.start(s.TracerProvider())
 	r := s.routes(cfg, authn)
 	s.http = &http.Server{
 		Handler:           r,
@@ -455,6 +462,11 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 	// The ledger hears of spend and decides before each prompt; the
 	// standing rules decide before a permission request reaches a client.
 	rc.Observers = append(rc.Observers, s.budgets.ledger)
+	if s.replicas != nil { // the registry hears of every session made or loaded here, and of its end
+		rc.Observers = append(rc.Observers, s.replicas)
+		rc.Instance, rc.Cluster = s.replicas.name(), s.replicas
+		rc.Owners.Share(s.replicas.owners())
+	}
 	table, err := cfg.PermissionTable()
 	if err != nil {
 		return err
@@ -667,6 +679,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.agents.stopDrains()   // removed agents still draining stop now, with the rest
 	s.relay.CloseDetached() // nobody will resume them here
+	s.replicas.close(ctx)   // its records go: their sessions and connections are free at once
 	if rerr := s.relay.Close(ctx); rerr != nil && err == nil {
 		err = rerr
 	}
@@ -695,5 +708,11 @@ func (s *Server) Relay() *proxy.Relay { return s.relay }
 
 // newConnID is a connection's ID: a random (version 4) UUID, as the SDK's
 // reference server issues. It identifies; it grants nothing (a resume
-// needs the tenant's credentials and the resume token).
-func newConnID() string { return uuid.NewString() }
+// needs the tenant's credentials and the resume token). In a cluster it is
+// "<replica>.<uuid>", so that any replica knows where it is held.
+func (s *Server) newConnID() string {
+	if s.replicas != nil {
+		return s.replicas.name() + "." + uuid.NewString()
+	}
+	return uuid.NewString()
+}

@@ -278,7 +278,7 @@ func TestDecider(t *testing.T) {
 	}
 }
 
-// The README's claude-code-acp example: its requests carry a title (Bash:
+// The claude-code-acp example of docs/operations.md: its requests carry a title (Bash:
 // the command in backticks) but no kind or locations.
 func TestClaudeCodeTitles(t *testing.T) {
 	l := mustCompile(t,

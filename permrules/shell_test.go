@@ -440,7 +440,8 @@ func TestGlobstarLinear(t *testing.T) {
 
 // BenchmarkMatchPathGlobstar: the path matcher alone on the review's
 // path of n node_modules segments (20,000: 253 KiB) under its rule; the
-// same code benchmarks 99b340a's recursive matcher (see BENCHMARKS.md).
+// same code benchmarks 99b340a's recursive matcher (see
+// docs/benchmarks/issue-36-permission-rules.md).
 //
 //	go test -run '^$' -bench MatchPathGlobstar ./permrules/
 func BenchmarkMatchPathGlobstar(b *testing.B) {

@@ -173,6 +173,12 @@ func (c *Conn) ID() string { return c.id }
 // deliver sends a message to the client.
 func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, Facts{}, false) }
 
+// Deliver sends the client a message the relay did not route (another
+// replica's, carried by the gateway), numbered and kept as the relay's
+// own are, so that a resume replays it. msg is a pooled buffer
+// (jsonrpc.GetBuffer), owned by the connection from now on.
+func (c *Conn) Deliver(msg []byte) { c.deliver(msg) }
+
 // deliverFor sends a message about session sess (nil: none) to the client;
 // f is what the relay knows of it (FactSink); wait allows backpressure
 // (see Sink.Send).

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,6 +62,14 @@ type Config struct {
 	AuditPrompts bool
 	// Tracing makes the relay's spans (trace.go); nil = tracing off.
 	Tracing trace.TracerProvider
+	// Cluster, when set, makes the relay one replica of several: it asks
+	// it where a session not live here is, and what an administrator ended
+	// elsewhere.
+	Cluster Cluster
+	// Instance names this gateway in its resume tokens ("<instance>.<random>"):
+	// a cluster's replica name, so that any replica knows where a token
+	// was issued ("": a random name for this process).
+	Instance string
 	// Observers watch every session's events beside the relay's metrics,
 	// the audit trail and tracing; Deciders decide, in order, whether a
 	// prompt may go to the agent and may answer an agent's permission
@@ -155,8 +164,10 @@ type Relay struct {
 	// clients see (maxAdminEnded of them), for the error naming them.
 	adminEnded inflight.Recent[string]
 
-	mapPaths bool   // some tenant maps paths (set at start: a reload cannot turn it on)
-	instance string // this process's name in resume tokens
+	mapPaths bool    // some tenant maps paths (set at start: a reload cannot turn it on)
+	instance string  // this process's name in resume tokens
+	named    bool    // instance is a replica's name (Config.Instance), of any length
+	cluster  Cluster // nil: alone
 
 	connSeq atomic.Uint64 // numbers connections in the order they are made (lockOutboxes)
 
@@ -232,7 +243,9 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		first:      cfg.Agents[0].Name,
 		tenantCfg:  cfg.Tenants,
 		mapPaths:   mapPaths,
-		instance:   sessionid.NewInstance(),
+		instance:   cmp.Or(cfg.Instance, sessionid.NewInstance()),
+		named:      cfg.Instance != "",
+		cluster:    cfg.Cluster,
 		promptCh:   make(chan struct{}),
 	}
 	for _, spec := range cfg.Agents {

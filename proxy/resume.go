@@ -61,7 +61,7 @@ func (r *Relay) Resume(tenant, subject, agent, token string, received int64) (*C
 	r.mu.Unlock()
 	switch {
 	case c == nil:
-		if inst, _, ok := strings.Cut(token, "."); ok && inst != r.instance && len(inst) == len(r.instance) {
+		if inst, _, ok := strings.Cut(token, "."); ok && inst != r.instance && (r.named || len(inst) == len(r.instance)) {
 			r.refused(metrics.RefusedOtherReplica)
 		} else {
 			r.refused(metrics.RefusedUnknown)
@@ -178,7 +178,8 @@ func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	if current {
 		c.out.DetachLocked()
 	}
-	// A take-over delivers what came after the detach (README): taken in
+	// A take-over delivers what came after the detach (docs/protocol.md,
+	// "Resume after a drop"): taken in
 	// the same critical section as the sink, so nothing falls between.
 	sent := c.out.SentLocked()
 	c.out.Unlock()

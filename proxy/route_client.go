@@ -72,6 +72,11 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		tracing.AnsweredByGateway(span)
 		return
 	}
+	if m.Method == acp.SessionStatus {
+		cr.handleStatus(m)
+		tracing.AnsweredByGateway(span)
+		return
+	}
 	// Paths are checked before anything is reserved or taken over.
 	edits, pathErr := pathrewrite.ToAgent(c.ten.mapper.Load(), m, cr.edits[:0])
 	if pathErr != nil {
@@ -143,7 +148,7 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	c.mu.Lock()
 	sess := c.sessions[gwID]
 	c.mu.Unlock()
-	if sess != nil && sess.stage() == stageClosing || (sess == nil || sess.stage() == stageEnded) && c.relay.adminEnded.Has(gwID) {
+	if sess != nil && sess.stage() == stageClosing || (sess == nil || sess.stage() == stageEnded) && c.relay.endedByAdminAnywhere(gwID) {
 		cr.endedByAdmin(m, gwID)
 		return nil, "", errAnswered
 	}

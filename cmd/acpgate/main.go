@@ -150,6 +150,20 @@ func serve(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer stopMetrics()
+	if cfg.Cluster != nil {
+		cln, err := net.Listen("tcp", cfg.Cluster.Listen)
+		if err != nil {
+			log.Error("cannot listen", "addr", cfg.Cluster.Listen, "setting", "cluster.listen", "err", err)
+			_ = ln.Close()
+			_ = srv.Shutdown(context.Background())
+			return 1
+		}
+		go func() { // ends with srv.Shutdown
+			if err := srv.ServeCluster(cln); err != nil {
+				log.Error("cluster listener failed", "addr", cln.Addr().String(), "err", err)
+			}
+		}()
+	}
 	return serveUntilSignal(srv, ln, cfg, f, log, stderr)
 }
 
@@ -265,7 +279,7 @@ func loadConfig(f serveFlags, stderr io.Writer) (*config.Config, error) {
 		}
 		for _, name := range unknown {
 			if !ignoredEnv(name) {
-				fmt.Fprintf(stderr, "acpgate: warning: %s is not a setting (see README, Running it)\n", name)
+				fmt.Fprintf(stderr, "acpgate: warning: %s is not a setting (see docs/configuration.md)\n", name)
 			}
 		}
 		if f.listen != "" {

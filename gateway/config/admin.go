@@ -21,6 +21,8 @@ type Admin struct {
 // AdminClaim is a JWT claim and the value that makes an administrator (a
 // list claim holding it does too).
 type AdminClaim struct {
+	// Claim is the JWT claim's name; Value the value that makes an
+	// administrator.
 	Claim string `yaml:"claim"`
 	Value string `yaml:"value"`
 }

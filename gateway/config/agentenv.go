@@ -25,8 +25,10 @@ import (
 // Only the source is configuration; the value is read by ReadValue and
 // must never reach a log, an error, the audit trail or any output.
 type AgentEnvSource struct {
+	// File is a file holding the value.
 	File string `yaml:"file"`
-	Env  string `yaml:"env"`
+	// Env names a variable of the gateway's own environment holding it.
+	Env string `yaml:"env"`
 }
 
 // String names the source, never its value.

@@ -28,6 +28,8 @@ import (
 
 // Config is the whole configuration file.
 type Config struct {
+	// Listen is the address of the ACP endpoints, the agent list, the probes,
+	// the ticket endpoint and the web client.
 	Listen string `yaml:"listen"`
 	// AllowUnauthenticated permits serving without authentication on a
 	// non-loopback address. Without it the gateway refuses to start there.
@@ -88,10 +90,15 @@ type Config struct {
 	// IDs; every key opens IDs, so old keys can be kept during rotation.
 	SessionKeyFile  string   `yaml:"session_key_file"`
 	SessionKeyFiles []string `yaml:"session_key_files"`
+	// Cluster makes the gateway a replica that serves any session (nil:
+	// alone, or behind a balancer with affinity).
+	Cluster *Cluster `yaml:"cluster"`
 }
 
 // Tenant is one customer of the gateway.
 type Tenant struct {
+	// Name names the tenant in logs, metrics, the audit trail and the admin
+	// API.
 	Name string `yaml:"name"`
 	// TokensSHA256 are the hex SHA-256 hashes of the tenant's API tokens.
 	TokensSHA256 []string `yaml:"tokens_sha256"`
@@ -143,12 +150,18 @@ type Auth struct {
 
 // JWT configures bearer JWTs, in addition to static tokens.
 type JWT struct {
-	Issuer          string `yaml:"issuer"`
-	Audience        string `yaml:"audience"`
+	// Issuer and Audience must match the token's iss and aud (both
+	// required).
+	Issuer   string `yaml:"issuer"`
+	Audience string `yaml:"audience"`
+	// JWKSFile, JWKSURL and HS256SecretFile give the keys that sign tokens:
+	// a JWKS file, a JWKS URL (fetched and refreshed), or a file holding an
+	// HS256 secret; at least one is required.
 	JWKSFile        string `yaml:"jwks_file"`
 	JWKSURL         string `yaml:"jwks_url"`
 	HS256SecretFile string `yaml:"hs256_secret_file"`
-	TenantClaim     string `yaml:"tenant_claim"`
+	// TenantClaim names the claim that holds the tenant's name.
+	TenantClaim string `yaml:"tenant_claim"`
 }
 
 // AuthEnabled reports whether connections must authenticate.
@@ -157,9 +170,13 @@ func (c *Config) AuthEnabled() bool { return len(c.Tenants) > 0 }
 // Agent says how to run the agent.
 type Agent struct {
 	// Command is the agent's argv (no shell). Empty = the built-in demo agent.
-	Command []string          `yaml:"command"`
-	Env     map[string]string `yaml:"env"`
-	Dir     string            `yaml:"dir"`
+	Command []string `yaml:"command"`
+	// Env is added to the agent's environment (a named agent's env adds its
+	// keys to these).
+	Env map[string]string `yaml:"env"`
+	// Dir is the agent's working directory ("" = the gateway's); with
+	// tenants and the sandbox on, each agent starts in its tenant's root.
+	Dir string `yaml:"dir"`
 	// InheritEnv names the variables of the gateway's own environment a
 	// sandboxed agent gets (with the sandbox off it gets all of them).
 	InheritEnv []string `yaml:"inherit_env"`
@@ -269,11 +286,17 @@ func (c *Config) resolveAgents(root *yaml.Node) {
 
 // Pool sizes the agent pool.
 type Pool struct {
-	MinIdle               int      `yaml:"min_idle"`
-	MaxProcesses          int      `yaml:"max_processes"`
-	MaxSessionsPerProcess int      `yaml:"max_sessions_per_process"`
-	AcquireTimeout        Duration `yaml:"acquire_timeout"`
-	IdleTimeout           Duration `yaml:"idle_timeout"`
+	// MinIdle is how many initialized processes with no session are kept
+	// ready.
+	MinIdle int `yaml:"min_idle"`
+	// MaxProcesses caps the agent's processes.
+	MaxProcesses int `yaml:"max_processes"`
+	// MaxSessionsPerProcess caps the sessions one process serves.
+	MaxSessionsPerProcess int `yaml:"max_sessions_per_process"`
+	// AcquireTimeout is how long a request waits for a free process.
+	AcquireTimeout Duration `yaml:"acquire_timeout"`
+	// IdleTimeout stops idle processes beyond MinIdle after this long.
+	IdleTimeout Duration `yaml:"idle_timeout"`
 	// RecycleAfterSessions and RecycleAfter retire an agent process once it
 	// has been given that many sessions, or has run that long (0 = never):
 	// it takes no new sessions, is replaced, and stops when its last
@@ -369,8 +392,12 @@ type Timeouts struct {
 
 // WebSocket tunes the client transport.
 type WebSocket struct {
+	// PingInterval is how often a WebSocket is pinged; PingTimeout how long
+	// its pong may take before the connection is taken for dead.
 	PingInterval Duration `yaml:"ping_interval"`
 	PingTimeout  Duration `yaml:"ping_timeout"`
+	// WriteTimeout bounds one write to a client (a WebSocket frame, an SSE
+	// event).
 	WriteTimeout Duration `yaml:"write_timeout"`
 }
 
@@ -652,6 +679,7 @@ func (c *Config) validate(root *yaml.Node) []Problem {
 	c.validateAudit(add)
 	c.validateTracing(add)
 	c.validateBudgets(add)
+	c.validateCluster(add)
 	return ps
 }
 

@@ -11,44 +11,84 @@ import (
 // laid over it, key by key, and the global one is the built-in secure
 // defaults with its keys laid over them.
 type PolicyYAML struct {
+	// Session gates the session methods beyond the baseline: a method
+	// that is off is hidden from the initialize result and refused
+	// (-32601).
 	Session struct {
-		Load                  *bool `yaml:"load"`
-		Resume                *bool `yaml:"resume"`
-		Close                 *bool `yaml:"close"`
-		List                  *bool `yaml:"list"`
-		Delete                *bool `yaml:"delete"`
-		Fork                  *bool `yaml:"fork"`
+		// Load is session/load.
+		Load *bool `yaml:"load"`
+		// Resume is session/resume.
+		Resume *bool `yaml:"resume"`
+		// Close is session/close.
+		Close *bool `yaml:"close"`
+		// List is session/list.
+		List *bool `yaml:"list"`
+		// Delete is session/delete.
+		Delete *bool `yaml:"delete"`
+		// Fork is session/fork (unstable: it needs unstable too).
+		Fork *bool `yaml:"fork"`
+		// AdditionalDirectories lets a request carry additionalDirectories
+		// (off: -32602).
 		AdditionalDirectories *bool `yaml:"additional_directories"`
 	} `yaml:"session"`
+	// MCP says which MCP servers a client may hand the agent in
+	// mcpServers; another gets -32602 naming it.
 	MCP struct {
-		Stdio     *bool     `yaml:"stdio"`
-		HTTP      *bool     `yaml:"http"`
-		SSE       *bool     `yaml:"sse"`
+		// Stdio allows servers over stdio, which run a command on the host.
+		Stdio *bool `yaml:"stdio"`
+		// HTTP allows servers over HTTP.
+		HTTP *bool `yaml:"http"`
+		// SSE allows servers over SSE.
+		SSE *bool `yaml:"sse"`
+		// HTTPHosts, when set, lists the hosts an http or sse server's URL
+		// may name ("*.example.com" matches subdomains, not the apex).
 		HTTPHosts *[]string `yaml:"http_hosts"`
 	} `yaml:"mcp"`
+	// Prompt says which content a prompt may carry besides text and
+	// resource_link (always allowed); another block gets -32602.
 	Prompt struct {
-		Image           *bool `yaml:"image"`
-		Audio           *bool `yaml:"audio"`
+		// Image allows image blocks.
+		Image *bool `yaml:"image"`
+		// Audio allows audio blocks.
+		Audio *bool `yaml:"audio"`
+		// EmbeddedContext allows embedded resource blocks.
 		EmbeddedContext *bool `yaml:"embedded_context"`
 	} `yaml:"prompt"`
+	// Client says what agents may ask of clients.
 	Client struct {
-		FsRead   *bool `yaml:"fs_read"`
-		FsWrite  *bool `yaml:"fs_write"`
+		// FsRead and FsWrite tell agents of file access: the gateway serves
+		// fs/read_text_file and fs/write_text_file from the tenant root for
+		// a client that does not offer them.
+		FsRead  *bool `yaml:"fs_read"`
+		FsWrite *bool `yaml:"fs_write"`
+		// Terminal tells agents of a client's terminal (off: agents run
+		// commands themselves, and a terminal request gets -32601).
 		Terminal *bool `yaml:"terminal"`
 	} `yaml:"client"`
-	AgentAuth  *bool `yaml:"agent_auth"`
+	// AgentAuth forwards the agent's authentication surface (authMethods,
+	// authenticate, logout, auth/login, auth/logout); off, clients cannot
+	// log the shared agent process in or out.
+	AgentAuth *bool `yaml:"agent_auth"`
+	// Extensions lists the "_"-prefixed extension methods allowed in
+	// either direction ("_zed.dev/*" matches a prefix).
 	Extensions struct {
+		// Allow is the list of extension method patterns.
 		Allow *[]string `yaml:"allow"`
 	} `yaml:"extensions"`
+	// Unstable allows the protocol's unstable methods and capability keys
+	// (providers/*, nes/*, document/*, mcp/*, session/fork, ...).
 	Unstable *bool `yaml:"unstable"`
-	Models   struct {
+	// Models is the model allow-list.
+	Models struct {
 		// Allow: nil keeps the layer below's list; [] allows no model.
 		Allow *[]string `yaml:"allow"`
 	} `yaml:"models"`
+	// Modes is the mode allow-list, applied as Models is.
 	Modes struct {
 		// Allow: nil keeps the layer below's list; [] allows no mode.
 		Allow *[]string `yaml:"allow"`
 	} `yaml:"modes"`
+	// Meta is which top-level keys of a client's _meta reach the agent.
 	Meta struct {
 		// Allow: nil keeps the layer below's list.
 		Allow *[]string `yaml:"allow"`

@@ -40,7 +40,9 @@ type Sandbox struct {
 type SandboxNetwork struct {
 	// Restrict turns the TCP rules on; then only the listed ports may be
 	// connected to or bound.
-	Restrict   bool  `yaml:"restrict"`
+	Restrict bool `yaml:"restrict"`
+	// ConnectTCP are the ports agents may connect to, BindTCP those they may
+	// bind, with Restrict on.
 	ConnectTCP []int `yaml:"connect_tcp"`
 	BindTCP    []int `yaml:"bind_tcp"`
 }
@@ -60,6 +62,8 @@ type SandboxLimits struct {
 
 // TenantSandbox adds paths for one tenant's agents.
 type TenantSandbox struct {
+	// ReadOnly are more paths these agents may read and execute; ReadWrite
+	// more paths they may write.
 	ReadOnly  []string `yaml:"read_only"`
 	ReadWrite []string `yaml:"read_write"`
 }

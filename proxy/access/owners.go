@@ -69,7 +69,23 @@ type Owners struct {
 	mu     sync.Mutex
 	scopes map[string]*scopeOwners
 	file   *ownersFile // nil: memory only
+	shared Shared      // nil: this gateway's alone (Share)
 }
+
+// Shared is a store of owners the replicas of a cluster share: a session
+// made on one is known to all, so that each lists it for its maker and
+// refuses it to anyone else.
+type Shared interface {
+	// Get is who made the session and when it was last used ("": not
+	// known, or the store failed: Get bounds its wait).
+	Get(scope, agentSID string) (subject string, used int64)
+	// Put records it; it never waits for the store.
+	Put(scope, agentSID, subject string, used int64)
+}
+
+// Share makes o read what it does not know from sh and write what it
+// notes to it too. Call it before o is used.
+func (o *Owners) Share(sh Shared) { o.shared = sh }
 
 // NewOwners is an Owners kept in memory only.
 func NewOwners(cfg OwnersConfig) *Owners { return &Owners{cfg: cfg} }
@@ -117,8 +133,12 @@ func (o *Owners) Note(scope, agentSID, subject string) {
 	case now.Unix() > rec.used:
 		rec.used = now.Unix()
 	}
-	if o.file != nil && now.Sub(time.Unix(rec.stored, 0)) >= o.cfg.touchEvery() {
-		if o.file.put(ownerKey{scope, agentSID}, rec.subject, rec.used) {
+	if now.Sub(time.Unix(rec.stored, 0)) >= o.cfg.touchEvery() {
+		if o.file != nil && o.file.put(ownerKey{scope, agentSID}, rec.subject, rec.used) && o.shared == nil {
+			rec.stored = rec.used
+		}
+		if o.shared != nil {
+			o.shared.Put(scope, agentSID, rec.subject, rec.used)
 			rec.stored = rec.used
 		}
 	}
@@ -138,10 +158,16 @@ func (o *Owners) Of(scope, agentSID string) string {
 	}
 	noFile := o.file == nil || o.file.closed
 	o.mu.Unlock()
-	if ok || noFile {
+	if ok || noFile && o.shared == nil {
 		return subject
 	}
-	subject, used := o.file.get(ownerKey{scope, agentSID})
+	var used int64
+	if !noFile {
+		subject, used = o.file.get(ownerKey{scope, agentSID})
+	}
+	if subject == "" && o.shared != nil {
+		subject, used = o.shared.Get(scope, agentSID)
+	}
 	if subject == "" || o.expired(used, now) {
 		return ""
 	}

@@ -43,6 +43,7 @@ const (
 	FsRead                 = "fs/read_text_file"
 	FsWrite                = "fs/write_text_file"
 	SessionAttach          = "session/attach"
+	SessionStatus          = "session/status"
 	SessionDetach          = "session/detach"
 )
 

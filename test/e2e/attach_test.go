@@ -608,7 +608,7 @@ func TestAttachReadOnly(t *testing.T) {
 		// hide the others.
 		m := ro.Await(ro.Request(req.method, req.params), turn, func(m rpcMsg) { roMsgs = append(roMsgs, m) })
 		if want := "read-only attach: " + req.method + " is not allowed"; m.Error == nil || m.Error.Code != -32007 || m.Error.Message != want {
-			t.Errorf("read-only %s: %s, want error -32007 %q (README, \"Read-only clients\")", req.method, m.Raw, want)
+			t.Errorf("read-only %s: %s, want error -32007 %q (docs/protocol.md, \"Read-only clients\")", req.method, m.Raw, want)
 		}
 	}
 	// The turn was not cancelled: it still streams, unanswered.

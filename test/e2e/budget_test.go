@@ -448,7 +448,7 @@ func TestBudgetHostileReports(t *testing.T) {
 
 // 20 turns of one tenant race its cap: every turn is cancelled, and the
 // spend passes the cap by what the turns reported before their
-// cancellation reached them. The figure is logged (README, Budgets).
+// cancellation reached them. The figure is logged (docs/operations.md, Budgets).
 func TestBudgetConcurrentTurnsOvershoot(t *testing.T) {
 	const turns, limit, step = 20, 10.0, 0.25
 	e := newBudgetEnv(t)

@@ -1026,7 +1026,7 @@ func TestIsolationTenancy(t *testing.T) {
 				}
 			})
 		}
-		// Exact wording of the README example.
+		// Exact wording of the example in docs/operations.md.
 		m := a.c.Call("session/new", map[string]any{"cwd": "/workspace/../etc", "mcpServers": []any{}}, turn)
 		if want := `params.cwd: "/workspace/../etc": path is outside the workspace "/workspace"`; m.Error == nil || m.Error.Message != want {
 			t.Errorf("got %s, want message %q", m.Raw, want)
@@ -1059,8 +1059,8 @@ func TestIsolationTenancy(t *testing.T) {
 		})
 		return m, append(seen, m)
 	}
-	// hostLeaks scans messages for host paths of either tenant. Fields the
-	// README lists as free text (not rewritten) are reported separately.
+	// hostLeaks scans messages for host paths of either tenant. Fields
+	// docs/operations.md lists as free text (not rewritten) are reported separately.
 	freeText := map[string]bool{"text": true, "title": true, "rawInput": true, "rawOutput": true, "output": true}
 	hostLeaks := func(msgs []rpcMsg) (structural, inFreeText []string) {
 		hosts := []string{env.dir, env.real["acme"], env.real["globex"], filepath.Dir(env.real["acme"])}
@@ -1157,7 +1157,7 @@ func TestIsolationTenancy(t *testing.T) {
 			t.Errorf("host paths in free text of single messages:\n%s", strings.Join(free, "\n"))
 		}
 		// ...but a path an agent streams across several chunks cannot be
-		// seen whole by a per-message rewrite (documented in README).
+		// seen whole by a per-message rewrite (documented in docs/operations.md).
 		if strings.Contains(reply, env.real["acme"]) {
 			t.Logf("host root split across streamed chunks (documented limitation): %q", reply)
 		}
@@ -1165,7 +1165,7 @@ func TestIsolationTenancy(t *testing.T) {
 	})
 
 	t.Run("read of a virtual path in prompt text", func(t *testing.T) {
-		// Prompt text is not rewritten (README, "Free text"): the demo
+		// Prompt text is not rewritten (docs/operations.md, "Free text"): the demo
 		// agent takes "/workspace/notes.txt" literally as a host path,
 		// which is outside acme's host root, so the gateway refuses it
 		// and the client is never asked.

@@ -432,7 +432,7 @@ func TestPoolMixedProfilesConcurrent(t *testing.T) {
 // the gateway answers the agent's fs requests itself, from the tenant root,
 // and the client never sees them. Paths outside the root stay refused.
 //
-// Prompt text is never rewritten (README, "Free text"), and the demo agent
+// Prompt text is never rewritten (docs/operations.md, "Free text"), and the demo agent
 // resolves a relative path against its session cwd, which is the host root:
 // the prompts use relative paths so that the agent asks for files under the
 // host root, exactly as a real agent working in its cwd would.

@@ -22,7 +22,7 @@ import (
 // TestSDKOwnerWithAttachedClient: the official SDK 2.4.0 client
 // (sdk-owner.mjs), unchanged, owns a session through the real gateway while
 // another client (a raw WebSocket client here) is attached to it with
-// session/attach (README, "Several clients on one session"; issue #22):
+// session/attach (docs/protocol.md, "Several clients on one session"; issue #22):
 //
 //   - turn 1: the demo agent asks for permission; the SDK client's handler
 //     waits 3 s. Meanwhile the other client attaches (the history replays

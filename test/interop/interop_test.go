@@ -826,8 +826,8 @@ func compareWithGateway(t *testing.T, agentArgv []string, linger time.Duration) 
 	if dInit.Error != nil || gInit.Error != nil {
 		t.Fatalf("initialize failed: directly %s, through the gateway %s", dInit.raw, gInit.raw)
 	}
-	// The gateway adds its own resume token under _meta.acpgate (README,
-	// "Resume after a drop"); everything else must be the agent's answer.
+	// The gateway adds its own resume token under _meta.acpgate
+	// (docs/protocol.md, "Resume after a drop"); everything else must be the agent's answer.
 	if meta, _ := gInit.Result["_meta"].(map[string]any); meta != nil {
 		ag, _ := meta["acpgate"].(map[string]any)
 		if tok, _ := ag["resumeToken"].(string); len(tok) < 22 {
@@ -840,7 +840,7 @@ func compareWithGateway(t *testing.T, agentArgv []string, linger time.Duration) 
 	} else {
 		t.Errorf("the gateway's initialize result has no _meta.acpgate.resumeToken: %s", gInit.raw)
 	}
-	// It also offers session/attach (README, "Several clients on one session").
+	// It also offers session/attach (docs/protocol.md, "Several clients on one session").
 	if !dropAttachCapability(gInit.Result) {
 		t.Errorf("the gateway's initialize result lacks agentCapabilities.sessionCapabilities.attach: %s", gInit.raw)
 	}

@@ -14,7 +14,7 @@ package interop
 // own answers are checked against what SPEC.md (the SDK's code) gives, so an
 // SDK upgrade that changes them shows up as such.
 //
-// Where the gateway deliberately answers otherwise (README, "Streamable
+// Where the gateway deliberately answers otherwise (docs/protocol.md, "Streamable
 // HTTP"), the test asserts the gateway's own behaviour instead:
 //
 //   - SSE events: the gateway writes an "id: N" line before each event (N
@@ -1156,7 +1156,7 @@ func TestHTTPWireMatchesReference(t *testing.T) {
 	// initialize: a v4 UUID connection id on both (checked by the
 	// scenario), and the same answer (an HTTP connection has no resume
 	// token: its streams replay by Last-Event-ID instead), but for the
-	// gateway's offer of session/attach (README, "Several clients on one
+	// gateway's offer of session/attach (docs/protocol.md, "Several clients on one
 	// session").
 	for n := 1; n <= 3; n++ {
 		rb, gb := rs.initBody[n], gs.initBody[n]

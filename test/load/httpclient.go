@@ -480,7 +480,7 @@ func (e *httpEndpoint) close() {
 // each request to a writer goroutine and each answer back from a reader
 // goroutine; on two vCPUs shared with the gateway, those hand-offs cost
 // the client about 40% more CPU per round trip and showed in the latency
-// tail (BENCHMARKS.md).
+// tail (docs/benchmarks/issue-15-21-streamable-http.md).
 type postConn struct {
 	addr, host, path, connID string
 	c                        net.Conn

@@ -1,5 +1,5 @@
-// Package memory holds the real gateway to the memory bounds README.md
-// states: what one connection may make it hold.
+// Package memory holds the real gateway to the memory bounds
+// docs/operations.md states: what one connection may make it hold.
 package memory
 
 import (

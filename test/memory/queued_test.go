@@ -15,7 +15,7 @@ import (
 
 // TestQueuedPromptsMemory: a client attached to 32 sessions, each busy
 // with its owner's turn, sends 8 prompts of 4 MiB to each (1 GiB offered;
-// issue #30, item 3). What waits for the owners' turns is bounded (README.md,
+// issue #30, item 3). What waits for the owners' turns is bounded (docs/operations.md,
 // "What one connection may hold": 64 MiB of one connection's waiting
 // prompts, 32 MiB and 8 prompts in any one session); every other prompt is
 // refused at once with -32006 naming the bound it would pass, and none

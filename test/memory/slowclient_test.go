@@ -16,7 +16,7 @@ import (
 // TestSlowClientMemory: a client that stops reading while 20 of its
 // sessions each stream 16 MB, on the agent process where another client's
 // session streams too, costs the gateway less than 256 MiB of RSS over its
-// baseline (README.md, "What one connection may hold": 64 MiB of send
+// baseline (docs/operations.md, "What one connection may hold": 64 MiB of send
 // queue, 8 MiB of replay buffer, 20 x 2 MiB of history, twice that for the
 // garbage collector); it is cut off (1008), and the other client gets all
 // of its stream. The 16 MB come as one update (it made a 2 MiB history hold

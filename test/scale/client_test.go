@@ -19,7 +19,7 @@ import (
 
 // A WebSocket ACP client that goes through the balancer, keeps the
 // affinity cookie it is given and can resume its connection exactly
-// (README, Resume after a drop).
+// (docs/protocol.md, Resume after a drop).
 
 type rpcMsg = acpclient.Msg
 

@@ -6,7 +6,8 @@
 // restart loses no turn and no client, a replica killed outright loses no
 // session, and no agent process outlives its replica. TestReplicas
 // (replicas_test.go): three replicas in cluster mode behind round robin
-// with no affinity, any of them serving any session. See README.md.
+// with no affinity, any of them serving any session. See README.md here and
+// docs/operations.md, "Scaling out".
 package scale
 
 import (
