@@ -995,32 +995,51 @@ func ringRedis(t *testing.T, ctx context.Context, g *ring) {
 	t.Logf("Redis was down %s", time.Since(down).Round(time.Millisecond))
 
 	// Back, empty: within a heartbeat the replicas have written every
-	// record again; the session a made during the outage is listed on b
-	// and attachable from there.
+	// record again: b attaches to the session a made during the outage
+	// (its history), and c, which has not seen it, lists it.
 	g.redis.Restart()
 	back := time.Now()
+	want := "You said: a new session while the store is down a"
 	for {
-		if x.listSessions(ctx)[made["a"]] {
+		var agent strings.Builder
+		m = x.Await("session/attach after Redis came back", x.Request("session/attach", map[string]any{"sessionId": made["a"], "historyPolicy": "full"}),
+			left(t, ctx, turnLimit), func(m rpcMsg) {
+				if u := parseAny(t, m); u.Update.Kind == "agent_message_chunk" {
+					agent.WriteString(u.Update.Content.Text)
+				}
+			})
+		if m.Error == nil {
+			if agent.String() != want {
+				t.Fatalf("session/attach from b to a's session after Redis came back replayed %q; want its history %q", agent.String(), want)
+			}
 			break
 		}
 		if time.Since(back) > lease+time.Second {
-			t.Fatalf("session/list on b lacks the session a made while Redis was down, %s after Redis came back (lease %s)", time.Since(back).Round(time.Millisecond), lease)
+			t.Fatalf("session/attach from b to the session a made while Redis was down still fails %s after Redis came back (lease %s): %s",
+				time.Since(back).Round(time.Millisecond), lease, m.Raw)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("a's records were back in Redis %s after its restart", time.Since(back).Round(time.Millisecond))
-	var agent strings.Builder
-	m = x.Await("session/attach after Redis came back", x.Request("session/attach", map[string]any{"sessionId": made["a"], "historyPolicy": "full"}),
-		left(t, ctx, turnLimit), func(m rpcMsg) {
-			if u := parseAny(t, m); u.Update.Kind == "agent_message_chunk" {
-				agent.WriteString(u.Update.Content.Text)
-			}
-		})
-	if want := "You said: a new session while the store is down a"; m.Error != nil || agent.String() != want {
-		t.Fatalf("session/attach from b to a's session after Redis came back: %s, replayed %q; want its history %q", m.Raw, agent.String(), want)
+	t.Logf("b attached to a's session %s after Redis came back", time.Since(back).Round(time.Millisecond))
+	// The sessions a made before the outage (their makers' records went
+	// with Redis's data) and during it (never written) alike.
+	y := g.on(t, "g-list", "c")
+	y.initialize()
+	for {
+		listed := y.listSessions(ctx)
+		if listed[made["a"]] && listed[sids["a"]] {
+			break
+		}
+		if time.Since(back) > lease+time.Second {
+			t.Errorf("session/list on c, %s after Redis came back (lease %s): the session a made before the outage listed: %v, the one a made during it: %v; want both (their makers written again)",
+				time.Since(back).Round(time.Millisecond), lease, listed[sids["a"]], listed[made["a"]])
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	x.turn(made["a"], "a turn from b after the store came back", left(t, ctx, turnLimit))
 	x.closeClean()
+	y.closeClean()
 	for _, name := range ringNames {
 		clients[name].closeClean()
 		fresh[name].closeClean()
