@@ -54,17 +54,33 @@ func NewAdmins(cfg AdminConfig, tenants *Authenticator, log *slog.Logger) (*Admi
 // UpdateTokens replaces the administrators' token hashes (config reload).
 // On error the old ones stay.
 func (a *Admins) UpdateTokens(hashes []string) error {
+	t, err := ParseAdminTokens(hashes)
+	if err != nil {
+		return err
+	}
+	a.SetTokens(t)
+	return nil
+}
+
+// AdminTokens are administrators' token hashes, checked and ready to swap
+// in (SetTokens): a reload builds them before it changes anything.
+type AdminTokens struct{ sums [][sha256.Size]byte }
+
+// ParseAdminTokens checks and decodes administrators' token hashes.
+func ParseAdminTokens(hashes []string) (*AdminTokens, error) {
 	sums := make([][sha256.Size]byte, 0, len(hashes))
 	for i, h := range hashes {
 		b, err := hex.DecodeString(strings.TrimSpace(h))
 		if err != nil || len(b) != sha256.Size {
-			return fmt.Errorf("auth: admin token hash %d is not 64 hex digits (a SHA-256)", i)
+			return nil, fmt.Errorf("auth: admin token hash %d is not 64 hex digits (a SHA-256)", i)
 		}
 		sums = append(sums, [sha256.Size]byte(b))
 	}
-	a.hashes.Store(&sums)
-	return nil
+	return &AdminTokens{sums: sums}, nil
 }
+
+// SetTokens swaps in hashes ParseAdminTokens decoded, as UpdateTokens does.
+func (a *Admins) SetTokens(t *AdminTokens) { a.hashes.Store(&t.sums) }
 
 // Check authenticates an admin API request by its Authorization: Bearer
 // header: an administrator's static token, or a JWT carrying the admin

@@ -260,13 +260,29 @@ func (a *Authenticator) Close() {
 // error the old table stays. Outstanding tickets of a removed tenant stop
 // working; JWTs naming it are refused.
 func (a *Authenticator) UpdateTenants(tenants []TenantTokens) error {
-	t, err := newTenantTable(tenants)
+	t, err := ParseTenants(tenants)
 	if err != nil {
 		return err
 	}
-	a.tenants.Store(t)
+	a.SetTenants(t)
 	return nil
 }
+
+// Tenants is a checked tenant table, ready to swap in (SetTenants): a
+// reload builds it before it changes anything.
+type Tenants struct{ t *tenantTable }
+
+// ParseTenants checks and builds a tenant table.
+func ParseTenants(tenants []TenantTokens) (*Tenants, error) {
+	t, err := newTenantTable(tenants)
+	if err != nil {
+		return nil, err
+	}
+	return &Tenants{t: t}, nil
+}
+
+// SetTenants swaps in a table ParseTenants built, as UpdateTenants does.
+func (a *Authenticator) SetTenants(t *Tenants) { a.tenants.Store(t.t) }
 
 // tenantTable is immutable once built.
 type tenantTable struct {

@@ -63,12 +63,19 @@ func adminReloadable(cur, next *config.Config) string {
 	return ""
 }
 
-// reload applies a reload's admin tokens.
-func (a *adminAPI) reload(next *config.Config) error {
+// prepare checks a reload's admin tokens (nil without an admin API).
+func (a *adminAPI) prepare(next *config.Config) (*auth.AdminTokens, error) {
 	if a == nil {
-		return nil
+		return nil, nil
 	}
-	return a.admins.UpdateTokens(next.Admin.TokensSHA256)
+	return auth.ParseAdminTokens(next.Admin.TokensSHA256)
+}
+
+// setTokens swaps in the admin tokens prepare checked.
+func (a *adminAPI) setTokens(t *auth.AdminTokens) {
+	if a != nil {
+		a.admins.SetTokens(t)
+	}
 }
 
 // OpsHandler serves the operations listener (observability.metrics_listen):

@@ -209,28 +209,29 @@ func agentChanges(cur, next *config.Config) (added, removed, restart []string) {
 	return added, removed, restart
 }
 
-// add starts the pools of the agents a reload added; if one fails, those
-// it added are stopped again.
-func (ag *agents) add(next *config.Config, added []string) error {
-	for i, name := range added {
+// prepare builds the specs of the agents a reload adds.
+func (ag *agents) prepare(next *config.Config, added []string) ([]proxy.AgentSpec, error) {
+	specs := make([]proxy.AgentSpec, 0, len(added))
+	for _, name := range added {
 		spec, err := ag.spec(next, config.AgentEntry{Name: name, NamedAgent: next.AgentNamed(name)})
-		if err == nil {
-			err = ag.relay.AddAgent(spec)
-		}
 		if err != nil {
-			for _, undo := range added[:i] {
-				ag.relay.RetireAgent(undo)
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second+next.AgentNamed(undo).StopGrace.D())
-				if cerr := ag.relay.CloseAgent(ctx, undo); cerr != nil {
-					ag.log.Warn("undoing a reload: stopping an added agent", "agent", undo, "err", cerr)
-				}
-				cancel()
-			}
-			return fmt.Errorf("add agent %q: %w", name, err)
+			return nil, fmt.Errorf("add agent %q: %w", name, err)
 		}
-		ag.log.Info("agent added", "agent", name)
+		specs = append(specs, spec)
 	}
-	return nil
+	return specs, nil
+}
+
+// add runs the agents a reload adds (prepare made their specs, and the
+// reload checked that the relay has none of them).
+func (ag *agents) add(specs []proxy.AgentSpec) {
+	for _, spec := range specs {
+		if err := ag.relay.AddAgent(spec); err != nil {
+			ag.log.Error("agent not added", "agent", spec.Name, "err", err) // a reload's prepare rules this out
+			continue
+		}
+		ag.log.Info("agent added", "agent", spec.Name)
+	}
 }
 
 // MaxStopGrace is the longest stop grace of the agents configured now.

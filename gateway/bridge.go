@@ -87,20 +87,14 @@ func (rp *replicas) bridgesOf(l *link, make bool) *connBridges {
 	if rp == nil {
 		return nil
 	}
-	rp.bmu.Lock()
-	defer rp.bmu.Unlock()
-	cb := rp.bridges[l.id]
-	if cb == nil && make {
-		cb = &connBridges{rp: rp, id: l.id, tenant: l.tenant, subject: l.subject, agent: l.agent,
-			byHolder: map[string]*bridge{}, bySess: map[string]*bridge{}, asked: map[string]asked{}, calls: map[string]*bridge{}}
-		rp.bridges[l.id] = cb
+	if v, ok := rp.bridges.Load(l.id); ok || !make {
+		cb, _ := v.(*connBridges)
+		return cb
 	}
-	if cb != nil && make {
-		cb.mu.Lock()
-		cb.conn = l.conn
-		cb.mu.Unlock()
-	}
-	return cb
+	cb := &connBridges{rp: rp, id: l.id, tenant: l.tenant, subject: l.subject, agent: l.agent, conn: l.conn,
+		byHolder: map[string]*bridge{}, bySess: map[string]*bridge{}, asked: map[string]asked{}, calls: map[string]*bridge{}}
+	v, _ := rp.bridges.LoadOrStore(l.id, cb)
+	return v.(*connBridges)
 }
 
 // noteInit keeps a connection's initialize request: a bridge opens with it.
@@ -128,12 +122,8 @@ func (rp *replicas) connEnded(id string) {
 	if rp == nil {
 		return
 	}
-	rp.bmu.Lock()
-	cb := rp.bridges[id]
-	delete(rp.bridges, id)
-	rp.bmu.Unlock()
-	if cb != nil {
-		cb.close()
+	if v, ok := rp.bridges.LoadAndDelete(id); ok {
+		v.(*connBridges).close()
 	}
 	go rp.node.Release(cluster.KindConn, id)
 }
@@ -409,7 +399,7 @@ func (b *bridge) read() {
 			return
 		}
 		out := msg
-		if bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, nil) == nil {
+		if bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, routeSpec) == nil {
 			out = b.fromHolder(msg, &m)
 		}
 		if out == nil {
@@ -432,6 +422,11 @@ func (b *bridge) fromHolder(msg []byte, m *jsonrpc.Message) []byte {
 	switch m.Kind {
 	case jsonrpc.KindRequest:
 		cb.mu.Lock()
+		if sid, ok := sessionOf(m); ok && cb.bySess[sid] == nil {
+			// A session the holder asks about on this bridge (a subagent's
+			// child, say) is reached through it too.
+			cb.bySess[sid] = b
+		}
 		b.seq++
 		id := strconv.Quote(bridgeIDPrefix + b.holder + "." + strconv.FormatInt(b.seq, 10))
 		cb.asked[id] = asked{b: b, id: bytes.Clone(m.ID)}

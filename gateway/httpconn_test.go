@@ -467,3 +467,23 @@ func TestHTTPConnectionIsItsSubjects(t *testing.T) {
 
 // discard is a giveBack that keeps the buffer out of the pool.
 func discard([]byte) {}
+
+// Both transports' writers are bounded by timeouts.write, over
+// websocket.write_timeout, its older name.
+func TestWriteTimeoutBothTransports(t *testing.T) {
+	ts := startServer(t, func(c *config.Config) {
+		c.Timeouts.Write = config.Duration(3 * time.Second)
+		c.WebSocket.WriteTimeout = config.Duration(10 * time.Second)
+	})
+	openHTTP(t, ts)
+	ws := ts.dial(Subprotocol)
+	ws.initialize()
+	links, _ := ts.s.links.linksOf("")
+	kinds := map[string]time.Duration{}
+	for _, l := range links {
+		kinds[l.kind] = l.writeWait
+	}
+	if len(kinds) != 2 || kinds["http"] != 3*time.Second || kinds["websocket"] != 3*time.Second {
+		t.Fatalf("write timeouts by transport: %v, want 3s for http and websocket", kinds)
+	}
+}

@@ -41,6 +41,7 @@ type link struct {
 	maxBytes    int           // limits.send_queue_bytes
 	handshake   time.Duration // no handshake within it closes the connection
 	idle        time.Duration // idle that long closes it (0: never)
+	writeWait   time.Duration // a batch not written within it closes it (timeouts.write)
 
 	// Set before the link is registered, read-only afterwards.
 	conn      *proxy.Conn
@@ -119,6 +120,7 @@ func (l *link) init(s *Server, t transport, in linkInfo) {
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.maxMsgs, l.maxBytes = in.cfg.Limits.SendQueueMessages, in.cfg.Limits.SendQueueBytes
 	l.handshake, l.idle = in.handshake, in.idle
+	l.writeWait = in.cfg.Timeouts.WriteTimeout(in.cfg.WebSocket)
 	l.closeReq = make(chan struct{})
 	now := l.start.UnixNano()
 	l.lastRead.Store(now)

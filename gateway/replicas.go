@@ -39,8 +39,7 @@ type replicas struct {
 	stop    context.CancelFunc
 	tunnels sync.WaitGroup
 
-	bmu     sync.Mutex
-	bridges map[string]*connBridges // by connection ID
+	bridges sync.Map // connection ID → *connBridges
 }
 
 // newReplicas joins the cluster cfg.Cluster describes (nil: none).
@@ -58,7 +57,7 @@ func newReplicas(s *Server, cfg *config.Config, reg prometheus.Registerer) (*rep
 	if err != nil {
 		return nil, err
 	}
-	rp := &replicas{s: s, node: node, log: s.log.With("replica", node.Name()), bridges: map[string]*connBridges{}}
+	rp := &replicas{s: s, node: node, log: s.log.With("replica", node.Name())}
 	rp.ctx, rp.stop = context.WithCancel(context.Background())
 	rp.http = &http.Server{Handler: rp.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	return rp, nil

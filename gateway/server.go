@@ -83,12 +83,22 @@ type Server struct {
 
 	mu  sync.Mutex
 	cfg *config.Config // the running configuration: Reload swaps it
+
+	reloading sync.Mutex // held by Reload: one at a time
+	// reloadFault, in tests, fails a reload after the prepare step it is
+	// given the name of (nil: never).
+	reloadFault func(step string) error
 }
 
 // Reload applies a new configuration's tenants, tokens and policy without
 // dropping connections. Other settings need a restart: a reload that
 // changes them is refused, and the running configuration stays, all of it.
+// A reload prepares, then commits: prepareReload does all that can fail
+// and changes nothing; commitReload swaps in what it built and cannot
+// fail. A reload refused at any step has changed nothing.
 func (s *Server) Reload(next *config.Config) (err error) {
+	s.reloading.Lock() // commit relies on what prepare checked of the running state
+	defer s.reloading.Unlock()
 	defer func() {
 		result := "success"
 		if err != nil {
@@ -99,11 +109,80 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		}
 		s.metrics.reloads.WithLabelValues(result).Inc()
 	}()
-	if err := next.Validate(); err != nil {
+	p, err := s.prepareReload(next)
+	if err != nil {
 		return err
 	}
+	s.commitReload(p)
+	return nil
+}
+
+// preparedReload is what prepareReload built of a configuration for
+// commitReload to swap in.
+type preparedReload struct {
+	cur, next      *config.Config
+	added, removed []string                     // agents
+	specs          []proxy.AgentSpec            // the added agents', in added's order
+	rules          *permrules.Table             // permissions
+	creds          map[string]map[string]string // the tenants' agent credentials (nil: the sandbox is off)
+	credsChanged   []string                     // the tenants whose credentials changed
+	authTenants    *auth.Tenants                // nil: no authentication
+	relayTenants   *proxy.TenantUpdate
+	adminTokens    *auth.AdminTokens // nil: no admin API
+}
+
+// reloadStep is one step of a reload's prepare: it checks or builds
+// something of p.next into p, and changes nothing else.
+type reloadStep struct {
+	name string
+	run  func(s *Server, p *preparedReload) error
+}
+
+// reloadSteps are a reload's prepare, in order; every one that can fail
+// runs before anything is applied.
+var reloadSteps = []reloadStep{
+	{"restart", func(_ *Server, p *preparedReload) error { return restartNeeded(p.cur, p.next) }},
+	{"permissions", func(_ *Server, p *preparedReload) (err error) { p.rules, err = p.next.PermissionTable(); return err }},
+	{"agents", prepareAgentChanges},
+	{"credentials", prepareCreds},
+	{"auth tenants", prepareAuthTenants},
+	{"relay tenants", func(s *Server, p *preparedReload) (err error) {
+		p.relayTenants, err = s.relay.PrepareTenants(relayTenants(p.next))
+		return err
+	}},
+	{"admin tokens", func(s *Server, p *preparedReload) (err error) {
+		p.adminTokens, err = s.admin.prepare(p.next)
+		return err
+	}},
+	{"agent specs", func(s *Server, p *preparedReload) (err error) {
+		p.specs, err = s.agents.prepare(p.next, p.added)
+		return err
+	}},
+}
+
+// prepareReload validates next and runs reloadSteps; it changes nothing
+// (it logs, as a credential it could not re-read).
+func (s *Server) prepareReload(next *config.Config) (*preparedReload, error) {
+	if err := next.Validate(); err != nil {
+		return nil, err
+	}
 	warnMeta(s.log, next)
-	cur := s.config()
+	p := &preparedReload{cur: s.config(), next: next}
+	for _, step := range reloadSteps {
+		err := step.run(s, p)
+		if err == nil && s.reloadFault != nil {
+			err = s.reloadFault(step.name)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// restartNeeded refuses a configuration that changes what only a restart
+// applies.
+func restartNeeded(cur, next *config.Config) error {
 	if next.AuthEnabled() != cur.AuthEnabled() {
 		return errors.New("turning authentication on or off (adding the first or removing the last tenant) needs a restart")
 	}
@@ -114,80 +193,80 @@ func (s *Server) Reload(next *config.Config) (err error) {
 		return fmt.Errorf("%s settings need a restart; only tenants (tokens, quotas, roots, agents, sharing, budget), policy, "+
 			"sharing, permissions, agents added or removed and default_agent reload", strings.Join(changed, ", "))
 	}
-	rules, err := next.PermissionTable()
-	if err != nil {
-		return err
-	}
-	added, removed, restart := agentChanges(cur, next)
+	return nil
+}
+
+// prepareAgentChanges finds the agents added and removed, refusing other
+// changes to a running agent and the return of one still draining.
+func prepareAgentChanges(s *Server, p *preparedReload) error {
+	var restart []string
+	p.added, p.removed, restart = agentChanges(p.cur, p.next)
 	if len(restart) > 0 {
 		return fmt.Errorf("agents %s: settings other than policy need a restart (or remove the agent, reload, and add it again)",
 			strings.Join(restart, ", "))
 	}
-	for _, name := range added {
-		if s.agents.retiring(name) {
+	for _, name := range p.added {
+		if s.agents.retiring(name) || s.relay.AgentPool(name) != nil {
 			return fmt.Errorf("agent %q is still draining after its removal; reload again once it has stopped", name)
 		}
 	}
-	// Credentials are read before anything changes: one that cannot be
-	// read keeps its value, or refuses the reload if it has none.
-	var creds map[string]map[string]string
-	var credsChanged []string
-	if s.launch != nil {
-		if err := credsApart(next, s.launch.abi, s.launch.probeErr, os.Geteuid()); err != nil {
-			return err
-		}
-		if err := checkUsers(next, os.Geteuid()); err != nil {
-			return err
-		}
-		if creds, credsChanged, err = s.launch.creds.read(next); err != nil {
-			return err
-		}
-	}
-	if s.authn != nil {
-		if err := s.authn.UpdateTenants(authTenants(next)); err != nil {
-			return err
-		}
-	}
-	if err := s.relay.UpdateTenants(relayTenants(next)); err != nil {
-		if s.authn != nil { // the running tokens were accepted once: they are again
-			_ = s.authn.UpdateTenants(authTenants(cur))
-		}
-		return err
-	}
-	if s.launch != nil {
-		s.launch.update(next)
-	}
-	// Added agents run before they are routed to; removed ones are no
-	// longer routed to before they retire. An agent that cannot be added
-	// undoes the whole reload.
-	if err := s.agents.add(next, added); err != nil {
-		if s.launch != nil {
-			s.launch.update(cur)
-		}
-		_ = s.relay.UpdateTenants(relayTenants(cur))
-		if s.authn != nil {
-			_ = s.authn.UpdateTenants(authTenants(cur))
-		}
-		return err
-	}
-	_ = s.admin.reload(next) // hashes the configuration validated
-	s.budgets.reload(next)
-	s.rules.Update(rules)
-	s.mu.Lock()
-	s.cfg = next
-	s.mu.Unlock()
-	s.agents.retire(cur, removed)
-	if s.launch != nil {
-		// The new values are redacted before any agent gets them; the old
-		// ones stay redacted too while processes that hold them run.
-		setSecrets(s.redactor, next, mergeCreds(s.launch.creds.all(), creds), s.log)
-		s.launch.creds.set(creds)
-		s.replaceTenantAgents(next, credsChanged)
-	} else {
-		setSecrets(s.redactor, next, nil, s.log)
-	}
-	s.audit.configReloaded(cur, next, added, removed, credsChanged)
 	return nil
+}
+
+// prepareCreds reads the tenants' agent credentials, when the sandbox is
+// on: one that cannot be read keeps its value, or refuses the reload if it
+// has none.
+func prepareCreds(s *Server, p *preparedReload) (err error) {
+	if s.launch == nil {
+		return nil
+	}
+	if err := credsApart(p.next, s.launch.abi, s.launch.probeErr, os.Geteuid()); err != nil {
+		return err
+	}
+	if err := checkUsers(p.next, os.Geteuid()); err != nil {
+		return err
+	}
+	p.creds, p.credsChanged, err = s.launch.creds.read(p.next)
+	return err
+}
+
+// prepareAuthTenants builds the authenticator's tenant table, when there
+// is one.
+func prepareAuthTenants(s *Server, p *preparedReload) (err error) {
+	if s.authn != nil {
+		p.authTenants, err = auth.ParseTenants(authTenants(p.next))
+	}
+	return err
+}
+
+// commitReload swaps in what prepareReload built. Added agents run before
+// they are routed to; removed ones are no longer routed to before they
+// retire; new credentials are redacted before any agent gets them.
+func (s *Server) commitReload(p *preparedReload) {
+	if p.authTenants != nil {
+		s.authn.SetTenants(p.authTenants)
+	}
+	p.relayTenants.Apply()
+	if s.launch != nil {
+		s.launch.update(p.next)
+	}
+	s.agents.add(p.specs)
+	s.admin.setTokens(p.adminTokens)
+	s.budgets.reload(p.next)
+	s.rules.Update(p.rules)
+	s.mu.Lock()
+	s.cfg = p.next
+	s.mu.Unlock()
+	s.agents.retire(p.cur, p.removed)
+	if s.launch != nil {
+		// The old values stay redacted too while processes that hold them run.
+		setSecrets(s.redactor, p.next, mergeCreds(s.launch.creds.all(), p.creds), s.log)
+		s.launch.creds.set(p.creds)
+		s.replaceTenantAgents(p.next, p.credsChanged)
+	} else {
+		setSecrets(s.redactor, p.next, nil, s.log)
+	}
+	s.audit.configReloaded(p.cur, p.next, p.added, p.removed, p.credsChanged)
 }
 
 // replaceTenantAgents retires the agent processes of the tenants whose
@@ -354,79 +433,103 @@ func New(opts Options) (*Server, error) {
 	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "acpgate_auth_failures_total", Help: "Refused upgrades and ticket requests, by reason (never the credential).",
 	}, []string{"reason"})
-	var authn *auth.Authenticator
-	var trail *auditTrail // set below, before any request is served
-	var bud *budgets
+	p, err := openParts(opts, log, reg, relayMetrics, authFailures)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, redactor: opts.Redactor, authn: p.authn, launch: p.launch, links: newLinkRegistry(),
+		tracing: p.tracing, registry: reg, audit: p.trail, budgets: p.bud}
+	s.agents = newAgents(opts, p.launch, p.tracing, s.links, log)
+	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count
+	if s.replicas, err = newReplicas(s, cfg, reg); err == nil {
+		err = s.startRelay(cfg, relayMetrics, sealer, tenants)
+	}
+	if err != nil {
+		s.agents.stopDrains()
+		s.replicas.close(context.Background())
+		s.tracing.close(context.Background(), log)
+		p.close()
+		return nil, err
+	}
+	if p.admins != nil {
+		s.admin = &adminAPI{admins: p.admins, relay: s.relay, links: s.links, audit: s.audit, budget: p.bud.ledger, log: log,
+			replicas: s.replicas}
+	}
+	s.replicas.start(s.TracerProvider())
+	s.http = &http.Server{
+		Handler:           s.routes(cfg, p.authn),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// serverParts are what New opens before it starts the relay.
+type serverParts struct {
+	authn   *auth.Authenticator // nil: no authentication
+	admins  *auth.Admins        // nil: no admin API
+	launch  *launcher           // nil: the sandbox is off
+	trail   *auditTrail
+	bud     *budgets
+	tracing *tracing // nil: tracing off
+}
+
+// openParts opens a server's parts in order; when one fails, those opened
+// before it are closed.
+func openParts(opts Options, log *slog.Logger, reg *prometheus.Registry, relayMetrics *relaymetrics.Metrics,
+	authFailures *prometheus.CounterVec) (_ *serverParts, err error) {
+	cfg := opts.Config
+	p := &serverParts{}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
 	if cfg.AuthEnabled() {
-		if authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
+		if p.authn, err = newAuthenticator(cfg, log, func(r *http.Request, reason string) {
 			authFailures.WithLabelValues(reason).Inc()
-			trail.authFailed(r, reason)
+			p.trail.authFailed(r, reason) // set below, before any request is served
 		}); err != nil {
 			return nil, err
 		}
 	}
-	fail := func(err error) (*Server, error) {
-		if authn != nil {
-			authn.Close()
-		}
-		if bud != nil {
-			_ = bud.close(context.Background())
-		}
-		if trail != nil {
-			_ = trail.close()
-		}
+	if p.admins, err = newAdmins(cfg, p.authn, log); err != nil {
 		return nil, err
-	}
-	admins, err := newAdmins(cfg, authn, log)
-	if err != nil {
-		return fail(err)
 	}
 	var sup []string
 	if opts.Supervisor != nil {
 		sup = opts.Supervisor(0)
 	}
-	launch, err := newLauncher(cfg, sup, log)
-	if err != nil {
-		return fail(err)
+	if p.launch, err = newLauncher(cfg, sup, log); err != nil {
+		return nil, err
 	}
-	if launch != nil {
-		setSecrets(opts.Redactor, cfg, launch.creds.all(), log)
+	if p.launch != nil {
+		setSecrets(opts.Redactor, cfg, p.launch.creds.all(), log)
 	}
-	if trail, err = openAudit(cfg, opts.Version, reg, opts.Redactor, log); err != nil {
-		return fail(err)
+	if p.trail, err = openAudit(cfg, opts.Version, reg, opts.Redactor, log); err != nil {
+		return nil, err
 	}
-	if bud, err = newBudgets(cfg, reg, relayMetrics.Tenants(), trail, log); err != nil {
-		return fail(err)
+	if p.bud, err = newBudgets(cfg, reg, relayMetrics.Tenants(), p.trail, log); err != nil {
+		return nil, err
 	}
-	tr, err := startTracing(cfg, opts.Version, opts.Redactor, log)
-	if err != nil {
-		return fail(err)
+	if p.tracing, err = startTracing(cfg, opts.Version, opts.Redactor, log); err != nil {
+		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, redactor: opts.Redactor, authn: authn, launch: launch, links: newLinkRegistry(),
-		tracing: tr, registry: reg, audit: trail, budgets: bud}
-	s.agents = newAgents(opts, launch, tr, s.links, log)
-	s.metrics = newMetrics(reg, s, relayMetrics, authFailures, opts.Version) // before the relay: its deciders count
-	if s.replicas, err = newReplicas(s, cfg, reg); err != nil {
-		s.agents.stopDrains()
-		s.tracing.close(context.Background(), log)
-		return fail(err)
+	return p, nil
+}
+
+// close lets go of the authenticator, the budgets and the audit trail, if
+// they were opened.
+func (p *serverParts) close() {
+	if p.authn != nil {
+		p.authn.Close()
 	}
-	if err := s.startRelay(cfg, relayMetrics, sealer, tenants); err != nil {
-		s.agents.stopDrains()
-		s.tracing.close(context.Background(), log)
-		return fail(err)
+	if p.bud != nil {
+		_ = p.bud.close(context.Background())
 	}
-	if admins != nil {
-		s.admin = &adminAPI{admins: admins, relay: s.relay, links: s.links, audit: s.audit, budget: bud.ledger, log: log, replicas: s.replicas}
+	if p.trail != nil {
+		_ = p.trail.close()
 	}
-	s.replicas.start(s.TracerProvider())
-	r := s.routes(cfg, authn)
-	s.http = &http.Server{
-		Handler:           r,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	return s, nil
 }
 
 // startRelay starts the relay (s.relay) with cfg's agents, s's audit

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/acpgate/acpgate/auth"
 	"github.com/acpgate/acpgate/gateway/cluster"
@@ -99,7 +100,9 @@ func (rp *replicas) dialHolder(ctx context.Context, holder, op string, who auth.
 	if rawQuery != "" {
 		path += "?" + rawQuery
 	}
-	req, _ := http.NewRequest(http.MethodGet, url+path, nil)
+	ctx, end := rp.node.Hop(ctx, op, holder)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+path, nil)
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	rp.node.SignRequest(req, cluster.Envelope{Op: op, Tenant: who.Tenant, Subject: who.Subject, Reply: reply})
 	var protos []string
 	for _, v := range subprotocols {
@@ -112,9 +115,10 @@ func (rp *replicas) dialHolder(ctx context.Context, holder, op string, who auth.
 	ws, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(url, "http")+path, &websocket.DialOptions{
 		HTTPClient: rp.node.Client, HTTPHeader: req.Header, Subprotocols: protos, CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
-		return nil, resp, &cluster.ForwardError{Replica: holder, Reason: cluster.ReasonOwnerGone, Err: err}
+		err = &cluster.ForwardError{Replica: holder, Reason: cluster.ReasonOwnerGone, Err: err}
 	}
-	return ws, resp, nil
+	end(err)
+	return ws, resp, err
 }
 
 // pipe carries messages between a client's socket and the holder's until

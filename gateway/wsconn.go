@@ -47,7 +47,7 @@ type wsConn struct {
 	frameRoom  chan struct{} // closed when the handler takes a frame; nil until the reader waits
 
 	// Owned by the writer.
-	writeTimer *time.Timer // closes the connection when a batch's writes take write_timeout
+	writeTimer *time.Timer // closes the connection when a batch's writes take timeouts.write
 
 	// Owned by the link's tick, which runs one at a time.
 	nextPing time.Time
@@ -498,11 +498,11 @@ func (c *wsConn) gatherLocked() {
 	c.mu.Lock()
 }
 
-// writeTimed writes a batch within write_timeout: one timer, re-armed per
+// writeTimed writes a batch within timeouts.write: one timer, re-armed per
 // batch, bounds the writes (a context with a deadline would cost the
 // library a timer per frame).
 func (c *wsConn) writeTimed(batch [][]byte) bool {
-	timeout := c.cfg.WebSocket.WriteTimeout.D()
+	timeout := c.writeWait
 	if c.writeTimer == nil {
 		c.writeTimer = time.AfterFunc(timeout, func() {
 			c.log.Info("write to client timed out; closing", "write_timeout", timeout)

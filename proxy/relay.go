@@ -529,17 +529,43 @@ func tenantNames(cfgs []TenantConfig, agent string) []string {
 // removed tenants' open connections live on until they close. Nothing is
 // applied if any tenant is invalid.
 func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
+	u, err := r.PrepareTenants(cfgs)
+	if err != nil {
+		return err
+	}
+	u.Apply()
+	return nil
+}
+
+// TenantUpdate is a reloaded tenant list, checked and ready to apply
+// (Relay.PrepareTenants).
+type TenantUpdate struct {
+	r       *Relay
+	cfgs    []TenantConfig
+	mappers []*pathmap.Mapper
+}
+
+// PrepareTenants checks a reloaded tenant list and builds what applying it
+// needs, changing nothing: UpdateTenants in two steps, for a reload that
+// applies nothing until every step of it is ready.
+func (r *Relay) PrepareTenants(cfgs []TenantConfig) (*TenantUpdate, error) {
 	mappers := make([]*pathmap.Mapper, len(cfgs))
 	for i, c := range cfgs {
 		m, err := c.mapper()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if m != nil && !r.mapPaths {
-			return fmt.Errorf("tenant %q: path mapping cannot be turned on by a reload; restart the gateway", c.Name)
+			return nil, fmt.Errorf("tenant %q: path mapping cannot be turned on by a reload; restart the gateway", c.Name)
 		}
 		mappers[i] = m
 	}
+	return &TenantUpdate{r: r, cfgs: cfgs, mappers: mappers}, nil
+}
+
+// Apply applies the tenant list (see UpdateTenants); it cannot fail.
+func (u *TenantUpdate) Apply() {
+	r, cfgs, mappers := u.r, u.cfgs, u.mappers
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.tenantCfg = cfgs
@@ -558,7 +584,6 @@ func (r *Relay) UpdateTenants(cfgs []TenantConfig) error {
 		t.queuedBytes.Max = r.limits.tenantQueuedBytes()
 		r.tenants[c.Name] = t
 	}
-	return nil
 }
 
 // Close cancels waiting requests and stops every agent process (their

@@ -21,6 +21,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -429,8 +430,40 @@ func describeOwners(w io.Writer, cfg *config.Config) {
 	if cfg.Sessions.OwnersFile != "" {
 		where = "in " + cfg.Sessions.OwnersFile
 	}
+	if cl := cfg.Cluster; cl != nil {
+		where += ", and shared with the other replicas in " + redactedStore(cl.Store)
+	}
 	fmt.Fprintf(w, "\nsession owners: %s; up to %d in memory per tenant and agent; forgotten after %s unused\n",
 		where, cfg.Sessions.OwnersPerTenant, cfg.Sessions.OwnersRetention.D())
+	describeCluster(w, cfg)
+}
+
+// describeCluster tells how this replica joins the others (cluster:).
+func describeCluster(w io.Writer, cfg *config.Config) {
+	cl := cfg.Cluster
+	if cl == nil {
+		fmt.Fprintf(w, "\nreplicas: none (no cluster:); behind a balancer, Streamable HTTP and resumes need affinity\n")
+		return
+	}
+	lease := cl.Lease.D()
+	if lease <= 0 {
+		lease = 5 * time.Second
+	}
+	fmt.Fprintf(w, "\nreplicas: this one is %q; owner registry %s; internal listener %s, reached at %s; lease %s\n",
+		cl.ReplicaName(), redactedStore(cl.Store), cl.Listen, cl.AdvertiseURL(), lease)
+	if cl.KeyFile != "" {
+		fmt.Fprintf(w, "  envelopes signed with the key in %s\n", cl.KeyFile)
+	} else {
+		fmt.Fprintf(w, "  envelopes signed with a key derived from the session key\n")
+	}
+}
+
+// redactedStore is a store URL without its password.
+func redactedStore(spec string) string {
+	if u, err := url.Parse(spec); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return spec
 }
 
 // describeSandbox tells what agents may reach under the sandbox, and

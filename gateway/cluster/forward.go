@@ -177,3 +177,19 @@ func (n *Node) startSpan(ctx context.Context, req Request) (context.Context, tra
 		trace.WithAttributes(attribute.String("acpgate.cluster.op", req.Op), attribute.String("acpgate.cluster.replica", req.Replica)))
 	return ctx, span
 }
+
+// Hop starts the span of a hop that is not a Do (a WebSocket opened on
+// another replica: a resume's tunnel, a session bridge); end ends it with
+// the hop's error, if any. Without tracing, both are no-ops.
+func (n *Node) Hop(ctx context.Context, op, replica string) (_ context.Context, end func(error)) {
+	ctx, span := n.startSpan(ctx, Request{Op: op, Replica: replica})
+	if span == nil {
+		return ctx, func(error) {}
+	}
+	return ctx, func(err error) {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+}

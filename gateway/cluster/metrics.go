@@ -21,7 +21,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ForwardErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "acpgate_cluster_forward_errors_total",
 			Help: "Forwards that failed, by operation and reason (owner_gone, store_unavailable, refused)."}, []string{"op", "reason"}),
 		ForwardTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "acpgate_cluster_forward_seconds",
-			Help:    "Time of one forwarded hop (a POST until the owner's answer; a stream until its headers), by operation.",
+			Help:    "Time of one forwarded hop (a POST until the owner's answer; a stream until its headers; a session bridge until it is open and initialized), by operation.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"op"}),
 		Takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "acpgate_cluster_takeovers_total",
 			Help: "Owner records taken over from a replica that was gone."}),

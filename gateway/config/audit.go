@@ -27,14 +27,15 @@ type Audit struct {
 	HMACKeyFile string `yaml:"hmac_key_file"`
 }
 
-func (c *Config) validateAudit(add addFunc) {
-	if f := c.Audit.File; f != "" && f != "-" {
+// validate checks the audit section.
+func (a *Audit) validate(add addFunc) {
+	if f := a.File; f != "" && f != "-" {
 		if err := writable(f); err != nil {
 			add("audit.file", "%q: %v", f, err)
 		}
 	}
-	if k := c.Audit.HMACKeyFile; k != "" {
-		if c.Audit.File == "" {
+	if k := a.HMACKeyFile; k != "" {
+		if a.File == "" {
 			add("audit.hmac_key_file", "is set but audit.file is not: there is no trail to key")
 		}
 		if _, err := audit.ReadKeyFile(k); err != nil {

@@ -66,15 +66,16 @@ func (c *Config) HasBudgets() bool {
 	return false
 }
 
-func (c *Config) validateBudgets(add addFunc) {
-	if err := budget.CheckStore(c.Budgets.Store); err != nil {
+// validate checks the budgets section.
+func (b *Budgets) validate(add addFunc) {
+	if err := budget.CheckStore(b.Store); err != nil {
 		// Never the password: CheckStore's text leaves it out.
 		add("budgets.store", "%s", strings.TrimPrefix(err.Error(), "budgets.store "))
 	}
-	switch c.Budgets.OnStoreError {
+	switch b.OnStoreError {
 	case "deny", "allow":
 	default:
-		add("budgets.on_store_error", "%q is not deny or allow", c.Budgets.OnStoreError)
+		add("budgets.on_store_error", "%q is not deny or allow", b.OnStoreError)
 	}
 }
 

@@ -72,8 +72,8 @@ func (c *Config) ClusterKey() ([]byte, error) {
 	return h.Sum(nil), nil
 }
 
-func (c *Config) validateCluster(add addFunc) {
-	cl := c.Cluster
+// validate checks the cluster block of c (nil: none).
+func (cl *Cluster) validate(c *Config, add addFunc) {
 	if cl == nil {
 		return
 	}

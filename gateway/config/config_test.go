@@ -439,6 +439,37 @@ func TestWebSocketProblemPointsAtOffendingKey(t *testing.T) {
 	wantAtKey(t, ps[0], data, "ping_timeout", 0)
 }
 
+// timeouts.write bounds a client's writes on both transports;
+// websocket.write_timeout, its older name, still sets it when it is not
+// given, and a negative one points at its key.
+func TestWriteTimeoutNeutral(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		want time.Duration
+	}{
+		{"", 30 * time.Second},
+		{"websocket: {write_timeout: 2s}\n", 2 * time.Second},
+		{"timeouts: {write: 5s}\n", 5 * time.Second},
+		{"timeouts: {write: 5s}\nwebsocket: {write_timeout: 2s}\n", 5 * time.Second},
+		{"timeouts: {write: 0s}\nwebsocket: {write_timeout: 2s}\n", 2 * time.Second},
+	} {
+		cfg := mustParse(t, tc.data)
+		if got := cfg.Timeouts.WriteTimeout(cfg.WebSocket); got != tc.want {
+			t.Errorf("%q: write timeout %v, want %v", tc.data, got, tc.want)
+		}
+	}
+	c := Default()
+	if _, err := c.ApplyEnv([]string{"ACPGATE_TIMEOUTS_WRITE=7s"}); err != nil || c.Timeouts.WriteTimeout(c.WebSocket) != 7*time.Second {
+		t.Errorf("ACPGATE_TIMEOUTS_WRITE=7s: %v, write timeout %v", err, c.Timeouts.WriteTimeout(c.WebSocket))
+	}
+	data := "timeouts:\n  write: -1s\n"
+	ps := problems(t, data)
+	if len(ps) != 1 {
+		t.Fatalf("want 1 problem, got %d:\n%s", len(ps), list(ps))
+	}
+	wantAtKey(t, ps[0], data, "write", 0)
+}
+
 func TestNonLoopbackNeedsAllowUnauthenticated(t *testing.T) {
 	for _, listen := range []string{"0.0.0.0:8080", "[::]:8080", ":8080", "192.0.2.1:80", "example.com:80"} {
 		data := "listen: \"" + listen + "\"\n"

@@ -226,6 +226,8 @@ func (c *Config) SandboxPaths(t *Tenant, a *NamedAgent) (ro, rw []string) {
 	return ro, rw
 }
 
+// validateSandbox checks the sandbox settings, its own and the tenants'
+// and agents' that only apply with it on.
 func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	var ps []Problem
 	add := func(path, format string, args ...any) { ps = append(ps, problemAt(root, path, format, args...)) }
@@ -238,22 +240,38 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	if c.SandboxMode() == "off" {
 		return ps
 	}
+	sb.validatePaths(add)
+	for i := range c.Tenants {
+		absPaths(add, fmt.Sprintf("tenants[%d].sandbox.read_only", i), c.Tenants[i].Sandbox.ReadOnly)
+		absPaths(add, fmt.Sprintf("tenants[%d].sandbox.read_write", i), c.Tenants[i].Sandbox.ReadWrite)
+	}
+	validateSandboxUsers(c, add)
+	sb.validateLimits(add)
+	validateSandboxAgents(c, add)
+	return ps
+}
+
+// validatePaths checks sandbox.home, read_only and read_write.
+func (sb *Sandbox) validatePaths(add addFunc) {
 	if !filepath.IsAbs(sb.Home) || filepath.Clean(sb.Home) == "/" {
 		add("sandbox.home", "%q must be an absolute directory other than /", sb.Home)
 	}
-	abs := func(where string, list []string) {
-		for _, p := range list {
-			if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
-				add(where, "%q must be an absolute path other than /", p)
-			}
+	absPaths(add, "sandbox.read_only", sb.ReadOnly)
+	absPaths(add, "sandbox.read_write", sb.ReadWrite)
+}
+
+// absPaths checks that every path of a list (at where) is absolute and not /.
+func absPaths(add addFunc, where string, list []string) {
+	for _, p := range list {
+		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+			add(where, "%q must be an absolute path other than /", p)
 		}
 	}
-	abs("sandbox.read_only", sb.ReadOnly)
-	abs("sandbox.read_write", sb.ReadWrite)
-	for i := range c.Tenants {
-		abs(fmt.Sprintf("tenants[%d].sandbox.read_only", i), c.Tenants[i].Sandbox.ReadOnly)
-		abs(fmt.Sprintf("tenants[%d].sandbox.read_write", i), c.Tenants[i].Sandbox.ReadWrite)
-	}
+}
+
+// validateSandboxUsers checks sandbox.user and the tenants' own accounts,
+// one per tenant.
+func validateSandboxUsers(c *Config, add addFunc) {
 	if _, err := c.SandboxUser(); err != nil {
 		add("sandbox.user", "%v", err)
 	}
@@ -274,6 +292,10 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 			uids[u.UID] = t.Name
 		}
 	}
+}
+
+// validateLimits checks sandbox.network, sandbox.limits and sandbox.cgroup.
+func (sb *Sandbox) validateLimits(add addFunc) {
 	for _, p := range append(append([]int(nil), sb.Network.ConnectTCP...), sb.Network.BindTCP...) {
 		if p < 1 || p > 65535 {
 			add("sandbox.network", "port %d is not from 1 to 65535", p)
@@ -294,12 +316,17 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 	if sb.Cgroup != "" && !filepath.IsAbs(sb.Cgroup) {
 		add("sandbox.cgroup", "%q must be an absolute path (a cgroup v2 directory delegated to the gateway)", sb.Cgroup)
 	}
+}
+
+// validateSandboxAgents checks the agents' settings that only apply with
+// the sandbox on.
+func validateSandboxAgents(c *Config, add addFunc) {
 	for _, a := range c.AgentList() {
 		at := "agent"
 		if len(c.Agents) > 0 {
 			at = "agents." + a.Name
-			abs(at+".sandbox.read_only", a.Sandbox.ReadOnly)
-			abs(at+".sandbox.read_write", a.Sandbox.ReadWrite)
+			absPaths(add, at+".sandbox.read_only", a.Sandbox.ReadOnly)
+			absPaths(add, at+".sandbox.read_write", a.Sandbox.ReadWrite)
 		}
 		pool := at + ".pool"
 		if len(c.Agents) == 0 {
@@ -313,7 +340,6 @@ func (c *Config) validateSandbox(root *yaml.Node) []Problem {
 			add(at+".dir", "with the sandbox on, each agent starts in its tenant's root; remove %s.dir", at)
 		}
 	}
-	return ps
 }
 
 // sandboxExposures lists the secrets an agent could read with the sandbox
@@ -333,10 +359,10 @@ func (c *Config) sandboxExposures(root *yaml.Node, extra ...string) []Problem {
 		}
 		ps = append(ps, p)
 	}
-	views := c.sandboxViews()
+	views := sandboxViews(c)
 	homes := sandbox.Resolve(c.Sandbox.Home)
-	c.exposedSecrets(views, homes, extra, at)
-	c.exposedRoots(views, homes, at)
+	exposedSecrets(c, views, homes, extra, at)
+	exposedRoots(c, views, homes, at)
 	// Paths every agent (or one tenant's) may use must not hold the homes.
 	for _, v := range views {
 		for _, p := range v.paths {
@@ -360,7 +386,7 @@ type sandboxView struct {
 }
 
 // sandboxViews is every agent's view, by tenant.
-func (c *Config) sandboxViews() []sandboxView {
+func sandboxViews(c *Config) []sandboxView {
 	var views []sandboxView
 	for _, a := range c.AgentList() {
 		// With one agent: "agents", "tenant X's agents"; with named ones,
@@ -389,7 +415,7 @@ type keyAt func(key, format string, args ...any)
 
 // exposedSecrets reports the secret files (and extra: the configuration
 // files) an agent could read under the sandbox.
-func (c *Config) exposedSecrets(views []sandboxView, homes string, extra []string, at keyAt) {
+func exposedSecrets(c *Config, views []sandboxView, homes string, extra []string, at keyAt) {
 	type secret struct{ key, path string }
 	var secrets []secret
 	for _, f := range c.sessionKeyPaths() {
@@ -442,7 +468,7 @@ func (c *Config) exposedSecrets(views []sandboxView, homes string, extra []strin
 
 // exposedRoots reports tenant roots that overlap the homes or a path
 // another tenant's agents may use.
-func (c *Config) exposedRoots(views []sandboxView, homes string, at keyAt) {
+func exposedRoots(c *Config, views []sandboxView, homes string, at keyAt) {
 	overlap := func(a, b string) bool { return sandbox.Within(a, b) || sandbox.Within(b, a) }
 	for i := range c.Tenants {
 		t := &c.Tenants[i]

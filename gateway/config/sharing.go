@@ -65,9 +65,9 @@ func (y *SharingYAML) badAttach() bool {
 	return y.Attach != nil && !slices.Contains(sharingAttach, *y.Attach)
 }
 
-// validateSharing checks the top-level sharing section.
-func (c *Config) validateSharing(add addFunc) {
-	if c.Sharing.badAttach() {
-		add("sharing.attach", "%q is not same_subject, tenant or off", *c.Sharing.Attach)
+// validate checks the top-level sharing section.
+func (y *SharingYAML) validate(add addFunc) {
+	if y.badAttach() {
+		add("sharing.attach", "%q is not same_subject, tenant or off", *y.Attach)
 	}
 }

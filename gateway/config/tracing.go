@@ -31,8 +31,8 @@ func (t Tracing) TracingURL() string {
 	return "http://" + t.Endpoint
 }
 
-func (c *Config) validateTracing(add addFunc) {
-	t := c.Observability.Tracing
+// validate checks observability.tracing.
+func (t *Tracing) validate(add addFunc) {
 	if p := t.Protocol; p != "" && p != "http/protobuf" && p != "grpc" {
 		add("observability.tracing.protocol", "%q is not one of %s", p, strings.Join(TracingProtocols, ", "))
 	}

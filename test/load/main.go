@@ -193,6 +193,7 @@ type results struct {
 	Setup   *setupResult   `json:"setup,omitempty"`
 	Fanout  *fanoutResult  `json:"fanout,omitempty"`
 	History *historyResult `json:"history,omitempty"`
+	Cluster *clusterResult `json:"cluster,omitempty"`
 	// Background is the CPU that processes other than the harness and its
 	// children used during each scenario: figures taken on a busy machine
 	// are not comparable.
@@ -222,7 +223,7 @@ func httpURL(wsURL string) string {
 func harnessMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	scenario := fs.String("scenario", "all", "stream, fanin, idle, setup, fanout, history or all (comma-separated list allowed)")
+	scenario := fs.String("scenario", "all", "stream, fanin, idle, setup, fanout, history, cluster or all (comma-separated list allowed; all leaves out cluster, which needs redis-server)")
 	quick := fs.Bool("quick", false, "small counts: a smoke test that finishes in well under a minute")
 	out := fs.String("out", "", "where to write the results (JSON; default: a new file in the temp directory)")
 	gatewayBin := fs.String("gateway-bin", "", "acpgate binary to measure (default: build ./cmd/acpgate); "+
@@ -293,7 +294,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 			for _, n := range scenarioNames {
 				want[n] = true
 			}
-		case "stream", "fanin", "idle", "setup", "fanout", "history":
+		case "stream", "fanin", "idle", "setup", "fanout", "history", "cluster":
 			want[s] = true
 		default:
 			fmt.Fprintf(stderr, "load: unknown scenario %q (%s, all)\n", s, strings.Join(scenarioNames, ", "))
@@ -416,6 +417,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	run("setup", func() (err error) { res.Setup, err = h.runSetup(); return })
 	run("fanout", func() (err error) { res.Fanout, err = h.runFanout(); return })
 	run("history", func() (err error) { res.History, err = h.runHistory(); return })
+	run("cluster", func() (err error) { res.Cluster, err = h.runCluster(); return })
 	res.Seconds = time.Since(start).Seconds()
 	// Each result's own sanity checks (nil-safe: a scenario not run has none).
 	res.Errors = append(res.Errors, res.Stream.problems()...)
@@ -424,6 +426,7 @@ func harnessMain(args []string, stdout, stderr io.Writer) int {
 	res.Errors = append(res.Errors, res.Setup.problems()...)
 	res.Errors = append(res.Errors, res.Fanout.problems()...)
 	res.Errors = append(res.Errors, res.History.problems()...)
+	res.Errors = append(res.Errors, res.Cluster.problems()...)
 
 	printTables(stdout, res)
 	if *out != "" {
@@ -481,6 +484,7 @@ func printTables(w io.Writer, res *results) {
 	if res.History != nil {
 		res.History.print(w)
 	}
+	res.Cluster.print(w)
 	if len(res.Background) > 0 {
 		fmt.Fprintf(w, "\nbackground load (CPU used by processes other than the harness and its children, in cores):")
 		for _, name := range scenarioNames {

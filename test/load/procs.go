@@ -358,6 +358,7 @@ type gwConfig struct {
 	maxClients   int
 	audit        bool   // audit: {file: a new file under the harness's tmp}
 	traceTo      string // observability.tracing.endpoint ("" = tracing off)
+	extra        string // more top-level YAML, appended as it is
 }
 
 // auditFiles numbers the audit files of the gateways a run starts.
@@ -412,6 +413,7 @@ limits:
 	if !h.noPolicyKey {
 		b.WriteString("policy:\n  extensions: {allow: [\"_load/*\"]}\n")
 	}
+	b.WriteString(o.extra)
 	return b.String()
 }
 

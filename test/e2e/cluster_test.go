@@ -1,0 +1,292 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/acpgate/acpgate/gateway/cluster"
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/internal/redistest"
+	"github.com/acpgate/acpgate/test/internal/harness"
+)
+
+// Two replicas (a, b) of one cluster: one Redis, one session key, tenant
+// acme with two subjects (alice, bob; sharing: the same subject only) and
+// an admin token. What one replica carries to the other acts as the
+// client's own subject, and the holder decides as if the client were
+// there: these tests try to get around that.
+type clusterEnv struct {
+	a, b            *gateway
+	internal        map[string]string // replica → its internal listener
+	cfgPath         string
+	alice, bob, adm string
+	root            string
+	redis           *redistest.Server
+}
+
+func newClusterEnv(t *testing.T) *clusterEnv {
+	t.Helper()
+	e := &clusterEnv{redis: redistest.Start(t), internal: map[string]string{}}
+	dir := t.TempDir()
+	key := filepath.Join(dir, "session.key")
+	writeFile(t, key, []byte(harness.RandomHex(t, 32)+"\n"))
+	e.root = filepath.Join(dir, "acme")
+	if err := os.Mkdir(e.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := func(tok string) string {
+		s := sha256.Sum256([]byte(tok))
+		return strconv.Quote(hex.EncodeToString(s[:]))
+	}
+	e.alice, e.bob, e.adm = "acme-"+harness.RandomHex(t, 24), "acme-"+harness.RandomHex(t, 24), "adm-"+harness.RandomHex(t, 24)
+	base := subjConfig(t) + fmt.Sprintf("session_key_file: %q\nadmin: {tokens_sha256: [%s]}\n", key, sum(e.adm)) +
+		fmt.Sprintf("tenants:\n  - name: acme\n    tokens_sha256: [%s, %s]\n    root: %q\n", sum(e.alice), sum(e.bob), e.root)
+	base = strings.Replace(base, "policy: {session:", "policy: {unstable: true, session:", 1)
+	for _, name := range []string{"a", "b"} {
+		e.internal[name] = harness.FreeAddr(t)
+		cfg := base + fmt.Sprintf("cluster: {name: %s, store: %q, listen: %q, lease: 2s}\n", name, e.redis.URL(0), e.internal[name])
+		if name == "a" {
+			e.cfgPath = filepath.Join(dir, "a.yaml")
+			writeFile(t, e.cfgPath, []byte(cfg))
+		}
+		g := startGateway(t, gwOpts{config: cfg})
+		if name == "a" {
+			e.a = g
+		} else {
+			e.b = g
+		}
+	}
+	return e
+}
+
+// initMeta is _meta.acpgate of an initialize result.
+func initMeta(init map[string]any) map[string]any {
+	m, _ := init["_meta"].(map[string]any)
+	a, _ := m["acpgate"].(map[string]any)
+	return a
+}
+
+// clusterSession opens a session for token on g over a WebSocket.
+func (e *clusterEnv) clusterSession(t *testing.T, g *gateway, token string) (*client, string, map[string]any) {
+	t.Helper()
+	c, resp, err := dialWith(t, g, "/acp", bearer(token), []string{"acp"})
+	if err != nil {
+		t.Fatalf("dial: %v (%s)", err, respText(resp))
+	}
+	init := c.initialize()
+	return c, c.newSession(e.root), init
+}
+
+// The internal listener takes only what carries a valid envelope: none, a
+// changed one or the same one again are refused; a client's own
+// Acpgate-Cluster-* headers on the public listener change nothing.
+func TestClusterEnvelopes(t *testing.T) {
+	e := newClusterEnv(t)
+	url := "http://" + e.internal["a"] + cluster.Prefix + "/admin/sessions"
+
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("an unsigned request: %d, want 403", resp.StatusCode)
+	}
+
+	// An envelope signed with the cluster key, as replica b signs them.
+	cfg, err := config.LoadFile(e.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := cfg.ClusterKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := cluster.New(cluster.Config{Name: "b", Store: e.redis.URL(0), Advertise: "http://127.0.0.1:1", Key: key},
+		slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	node.SignRequest(req, cluster.Envelope{Op: "admin_list", Subject: "admin:x", Reply: "admin"})
+	send := func(what string, want int) {
+		t.Helper()
+		r2, _ := http.NewRequest(req.Method, req.URL.String(), nil)
+		r2.Header = req.Header.Clone()
+		resp, err := http.DefaultClient.Do(r2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s: %d %s, want %d", what, resp.StatusCode, body, want)
+		}
+	}
+	send("a signed request", http.StatusOK)
+	send("the same envelope again", http.StatusConflict)
+	req.Header.Set("Acpgate-Cluster-Nonce", "fresh-nonce-"+harness.RandomHex(t, 8))
+	send("the envelope with another nonce (its signature no longer holds)", http.StatusForbidden)
+	req.Header.Set("Acpgate-Cluster-Tenant", "other")
+	send("the envelope naming another tenant", http.StatusForbidden)
+
+	// Bob, on the public listener, claiming alice's subject in cluster
+	// headers, reaches nothing of alice's.
+	h := &httpPeer{t: t, g: e.a, hc: &http.Client{}, token: e.alice}
+	connID := h.initializeConn(t)
+	post := func(g *gateway, token string, extra http.Header) int {
+		r, _ := http.NewRequest(http.MethodPost, "http://"+g.Addr+"/acp",
+			strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"session/new","params":{"cwd":`+strconv.Quote(e.root)+`,"mcpServers":[]}}`))
+		r.Header.Set("Authorization", "Bearer "+token)
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		r.Header.Set("Acp-Connection-Id", connID)
+		for k, v := range extra {
+			r.Header[k] = v
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	forged := http.Header{"Acpgate-Cluster-Tenant": {"acme"}, "Acpgate-Cluster-Subject": {"x"}, "Acpgate-Cluster-From": {"a"}}
+	for _, g := range []*gateway{e.a, e.b} {
+		if code := post(g, e.bob, forged); code != http.StatusNotFound {
+			t.Fatalf("bob posting to alice's connection (via %s) with forged cluster headers: %d, want 404", g.Addr, code)
+		}
+	}
+	if code := post(e.b, e.alice, nil); code != http.StatusAccepted {
+		t.Fatalf("alice posting to her connection through b: %d, want 202", code)
+	}
+}
+
+// initializeConn opens a Streamable HTTP connection and returns its ID.
+func (p *httpPeer) initializeConn(t *testing.T) string {
+	t.Helper()
+	r, _ := http.NewRequest(http.MethodPost, "http://"+p.g.Addr+"/acp",
+		strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}`))
+	r.Header.Set("Authorization", "Bearer "+p.token)
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := p.hc.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	id := resp.Header.Get("Acp-Connection-Id")
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(id, "a.") {
+		t.Fatalf("initialize on a: %d, connection %q (want a.<uuid>)", resp.StatusCode, id)
+	}
+	return id
+}
+
+// A session bridge acts as the client's own subject: the holder refuses
+// bob's attach to alice's session as it would on its own listener, and
+// lets alice attach and prompt through the other replica.
+func TestClusterBridgeActsAsTheClient(t *testing.T) {
+	e := newClusterEnv(t)
+	_, sid, _ := e.clusterSession(t, e.a, e.alice)
+
+	bob := dialToken(t, e.b, e.bob)
+	m := bob.Call("session/attach", map[string]any{"sessionId": sid}, 10*time.Second)
+	if m.Error == nil || m.Error.Code != -32002 {
+		t.Fatalf("bob's attach to alice's session through b: %s, want -32002", m.Raw)
+	}
+	alice2 := dialToken(t, e.b, e.alice)
+	m = alice2.Call("session/attach", map[string]any{"sessionId": sid}, 10*time.Second)
+	if m.Error != nil || !strings.Contains(string(m.Raw), `"clientId"`) {
+		t.Fatalf("alice's attach through b: %s", m.Raw)
+	}
+	id := alice2.Request("session/prompt", textPrompt(sid, "through b"))
+	r := alice2.Await(id, 15*time.Second, nil)
+	if r.Error != nil || !strings.Contains(string(r.Raw), "end_turn") {
+		t.Fatalf("alice's prompt through b: %s", r.Raw)
+	}
+	if n := clusterMetric(t, e.b, `acpgate_cluster_forwarded_total{op="bridge"}`); n < 1 {
+		t.Fatalf("b opened %v bridges, want at least 1", n)
+	}
+}
+
+// A resume that reaches the other replica is carried to the holder, which
+// decides it: bob cannot resume alice's connection with her token; alice
+// can.
+func TestClusterResumeActsAsTheClient(t *testing.T) {
+	e := newClusterEnv(t)
+	c, _, init := e.clusterSession(t, e.a, e.alice)
+	token, _ := initMeta(init)["resumeToken"].(string)
+	if !strings.HasPrefix(token, "a.") {
+		t.Fatalf("resume token %q: want a.<random>", token)
+	}
+	c.WS.CloseNow()
+	time.Sleep(200 * time.Millisecond)
+	path := "/acp?resume=" + token + "&received=2"
+	_, resp, err := dialWith(t, e.b, path, bearer(e.bob), []string{"acp"})
+	if err == nil || resp == nil || resp.StatusCode != http.StatusNotFound || !strings.Contains(respText(resp), "resume_refused") {
+		t.Fatalf("bob resuming alice's connection through b: err %v, %s; want 404 resume_refused", err, respText(resp))
+	}
+	back, resp, err := dialWith(t, e.b, path, bearer(e.alice), []string{"acp"})
+	if err != nil {
+		t.Fatalf("alice resuming through b: %v (%s)", err, respText(resp))
+	}
+	if id := resp.Header.Get("Acp-Connection-Id"); !strings.HasPrefix(id, "a.") {
+		t.Fatalf("resumed connection %q, want a's", id)
+	}
+	if m := back.Next(5 * time.Second); m.Method != "_acpgate/resumed" {
+		t.Fatalf("first message after the resume: %s", m.Raw)
+	}
+}
+
+// The holder's death is reported at once, naming it: an attach through
+// the other replica gets -32002 with reason owner_gone.
+func TestClusterOwnerGoneFast(t *testing.T) {
+	e := newClusterEnv(t)
+	_, sid, _ := e.clusterSession(t, e.a, e.alice)
+	time.Sleep(300 * time.Millisecond) // the record is written
+	e.a.Kill()
+	alice2 := dialToken(t, e.b, e.alice)
+	start := time.Now()
+	m := alice2.Call("session/attach", map[string]any{"sessionId": sid}, 10*time.Second)
+	var data struct{ Reason, Replica string }
+	if m.Error != nil {
+		_ = json.Unmarshal(m.Error.Data, &data)
+	}
+	if m.Error == nil || m.Error.Code != -32002 || data.Reason != "owner_gone" || data.Replica != "a" {
+		t.Fatalf("attach to a dead replica's session: %s; want -32002 owner_gone naming a", m.Raw)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the refusal took %s", d)
+	}
+}
+
+// clusterMetric is a sample of g's /metrics (-1: absent).
+func clusterMetric(t *testing.T, g *gateway, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + g.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range bytes.SplitSeq(body, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte(sample+" ")); ok {
+			f, _ := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
+			return f
+		}
+	}
+	return -1
+}
