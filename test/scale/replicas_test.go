@@ -69,6 +69,8 @@ sandbox: {home: %q}
 sessions: {detach_timeout: 2m}
 admin:
   tokens_sha256: [%q]
+# session/status is unstable.
+policy: {unstable: true}
 cluster:
   name: %s
   store: %s
@@ -302,7 +304,7 @@ func TestReplicas(t *testing.T) {
 	t.Run("a: Streamable HTTP clients without cookies complete turns with permissions", func(t *testing.T) { ringHTTP(t, ctx, g) })
 	t.Run("b: WebSockets reset mid-turn resume through the balancer, wherever it sends them", func(t *testing.T) { ringResume(t, ctx, g) })
 	t.Run("c: a client on another replica attaches, gets the history, runs its own turn", func(t *testing.T) { ringAttach(t, ctx, g) })
-	t.Run("d: session/list on every replica shows the subject's sessions on all", func(t *testing.T) { ringList(t, ctx, g) })
+	t.Run("d: session/list and session/status on every replica show the subject's sessions on all", func(t *testing.T) { ringList(t, ctx, g) })
 	t.Run("e: the admin API on any replica lists and ends what every replica holds", func(t *testing.T) { ringAdmin(t, ctx, g) })
 	t.Run("f: a prompt POSTed through a non-owner is executed once", func(t *testing.T) { ringOnce(t, ctx, g) })
 	t.Run("g: Redis SIGKILLed and restarted", func(t *testing.T) { ringRedis(t, ctx, g) })
@@ -604,17 +606,54 @@ func (g *ring) liveSessions(t *testing.T, tag string) (clients map[string]*acpCl
 	return clients, sids
 }
 
+// sessionStatus is session/status's answer ("" and the message for an
+// error).
+func (cl *acpClient) sessionStatus(ctx context.Context, sid string) (string, rpcMsg) {
+	cl.t.Helper()
+	m := cl.Await("session/status", cl.Request("session/status", map[string]any{"sessionId": sid}), left(cl.t, ctx, turnLimit), nil)
+	var res struct {
+		Status string `json:"status"`
+	}
+	if m.Error != nil || json.Unmarshal(m.Result, &res) != nil {
+		return "", m
+	}
+	return res.Status, m
+}
+
 func ringList(t *testing.T, ctx context.Context, g *ring) {
-	_, sids := g.liveSessions(t, "d-make")
+	makers, sids := g.liveSessions(t, "d-make")
+	lists := map[string]*acpClient{}
 	for _, name := range ringNames {
 		cl := g.on(t, "d-list-"+name, name)
 		cl.initialize()
+		lists[name] = cl
 		listed := cl.listSessions(ctx)
 		for made, sid := range sids {
 			if !listed[sid] {
 				t.Errorf("session/list on replica %s lacks the session made on %s (%d listed)", name, made, len(listed))
 			}
+			if st, m := cl.sessionStatus(ctx, sid); st != "open" {
+				t.Errorf("session/status on replica %s of the session live on %s: %s; want open", name, made, m.Raw)
+			}
 		}
+	}
+	// c's session ends with its only client: "saved" everywhere (its ID
+	// opens; a load would start it again).
+	makers["c"].closeClean()
+	for _, name := range ringNames {
+		for deadline := time.Now().Add(lease + time.Second); ; {
+			st, m := lists[name].sessionStatus(ctx, sids["c"])
+			if st == "saved" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("session/status on replica %s of c's session %s after it ended: %s; want saved", name, lease+time.Second, m.Raw)
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for _, cl := range lists {
 		cl.closeClean()
 	}
 }
