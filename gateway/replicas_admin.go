@@ -31,15 +31,21 @@ func (rp *replicas) start(tp trace.TracerProvider) {
 	rp.node.Start()
 }
 
-// owners is the owners store the replicas share (access.Shared).
-func (rp *replicas) owners() access.Shared {
+// share makes own, this replica's session owners, shared with the other
+// replicas: what it does not know is read from the store, what it notes
+// is written there, and all of it is written again when the store lost
+// its data.
+func (rp *replicas) share(own *access.Owners) {
 	cfg := rp.s.config()
 	retention := cfg.Sessions.OwnersRetention.D()
 	if retention <= 0 {
 		retention = access.DefaultOwnersRetention
 	}
 	rp.shared = rp.node.NewOwners(retention)
-	return rp.shared
+	own.Share(rp.shared)
+	rp.node.OnReset(func(ctx context.Context) {
+		rp.shared.Rewrite(ctx, func(yield func(scope, agentSID, subject string, used int64)) { own.Range(yield) })
+	})
 }
 
 // adminTimeout bounds the whole of a fanned-out admin call: a replica that

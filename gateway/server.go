@@ -568,7 +568,7 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 	if s.replicas != nil { // the registry hears of every session made or loaded here, and of its end
 		rc.Observers = append(rc.Observers, s.replicas)
 		rc.Instance, rc.Cluster = s.replicas.name(), s.replicas
-		rc.Owners.Share(s.replicas.owners())
+		s.replicas.share(rc.Owners)
 	}
 	table, err := cfg.PermissionTable()
 	if err != nil {

@@ -83,8 +83,11 @@ type Node struct {
 	storeFailed bool      // the last call to the store failed
 	failedAt    time.Time // when a call to the store last failed
 
-	fresh map[string]struct{} // records held but not yet written (guarded by mu)
-	kick  chan struct{}       // 1-buffered: fresh records wait
+	fresh   map[string]struct{} // records held but not yet written (guarded by mu)
+	onReset []func(context.Context) // run when the store is found to have lost this replica (OnReset)
+	hooks   sync.WaitGroup           // onReset runs in flight
+	ctx     context.Context          // Start's: ends at Close
+	kick    chan struct{}       // 1-buffered: fresh records wait
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -138,7 +141,7 @@ func (n *Node) Metrics() *Metrics { return n.metrics }
 // Start runs the heartbeat until Close.
 func (n *Node) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
-	n.stop, n.done = cancel, make(chan struct{})
+	n.stop, n.done, n.ctx = cancel, make(chan struct{}), ctx
 	n.heartbeat(ctx)
 	go func() {
 		defer close(n.done)
@@ -163,6 +166,7 @@ func (n *Node) Close() {
 	if n.stop != nil {
 		n.stop()
 		<-n.done
+		n.hooks.Wait()
 	}
 	n.mu.Lock()
 	keys := make([]string, 0, len(n.held)+1)
@@ -249,7 +253,21 @@ func (n *Node) heartbeat(ctx context.Context) {
 		n.storeError("heartbeat", err)
 		return
 	}
-	n.rdb.SAdd(ctx, prefix+"replicas", n.cfg.Name)
+	if added, err := n.rdb.SAdd(ctx, prefix+"replicas", n.cfg.Name).Result(); err == nil && added == 1 {
+		// The store did not know this replica: it is new, or the store
+		// lost its data (restarted empty). What only writes once is
+		// written again.
+		n.mu.Lock()
+		hooks := n.onReset
+		n.mu.Unlock()
+		for _, h := range hooks {
+			n.hooks.Add(1)
+			go func() { // ends with h, which ends with ctx (Close)
+				defer n.hooks.Done()
+				h(n.ctx)
+			}()
+		}
+	}
 	n.mu.Lock()
 	keys := make([]string, 0, len(n.held))
 	var stale []string
@@ -370,6 +388,17 @@ func (n *Node) Claim(ctx context.Context, kind Kind, id string) (holder string, 
 // pendingClaim is how long a Claim holds a record Hold has not confirmed
 // (a load that failed): the heartbeat then gives it up.
 const pendingClaim = 30 * time.Second
+
+// OnReset runs fn (on a goroutine of its own, with a context that ends at
+// Close) whenever a heartbeat finds that the store did not know this
+// replica: at its first heartbeat, and after the store lost its data.
+// Records this replica holds are renewed anyway; fn writes again what is
+// written only once. Call it before Start.
+func (n *Node) OnReset(fn func(context.Context)) {
+	n.mu.Lock()
+	n.onReset = append(n.onReset, fn)
+	n.mu.Unlock()
+}
 
 // Hold records (kind, id) as this replica's without asking: the heartbeat
 // writes it (a session made here is nobody else's).

@@ -62,13 +62,16 @@ func TestEnvelope(t *testing.T) {
 
 	// Each signed part, changed, breaks the signature.
 	for name, change := range map[string]func(r *http.Request) []byte{
-		"body":    func(*http.Request) []byte { return []byte(`{"jsonrpc":"2.0","id":2}`) },
-		"tenant":  func(r *http.Request) []byte { r.Header.Set(hdrTenant, "other"); return body },
-		"subject": func(r *http.Request) []byte { r.Header.Set(hdrSubject, b64.EncodeToString([]byte("jwt:x"))); return body },
-		"op":      func(r *http.Request) []byte { r.Header.Set(hdrOp, "admin_end"); return body },
-		"reply":   func(r *http.Request) []byte { r.Header.Set(hdrReply, "b.2"); return body },
-		"target":  func(r *http.Request) []byte { r.URL.Path = "/cluster/v1/admin/sessions"; return body },
-		"conn":    func(r *http.Request) []byte { r.Header.Set("Acp-Connection-Id", "a.2"); return body },
+		"body":   func(*http.Request) []byte { return []byte(`{"jsonrpc":"2.0","id":2}`) },
+		"tenant": func(r *http.Request) []byte { r.Header.Set(hdrTenant, "other"); return body },
+		"subject": func(r *http.Request) []byte {
+			r.Header.Set(hdrSubject, b64.EncodeToString([]byte("jwt:x")))
+			return body
+		},
+		"op":     func(r *http.Request) []byte { r.Header.Set(hdrOp, "admin_end"); return body },
+		"reply":  func(r *http.Request) []byte { r.Header.Set(hdrReply, "b.2"); return body },
+		"target": func(r *http.Request) []byte { r.URL.Path = "/cluster/v1/admin/sessions"; return body },
+		"conn":   func(r *http.Request) []byte { r.Header.Set("Acp-Connection-Id", "a.2"); return body },
 		"unsigned": func(r *http.Request) []byte {
 			r.Header.Del(hdrSig)
 			return body
@@ -298,4 +301,42 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// A store that restarts empty gets back what is written once (session
+// owners): the next heartbeat finds it does not know the replica and runs
+// the OnReset hooks.
+func TestOwnersRewrittenAfterReset(t *testing.T) {
+	rs := redistest.Start(t)
+	a := newNode(t, "a", rs.URL(0), 600*time.Millisecond)
+	own := a.NewOwners(time.Hour)
+	defer own.Close()
+	kept := map[string]string{"acme\x00s1": "token:1", "acme\x00s2": "jwt:bob"}
+	a.OnReset(func(ctx context.Context) {
+		own.Rewrite(ctx, func(yield func(scope, agentSID, subject string, used int64)) {
+			for k, subject := range kept {
+				scope, sid, _ := strings.Cut(k, "\x00")
+				yield(scope, sid, subject, time.Now().Unix())
+			}
+		})
+	})
+	a.Start()
+	defer a.Close()
+	waitSubject := func(when string) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Second)
+		for {
+			if s, _ := own.Get("acme", "s2"); s == "jwt:bob" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the owner of s2 is not in the store", when)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitSubject("after the first heartbeat")
+	rs.Kill()
+	rs.Restart() // empty
+	waitSubject("after the store restarted empty")
 }

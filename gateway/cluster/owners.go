@@ -97,3 +97,28 @@ func (o *Owners) Close() {
 	close(o.stop)
 	o.wg.Wait()
 }
+
+// Rewrite writes every owner each yields, in batches, at once: what a
+// store that lost its data (restarted empty) had.
+func (o *Owners) Rewrite(ctx context.Context, each func(yield func(scope, agentSID, subject string, used int64))) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pipe := o.n.rdb.Pipeline()
+	n := 0
+	flush := func() {
+		if n == 0 {
+			return
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			o.n.storeError("owners", err)
+		}
+		n = 0
+	}
+	each(func(scope, agentSID, subject string, used int64) {
+		pipe.Set(ctx, ownerKey(scope, agentSID), strconv.FormatInt(used, 10)+":"+subject, o.retention)
+		if n++; n == 500 {
+			flush()
+		}
+	})
+	flush()
+}

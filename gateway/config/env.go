@@ -73,6 +73,18 @@ func walkEnv(v reflect.Value, prefix string, fn func(string, reflect.Value)) {
 			fn(name, f)
 		case f.Kind() == reflect.Struct:
 			walkEnv(f, name+"_", fn)
+		case f.Kind() == reflect.Pointer && f.Type().Elem().Kind() == reflect.Struct:
+			// A block that is off unless set (cluster:): a variable for one
+			// of its keys turns it on.
+			if !f.IsNil() {
+				walkEnv(f.Elem(), name+"_", fn)
+				break
+			}
+			tmp := reflect.New(f.Type().Elem())
+			walkEnv(tmp.Elem(), name+"_", fn)
+			if !tmp.Elem().IsZero() && f.CanSet() {
+				f.Set(tmp)
+			}
 		case f.Kind() == reflect.String, f.Kind() == reflect.Int, f.Kind() == reflect.Bool:
 			fn(name, f)
 		case f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.String:

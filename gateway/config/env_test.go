@@ -41,3 +41,30 @@ func TestApplyEnv(t *testing.T) {
 		}
 	}
 }
+
+// cluster: is off unless set; a variable for one of its keys turns it on,
+// as a Kubernetes Deployment names each pod's replica from the downward
+// API, and over a file's block a variable sets its key.
+func TestApplyEnvCluster(t *testing.T) {
+	c := Default()
+	if _, err := c.ApplyEnv([]string{"ACPGATE_POOL_MIN_IDLE=2"}); err != nil || c.Cluster != nil {
+		t.Fatalf("no cluster variable: cluster %+v, err %v; want none", c.Cluster, err)
+	}
+	unknown, err := c.ApplyEnv([]string{"ACPGATE_CLUSTER_NAME=acpgate-1", "ACPGATE_CLUSTER_ADVERTISE=http://10.0.0.7:7001"})
+	if err != nil || len(unknown) > 0 || c.Cluster == nil || c.Cluster.Name != "acpgate-1" || c.Cluster.Advertise != "http://10.0.0.7:7001" {
+		t.Fatalf("cluster %+v, unknown %v, err %v", c.Cluster, unknown, err)
+	}
+	if _, err := c.ApplyEnv([]string{"ACPGATE_CLUSTER_LEASE=3s"}); err != nil || c.Cluster.Lease.D() != 3*time.Second || c.Cluster.Name != "acpgate-1" {
+		t.Fatalf("over the block: %+v, err %v", c.Cluster, err)
+	}
+	names := EnvNames()
+	for _, want := range []string{"ACPGATE_CLUSTER_NAME", "ACPGATE_CLUSTER_STORE", "ACPGATE_CLUSTER_LISTEN", "ACPGATE_CLUSTER_ADVERTISE",
+		"ACPGATE_CLUSTER_KEY_FILE", "ACPGATE_CLUSTER_LEASE"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("EnvNames lacks %s", want)
+		}
+	}
+	if Default().Cluster != nil {
+		t.Fatal("EnvNames turned the default's cluster on")
+	}
+}

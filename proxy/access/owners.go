@@ -217,3 +217,27 @@ func (o *Owners) kept(scope string) int {
 	}
 	return 0
 }
+
+// Range calls fn for every owner kept in memory that has not expired (a
+// store shared with other replicas is written again from it after it lost
+// its data). fn runs with no lock held.
+func (o *Owners) Range(fn func(scope, agentSID, subject string, used int64)) {
+	type rec struct {
+		scope, sid, subject string
+		used                int64
+	}
+	now := o.cfg.now()
+	o.mu.Lock()
+	var all []rec
+	for scope, so := range o.scopes {
+		for sid, r := range so.m {
+			if !o.expired(r.used, now) {
+				all = append(all, rec{scope, sid, r.subject, r.used})
+			}
+		}
+	}
+	o.mu.Unlock()
+	for _, r := range all {
+		fn(r.scope, r.sid, r.subject, r.used)
+	}
+}
