@@ -55,7 +55,7 @@ func (p *faultProxy) arm() {
 	p.mu.Unlock()
 }
 
-// cut returns how many connections it cut, and disarms it.
+// cutCount returns how many connections it cut, and disarms it.
 func (p *faultProxy) cutCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
