@@ -246,12 +246,22 @@ func (rp *replicas) open(l *link, frame []byte, m *jsonrpc.Message, sid string) 
 	ctx, cancel := context.WithTimeout(context.Background(), bridgeDialTimeout)
 	defer cancel()
 	key := cluster.SessionID(l.tenant, l.agent, sid)
-	var holder string
-	var err error
-	if m.Method == "session/attach" {
-		holder, err = rp.node.Owner(ctx, cluster.KindSession, key)
-	} else {
-		holder, err = rp.node.Claim(ctx, cluster.KindSession, key)
+	holder, err := rp.node.Owner(ctx, cluster.KindSession, key)
+	load := m.Method != "session/attach"
+	if err == nil && load && holder != "" && holder != rp.name() {
+		if _, live, perr := rp.node.Peer(ctx, holder); perr == nil && !live {
+			holder = "" // its holder is gone: the session is free to load
+		}
+	}
+	if err == nil && load && holder == "" {
+		if rp.node.Draining() {
+			// Live nowhere, and this replica is draining: a replica that
+			// stays loads it (none: this one does).
+			holder = rp.node.Successor(ctx)
+		}
+		if holder == "" {
+			holder, err = rp.node.Claim(ctx, cluster.KindSession, key)
+		}
 	}
 	if err != nil {
 		rp.refuse(l, m, sid, "", cluster.ReasonStore, err)
@@ -322,6 +332,11 @@ func (cb *connBridges) bridgeTo(ctx context.Context, holder string) (*bridge, er
 		cb.mu.Unlock()
 		b.ws.CloseNow()
 		return nil, errors.New("the connection ended")
+	}
+	if other := cb.byHolder[holder]; other != nil { // two POSTs opened one at once: the first stays
+		cb.mu.Unlock()
+		b.ws.CloseNow()
+		return other, nil
 	}
 	cb.byHolder[holder] = b
 	cb.mu.Unlock()

@@ -285,6 +285,15 @@ func (s *Server) ServeCluster(ln net.Listener) error {
 	return err
 }
 
+// drain tells the other replicas this one is draining: they hand it
+// nothing new, and a load of a session live nowhere that reaches it is
+// carried to one that stays.
+func (rp *replicas) drain() {
+	if rp != nil {
+		rp.node.SetDraining()
+	}
+}
+
 // close leaves the cluster: the internal listener closes (after the
 // connections it served have ended) and every record this replica holds
 // is given up.

@@ -758,6 +758,7 @@ func (s *Server) MetricsHandler() http.Handler {
 // 1001, going away) and stops every agent process group.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.notReady.Store(true)
+	s.replicas.drain()
 	if d := s.config().ShutdownDelay.D(); d > 0 {
 		s.log.Info("not ready; still accepting while load balancers catch up", "shutdown_delay", d)
 		select {

@@ -81,6 +81,7 @@ type Node struct {
 	lost  map[string]string    // records another replica took, → its name
 
 	storeFailed bool      // the last call to the store failed
+	draining    bool      // SetDraining: the record says so, and this replica takes nothing new
 	failedAt    time.Time // when a call to the store last failed
 
 	fresh   map[string]struct{} // records held but not yet written (guarded by mu)
@@ -194,6 +195,8 @@ const prefix = "acpgate:cluster:"
 
 func replicaKey(name string) string { return prefix + "replica:" + name }
 
+func drainingKey(name string) string { return prefix + "draining:" + name }
+
 // RecordKey is the registry key of a record of kind named id.
 func RecordKey(kind Kind, id string) string { return prefix + string(kind) + ":" + id }
 
@@ -252,6 +255,12 @@ func (n *Node) heartbeat(ctx context.Context) {
 	if err := n.rdb.Set(ctx, replicaKey(n.cfg.Name), n.cfg.Advertise, n.cfg.Lease).Err(); err != nil {
 		n.storeError("heartbeat", err)
 		return
+	}
+	n.mu.Lock()
+	draining := n.draining
+	n.mu.Unlock()
+	if draining {
+		n.rdb.Set(ctx, drainingKey(n.cfg.Name), "1", n.cfg.Lease)
 	}
 	if added, err := n.rdb.SAdd(ctx, prefix+"replicas", n.cfg.Name).Result(); err == nil && added == 1 {
 		// The store did not know this replica: it is new, or the store
@@ -572,4 +581,65 @@ func (n *Node) Ended(gwID string) bool {
 		return false
 	}
 	return v > 0
+}
+
+// SetDraining marks this replica draining in the store (renewed by the
+// heartbeat): the others hand it nothing new, and Successor names another.
+func (n *Node) SetDraining() {
+	n.mu.Lock()
+	n.draining = true
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := n.rdb.Set(ctx, drainingKey(n.cfg.Name), "1", n.cfg.Lease).Err(); err != nil {
+		n.storeError("heartbeat", err)
+	}
+}
+
+// Draining reports whether SetDraining was called.
+func (n *Node) Draining() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.draining
+}
+
+// Successor names a live replica other than this one that is not
+// draining, to take what this draining replica would otherwise start
+// itself ("" when there is none, or the store cannot say). The choice
+// spreads over the candidates.
+func (n *Node) Successor(ctx context.Context) string {
+	peers, err := n.Replicas(ctx)
+	if err != nil {
+		return ""
+	}
+	var names []string
+	for name := range peers {
+		if name != n.cfg.Name {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	keys := make([]string, len(names))
+	for i, name := range names {
+		keys[i] = drainingKey(name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	vals, err := n.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		n.storeError("lookup", err)
+		return ""
+	}
+	var ok []string
+	for i, v := range vals {
+		if v == nil {
+			ok = append(ok, names[i])
+		}
+	}
+	if len(ok) == 0 {
+		return ""
+	}
+	return ok[int(time.Now().UnixNano()%int64(len(ok)))]
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ type clusterEnv struct {
 	redis           *redistest.Server
 }
 
-func newClusterEnv(t *testing.T) *clusterEnv {
+func newClusterEnv(t *testing.T, extra ...string) *clusterEnv {
 	t.Helper()
 	e := &clusterEnv{redis: redistest.Start(t), internal: map[string]string{}}
 	dir := t.TempDir()
@@ -54,6 +55,17 @@ func newClusterEnv(t *testing.T) *clusterEnv {
 	base := subjConfig(t) + fmt.Sprintf("session_key_file: %q\nadmin: {tokens_sha256: [%s]}\n", key, sum(e.adm)) +
 		fmt.Sprintf("tenants:\n  - name: acme\n    tokens_sha256: [%s, %s]\n    root: %q\n", sum(e.alice), sum(e.bob), e.root)
 	base = strings.Replace(base, "policy: {session:", "policy: {unstable: true, session:", 1)
+	// The agents' session store, shared by the replicas (as the sandbox's
+	// home volume is in deploy/k8s).
+	shared := filepath.Join(e.root, ".fake-sessions")
+	if err := os.MkdirAll(shared, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(base, "env: {FAKE_MODE: sessions}") {
+		t.Fatal("subjConfig's agent line changed")
+	}
+	base = strings.Replace(base, "env: {FAKE_MODE: sessions}", fmt.Sprintf("env: {FAKE_MODE: sessions, FAKE_SESSIONS_DIR: %q}", shared), 1)
+	base += strings.Join(extra, "")
 	for _, name := range []string{"a", "b"} {
 		e.internal[name] = harness.FreeAddr(t)
 		cfg := base + fmt.Sprintf("cluster: {name: %s, store: %q, listen: %q, lease: 2s}\n", name, e.redis.URL(0), e.internal[name])
@@ -289,4 +301,50 @@ func clusterMetric(t *testing.T, g *gateway, sample string) float64 {
 		}
 	}
 	return -1
+}
+
+// Once a dead holder's lease has run out, a load on a live replica takes
+// the session over (from the shared agent store) and its next prompt runs.
+func TestClusterLoadTakesOverAfterLease(t *testing.T) {
+	e := newClusterEnv(t)
+	c, sid, _ := e.clusterSession(t, e.a, e.alice)
+	if r := c.Await(c.Request("session/prompt", textPrompt(sid, "on a")), 15*time.Second, nil); r.Error != nil {
+		t.Fatalf("prompt on a: %s", r.Raw)
+	}
+	e.a.Kill()
+	time.Sleep(2500 * time.Millisecond) // the lease (2s)
+	b := dialToken(t, e.b, e.alice)
+	m := b.Call("session/load", map[string]any{"sessionId": sid, "cwd": e.root, "mcpServers": []any{}}, 15*time.Second)
+	if m.Error != nil {
+		t.Fatalf("load on b after a's lease: %s", m.Raw)
+	}
+	if r := b.Await(b.Request("session/prompt", textPrompt(sid, "on b")), 15*time.Second, nil); r.Error != nil {
+		t.Fatalf("prompt on b: %s", r.Raw)
+	}
+}
+
+// A draining replica hands nothing new to itself: a load, by a client
+// still connected to it, of a session live nowhere is carried to a
+// replica that stays, which loads it.
+func TestClusterDrainingHandsLoadsOn(t *testing.T) {
+	e := newClusterEnv(t, "shutdown_delay: 3s\n")
+	c, sid, _ := e.clusterSession(t, e.b, e.alice)
+	if r := c.Call("session/close", map[string]any{"sessionId": sid}, 10*time.Second); r.Error != nil {
+		t.Fatalf("close on b: %s", r.Raw)
+	}
+	onA := dialToken(t, e.a, e.alice)
+	if err := e.a.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // a marks itself draining; shutdown_delay (3s) keeps its connections
+	m := onA.Call("session/load", map[string]any{"sessionId": sid, "cwd": e.root, "mcpServers": []any{}}, 10*time.Second)
+	if m.Error != nil {
+		t.Fatalf("load on draining a: %s", m.Raw)
+	}
+	if n := clusterMetric(t, e.a, `acpgate_cluster_forwarded_total{op="bridge"}`); n < 1 {
+		t.Fatalf("draining a opened %v bridges; want the load carried to b", n)
+	}
+	if r := onA.Await(onA.Request("session/prompt", textPrompt(sid, "through a, on b")), 15*time.Second, nil); r.Error != nil {
+		t.Fatalf("prompt: %s", r.Raw)
+	}
 }
