@@ -87,6 +87,7 @@ type manifests struct {
 	hpas            map[string]*autoscalingv2.HorizontalPodAutoscaler
 	pdbs            map[string]*policyv1.PodDisruptionBudget
 	ingresses       map[string]*networkingv1.Ingress
+	netPolicies     map[string]*networkingv1.NetworkPolicy
 	serviceMonitors map[string]*serviceMonitor
 	prometheusRules map[string]*prometheusRule
 	kustomization   *kustomization
@@ -161,7 +162,8 @@ func load(t *testing.T) *manifests {
 		configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{},
 		services: map[string]*corev1.Service{}, deployments: map[string]*appsv1.Deployment{},
 		hpas: map[string]*autoscalingv2.HorizontalPodAutoscaler{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
-		ingresses: map[string]*networkingv1.Ingress{}, serviceMonitors: map[string]*serviceMonitor{},
+		ingresses: map[string]*networkingv1.Ingress{}, netPolicies: map[string]*networkingv1.NetworkPolicy{},
+		serviceMonitors: map[string]*serviceMonitor{},
 		prometheusRules: map[string]*prometheusRule{}, files: map[string][]string{},
 	}
 	// decoders decode a document of each kind (by apiVersion/kind) into m.
@@ -173,6 +175,7 @@ func load(t *testing.T) *manifests {
 		"autoscaling/v2/HorizontalPodAutoscaler":  decodeNamed(t, m.hpas),
 		"policy/v1/PodDisruptionBudget":           decodeNamed(t, m.pdbs),
 		"networking.k8s.io/v1/Ingress":            decodeNamed(t, m.ingresses),
+		"networking.k8s.io/v1/NetworkPolicy":      decodeNamed(t, m.netPolicies),
 		"monitoring.coreos.com/v1/ServiceMonitor": decodeNamed(t, m.serviceMonitors),
 		"monitoring.coreos.com/v1/PrometheusRule": decodeNamed(t, m.prometheusRules),
 	}
@@ -291,6 +294,31 @@ type gatewayConfig struct {
 	} `json:"sandbox"`
 	SessionKeyFile  string   `json:"session_key_file"`
 	SessionKeyFiles []string `json:"session_key_files"`
+	Sessions        struct {
+		AffinityCookie string `json:"affinity_cookie"`
+	} `json:"sessions"`
+	Cluster *struct {
+		Name      string `json:"name"`
+		Store     string `json:"store"`
+		Listen    string `json:"listen"`
+		Advertise string `json:"advertise"`
+		KeyFile   string `json:"key_file"`
+		Lease     string `json:"lease"`
+	} `json:"cluster"`
+}
+
+// gatewayName names the gateway's Deployment and Service (the others are
+// its cluster store's).
+const gatewayName = "acpgate"
+
+func gateway(t *testing.T, m *manifests) (*appsv1.Deployment, *corev1.Service) {
+	t.Helper()
+	d, okD := m.deployments[gatewayName]
+	svc, okS := m.services[gatewayName]
+	if !okD || !okS {
+		t.Fatalf("no Deployment and Service named %q", gatewayName)
+	}
+	return d, svc
 }
 
 // agents lists the agents the gateway runs, each with its effective
@@ -383,15 +411,17 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	}
 	sort.Strings(files)
 	t.Logf("decoded:\n  %s", strings.Join(files, "\n  "))
+	// Two Deployments, Services and NetworkPolicies: the gateway's and
+	// its cluster store's (redis.yaml).
 	for _, want := range []struct {
-		kind string
-		n    int
-	}{{"ConfigMap", len(m.configMaps)}, {"Secret", len(m.secrets)}, {"Service", len(m.services)},
-		{"Deployment", len(m.deployments)}, {"HorizontalPodAutoscaler", len(m.hpas)},
-		{"PodDisruptionBudget", len(m.pdbs)}, {"Ingress", len(m.ingresses)},
-		{"ServiceMonitor", len(m.serviceMonitors)}, {"PrometheusRule", len(m.prometheusRules)}} {
-		if want.n != 1 {
-			t.Errorf("want one %s, have %d", want.kind, want.n)
+		kind    string
+		n, want int
+	}{{"ConfigMap", len(m.configMaps), 1}, {"Secret", len(m.secrets), 1}, {"Service", len(m.services), 2},
+		{"Deployment", len(m.deployments), 2}, {"HorizontalPodAutoscaler", len(m.hpas), 1},
+		{"PodDisruptionBudget", len(m.pdbs), 1}, {"Ingress", len(m.ingresses), 1}, {"NetworkPolicy", len(m.netPolicies), 2},
+		{"ServiceMonitor", len(m.serviceMonitors), 1}, {"PrometheusRule", len(m.prometheusRules), 1}} {
+		if want.n != want.want {
+			t.Errorf("want %d %s, have %d", want.want, want.kind, want.n)
 		}
 	}
 }
@@ -416,10 +446,44 @@ func TestStrictDecodingCatchesMistakes(t *testing.T) {
 
 func TestDeployment(t *testing.T) {
 	m := load(t)
-	d := one(t, "Deployment", m.deployments)
+	d, _ := gateway(t, m)
+	spec := d.Spec.Template.Spec
+	checkPod(t, m, d)
+
+	if len(spec.Containers) != 1 {
+		t.Fatalf("want one container, have %d", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	// Probes: paths are checked against a running gateway by test/ops; here
+	// that they point at a declared port and the right endpoints.
+	probes := map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe}
+	for name, p := range probes {
+		if p == nil || p.HTTPGet == nil {
+			t.Errorf("%s probe: want an httpGet probe", name)
+			continue
+		}
+		if _, ok := containerPort(c, p.HTTPGet.Port); !ok {
+			t.Errorf("%s probe: port %s is not a container port", name, p.HTTPGet.Port.String())
+		}
+	}
+	if c.LivenessProbe != nil && c.LivenessProbe.HTTPGet != nil && c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("liveness probe path %q, want /healthz (/readyz fails while agents cannot start, which a restart does not cure)", c.LivenessProbe.HTTPGet.Path)
+	}
+	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe path %q, want /readyz", c.ReadinessProbe.HTTPGet.Path)
+	}
+	cfg := gatewayCfg(t, m, d)
+	testDeploymentConfig(t, m, d, cfg)
+}
+
+// checkPod checks a Deployment's selector, labels and pod security: every
+// container non-root, read-only, unprivileged, with resources, and what
+// it mounts and takes from Secrets in deploy/k8s.
+func checkPod(t *testing.T, m *manifests, d *appsv1.Deployment) {
+	t.Helper()
 	spec := d.Spec.Template.Spec
 	if !selects(t, d.Spec.Selector, d.Spec.Template.Labels) {
-		t.Errorf("the Deployment's selector %v does not match its pod labels %v", d.Spec.Selector, d.Spec.Template.Labels)
+		t.Errorf("Deployment %s: the selector %v does not match its pod labels %v", d.Name, d.Spec.Selector, d.Spec.Template.Labels)
 	}
 	checkLabels(t, "pod template labels", d.Spec.Template.Labels)
 
@@ -482,31 +546,14 @@ func TestDeployment(t *testing.T) {
 		}
 	}
 
-	if len(spec.Containers) != 1 {
-		t.Fatalf("want one container, have %d", len(spec.Containers))
-	}
-	c := spec.Containers[0]
-	// Probes: paths are checked against a running gateway by test/ops; here
-	// that they point at a declared port and the right endpoints.
-	probes := map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe}
-	for name, p := range probes {
-		if p == nil || p.HTTPGet == nil {
-			t.Errorf("%s probe: want an httpGet probe", name)
-			continue
-		}
-		if _, ok := containerPort(c, p.HTTPGet.Port); !ok {
-			t.Errorf("%s probe: port %s is not a container port", name, p.HTTPGet.Port.String())
-		}
-	}
-	if c.LivenessProbe != nil && c.LivenessProbe.HTTPGet != nil && c.LivenessProbe.HTTPGet.Path != "/healthz" {
-		t.Errorf("liveness probe path %q, want /healthz (/readyz fails while agents cannot start, which a restart does not cure)", c.LivenessProbe.HTTPGet.Path)
-	}
-	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-		t.Errorf("readiness probe path %q, want /readyz", c.ReadinessProbe.HTTPGet.Path)
-	}
+}
 
-	// The configuration file: the --config path is in a ConfigMap volume
-	// holding that key.
+// gatewayCfg is the gateway's configuration: the --config path is in a
+// ConfigMap volume holding that key.
+func gatewayCfg(t *testing.T, m *manifests, d *appsv1.Deployment) gatewayConfig {
+	t.Helper()
+	spec := d.Spec.Template.Spec
+	c := spec.Containers[0]
 	i := slices.Index(c.Args, "--config")
 	if i < 0 || i+1 >= len(c.Args) {
 		t.Fatalf("container args %v: no --config FILE", c.Args)
@@ -533,6 +580,13 @@ func TestDeployment(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
 		t.Fatalf("ConfigMap %s/%s: %v", cm.Name, key, err)
 	}
+	return cfg
+}
+
+func testDeploymentConfig(t *testing.T, m *manifests, d *appsv1.Deployment, cfg gatewayConfig) {
+	t.Helper()
+	spec := d.Spec.Template.Spec
+	c := spec.Containers[0]
 
 	// Shutdown: the kubelet's SIGKILL must come after the gateway's own
 	// bound on a drain (shutdown_delay + shutdown_grace + the longest
@@ -706,9 +760,8 @@ func TestDeployment(t *testing.T) {
 
 func TestServiceAndFriends(t *testing.T) {
 	m := load(t)
-	d := one(t, "Deployment", m.deployments)
+	d, svc := gateway(t, m)
 	c := d.Spec.Template.Spec.Containers[0]
-	svc := one(t, "Service", m.services)
 	if !selects(t, &metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, d.Spec.Template.Labels) {
 		t.Errorf("Service selector %v does not select the Deployment's pods %v", svc.Spec.Selector, d.Spec.Template.Labels)
 	}
@@ -764,15 +817,22 @@ func TestServiceAndFriends(t *testing.T) {
 	}
 
 	ing := one(t, "Ingress", m.ingresses)
-	for k, want := range map[string]string{
-		"nginx.ingress.kubernetes.io/affinity":      "cookie",
-		"nginx.ingress.kubernetes.io/affinity-mode": "persistent",
-	} {
-		if ing.Annotations[k] != want {
-			t.Errorf("Ingress annotation %s = %q, want %q", k, ing.Annotations[k], want)
+	// Affinity: none in cluster mode (TestCluster); without it, cookie
+	// affinity, its cookie named by sessions.affinity_cookie.
+	if cfg := gatewayCfg(t, m, d); cfg.Cluster == nil {
+		for k, want := range map[string]string{
+			"nginx.ingress.kubernetes.io/affinity":      "cookie",
+			"nginx.ingress.kubernetes.io/affinity-mode": "persistent",
+		} {
+			if ing.Annotations[k] != want {
+				t.Errorf("Ingress annotation %s = %q, want %q (no cluster: block: the replicas need affinity)", k, ing.Annotations[k], want)
+			}
+		}
+		if ing.Annotations["nginx.ingress.kubernetes.io/session-cookie-name"] == "" {
+			t.Error("Ingress lacks nginx.ingress.kubernetes.io/session-cookie-name (no cluster: block: the replicas need affinity)")
 		}
 	}
-	for _, k := range []string{"proxy-read-timeout", "proxy-send-timeout", "session-cookie-name"} {
+	for _, k := range []string{"proxy-read-timeout", "proxy-send-timeout"} {
 		if ing.Annotations["nginx.ingress.kubernetes.io/"+k] == "" {
 			t.Errorf("Ingress lacks nginx.ingress.kubernetes.io/%s", k)
 		}
@@ -848,5 +908,191 @@ func TestKustomizationListsManifests(t *testing.T) {
 		if !listed[f] {
 			t.Errorf("kustomization does not list %s (%v)", f, kinds)
 		}
+	}
+}
+
+// TestCluster checks cluster mode (the gateway's cluster: block): the
+// internal listener is a container port that neither the public Service
+// nor the Ingress exposes and only the gateway's pods may reach; each
+// replica is named after its pod and advertises its pod's address on that
+// port; the store is the Redis of redis.yaml, which only the gateway's pods
+// may reach; and nothing asks for affinity.
+func TestCluster(t *testing.T) {
+	m := load(t)
+	d, svc := gateway(t, m)
+	cfg := gatewayCfg(t, m, d)
+	if cfg.Cluster == nil {
+		t.Fatal("the gateway's configuration has no cluster: block: replicas behind a Service without affinity need it")
+	}
+	cl := *cfg.Cluster
+	c := d.Spec.Template.Spec.Containers[0]
+
+	// The internal listener.
+	cp, ok := containerPort(c, intstr.FromString("cluster"))
+	if !ok || cp.ContainerPort != port(t, "cluster.listen", cl.Listen) {
+		t.Errorf("container port cluster (%d) is not the port of cluster.listen %q", cp.ContainerPort, cl.Listen)
+	}
+	if cl.Listen == cfg.Listen || port(t, "cluster.listen", cl.Listen) == port(t, "listen", cfg.Listen) {
+		t.Errorf("cluster.listen %q is the public listen %q", cl.Listen, cfg.Listen)
+	}
+	if h, _, _ := net.SplitHostPort(cl.Listen); h == "127.0.0.1" || h == "localhost" {
+		t.Errorf("cluster.listen %q is loopback: the other replicas cannot reach it", cl.Listen)
+	}
+	for _, p := range svc.Spec.Ports {
+		if tp, ok := containerPort(c, p.TargetPort); ok && tp.ContainerPort == cp.ContainerPort {
+			t.Errorf("the public Service %s exposes the cluster port (its port %s)", svc.Name, p.Name)
+		}
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		t.Errorf("Service %s sets sessionAffinity ClientIP: cluster mode needs none", svc.Name)
+	}
+	ing := one(t, "Ingress", m.ingresses)
+	for k := range ing.Annotations {
+		if strings.Contains(k, "affinity") || strings.Contains(k, "session-cookie") || strings.Contains(k, "upstream-hash-by") {
+			t.Errorf("Ingress annotation %s: cluster mode needs no affinity", k)
+		}
+	}
+	if cfg.Sessions.AffinityCookie != "" {
+		t.Errorf("sessions.affinity_cookie %q: cluster mode has no affinity cookie", cfg.Sessions.AffinityCookie)
+	}
+
+	// The replica's name and address: its pod's, from the downward API.
+	env := map[string]corev1.EnvVar{}
+	var order []string
+	for _, e := range c.Env {
+		env[e.Name] = e
+		order = append(order, e.Name)
+	}
+	if cl.Name == "" {
+		if e, ok := env["ACPGATE_CLUSTER_NAME"]; !ok || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
+			t.Error("cluster.name is unset and ACPGATE_CLUSTER_NAME is not the pod's name (fieldRef metadata.name)")
+		}
+	}
+	if cl.Advertise == "" {
+		e, ok := env["ACPGATE_CLUSTER_ADVERTISE"]
+		want := fmt.Sprintf("http://$(POD_IP):%d", cp.ContainerPort)
+		if !ok || e.Value != want {
+			t.Errorf("cluster.advertise is unset and ACPGATE_CLUSTER_ADVERTISE is %q; want %q (the default, http://<listen>, is 0.0.0.0)", e.Value, want)
+		}
+		ip, ok := env["POD_IP"]
+		if !ok || ip.ValueFrom == nil || ip.ValueFrom.FieldRef == nil || ip.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+			t.Error("POD_IP is not the pod's address (fieldRef status.podIP)")
+		} else if slices.Index(order, "POD_IP") > slices.Index(order, "ACPGATE_CLUSTER_ADVERTISE") {
+			t.Error("POD_IP comes after ACPGATE_CLUSTER_ADVERTISE: Kubernetes expands $(POD_IP) only from variables above it")
+		}
+	}
+	if cl.KeyFile == "" && cfg.SessionKeyFile == "" && len(cfg.SessionKeyFiles) == 0 {
+		t.Error("cluster: without key_file needs a shared session key, from which the replicas' key is derived")
+	}
+	if cl.Lease != "" {
+		if l := duration(t, "cluster.lease", cl.Lease, "5s"); l <= 0 {
+			t.Errorf("cluster.lease %s", cl.Lease)
+		}
+	}
+
+	// The store: a Service of deploy/k8s in front of the Redis Deployment.
+	host, sport, err := net.SplitHostPort(strings.SplitN(strings.TrimPrefix(cl.Store, "redis://"), "/", 2)[0])
+	if !strings.HasPrefix(cl.Store, "redis://") || err != nil {
+		t.Fatalf("cluster.store %q: want redis://HOST:PORT/DB (%v)", cl.Store, err)
+	}
+	store, ok := m.services[strings.SplitN(host, ".", 2)[0]]
+	if !ok {
+		t.Fatalf("cluster.store %q: no Service %q in deploy/k8s", cl.Store, host)
+	}
+	var redis *appsv1.Deployment
+	for _, rd := range m.deployments {
+		if rd.Name != gatewayName && selects(t, &metav1.LabelSelector{MatchLabels: store.Spec.Selector}, rd.Spec.Template.Labels) {
+			redis = rd
+		}
+	}
+	if redis == nil {
+		t.Fatalf("Service %s (cluster.store) selects no Deployment of deploy/k8s", store.Name)
+	}
+	if selects(t, &metav1.LabelSelector{MatchLabels: store.Spec.Selector}, d.Spec.Template.Labels) {
+		t.Errorf("Service %s (cluster.store) selects the gateway's pods", store.Name)
+	}
+	checkPod(t, m, redis)
+	found := false
+	for _, p := range store.Spec.Ports {
+		if fmt.Sprint(p.Port) == sport {
+			found = true
+			if _, ok := containerPort(redis.Spec.Template.Spec.Containers[0], p.TargetPort); !ok {
+				t.Errorf("Service %s port %d: targetPort %s is not a port of Deployment %s", store.Name, p.Port, p.TargetPort.String(), redis.Name)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("cluster.store %q: Service %s has no port %s", cl.Store, store.Name, sport)
+	}
+	if redis.Spec.Replicas == nil || *redis.Spec.Replicas != 1 || redis.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("Deployment %s: want 1 replica and strategy Recreate (never two stores at once)", redis.Name)
+	}
+	// The gateway's PDB, HPA and ServiceMonitor leave the store alone.
+	if pdb := one(t, "PodDisruptionBudget", m.pdbs); selects(t, pdb.Spec.Selector, redis.Spec.Template.Labels) {
+		t.Errorf("the gateway's PodDisruptionBudget selects the store's pods")
+	}
+	if sm := one(t, "ServiceMonitor", m.serviceMonitors); selects(t, &sm.Spec.Selector, store.Labels) {
+		t.Errorf("the ServiceMonitor selects the store's Service, which has no metrics port")
+	}
+
+	// NetworkPolicies: the cluster port from the gateway's pods only, the
+	// store from the gateway's pods only.
+	gwPods := d.Spec.Template.Labels
+	var gwPolicy, storePolicy bool
+	for _, np := range m.netPolicies {
+		switch {
+		case selects(t, &np.Spec.PodSelector, gwPods):
+			gwPolicy = true
+			checkOnlyFrom(t, np, d, c, "cluster", gwPods)
+		case selects(t, &np.Spec.PodSelector, redis.Spec.Template.Labels):
+			storePolicy = true
+			rc := redis.Spec.Template.Spec.Containers[0]
+			for _, p := range rc.Ports {
+				checkOnlyFrom(t, np, redis, rc, p.Name, gwPods)
+			}
+		}
+	}
+	if !gwPolicy || !storePolicy {
+		t.Errorf("want a NetworkPolicy for the gateway's pods (%v) and one for the store's (%v)", gwPolicy, storePolicy)
+	}
+}
+
+// checkOnlyFrom checks that NetworkPolicy np admits traffic to container
+// port portName of d's pods only from pods labelled from.
+func checkOnlyFrom(t *testing.T, np *networkingv1.NetworkPolicy, d *appsv1.Deployment, c corev1.Container, portName string, from map[string]string) {
+	t.Helper()
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s: no Ingress policy type", np.Name)
+	}
+	cp, ok := containerPort(c, intstr.FromString(portName))
+	if !ok {
+		t.Fatalf("Deployment %s has no port %s", d.Name, portName)
+	}
+	admitted := false
+	for i, r := range np.Spec.Ingress {
+		covers := len(r.Ports) == 0
+		for _, p := range r.Ports {
+			if p.Port == nil {
+				covers = true
+			} else if tp, ok := containerPort(c, *p.Port); ok && tp.ContainerPort == cp.ContainerPort {
+				covers = true
+			}
+		}
+		if !covers {
+			continue
+		}
+		if len(r.From) == 0 {
+			t.Errorf("NetworkPolicy %s rule %d admits anyone to port %s", np.Name, i, portName)
+			continue
+		}
+		for _, f := range r.From {
+			if f.PodSelector == nil || f.NamespaceSelector != nil || f.IPBlock != nil || !selects(t, f.PodSelector, from) {
+				t.Errorf("NetworkPolicy %s rule %d admits %+v to port %s; want the gateway's pods only", np.Name, i, f, portName)
+			}
+		}
+		admitted = true
+	}
+	if !admitted {
+		t.Errorf("NetworkPolicy %s admits nobody to port %s", np.Name, portName)
 	}
 }

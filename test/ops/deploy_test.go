@@ -17,6 +17,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/acpgate/acpgate/gateway/config"
+	"github.com/acpgate/acpgate/internal/redistest"
 	"github.com/acpgate/acpgate/proxy/sandbox"
 	"github.com/acpgate/acpgate/test/internal/harness"
 )
@@ -49,6 +51,73 @@ func configMapConfig(t *testing.T) []byte {
 		t.Fatalf("deploy/k8s/configmap.yaml: no ConfigMap with acpgate.yaml")
 	}
 	return []byte(cfg)
+}
+
+// loopbackCluster points the cluster: block of the configuration at path,
+// if it has one, at a Redis of the test's and a loopback listener (the
+// Deployment gives each pod its name and address through ACPGATE_CLUSTER_*
+// variables: TestDeploymentEnvAreSettings).
+func loopbackCluster(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top map[string]any
+	if err := yaml.Unmarshal(b, &top); err != nil {
+		t.Fatal(err)
+	}
+	cl, ok := top["cluster"].(map[string]any)
+	if !ok {
+		return
+	}
+	internal := harness.FreeAddr(t)
+	cl["name"], cl["store"], cl["listen"], cl["advertise"] = "ops", redistest.Start(t).URL(0), internal, "http://"+internal
+	out, err := yaml.Marshal(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, string(out))
+}
+
+// TestDeploymentEnvAreSettings: every ACPGATE_* variable deployment.yaml
+// sets is a setting the gateway applies (config.EnvNames); one it does not
+// know is only warned about at start, and its value silently lost (the
+// Deployment names each replica and gives it its address that way).
+func TestDeploymentEnvAreSettings(t *testing.T) {
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Env []struct {
+							Name string `yaml:"name"`
+						} `yaml:"env"`
+					} `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(deployFile(t, "k8s/deployment.yaml"), &dep); err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, n := range config.EnvNames() {
+		known[n] = true
+	}
+	n := 0
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		for _, e := range c.Env {
+			if !strings.HasPrefix(e.Name, config.EnvPrefix) {
+				continue
+			}
+			n++
+			if !known[e.Name] {
+				t.Errorf("deploy/k8s/deployment.yaml sets %s, which is not a setting: the gateway warns and ignores it", e.Name)
+			}
+		}
+	}
+	t.Logf("%d ACPGATE_* variables in deployment.yaml", n)
 }
 
 // relocate moves every host path of a configuration under dir and creates
@@ -220,6 +289,7 @@ func TestDeploymentAgainstGateway(t *testing.T) {
 	dir := t.TempDir()
 	path, _ := relocate(t, "acpgate.yaml", configMapConfig(t), dir)
 	env := []string{"ACPGATE_OBSERVABILITY_METRICS_LISTEN=127.0.0.1:0"}
+	loopbackCluster(t, path)
 	if _, err := sandbox.Probe(); err != nil {
 		// The ConfigMap requires the sandbox; a node without Landlock
 		// refuses to start, which test/e2e covers. The probes still run.

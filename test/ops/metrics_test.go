@@ -89,14 +89,15 @@ func families(text string) (types map[string]string, samples map[string]bool) {
 }
 
 // declaredMetrics lists the metric names the gateway's source registers
-// (gateway/metrics.go, proxy/metrics/). A labelled family with no series
-// yet is absent from /metrics altogether (client_golang writes no # HELP
-// for an empty vector), so this is the fallback for those.
+// (gateway/metrics.go, proxy/metrics/, gateway/cluster/: those only in
+// cluster mode). A labelled family with no series yet is absent from
+// /metrics altogether (client_golang writes no # HELP for an empty
+// vector), so this is the fallback for those.
 func declaredMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	re := regexp.MustCompile(`(?:Name:\s*|NewDesc\(\s*)"(acpgate_[a-z0-9_]+)"`)
 	out := map[string]bool{}
-	for _, f := range []string{"gateway/metrics.go", "gateway/audit.go", "proxy/metrics/metrics.go", "proxy/metrics/live.go", "budget/metrics.go"} {
+	for _, f := range []string{"gateway/metrics.go", "gateway/audit.go", "proxy/metrics/metrics.go", "proxy/metrics/live.go", "budget/metrics.go", "gateway/cluster/metrics.go"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {
 			t.Fatal(err)

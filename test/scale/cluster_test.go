@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,8 +29,8 @@ import (
 
 // The cluster: two replicas of the gateway with one session key and one
 // agent store (the tenant's sandbox home, where the demo agent keeps its
-// sessions), behind an HAProxy configured as deploy/k8s configures
-// ingress-nginx.
+// sessions), behind an HAProxy with cookie affinity: replicas without a
+// cluster: block (replicas_test.go runs them in cluster mode).
 
 // Timings. The balancer checks /readyz every checkInter and takes a replica
 // out at the first failure; shutdown_delay is well above that, so that a
@@ -140,7 +142,7 @@ func (c *cluster) header(cookie string) http.Header {
 // none, "a+b" if both: a broken affinity).
 func (c *cluster) whoServed(id string) string {
 	var who []string
-	for _, name := range []string{"a", "b"} {
+	for _, name := range slices.Sorted(maps.Keys(c.replicas)) {
 		if c.replicas[name].openedConn(id) {
 			who = append(who, name)
 		}
@@ -169,6 +171,7 @@ type replica struct {
 	c    *cluster
 	name string
 	addr string
+	cfg  string // its own configuration file ("": the cluster's)
 
 	mu    sync.Mutex
 	procs []*gwProc // every process it ran, the current one last
@@ -205,7 +208,11 @@ func (r *replica) start(ctx context.Context) {
 	r.mu.Lock()
 	p := &gwProc{r: r, gen: len(r.procs) + 1, done: make(chan struct{})}
 	r.mu.Unlock()
-	p.cmd = exec.Command(binPath, "serve", "--config", r.c.cfgPath, "--listen", r.addr, "--log-format", "json", "--log-level", "debug")
+	cfg := r.cfg
+	if cfg == "" {
+		cfg = r.c.cfgPath
+	}
+	p.cmd = exec.Command(binPath, "serve", "--config", cfg, "--listen", r.addr, "--log-format", "json", "--log-level", "debug")
 	p.cmd.Env = gatewayEnv()
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -438,7 +445,8 @@ type balancer struct {
 	log []string // its stdout and stderr: traffic log lines and warnings
 }
 
-// haproxyConfig mirrors deploy/k8s/ingress.yaml: round robin, cookie
+// haproxyConfig is what replicas without a cluster: block need (as
+// ingress-nginx's cookie affinity gives them): round robin, cookie
 // affinity (inserted by the balancer, not the gateway), readiness checks on
 // /readyz, retries and redispatch on a connection failure, hour-long
 // timeouts for WebSockets and event streams.
@@ -500,11 +508,19 @@ listen stats
 
 func startBalancer(t *testing.T, ctx context.Context, dir, a, b string) *balancer {
 	t.Helper()
+	return startBalancerWith(t, ctx, dir, func(front, stats string) string { return haproxyConfig(front, stats, a, b) })
+}
+
+// startBalancerWith runs HAProxy with the configuration config writes for
+// a frontend and a stats listener.
+func startBalancerWith(t *testing.T, ctx context.Context, dir string, config func(front, stats string) string) *balancer {
+	t.Helper()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	lb := &balancer{t: t, addr: harness.FreeAddr(t), statsAddr: harness.FreeAddr(t), cfg: filepath.Join(dir, "haproxy.cfg"), done: make(chan struct{})}
-	harness.WriteFile(t, lb.cfg, haproxyConfig(lb.addr, lb.statsAddr, a, b), 0o600)
+	text := config(lb.addr, lb.statsAddr)
+	harness.WriteFile(t, lb.cfg, text, 0o600)
 	if out, err := exec.Command(haproxyBin, "-c", "-f", lb.cfg).CombinedOutput(); err != nil {
 		t.Fatalf("haproxy -c: %v\n%s", err, out)
 	}
@@ -550,7 +566,7 @@ func startBalancer(t *testing.T, ctx context.Context, dir, a, b string) *balance
 			<-lb.done
 		}
 		if t.Failed() {
-			t.Logf("haproxy config:\n%s\nhaproxy log:\n%s", haproxyConfig(lb.addr, lb.statsAddr, a, b), strings.Join(lb.lines(""), "\n"))
+			t.Logf("haproxy config:\n%s\nhaproxy log:\n%s", text, strings.Join(lb.lines(""), "\n"))
 		}
 	})
 	deadline := time.Now().Add(10 * time.Second)

@@ -5,14 +5,18 @@
 // test/interop installs (npm ci there): no package of its own.
 //
 // Usage: node http-client.mjs --url URL --token T --cwd DIR --name NAME
-//                             [--prompt TEXT] [--cookie NAME=VALUE] [--no-cookies] [--timeout MS]
+//                             [--prompt TEXT] [--cookie NAME=VALUE] [--no-cookies]
+//                             [--permission OPTION_ID] [--timeout MS]
 //   initialize, session/new, one prompt (an echo), then the connection ends
 //   (DELETE). --cookie: start with that cookie in the store. --no-cookies:
-//   the SDK neither keeps nor sends cookies.
+//   the SDK neither keeps nor sends cookies. --permission: the agent's
+//   session/request_permission is answered with that option (without it,
+//   such a request fails the run).
 //
 // stdout, one JSON object per line:
 //   {"type":"http","method":"POST","status":200,"sentCookie":"...","setCookie":"...","connectionId":"..."}
 //   {"type":"initialize"} {"type":"session/new","sessionId":"..."}
+//   {"type":"permission","toolCallId":"...","optionId":"..."}   (each request answered)
 //   {"type":"session/prompt","text":"...","result":{...}}
 //   {"type":"done","cookie":"ACPGATE_AFFINITY=a"}
 //   {"type":"error","stage":"...","error":{...}}   then exit 1
@@ -31,7 +35,7 @@ const opt = { timeout: 30000, prompt: "hello over Streamable HTTP", cookies: tru
   }
 }
 if (!opt.url || !opt.token || !opt.cwd || !opt.name) {
-  process.stderr.write("usage: node http-client.mjs --url URL --token T --cwd DIR --name NAME [--prompt TEXT] [--cookie NAME=VALUE] [--no-cookies] [--timeout MS]\n");
+  process.stderr.write("usage: node http-client.mjs --url URL --token T --cwd DIR --name NAME [--prompt TEXT] [--cookie NAME=VALUE] [--no-cookies] [--permission OPTION_ID] [--timeout MS]\n");
   process.exit(2);
 }
 let stage = "connect";
@@ -74,6 +78,11 @@ try {
     .onNotification("session/update", ({ params }) => {
       const u = params.update;
       if (u?.sessionUpdate === "agent_message_chunk" && u.content?.type === "text") text += u.content.text;
+    })
+    .onRequest("session/request_permission", ({ params }) => {
+      if (!opt.permission) throw new Error("session/request_permission without --permission");
+      out({ type: "permission", toolCallId: params.toolCall?.toolCallId ?? "", optionId: opt.permission });
+      return { outcome: { outcome: "selected", optionId: opt.permission } };
     })
     .connectWith(stream, async (agent) => {
       stage = "initialize";

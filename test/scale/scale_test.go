@@ -1,10 +1,12 @@
-// Package scale runs two replicas of the real acpgate binary behind a real
-// HAProxy, configured as deploy/k8s configures ingress-nginx (round robin,
-// cookie affinity, readiness checks on /readyz, retries and redispatch), and
-// checks what a scaled-out deployment promises: clients spread over the
-// replicas, a dropped WebSocket resumes on its replica, a rolling restart
-// loses no turn and no client, a replica killed outright loses no session,
-// and no agent process outlives its replica. See README.md here and
+// Package scale runs replicas of the real acpgate binary behind a real
+// HAProxy. TestScaleOut: two replicas without a cluster: block, behind
+// round robin with cookie affinity, readiness checks on /readyz, retries
+// and redispatch; it checks what such a deployment promises: clients spread
+// over the replicas, a dropped WebSocket resumes on its replica, a rolling
+// restart loses no turn and no client, a replica killed outright loses no
+// session, and no agent process outlives its replica. TestReplicas
+// (replicas_test.go): three replicas in cluster mode behind round robin
+// with no affinity, any of them serving any session. See README.md here and
 // docs/operations.md, "Scaling out".
 package scale
 
