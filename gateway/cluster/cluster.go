@@ -45,7 +45,7 @@ const DefaultLease = 5 * time.Second
 
 // storeTimeout bounds one call to Redis: a cross-replica request whose
 // route needs the store fails within it when the store is down.
-const storeTimeout = 1500 * time.Millisecond
+const storeTimeout = time.Second
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,63}$`)
 
