@@ -163,27 +163,6 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 // Owner is whose a session or connection an administrator acted on was.
 type Owner struct{ Tenant, Agent string }
 
-// settleRequests answers the agent's requests about s still waiting for
-// a client in their place (a permission request: cancelled) and takes
-// back every client's copy.
-func (s *Session) settleRequests(why string) {
-	for _, in := range s.inbound.List() {
-		in.forget()
-		if !in.claim() {
-			continue
-		}
-		for _, cp := range in.conns(nil) { // taken back before the agent can go on
-			cp.conn.reqs.Withdraw(cp.id)
-			cp.conn.deliver(acp.CancelRequestMsg(cp.id))
-		}
-		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
-		if in.method == acp.RequestPermission {
-			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
-			in.permissionResolved(nil, "admin", []byte(`{"outcome":"cancelled"}`))
-		}
-	}
-}
-
 // promptsOf lists the client prompts of s in flight through the process.
 func (l *procLink) promptsOf(s *Session) []*outReq {
 	l.mu.Lock()

@@ -339,7 +339,7 @@ func (c *Conn) dropRequestsOf(s *Session) {
 		}
 		c.reqs.ForgetAgent(id)
 		if last {
-			in.answerInPlace(c, "the client detached")
+			in.lastLeft(c, "the client detached")
 		}
 	}
 }

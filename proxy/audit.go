@@ -49,9 +49,7 @@ func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
 	if !c.ag.obs.Wants(observe.FileServed) {
 		return // nobody watches files: the request and its content are not decoded
 	}
-	in.link.mu.Lock()
-	msg := in.msg
-	in.link.mu.Unlock()
+	msg := in.message()
 	var req struct {
 		Params fsstandin.Params `json:"params"`
 	}

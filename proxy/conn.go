@@ -635,32 +635,30 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 			return
 		}
 	}
-	if m.IsError {
-		tracing.Answer(in.span, m.Payload)
-	}
-	in.forget()
-	if !in.claim() {
+	if in.isSettled() {
 		tracing.WithTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
 		return
 	}
+	if m.IsError {
+		tracing.Answer(in.span, m.Payload)
+	}
 	if in.method == acp.RequestPermission && in.sess != nil && !m.IsError {
 		m = cr.modeChoice(in, m) // an option that would switch to a mode outside the list: cancelled
-	}
-	// The other clients hear it was settled before the agent goes on.
-	in.withdraw(c, m)
-	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
-		cr.clientFsDone(in, m)
 	}
 	// Its result._meta keeps only what policy.meta allows, as a request's.
 	edits, _ := cr.stripMeta(m, append(cr.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}))
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
 	out := jsonrpc.SpliceLine(nil, m.Raw, edits)
-	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := in.link.p.Send(ctx, out); err != nil {
-		tracing.WithTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
+	if !in.settle(answered(ctx, c, m, out)) {
+		tracing.WithTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
+		return
+	}
+	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
+	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
+		cr.clientFsDone(in, m)
 	}
 }
 
@@ -699,11 +697,7 @@ func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 // client and returns it, with the id the client sees. span is its span
 // (nil: not traced), ended when it is forgotten.
 func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *Session, span trace.Span) (*inReq, int64, error) {
-	// Only this process's reader adds to l.inbound, so the check holds.
-	l.mu.Lock()
-	dup := l.inbound[string(agentID)] != nil
-	l.mu.Unlock()
-	if dup {
+	if l.findInbound(agentID) != nil { // only this process's reader adds one, so the check holds
 		return nil, 0, errDuplicateAgentID
 	}
 	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
@@ -711,16 +705,13 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	if !ok {
 		return nil, 0, errConnClosed
 	}
-	l.mu.Lock()
-	in.connID = id // guarded by l.mu, as a take-over moves it
-	l.mu.Unlock()
-	if sess != nil && !sess.inbound.Add(in) {
+	in.mu.Lock()
+	in.connID = id // guarded by in.mu, as a take-over moves it
+	in.mu.Unlock()
+	if !in.index().Add(in) {
 		c.reqs.ForgetAgent(id)
 		return nil, 0, errSessionLost
 	}
-	l.mu.Lock()
-	l.inbound[string(in.agentID)] = in
-	l.mu.Unlock()
 	return in, id, nil
 }
 
@@ -791,10 +782,9 @@ func (c *Conn) Close() {
 		c.relay.metrics.Detached.Dec()
 	}
 	for _, in := range agentReqs {
-		if _, had, last := in.leave(c); !had || !last {
-			continue // another client of its session may answer it
+		if _, had, last := in.leave(c); had && last { // else another client of its session may answer it
+			in.lastLeft(c, "the client disconnected")
 		}
-		in.answerInPlace(c, "the client disconnected")
 	}
 	prompting := make(map[*Session]bool)
 	for _, r := range clientReqs {

@@ -18,10 +18,10 @@
 //   - procLink: the relay's side of one process, the pool.Handler the pool
 //     hands the agent's lines, ticks and exit to. It owns the routes of the
 //     messages that cross the process: client requests in flight (pending,
-//     by the agent-side id), agent requests waiting for a client (inbound),
-//     the prompt answers the gateway is handing over (answering), and the
-//     process's sessions by the agent's own session ID, in a copy-on-write
-//     map the agent's reader reads without a lock. Its agentReader is the
+//     by the agent-side id), the prompt answers the gateway is handing over
+//     (answering), and the process's sessions by the agent's own session
+//     ID, in a copy-on-write map the agent's reader reads without a lock.
+//     The agent's requests about no session wait in its loose set. Its agentReader is the
 //     process's read side: it runs on the pool's read goroutine only.
 //   - Session: one ACP session, the one place that says who holds it: its
 //     owner (the plain client that created or loaded it; an atomic pointer
@@ -33,7 +33,7 @@
 //     (life.go). It owns its process session slot (a pool.Lease) until it
 //     ends, its tenant session slot while any connection holds it
 //     (holders), the agent's requests about it waiting for a client
-//     (inbound, an inflight.Set), the configuration the agent last reported
+//     (inbound, an inflight.Set: their one index), the configuration the agent last reported
 //     (multiclient.Record), what session/attach replays (history, under
 //     fan), what its agent reported using (meter), and its turn.
 //   - turn: the session's prompts: the one the agent works on, those of
@@ -56,6 +56,14 @@
 //     names its own id). Its clientReader is its read side: it scans each
 //     message, applies the limits and the tenant's policy, and routes it,
 //     used only under Conn.handleMu.
+//   - inReq: one agent request waiting for a client (inreq.go), with a
+//     lock of its own (a leaf) over who holds a copy. It is settled once,
+//     by settle, whoever settles it (the client that answers, a decider, or
+//     the gateway in the clients' place: the last client gone, a timeout,
+//     an administrator, the agent's exit, no recipient), always in one
+//     order: claimed, forgotten by its index, the other clients' copies
+//     withdrawn and the members told (under Session.fan), the agent
+//     answered, PermissionResolved emitted.
 //   - hold: what handling one client request takes (a tenant slot, a
 //     process slot, the request's count on its process, a load's session
 //     route), carried by the outReq and released once, whichever way the
@@ -86,7 +94,7 @@
 //
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
-// sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
+// sessions over cannot deadlock. procLink.mu, inReq.mu, agent.mu, tenant.mu,
 // the locks of usage.Meter, multiclient.Record, Conn.reqs (an
 // inflight.Table) and Relay.adminEnded (an inflight.Recent), workers.mu,
 // Relay.promptMu and metrics.TenantLabels.mu are leaves. The pool calls no relay code with its

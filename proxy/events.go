@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/audittrail"
@@ -126,22 +125,14 @@ func (s *Session) permissionRequested(c *Conn, msg []byte) {
 	s.emit(&observe.Event{Kind: observe.PermissionRequested, Client: c.client(), Turn: s.curTurn(), Msg: msg})
 }
 
-// permissionResolved says how in, a permission request, was settled:
-// outcome is the RequestPermissionOutcome the agent got, by who settled
-// it: "client" (c, the client that answered), or the gateway in the
-// clients' place: "timeout", "disconnect", "admin" (an administrator
-// ended the session), or a decider's name.
-func (in *inReq) permissionResolved(c *Conn, by string, outcome []byte) {
-	if in.method != acp.RequestPermission || in.sess == nil {
-		return
-	}
-	in.link.mu.Lock()
-	msg := in.msg
-	in.link.mu.Unlock()
-	if by != "client" {
-		c = nil
-	}
-	in.sess.emit(&observe.Event{Kind: observe.PermissionResolved, Client: c.client(), Msg: msg, By: by, Outcome: outcome})
+// permissionResolved says how in, a permission request of a session,
+// was settled (st; msg is the request as its clients were sent it): by
+// the client that answered ("client"), a decider, or the gateway in the
+// clients' place (see byTimeout and the others).
+func (in *inReq) permissionResolved(st settlement, msg []byte) {
+	s := in.sess
+	s.emit(&observe.Event{Kind: observe.PermissionResolved, Client: st.client.client(), Turn: s.curTurn(), Msg: msg,
+		By: st.by, Rule: st.rule, Outcome: st.outcome})
 }
 
 // permissionRefused says that an agent's permission request (raw, as the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
@@ -32,10 +33,13 @@ type procLink struct {
 	// copy-on-write map, so the reader finds a session without a lock.
 	// Written under mu.
 	sessions atomic.Pointer[map[string]*Session]
+	// loose are the agent's requests about no session waiting for a
+	// client (request-scoped elicitation); a session's are its own
+	// (Session.inbound). Closed when the process exits.
+	loose inflight.Set[*inReq]
 
 	mu        sync.Mutex
 	pending   map[int64]*outReq // client→agent requests in flight, by agent-side id
-	inbound   map[string]*inReq // agent→client requests in flight, by the agent's raw id
 	answering int               // prompt answers taken from pending, not yet delivered to their client
 	dead      bool              // the process has exited: nothing more is tracked
 	// late are the prompts whose turns the gateway ended without the
@@ -52,7 +56,7 @@ const maxLate = 256
 // newLink makes the link of a process the agent's pool has just created.
 func (ag *agent) newLink(p *pool.Process) pool.Handler {
 	l := &procLink{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
-		pending: map[int64]*outReq{}, inbound: map[string]*inReq{}}
+		pending: map[int64]*outReq{}}
 	empty := map[string]*Session{}
 	l.sessions.Store(&empty)
 	l.reader = newAgentReader(l)
@@ -199,12 +203,15 @@ func (l *procLink) answerForClient(agentID []byte, method string, code int, why 
 }
 
 // failRoutes answers every request still in flight through the dead
-// process and marks its sessions lost.
+// process, marks its sessions lost and settles the agent's requests
+// waiting for a client (agent_exited: nothing is sent to the agent).
 func (l *procLink) failRoutes(reason error) {
+	inbound := l.inbound() // before its sessions end: a lost session forgets them
+	l.loose.Close()
 	l.mu.Lock()
 	l.dead = true
-	pending, inbound := l.pending, l.inbound
-	l.pending, l.inbound = map[int64]*outReq{}, map[string]*inReq{}
+	pending := l.pending
+	l.pending = map[int64]*outReq{}
 	for _, r := range pending {
 		l.answeringLocked(r)
 	}
@@ -222,51 +229,9 @@ func (l *procLink) failRoutes(reason error) {
 		}
 	}
 	for _, in := range inbound {
-		for _, cp := range in.conns(nil) {
-			cp.conn.reqs.ForgetAgent(cp.id)
-		}
-	}
-}
-
-// expireInbound answers, in the client's place, the agent's requests a
-// client has left unanswered for longer than limit: a permission request is
-// cancelled, anything else gets -32603. The client hears nothing more of it;
-// a late answer is dropped.
-func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
-	if limit <= 0 {
-		return
-	}
-	var expired []*inReq
-	l.mu.Lock()
-	for id, in := range l.inbound {
-		if now.Sub(in.start) >= limit && in.claim() {
-			delete(l.inbound, id)
-			expired = append(expired, in)
-		}
-	}
-	l.mu.Unlock()
-	for _, in := range expired {
-		if in.sess != nil {
-			in.sess.inbound.Done(in)
-		}
-		if in.span != nil {
-			tracing.Error(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")
-			in.span.End()
-		}
-		log := l.p.Log()
-		for _, cp := range in.conns(nil) {
-			cp.conn.reqs.ForgetAgent(cp.id)
-			log = cp.conn.log
-		}
-		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
-		tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
-			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
-		if in.method == acp.RequestPermission {
-			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
-			in.permissionResolved(nil, "timeout", []byte(`{"outcome":"cancelled"}`))
-		}
-		l.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
-			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))
+		st := inPlace(byAgentExited, jsonrpc.CodeInternalError, "the agent process exited")
+		st.silent = true
+		in.settle(st)
 	}
 }
 

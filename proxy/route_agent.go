@@ -13,7 +13,6 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/models"
-	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
@@ -462,15 +461,15 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 	raw := m.Bytes(f)
 	l := r.l
 	if m.Method == acp.CancelRequest {
-		l.mu.Lock()
-		in := l.inbound[string(raw)]
+		in := l.findInbound(raw)
 		var connID int64
 		var copies []inCopy
 		if in != nil {
+			in.mu.Lock()
 			rc.conn, connID = in.conn, in.connID
 			copies, in.copies = in.copies, nil
+			in.mu.Unlock()
 		}
-		l.mu.Unlock()
 		if len(copies) > 0 { // the agent withdrew it: from every client, after their copy
 			in.sess.fan.Lock()
 			for _, cp := range copies {
@@ -560,13 +559,9 @@ func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Ed
 	}
 	s.emit(asked) // the audit trail records what was asked before how it was settled
 	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
-	r.l.p.SendCtrl(append(jsonrpc.AppendResult(nil, m.ID, result), '\n'))
-	s.emit(&observe.Event{Kind: observe.PermissionResolved, Turn: s.curTurn(), Msg: view, By: d.By, Rule: d.Rule, Outcome: d.Outcome})
-	if s.audience() { // members, and an owner that asked, hear who decided
-		if body := multiclient.ByPolicy(s.resolution(view, nil, d.Outcome), d.Rule, d.Decide); body != nil {
-			s.toMembers(body, nil)
-		}
-	}
+	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now(), sess: s, msg: view}
+	in.settle(settlement{by: d.By, line: append(jsonrpc.AppendResult(nil, m.ID, result), '\n'),
+		outcome: d.Outcome, rule: d.Rule, decide: d.Decide})
 	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By, "rule", d.Rule)
 	return true
 }
@@ -610,11 +605,15 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
 	out := r.splice(m, conn, edits)
 	kept := append([]byte(nil), out...) // a take-over sends it again
-	l.mu.Lock()
+	if m.Method == acp.RequestPermission && rc.sess != nil {
+		// Observers hear it was asked before any client can answer it.
+		rc.sess.permissionRequested(conn, kept)
+	}
+	in.mu.Lock()
 	in.msg = kept
 	to := in.pendingTo
 	in.pendingTo = nil
-	l.mu.Unlock()
+	in.mu.Unlock()
 	var owner *Conn
 	if rc.sess != nil {
 		if o := rc.sess.Owner(); o != nil && o != conn {
@@ -632,9 +631,6 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 		conn.deliverFor(out, nil, Facts{ID: strconv.AppendInt(nil, connID, 10), Method: m.Method, SessionID: rc.sess.streamID()}, false)
 	default:
 		conn.deliver(out)
-	}
-	if m.Method == acp.RequestPermission && rc.sess != nil {
-		rc.sess.permissionRequested(conn, kept)
 	}
 	if rc.sess != nil && (m.Method == acp.RequestPermission || m.Method == acp.ElicitationCreate) {
 		// Every other client of the session that may answer gets it too.
@@ -686,5 +682,6 @@ func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
 		return
 	}
 	r.l.p.Log().Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
-	r.l.answerForClient(m.ID, m.Method, jsonrpc.CodeRequestCancelled, "no client to answer: "+why)
+	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now()}
+	in.settle(inPlace(byNoRecipient, jsonrpc.CodeRequestCancelled, "no client to answer: "+why))
 }

@@ -191,14 +191,14 @@ func (c *Conn) handOver(in *inReq, owner *Conn) {
 // adopt makes in, an agent request taken over from another connection,
 // c's: it gets an id of c's and is sent again.
 func (c *Conn) adopt(in *inReq) {
-	in.link.mu.Lock()
+	in.mu.Lock()
 	msg := in.msg
 	if msg == nil {
 		// The agent reader has not sent it yet: it adopts it here once it
-		// has (see agentReader.handleCall).
+		// has (see agentReader.forwardRequest).
 		in.pendingTo = c
 	}
-	in.link.mu.Unlock()
+	in.mu.Unlock()
 	if msg == nil {
 		return
 	}
@@ -206,10 +206,17 @@ func (c *Conn) adopt(in *inReq) {
 	if !ok {
 		return
 	}
-	in.link.mu.Lock()
-	in.conn, in.connID = c, id
-	in.link.mu.Unlock()
-	if out := acp.WithID(msg, id); out != nil && !in.answered.Load() {
+	in.mu.Lock()
+	settled := in.settled
+	if !settled {
+		in.conn, in.connID = c, id
+	}
+	in.mu.Unlock()
+	if settled {
+		c.reqs.ForgetAgent(id)
+		return
+	}
+	if out := acp.WithID(msg, id); out != nil {
 		c.deliver(out)
 	}
 }

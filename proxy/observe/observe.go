@@ -55,7 +55,7 @@ const (
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
-	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", or a decider's; Rule (a decider's); Outcome
+	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", "agent_exited", or a decider's; Rule (a decider's); Outcome
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
 	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
 	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
