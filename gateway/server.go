@@ -452,8 +452,9 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		rc.Owners, s.owners = owners, owners
 	}
 	rc.Tracing = s.TracerProvider()
-	// The ledger hears of spend and decides before each prompt; the
-	// standing rules decide before a permission request reaches a client.
+	// The ledger hears of spend and decides before each prompt (and gets
+	// the relay's control, to cancel a turn past a cap); the standing rules
+	// decide before a permission request reaches a client.
 	rc.Observers = append(rc.Observers, s.budgets.ledger)
 	table, err := cfg.PermissionTable()
 	if err != nil {
@@ -467,7 +468,6 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		return err
 	}
 	s.relay, s.agents.relay = relay, relay
-	s.budgets.relay.Store(relay)
 	return nil
 }
 

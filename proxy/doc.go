@@ -143,10 +143,14 @@
 // a turn marked), cost reported and usage rejected, permission requested
 // and resolved, files served. The relay's metrics (package metrics), the
 // audit trail (observe/audittrail) and the turns' spans (observe/tracing)
-// are observers, beside Config.Observers. Config.Deciders are asked before a
-// prompt goes to the agent (a refusal is the client's answer) and before an
-// agent's permission request goes to the clients (a decision answers the
-// agent, and no client is asked). Routing code hands a session's events
+// are observers, beside Config.Observers. Config.Deciders are asked, each
+// only what it implements (observe.PromptDecider, PermissionDecider),
+// before a prompt goes to the agent (a refusal is the client's answer) and
+// before an agent's permission request goes to the clients (a decision
+// answers the agent, and no client is asked). A plug-in that acts on the
+// relay (the budget ledger cancels turns) is handed the relay's
+// observe.Control once, when NewRelay is done (observe.Provisioner): it
+// holds no pointer to the relay. Routing code hands a session's events
 // to nothing else; what it counts itself is about messages and requests,
 // not sessions (messages and bytes relayed, request times, refusals,
 // protocol errors).

@@ -66,7 +66,7 @@ func (s *Session) curTurn() *observe.Turn {
 // params) may go to the agent or wait for its turn; a refusal is the error
 // c gets.
 func (c *Conn) refusePrompt(s *Session, blocks []json.RawMessage, params []byte) *observe.Refusal {
-	if len(c.ag.dec) == 0 {
+	if !c.ag.dec.DecidesPrompts() {
 		return nil
 	}
 	e := &observe.Event{Kind: observe.TurnStarted, Session: s.info, Client: c.client(), Prompt: blocks, Params: params}

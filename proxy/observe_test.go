@@ -181,3 +181,37 @@ func TestDeciderAnswersPermission(t *testing.T) {
 		t.Fatalf("resolved: %+v", resolved)
 	}
 }
+
+// provisioned is a plug-in that acts on the relay: it counts the controls
+// it was handed.
+type provisioned struct {
+	watcher
+	mu   sync.Mutex
+	ctls []observe.Control
+}
+
+func (p *provisioned) Provision(ctl observe.Control) {
+	p.mu.Lock()
+	p.ctls = append(p.ctls, ctl)
+	p.mu.Unlock()
+}
+
+// A plug-in registered as an observer and a decider is handed the relay's
+// control once, when the relay is made, and only what it implements is
+// asked of it.
+func TestPluginProvisionedOnce(t *testing.T) {
+	p := &provisioned{}
+	r := testPool(t, "usage", nil, func(c *Config) {
+		c.Observers = []observe.Observer{p}
+		c.Deciders = []observe.Decider{p, struct{}{}} // one that decides nothing is never asked
+	})
+	p.mu.Lock()
+	ctls := p.ctls
+	p.mu.Unlock()
+	if len(ctls) != 1 || ctls[0] != observe.Control(r) {
+		t.Fatalf("handed %d controls (%v), want the relay once", len(ctls), ctls)
+	}
+	if ctls[0].CancelTurn("no-such-session", "budget", []byte(`{}`)) {
+		t.Fatal("a turn of no session was cancelled")
+	}
+}

@@ -546,7 +546,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 // and no client is asked. false: no decider decided.
 func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Edit) bool {
 	dec := r.l.ag.dec
-	if len(dec) == 0 {
+	if !dec.DecidesPermissions() {
 		return false
 	}
 	es := slices.Clone(edits)

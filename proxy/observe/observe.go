@@ -134,17 +134,43 @@ type Decision struct {
 	Decide  string // what the rule says: "allow" or "deny" ("": no rule)
 }
 
-// Decider decides for sessions, before the clients are asked.
-type Decider interface {
-	// Prompt is asked before a prompt (e: TurnStarted, Turn nil) goes to
-	// the agent, or waits for its turn: a Refusal answers it instead.
+// PromptDecider is asked before a prompt (e: TurnStarted, Turn nil) goes
+// to the agent, or waits for its turn: a Refusal answers it instead.
+type PromptDecider interface {
 	Prompt(e *Event) *Refusal
-	// Permission is asked before an agent's permission request (e:
-	// PermissionRequested, Msg as a client would be sent it: its paths the
-	// tenant's, the host root scrubbed from its text) goes to the clients:
-	// ok answers the agent with d, no client is asked, and observers get e
-	// then PermissionResolved.
+}
+
+// PermissionDecider is asked before an agent's permission request (e:
+// PermissionRequested, Msg as a client would be sent it: its paths the
+// tenant's, the host root scrubbed from its text) goes to the clients: ok
+// answers the agent with d, no client is asked, and observers get e then
+// PermissionResolved.
+type PermissionDecider interface {
 	Permission(e *Event) (d Decision, ok bool)
+}
+
+// Decider is a plug-in that decides for sessions before the clients are
+// asked: a PromptDecider, a PermissionDecider or both. The relay asks each
+// only what it implements; one that is neither is never asked.
+type Decider any
+
+// Control is what a plug-in may ask of the relay it is registered with. Its
+// methods never wait for an agent or a client, and may be called from any
+// goroutine, but not from Observe (nothing calls back into the relay
+// there).
+type Control interface {
+	// CancelTurn cancels the running turn of the session its clients see
+	// as session: its client's answer carries why (JSON) under
+	// _meta.acpgate.<key>. It reports whether a turn was running and not
+	// already being cancelled.
+	CancelTurn(session, key string, why []byte) bool
+}
+
+// Provisioner is a plug-in (an Observer or a Decider) that acts on the
+// relay: Provision hands it the relay's Control once, when the relay is
+// made, before any event and before any question.
+type Provisioner interface {
+	Provision(ctl Control)
 }
 
 // Selective is an Observer that takes only some kinds of events; one that
@@ -193,12 +219,37 @@ func (s *Set) Observe(e *Event) {
 	}
 }
 
-// Deciders is many deciders as one: the first refusal or decision wins.
-type Deciders []Decider
+// Deciders is many deciders as one, each asked only what it decides, in
+// order: the first refusal or decision wins. The zero Deciders decides
+// nothing.
+type Deciders struct {
+	prompt     []PromptDecider
+	permission []PermissionDecider
+}
 
-// Prompt asks each in order until one refuses.
-func (ds Deciders) Prompt(e *Event) *Refusal {
+// NewDeciders makes a Deciders of ds (nil ones left out).
+func NewDeciders(ds ...Decider) Deciders {
+	var out Deciders
 	for _, d := range ds {
+		if p, ok := d.(PromptDecider); ok && p != nil {
+			out.prompt = append(out.prompt, p)
+		}
+		if p, ok := d.(PermissionDecider); ok && p != nil {
+			out.permission = append(out.permission, p)
+		}
+	}
+	return out
+}
+
+// DecidesPrompts and DecidesPermissions report whether some decider
+// decides prompts, or permission requests: a caller may skip building
+// the event.
+func (ds Deciders) DecidesPrompts() bool     { return len(ds.prompt) > 0 }
+func (ds Deciders) DecidesPermissions() bool { return len(ds.permission) > 0 }
+
+// Prompt asks each PromptDecider in order until one refuses.
+func (ds Deciders) Prompt(e *Event) *Refusal {
+	for _, d := range ds.prompt {
 		if r := d.Prompt(e); r != nil {
 			return r
 		}
@@ -206,9 +257,9 @@ func (ds Deciders) Prompt(e *Event) *Refusal {
 	return nil
 }
 
-// Permission asks each in order until one decides.
+// Permission asks each PermissionDecider in order until one decides.
 func (ds Deciders) Permission(e *Event) (Decision, bool) {
-	for _, d := range ds {
+	for _, d := range ds.permission {
 		if dec, ok := d.Permission(e); ok {
 			return dec, true
 		}
