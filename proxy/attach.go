@@ -9,7 +9,6 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/multiclient"
-	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
@@ -29,16 +28,15 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 	if m.Kind != jsonrpc.KindRequest {
 		return // a notification can get no answer: dropped
 	}
-	metrics := c.relay.metrics
 	var p multiclient.AttachParams
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
-		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.attachRefused(nil, "invalid")
 		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
 		return
 	}
 	cr.spanSession(p.SessionID)
 	if err := p.Check(); err != nil {
-		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.attachRefused(nil, "invalid")
 		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
 		return
 	}
@@ -72,9 +70,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 		return
 	}
 	c.attachChildren(s)
-	c.relay.metrics.Attaches.WithLabelValues("ok").Inc()
-	c.relay.metrics.AttachedClients.Inc()
-	s.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: readOnly, History: p.HistoryPolicy})
+	s.memberJoined(c, mem, p.HistoryPolicy)
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
 		return
@@ -87,22 +83,21 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 // fails as an unknown one does.
 func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams) (s *Session, readOnly, ok bool) {
 	c := cr.c
-	metrics := c.relay.metrics
 	id, verdict, ok := cr.open(m, p.SessionID, access.Attach)
 	if !ok {
-		metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.attachRefused(nil, "not_found")
 		return nil, false, false
 	}
 	s = c.ag.heldSession(id.Agent)
 	if s == nil || s.ten != c.ten || s.isLost() {
-		metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.attachRefused(nil, "not_found") // another tenant's session is not named to its observers
 		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
 			"(it has ended, or its clients are connected to another replica: attach through the replica that serves it)",
 			acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
 	if c.ten.sharing().Attach == SharingOff {
-		metrics.Attaches.WithLabelValues("refused").Inc()
+		c.attachRefused(s, "refused")
 		c.denied("attach", m.Method)
 		cr.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: attach is off for this tenant", nil)
 		return nil, false, false
@@ -111,7 +106,7 @@ func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams
 	held := c.sessions[p.SessionID] == s
 	c.mu.Unlock()
 	if held && s.memberOf(c) == nil {
-		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.attachRefused(s, "invalid")
 		cr.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
@@ -188,10 +183,10 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	if !ok || full {
 		s.fan.Unlock()
 		if full {
-			c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+			c.attachRefused(s, "full")
 			cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.resume.MaxClients), nil)
 		} else {
-			c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
+			c.attachRefused(s, "not_found")
 			cr.notFound(m, s.GatewayID, false)
 		}
 		return false
@@ -251,12 +246,12 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add
 		jsonrpc.PutBuffer(b.msg)
 	}
 	mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
-	c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+	c.attachRefused(s, "full")
 	cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
-	if !add {
-		c.relay.metrics.AttachedClients.Dec() // counted when it first attached
-	}
 	_, e := s.removeMember(c)
+	if !add {
+		s.memberLeft(c, mem) // it had joined before
+	}
 	return e
 }
 
@@ -316,8 +311,7 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
 	if mem, e := s.removeMember(c); mem != nil {
 		c.leaveChildren(s)
-		c.relay.metrics.AttachedClients.Dec()
-		s.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
+		s.memberLeft(c, mem)
 		c.dropRequestsOf(s)
 		s.presence("client_disconnected", mem.peer(), nil)
 		e.run() // c was its last client: the session ends

@@ -732,7 +732,7 @@ func (c *Conn) attach(s *Session) {
 			s.held()
 			if old != nil {
 				if mem, _ := old.removeMember(c); mem != nil {
-					c.relay.metrics.AttachedClients.Dec()
+					old.memberLeft(c, mem)
 				}
 				old.unheld(c.log)
 			}

@@ -138,10 +138,13 @@
 // # What watches and what decides
 //
 // The session and its turn are the one place that tells observers what
-// happens (events.go): created, loaded, closed and lost, a turn started and
-// ended (its stop reason, time, tokens and cost), each update (the first of
-// a turn marked), cost reported and usage rejected, permission requested
-// and resolved, files served. The relay's metrics (package metrics), the
+// happens (events.go, the only place an observe.Event is built): created,
+// loaded, closed and lost, a turn started and ended (its stop reason, time,
+// tokens and cost), each update (the first of a turn marked), cost reported
+// and usage rejected, permission requested and resolved, files served, a
+// member joined, refused or let go, a take-over, prompts queued for a turn.
+// The relay's session gauges and counters (attached clients, attaches,
+// take-overs, queued prompts) are derived from these by metrics.Agent. The relay's metrics (package metrics), the
 // audit trail (observe/audittrail) and the turns' spans (observe/tracing)
 // are observers, beside Config.Observers. Config.Deciders are asked, each
 // only what it implements (observe.PromptDecider, PermissionDecider),

@@ -142,6 +142,46 @@ func (s *Session) permissionRefused(raw []byte) {
 	s.emit(&observe.Event{Kind: observe.PermissionResolved, Msg: raw, By: "policy", Outcome: []byte(`{"outcome":"refused"}`)})
 }
 
+// memberJoined says c joined s as mem (session/attach answered), with
+// the history policy it asked for: counted as an attach and an attached
+// client (metrics.Agent), and audited.
+func (s *Session) memberJoined(c *Conn, mem *member, history string) {
+	s.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly, History: history})
+}
+
+// memberLeft says c's part in s as mem, a member memberJoined told of, has
+// ended: it detached, its connection ended, its re-attach failed, or the
+// session ended.
+func (s *Session) memberLeft(c *Conn, mem *member) {
+	s.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
+}
+
+// attachRefused says an attach of c's failed (result: not_found, refused,
+// full or invalid); s is the session it named, if it is live here.
+func (c *Conn) attachRefused(s *Session, result string) {
+	e := &observe.Event{Kind: observe.AttachRefused, Client: c.client(), Reason: result}
+	if s == nil {
+		e.Session = &observe.Session{Tenant: c.tenant, Label: c.ten.label, Agent: c.ag.name}
+		c.ag.obs.Observe(e)
+		return
+	}
+	s.emit(e)
+}
+
+// takenOver says c took s over from a detached connection, finding its
+// turn running, ended or idle.
+func (s *Session) takenOver(c *Conn, turn string) {
+	s.emit(&observe.Event{Kind: observe.TakenOver, Client: c.client(), Reason: turn})
+}
+
+// promptsQueued says n prompts of s began (n > 0) or stopped (n < 0)
+// waiting for another client's turn.
+func (s *Session) promptsQueued(n int) {
+	if n != 0 {
+		s.emit(&observe.Event{Kind: observe.PromptsQueued, Count: n})
+	}
+}
+
 // fileServed says what was read or written for the agent of c's session
 // (sess may be nil): path as the tenant sees it, n bytes of content, by
 // "client" or "gateway" (the stand-in).

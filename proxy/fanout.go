@@ -206,7 +206,7 @@ func (s *Session) failTurns(failed []turn.Queued[*outReq], why string) {
 	if len(failed) == 0 {
 		return
 	}
-	s.link.ag.metrics.Root().PromptsQueued.Sub(float64(len(failed)))
+	s.promptsQueued(-len(failed))
 	for _, t := range failed {
 		if s.link.take(t.Prompt) {
 			t.Prompt.failWith(jsonrpc.CodeRequestCancelled, why, nil)

@@ -173,7 +173,7 @@ func (e *ending) run() {
 		}
 		for _, m := range e.members {
 			m.conn.detach(s)
-			m.conn.relay.metrics.AttachedClients.Dec()
+			s.memberLeft(m.conn, m)
 		}
 	}
 	s.failTurns(e.queued, steps.queued)

@@ -141,9 +141,7 @@ func (r *outReq) end() {
 	if r.method == acp.SessionPrompt && r.conn != nil {
 		if r.sess != nil {
 			next, ok, dequeued := r.sess.turn.Done(r, r.sess.link.isPending)
-			if dequeued > 0 {
-				r.conn.relay.metrics.PromptsQueued.Sub(float64(dequeued))
-			}
+			r.sess.promptsQueued(-dequeued)
 			if ok && r.holdNext {
 				r.next = &next
 			} else if ok {

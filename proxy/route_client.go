@@ -440,7 +440,7 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		}
 		return false
 	case !now:
-		c.relay.metrics.PromptsQueued.Inc()
+		s.promptsQueued(1)
 		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}

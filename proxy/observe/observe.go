@@ -60,6 +60,9 @@ const (
 	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
 	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
 	TokensReported                      // Tokens: what a turn's answer reported after the gateway had ended the turn (timed out, cancelled in the agent's place)
+	AttachRefused                       // Client: the one that asked; Reason: not_found, refused, full or invalid (Session: only the tenant and agent when it names no live session)
+	TakenOver                           // Client: the one that took the session over from a detached connection; Reason: the turn it found: running, ended or idle
+	PromptsQueued                       // Count: prompts that began (> 0) or stopped (< 0) waiting for another client's turn
 )
 
 // SessionName is what happened to the session, for a session event:
@@ -110,6 +113,7 @@ type Event struct {
 	ClientID   string // an attached client's ID in the session
 	ReadOnly   bool   // the attached client may only watch
 	History    string // the history policy it attached with: "full", "pending_only" or "none"
+	Count      int    // PromptsQueued: how many
 }
 
 // Observer watches sessions. Observe runs on the session's hot paths (the
