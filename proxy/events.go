@@ -8,6 +8,7 @@ import (
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/audittrail"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // What watches a session (metrics, the audit trail, tracing) and what
@@ -86,6 +87,31 @@ func (s *Session) turnStarted(req *outReq, blocks []json.RawMessage, params []by
 	s.emit(&observe.Event{Kind: observe.TurnStarted, Client: req.conn.client(), Turn: t, Prompt: blocks, Params: params})
 }
 
+// usageRejected says an agent's usage report counted nothing, and why;
+// e is the caller's event to reuse (nil: a new one).
+func (s *Session) usageRejected(e *observe.Event, reason string) {
+	if e == nil {
+		e = &observe.Event{}
+	}
+	*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reason}
+	s.link.ag.obs.Observe(e)
+}
+
+// costReported says the agent reported its cumulative cost total of unit
+// (a live report, b), an increase of inc as the session's meter counted
+// it; e is the caller's event, reused.
+func (s *Session) costReported(e *observe.Event, unit string, inc, total float64, b usage.Budgeted) {
+	*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(unit), Unit: unit,
+		Amount: inc, Total: total, First: b.First, From: b.From}
+	s.link.ag.obs.Observe(e)
+}
+
+// tokensReported says what a prompt's late answer reported using, after
+// the gateway had ended its turn.
+func (s *Session) tokensReported(tokens map[string]int64) {
+	s.emit(&observe.Event{Kind: observe.TokensReported, Tokens: tokens})
+}
+
 // updated is a session/update of s from its agent (kind: its
 // sessionUpdate tag): a usage_update's cost is metered, and observers hear
 // of the update. e is the reader's own event, reused.
@@ -123,6 +149,18 @@ func (req *outReq) turnEnded(stop string, usage []byte) {
 // is sent it (its paths as the tenant sees them), went to the clients.
 func (s *Session) permissionRequested(c *Conn, msg []byte) {
 	s.emit(&observe.Event{Kind: observe.PermissionRequested, Client: c.client(), Turn: s.curTurn(), Msg: msg})
+}
+
+// permissionDecided asks the deciders about view, an agent's permission
+// request of s as its clients would see it: ok, one decided, and observers
+// hear it was asked (before how it was settled).
+func (s *Session) permissionDecided(view []byte) (observe.Decision, bool) {
+	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
+	d, ok := s.link.ag.dec.Permission(asked)
+	if ok {
+		s.emit(asked)
+	}
+	return d, ok
 }
 
 // permissionResolved says how in, a permission request of a session,

@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -67,4 +68,49 @@ func calledName(c *ast.CallExpr) string {
 		return sel.Sel.Name
 	}
 	return ""
+}
+
+// rootFiles parses the proxy root's non-test files.
+func rootFiles(t *testing.T) (*token.FileSet, map[string]*ast.File) {
+	t.Helper()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	out := map[string]*ast.File{}
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = f
+	}
+	return fset, out
+}
+
+// Only events.go builds an observe.Event (doc.go, "What watches and what
+// decides"): routing code says what happened through its functions.
+func TestEventsBuiltOnlyInEventsGo(t *testing.T) {
+	fset, files := rootFiles(t)
+	for name, f := range files {
+		if name == "events.go" {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.CompositeLit)
+			if !ok {
+				return true
+			}
+			if sel, ok := lit.Type.(*ast.SelectorExpr); ok && sel.Sel.Name == "Event" {
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "observe" {
+					t.Errorf("%s: an observe.Event built outside events.go", fset.Position(lit.Pos()))
+				}
+			}
+			return true
+		})
+	}
 }

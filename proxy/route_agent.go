@@ -545,19 +545,16 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 // agent gets the decision, the session's members hear how it was settled,
 // and no client is asked. false: no decider decided.
 func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Edit) bool {
-	dec := r.l.ag.dec
-	if !dec.DecidesPermissions() {
+	if !r.l.ag.dec.DecidesPermissions() {
 		return false
 	}
 	es := slices.Clone(edits)
 	jsonrpc.SortEdits(es)
 	view := pathrewrite.ScrubHostRoot(s.ten.mapper.Load(), jsonrpc.Splice(nil, m.Raw, es)) // as clients would see it
-	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
-	d, ok := dec.Permission(asked)
+	d, ok := s.permissionDecided(view)
 	if !ok {
 		return false
 	}
-	s.emit(asked) // the audit trail records what was asked before how it was settled
 	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
 	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now(), sess: s, msg: view}
 	in.settle(settlement{by: d.By, line: append(jsonrpc.AppendResult(nil, m.ID, result), '\n'),

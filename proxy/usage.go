@@ -47,16 +47,13 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 	}
 	if reject != "" {
 		s.link.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
-		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
-		s.link.ag.obs.Observe(e)
+		s.usageRejected(e, reject)
 	}
 	if b.Live {
 		// Every live report, even one this meter counts as nothing (a
 		// loaded session's first, a decrease): a budget counts it against
 		// the value it keeps for the session, whichever process loaded it.
-		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label,
-			Amount: inc, Total: amount, First: b.First, From: b.From}
-		s.link.ag.obs.Observe(e)
+		s.costReported(e, label, inc, amount, b)
 	}
 }
 
@@ -65,7 +62,7 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 func (s *Session) turnTokens(raw []byte) map[string]int64 {
 	tokens, rejects := usage.ParseTokens(raw)
 	for _, reject := range rejects {
-		s.emit(&observe.Event{Kind: observe.UsageRejected, Reason: reject})
+		s.usageRejected(nil, reject)
 	}
 	return tokens
 }
@@ -84,7 +81,7 @@ func (r *agentReader) lateAnswer(id int64, m *jsonrpc.Message) bool {
 	if f, ok := acp.Tagged(m, acp.LabelUsage); ok {
 		if tokens := s.turnTokens(m.Bytes(f)); len(tokens) > 0 {
 			s.meter.NoteTokens(tokens)
-			s.emit(&observe.Event{Kind: observe.TokensReported, Tokens: tokens})
+			s.tokensReported(tokens)
 		}
 	}
 	r.l.p.Log().Debug("a prompt answered after the gateway ended its turn; its usage counted", "session", s.GatewayID)
