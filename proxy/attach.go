@@ -213,8 +213,12 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	}
 	s.fan.Lock()
 	if mem.overrun { // the session outran the replay: what c missed is gone
-		e := cr.overran(m, s, mem, add)
+		e := cr.overran(m, s, mem)
 		s.fan.Unlock()
+		c.attachRefused(s, "full") // observers hear of it off the fan lock
+		if !add {
+			s.memberLeft(c, mem) // it had joined before
+		}
 		e.run()      // no client left: the session ends, off the fan lock
 		return false // the caller lets go of s
 	}
@@ -239,19 +243,15 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 
 // overran fails an attach whose session sent more than maxBacklog during
 // its replay: mem leaves the session; with no client left the session
-// ends, by the teardown returned (s.fan held).
-func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add bool) *ending {
+// ends, by the teardown returned (s.fan held: the caller tells observers).
+func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member) *ending {
 	c := cr.c
 	for _, b := range mem.backlog {
 		jsonrpc.PutBuffer(b.msg)
 	}
 	mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
-	c.attachRefused(s, "full")
 	cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
 	_, e := s.removeMember(c)
-	if !add {
-		s.memberLeft(c, mem) // it had joined before
-	}
 	return e
 }
 

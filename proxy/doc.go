@@ -91,6 +91,9 @@
 // handleMu, ends a connection or a session, or takes another session's
 // fan: a connection that overflows meanwhile ends on a worker, and an
 // attach's replay, which may wait for its client, goes out without it.
+// Observers are called under no relay lock but a client's handleMu (for
+// what its messages do) and a shared session's fan (PermissionRequested
+// only); package observe says exactly when.
 //
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's

@@ -1,10 +1,31 @@
 // Package observe is the one point where what watches a session (metrics,
 // the audit trail, tracing) and what decides for it (budgets, permission
 // rules) plug into the relay. The session and its turn feed an Observer
-// every event of their life and ask a Decider before a prompt goes to the
-// agent and before an agent's permission request goes to the clients. The
-// relay knows them by these interfaces only; none of them is called with a
-// relay lock held.
+// every event of their life and ask a PromptDecider before a prompt goes to
+// the agent and a PermissionDecider before an agent's permission request
+// goes to the clients. The relay knows them by these interfaces only, and a
+// plug-in that acts on the relay is handed a Control when it is made
+// (Provisioner).
+//
+// # Where they are called
+//
+// On the goroutine where the event happens (the agent's reader, a client's
+// handler, a worker, the pool's maintainer, a connection's Close), with no
+// relay lock held but two:
+//
+//   - a client's handler lock (proxy's Conn.handleMu) for what a client's
+//     message does: its prompt started or queued, an attach, detach or
+//     take-over, its answer to a permission request, a file it served. An
+//     Observer there holds up only that client's next message.
+//     PromptDecider.Prompt is always asked there.
+//   - a shared session's fan lock (Session.fan) for PermissionRequested:
+//     the request goes to the session's clients under it, and observers
+//     hear of it before any client can answer. An Observer there holds up
+//     the session's other messages.
+//
+// PermissionDecider.Permission is asked on the agent's reader with no lock
+// held. Observe must not block nor call back into the relay; nor may a
+// decider call Control.
 package observe
 
 import (
