@@ -138,13 +138,16 @@ type Conn struct {
 // connection's read side, as agentReader is a process's: used only by the
 // goroutine that holds the connection's handleMu.
 type clientReader struct {
-	c       *Conn
-	sc      jsonrpc.Scanner
-	msg     jsonrpc.Message
-	rspan   trace.Span   // the request in hand's span, if it is traced (handleCall)
-	rlog    *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
-	edits   []jsonrpc.Edit
-	resolve jsonrpc.Resolver
+	c     *Conn
+	sc    jsonrpc.Scanner
+	msg   jsonrpc.Message
+	rspan trace.Span   // the request in hand's span, if it is traced (handleCall)
+	rlog  *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
+	// rcarried: an outReq carries rspan now, and ends it (outReq.end);
+	// else endRequestSpan does.
+	rcarried bool
+	edits    []jsonrpc.Edit
+	resolve  jsonrpc.Resolver
 	// traceParent: the trace context of the message in hand from its
 	// transport (a POST's traceparent header; HandleScannedTrace).
 	traceParent trace.SpanContext
@@ -333,13 +336,9 @@ func (cr *clientReader) handleMessage(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	switch {
 	case !initialized && m.Method == acp.Initialize && m.Kind == jsonrpc.KindRequest:
-		span := cr.startSpan(m)
-		cr.rspan = span
-		cr.handleInitialize(m)
-		cr.rspan, cr.rlog = nil, nil
-		if span != nil {
-			span.End()
-		}
+		cr.rspan = cr.startSpan(m)
+		cr.handleInitialize(m) // answered here, from what the pool learnt
+		cr.endRequestSpan()
 	case !initialized:
 		if m.Kind == jsonrpc.KindRequest {
 			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is not initialized: the first request must be initialize", nil)

@@ -164,14 +164,15 @@
 // # Tracing
 //
 // With Config.Tracing, each client request has a span named by its method
-// (observe/tracing), carried by its outReq and ended with it; a prompt's
-// span is its turn's, under which the pool wait, the first update, the
-// agent's requests to the client, the file stand-in and each tool call are
-// spans, and the updates a count. The client's params._meta.traceparent (or
-// a POST's header) is its parent; the line the agent gets names it in
-// _meta.traceparent, the one edit made to _meta besides the allow-list's
-// removals. Without it none of this
-// runs.
+// (observe/tracing), opened once by handleCall and ended once: by its
+// outReq's end once one carries it, else (the gateway answered it itself)
+// when handleCall returns (endRequestSpan); an agent request's span ends in
+// its settle. A prompt's span is its turn's, under which the pool wait,
+// the first update, the agent's requests to the client, the file stand-in
+// and each tool call are spans, and the updates a count. The client's
+// params._meta.traceparent (or a POST's header) is its parent; the line the
+// agent gets names it in _meta.traceparent, the one edit made to _meta
+// besides the allow-list's removals. Without it none of this runs.
 //
 // # Pooled buffers
 //

@@ -55,21 +55,18 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
-	span := cr.startSpan(m)
+	span := cr.startSpan(m) // ended once: by the outReq that carries it, else by endRequestSpan
 	cr.rspan = span
-	defer func() { cr.rspan, cr.rlog = nil, nil }()
+	defer cr.endRequestSpan()
 	switch m.Method {
 	case acp.SessionAttach:
 		cr.handleAttach(m)
-		tracing.AnsweredByGateway(span)
 		return
 	case acp.SessionDetach:
 		cr.handleDetach(m)
-		tracing.AnsweredByGateway(span)
 		return
 	}
 	if cr.readOnlyWrite(m) || !cr.checkPolicy(m) {
-		tracing.AnsweredByGateway(span)
 		return
 	}
 	// Paths are checked before anything is reserved or taken over.
@@ -78,15 +75,13 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		c.denied("path_outside_root", m.Method)
 		cr.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
-			tracing.Fail(span, jsonrpc.CodeInvalidParams, pathErr.Error())
-			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
+			cr.answerError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
 		}
 		return
 	}
 	// _meta keeps only what policy.meta allows (a malformed one is refused).
 	edits, ok := cr.stripMeta(m, edits)
 	if !ok {
-		tracing.AnsweredByGateway(span)
 		return
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
@@ -97,13 +92,11 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 	rt, edits, err := cr.route(ctx, m, edits)
 	switch {
 	case errors.Is(err, errAnswered):
-		tracing.AnsweredByGateway(span)
 		return
 	case err != nil:
 		cr.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
-			tracing.Fail(span, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err))
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err), nil)
+			cr.answerError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err), nil)
 		}
 		return
 	}
@@ -321,8 +314,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 		if rt.sess != nil && m.Method == acp.SessionPrompt {
 			if refusal := c.refusePrompt(rt.sess, nil, m.Payload); refusal != nil { // never reaches the agent
 				rt.h.release()
-				tracing.Fail(span, refusal.Code, refusal.Message)
-				c.replyError(m.ID, refusal.Code, refusal.Message, refusal.Data)
+				cr.answerError(m.ID, refusal.Code, refusal.Message, refusal.Data)
 				return
 			}
 		}
@@ -377,14 +369,14 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 	var ok bool
 	if rt.h.request, ok = rt.link.p.HoldRequest(); !ok || !rt.link.track(req) {
 		rt.h.release()
-		tracing.Fail(span, jsonrpc.CodeInternalError, "the agent process exited")
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+		cr.answerError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 		return nil
 	}
+	cr.rcarried = true                          // req ends the span now (outReq.end)
 	if !c.reqs.TrackClient(req.clientID, req) { // the connection closed meanwhile
 		if rt.link.untrack(req) {
 			req.hold.release()
-			tracing.AnsweredByGateway(span)
+			cr.rcarried = false // never sent: the gateway answered it
 		}
 		return nil
 	}

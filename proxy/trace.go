@@ -34,6 +34,16 @@ func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
 		ID: string(m.ID), Tenant: c.tenant, Agent: c.ag.name, Transport: c.transport})
 }
 
+// endRequestSpan ends the span of the request in hand (handleCall) unless
+// an outReq carries it (its end ends it): the gateway answered the request
+// itself (with an error, answerError recorded it on the span).
+func (cr *clientReader) endRequestSpan() {
+	if !cr.rcarried {
+		tracing.AnsweredByGateway(cr.rspan)
+	}
+	cr.rspan, cr.rlog, cr.rcarried = nil, nil, false
+}
+
 // routedSpan adds what routing chose to a request's span.
 func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Message) {
 	if span == nil {
