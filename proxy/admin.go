@@ -151,7 +151,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	s.failQueued(nil, why)
 	// The agent's requests are settled first, as a client that cancels
 	// does: their clients are told before the turn can end.
-	s.settleRequests(why)
+	settleAll(s.inbound.List(), inPlace(byAdmin, jsonrpc.CodeRequestCancelled, why))
 	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
 		r.cancelTurn(context.Background(), s, prompts)
 	}

@@ -70,7 +70,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 		return
 	}
 	c.attachChildren(s)
-	s.memberJoined(c, mem, p.HistoryPolicy)
+	s.events().memberJoined(c, mem, p.HistoryPolicy)
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
 		return
@@ -217,7 +217,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 		s.fan.Unlock()
 		c.attachRefused(s, "full") // observers hear of it off the fan lock
 		if !add {
-			s.memberLeft(c, mem) // it had joined before
+			s.events().memberLeft(c, mem) // it had joined before
 		}
 		e.run()      // no client left: the session ends, off the fan lock
 		return false // the caller lets go of s
@@ -311,15 +311,15 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
 	if mem, e := s.removeMember(c); mem != nil {
 		c.leaveChildren(s)
-		s.memberLeft(c, mem)
+		s.events().memberLeft(c, mem)
 		c.dropRequestsOf(s)
-		s.presence("client_disconnected", mem.peer(), nil)
+		s.toMembers(multiclient.Presence("client_disconnected", mem.peer()), nil)
 		e.run() // c was its last client: the session ends
 		return
 	}
 	if owned, kept := s.ownerLeave(c, prompting); owned && kept {
 		c.dropRequestsOf(s)
-		s.presence("client_disconnected", connPeer(c), nil)
+		s.toMembers(multiclient.Presence("client_disconnected", connPeer(c)), nil)
 	}
 }
 

@@ -731,7 +731,7 @@ func (c *Conn) attach(s *Session) {
 			s.held()
 			if old != nil {
 				if mem, _ := old.removeMember(c); mem != nil {
-					old.memberLeft(c, mem)
+					old.events().memberLeft(c, mem)
 				}
 				old.unheld(c.log)
 			}

@@ -192,11 +192,6 @@ func (s *Session) toMembers(body []byte, skip *Conn) {
 	s.fan.Unlock()
 }
 
-// presence tells the members that a client connected or left.
-func (s *Session) presence(event string, who multiclient.Peer, skip *Conn) {
-	s.toMembers(multiclient.Presence(event, who), skip)
-}
-
 // failQueued refuses the prompts waiting for a turn: c's (nil: all), with
 // why.
 func (s *Session) failQueued(c *Conn, why string) { s.failTurns(s.turn.DropQueued(c), why) }
@@ -206,7 +201,7 @@ func (s *Session) failTurns(failed []turn.Queued[*outReq], why string) {
 	if len(failed) == 0 {
 		return
 	}
-	s.promptsQueued(-len(failed))
+	s.events().promptsQueued(-len(failed))
 	for _, t := range failed {
 		if s.link.take(t.Prompt) {
 			t.Prompt.failWith(jsonrpc.CodeRequestCancelled, why, nil)

@@ -153,7 +153,7 @@ func (in *inReq) settle(st settlement) bool {
 	perm := in.method == acp.RequestPermission && s != nil
 	var body []byte
 	if perm && s.audience() {
-		body = multiclient.ByPolicy(s.resolution(msg, st.client, st.outcome), st.rule, st.decide)
+		body = st.news(s, msg)
 	}
 	if len(copies) > 0 || body != nil {
 		if s != nil {
@@ -351,12 +351,10 @@ func (in *inReq) expire(now time.Time, limit time.Duration) {
 		"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
 }
 
-// settleRequests settles the agent's requests about s still waiting for a
-// client in their place (a permission request: cancelled), for an
-// administrator who ended it (why).
-func (s *Session) settleRequests(why string) {
-	for _, in := range s.inbound.List() {
-		in.settle(inPlace(byAdmin, jsonrpc.CodeRequestCancelled, why))
+// settleAll settles each of ins so (once each: see settle).
+func settleAll(ins []*inReq, st settlement) {
+	for _, in := range ins {
+		in.settle(st)
 	}
 }
 
@@ -405,13 +403,14 @@ func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
 	}
 }
 
-// resolution is the permission_resolved update of msg, a permission
-// request of the session, settled by by (nil: the gateway) with outcome.
-func (s *Session) resolution(msg []byte, by *Conn, outcome []byte) []byte {
+// news is the permission_resolved update the members of s hear of msg, a
+// permission request of s settled so: by whom (the client that answered,
+// none for the gateway), with what, and by what rule.
+func (st settlement) news(s *Session, msg []byte) []byte {
 	var resolvedBy *multiclient.Peer
-	if by != nil {
-		p := s.peerOf(by)
+	if st.client != nil {
+		p := s.peerOf(st.client)
 		resolvedBy = &p
 	}
-	return multiclient.PermissionResolved(msg, resolvedBy, outcome)
+	return multiclient.ByPolicy(multiclient.PermissionResolved(msg, resolvedBy, st.outcome), st.rule, st.decide)
 }

@@ -173,7 +173,7 @@ func (e *ending) run() {
 		}
 		for _, m := range e.members {
 			m.conn.detach(s)
-			s.memberLeft(m.conn, m)
+			s.events().memberLeft(m.conn, m)
 		}
 	}
 	s.failTurns(e.queued, steps.queued)
@@ -187,7 +187,7 @@ func (e *ending) run() {
 		by = e.owner // its last owner is told it was lost
 	}
 	if steps.event != 0 && (by != nil || e.cause != endAgentExited) {
-		s.sessionEvent(by, steps.event, steps.reason)
+		s.events().sessionEvent(by, steps.event, steps.reason)
 	}
 	for _, k := range s.takeChildren() {
 		k.end(endParentEnded, e.by)

@@ -141,7 +141,7 @@ func (r *outReq) end() {
 	if r.method == acp.SessionPrompt && r.conn != nil {
 		if r.sess != nil {
 			next, ok, dequeued := r.sess.turn.Done(r, r.sess.link.isPending)
-			r.sess.promptsQueued(-dequeued)
+			r.sess.events().promptsQueued(-dequeued)
 			if ok && r.holdNext {
 				r.next = &next
 			} else if ok {

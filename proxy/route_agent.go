@@ -102,7 +102,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	if req, late := l.acknowledge(id, m); req != nil { // v2: the turn goes on
 		if late { // a retry the agent ran again: its turn counts from here
-			req.sess.turnStarted(req, nil, nil)
+			req.sess.events().turnStarted(req, nil, nil)
 		}
 		r.deliverAck(m, req)
 		return
@@ -273,7 +273,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 			s.state.NoteResult(m.Payload)
 		}
 		req.hold.keepAttach()
-		s.sessionEvent(c, observe.SessionLoaded, "")
+		s.events().sessionEvent(c, observe.SessionLoaded, "")
 	case req.method == acp.SessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == acp.SessionClose || req.method == acp.SessionDelete) && req.sess != nil:
@@ -325,7 +325,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 	if s.attachable {
 		s.state.NoteResult(m.Payload)
 	}
-	s.sessionEvent(c, observe.SessionCreated, "")
+	s.events().sessionEvent(c, observe.SessionCreated, "")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }
 
@@ -379,7 +379,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			r.l.p.Log().Debug("subagent_update for a v1 client that did not offer clientCapabilities.subagents; dropped", "session", rc.sess.GatewayID)
 			return
 		}
-		rc.sess.updated(m, kind, &r.event)
+		rc.sess.events().updated(m, kind, &r.event)
 		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
 		rc.edits = r.childEdits(m, rc.sess, rc.conn, kind, rc.edits)
 		if string(kind) == "state_update" {
@@ -518,7 +518,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 		log.Info("agent request refused by policy", "method", m.Method, "err", err)
 		r.refuse(m, jsonrpc.CodeMethodNotFound, err.Error())
 		if m.Method == acp.RequestPermission && rc.sess != nil {
-			rc.sess.permissionRefused(m.Raw)
+			rc.sess.events().permissionRefused(m.Raw)
 		}
 		return nil, false
 	}
@@ -551,7 +551,7 @@ func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Ed
 	es := slices.Clone(edits)
 	jsonrpc.SortEdits(es)
 	view := pathrewrite.ScrubHostRoot(s.ten.mapper.Load(), jsonrpc.Splice(nil, m.Raw, es)) // as clients would see it
-	d, ok := s.permissionDecided(view)
+	d, ok := s.events().permissionDecided(view)
 	if !ok {
 		return false
 	}
@@ -604,7 +604,7 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	kept := append([]byte(nil), out...) // a take-over sends it again
 	if m.Method == acp.RequestPermission && rc.sess != nil {
 		// Observers hear it was asked before any client can answer it.
-		rc.sess.permissionRequested(conn, kept)
+		rc.sess.events().permissionRequested(conn, kept)
 	}
 	in.mu.Lock()
 	in.msg = kept

@@ -298,7 +298,7 @@ func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
 	c := cr.c
 	c.detach(sess)
 	if sess.isLost() { // an ended one was told already
-		sess.sessionEvent(c, observe.SessionClosed, "")
+		sess.events().sessionEvent(c, observe.SessionClosed, "")
 	}
 	if m.Kind == jsonrpc.KindRequest {
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
@@ -339,7 +339,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 		return // waits for another client's turn, or refused
 	}
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !req.retry {
-		rt.sess.turnStarted(req, nil, m.Payload)
+		rt.sess.events().turnStarted(req, nil, m.Payload)
 	}
 	c.ag.metrics.Message(metrics.ClientToAgent, m.Method, len(out))
 	err := rt.link.p.Send(ctx, out)
@@ -432,7 +432,7 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		}
 		return false
 	case !now:
-		s.promptsQueued(1)
+		s.events().promptsQueued(1)
 		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
@@ -488,7 +488,7 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 	}
 	if !t.Prompt.retry { // a retry's turn is its first sending's
 		s.announcePrompt(c, blocks)
-		s.turnStarted(t.Prompt, blocks, nil)
+		s.events().turnStarted(t.Prompt, blocks, nil)
 	}
 	s.link.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)

@@ -41,7 +41,7 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		turn = "ended"
 	}
 	if turn == "idle" {
-		s.takenOver(c, turn)
+		s.events().takenOver(c, turn)
 		return false // the agent replays it; addSession moves the owner
 	}
 	meta := map[string]any{"turn": turn}
@@ -62,11 +62,11 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 			owner.detach(k)
 		}
 	}
-	s.sessionEvent(c, observe.SessionLoaded, "")
+	s.events().sessionEvent(c, observe.SessionLoaded, "")
 	for _, in := range owner.takeRequestsOf(s) {
 		c.adopt(in)
 	}
-	s.takenOver(c, turn)
+	s.events().takenOver(c, turn)
 	cr.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
 	if owner.subject == c.subject { // another subject's is kept, to be told when it resumes
 		owner.endIfEmpty()
