@@ -257,10 +257,10 @@ func (e *ending) tell(why string) {
 	}
 	s.fan.Unlock()
 	for _, m := range members {
-		m.conn.dropRequestsOf(s)
+		letGoOf(m.conn, s, "the session ended")
 	}
 	if owner != nil {
-		owner.dropRequestsOf(s)
+		letGoOf(owner, s, "the session ended")
 	}
 }
 

@@ -312,29 +312,14 @@ func (c *Conn) leaveSession(s *Session, prompting bool) {
 	if mem, e := s.removeMember(c); mem != nil {
 		c.leaveChildren(s)
 		s.events().memberLeft(c, mem)
-		c.dropRequestsOf(s)
+		letGoOf(c, s, "the client detached")
 		s.toMembers(multiclient.Presence("client_disconnected", mem.peer()), nil)
 		e.run() // c was its last client: the session ends
 		return
 	}
 	if owned, kept := s.ownerLeave(c, prompting); owned && kept {
-		c.dropRequestsOf(s)
+		letGoOf(c, s, "the client detached")
 		s.toMembers(multiclient.Presence("client_disconnected", connPeer(c)), nil)
-	}
-}
-
-// dropRequestsOf gives up c's copies of the agent's requests about s: each
-// is answered in c's place only when no other client has one.
-func (c *Conn) dropRequestsOf(s *Session) {
-	for _, in := range s.inbound.List() {
-		id, had, last := in.leave(c)
-		if !had {
-			continue
-		}
-		c.reqs.ForgetAgent(id)
-		if last {
-			in.lastLeft(c, "the client detached")
-		}
 	}
 }
 

@@ -491,7 +491,7 @@ func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ [
 	if err != nil {
 		if m.Kind == jsonrpc.KindResponse {
 			f := m.Fields[mi]
-			c.log.Debug("a client's answer had a _meta that is not an object; sent with {}", "method", cr.answerMethod(m))
+			c.log.Debug("a client's answer had a _meta that is not an object; sent with {}", "method", answerMethod(m))
 			return append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: []byte("{}")}), true
 		}
 		cr.refuse(m, jsonrpc.CodeInvalidParams, "meta", fmt.Errorf("params.%w", err))
@@ -504,7 +504,7 @@ func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ [
 			for i, n := range res.Removed {
 				names[i] = logx.Quote(n, 64)
 			}
-			cr.reqLog().Debug("removed _meta members policy.meta.allow does not allow", "method", cr.answerMethod(m), "keys", names)
+			cr.reqLog().Debug("removed _meta members policy.meta.allow does not allow", "method", answerMethod(m), "keys", names)
 		}
 	}
 	cr.metaEmptied = res.Emptied
@@ -512,7 +512,7 @@ func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ [
 }
 
 // answerMethod is m's method, or "answer" for a client's answer.
-func (cr *clientReader) answerMethod(m *jsonrpc.Message) string {
+func answerMethod(m *jsonrpc.Message) string {
 	if m.Kind == jsonrpc.KindResponse {
 		return "answer"
 	}
@@ -657,7 +657,7 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 	}
 	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
 	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
-		cr.clientFsDone(in, m)
+		in.clientFsDone(c, m)
 	}
 }
 
@@ -780,10 +780,8 @@ func (c *Conn) Close() {
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()
 	}
-	for _, in := range agentReqs {
-		if _, had, last := in.leave(c); had && last { // else another client of its session may answer it
-			in.lastLeft(c, "the client disconnected")
-		}
+	for _, in := range agentReqs { // another client of its session may answer it yet
+		in.letGo(c, "the client disconnected")
 	}
 	prompting := make(map[*Session]bool)
 	for _, r := range clientReqs {

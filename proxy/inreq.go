@@ -324,6 +324,61 @@ func (in *inReq) leave(c *Conn) (id int64, had, last bool) {
 	return id, had, had && in.conn == nil && len(in.copies) == 0
 }
 
+// handOver passes the request from from, whose session a take-over moved,
+// to to, unless it is no longer from's (a take-over or a settle took it).
+func (in *inReq) handOver(from, to *Conn) {
+	_, id := in.route()
+	if from.reqs.TakeIfOurs(id, in) {
+		in.adoptBy(to)
+	}
+}
+
+// adoptBy makes the request, taken over from another connection, c's: it
+// gets an id of c's and is sent again.
+func (in *inReq) adoptBy(c *Conn) {
+	in.mu.Lock()
+	msg := in.msg
+	if msg == nil {
+		// The agent reader has not sent it yet: it adopts it here once it
+		// has (see agentReader.forwardRequest).
+		in.pendingTo = c
+	}
+	in.mu.Unlock()
+	if msg == nil {
+		return
+	}
+	id, ok := c.reqs.AddAgent(in)
+	if !ok {
+		return
+	}
+	in.mu.Lock()
+	settled := in.settled
+	if !settled {
+		in.conn, in.connID = c, id
+	}
+	in.mu.Unlock()
+	if settled {
+		c.reqs.ForgetAgent(id)
+		return
+	}
+	if out := acp.WithID(msg, id); out != nil {
+		c.deliver(out)
+	}
+}
+
+// letGo gives up c's copy of the request, if it has one: the last client
+// to let go settles it in the clients' place (why says how).
+func (in *inReq) letGo(c *Conn, why string) {
+	id, had, last := in.leave(c)
+	if !had {
+		return
+	}
+	c.reqs.ForgetAgent(id)
+	if last {
+		in.lastLeft(c, why)
+	}
+}
+
 // lastLeft settles the request in its clients' place, the last of which,
 // c, has let go (why says how): a permission request is cancelled,
 // anything else refused.
@@ -349,6 +404,15 @@ func (in *inReq) expire(now time.Time, limit time.Duration) {
 	in.link.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
 	tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
 		"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
+}
+
+// letGoOf gives up c's copies of the agent's requests about s (c leaves
+// it, why says how): each is settled in c's place only when no other
+// client has one.
+func letGoOf(c *Conn, s *Session, why string) {
+	for _, in := range s.inbound.List() {
+		in.letGo(c, why)
+	}
 }
 
 // settleAll settles each of ins so (once each: see settle).

@@ -620,10 +620,10 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	switch { // taken over meanwhile: the new owner gets it, with an id of its own
 	case to != nil:
 		jsonrpc.PutBuffer(out)
-		to.adopt(in)
+		in.adoptBy(to)
 	case owner != nil:
 		jsonrpc.PutBuffer(out)
-		conn.handOver(in, owner)
+		in.handOver(conn, owner)
 	case rc.sess != nil && rc.sess.parent != nil: // a child's: on its parent's stream
 		conn.deliverFor(out, nil, Facts{ID: strconv.AppendInt(nil, connID, 10), Method: m.Method, SessionID: rc.sess.streamID()}, false)
 	default:

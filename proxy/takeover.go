@@ -63,8 +63,8 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		}
 	}
 	s.events().sessionEvent(c, observe.SessionLoaded, "")
-	for _, in := range owner.takeRequestsOf(s) {
-		c.adopt(in)
+	for _, in := range s.inbound.List() { // the agent's requests waiting for owner are c's
+		in.handOver(owner, c)
 	}
 	s.events().takenOver(c, turn)
 	cr.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
@@ -163,62 +163,6 @@ func (ag *agent) heldByTenant(sid, tenant string) bool {
 	}
 	owner := s.Owner()
 	return owner != nil && owner.tenant == tenant
-}
-
-// takeRequestsOf removes and returns the agent requests about s waiting
-// for c.
-func (c *Conn) takeRequestsOf(s *Session) []*inReq {
-	ins := s.inbound.List()
-	out := ins[:0]
-	for _, in := range ins {
-		if _, id := in.route(); c.reqs.TakeIfOurs(id, in) {
-			out = append(out, in)
-		}
-	}
-	return out
-}
-
-// handOver passes in, an agent request that reached c after a take-over
-// moved its session to owner, to the new owner, unless the take-over has
-// taken it from c already (then that take-over sends it).
-func (c *Conn) handOver(in *inReq, owner *Conn) {
-	_, id := in.route()
-	if c.reqs.TakeIfOurs(id, in) {
-		owner.adopt(in)
-	}
-}
-
-// adopt makes in, an agent request taken over from another connection,
-// c's: it gets an id of c's and is sent again.
-func (c *Conn) adopt(in *inReq) {
-	in.mu.Lock()
-	msg := in.msg
-	if msg == nil {
-		// The agent reader has not sent it yet: it adopts it here once it
-		// has (see agentReader.forwardRequest).
-		in.pendingTo = c
-	}
-	in.mu.Unlock()
-	if msg == nil {
-		return
-	}
-	id, ok := c.reqs.AddAgent(in)
-	if !ok {
-		return
-	}
-	in.mu.Lock()
-	settled := in.settled
-	if !settled {
-		in.conn, in.connID = c, id
-	}
-	in.mu.Unlock()
-	if settled {
-		c.reqs.ForgetAgent(id)
-		return
-	}
-	if out := acp.WithID(msg, id); out != nil {
-		c.deliver(out)
-	}
 }
 
 // promptEnded notes the end of a prompt turn of req.sess, answered by m:
