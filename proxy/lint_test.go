@@ -114,3 +114,57 @@ func TestEventsBuiltOnlyInEventsGo(t *testing.T) {
 		})
 	}
 }
+
+// The proxy root's types and functions stay small enough to read: no type
+// over maxMethods methods (counted by receiver, in non-test files), no
+// function over maxFuncLines lines (proxy/jsonrpc, the scanner, is exempt:
+// it is not in the root).
+const (
+	maxMethods   = 45
+	maxFuncLines = 80
+)
+
+func TestTypesAndFunctionsStaySmall(t *testing.T) {
+	fset, files := rootFiles(t)
+	methods := map[string]int{}
+	for _, f := range files {
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			name := fn.Name.Name
+			if fn.Recv != nil && len(fn.Recv.List) == 1 {
+				recv := receiverName(fn.Recv.List[0].Type)
+				methods[recv]++
+				name = recv + "." + name
+			}
+			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
+				t.Errorf("%s: %s has %d lines, over %d", fset.Position(fn.Pos()), name, n, maxFuncLines)
+			}
+		}
+	}
+	for typ, n := range methods {
+		if n > maxMethods {
+			t.Errorf("%s has %d methods, over %d", typ, n, maxMethods)
+		}
+	}
+}
+
+// receiverName is the type a method's receiver names (T of *T or T[P]).
+func receiverName(x ast.Expr) string {
+	for {
+		switch e := x.(type) {
+		case *ast.StarExpr:
+			x = e.X
+		case *ast.IndexExpr:
+			x = e.X
+		case *ast.IndexListExpr:
+			x = e.X
+		case *ast.Ident:
+			return e.Name
+		default:
+			return "?"
+		}
+	}
+}

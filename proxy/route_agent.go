@@ -140,25 +140,9 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	if created != nil {
 		c.attach(created) // counted before the request's tenant slot is given back
 	}
-	if req.span != nil {
-		req.answered = true
-		if m.IsError {
-			tracing.Answer(req.span, m.Payload)
-		}
-		if created != nil {
-			tracing.Set(req.span, tracing.AttrSession, created.GatewayID)
-		}
-	}
+	req.answerSpan(m, created)
 	if req.method == acp.SessionPrompt && req.sess != nil {
-		meterTurn(req, m)
-		stop := "error"
-		if !m.IsError {
-			stop, _ = acp.StopReason(m)
-		}
-		if !req.retry { // a retry's answer ends no turn: its first sending's does
-			req.sess.turnComplete(c, stop) // before the next turn is announced
-		}
-		req.holdNext = true
+		promptAnswered(req, m)
 		defer req.startNext() // once this answer is out
 	}
 	req.end()
@@ -179,6 +163,22 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		return // delivered once the agent has switched the session's model
 	}
 	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
+}
+
+// promptAnswered ends the turn of req, a prompt of a session the agent
+// answered with m: its usage counted, the session's other clients told (the
+// next turn is announced after), and the prompt waiting for the turn held
+// until the answer is out (req.startNext).
+func promptAnswered(req *outReq, m *jsonrpc.Message) {
+	meterTurn(req, m)
+	stop := "error"
+	if !m.IsError {
+		stop, _ = acp.StopReason(m)
+	}
+	if !req.retry { // a retry's answer ends no turn: its first sending's does
+		req.sess.turnComplete(req.conn, stop)
+	}
+	req.holdNext = true
 }
 
 // switchModel sends the agent the model switch the answer out needs (r.sw,

@@ -64,6 +64,21 @@ func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Messa
 	}
 }
 
+// answerSpan records the agent's answer m on the request's span: an
+// error, the session a request created (nil: none).
+func (r *outReq) answerSpan(m *jsonrpc.Message, created *Session) {
+	if r.span == nil {
+		return
+	}
+	r.answered = true
+	if m.IsError {
+		tracing.Answer(r.span, m.Payload)
+	}
+	if created != nil {
+		tracing.Set(r.span, tracing.AttrSession, created.GatewayID)
+	}
+}
+
 // endSpan ends a request's span: its turn's too, if it is a traced prompt.
 // An answer (answerSpan) has set its status; ended unanswered, it gets
 // the reason given.
