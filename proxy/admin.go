@@ -164,7 +164,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 type Owner struct{ Tenant, Agent string }
 
 // promptsOf lists the client prompts of s in flight through the process.
-func (l *procLink) promptsOf(s *Session) []*outReq {
+func (l *procSide) promptsOf(s *Session) []*outReq {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []*outReq

@@ -54,7 +54,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 		// Attached already (a page reloaded on a resumed connection): the
 		// replay and result again, nothing added.
 		if !cr.joinSession(m, s, mem, p.HistoryPolicy, false, asLoad) {
-			c.detach(s)
+			c.forget(s)
 		}
 		return
 	}
@@ -64,12 +64,12 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 	} else {
 		mem.info = connPeer(c).Info()
 	}
-	c.attach(s) // routed to c from now on (and counted once for its tenant)
+	c.index(s) // routed to c from now on (and counted once for its tenant)
 	if !cr.joinSession(m, s, mem, p.HistoryPolicy, true, asLoad) {
-		c.detach(s)
+		c.forget(s)
 		return
 	}
-	c.attachChildren(s)
+	c.joinChildren(s)
 	s.events().memberJoined(c, mem, p.HistoryPolicy)
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
@@ -178,7 +178,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	s.fan.Lock()
 	ok, full := true, false
 	if add {
-		ok, full = s.addMember(mem, c.relay.resume.MaxClients)
+		ok, full = s.join(mem, c.relay.resume.MaxClients)
 	}
 	if !ok || full {
 		s.fan.Unlock()
@@ -251,7 +251,7 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member) *en
 	}
 	mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
 	cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
-	_, e := s.removeMember(c)
+	_, e := s.leave(c)
 	return e
 }
 
@@ -294,7 +294,7 @@ func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
 		return
 	}
 	c.leaveSession(s, false) // a turn running is cancelled if c was its last client (finishSession)
-	c.detach(s)
+	c.forget(s)
 	if m.Kind == jsonrpc.KindRequest {
 		res, _ := json.Marshal(map[string]string{"sessionId": p.SessionID, "status": "detached"})
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, res))
@@ -309,7 +309,7 @@ func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
 // does.
 func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
-	if mem, e := s.removeMember(c); mem != nil {
+	if mem, e := s.leave(c); mem != nil {
 		c.leaveChildren(s)
 		s.events().memberLeft(c, mem)
 		letGoOf(c, s, "the client detached")

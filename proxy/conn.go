@@ -666,7 +666,7 @@ var errConnClosed = errors.New("the client has disconnected")
 
 // homeProc returns the process that serves the connection's requests that
 // name no session, acquiring a new one if the first has died or retires.
-func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
+func (c *Conn) homeProc(ctx context.Context) (*procSide, error) {
 	c.mu.Lock()
 	home, prof := c.home, c.prof
 	c.mu.Unlock()
@@ -695,7 +695,7 @@ func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 // trackAgentReq registers an agent request (about sess, if any) for this
 // client and returns it, with the id the client sees. span is its span
 // (nil: not traced), ended when it is forgotten.
-func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *Session, span trace.Span) (*inReq, int64, error) {
+func (c *Conn) trackAgentReq(l *procSide, agentID []byte, method string, sess *Session, span trace.Span) (*inReq, int64, error) {
 	if l.findInbound(agentID) != nil { // only this process's reader adds one, so the check holds
 		return nil, 0, errDuplicateAgentID
 	}
@@ -719,9 +719,10 @@ var (
 	errSessionLost      = errors.New("the session's agent process has exited")
 )
 
-// attach makes s one of the connection's sessions. A session created for a
-// connection that has closed meanwhile is closed on the agent.
-func (c *Conn) attach(s *Session) {
+// index makes s one of the connection's sessions (Conn.sessions), by the
+// ID it sees. A session created for a connection that has closed meanwhile
+// is closed on the agent.
+func (c *Conn) index(s *Session) {
 	c.mu.Lock()
 	if !c.closed {
 		old := c.sessions[s.GatewayID] // a lost session the load replaces
@@ -730,7 +731,7 @@ func (c *Conn) attach(s *Session) {
 		if old != s {
 			s.held()
 			if old != nil {
-				if mem, _ := old.removeMember(c); mem != nil {
+				if mem, _ := old.leave(c); mem != nil {
 					old.events().memberLeft(c, mem)
 				}
 				old.unheld(c.log)
@@ -742,9 +743,9 @@ func (c *Conn) attach(s *Session) {
 	c.leaveSession(s, false)
 }
 
-// detach forgets s: another connection took it over, it was closed, or its
-// load failed.
-func (c *Conn) detach(s *Session) {
+// forget takes s out of the connection's sessions: another connection took
+// it over, it was closed, or its load failed (index's undo).
+func (c *Conn) forget(s *Session) {
 	c.mu.Lock()
 	had := c.sessions[s.GatewayID] == s
 	if had {

@@ -12,17 +12,18 @@
 //     overflowed connection ends), which Relay.Close waits for once the
 //     agents' readers have stopped.
 //   - agent: one named agent. It owns its pool (package pool, which runs and
-//     chooses the processes and knows nothing of messages), the procLink of
+//     chooses the processes and knows nothing of messages), the procSide of
 //     each live process, and what watches and decides for its sessions
 //     (an observe.Set and observe.Deciders, built by AddAgent).
-//   - procLink: the relay's side of one process, the pool.Handler the pool
-//     hands the agent's lines, ticks and exit to. It owns the routes of the
-//     messages that cross the process: client requests in flight (pending,
-//     by the agent-side id), the prompt answers the gateway is handing over
-//     (answering), and the process's sessions by the agent's own session
-//     ID, in a copy-on-write map the agent's reader reads without a lock.
-//     The agent's requests about no session wait in its loose set. Its agentReader is the
-//     process's read side: it runs on the pool's read goroutine only.
+//   - procSide: the relay's side of one process (procside.go), the
+//     pool.Handler the pool hands the agent's lines, ticks and exit to. It
+//     owns the routes of the messages that cross the process: client
+//     requests in flight (pending, by the agent-side id), the prompt
+//     answers the gateway is handing over (answering), and the process's
+//     sessions by the agent's own session ID, in a copy-on-write map the
+//     agent's reader reads without a lock. The agent's requests about no
+//     session wait in its loose set. Its agentReader is the process's read
+//     side: it runs on the pool's read goroutine only.
 //   - Session: one ACP session, the one place that says who holds it: its
 //     owner (the plain client that created or loaded it; an atomic pointer
 //     the reader loads per message) and its members (clients that attached,
@@ -33,9 +34,11 @@
 //     (life.go). It owns its process session slot (a pool.Lease) until it
 //     ends, its tenant session slot while any connection holds it
 //     (holders), the agent's requests about it waiting for a client
-//     (inbound, an inflight.Set: their one index), the configuration the agent last reported
-//     (multiclient.Record), what session/attach replays (history, under
-//     fan), what its agent reported using (meter), and its turn.
+//     (inbound, an inflight.Set: their one index), the configuration the
+//     agent last reported (multiclient.Record), what session/attach
+//     replays (history, under fan), what its agent reported using (meter),
+//     and its turn. A client joins and leaves it as a member (Session.join
+//     and leave; session/attach and session/detach on the wire).
 //   - turn: the session's prompts: the one the agent works on, those of
 //     other clients waiting for it, when it started and last ended, its span
 //     as observers know it (observe.Turn), and a turn that ended while the
@@ -48,12 +51,13 @@
 //     history), a take-over moves it, and it ends with its parent
 //     (child.go).
 //   - Conn: one client connection, the client record: the index of its
-//     sessions by the ID it sees, its home process lease, its outbox
-//     (numbered, kept for a resume; a kept message is tagged with its
-//     session, so a take-over finds the session's messages since the
-//     detach), its socket's state (resume.go), and its requests in flight
-//     either way (reqs, an inflight.Table: a client's answer or cancellation
-//     names its own id). Its clientReader is its read side: it scans each
+//     sessions by the ID it sees (Conn.index and forget), its home process
+//     lease, its outbox (numbered, kept for a resume; a kept message is
+//     tagged with its session, so a take-over finds the session's messages
+//     since the detach), its socket's state (resume.go), and its requests
+//     in flight either way (reqs, an inflight.Table: a client's answer or
+//     cancellation names its own id; an agent request there is only an id
+//     to its inReq). Its clientReader is its read side: it scans each
 //     message, applies the limits and the tenant's policy, and routes it,
 //     used only under Conn.handleMu.
 //   - inReq: one agent request waiting for a client (inreq.go), with a
@@ -77,7 +81,7 @@
 // taken (Conn.out, Session.turn and Session.inbound stand for the locks of
 // their outbox.Box, turn.Turn and inflight.Set):
 //
-//	Conn.handleMu → Session.fan → Conn.mu → Conn.out → Session.mu → Session.turn → procLink.mu
+//	Conn.handleMu → Session.fan → Conn.mu → Conn.out → Session.mu → Session.turn → procSide.mu
 //	                                        Conn.out → the Sink's own lock
 //	                                                   Session.mu → Session.inbound
 //	Relay.mu → pool.Pool.mu → pool.Process.mu
@@ -97,7 +101,7 @@
 //
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
-// sessions over cannot deadlock. procLink.mu, inReq.mu, agent.mu, tenant.mu,
+// sessions over cannot deadlock. procSide.mu, inReq.mu, agent.mu, tenant.mu,
 // the locks of usage.Meter, multiclient.Record, Conn.reqs (an
 // inflight.Table) and Relay.adminEnded (an inflight.Recent), workers.mu,
 // Relay.promptMu and metrics.TenantLabels.mu are leaves. The pool calls no relay code with its
@@ -119,13 +123,13 @@
 // resume to the process that serves the session (or is taken over from a
 // detached connection); session/new to a process with room; anything else
 // to the connection's home process. send asks the deciders about a prompt,
-// tracks the request with the connection and the procLink, splices the
+// tracks the request with the connection and the procSide, splices the
 // edits in (the sealed session ID opened, the id renumbered, paths mapped,
 // the traceparent) and queues the line on the process.
 //
 // # How an agent line travels
 //
-// The process's read goroutine hands each line to its procLink. The
+// The process's read goroutine hands each line to its procSide. The
 // agentReader scans it. An answer takes its request from pending, settles
 // what it means for the session (created, loaded, closed, listed), ends the
 // request (its hold released) and is delivered to the client that asked; a

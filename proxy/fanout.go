@@ -247,9 +247,9 @@ func (s *Session) turnComplete(prompter *Conn, stop string) {
 	}
 }
 
-// addMember attaches c (s.fan held): false with a reason when the session
+// join makes m a member (s.fan held): false with a reason when the session
 // is full or has ended.
-func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
+func (s *Session) join(m *member, maxClients int) (ok, full bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.live() {
@@ -268,10 +268,10 @@ func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
 	return true, false
 }
 
-// removeMember detaches c. With no client left (no owner, no member) the
+// leave ends c's membership. With no client left (no owner, no member) the
 // session ends: the ending returned is its teardown, for the caller to run
 // off every lock (nil: it lives on).
-func (s *Session) removeMember(c *Conn) (m *member, e *ending) {
+func (s *Session) leave(c *Conn) (m *member, e *ending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.clientList()

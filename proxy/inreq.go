@@ -22,7 +22,7 @@ import (
 // An agent's request to a client, from the agent's reader to its one
 // settlement. The reader makes it (Conn.trackAgentReq), it is indexed once,
 // by its session (Session.inbound; one about no session by its process,
-// procLink.loose), and a client sees it by an id of its own (Conn.reqs). It
+// procSide.loose), and a client sees it by an id of its own (Conn.reqs). It
 // ends in settle, whoever ends it: the client that answers, or the gateway
 // in the clients' place (the last client let go, the client did not answer
 // in time, an administrator ended the session, the agent exited, a decider
@@ -31,7 +31,7 @@ import (
 // inReq is an agent→client request waiting for a client's answer.
 type inReq struct {
 	// Set when made, read-only after.
-	link    *procLink
+	link    *procSide
 	agentID []byte // the agent's raw id
 	method  string
 	start   time.Time
@@ -424,7 +424,7 @@ func settleAll(ins []*inReq, st settlement) {
 
 // inbound lists the agent's requests through the process waiting for a
 // client: its sessions' (Session.inbound) and those about none.
-func (l *procLink) inbound() []*inReq {
+func (l *procSide) inbound() []*inReq {
 	out := l.loose.List()
 	for _, s := range *l.sessions.Load() {
 		out = append(out, s.inbound.List()...)
@@ -435,7 +435,7 @@ func (l *procLink) inbound() []*inReq {
 // findInbound is the agent's request with raw id still waiting for a
 // client (nil: none). Only the process's reader adds one, so on the reader
 // a nil stays nil.
-func (l *procLink) findInbound(raw []byte) *inReq {
+func (l *procSide) findInbound(raw []byte) *inReq {
 	if in := findIn(l.loose.List(), raw); in != nil {
 		return in
 	}
@@ -458,7 +458,7 @@ func findIn(ins []*inReq, raw []byte) *inReq {
 
 // expireInbound settles, in the client's place, the agent's requests a
 // client has left unanswered for longer than limit.
-func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
+func (l *procSide) expireInbound(now time.Time, limit time.Duration) {
 	if limit <= 0 {
 		return
 	}

@@ -80,7 +80,7 @@ type outReq struct {
 	conn     *Conn  // nil for the gateway's own requests
 	clientID []byte // the client's raw id
 	agentID  int64
-	link     *procLink // the process the request went to
+	link     *procSide // the process the request went to
 	method   string
 	sess     *Session // the session the request is about, if any
 	cwd      string   // session/new and the like: the cwd the client asked for
@@ -88,7 +88,7 @@ type outReq struct {
 	hold     *hold       // nil for the gateway's own requests
 	ended    atomic.Bool // end has run (Ended)
 	// answering: the gateway took the request from its process's table to
-	// answer it itself (procLink.take); a prompt counts as running until
+	// answer it itself (procSide.take); a prompt counts as running until
 	// that answer is in its client's queue (fail). Under link.mu.
 	answering bool
 	// acked: a v2 prompt the agent has acknowledged; its turn runs until
@@ -153,7 +153,7 @@ func (r *outReq) end() {
 }
 
 // fail ends r, taken from its process's table to be answered by the
-// gateway (procLink.take, failRoutes, expireRequests), and gives its client
+// gateway (procSide.take, failRoutes, expireRequests), and gives its client
 // msg, the gateway's answer. A prompt counted as running until msg is in
 // the client's queue: a drain that waits for it never closes the client
 // first.
@@ -190,7 +190,7 @@ func (r *outReq) releaseQueued() {
 }
 
 // cancelInPlace answers r, a prompt whose agent did not answer its
-// session/cancel in time (taken with procLink.take), in the agent's place:
+// session/cancel in time (taken with procSide.take), in the agent's place:
 // stopReason "cancelled", to its client and, as turn_complete, to the
 // session's other clients.
 func (r *outReq) cancelInPlace() {

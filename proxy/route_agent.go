@@ -21,7 +21,7 @@ import (
 // agentReader routes the messages one agent process writes. It runs on the
 // process's read goroutine only, so it reuses its scanner and buffers.
 type agentReader struct {
-	l   *procLink
+	l   *procSide
 	sc  jsonrpc.Scanner
 	msg jsonrpc.Message
 	// ids, idMsg: the second scan of an update that names sessions inside
@@ -39,7 +39,7 @@ type agentReader struct {
 	swGated *Session
 }
 
-func newAgentReader(l *procLink) *agentReader {
+func newAgentReader(l *procSide) *agentReader {
 	r := &agentReader{l: l}
 	r.sc.Methods = acp.Methods
 	r.ids.Methods = acp.Methods
@@ -138,7 +138,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.swGated, gated = gated, nil
 	}
 	if created != nil {
-		c.attach(created) // counted before the request's tenant slot is given back
+		c.index(created) // counted before the request's tenant slot is given back
 	}
 	req.answerSpan(m, created)
 	if req.method == acp.SessionPrompt && req.sess != nil {
@@ -229,7 +229,7 @@ func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
 
 // takeAnswered takes the request an answer is for out of the table; a
 // prompt's answer counts as running until it is delivered (answered).
-func (l *procLink) takeAnswered(id int64) *outReq {
+func (l *procSide) takeAnswered(id int64) *outReq {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	req := l.pending[id]
@@ -241,7 +241,7 @@ func (l *procLink) takeAnswered(id int64) *outReq {
 }
 
 // answered ends what takeAnswered counted.
-func (l *procLink) answered(r *Relay) {
+func (l *procSide) answered(r *Relay) {
 	l.mu.Lock()
 	l.answering--
 	l.mu.Unlock()

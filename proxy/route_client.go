@@ -28,7 +28,7 @@ var errAnswered = errors.New("answered by the gateway")
 
 // routed is where a client message goes and what handling it took.
 type routed struct {
-	link *procLink
+	link *procSide
 	sess *Session // the session the message is about, if any
 	h    *hold
 }
@@ -227,7 +227,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 		if c.gatesSessions() { // before the client can name it
 			h.gate(h.attach)
 		}
-		c.attach(h.attach)
+		c.index(h.attach)
 	}
 	return &routed{link: l, sess: sess, h: h}, nil
 }
@@ -296,7 +296,7 @@ func (cr *clientReader) routeHome(ctx context.Context) (*routed, error) {
 // it only has to forget it here.
 func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
 	c := cr.c
-	c.detach(sess)
+	c.forget(sess)
 	if sess.isLost() { // an ended one was told already
 		sess.events().sessionEvent(c, observe.SessionClosed, "")
 	}

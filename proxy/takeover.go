@@ -52,14 +52,14 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	if !cr.moveSession(s, owner, jsonrpc.AppendResult(nil, m.ID, result)) {
 		return false
 	}
-	c.attach(s) // before the owner lets go: the session keeps its tenant slot
+	c.index(s) // before the owner lets go: the session keeps its tenant slot
 	notice, f := s.endedNotice("taken over by another client")
 	owner.deliverMember(notice, s, f, false) // kept for when it resumes
-	owner.detach(s)
+	owner.forget(s)
 	for _, k := range s.childList() { // its children follow it
 		if k.moveOwner(owner, c) {
-			c.attach(k)
-			owner.detach(k)
+			c.index(k)
+			owner.forget(k)
 		}
 	}
 	s.events().sessionEvent(c, observe.SessionLoaded, "")

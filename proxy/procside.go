@@ -16,11 +16,11 @@ import (
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
-// procLink is the relay's side of one agent process: the routes of the
+// procSide is the relay's side of one agent process: the routes of the
 // messages that cross it. The pool calls it (pool.Handler) with the lines
 // the agent writes, once a second to expire what waited too long, and once
 // when the process has exited.
-type procLink struct {
+type procSide struct {
 	// Static after construction.
 	p       *pool.Process
 	ag      *agent
@@ -55,7 +55,7 @@ const maxLate = 256
 
 // newLink makes the link of a process the agent's pool has just created.
 func (ag *agent) newLink(p *pool.Process) pool.Handler {
-	l := &procLink{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
+	l := &procSide{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
 		pending: map[int64]*outReq{}}
 	empty := map[string]*Session{}
 	l.sessions.Store(&empty)
@@ -66,19 +66,19 @@ func (ag *agent) newLink(p *pool.Process) pool.Handler {
 	return l
 }
 
-func (l *procLink) String() string { return l.p.String() }
+func (l *procSide) String() string { return l.p.String() }
 
 // Line routes one line the agent wrote (pool.Handler).
-func (l *procLink) Line(line []byte) { l.reader.handle(line) }
+func (l *procSide) Line(line []byte) { l.reader.handle(line) }
 
 // Tick expires the requests that waited too long either way (pool.Handler).
-func (l *procLink) Tick(now time.Time) {
+func (l *procSide) Tick(now time.Time) {
 	l.expireRequests(now, l.ag.timeouts.Request, l.ag.timeouts.Prompt)
 	l.expireInbound(now, l.ag.timeouts.ClientRequest)
 }
 
 // Exited fails every route through the process (pool.Handler).
-func (l *procLink) Exited(reason error) {
+func (l *procSide) Exited(reason error) {
 	l.failRoutes(reason)
 	l.ag.mu.Lock()
 	delete(l.ag.links, l.p)
@@ -86,14 +86,14 @@ func (l *procLink) Exited(reason error) {
 }
 
 // session finds the live session of the agent's session ID sid.
-func (l *procLink) session(sid []byte) (s *Session, count int) {
+func (l *procSide) session(sid []byte) (s *Session, count int) {
 	m := *l.sessions.Load()
 	return m[string(sid)], len(m) // no allocation for a map index
 }
 
 // putSessionLocked publishes the session map with sid → s and returns the
 // session it replaced (l.mu held).
-func (l *procLink) putSessionLocked(sid string, s *Session) (replaced *Session) {
+func (l *procSide) putSessionLocked(sid string, s *Session) (replaced *Session) {
 	cur := *l.sessions.Load()
 	next := maps.Clone(cur)
 	next[sid] = s
@@ -103,7 +103,7 @@ func (l *procLink) putSessionLocked(sid string, s *Session) (replaced *Session) 
 
 // deleteSessionLocked publishes the session map without s, if s is still
 // the session of its ID (l.mu held).
-func (l *procLink) deleteSessionLocked(s *Session) bool {
+func (l *procSide) deleteSessionLocked(s *Session) bool {
 	cur := *l.sessions.Load()
 	if cur[s.AgentID] != s {
 		return false
@@ -116,7 +116,7 @@ func (l *procLink) deleteSessionLocked(s *Session) bool {
 
 // track registers a client request the process is about to receive and
 // assigns its agent-side id; false once the process has exited.
-func (l *procLink) track(r *outReq) bool {
+func (l *procSide) track(r *outReq) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead {
@@ -130,14 +130,14 @@ func (l *procLink) track(r *outReq) bool {
 // untrack removes r if it is still in flight, nobody to be answered; false
 // if someone else took it (answered, expired, or failed by the agent's
 // death).
-func (l *procLink) untrack(r *outReq) bool { return l.remove(r, false) }
+func (l *procSide) untrack(r *outReq) bool { return l.remove(r, false) }
 
 // take removes r if it is still in flight, for the gateway to answer it
 // (outReq.fail); false if someone else took it. A client's prompt counts
 // as running until that answer is queued.
-func (l *procLink) take(r *outReq) bool { return l.remove(r, true) }
+func (l *procSide) take(r *outReq) bool { return l.remove(r, true) }
 
-func (l *procLink) remove(r *outReq, answer bool) bool {
+func (l *procSide) remove(r *outReq, answer bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.pending[r.agentID] != r {
@@ -153,7 +153,7 @@ func (l *procLink) remove(r *outReq, answer bool) bool {
 // answeringLocked counts r, a request taken for the gateway to answer, as
 // running until its answer is queued if it is a client's prompt (l.mu
 // held).
-func (l *procLink) answeringLocked(r *outReq) {
+func (l *procSide) answeringLocked(r *outReq) {
 	if r.method == acp.SessionPrompt && r.conn != nil && r.sess != nil {
 		r.answering = true
 		l.answering++
@@ -162,7 +162,7 @@ func (l *procLink) answeringLocked(r *outReq) {
 
 // isPending reports whether r is still in flight (not answered, expired
 // or failed).
-func (l *procLink) isPending(r *outReq) bool {
+func (l *procSide) isPending(r *outReq) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.pending[r.agentID] == r
@@ -170,7 +170,7 @@ func (l *procLink) isPending(r *outReq) bool {
 
 // restart sets r's start to now: a prompt that waited for another client's
 // turn is timed from when it goes to the agent.
-func (l *procLink) restart(r *outReq) {
+func (l *procSide) restart(r *outReq) {
 	l.mu.Lock()
 	r.start = time.Now()
 	l.mu.Unlock()
@@ -178,7 +178,7 @@ func (l *procLink) restart(r *outReq) {
 
 // fireAndForget sends a request of the gateway's own whose answer nobody
 // waits for.
-func (l *procLink) fireAndForget(method string, params []byte) {
+func (l *procSide) fireAndForget(method string, params []byte) {
 	l.mu.Lock()
 	if l.dead {
 		l.mu.Unlock()
@@ -192,7 +192,7 @@ func (l *procLink) fireAndForget(method string, params []byte) {
 
 // answerForClient answers an agent→client request in the client's place:
 // a permission request is cancelled, anything else gets error code.
-func (l *procLink) answerForClient(agentID []byte, method string, code int, why string) {
+func (l *procSide) answerForClient(agentID []byte, method string, code int, why string) {
 	var out []byte
 	if method == acp.RequestPermission {
 		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
@@ -205,7 +205,7 @@ func (l *procLink) answerForClient(agentID []byte, method string, code int, why 
 // failRoutes answers every request still in flight through the dead
 // process, marks its sessions lost and settles the agent's requests
 // waiting for a client (agent_exited: nothing is sent to the agent).
-func (l *procLink) failRoutes(reason error) {
+func (l *procSide) failRoutes(reason error) {
 	inbound := l.inbound() // before its sessions end: a lost session forgets them
 	l.loose.Close()
 	l.mu.Lock()
@@ -236,7 +236,7 @@ func (l *procLink) failRoutes(reason error) {
 }
 
 // expireRequests answers the client requests an agent has sat on too long.
-func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.Duration) {
+func (l *procSide) expireRequests(now time.Time, reqTimeout, promptTimeout time.Duration) {
 	var expired []*outReq
 	l.mu.Lock()
 	for id, r := range l.pending {
@@ -270,7 +270,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 
 // runningPrompts appends the client prompts in flight through the process
 // and counts the prompt answers taken but not yet delivered.
-func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
+func (l *procSide) runningPrompts(running []*outReq) ([]*outReq, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, req := range l.pending {
@@ -284,7 +284,7 @@ func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
 // expectLateLocked notes r, a prompt whose turn the gateway is ending
 // without the agent's answer: the answer may still come, and its usage
 // counts (agentReader.lateAnswer). Called with l.mu held.
-func (l *procLink) expectLateLocked(r *outReq) {
+func (l *procSide) expectLateLocked(r *outReq) {
 	if r.method != acp.SessionPrompt || r.sess == nil || r.conn == nil || r.began.Load() == 0 {
 		return // not a turn that ran
 	}
@@ -300,7 +300,7 @@ func (l *procLink) expectLateLocked(r *outReq) {
 }
 
 // expectLate is expectLateLocked for a prompt already taken.
-func (l *procLink) expectLate(r *outReq) {
+func (l *procSide) expectLate(r *outReq) {
 	l.mu.Lock()
 	l.expectLateLocked(r)
 	l.mu.Unlock()
@@ -308,7 +308,7 @@ func (l *procLink) expectLate(r *outReq) {
 
 // takeLate is the session of the late prompt answered by id, if the link
 // waits for it (its answer counts once).
-func (l *procLink) takeLate(id int64) *Session {
+func (l *procSide) takeLate(id int64) *Session {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.late[id]
