@@ -9,7 +9,8 @@
 //     open connections and the resume tokens, under Relay.mu, and the
 //     relay's own goroutines (workers: a prompt that waited for its turn
 //     starts, an agent request is answered in its clients' place, an
-//     overflowed connection ends), which Relay.Close waits for once the
+//     overflowed connection ends, a turn the gateway cancels is cancelled:
+//     Relay.CancelTurn, for a budget), which Relay.Close waits for once the
 //     agents' readers have stopped.
 //   - agent: one named agent. It owns its pool (package pool, which runs and
 //     chooses the processes and knows nothing of messages), the procSide of
@@ -73,7 +74,8 @@
 //     route), carried by the outReq and released once, whichever way the
 //     request ends; a second release is logged and counted
 //     (acpgate_double_releases_total). The handlers that route a request
-//     make it (route_client.go).
+//     make it (route_client.go), and the agent's reader for a model switch
+//     it asks for (switchModel).
 //
 // # Lock order
 //
@@ -90,8 +92,11 @@
 // others' prompts, presence, an attach's result and backlog, a permission
 // request's copies and their withdrawal, an administrator's notice). It is
 // taken by the agent's reader, a connection's handler (under its
-// handleMu), the admin API's EndSession and a session's end, never while a
-// Conn or Session lock is held, and nothing done under it waits for a
+// handleMu), a connection's Close (a member leaving tells the others), the
+// admin API's EndSession, a session's end, whoever settles an agent request
+// (inReq.settle: the pool's maintainer for a timeout, a worker) and the
+// workers (a queued prompt announced, a turn answered in the agent's
+// place), never while a Conn or Session lock is held, and nothing done under it waits for a
 // handleMu, ends a connection or a session, or takes another session's
 // fan: a connection that overflows meanwhile ends on a worker, and an
 // attach's replay, which may wait for its client, goes out without it.
