@@ -16,7 +16,9 @@ import (
 // turn what happens into an observe.Event for the agent's observers (built
 // in AddAgent: the relay's metrics, then Config.Observers, the audit trail
 // and tracing), and ask its deciders (Config.Deciders). Routing code calls
-// the functions of this file; it never records anything itself.
+// the functions of this file (a session's through s.events()); it never
+// builds an event nor moves a session metric itself (lint_test checks the
+// first; metrics.Agent derives the session gauges from the events).
 
 // observers is what watches the agent's sessions: the relay's metrics
 // first, then the configured observers, the audit trail and the turns'
