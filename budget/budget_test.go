@@ -380,7 +380,8 @@ type cancelled struct {
 	ch  chan struct{}
 }
 
-func (c *cancelled) cancel(_, id string, why []byte) {
+// CancelTurn is the relay's control (observe.Control) as the ledger sees it.
+func (c *cancelled) CancelTurn(id, _ string, why []byte) bool {
 	var x Exhaustion
 	_ = json.Unmarshal(why, &x)
 	c.mu.Lock()
@@ -390,6 +391,7 @@ func (c *cancelled) cancel(_, id string, why []byte) {
 	case c.ch <- struct{}{}:
 	default:
 	}
+	return true
 }
 
 // events are the audit events a ledger recorded.
@@ -408,13 +410,14 @@ func newLedger(t *testing.T, store Store, allow bool, limits map[string]Limits) 
 	t.Helper()
 	c := &cancelled{ch: make(chan struct{}, 100)}
 	ev := &events{}
-	l := New(Config{Store: store, AllowOnStoreError: allow, Limits: limits, Cancel: c.cancel,
+	l := New(Config{Store: store, AllowOnStoreError: allow, Limits: limits,
 		Metrics: NewMetrics(prometheus.NewRegistry(), nil),
 		Event: func(kind, tenant string, _ map[string]any) {
 			ev.mu.Lock()
 			ev.list = append(ev.list, kind+" "+tenant)
 			ev.mu.Unlock()
 		}})
+	l.Provision(c)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -79,11 +79,6 @@ type Config struct {
 	// fails (their spend is added when it is back); false refuses them.
 	AllowOnStoreError bool
 	Limits            map[string]Limits // by tenant; tenants not named have no budget
-	// Cancel asks the relay to cancel the running turn of a session of
-	// the tenant's (its ID as clients see it), its answer carrying why
-	// (the Exhaustion as JSON) in _meta.acpgate.budget. Called on the
-	// ledger's own goroutine.
-	Cancel func(tenant, sessionID string, why []byte)
 	// Event records budget.exceeded and budget.reset in the audit trail
 	// (nil: none).
 	Event   func(event, tenant string, fields map[string]any)
@@ -128,7 +123,8 @@ const maxKept = 1 << 16
 // Ledger keeps every budgeted tenant's spend. Observe queues what the
 // agents report; one writer goroutine (ended by Close) adds it to the
 // store, and cancels the turns that reported spend past a cap. Prompt
-// (observe.Decider) refuses a prompt of a tenant that has reached a cap.
+// (an observe.PromptDecider) refuses a prompt of a tenant that has reached
+// a cap.
 type Ledger struct {
 	cfg    Config
 	limits atomic.Pointer[map[string]Limits]
@@ -148,6 +144,10 @@ type Ledger struct {
 	// mark of, as far as it knows (another replica may have moved it):
 	// what a prompt's check estimates a mark not yet in the store adds.
 	kept map[keptRef]float64
+
+	// ctl is the relay's control, handed over by Provision: the writer
+	// cancels a turn past a cap through it (nil until then).
+	ctl atomic.Pointer[control]
 
 	kick   chan struct{}
 	ctx    context.Context
@@ -276,10 +276,20 @@ func (l *Ledger) Observe(e *observe.Event) {
 	}
 }
 
-// Permission decides nothing: budgets are about prompts.
-func (l *Ledger) Permission(*observe.Event) (observe.Decision, bool) {
-	return observe.Decision{}, false
-}
+// control boxes an observe.Control for an atomic.Pointer.
+type control struct{ observe.Control }
+
+// Provision implements observe.Provisioner: the relay the ledger observes
+// hands over its control, through which the ledger cancels the running
+// turns of a tenant past a cap (each answer carrying the Exhaustion under
+// _meta.acpgate.budget).
+func (l *Ledger) Provision(ctl observe.Control) { l.ctl.Store(&control{ctl}) }
+
+var (
+	_ observe.Observer      = (*Ledger)(nil)
+	_ observe.PromptDecider = (*Ledger)(nil)
+	_ observe.Provisioner   = (*Ledger)(nil)
+)
 
 // Prompt refuses a prompt of a tenant that has reached a cap (what the
 // store holds and what is on its way there), or, with on_store_error deny,
@@ -556,9 +566,11 @@ func (l *Ledger) added(key Key, p *pending, total Spent) {
 		return
 	}
 	why, _ := json.Marshal(x)
-	if l.cfg.Cancel != nil {
+	if ctl := l.ctl.Load(); ctl != nil {
 		for _, sid := range slices.Sorted(maps.Keys(p.sessions)) {
-			l.cfg.Cancel(key.Tenant, sid, why)
+			if ctl.CancelTurn(sid, "budget", why) {
+				l.cfg.Log.Info("budgets: turn cancelled, its tenant's budget exhausted", "tenant", key.Tenant, "session", sid)
+			}
 		}
 	}
 	l.mu.Lock()

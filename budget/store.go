@@ -2,7 +2,7 @@
 // the tokens and cost the agents report, per tenant and period, in a store
 // that may be the process's memory, a file that survives a restart, or
 // Redis shared by replicas. It watches sessions (an observe.Observer) and
-// decides before each prompt (an observe.Decider).
+// decides before each prompt (an observe.PromptDecider).
 package budget
 
 import (

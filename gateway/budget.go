@@ -6,27 +6,21 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/acpgate/acpgate/audit"
 	"github.com/acpgate/acpgate/budget"
 	"github.com/acpgate/acpgate/gateway/config"
-	"github.com/acpgate/acpgate/proxy"
 	relaymetrics "github.com/acpgate/acpgate/proxy/metrics"
 )
 
-// budgets is the gateway's side of the tenants' budgets: the ledger (an
-// observer and a decider of the relay's), and the relay whose turns it
-// cancels.
+// budgets is the gateway's side of the tenants' budgets: the ledger, an
+// observer and a prompt decider of the relay's, which the relay hands its
+// control when it is made (observe.Provisioner) to cancel the turns of a
+// tenant past a cap. Static after newBudgets.
 type budgets struct {
-	// Static after newBudgets.
 	ledger *budget.Ledger
-	log    *slog.Logger
-	// relay is set once the relay is made (the ledger is part of its
-	// configuration); the ledger's writer reads it.
-	relay atomic.Pointer[proxy.Relay]
 }
 
 // newBudgets opens the ledger's store (budgets.store) and starts the
@@ -42,12 +36,11 @@ func newBudgets(cfg *config.Config, reg prometheus.Registerer, labels *relaymetr
 		log.Warn("budgets: the ledger is in memory: a restart forgets what tenants spent this period " +
 			"(budgets.store: file:PATH keeps it, redis:// shares it among replicas)")
 	}
-	b := &budgets{log: log}
+	b := &budgets{}
 	b.ledger = budget.New(budget.Config{
 		Store:             store,
 		AllowOnStoreError: cfg.Budgets.OnStoreError == "allow",
 		Limits:            cfg.BudgetLimits(),
-		Cancel:            b.cancelTurn,
 		Event:             trail.budgetEvent,
 		Metrics:           budget.NewMetrics(reg, labels.Label),
 		Log:               log,
@@ -55,18 +48,6 @@ func newBudgets(cfg *config.Config, reg prometheus.Registerer, labels *relaymetr
 	log.Info("budgets: ledger started", "store", store.Name(), "on_store_error", cfg.Budgets.OnStoreError,
 		"budgeted_tenants", len(cfg.BudgetLimits()))
 	return b, nil
-}
-
-// cancelTurn is the ledger's Cancel: the session's running turn is
-// cancelled, its answer saying why under _meta.acpgate.budget.
-func (b *budgets) cancelTurn(tenant, sessionID string, why []byte) {
-	r := b.relay.Load()
-	if r == nil {
-		return
-	}
-	if r.CancelTurn(sessionID, "budget", why) {
-		b.log.Info("budgets: turn cancelled, its tenant's budget exhausted", "tenant", tenant, "session", sessionID)
-	}
 }
 
 // reload applies a reload's limits.

@@ -166,7 +166,7 @@ func (ag *agents) lingerThenClose(ctx context.Context, agent string, linger time
 }
 
 // drainGate refuses the prompts of a drain that lingers (lingerThenClose),
-// as the one decider point (observe.Decider) refuses a prompt: a prompt
+// as the one decider point (observe.PromptDecider) refuses a prompt: a prompt
 // then would reach the agent only to be cut by the close that follows; its
 // client is told so at once instead, and the agent never sees it. Prompts
 // during the grace still run: the drain waits for them.
@@ -203,7 +203,7 @@ func (g *drainGate) reopen(agent string) {
 var drainRefusal = observe.Refusal{Code: jsonrpc.CodeRequestCancelled,
 	Message: "the gateway is shutting down; the prompt was not sent to the agent"}
 
-// Prompt implements observe.Decider.
+// Prompt implements observe.PromptDecider.
 func (g *drainGate) Prompt(e *observe.Event) *observe.Refusal {
 	if g.all.Load() {
 		r := drainRefusal
@@ -222,10 +222,7 @@ func (g *drainGate) Prompt(e *observe.Event) *observe.Refusal {
 	return &r
 }
 
-// Permission implements observe.Decider: a drain decides no permission.
-func (g *drainGate) Permission(*observe.Event) (observe.Decision, bool) {
-	return observe.Decision{}, false
-}
+var _ observe.PromptDecider = (*drainGate)(nil)
 
 // lingerPoll is how often a drain's linger looks for Streamable HTTP
 // clients that have left.

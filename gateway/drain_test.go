@@ -34,7 +34,7 @@ func TestDrainGate(t *testing.T) {
 			t.Errorf("agent %s while the gateway lingers: %+v, want the drain's refusal", a, r)
 		}
 	}
-	if _, ok := g.Permission(&observe.Event{Kind: observe.PermissionRequested}); ok {
-		t.Error("the drain gate decided a permission")
+	if _, ok := any(g).(observe.PermissionDecider); ok {
+		t.Error("the drain gate decides permissions")
 	}
 }

@@ -562,8 +562,9 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		rc.Owners, s.owners = owners, owners
 	}
 	rc.Tracing = s.TracerProvider()
-	// The ledger hears of spend and decides before each prompt; the
-	// standing rules decide before a permission request reaches a client.
+	// The ledger hears of spend and decides before each prompt (and gets
+	// the relay's control, to cancel a turn past a cap); the standing rules
+	// decide before a permission request reaches a client.
 	rc.Observers = append(rc.Observers, s.budgets.ledger)
 	if s.replicas != nil { // the registry hears of every session made or loaded here, and of its end
 		rc.Observers = append(rc.Observers, s.replicas)
@@ -582,7 +583,6 @@ func (s *Server) startRelay(cfg *config.Config, m *relaymetrics.Metrics, sealer 
 		return err
 	}
 	s.relay, s.agents.relay = relay, relay
-	s.budgets.relay.Store(relay)
 	return nil
 }
 

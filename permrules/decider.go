@@ -124,7 +124,7 @@ func (t *Table) list(tenant string) *List {
 }
 
 // Decider answers permission requests by the rules of the session's tenant
-// (an observe.Decider): allow and deny rules answer the agent, with By
+// (an observe.PermissionDecider): allow and deny rules answer the agent, with By
 // "policy" and the rule; ask and no match leave it to the clients. Its
 // table is swapped whole by Update (a configuration reload); safe for
 // concurrent use.
@@ -144,9 +144,6 @@ func NewDecider(t *Table, count func(tenantLabel, decide string)) *Decider {
 // Update replaces the rules; requests already answered keep their answer.
 func (d *Decider) Update(t *Table) { d.table.Store(t) }
 
-// Prompt never refuses a prompt.
-func (d *Decider) Prompt(*observe.Event) *observe.Refusal { return nil }
-
 // Permission decides e's request (e.Msg) by its tenant's rules.
 func (d *Decider) Permission(e *observe.Event) (observe.Decision, bool) {
 	if e.Session == nil {
@@ -162,4 +159,4 @@ func (d *Decider) Permission(e *observe.Event) (observe.Decision, bool) {
 	return observe.Decision{Outcome: v.Outcome, By: "policy", Rule: v.Rule, Decide: v.Decide}, true
 }
 
-var _ observe.Decider = (*Decider)(nil)
+var _ observe.PermissionDecider = (*Decider)(nil)

@@ -151,7 +151,7 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	s.failQueued(nil, why)
 	// The agent's requests are settled first, as a client that cancels
 	// does: their clients are told before the turn can end.
-	s.settleRequests(why)
+	settleAll(s.inbound.List(), inPlace(byAdmin, jsonrpc.CodeRequestCancelled, why))
 	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
 		r.cancelTurn(context.Background(), s, prompts)
 	}
@@ -163,29 +163,8 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 // Owner is whose a session or connection an administrator acted on was.
 type Owner struct{ Tenant, Agent string }
 
-// settleRequests answers the agent's requests about s still waiting for
-// a client in their place (a permission request: cancelled) and takes
-// back every client's copy.
-func (s *Session) settleRequests(why string) {
-	for _, in := range s.inbound.List() {
-		in.forget()
-		if !in.claim() {
-			continue
-		}
-		for _, cp := range in.conns(nil) { // taken back before the agent can go on
-			cp.conn.reqs.Withdraw(cp.id)
-			cp.conn.deliver(acp.CancelRequestMsg(cp.id))
-		}
-		in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
-		if in.method == acp.RequestPermission {
-			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
-			in.permissionResolved(nil, "admin", []byte(`{"outcome":"cancelled"}`))
-		}
-	}
-}
-
 // promptsOf lists the client prompts of s in flight through the process.
-func (l *procLink) promptsOf(s *Session) []*outReq {
+func (l *procSide) promptsOf(s *Session) []*outReq {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []*outReq
@@ -278,10 +257,10 @@ func (e *ending) tell(why string) {
 	}
 	s.fan.Unlock()
 	for _, m := range members {
-		m.conn.dropRequestsOf(s)
+		letGoOf(m.conn, s, "the session ended")
 	}
 	if owner != nil {
-		owner.dropRequestsOf(s)
+		letGoOf(owner, s, "the session ended")
 	}
 }
 

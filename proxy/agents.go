@@ -97,18 +97,18 @@ type agent struct {
 	gating atomic.Int32
 
 	mu    sync.Mutex
-	links map[*pool.Process]*procLink // the live processes' links
+	links map[*pool.Process]*procSide // the live processes' links
 }
 
 // link returns the link of one of the agent's processes (its handler,
 // made by newLink), even once it has exited.
-func (ag *agent) link(p *pool.Process) *procLink { return p.Handler().(*procLink) }
+func (ag *agent) link(p *pool.Process) *procSide { return p.Handler().(*procSide) }
 
 // linkList is a snapshot of the agent's links.
-func (ag *agent) linkList() []*procLink {
+func (ag *agent) linkList() []*procSide {
 	ag.mu.Lock()
 	defer ag.mu.Unlock()
-	out := make([]*procLink, 0, len(ag.links))
+	out := make([]*procSide, 0, len(ag.links))
 	for _, l := range ag.links {
 		out = append(out, l)
 	}
@@ -148,7 +148,7 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
 	ag := &agent{name: spec.Name, metrics: r.metrics.ForAgent(spec.Name), isolate: isolate,
-		timeouts: spec.Timeouts, costPerSession: spec.CostPerSession, mapPaths: r.mapPaths, links: map[*pool.Process]*procLink{}, audit: r.audit,
+		timeouts: spec.Timeouts, costPerSession: spec.CostPerSession, mapPaths: r.mapPaths, links: map[*pool.Process]*procSide{}, audit: r.audit,
 		dec: r.deciders}
 	ag.obs = r.observers(ag, r.extraObs)
 	cfg.Metrics = ag.metrics.Pool()

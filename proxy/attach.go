@@ -9,7 +9,6 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/models"
 	"github.com/acpgate/acpgate/proxy/multiclient"
-	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/sessionid"
 )
 
@@ -29,16 +28,15 @@ func (cr *clientReader) handleAttach(m *jsonrpc.Message) {
 	if m.Kind != jsonrpc.KindRequest {
 		return // a notification can get no answer: dropped
 	}
-	metrics := c.relay.metrics
 	var p multiclient.AttachParams
 	if err := json.Unmarshal(m.Payload, &p); err != nil || p.SessionID == "" {
-		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.attachRefused(nil, "invalid")
 		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, "session/attach needs params.sessionId (a string)", nil)
 		return
 	}
 	cr.spanSession(p.SessionID)
 	if err := p.Check(); err != nil {
-		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.attachRefused(nil, "invalid")
 		cr.answerError(m.ID, jsonrpc.CodeInvalidParams, err.Error(), nil)
 		return
 	}
@@ -56,7 +54,7 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 		// Attached already (a page reloaded on a resumed connection): the
 		// replay and result again, nothing added.
 		if !cr.joinSession(m, s, mem, p.HistoryPolicy, false, asLoad) {
-			c.detach(s)
+			c.forget(s)
 		}
 		return
 	}
@@ -66,15 +64,13 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 	} else {
 		mem.info = connPeer(c).Info()
 	}
-	c.attach(s) // routed to c from now on (and counted once for its tenant)
+	c.index(s) // routed to c from now on (and counted once for its tenant)
 	if !cr.joinSession(m, s, mem, p.HistoryPolicy, true, asLoad) {
-		c.detach(s)
+		c.forget(s)
 		return
 	}
-	c.attachChildren(s)
-	c.relay.metrics.Attaches.WithLabelValues("ok").Inc()
-	c.relay.metrics.AttachedClients.Inc()
-	s.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: readOnly, History: p.HistoryPolicy})
+	c.joinChildren(s)
+	s.events().memberJoined(c, mem, p.HistoryPolicy)
 	if c.isClosed() { // closed meanwhile: Close may not have seen the member
 		c.leaveSession(s, false)
 		return
@@ -87,22 +83,21 @@ func (cr *clientReader) join(m *jsonrpc.Message, s *Session, p multiclient.Attac
 // fails as an unknown one does.
 func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams) (s *Session, readOnly, ok bool) {
 	c := cr.c
-	metrics := c.relay.metrics
 	id, verdict, ok := cr.open(m, p.SessionID, access.Attach)
 	if !ok {
-		metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.attachRefused(nil, "not_found")
 		return nil, false, false
 	}
 	s = c.ag.heldSession(id.Agent)
 	if s == nil || s.ten != c.ten || s.isLost() {
-		metrics.Attaches.WithLabelValues("not_found").Inc()
+		c.attachRefused(nil, "not_found") // another tenant's session is not named to its observers
 		cr.answerError(m.ID, jsonrpc.CodeNotFound, "session not found: it is not live on this gateway replica "+
 			"(it has ended, or its clients are connected to another replica: attach through the replica that serves it)",
 			acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
 	if c.ten.sharing().Attach == SharingOff {
-		metrics.Attaches.WithLabelValues("refused").Inc()
+		c.attachRefused(s, "refused")
 		c.denied("attach", m.Method)
 		cr.answerError(m.ID, codeNotAuthorised, "not authorised to attach to this session: attach is off for this tenant", nil)
 		return nil, false, false
@@ -111,7 +106,7 @@ func (cr *clientReader) mayAttach(m *jsonrpc.Message, p multiclient.AttachParams
 	held := c.sessions[p.SessionID] == s
 	c.mu.Unlock()
 	if held && s.memberOf(c) == nil {
-		metrics.Attaches.WithLabelValues("invalid").Inc()
+		c.attachRefused(s, "invalid")
 		cr.answerError(m.ID, jsonrpc.CodeInvalidRequest, "this connection already holds the session", acp.SessionIDObject(p.SessionID))
 		return nil, false, false
 	}
@@ -183,15 +178,15 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	s.fan.Lock()
 	ok, full := true, false
 	if add {
-		ok, full = s.addMember(mem, c.relay.resume.MaxClients)
+		ok, full = s.join(mem, c.relay.resume.MaxClients)
 	}
 	if !ok || full {
 		s.fan.Unlock()
 		if full {
-			c.relay.metrics.Attaches.WithLabelValues("full").Inc()
+			c.attachRefused(s, "full")
 			cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session has reached sessions.max_clients (%d) clients", c.relay.resume.MaxClients), nil)
 		} else {
-			c.relay.metrics.Attaches.WithLabelValues("not_found").Inc()
+			c.attachRefused(s, "not_found")
 			cr.notFound(m, s.GatewayID, false)
 		}
 		return false
@@ -218,8 +213,12 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	}
 	s.fan.Lock()
 	if mem.overrun { // the session outran the replay: what c missed is gone
-		e := cr.overran(m, s, mem, add)
+		e := cr.overran(m, s, mem)
 		s.fan.Unlock()
+		c.attachRefused(s, "full") // observers hear of it off the fan lock
+		if !add {
+			s.events().memberLeft(c, mem) // it had joined before
+		}
 		e.run()      // no client left: the session ends, off the fan lock
 		return false // the caller lets go of s
 	}
@@ -244,19 +243,15 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 
 // overran fails an attach whose session sent more than maxBacklog during
 // its replay: mem leaves the session; with no client left the session
-// ends, by the teardown returned (s.fan held).
-func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member, add bool) *ending {
+// ends, by the teardown returned (s.fan held: the caller tells observers).
+func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member) *ending {
 	c := cr.c
 	for _, b := range mem.backlog {
 		jsonrpc.PutBuffer(b.msg)
 	}
 	mem.backlog, mem.backlogB, mem.catching, mem.overrun = nil, 0, false, false
-	c.relay.metrics.Attaches.WithLabelValues("full").Inc()
 	cr.answerError(m.ID, codeBusy, fmt.Sprintf("the session sent more than %d bytes while its history was replayed; attach again, or with historyPolicy \"none\"", maxBacklog), nil)
-	if !add {
-		c.relay.metrics.AttachedClients.Dec() // counted when it first attached
-	}
-	_, e := s.removeMember(c)
+	_, e := s.leave(c)
 	return e
 }
 
@@ -299,7 +294,7 @@ func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
 		return
 	}
 	c.leaveSession(s, false) // a turn running is cancelled if c was its last client (finishSession)
-	c.detach(s)
+	c.forget(s)
 	if m.Kind == jsonrpc.KindRequest {
 		res, _ := json.Marshal(map[string]string{"sessionId": p.SessionID, "status": "detached"})
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, res))
@@ -314,33 +309,17 @@ func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
 // does.
 func (c *Conn) leaveSession(s *Session, prompting bool) {
 	s.failQueued(c, "the client left the session")
-	if mem, e := s.removeMember(c); mem != nil {
+	if mem, e := s.leave(c); mem != nil {
 		c.leaveChildren(s)
-		c.relay.metrics.AttachedClients.Dec()
-		s.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
-		c.dropRequestsOf(s)
-		s.presence("client_disconnected", mem.peer(), nil)
+		s.events().memberLeft(c, mem)
+		letGoOf(c, s, "the client detached")
+		s.toMembers(multiclient.Presence("client_disconnected", mem.peer()), nil)
 		e.run() // c was its last client: the session ends
 		return
 	}
 	if owned, kept := s.ownerLeave(c, prompting); owned && kept {
-		c.dropRequestsOf(s)
-		s.presence("client_disconnected", connPeer(c), nil)
-	}
-}
-
-// dropRequestsOf gives up c's copies of the agent's requests about s: each
-// is answered in c's place only when no other client has one.
-func (c *Conn) dropRequestsOf(s *Session) {
-	for _, in := range s.inbound.List() {
-		id, had, last := in.leave(c)
-		if !had {
-			continue
-		}
-		c.reqs.ForgetAgent(id)
-		if last {
-			in.answerInPlace(c, "the client detached")
-		}
+		letGoOf(c, s, "the client detached")
+		s.toMembers(multiclient.Presence("client_disconnected", connPeer(c)), nil)
 	}
 }
 

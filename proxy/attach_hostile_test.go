@@ -32,6 +32,8 @@ func permCountingAgent() {
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%q,"method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t%d"},"options":[{"optionId":"allow","name":"Allow","kind":"allow_once"}]}}`+"\n", pid, next)
 		case "_demo/count":
 			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"answers":%d}}`+"\n", m.ID, answers)
+		case "_demo/exit": // the agent dies with its requests unanswered
+			os.Exit(0)
 		case "":
 			answers++
 			var id string

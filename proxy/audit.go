@@ -44,14 +44,11 @@ func (c *Conn) denied(reason, method string) {
 
 // clientFsDone records what c's client did for the agent's file request
 // in, which it answered with m (a result).
-func (cr *clientReader) clientFsDone(in *inReq, m *jsonrpc.Message) {
-	c := cr.c
+func (in *inReq) clientFsDone(c *Conn, m *jsonrpc.Message) {
 	if !c.ag.obs.Wants(observe.FileServed) {
 		return // nobody watches files: the request and its content are not decoded
 	}
-	in.link.mu.Lock()
-	msg := in.msg
-	in.link.mu.Unlock()
+	msg := in.message()
 	var req struct {
 		Params fsstandin.Params `json:"params"`
 	}

@@ -36,9 +36,9 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: metrics.Nop()}
 	r.resume.HistoryBytes = history
 	am := r.metrics.ForAgent(DefaultAgent)
-	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procLink{}}
+	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procSide{}}
 	ag.obs = r.observers(ag, nil)
-	l := ag.newLink(nil).(*procLink) // the hot path never reaches the process
+	l := ag.newLink(nil).(*procSide) // the hot path never reaches the process
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
 	c.ag = ag
@@ -48,7 +48,7 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	for range members {
 		m := r.newConnForBench(&discardSink{})
 		m.ag = ag
-		s.addMember(&member{conn: m, id: multiclient.NewClientID()}, members+1)
+		s.join(&member{conn: m, id: multiclient.NewClientID()}, members+1)
 	}
 	for _, f := range setup {
 		f(r, s)

@@ -56,7 +56,7 @@ func (r *agentReader) childEdits(m *jsonrpc.Message, s *Session, c *Conn, kind [
 // sessionFor is the session of the agent's ID sid as c, the client of s,
 // may see it: s itself, another live session c holds, or (create) a new
 // child of s. nil: none c may see.
-func (l *procLink) sessionFor(s *Session, c *Conn, sid string, create bool) *Session {
+func (l *procSide) sessionFor(s *Session, c *Conn, sid string, create bool) *Session {
 	if sid == s.AgentID {
 		return s
 	}
@@ -74,7 +74,7 @@ func (l *procLink) sessionFor(s *Session, c *Conn, sid string, create bool) *Ses
 
 // addChild makes sid a child session of parent, held by c (its owner).
 // nil: the parent has ended, or sid was taken meanwhile.
-func (l *procLink) addChild(parent *Session, c *Conn, sid string) *Session {
+func (l *procSide) addChild(parent *Session, c *Conn, sid string) *Session {
 	// A child is made as a create is: never of a session the gateway
 	// knows (an agent told to announce another's session as its child).
 	if known := l.knownElsewhere(c, sid); known != "" {
@@ -100,9 +100,9 @@ func (l *procLink) addChild(parent *Session, c *Conn, sid string) *Session {
 		l.removeSession(k)
 		return nil
 	}
-	c.attach(k)
+	c.index(k)
 	for _, m := range parent.root().clientList() { // the clients attached to it hold its children too
-		m.conn.attach(k)
+		m.conn.index(k)
 	}
 	c.log.Debug("subagent session opened", "session", k.GatewayID, "parent", parent.GatewayID)
 	return k
@@ -118,15 +118,15 @@ func (s *Session) descendants() []*Session {
 }
 
 // A client attached to a session (session/attach) holds its children too,
-// those there at the attach (attachChildren) and those made later
+// those there at the attach (joinChildren) and those made later
 // (addChild): its messages naming a child route to it, as its owner's do,
 // with the rights it has on the parent (readOnlyWrite asks the root's
 // membership). It lets them go when it leaves the parent (leaveChildren).
 
-// attachChildren makes c, a client attaching to s, hold s's children.
-func (c *Conn) attachChildren(s *Session) {
+// joinChildren makes c, a client attaching to s, hold s's children.
+func (c *Conn) joinChildren(s *Session) {
 	for _, k := range s.descendants() {
-		c.attach(k)
+		c.index(k)
 	}
 }
 
@@ -134,7 +134,7 @@ func (c *Conn) attachChildren(s *Session) {
 func (c *Conn) leaveChildren(s *Session) {
 	for _, k := range s.descendants() {
 		if k.Owner() != c {
-			c.detach(k)
+			c.forget(k)
 		}
 	}
 }

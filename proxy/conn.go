@@ -138,13 +138,16 @@ type Conn struct {
 // connection's read side, as agentReader is a process's: used only by the
 // goroutine that holds the connection's handleMu.
 type clientReader struct {
-	c       *Conn
-	sc      jsonrpc.Scanner
-	msg     jsonrpc.Message
-	rspan   trace.Span   // the request in hand's span, if it is traced (handleCall)
-	rlog    *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
-	edits   []jsonrpc.Edit
-	resolve jsonrpc.Resolver
+	c     *Conn
+	sc    jsonrpc.Scanner
+	msg   jsonrpc.Message
+	rspan trace.Span   // the request in hand's span, if it is traced (handleCall)
+	rlog  *slog.Logger // log with rspan's trace, made when first wanted (reqLog)
+	// rcarried: an outReq carries rspan now, and ends it (outReq.end);
+	// else endRequestSpan does.
+	rcarried bool
+	edits    []jsonrpc.Edit
+	resolve  jsonrpc.Resolver
 	// traceParent: the trace context of the message in hand from its
 	// transport (a POST's traceparent header; HandleScannedTrace).
 	traceParent trace.SpanContext
@@ -339,13 +342,9 @@ func (cr *clientReader) handleMessage(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	switch {
 	case !initialized && m.Method == acp.Initialize && m.Kind == jsonrpc.KindRequest:
-		span := cr.startSpan(m)
-		cr.rspan = span
-		cr.handleInitialize(m)
-		cr.rspan, cr.rlog = nil, nil
-		if span != nil {
-			span.End()
-		}
+		cr.rspan = cr.startSpan(m)
+		cr.handleInitialize(m) // answered here, from what the pool learnt
+		cr.endRequestSpan()
 	case !initialized:
 		if m.Kind == jsonrpc.KindRequest {
 			c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "the connection is not initialized: the first request must be initialize", nil)
@@ -498,7 +497,7 @@ func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ [
 	if err != nil {
 		if m.Kind == jsonrpc.KindResponse {
 			f := m.Fields[mi]
-			c.log.Debug("a client's answer had a _meta that is not an object; sent with {}", "method", cr.answerMethod(m))
+			c.log.Debug("a client's answer had a _meta that is not an object; sent with {}", "method", answerMethod(m))
 			return append(edits, jsonrpc.Edit{Start: f.Start, End: f.End, Repl: []byte("{}")}), true
 		}
 		cr.refuse(m, jsonrpc.CodeInvalidParams, "meta", fmt.Errorf("params.%w", err))
@@ -511,7 +510,7 @@ func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ [
 			for i, n := range res.Removed {
 				names[i] = logx.Quote(n, 64)
 			}
-			cr.reqLog().Debug("removed _meta members policy.meta.allow does not allow", "method", cr.answerMethod(m), "keys", names)
+			cr.reqLog().Debug("removed _meta members policy.meta.allow does not allow", "method", answerMethod(m), "keys", names)
 		}
 	}
 	cr.metaEmptied = res.Emptied
@@ -519,7 +518,7 @@ func (cr *clientReader) stripMeta(m *jsonrpc.Message, edits []jsonrpc.Edit) (_ [
 }
 
 // answerMethod is m's method, or "answer" for a client's answer.
-func (cr *clientReader) answerMethod(m *jsonrpc.Message) string {
+func answerMethod(m *jsonrpc.Message) string {
 	if m.Kind == jsonrpc.KindResponse {
 		return "answer"
 	}
@@ -641,32 +640,30 @@ func (cr *clientReader) handleResponse(m *jsonrpc.Message) {
 			return
 		}
 	}
-	if m.IsError {
-		tracing.Answer(in.span, m.Payload)
-	}
-	in.forget()
-	if !in.claim() {
+	if in.isSettled() {
 		tracing.WithTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
 		return
 	}
+	if m.IsError {
+		tracing.Answer(in.span, m.Payload)
+	}
 	if in.method == acp.RequestPermission && in.sess != nil && !m.IsError {
 		m = cr.modeChoice(in, m) // an option that would switch to a mode outside the list: cancelled
-	}
-	// The other clients hear it was settled before the agent goes on.
-	in.withdraw(c, m)
-	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
-		cr.clientFsDone(in, m)
 	}
 	// Its result._meta keeps only what policy.meta allows, as a request's.
 	edits, _ := cr.stripMeta(m, append(cr.edits[:0], jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: in.agentID}))
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
 	out := jsonrpc.SpliceLine(nil, m.Raw, edits)
-	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := in.link.p.Send(ctx, out); err != nil {
-		tracing.WithTrace(c.log, in.span).Debug("answer for an exited agent dropped", "err", err)
+	if !in.settle(answered(ctx, c, m, out)) {
+		tracing.WithTrace(c.log, in.span).Debug("client answered an agent request the gateway had already answered for it; dropped", "method", in.method)
+		return
+	}
+	c.ag.metrics.Message(metrics.ClientToAgent, in.method, len(out)-1)
+	if (in.method == acp.FsRead || in.method == acp.FsWrite) && !m.IsError {
+		in.clientFsDone(c, m)
 	}
 }
 
@@ -675,7 +672,7 @@ var errConnClosed = errors.New("the client has disconnected")
 
 // homeProc returns the process that serves the connection's requests that
 // name no session, acquiring a new one if the first has died or retires.
-func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
+func (c *Conn) homeProc(ctx context.Context) (*procSide, error) {
 	c.mu.Lock()
 	home, prof := c.home, c.prof
 	c.mu.Unlock()
@@ -704,12 +701,8 @@ func (c *Conn) homeProc(ctx context.Context) (*procLink, error) {
 // trackAgentReq registers an agent request (about sess, if any) for this
 // client and returns it, with the id the client sees. span is its span
 // (nil: not traced), ended when it is forgotten.
-func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *Session, span trace.Span) (*inReq, int64, error) {
-	// Only this process's reader adds to l.inbound, so the check holds.
-	l.mu.Lock()
-	dup := l.inbound[string(agentID)] != nil
-	l.mu.Unlock()
-	if dup {
+func (c *Conn) trackAgentReq(l *procSide, agentID []byte, method string, sess *Session, span trace.Span) (*inReq, int64, error) {
+	if l.findInbound(agentID) != nil { // only this process's reader adds one, so the check holds
 		return nil, 0, errDuplicateAgentID
 	}
 	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
@@ -717,16 +710,13 @@ func (c *Conn) trackAgentReq(l *procLink, agentID []byte, method string, sess *S
 	if !ok {
 		return nil, 0, errConnClosed
 	}
-	l.mu.Lock()
-	in.connID = id // guarded by l.mu, as a take-over moves it
-	l.mu.Unlock()
-	if sess != nil && !sess.inbound.Add(in) {
+	in.mu.Lock()
+	in.connID = id // guarded by in.mu, as a take-over moves it
+	in.mu.Unlock()
+	if !in.index().Add(in) {
 		c.reqs.ForgetAgent(id)
 		return nil, 0, errSessionLost
 	}
-	l.mu.Lock()
-	l.inbound[string(in.agentID)] = in
-	l.mu.Unlock()
 	return in, id, nil
 }
 
@@ -735,9 +725,10 @@ var (
 	errSessionLost      = errors.New("the session's agent process has exited")
 )
 
-// attach makes s one of the connection's sessions. A session created for a
-// connection that has closed meanwhile is closed on the agent.
-func (c *Conn) attach(s *Session) {
+// index makes s one of the connection's sessions (Conn.sessions), by the
+// ID it sees. A session created for a connection that has closed meanwhile
+// is closed on the agent.
+func (c *Conn) index(s *Session) {
 	c.mu.Lock()
 	if !c.closed {
 		old := c.sessions[s.GatewayID] // a lost session the load replaces
@@ -746,8 +737,8 @@ func (c *Conn) attach(s *Session) {
 		if old != s {
 			s.held()
 			if old != nil {
-				if mem, _ := old.removeMember(c); mem != nil {
-					c.relay.metrics.AttachedClients.Dec()
+				if mem, _ := old.leave(c); mem != nil {
+					old.events().memberLeft(c, mem)
 				}
 				old.unheld(c.log)
 			}
@@ -758,9 +749,9 @@ func (c *Conn) attach(s *Session) {
 	c.leaveSession(s, false)
 }
 
-// detach forgets s: another connection took it over, it was closed, or its
-// load failed.
-func (c *Conn) detach(s *Session) {
+// forget takes s out of the connection's sessions: another connection took
+// it over, it was closed, or its load failed (index's undo).
+func (c *Conn) forget(s *Session) {
 	c.mu.Lock()
 	had := c.sessions[s.GatewayID] == s
 	if had {
@@ -796,11 +787,8 @@ func (c *Conn) Close() {
 	if wasDetached {
 		c.relay.metrics.Detached.Dec()
 	}
-	for _, in := range agentReqs {
-		if _, had, last := in.leave(c); !had || !last {
-			continue // another client of its session may answer it
-		}
-		in.answerInPlace(c, "the client disconnected")
+	for _, in := range agentReqs { // another client of its session may answer it yet
+		in.letGo(c, "the client disconnected")
 	}
 	prompting := make(map[*Session]bool)
 	for _, r := range clientReqs {

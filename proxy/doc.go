@@ -9,20 +9,22 @@
 //     open connections and the resume tokens, under Relay.mu, and the
 //     relay's own goroutines (workers: a prompt that waited for its turn
 //     starts, an agent request is answered in its clients' place, an
-//     overflowed connection ends), which Relay.Close waits for once the
+//     overflowed connection ends, a turn the gateway cancels is cancelled:
+//     Relay.CancelTurn, for a budget), which Relay.Close waits for once the
 //     agents' readers have stopped.
 //   - agent: one named agent. It owns its pool (package pool, which runs and
-//     chooses the processes and knows nothing of messages), the procLink of
+//     chooses the processes and knows nothing of messages), the procSide of
 //     each live process, and what watches and decides for its sessions
 //     (an observe.Set and observe.Deciders, built by AddAgent).
-//   - procLink: the relay's side of one process, the pool.Handler the pool
-//     hands the agent's lines, ticks and exit to. It owns the routes of the
-//     messages that cross the process: client requests in flight (pending,
-//     by the agent-side id), agent requests waiting for a client (inbound),
-//     the prompt answers the gateway is handing over (answering), and the
-//     process's sessions by the agent's own session ID, in a copy-on-write
-//     map the agent's reader reads without a lock. Its agentReader is the
-//     process's read side: it runs on the pool's read goroutine only.
+//   - procSide: the relay's side of one process (procside.go), the
+//     pool.Handler the pool hands the agent's lines, ticks and exit to. It
+//     owns the routes of the messages that cross the process: client
+//     requests in flight (pending, by the agent-side id), the prompt
+//     answers the gateway is handing over (answering), and the process's
+//     sessions by the agent's own session ID, in a copy-on-write map the
+//     agent's reader reads without a lock. The agent's requests about no
+//     session wait in its loose set. Its agentReader is the process's read
+//     side: it runs on the pool's read goroutine only.
 //   - Session: one ACP session, the one place that says who holds it: its
 //     owner (the plain client that created or loaded it; an atomic pointer
 //     the reader loads per message) and its members (clients that attached,
@@ -33,9 +35,11 @@
 //     (life.go). It owns its process session slot (a pool.Lease) until it
 //     ends, its tenant session slot while any connection holds it
 //     (holders), the agent's requests about it waiting for a client
-//     (inbound, an inflight.Set), the configuration the agent last reported
-//     (multiclient.Record), what session/attach replays (history, under
-//     fan), what its agent reported using (meter), and its turn.
+//     (inbound, an inflight.Set: their one index), the configuration the
+//     agent last reported (multiclient.Record), what session/attach
+//     replays (history, under fan), what its agent reported using (meter),
+//     and its turn. A client joins and leaves it as a member (Session.join
+//     and leave; session/attach and session/detach on the wire).
 //   - turn: the session's prompts: the one the agent works on, those of
 //     other clients waiting for it, when it started and last ended, its span
 //     as observers know it (observe.Turn), and a turn that ended while the
@@ -48,20 +52,30 @@
 //     history), a take-over moves it, and it ends with its parent
 //     (child.go).
 //   - Conn: one client connection, the client record: the index of its
-//     sessions by the ID it sees, its home process lease, its outbox
-//     (numbered, kept for a resume; a kept message is tagged with its
-//     session, so a take-over finds the session's messages since the
-//     detach), its socket's state (resume.go), and its requests in flight
-//     either way (reqs, an inflight.Table: a client's answer or cancellation
-//     names its own id). Its clientReader is its read side: it scans each
+//     sessions by the ID it sees (Conn.index and forget), its home process
+//     lease, its outbox (numbered, kept for a resume; a kept message is
+//     tagged with its session, so a take-over finds the session's messages
+//     since the detach), its socket's state (resume.go), and its requests
+//     in flight either way (reqs, an inflight.Table: a client's answer or
+//     cancellation names its own id; an agent request there is only an id
+//     to its inReq). Its clientReader is its read side: it scans each
 //     message, applies the limits and the tenant's policy, and routes it,
 //     used only under Conn.handleMu.
+//   - inReq: one agent request waiting for a client (inreq.go), with a
+//     lock of its own (a leaf) over who holds a copy. It is settled once,
+//     by settle, whoever settles it (the client that answers, a decider, or
+//     the gateway in the clients' place: the last client gone, a timeout,
+//     an administrator, the agent's exit, no recipient), always in one
+//     order: claimed, forgotten by its index, the other clients' copies
+//     withdrawn and the members told (under Session.fan), the agent
+//     answered, PermissionResolved emitted.
 //   - hold: what handling one client request takes (a tenant slot, a
 //     process slot, the request's count on its process, a load's session
 //     route), carried by the outReq and released once, whichever way the
 //     request ends; a second release is logged and counted
 //     (acpgate_double_releases_total). The handlers that route a request
-//     make it (route_client.go).
+//     make it (route_client.go), and the agent's reader for a model switch
+//     it asks for (switchModel).
 //
 // # Lock order
 //
@@ -69,7 +83,7 @@
 // taken (Conn.out, Session.turn and Session.inbound stand for the locks of
 // their outbox.Box, turn.Turn and inflight.Set):
 //
-//	Conn.handleMu → Session.fan → Conn.mu → Conn.out → Session.mu → Session.turn → procLink.mu
+//	Conn.handleMu → Session.fan → Conn.mu → Conn.out → Session.mu → Session.turn → procSide.mu
 //	                                        Conn.out → the Sink's own lock
 //	                                                   Session.mu → Session.inbound
 //	Relay.mu → pool.Pool.mu → pool.Process.mu
@@ -78,15 +92,21 @@
 // others' prompts, presence, an attach's result and backlog, a permission
 // request's copies and their withdrawal, an administrator's notice). It is
 // taken by the agent's reader, a connection's handler (under its
-// handleMu), the admin API's EndSession and a session's end, never while a
-// Conn or Session lock is held, and nothing done under it waits for a
+// handleMu), a connection's Close (a member leaving tells the others), the
+// admin API's EndSession, a session's end, whoever settles an agent request
+// (inReq.settle: the pool's maintainer for a timeout, a worker) and the
+// workers (a queued prompt announced, a turn answered in the agent's
+// place), never while a Conn or Session lock is held, and nothing done under it waits for a
 // handleMu, ends a connection or a session, or takes another session's
 // fan: a connection that overflows meanwhile ends on a worker, and an
 // attach's replay, which may wait for its client, goes out without it.
+// Observers are called under no relay lock but a client's handleMu (for
+// what its messages do) and a shared session's fan (PermissionRequested
+// only); package observe says exactly when.
 //
 // A take-over holds two outboxes at once, always in the order their
 // connections were made (Conn.seq), so two connections taking each other's
-// sessions over cannot deadlock. procLink.mu, agent.mu, tenant.mu,
+// sessions over cannot deadlock. procSide.mu, inReq.mu, agent.mu, tenant.mu,
 // the locks of usage.Meter, multiclient.Record, Conn.reqs (an
 // inflight.Table) and Relay.adminEnded (an inflight.Recent), workers.mu,
 // Relay.promptMu and metrics.TenantLabels.mu are leaves. The pool calls no relay code with its
@@ -108,13 +128,13 @@
 // resume to the process that serves the session (or is taken over from a
 // detached connection); session/new to a process with room; anything else
 // to the connection's home process. send asks the deciders about a prompt,
-// tracks the request with the connection and the procLink, splices the
+// tracks the request with the connection and the procSide, splices the
 // edits in (the sealed session ID opened, the id renumbered, paths mapped,
 // the traceparent) and queues the line on the process.
 //
 // # How an agent line travels
 //
-// The process's read goroutine hands each line to its procLink. The
+// The process's read goroutine hands each line to its procSide. The
 // agentReader scans it. An answer takes its request from pending, settles
 // what it means for the session (created, loaded, closed, listed), ends the
 // request (its hold released) and is delivered to the client that asked; a
@@ -130,15 +150,22 @@
 // # What watches and what decides
 //
 // The session and its turn are the one place that tells observers what
-// happens (events.go): created, loaded, closed and lost, a turn started and
-// ended (its stop reason, time, tokens and cost), each update (the first of
-// a turn marked), cost reported and usage rejected, permission requested
-// and resolved, files served. The relay's metrics (package metrics), the
+// happens (events.go, the only place an observe.Event is built): created,
+// loaded, closed and lost, a turn started and ended (its stop reason, time,
+// tokens and cost), each update (the first of a turn marked), cost reported
+// and usage rejected, permission requested and resolved, files served, a
+// member joined, refused or let go, a take-over, prompts queued for a turn.
+// The relay's session gauges and counters (attached clients, attaches,
+// take-overs, queued prompts) are derived from these by metrics.Agent. The relay's metrics (package metrics), the
 // audit trail (observe/audittrail) and the turns' spans (observe/tracing)
-// are observers, beside Config.Observers. Config.Deciders are asked before a
-// prompt goes to the agent (a refusal is the client's answer) and before an
-// agent's permission request goes to the clients (a decision answers the
-// agent, and no client is asked). Routing code hands a session's events
+// are observers, beside Config.Observers. Config.Deciders are asked, each
+// only what it implements (observe.PromptDecider, PermissionDecider),
+// before a prompt goes to the agent (a refusal is the client's answer) and
+// before an agent's permission request goes to the clients (a decision
+// answers the agent, and no client is asked). A plug-in that acts on the
+// relay (the budget ledger cancels turns) is handed the relay's
+// observe.Control once, when NewRelay is done (observe.Provisioner): it
+// holds no pointer to the relay. Routing code hands a session's events
 // to nothing else; what it counts itself is about messages and requests,
 // not sessions (messages and bytes relayed, request times, refusals,
 // protocol errors).
@@ -146,14 +173,15 @@
 // # Tracing
 //
 // With Config.Tracing, each client request has a span named by its method
-// (observe/tracing), carried by its outReq and ended with it; a prompt's
-// span is its turn's, under which the pool wait, the first update, the
-// agent's requests to the client, the file stand-in and each tool call are
-// spans, and the updates a count. The client's params._meta.traceparent (or
-// a POST's header) is its parent; the line the agent gets names it in
-// _meta.traceparent, the one edit made to _meta besides the allow-list's
-// removals. Without it none of this
-// runs.
+// (observe/tracing), opened once by handleCall and ended once: by its
+// outReq's end once one carries it, else (the gateway answered it itself)
+// when handleCall returns (endRequestSpan); an agent request's span ends in
+// its settle. A prompt's span is its turn's, under which the pool wait,
+// the first update, the agent's requests to the client, the file stand-in
+// and each tool call are spans, and the updates a count. The client's
+// params._meta.traceparent (or a POST's header) is its parent; the line the
+// agent gets names it in _meta.traceparent, the one edit made to _meta
+// besides the allow-list's removals. Without it none of this runs.
 //
 // # Pooled buffers
 //

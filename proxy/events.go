@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/audittrail"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
+	"github.com/acpgate/acpgate/proxy/usage"
 )
 
 // What watches a session (metrics, the audit trail, tracing) and what
@@ -16,7 +16,9 @@ import (
 // turn what happens into an observe.Event for the agent's observers (built
 // in AddAgent: the relay's metrics, then Config.Observers, the audit trail
 // and tracing), and ask its deciders (Config.Deciders). Routing code calls
-// the functions of this file; it never records anything itself.
+// the functions of this file (a session's through s.events()); it never
+// builds an event nor moves a session metric itself (lint_test checks the
+// first; metrics.Agent derives the session gauges from the events).
 
 // observers is what watches the agent's sessions: the relay's metrics
 // first, then the configured observers, the audit trail and the turns'
@@ -40,18 +42,27 @@ func (c *Conn) client() observe.Client {
 	return observe.Client{Conn: c.id, Subject: c.subject}
 }
 
+// sessionEvents is a session as its observers know it: what happens to it
+// is told through its methods, and only they (and the few below about no
+// session, or about a request) build an observe.Event. A value:
+// s.events() costs nothing.
+type sessionEvents struct{ s *Session }
+
+// events is how s tells its observers what happens to it.
+func (s *Session) events() sessionEvents { return sessionEvents{s} }
+
 // emit gives e, an event of s, to its agent's observers.
-func (s *Session) emit(e *observe.Event) {
-	e.Session = s.info
-	s.link.ag.obs.Observe(e)
+func (ev sessionEvents) emit(e *observe.Event) {
+	e.Session = ev.s.info
+	ev.s.link.ag.obs.Observe(e)
 }
 
-// sessionEvent says what happened to s (observe.SessionCreated, Loaded,
-// Closed, Lost): c
-// is the client that did it, nil when the gateway did (its last client
-// gone). reason says why it closed or was lost ("" when a client asked).
-func (s *Session) sessionEvent(c *Conn, what observe.Kind, reason string) {
-	s.emit(&observe.Event{Kind: what, Client: c.client(), Reason: reason})
+// sessionEvent says what happened to the session (observe.SessionCreated,
+// Loaded, Closed, Lost): c is the client that did it, nil when the gateway
+// did (its last client gone). reason says why it closed or was lost (""
+// when a client asked).
+func (ev sessionEvents) sessionEvent(c *Conn, what observe.Kind, reason string) {
+	ev.emit(&observe.Event{Kind: what, Client: c.client(), Reason: reason})
 }
 
 // curTurn is the session's turn in flight as observers know it (nil:
@@ -67,7 +78,7 @@ func (s *Session) curTurn() *observe.Turn {
 // params) may go to the agent or wait for its turn; a refusal is the error
 // c gets.
 func (c *Conn) refusePrompt(s *Session, blocks []json.RawMessage, params []byte) *observe.Refusal {
-	if len(c.ag.dec) == 0 {
+	if !c.ag.dec.DecidesPrompts() {
 		return nil
 	}
 	e := &observe.Event{Kind: observe.TurnStarted, Session: s.info, Client: c.client(), Prompt: blocks, Params: params}
@@ -77,22 +88,51 @@ func (c *Conn) refusePrompt(s *Session, blocks []json.RawMessage, params []byte)
 // turnStarted makes req, a prompt going to the agent now, its session's
 // turn: its time, cost and span count from here. blocks: the prompt's, if
 // read already (nil: observers read params).
-func (s *Session) turnStarted(req *outReq, blocks []json.RawMessage, params []byte) {
+func (ev sessionEvents) turnStarted(req *outReq, blocks []json.RawMessage, params []byte) {
+	s := ev.s
 	t := &observe.Turn{Start: time.Now(), Span: req.span}
 	req.oturn = t
 	s.turn.Cur.Store(t)
 	s.turn.FirstUpdate.Store(t.Start.UnixNano())
 	s.meter.TurnStarted()
 	req.began.Store(t.Start.UnixNano())
-	s.emit(&observe.Event{Kind: observe.TurnStarted, Client: req.conn.client(), Turn: t, Prompt: blocks, Params: params})
+	ev.emit(&observe.Event{Kind: observe.TurnStarted, Client: req.conn.client(), Turn: t, Prompt: blocks, Params: params})
+}
+
+// usageRejected says an agent's usage report counted nothing, and why;
+// e is the caller's event to reuse (nil: a new one).
+func (ev sessionEvents) usageRejected(e *observe.Event, reason string) {
+	s := ev.s
+	if e == nil {
+		e = &observe.Event{}
+	}
+	*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reason}
+	s.link.ag.obs.Observe(e)
+}
+
+// costReported says the agent reported its cumulative cost total of unit
+// (a live report, b), an increase of inc as the session's meter counted
+// it; e is the caller's event, reused.
+func (ev sessionEvents) costReported(e *observe.Event, unit string, inc, total float64, b usage.Budgeted) {
+	s := ev.s
+	*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(unit), Unit: unit,
+		Amount: inc, Total: total, First: b.First, From: b.From}
+	s.link.ag.obs.Observe(e)
+}
+
+// tokensReported says what a prompt's late answer reported using, after
+// the gateway had ended its turn.
+func (ev sessionEvents) tokensReported(tokens map[string]int64) {
+	ev.emit(&observe.Event{Kind: observe.TokensReported, Tokens: tokens})
 }
 
 // updated is a session/update of s from its agent (kind: its
 // sessionUpdate tag): a usage_update's cost is metered, and observers hear
 // of the update. e is the reader's own event, reused.
-func (s *Session) updated(m *jsonrpc.Message, kind []byte, e *observe.Event) {
+func (ev sessionEvents) updated(m *jsonrpc.Message, kind []byte, e *observe.Event) {
+	s := ev.s
 	if string(kind) == "usage_update" {
-		s.meterCost(m, e)
+		ev.meterCost(m, e)
 	}
 	*e = observe.Event{Kind: observe.Update, Session: s.info, Turn: s.curTurn(), UpdateKind: kind, Params: m.Payload}
 	if t := s.turn.FirstUpdate.Load(); t != 0 && s.turn.FirstUpdate.CompareAndSwap(t, 0) {
@@ -112,43 +152,89 @@ func (req *outReq) turnEnded(stop string, usage []byte) {
 	e := &observe.Event{Kind: observe.TurnEnded, Client: req.conn.client(), Turn: req.oturn, StopReason: stop,
 		Duration: time.Since(time.Unix(0, began))}
 	if usage != nil {
-		e.Tokens = s.turnTokens(usage)
+		e.Tokens = s.events().turnTokens(usage)
 		s.meter.NoteTokens(e.Tokens)
 	}
 	e.Cost = s.meter.TurnCost()
 	s.turn.Cur.CompareAndSwap(req.oturn, nil)
-	s.emit(e)
+	s.events().emit(e)
 }
 
 // permissionRequested says that msg, the agent's permission request as c
 // is sent it (its paths as the tenant sees them), went to the clients.
-func (s *Session) permissionRequested(c *Conn, msg []byte) {
-	s.emit(&observe.Event{Kind: observe.PermissionRequested, Client: c.client(), Turn: s.curTurn(), Msg: msg})
+func (ev sessionEvents) permissionRequested(c *Conn, msg []byte) {
+	s := ev.s
+	ev.emit(&observe.Event{Kind: observe.PermissionRequested, Client: c.client(), Turn: s.curTurn(), Msg: msg})
 }
 
-// permissionResolved says how in, a permission request, was settled:
-// outcome is the RequestPermissionOutcome the agent got, by who settled
-// it: "client" (c, the client that answered), or the gateway in the
-// clients' place: "timeout", "disconnect", "admin" (an administrator
-// ended the session), or a decider's name.
-func (in *inReq) permissionResolved(c *Conn, by string, outcome []byte) {
-	if in.method != acp.RequestPermission || in.sess == nil {
-		return
+// permissionDecided asks the deciders about view, an agent's permission
+// request of s as its clients would see it: ok, one decided, and observers
+// hear it was asked (before how it was settled).
+func (ev sessionEvents) permissionDecided(view []byte) (observe.Decision, bool) {
+	s := ev.s
+	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
+	d, ok := s.link.ag.dec.Permission(asked)
+	if ok {
+		ev.emit(asked)
 	}
-	in.link.mu.Lock()
-	msg := in.msg
-	in.link.mu.Unlock()
-	if by != "client" {
-		c = nil
-	}
-	in.sess.emit(&observe.Event{Kind: observe.PermissionResolved, Client: c.client(), Msg: msg, By: by, Outcome: outcome})
+	return d, ok
+}
+
+// permissionResolved says how in, a permission request of a session,
+// was settled (st; msg is the request as its clients were sent it): by
+// the client that answered ("client"), a decider, or the gateway in the
+// clients' place (see byTimeout and the others).
+func (in *inReq) permissionResolved(st settlement, msg []byte) {
+	s := in.sess
+	s.events().emit(&observe.Event{Kind: observe.PermissionResolved, Client: st.client.client(), Turn: s.curTurn(), Msg: msg,
+		By: st.by, Rule: st.rule, Outcome: st.outcome})
 }
 
 // permissionRefused says that an agent's permission request (raw, as the
 // agent sent it) was refused by the tenant's policy before any client saw
 // it.
-func (s *Session) permissionRefused(raw []byte) {
-	s.emit(&observe.Event{Kind: observe.PermissionResolved, Msg: raw, By: "policy", Outcome: []byte(`{"outcome":"refused"}`)})
+func (ev sessionEvents) permissionRefused(raw []byte) {
+	ev.emit(&observe.Event{Kind: observe.PermissionResolved, Msg: raw, By: "policy", Outcome: []byte(`{"outcome":"refused"}`)})
+}
+
+// memberJoined says c joined s as mem (session/attach answered), with
+// the history policy it asked for: counted as an attach and an attached
+// client (metrics.Agent), and audited.
+func (ev sessionEvents) memberJoined(c *Conn, mem *member, history string) {
+	ev.emit(&observe.Event{Kind: observe.SessionAttached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly, History: history})
+}
+
+// memberLeft says c's part in s as mem, a member memberJoined told of, has
+// ended: it detached, its connection ended, its re-attach failed, or the
+// session ended.
+func (ev sessionEvents) memberLeft(c *Conn, mem *member) {
+	ev.emit(&observe.Event{Kind: observe.SessionDetached, Client: c.client(), ClientID: mem.id, ReadOnly: mem.readOnly})
+}
+
+// attachRefused says an attach of c's failed (result: not_found, refused,
+// full or invalid); s is the session it named, if it is live here.
+func (c *Conn) attachRefused(s *Session, result string) {
+	e := &observe.Event{Kind: observe.AttachRefused, Client: c.client(), Reason: result}
+	if s == nil {
+		e.Session = &observe.Session{Tenant: c.tenant, Label: c.ten.label, Agent: c.ag.name}
+		c.ag.obs.Observe(e)
+		return
+	}
+	s.events().emit(e)
+}
+
+// takenOver says c took s over from a detached connection, finding its
+// turn running, ended or idle.
+func (ev sessionEvents) takenOver(c *Conn, turn string) {
+	ev.emit(&observe.Event{Kind: observe.TakenOver, Client: c.client(), Reason: turn})
+}
+
+// promptsQueued says n prompts of s began (n > 0) or stopped (n < 0)
+// waiting for another client's turn.
+func (ev sessionEvents) promptsQueued(n int) {
+	if n != 0 {
+		ev.emit(&observe.Event{Kind: observe.PromptsQueued, Count: n})
+	}
 }
 
 // fileServed says what was read or written for the agent of c's session
@@ -161,5 +247,5 @@ func (c *Conn) fileServed(sess *Session, method, path string, n int, by string) 
 		c.ag.obs.Observe(e)
 		return
 	}
-	sess.emit(e)
+	sess.events().emit(e)
 }

@@ -192,11 +192,6 @@ func (s *Session) toMembers(body []byte, skip *Conn) {
 	s.fan.Unlock()
 }
 
-// presence tells the members that a client connected or left.
-func (s *Session) presence(event string, who multiclient.Peer, skip *Conn) {
-	s.toMembers(multiclient.Presence(event, who), skip)
-}
-
 // failQueued refuses the prompts waiting for a turn: c's (nil: all), with
 // why.
 func (s *Session) failQueued(c *Conn, why string) { s.failTurns(s.turn.DropQueued(c), why) }
@@ -206,7 +201,7 @@ func (s *Session) failTurns(failed []turn.Queued[*outReq], why string) {
 	if len(failed) == 0 {
 		return
 	}
-	s.link.ag.metrics.Root().PromptsQueued.Sub(float64(len(failed)))
+	s.events().promptsQueued(-len(failed))
 	for _, t := range failed {
 		if s.link.take(t.Prompt) {
 			t.Prompt.failWith(jsonrpc.CodeRequestCancelled, why, nil)
@@ -252,9 +247,9 @@ func (s *Session) turnComplete(prompter *Conn, stop string) {
 	}
 }
 
-// addMember attaches c (s.fan held): false with a reason when the session
+// join makes m a member (s.fan held): false with a reason when the session
 // is full or has ended.
-func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
+func (s *Session) join(m *member, maxClients int) (ok, full bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.live() {
@@ -273,10 +268,10 @@ func (s *Session) addMember(m *member, maxClients int) (ok, full bool) {
 	return true, false
 }
 
-// removeMember detaches c. With no client left (no owner, no member) the
+// leave ends c's membership. With no client left (no owner, no member) the
 // session ends: the ending returned is its teardown, for the caller to run
 // off every lock (nil: it lives on).
-func (s *Session) removeMember(c *Conn) (m *member, e *ending) {
+func (s *Session) leave(c *Conn) (m *member, e *ending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.clientList()

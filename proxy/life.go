@@ -44,7 +44,7 @@ const (
 
 // endSteps is what an end does, by cause.
 type endSteps struct {
-	detach   bool         // every client forgets the session (the one that caused a replacement keeps its index entry)
+	forget   bool         // every client forgets the session (the one that caused a replacement keeps its index entry)
 	notice   string       // every client but the one that caused it is told it ended, and why (methodSessionEnded), and gives up the agent's requests
 	queued   string       // prompts waiting for a turn are refused with this ("": none are)
 	onAgent  bool         // the agent is told: a running turn cancelled, the session closed where it can be
@@ -54,15 +54,15 @@ type endSteps struct {
 }
 
 var endTable = [...]endSteps{
-	endClosed:         {detach: true, queued: "the session was closed", event: observe.SessionClosed},
-	endReplaced:       {detach: true, notice: "loaded by another client", queued: "the session was loaded again by another client"},
-	endLoadFailed:     {detach: true, queued: "the session failed to load"},
+	endClosed:         {forget: true, queued: "the session was closed", event: observe.SessionClosed},
+	endReplaced:       {forget: true, notice: "loaded by another client", queued: "the session was loaded again by another client"},
+	endLoadFailed:     {forget: true, queued: "the session failed to load"},
 	endClientLeft:     {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "client_left"},
 	endLastClientLeft: {queued: "the session has ended", onAgent: true, event: observe.SessionClosed, reason: "last_client_left"},
-	endAdmin:          {detach: true, notice: "ended by an administrator", queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
+	endAdmin:          {forget: true, notice: "ended by an administrator", queued: "the session was ended by an administrator", onAgent: true, event: observe.SessionClosed, reason: "ended_by_admin"},
 	endAgentExited:    {keepSeen: true, event: observe.SessionLost, reason: "agent_exited"},
-	endRefused:        {detach: true, queued: "the session was refused", onAgent: true, event: observe.SessionClosed, reason: "model_not_allowed"},
-	endParentEnded:    {detach: true, queued: "its parent session has ended"},
+	endRefused:        {forget: true, queued: "the session was refused", onAgent: true, event: observe.SessionClosed, reason: "model_not_allowed"},
+	endParentEnded:    {forget: true, queued: "its parent session has ended"},
 }
 
 // ending is a session's teardown, decided under its lock and run once
@@ -108,7 +108,7 @@ func (s *Session) end(cause endCause, by *Conn) bool {
 	if e == nil && by != nil && (cause == endClosed || cause == endLoadFailed) {
 		// Ended (or being ended, or lost) already: the client that closed
 		// it, or whose load failed, still lets go of it.
-		by.detach(s)
+		by.forget(s)
 	}
 	e.run()
 	return e != nil
@@ -139,7 +139,7 @@ func (s *Session) endingLocked(cause endCause, by *Conn) *ending {
 	}
 	s.life.Store(uint32(stageEnded))
 	s.owner.Store(nil)
-	if steps.detach {
+	if steps.forget {
 		e.members = s.clientList()
 		s.members.Store(nil)
 	}
@@ -167,13 +167,13 @@ func (e *ending) run() {
 	if steps.notice != "" {
 		e.tell(steps.notice)
 	}
-	if steps.detach {
+	if steps.forget {
 		if e.owner != nil && !(e.cause == endReplaced && e.owner == e.by) {
-			e.owner.detach(s)
+			e.owner.forget(s)
 		}
 		for _, m := range e.members {
-			m.conn.detach(s)
-			m.conn.relay.metrics.AttachedClients.Dec()
+			m.conn.forget(s)
+			s.events().memberLeft(m.conn, m)
 		}
 	}
 	s.failTurns(e.queued, steps.queued)
@@ -187,7 +187,7 @@ func (e *ending) run() {
 		by = e.owner // its last owner is told it was lost
 	}
 	if steps.event != 0 && (by != nil || e.cause != endAgentExited) {
-		s.sessionEvent(by, steps.event, steps.reason)
+		s.events().sessionEvent(by, steps.event, steps.reason)
 	}
 	for _, k := range s.takeChildren() {
 		k.end(endParentEnded, e.by)

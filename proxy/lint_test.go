@@ -4,7 +4,9 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -67,4 +69,123 @@ func calledName(c *ast.CallExpr) string {
 		return sel.Sel.Name
 	}
 	return ""
+}
+
+// rootFiles parses the proxy root's non-test files.
+func rootFiles(t *testing.T) (*token.FileSet, map[string]*ast.File) {
+	t.Helper()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	out := map[string]*ast.File{}
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = f
+	}
+	return fset, out
+}
+
+// Only events.go builds an observe.Event (doc.go, "What watches and what
+// decides"): routing code says what happened through its functions.
+func TestEventsBuiltOnlyInEventsGo(t *testing.T) {
+	fset, files := rootFiles(t)
+	for name, f := range files {
+		if name == "events.go" {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.CompositeLit)
+			if !ok {
+				return true
+			}
+			if sel, ok := lit.Type.(*ast.SelectorExpr); ok && sel.Sel.Name == "Event" {
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "observe" {
+					t.Errorf("%s: an observe.Event built outside events.go", fset.Position(lit.Pos()))
+				}
+			}
+			return true
+		})
+	}
+}
+
+// The proxy packages' types and functions stay small enough to read: no
+// type over maxMethods methods (counted by receiver, in non-test files),
+// no function over maxFuncLines lines. proxy/jsonrpc, the scanner, is
+// exempt.
+const (
+	maxMethods   = 45
+	maxFuncLines = 80
+)
+
+func TestTypesAndFunctionsStaySmall(t *testing.T) {
+	fset := token.NewFileSet()
+	methods := map[string]int{} // by package directory and type
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "jsonrpc" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			name := fn.Name.Name
+			if fn.Recv != nil && len(fn.Recv.List) == 1 {
+				recv := filepath.Join(filepath.Dir(path), receiverName(fn.Recv.List[0].Type))
+				methods[recv]++
+				name = recv + "." + name
+			}
+			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
+				t.Errorf("%s: %s has %d lines, over %d", fset.Position(fn.Pos()), name, n, maxFuncLines)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if methods["Session"] == 0 {
+		t.Fatal("no method of Session counted: the walk missed the proxy root")
+	}
+	for typ, n := range methods {
+		if n > maxMethods {
+			t.Errorf("%s has %d methods, over %d", typ, n, maxMethods)
+		}
+	}
+}
+
+// receiverName is the type a method's receiver names (T of *T or T[P]).
+func receiverName(x ast.Expr) string {
+	for {
+		switch e := x.(type) {
+		case *ast.StarExpr:
+			x = e.X
+		case *ast.IndexExpr:
+			x = e.X
+		case *ast.IndexListExpr:
+			x = e.X
+		case *ast.Ident:
+			return e.Name
+		default:
+			return "?"
+		}
+	}
 }

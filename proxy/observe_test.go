@@ -181,3 +181,70 @@ func TestDeciderAnswersPermission(t *testing.T) {
 		t.Fatalf("resolved: %+v", resolved)
 	}
 }
+
+// provisioned is a plug-in that acts on the relay: it counts the controls
+// it was handed.
+type provisioned struct {
+	watcher
+	mu   sync.Mutex
+	ctls []observe.Control
+}
+
+func (p *provisioned) Provision(ctl observe.Control) {
+	p.mu.Lock()
+	p.ctls = append(p.ctls, ctl)
+	p.mu.Unlock()
+}
+
+// A plug-in registered as an observer and a decider is handed the relay's
+// control once, when the relay is made, and only what it implements is
+// asked of it.
+func TestPluginProvisionedOnce(t *testing.T) {
+	p := &provisioned{}
+	r := testPool(t, "usage", nil, func(c *Config) {
+		c.Observers = []observe.Observer{p}
+		c.Deciders = []observe.Decider{p, struct{}{}} // one that decides nothing is never asked
+	})
+	p.mu.Lock()
+	ctls := p.ctls
+	p.mu.Unlock()
+	if len(ctls) != 1 || ctls[0] != observe.Control(r) {
+		t.Fatalf("handed %d controls (%v), want the relay once", len(ctls), ctls)
+	}
+	if ctls[0].CancelTurn("no-such-session", "budget", []byte(`{}`)) {
+		t.Fatal("a turn of no session was cancelled")
+	}
+}
+
+// The attach gauges and counters are derived from the session's events
+// (metrics.Agent), whichever way a member goes: joined, refused, and let go
+// when the session ends.
+func TestAttachMetricsFromEvents(t *testing.T) {
+	w := &watcher{}
+	r := testPool(t, "demo", nil, func(c *Config) { c.Observers = []observe.Observer{w} })
+	m := r.metrics
+	ok0, nf0 := counterValue(m.Attaches.WithLabelValues("ok")), counterValue(m.Attaches.WithLabelValues("not_found"))
+	_, peerC, sid := sharedSession(t, r, "")
+	if n := gaugeValue(m.AttachedClients); n != 1 {
+		t.Fatalf("attached clients %v after one attach, want 1", n)
+	}
+	if n := counterValue(m.Attaches.WithLabelValues("ok")) - ok0; n != 1 {
+		t.Fatalf("attaches ok +%v, want +1", n)
+	}
+	if res := peerC.attach("9", "no-such-session", ""); res.Error == nil {
+		t.Fatalf("attach to no session: %s", res.raw)
+	}
+	if n := counterValue(m.Attaches.WithLabelValues("not_found")) - nf0; n != 1 {
+		t.Fatalf("attaches not_found +%v, want +1", n)
+	}
+	if e := w.find(observe.AttachRefused); e == nil || e.Reason != "not_found" || e.Client.Conn != "peer" {
+		t.Fatalf("AttachRefused %+v", e)
+	}
+	if _, err := r.EndSession(sid, "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the member let go", func() bool { return gaugeValue(m.AttachedClients) == 0 })
+	if e := w.find(observe.SessionDetached); e == nil || e.Client.Conn != "peer" {
+		t.Fatalf("SessionDetached %+v", e)
+	}
+}

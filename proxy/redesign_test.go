@@ -29,7 +29,7 @@ func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
 	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: metrics.Nop()}
 	c := r.newConnForBench(nil)
 	c.log = r.log
-	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procSide{}}
 	c.ag.obs = r.observers(c.ag, nil)
 	c.ten.maxSessions = 1
 	if ok, _ := c.ten.tryReserve(false); !ok {
@@ -57,7 +57,7 @@ func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
 // detachedPair is two detached connections of one tenant, each holding a
 // session whose turn ended while it was detached: each may take the other's
 // over with a session/load.
-func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session) {
+func detachedPair(r *Relay, ag *agent, l *procSide) (a, b *Conn, sa, sb *Session) {
 	mk := func(id string, seq uint64) *Conn {
 		c := r.newConnForBench(nil) // no sink: detached
 		c.id, c.seq, c.ag, c.log = id, seq, ag, r.log
@@ -67,9 +67,9 @@ func detachedPair(r *Relay, ag *agent, l *procLink) (a, b *Conn, sa, sb *Session
 	}
 	a, b = mk("a", 1), mk("b", 2)
 	sa = l.addSession(a, sessionid.Opened{Agent: "sess-a"}, "", "/tmp", nil)
-	a.attach(sa)
+	a.index(sa)
 	sb = l.addSession(b, sessionid.Opened{Agent: "sess-b"}, "", "/tmp", nil)
-	b.attach(sb)
+	b.index(sb)
 	sa.turn.EndedWhileDetached("end_turn")
 	sb.turn.EndedWhileDetached("end_turn")
 	return a, b, sa, sb
@@ -102,10 +102,10 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 		ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 		r.tenants = map[string]*tenant{"": ten}
 		r.conns = map[*Conn]struct{}{}
-		ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+		ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procSide{}}
 		ag.obs = r.observers(ag, nil)
 		ag.obs = r.observers(ag, nil)
-		l := ag.newLink(nil).(*procLink) // take-overs never reach the process
+		l := ag.newLink(nil).(*procSide) // take-overs never reach the process
 		a, b, sa, sb := detachedPair(r, ag, l)
 		ma, mb := loadMsg(t, a, 1, sb.GatewayID), loadMsg(t, b, 1, sa.GatewayID)
 		var wg sync.WaitGroup
@@ -288,9 +288,9 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 	r.tenants = map[string]*tenant{"": ten}
 	r.conns = map[*Conn]struct{}{}
-	ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procLink{}}
+	ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procSide{}}
 	ag.obs = r.observers(ag, nil)
-	l := ag.newLink(nil).(*procLink)
+	l := ag.newLink(nil).(*procSide)
 	a, b, sa, _ := detachedPair(r, ag, l)
 	count := func() int {
 		ten.mu.Lock()
@@ -300,15 +300,15 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	if got := count(); got != 2 {
 		t.Fatalf("two sessions held: the tenant counts %d, want 2", got)
 	}
-	b.attach(sa) // a second connection holds a's session too
+	b.index(sa) // a second connection holds a's session too
 	if got := count(); got != 2 {
 		t.Fatalf("a session held by two connections: the tenant counts %d, want 2", got)
 	}
-	a.detach(sa)
+	a.forget(sa)
 	if got := count(); got != 2 {
 		t.Fatalf("one of its two holders let go: the tenant counts %d, want 2", got)
 	}
-	b.detach(sa)
+	b.forget(sa)
 	if got := count(); got != 1 {
 		t.Fatalf("the last holder let go: the tenant counts %d, want 1", got)
 	}

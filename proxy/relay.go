@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,45 +182,14 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	sealer := cfg.Sealer
-	if sealer == nil {
-		sealer = sessionid.NewRandom()
-	}
+	cfg = cfg.withDefaults()
 	m := cfg.Metrics
-	if m == nil {
-		m = metrics.Nop()
-	}
-	tenants := map[string]*tenant{}
-	mapPaths := false
-	if len(cfg.Tenants) == 0 {
-		cfg.Tenants = []TenantConfig{{}}
-	}
-	for _, tc := range cfg.Tenants {
-		t, err := newTenant(tc, m)
-		if err != nil {
-			return nil, err
-		}
-		t.limiter = newLimiter(cfg.Limits.TenantMessagesPerSecond, cfg.Limits.TenantMessageBurst)
-		t.queuedBytes.Max = cfg.Limits.tenantQueuedBytes()
-		mapPaths = mapPaths || t.mapper.Load() != nil
-		tenants[tc.Name] = t
-	}
-	if len(cfg.Agents) == 0 {
-		cfg.Agents = []AgentSpec{{Name: DefaultAgent, Pool: cfg.Pool}}
-	}
-	if cfg.Sessions.DetachTimeout > 0 && cfg.Sessions.ReplayBufferBytes <= 0 {
-		cfg.Sessions.ReplayBufferBytes = 8 << 20
+	tenants, mapPaths, err := newTenants(cfg, m)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if cfg.Owners == nil {
-		cfg.Owners = &access.Owners{}
-	}
-	if cfg.Sessions.HistoryBytes == 0 {
-		cfg.Sessions.HistoryBytes = 2 << 20
-	}
-	if cfg.Sessions.MaxClients <= 0 {
-		cfg.Sessions.MaxClients = 8
-	}
+	sealer := cfg.Sealer
 	r := &Relay{
 		owners:     cfg.Owners,
 		adminEnded: inflight.Recent[string]{Max: maxAdminEnded},
@@ -238,7 +209,7 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		audit:      cfg.Audit,
 		prompts:    cfg.AuditPrompts,
 		extraObs:   cfg.Observers,
-		deciders:   cfg.Deciders,
+		deciders:   observe.NewDeciders(cfg.Deciders...),
 		agents:     map[string]*agent{},
 		first:      cfg.Agents[0].Name,
 		tenantCfg:  cfg.Tenants,
@@ -259,7 +230,77 @@ func NewRelay(cfg Config, log *slog.Logger) (*Relay, error) {
 		_ = r.Close(context.Background())
 		return nil, fmt.Errorf("proxy: registering the relay's live metrics: %w", err)
 	}
+	provision(r, cfg.Observers, cfg.Deciders)
 	return r, nil
+}
+
+var _ observe.Control = (*Relay)(nil) // plug-ins act through it (provision)
+
+// withDefaults is cfg with what it leaves unset filled in.
+func (cfg Config) withDefaults() Config {
+	if cfg.Sealer == nil {
+		cfg.Sealer = sessionid.NewRandom()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.Nop()
+	}
+	if len(cfg.Tenants) == 0 {
+		cfg.Tenants = []TenantConfig{{}}
+	}
+	if len(cfg.Agents) == 0 {
+		cfg.Agents = []AgentSpec{{Name: DefaultAgent, Pool: cfg.Pool}}
+	}
+	if cfg.Sessions.DetachTimeout > 0 && cfg.Sessions.ReplayBufferBytes <= 0 {
+		cfg.Sessions.ReplayBufferBytes = 8 << 20
+	}
+	if cfg.Owners == nil {
+		cfg.Owners = &access.Owners{}
+	}
+	if cfg.Sessions.HistoryBytes == 0 {
+		cfg.Sessions.HistoryBytes = 2 << 20
+	}
+	if cfg.Sessions.MaxClients <= 0 {
+		cfg.Sessions.MaxClients = 8
+	}
+	return cfg
+}
+
+// newTenants makes the configured tenants; mapPaths reports whether one
+// maps paths.
+func newTenants(cfg Config, m *metrics.Metrics) (tenants map[string]*tenant, mapPaths bool, err error) {
+	tenants = map[string]*tenant{}
+	for _, tc := range cfg.Tenants {
+		t, err := newTenant(tc, m)
+		if err != nil {
+			return nil, false, err
+		}
+		t.limiter = newLimiter(cfg.Limits.TenantMessagesPerSecond, cfg.Limits.TenantMessageBurst)
+		t.queuedBytes.Max = cfg.Limits.tenantQueuedBytes()
+		mapPaths = mapPaths || t.mapper.Load() != nil
+		tenants[tc.Name] = t
+	}
+	return tenants, mapPaths, nil
+}
+
+// provision hands r's Control to each plug-in that acts on the relay
+// (observe.Provisioner), once each, however many times it is registered.
+func provision(r *Relay, obs []observe.Observer, decs []observe.Decider) {
+	var done []observe.Provisioner
+	plugins := make([]any, 0, len(obs)+len(decs))
+	for _, o := range obs {
+		plugins = append(plugins, o)
+	}
+	for _, d := range decs {
+		plugins = append(plugins, d)
+	}
+	for _, p := range plugins {
+		pv, ok := p.(observe.Provisioner)
+		if !ok || pv == nil || !reflect.TypeOf(pv).Comparable() || slices.Contains(done, pv) {
+			continue
+		}
+		done = append(done, pv)
+		pv.Provision(r)
+	}
 }
 
 // fileAccess is what an agent's processes are told about file access: read

@@ -1,19 +1,15 @@
 package proxy
 
 import (
-	"encoding/json"
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acpgate/acpgate/proxy/acp"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/models"
-	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
-	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
 	"github.com/acpgate/acpgate/proxy/turn"
 )
@@ -84,7 +80,7 @@ type outReq struct {
 	conn     *Conn  // nil for the gateway's own requests
 	clientID []byte // the client's raw id
 	agentID  int64
-	link     *procLink // the process the request went to
+	link     *procSide // the process the request went to
 	method   string
 	sess     *Session // the session the request is about, if any
 	cwd      string   // session/new and the like: the cwd the client asked for
@@ -92,7 +88,7 @@ type outReq struct {
 	hold     *hold       // nil for the gateway's own requests
 	ended    atomic.Bool // end has run (Ended)
 	// answering: the gateway took the request from its process's table to
-	// answer it itself (procLink.take); a prompt counts as running until
+	// answer it itself (procSide.take); a prompt counts as running until
 	// that answer is in its client's queue (fail). Under link.mu.
 	answering bool
 	// acked: a v2 prompt the agent has acknowledged; its turn runs until
@@ -145,9 +141,7 @@ func (r *outReq) end() {
 	if r.method == acp.SessionPrompt && r.conn != nil {
 		if r.sess != nil {
 			next, ok, dequeued := r.sess.turn.Done(r, r.sess.link.isPending)
-			if dequeued > 0 {
-				r.conn.relay.metrics.PromptsQueued.Sub(float64(dequeued))
-			}
+			r.sess.events().promptsQueued(-dequeued)
 			if ok && r.holdNext {
 				r.next = &next
 			} else if ok {
@@ -159,7 +153,7 @@ func (r *outReq) end() {
 }
 
 // fail ends r, taken from its process's table to be answered by the
-// gateway (procLink.take, failRoutes, expireRequests), and gives its client
+// gateway (procSide.take, failRoutes, expireRequests), and gives its client
 // msg, the gateway's answer. A prompt counted as running until msg is in
 // the client's queue: a drain that waits for it never closes the client
 // first.
@@ -196,7 +190,7 @@ func (r *outReq) releaseQueued() {
 }
 
 // cancelInPlace answers r, a prompt whose agent did not answer its
-// session/cancel in time (taken with procLink.take), in the agent's place:
+// session/cancel in time (taken with procSide.take), in the agent's place:
 // stopReason "cancelled", to its client and, as turn_complete, to the
 // session's other clients.
 func (r *outReq) cancelInPlace() {
@@ -223,227 +217,4 @@ func (r *outReq) startNext() {
 		r.next = nil
 		r.conn.relay.bg.Go(func() { r.sess.startTurn(*next) })
 	}
-}
-
-// inReq is an agent→client request waiting for the client's answer.
-type inReq struct {
-	link    *procLink
-	agentID []byte // the agent's raw id
-	method  string
-	start   time.Time
-	sess    *Session // the session it is about, if any
-	// Guarded by link.mu: a take-over moves the request to another
-	// connection. msg is as the client was sent it (a take-over sends it
-	// again); pendingTo is where a take-over that came before msg was set
-	// moved it.
-	msg       []byte
-	conn      *Conn
-	connID    int64 // the id the client sees
-	pendingTo *Conn
-	// copies are the other clients of the session that were sent it too
-	// (session/attach): the first answer wins, the others are withdrawn.
-	copies []inCopy
-	// answered is set by whoever answers the agent first: the client, or
-	// the gateway in its place (disconnect, client_request timeout).
-	answered atomic.Bool
-	span     trace.Span // nil: not traced; ended when it is forgotten
-}
-
-// claim reports whether the caller is the one to answer in: true once.
-func (in *inReq) claim() bool { return in.answered.CompareAndSwap(false, true) }
-
-// route returns the connection the request waits on and its id there.
-func (in *inReq) route() (*Conn, int64) {
-	in.link.mu.Lock()
-	defer in.link.mu.Unlock()
-	return in.conn, in.connID
-}
-
-// forget removes in from its process's table of requests to the client,
-// unless another request has taken its id since.
-func (in *inReq) forget() {
-	in.link.mu.Lock()
-	if in.link.inbound[string(in.agentID)] == in {
-		delete(in.link.inbound, string(in.agentID))
-	}
-	in.link.mu.Unlock()
-	if in.sess != nil {
-		in.sess.inbound.Done(in)
-	}
-	if in.span != nil {
-		in.span.End()
-	}
-}
-
-// inCopy is one client's copy of an agent request: the connection and the
-// id it was sent with.
-type inCopy struct {
-	conn *Conn
-	id   int64
-}
-
-// conns lists every client holding a copy of the request, except skip.
-func (in *inReq) conns(skip *Conn) []inCopy {
-	in.link.mu.Lock()
-	defer in.link.mu.Unlock()
-	var out []inCopy
-	if in.conn != nil && in.conn != skip {
-		out = append(out, inCopy{in.conn, in.connID})
-	}
-	for _, cp := range in.copies {
-		if cp.conn != skip {
-			out = append(out, cp)
-		}
-	}
-	return out
-}
-
-// sentTo reports whether c holds a copy of the request.
-func (in *inReq) sentTo(c *Conn) bool {
-	for _, cp := range in.conns(nil) {
-		if cp.conn == c {
-			return true
-		}
-	}
-	return false
-}
-
-// copyTo sends c, another client of the request's session that may answer
-// it, a copy with an id of its own: the first answer of any client wins.
-func (in *inReq) copyTo(c *Conn) {
-	in.link.mu.Lock()
-	msg := in.msg
-	in.link.mu.Unlock()
-	if msg == nil || in.answered.Load() {
-		return
-	}
-	id, ok := c.reqs.AddAgent(in)
-	if !ok {
-		return
-	}
-	in.link.mu.Lock()
-	if in.answered.Load() { // answered meanwhile: withdrawn before it is sent
-		in.link.mu.Unlock()
-		c.reqs.ForgetAgent(id)
-		return
-	}
-	in.copies = append(in.copies, inCopy{c, id})
-	in.link.mu.Unlock()
-	if c.isClosed() { // Close may have missed the copy: it is c's to give up
-		if _, had, last := in.leave(c); had && last {
-			// Not here: the caller may hold the session's fan lock.
-			c.relay.bg.Go(func() { in.answerInPlace(c, "the client disconnected") })
-		}
-		return
-	}
-	if out := acp.WithID(msg, id); out != nil {
-		c.deliver(out)
-	}
-}
-
-// leave removes c's copy: id is the id c had, had whether it had one, last
-// whether no client holds a copy any more (the request must then be
-// answered in the clients' place). A member's copy becomes the primary when
-// the primary's client leaves.
-func (in *inReq) leave(c *Conn) (id int64, had, last bool) {
-	in.link.mu.Lock()
-	defer in.link.mu.Unlock()
-	if in.conn == c {
-		id, had = in.connID, true
-		in.conn, in.connID = nil, 0
-		if len(in.copies) > 0 {
-			in.conn, in.connID = in.copies[0].conn, in.copies[0].id
-			in.copies = in.copies[1:]
-		}
-	} else {
-		for i, cp := range in.copies {
-			if cp.conn == c {
-				id, had = cp.id, true
-				in.copies = append(in.copies[:i:i], in.copies[i+1:]...)
-				break
-			}
-		}
-	}
-	return id, had, had && in.conn == nil && len(in.copies) == 0
-}
-
-// answerInPlace answers the request for its clients, the last of which
-// has left: a permission request is cancelled, anything else refused.
-func (in *inReq) answerInPlace(c *Conn, why string) {
-	if in.span != nil {
-		in.span.SetAttributes(attribute.String(tracing.AttrOutcome, why))
-	}
-	in.forget()
-	if !in.claim() {
-		return
-	}
-	in.link.answerForClient(in.agentID, in.method, jsonrpc.CodeRequestCancelled, why)
-	if in.method == acp.RequestPermission {
-		in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
-		in.permissionResolved(nil, "disconnect", []byte(`{"outcome":"cancelled"}`))
-	}
-	tracing.WithTrace(c.log, in.span).Info("answered an agent request for a disconnected client", "method", in.method)
-}
-
-// withdraw takes back the copies of the other clients once c answered: a
-// $/cancel_request to each, and permission_resolved to the session's
-// members (answer is the client's result).
-func (in *inReq) withdraw(c *Conn, answer *jsonrpc.Message) {
-	if s := in.sess; s != nil && s.shared() {
-		// A copy is sent under the fan lock: its withdrawal follows it.
-		s.fan.Lock()
-		defer s.fan.Unlock()
-	}
-	for _, cp := range in.conns(c) {
-		cp.conn.reqs.Withdraw(cp.id)
-		cp.conn.deliver(acp.CancelRequestMsg(cp.id))
-	}
-	if in.method != acp.RequestPermission {
-		return
-	}
-	outcome := []byte(`{"outcome":"cancelled"}`)
-	if !answer.IsError {
-		var res struct {
-			Outcome json.RawMessage `json:"outcome"`
-		}
-		if json.Unmarshal(answer.Payload, &res) == nil && len(res.Outcome) > 0 {
-			outcome = res.Outcome
-		}
-	}
-	in.permissionResolved(c, "client", outcome)
-	if body := in.resolution(c, outcome); body != nil {
-		in.sess.toMembersLocked(body, nil)
-	}
-}
-
-// resolved tells the session's members how the permission request was
-// settled, and by whom (nil: the gateway, in the clients' place).
-func (in *inReq) resolved(by *Conn, outcome []byte) {
-	if body := in.resolution(by, outcome); body != nil {
-		in.sess.toMembers(body, nil)
-	}
-}
-
-// resolution is the permission_resolved update of the request (nil: no
-// member to tell).
-func (in *inReq) resolution(by *Conn, outcome []byte) []byte {
-	s := in.sess
-	if s == nil || !s.audience() {
-		return nil
-	}
-	in.link.mu.Lock()
-	msg := in.msg
-	in.link.mu.Unlock()
-	return s.resolution(msg, by, outcome)
-}
-
-// resolution is the permission_resolved update of msg, a permission
-// request of the session, settled by by (nil: the gateway) with outcome.
-func (s *Session) resolution(msg []byte, by *Conn, outcome []byte) []byte {
-	var resolvedBy *multiclient.Peer
-	if by != nil {
-		p := s.peerOf(by)
-		resolvedBy = &p
-	}
-	return multiclient.PermissionResolved(msg, resolvedBy, outcome)
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/metrics"
 	"github.com/acpgate/acpgate/proxy/models"
-	"github.com/acpgate/acpgate/proxy/multiclient"
 	"github.com/acpgate/acpgate/proxy/observe"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pathrewrite"
@@ -22,7 +21,7 @@ import (
 // agentReader routes the messages one agent process writes. It runs on the
 // process's read goroutine only, so it reuses its scanner and buffers.
 type agentReader struct {
-	l   *procLink
+	l   *procSide
 	sc  jsonrpc.Scanner
 	msg jsonrpc.Message
 	// ids, idMsg: the second scan of an update that names sessions inside
@@ -40,7 +39,7 @@ type agentReader struct {
 	swGated *Session
 }
 
-func newAgentReader(l *procLink) *agentReader {
+func newAgentReader(l *procSide) *agentReader {
 	r := &agentReader{l: l}
 	r.sc.Methods = acp.Methods
 	r.ids.Methods = acp.Methods
@@ -103,7 +102,7 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 	}
 	if req, late := l.acknowledge(id, m); req != nil { // v2: the turn goes on
 		if late { // a retry the agent ran again: its turn counts from here
-			req.sess.turnStarted(req, nil, nil)
+			req.sess.events().turnStarted(req, nil, nil)
 		}
 		r.deliverAck(m, req)
 		return
@@ -139,27 +138,11 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		r.swGated, gated = gated, nil
 	}
 	if created != nil {
-		c.attach(created) // counted before the request's tenant slot is given back
+		c.index(created) // counted before the request's tenant slot is given back
 	}
-	if req.span != nil {
-		req.answered = true
-		if m.IsError {
-			tracing.Answer(req.span, m.Payload)
-		}
-		if created != nil {
-			tracing.Set(req.span, tracing.AttrSession, created.GatewayID)
-		}
-	}
+	req.answerSpan(m, created)
 	if req.method == acp.SessionPrompt && req.sess != nil {
-		meterTurn(req, m)
-		stop := "error"
-		if !m.IsError {
-			stop, _ = acp.StopReason(m)
-		}
-		if !req.retry { // a retry's answer ends no turn: its first sending's does
-			req.sess.turnComplete(c, stop) // before the next turn is announced
-		}
-		req.holdNext = true
+		promptAnswered(req, m)
 		defer req.startNext() // once this answer is out
 	}
 	req.end()
@@ -180,6 +163,22 @@ func (r *agentReader) handleResponse(m *jsonrpc.Message) {
 		return // delivered once the agent has switched the session's model
 	}
 	c.deliverFor(out, nil, Facts{ID: req.clientID}, false)
+}
+
+// promptAnswered ends the turn of req, a prompt of a session the agent
+// answered with m: its usage counted, the session's other clients told (the
+// next turn is announced after), and the prompt waiting for the turn held
+// until the answer is out (req.startNext).
+func promptAnswered(req *outReq, m *jsonrpc.Message) {
+	meterTurn(req, m)
+	stop := "error"
+	if !m.IsError {
+		stop, _ = acp.StopReason(m)
+	}
+	if !req.retry { // a retry's answer ends no turn: its first sending's does
+		req.sess.turnComplete(req.conn, stop)
+	}
+	req.holdNext = true
 }
 
 // switchModel sends the agent the model switch the answer out needs (r.sw,
@@ -230,7 +229,7 @@ func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
 
 // takeAnswered takes the request an answer is for out of the table; a
 // prompt's answer counts as running until it is delivered (answered).
-func (l *procLink) takeAnswered(id int64) *outReq {
+func (l *procSide) takeAnswered(id int64) *outReq {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	req := l.pending[id]
@@ -242,7 +241,7 @@ func (l *procLink) takeAnswered(id int64) *outReq {
 }
 
 // answered ends what takeAnswered counted.
-func (l *procLink) answered(r *Relay) {
+func (l *procSide) answered(r *Relay) {
 	l.mu.Lock()
 	l.answering--
 	l.mu.Unlock()
@@ -274,7 +273,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 			s.state.NoteResult(m.Payload)
 		}
 		req.hold.keepAttach()
-		s.sessionEvent(c, observe.SessionLoaded, "")
+		s.events().sessionEvent(c, observe.SessionLoaded, "")
 	case req.method == acp.SessionList:
 		edits = r.listEdits(m, c, edits)
 	case (req.method == acp.SessionClose || req.method == acp.SessionDelete) && req.sess != nil:
@@ -326,7 +325,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 	if s.attachable {
 		s.state.NoteResult(m.Payload)
 	}
-	s.sessionEvent(c, observe.SessionCreated, "")
+	s.events().sessionEvent(c, observe.SessionCreated, "")
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: s.quotedID}, s, true
 }
 
@@ -380,7 +379,7 @@ func (r *agentReader) handleCall(m *jsonrpc.Message) {
 			r.l.p.Log().Debug("subagent_update for a v1 client that did not offer clientCapabilities.subagents; dropped", "session", rc.sess.GatewayID)
 			return
 		}
-		rc.sess.updated(m, kind, &r.event)
+		rc.sess.events().updated(m, kind, &r.event)
 		rc.edits = rc.sess.models.Edits(m, models.ListsOf(rc.conn.ten.policy(rc.conn.ag.name)), rc.edits)
 		rc.edits = r.childEdits(m, rc.sess, rc.conn, kind, rc.edits)
 		if string(kind) == "state_update" {
@@ -462,15 +461,15 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 	raw := m.Bytes(f)
 	l := r.l
 	if m.Method == acp.CancelRequest {
-		l.mu.Lock()
-		in := l.inbound[string(raw)]
+		in := l.findInbound(raw)
 		var connID int64
 		var copies []inCopy
 		if in != nil {
+			in.mu.Lock()
 			rc.conn, connID = in.conn, in.connID
 			copies, in.copies = in.copies, nil
+			in.mu.Unlock()
 		}
-		l.mu.Unlock()
 		if len(copies) > 0 { // the agent withdrew it: from every client, after their copy
 			in.sess.fan.Lock()
 			for _, cp := range copies {
@@ -519,7 +518,7 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 		log.Info("agent request refused by policy", "method", m.Method, "err", err)
 		r.refuse(m, jsonrpc.CodeMethodNotFound, err.Error())
 		if m.Method == acp.RequestPermission && rc.sess != nil {
-			rc.sess.permissionRefused(m.Raw)
+			rc.sess.events().permissionRefused(m.Raw)
 		}
 		return nil, false
 	}
@@ -546,27 +545,20 @@ func (r *agentReader) gate(m *jsonrpc.Message, rc recipient) (edits []jsonrpc.Ed
 // agent gets the decision, the session's members hear how it was settled,
 // and no client is asked. false: no decider decided.
 func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Edit) bool {
-	dec := r.l.ag.dec
-	if len(dec) == 0 {
+	if !r.l.ag.dec.DecidesPermissions() {
 		return false
 	}
 	es := slices.Clone(edits)
 	jsonrpc.SortEdits(es)
 	view := pathrewrite.ScrubHostRoot(s.ten.mapper.Load(), jsonrpc.Splice(nil, m.Raw, es)) // as clients would see it
-	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
-	d, ok := dec.Permission(asked)
+	d, ok := s.events().permissionDecided(view)
 	if !ok {
 		return false
 	}
-	s.emit(asked) // the audit trail records what was asked before how it was settled
 	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
-	r.l.p.SendCtrl(append(jsonrpc.AppendResult(nil, m.ID, result), '\n'))
-	s.emit(&observe.Event{Kind: observe.PermissionResolved, Turn: s.curTurn(), Msg: view, By: d.By, Rule: d.Rule, Outcome: d.Outcome})
-	if s.audience() { // members, and an owner that asked, hear who decided
-		if body := multiclient.ByPolicy(s.resolution(view, nil, d.Outcome), d.Rule, d.Decide); body != nil {
-			s.toMembers(body, nil)
-		}
-	}
+	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now(), sess: s, msg: view}
+	in.settle(settlement{by: d.By, line: append(jsonrpc.AppendResult(nil, m.ID, result), '\n'),
+		outcome: d.Outcome, rule: d.Rule, decide: d.Decide})
 	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By, "rule", d.Rule)
 	return true
 }
@@ -610,11 +602,15 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	edits = append(edits, jsonrpc.Edit{Start: m.IDPos[0], End: m.IDPos[1], Repl: strconv.AppendInt(nil, connID, 10)})
 	out := r.splice(m, conn, edits)
 	kept := append([]byte(nil), out...) // a take-over sends it again
-	l.mu.Lock()
+	if m.Method == acp.RequestPermission && rc.sess != nil {
+		// Observers hear it was asked before any client can answer it.
+		rc.sess.events().permissionRequested(conn, kept)
+	}
+	in.mu.Lock()
 	in.msg = kept
 	to := in.pendingTo
 	in.pendingTo = nil
-	l.mu.Unlock()
+	in.mu.Unlock()
 	var owner *Conn
 	if rc.sess != nil {
 		if o := rc.sess.Owner(); o != nil && o != conn {
@@ -624,17 +620,14 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	switch { // taken over meanwhile: the new owner gets it, with an id of its own
 	case to != nil:
 		jsonrpc.PutBuffer(out)
-		to.adopt(in)
+		in.adoptBy(to)
 	case owner != nil:
 		jsonrpc.PutBuffer(out)
-		conn.handOver(in, owner)
+		in.handOver(conn, owner)
 	case rc.sess != nil && rc.sess.parent != nil: // a child's: on its parent's stream
 		conn.deliverFor(out, nil, Facts{ID: strconv.AppendInt(nil, connID, 10), Method: m.Method, SessionID: rc.sess.streamID()}, false)
 	default:
 		conn.deliver(out)
-	}
-	if m.Method == acp.RequestPermission && rc.sess != nil {
-		rc.sess.permissionRequested(conn, kept)
 	}
 	if rc.sess != nil && (m.Method == acp.RequestPermission || m.Method == acp.ElicitationCreate) {
 		// Every other client of the session that may answer gets it too.
@@ -686,5 +679,6 @@ func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
 		return
 	}
 	r.l.p.Log().Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
-	r.l.answerForClient(m.ID, m.Method, jsonrpc.CodeRequestCancelled, "no client to answer: "+why)
+	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now()}
+	in.settle(inPlace(byNoRecipient, jsonrpc.CodeRequestCancelled, "no client to answer: "+why))
 }

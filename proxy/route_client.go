@@ -28,7 +28,7 @@ var errAnswered = errors.New("answered by the gateway")
 
 // routed is where a client message goes and what handling it took.
 type routed struct {
-	link *procLink
+	link *procSide
 	sess *Session // the session the message is about, if any
 	h    *hold
 }
@@ -55,21 +55,18 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		c.replyError(m.ID, jsonrpc.CodeInvalidRequest, "request id "+truncate(string(m.ID), 64)+" is already in flight", nil)
 		return
 	}
-	span := cr.startSpan(m)
+	span := cr.startSpan(m) // ended once: by the outReq that carries it, else by endRequestSpan
 	cr.rspan = span
-	defer func() { cr.rspan, cr.rlog = nil, nil }()
+	defer cr.endRequestSpan()
 	switch m.Method {
 	case acp.SessionAttach:
 		cr.handleAttach(m)
-		tracing.AnsweredByGateway(span)
 		return
 	case acp.SessionDetach:
 		cr.handleDetach(m)
-		tracing.AnsweredByGateway(span)
 		return
 	}
 	if cr.readOnlyWrite(m) || !cr.checkPolicy(m) {
-		tracing.AnsweredByGateway(span)
 		return
 	}
 	if m.Method == acp.SessionStatus {
@@ -83,15 +80,13 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		c.denied("path_outside_root", m.Method)
 		cr.reqLog().Info("refused a path outside the tenant root", "method", m.Method, "err", pathErr)
 		if isReq {
-			tracing.Fail(span, jsonrpc.CodeInvalidParams, pathErr.Error())
-			c.replyError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
+			cr.answerError(m.ID, jsonrpc.CodeInvalidParams, pathErr.Error(), nil)
 		}
 		return
 	}
 	// _meta keeps only what policy.meta allows (a malformed one is refused).
 	edits, ok := cr.stripMeta(m, edits)
 	if !ok {
-		tracing.AnsweredByGateway(span)
 		return
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
@@ -102,13 +97,11 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 	rt, edits, err := cr.route(ctx, m, edits)
 	switch {
 	case errors.Is(err, errAnswered):
-		tracing.AnsweredByGateway(span)
 		return
 	case err != nil:
 		cr.reqLog().Warn("no agent for request", "method", m.Method, "err", err)
 		if isReq {
-			tracing.Fail(span, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err))
-			c.replyError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err), nil)
+			cr.answerError(m.ID, jsonrpc.CodeInternalError, "no agent available: "+pool.ClientReason(err), nil)
 		}
 		return
 	}
@@ -239,7 +232,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 		if c.gatesSessions() { // before the client can name it
 			h.gate(h.attach)
 		}
-		c.attach(h.attach)
+		c.index(h.attach)
 	}
 	return &routed{link: l, sess: sess, h: h}, nil
 }
@@ -308,9 +301,9 @@ func (cr *clientReader) routeHome(ctx context.Context) (*routed, error) {
 // it only has to forget it here.
 func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
 	c := cr.c
-	c.detach(sess)
+	c.forget(sess)
 	if sess.isLost() { // an ended one was told already
-		sess.sessionEvent(c, observe.SessionClosed, "")
+		sess.events().sessionEvent(c, observe.SessionClosed, "")
 	}
 	if m.Kind == jsonrpc.KindRequest {
 		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
@@ -326,8 +319,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 		if rt.sess != nil && m.Method == acp.SessionPrompt {
 			if refusal := c.refusePrompt(rt.sess, nil, m.Payload); refusal != nil { // never reaches the agent
 				rt.h.release()
-				tracing.Fail(span, refusal.Code, refusal.Message)
-				c.replyError(m.ID, refusal.Code, refusal.Message, refusal.Data)
+				cr.answerError(m.ID, refusal.Code, refusal.Message, refusal.Data)
 				return
 			}
 		}
@@ -352,7 +344,7 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 		return // waits for another client's turn, or refused
 	}
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !req.retry {
-		rt.sess.turnStarted(req, nil, m.Payload)
+		rt.sess.events().turnStarted(req, nil, m.Payload)
 	}
 	c.ag.metrics.Message(metrics.ClientToAgent, m.Method, len(out))
 	err := rt.link.p.Send(ctx, out)
@@ -382,14 +374,14 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 	var ok bool
 	if rt.h.request, ok = rt.link.p.HoldRequest(); !ok || !rt.link.track(req) {
 		rt.h.release()
-		tracing.Fail(span, jsonrpc.CodeInternalError, "the agent process exited")
-		c.replyError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
+		cr.answerError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 		return nil
 	}
+	cr.rcarried = true                          // req ends the span now (outReq.end)
 	if !c.reqs.TrackClient(req.clientID, req) { // the connection closed meanwhile
 		if rt.link.untrack(req) {
 			req.hold.release()
-			tracing.AnsweredByGateway(span)
+			cr.rcarried = false // never sent: the gateway answered it
 		}
 		return nil
 	}
@@ -445,7 +437,7 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 		}
 		return false
 	case !now:
-		c.relay.metrics.PromptsQueued.Inc()
+		s.events().promptsQueued(1)
 		cr.reqLog().Debug("prompt waits for another client's turn", "session", s.GatewayID)
 		return false
 	}
@@ -501,7 +493,7 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 	}
 	if !t.Prompt.retry { // a retry's turn is its first sending's
 		s.announcePrompt(c, blocks)
-		s.turnStarted(t.Prompt, blocks, nil)
+		s.events().turnStarted(t.Prompt, blocks, nil)
 	}
 	s.link.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)

@@ -33,7 +33,7 @@ type Session struct {
 	quotedID  []byte    // GatewayID as a JSON string, spliced into every update
 	AgentID   string    // the agent's own ID
 	cwd       string    // its cwd as the client asked for it (the fs stand-in's root without a tenant root)
-	link      *procLink // the process that serves it
+	link      *procSide // the process that serves it
 	ten       *tenant   // whose session quota it counts against
 	info      *observe.Session
 
@@ -93,7 +93,7 @@ type Session struct {
 // newSession makes a session of the link's process owned by c, holding
 // slot: id is the agent's session and the subject it belongs to, gwID the
 // ID the client named it by ("": a new session, sealed now).
-func newSession(l *procLink, c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
+func newSession(l *procSide, c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
 	if gwID == "" {
 		gwID = c.relay.sealer.Seal(c.scope, id.Subject, id.Agent)
 	}
@@ -189,7 +189,7 @@ func (s *Session) unheld(log *slog.Logger) {
 // agent session loses it, and is told: the newest load wins (the load has
 // passed access.Decide). A create goes through addCreated, which never
 // replaces a holder.
-func (l *procLink) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
+func (l *procSide) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
 	c.relay.owners.Note(c.scope, id.Agent, id.Subject) // for session/list
 	s := newSession(l, c, id, gwID, cwd, slot)
 	slot.Commit()
@@ -209,7 +209,7 @@ func (l *procLink) addSession(c *Conn, id sessionid.Opened, gwID, cwd string, sl
 // tenant's where tenants share processes), or one recorded as made by
 // another subject (access.Owners). Then nothing is registered, nobody is
 // disturbed, and known says which it was.
-func (l *procLink) addCreated(c *Conn, sid, cwd string, h *hold) (s *Session, known string) {
+func (l *procSide) addCreated(c *Conn, sid, cwd string, h *hold) (s *Session, known string) {
 	if known := l.knownElsewhere(c, sid); known != "" {
 		return nil, known
 	}
@@ -232,7 +232,7 @@ func (l *procLink) addCreated(c *Conn, sid, cwd string, h *hold) (s *Session, kn
 // knows beyond this process ("": it is not): recorded as made by another
 // subject than c's, or live on another process of the agent for c's tenant
 // (any tenant's where tenants share processes).
-func (l *procLink) knownElsewhere(c *Conn, sid string) string {
+func (l *procSide) knownElsewhere(c *Conn, sid string) string {
 	if owner := c.relay.owners.Of(c.scope, sid); owner != "" && owner != c.subject {
 		return "made by another subject"
 	}
@@ -250,7 +250,7 @@ func (l *procLink) knownElsewhere(c *Conn, sid string) string {
 // removeSession forgets s (it has ended) and reports whether it was still
 // the process's session of its ID (not replaced by a newer load of the same
 // agent session, which the agent must keep).
-func (l *procLink) removeSession(s *Session) bool {
+func (l *procSide) removeSession(s *Session) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.deleteSessionLocked(s)

@@ -41,7 +41,7 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 		turn = "ended"
 	}
 	if turn == "idle" {
-		c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
+		s.events().takenOver(c, turn)
 		return false // the agent replays it; addSession moves the owner
 	}
 	meta := map[string]any{"turn": turn}
@@ -52,21 +52,21 @@ func (cr *clientReader) takeOver(m *jsonrpc.Message, agentSID string) bool {
 	if !cr.moveSession(s, owner, jsonrpc.AppendResult(nil, m.ID, result)) {
 		return false
 	}
-	c.attach(s) // before the owner lets go: the session keeps its tenant slot
+	c.index(s) // before the owner lets go: the session keeps its tenant slot
 	notice, f := s.endedNotice("taken over by another client")
 	owner.deliverMember(notice, s, f, false) // kept for when it resumes
-	owner.detach(s)
+	owner.forget(s)
 	for _, k := range s.childList() { // its children follow it
 		if k.moveOwner(owner, c) {
-			c.attach(k)
-			owner.detach(k)
+			c.index(k)
+			owner.forget(k)
 		}
 	}
-	s.sessionEvent(c, observe.SessionLoaded, "")
-	for _, in := range owner.takeRequestsOf(s) {
-		c.adopt(in)
+	s.events().sessionEvent(c, observe.SessionLoaded, "")
+	for _, in := range s.inbound.List() { // the agent's requests waiting for owner are c's
+		in.handOver(owner, c)
 	}
-	c.relay.metrics.Takeovers.WithLabelValues(turn).Inc()
+	s.events().takenOver(c, turn)
 	cr.reqLog().Info("took a session over from a detached connection", "from_conn", owner.id, "turn", turn)
 	if owner.subject == c.subject { // another subject's is kept, to be told when it resumes
 		owner.endIfEmpty()
@@ -163,55 +163,6 @@ func (ag *agent) heldByTenant(sid, tenant string) bool {
 	}
 	owner := s.Owner()
 	return owner != nil && owner.tenant == tenant
-}
-
-// takeRequestsOf removes and returns the agent requests about s waiting
-// for c.
-func (c *Conn) takeRequestsOf(s *Session) []*inReq {
-	ins := s.inbound.List()
-	out := ins[:0]
-	for _, in := range ins {
-		if _, id := in.route(); c.reqs.TakeIfOurs(id, in) {
-			out = append(out, in)
-		}
-	}
-	return out
-}
-
-// handOver passes in, an agent request that reached c after a take-over
-// moved its session to owner, to the new owner, unless the take-over has
-// taken it from c already (then that take-over sends it).
-func (c *Conn) handOver(in *inReq, owner *Conn) {
-	_, id := in.route()
-	if c.reqs.TakeIfOurs(id, in) {
-		owner.adopt(in)
-	}
-}
-
-// adopt makes in, an agent request taken over from another connection,
-// c's: it gets an id of c's and is sent again.
-func (c *Conn) adopt(in *inReq) {
-	in.link.mu.Lock()
-	msg := in.msg
-	if msg == nil {
-		// The agent reader has not sent it yet: it adopts it here once it
-		// has (see agentReader.handleCall).
-		in.pendingTo = c
-	}
-	in.link.mu.Unlock()
-	if msg == nil {
-		return
-	}
-	id, ok := c.reqs.AddAgent(in)
-	if !ok {
-		return
-	}
-	in.link.mu.Lock()
-	in.conn, in.connID = c, id
-	in.link.mu.Unlock()
-	if out := acp.WithID(msg, id); out != nil && !in.answered.Load() {
-		c.deliver(out)
-	}
 }
 
 // promptEnded notes the end of a prompt turn of req.sess, answered by m:

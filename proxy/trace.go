@@ -34,6 +34,16 @@ func (cr *clientReader) startSpan(m *jsonrpc.Message) trace.Span {
 		ID: string(m.ID), Tenant: c.tenant, Agent: c.ag.name, Transport: c.transport})
 }
 
+// endRequestSpan ends the span of the request in hand (handleCall) unless
+// an outReq carries it (its end ends it): the gateway answered the request
+// itself (with an error, answerError recorded it on the span).
+func (cr *clientReader) endRequestSpan() {
+	if !cr.rcarried {
+		tracing.AnsweredByGateway(cr.rspan)
+	}
+	cr.rspan, cr.rlog, cr.rcarried = nil, nil, false
+}
+
 // routedSpan adds what routing chose to a request's span.
 func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Message) {
 	if span == nil {
@@ -51,6 +61,21 @@ func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Messa
 	} else if f, ok := m.FieldOf(jsonrpc.FieldSessionID, -1); ok {
 		id, _ := m.String(f)
 		cr.spanSessionID(span, id)
+	}
+}
+
+// answerSpan records the agent's answer m on the request's span: an
+// error, the session a request created (nil: none).
+func (r *outReq) answerSpan(m *jsonrpc.Message, created *Session) {
+	if r.span == nil {
+		return
+	}
+	r.answered = true
+	if m.IsError {
+		tracing.Answer(r.span, m.Payload)
+	}
+	if created != nil {
+		tracing.Set(r.span, tracing.AttrSession, created.GatewayID)
 	}
 }
 

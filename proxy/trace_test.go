@@ -618,3 +618,53 @@ func TestTraceV2TurnEndsAtIdle(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Every client request's span ends, whichever way the request ends:
+// answered by the agent, by the gateway (an attach refused, an unknown
+// session, a malformed attach), or the initialize the gateway answers
+// itself. Those the gateway answers say so.
+func TestRequestSpansEndOnce(t *testing.T) {
+	r, rec := tracedRelay(t, true)
+	c := newTestConn(t, r, "a")
+	c.init(`{}`)
+	sid := c.newSession("1")
+	for i, req := range []string{
+		`{"jsonrpc":"2.0","id":2,"method":"session/attach","params":{"sessionId":"nope"}}`,
+		`{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"nope","prompt":[]}}`,
+		`{"jsonrpc":"2.0","id":4,"method":"session/attach","params":{}}`,
+		`{"jsonrpc":"2.0","id":5,"method":"_demo/fail","params":{"sessionId":"` + sid + `"}}`, // the agent's error
+	} {
+		c.send(req)
+		if m := c.await(strconv.Itoa(i+2), nil); m.Error == nil {
+			t.Fatalf("%s: answered %s, want an error", req, m.raw)
+		}
+	}
+	waitFor(t, "the spans to end", func() bool { return len(requestSpans(rec.Ended())) >= 6 })
+	started, ended := requestSpans(rec.Started()), requestSpans(rec.Ended())
+	if len(started) != 6 || len(ended) != 6 {
+		t.Fatalf("%d request spans started, %d ended; want 6 and 6", len(started), len(ended))
+	}
+	byGateway := 0
+	for _, s := range ended {
+		for _, a := range s.Attributes() {
+			if string(a.Key) == tracing.AttrOutcome && a.Value.AsString() == "answered_by_gateway" {
+				byGateway++
+			}
+		}
+	}
+	if byGateway != 4 { // initialize and the three refused
+		t.Fatalf("%d spans answered by the gateway, want 4", byGateway)
+	}
+}
+
+// requestSpans are the client requests' spans among spans (the server
+// kind: an agent request's is the client kind, a turn's waits internal).
+func requestSpans[S interface{ SpanKind() trace.SpanKind }](spans []S) []S {
+	var out []S
+	for _, s := range spans {
+		if s.SpanKind() == trace.SpanKindServer {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -30,7 +30,8 @@ func (h *hold) replaying(s *Session) {
 // cumulative cost is reported to observers (observe.CostReported), a report
 // that fails the checks counts nothing (observe.UsageRejected). e is the
 // caller's event, reused.
-func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
+func (ev sessionEvents) meterCost(m *jsonrpc.Message, e *observe.Event) {
+	s := ev.s
 	var p struct {
 		Update struct {
 			Cost json.RawMessage `json:"cost"`
@@ -47,25 +48,22 @@ func (s *Session) meterCost(m *jsonrpc.Message, e *observe.Event) {
 	}
 	if reject != "" {
 		s.link.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
-		*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reject}
-		s.link.ag.obs.Observe(e)
+		ev.usageRejected(e, reject)
 	}
 	if b.Live {
 		// Every live report, even one this meter counts as nothing (a
 		// loaded session's first, a decrease): a budget counts it against
 		// the value it keeps for the session, whichever process loaded it.
-		*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(label), Unit: label,
-			Amount: inc, Total: amount, First: b.First, From: b.From}
-		s.link.ag.obs.Observe(e)
+		ev.costReported(e, label, inc, amount, b)
 	}
 }
 
 // turnTokens reads a PromptResponse's usage: the token counts that pass
 // the checks, by kind label; each failing one is reported rejected.
-func (s *Session) turnTokens(raw []byte) map[string]int64 {
+func (ev sessionEvents) turnTokens(raw []byte) map[string]int64 {
 	tokens, rejects := usage.ParseTokens(raw)
 	for _, reject := range rejects {
-		s.emit(&observe.Event{Kind: observe.UsageRejected, Reason: reject})
+		ev.usageRejected(nil, reject)
 	}
 	return tokens
 }
@@ -82,9 +80,9 @@ func (r *agentReader) lateAnswer(id int64, m *jsonrpc.Message) bool {
 		return true
 	}
 	if f, ok := acp.Tagged(m, acp.LabelUsage); ok {
-		if tokens := s.turnTokens(m.Bytes(f)); len(tokens) > 0 {
+		if tokens := s.events().turnTokens(m.Bytes(f)); len(tokens) > 0 {
 			s.meter.NoteTokens(tokens)
-			s.emit(&observe.Event{Kind: observe.TokensReported, Tokens: tokens})
+			s.events().tokensReported(tokens)
 		}
 	}
 	r.l.p.Log().Debug("a prompt answered after the gateway ended its turn; its usage counted", "session", s.GatewayID)

@@ -23,7 +23,7 @@ import (
 // (outReq.fail).
 
 // speaksV2 reports whether the process answered initialize with ACP v2.
-func (l *procLink) speaksV2() bool { return l.p.Init().Version >= 2 }
+func (l *procSide) speaksV2() bool { return l.p.Init().Version >= 2 }
 
 // acknowledge marks the prompt the answer m (agent-side id) is for as
 // acknowledged, when m is a v2 acknowledgement: a success without
@@ -31,7 +31,7 @@ func (l *procLink) speaksV2() bool { return l.p.Init().Version >= 2 }
 // (nil: m is not one, or it is a retry's: see noteKey). late: a retry
 // the agent answered with a new messageId, so ran again: its turn starts
 // now.
-func (l *procLink) acknowledge(id int64, m *jsonrpc.Message) (req *outReq, late bool) {
+func (l *procSide) acknowledge(id int64, m *jsonrpc.Message) (req *outReq, late bool) {
 	if m.IsError || !l.speaksV2() {
 		return nil, false
 	}
@@ -67,7 +67,7 @@ func (l *procLink) acknowledge(id int64, m *jsonrpc.Message) (req *outReq, late 
 // dedupes by key, answers it with the first sending's messageId and runs
 // no second turn, so neither does the gateway: the retry is forwarded as
 // sent and its answer ends it, while the turn stays the first sending's.
-func (l *procLink) noteKey(req *outReq, key string) {
+func (l *procSide) noteKey(req *outReq, key string) {
 	if key == "" {
 		return
 	}
@@ -131,8 +131,8 @@ func (r *agentReader) deliverAck(m *jsonrpc.Message, req *outReq) {
 
 // takeAcked takes s's acknowledged prompts out of the table: the idle
 // update ends them. Each counts as running until that update is in its
-// client's queue (procLink.answered).
-func (l *procLink) takeAcked(s *Session) []*outReq {
+// client's queue (procSide.answered).
+func (l *procSide) takeAcked(s *Session) []*outReq {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []*outReq

@@ -46,6 +46,17 @@ func (am *Agent) Observe(e *observe.Event) {
 		if outcome := resolutionLabel(e.By, e.Outcome); outcome != "" {
 			am.root.PermissionResolutions.WithLabelValues(outcome).Inc()
 		}
+	case observe.SessionAttached:
+		am.root.Attaches.WithLabelValues("ok").Inc()
+		am.root.AttachedClients.Inc()
+	case observe.SessionDetached:
+		am.root.AttachedClients.Dec()
+	case observe.AttachRefused:
+		am.root.Attaches.WithLabelValues(e.Reason).Inc()
+	case observe.TakenOver:
+		am.root.Takeovers.WithLabelValues(e.Reason).Inc()
+	case observe.PromptsQueued:
+		am.root.PromptsQueued.Add(float64(e.Count))
 	}
 }
 

@@ -1,10 +1,31 @@
 // Package observe is the one point where what watches a session (metrics,
 // the audit trail, tracing) and what decides for it (budgets, permission
 // rules) plug into the relay. The session and its turn feed an Observer
-// every event of their life and ask a Decider before a prompt goes to the
-// agent and before an agent's permission request goes to the clients. The
-// relay knows them by these interfaces only; none of them is called with a
-// relay lock held.
+// every event of their life and ask a PromptDecider before a prompt goes to
+// the agent and a PermissionDecider before an agent's permission request
+// goes to the clients. The relay knows them by these interfaces only, and a
+// plug-in that acts on the relay is handed a Control when it is made
+// (Provisioner).
+//
+// # Where they are called
+//
+// On the goroutine where the event happens (the agent's reader, a client's
+// handler, a worker, the pool's maintainer, a connection's Close), with no
+// relay lock held but two:
+//
+//   - a client's handler lock (proxy's Conn.handleMu) for what a client's
+//     message does: its prompt started or queued, an attach, detach or
+//     take-over, its answer to a permission request, a file it served. An
+//     Observer there holds up only that client's next message.
+//     PromptDecider.Prompt is always asked there.
+//   - a shared session's fan lock (Session.fan) for PermissionRequested:
+//     the request goes to the session's clients under it, and observers
+//     hear of it before any client can answer. An Observer there holds up
+//     the session's other messages.
+//
+// PermissionDecider.Permission is asked on the agent's reader with no lock
+// held. Observe must not block nor call back into the relay; nor may a
+// decider call Control.
 package observe
 
 import (
@@ -55,11 +76,14 @@ const (
 	UsageRejected                       // Reason: why an agent's usage report counts nothing
 	TurnEnded                           // Turn; StopReason ("error": no answer); Duration; Tokens and Cost: the turn's
 	PermissionRequested                 // Msg: the request as a client is sent it
-	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", or a decider's; Rule (a decider's); Outcome
+	PermissionResolved                  // Msg; By: "client", "policy", "timeout", "disconnect", "admin", "agent_exited", or a decider's; Rule (a decider's); Outcome
 	FileServed                          // Method; Path (as the tenant sees it); Bytes; By: "client" or "gateway"
 	SessionAttached                     // Client: the one that attached (session/attach answered); ClientID, ReadOnly, History
 	SessionDetached                     // Client: an attached one that left (session/detach, or its connection ended); ClientID, ReadOnly
 	TokensReported                      // Tokens: what a turn's answer reported after the gateway had ended the turn (timed out, cancelled in the agent's place)
+	AttachRefused                       // Client: the one that asked; Reason: not_found, refused, full or invalid (Session: only the tenant and agent when it names no live session)
+	TakenOver                           // Client: the one that took the session over from a detached connection; Reason: the turn it found: running, ended or idle
+	PromptsQueued                       // Count: prompts that began (> 0) or stopped (< 0) waiting for another client's turn
 )
 
 // SessionName is what happened to the session, for a session event:
@@ -110,6 +134,7 @@ type Event struct {
 	ClientID   string // an attached client's ID in the session
 	ReadOnly   bool   // the attached client may only watch
 	History    string // the history policy it attached with: "full", "pending_only" or "none"
+	Count      int    // PromptsQueued: how many
 }
 
 // Observer watches sessions. Observe runs on the session's hot paths (the
@@ -134,17 +159,43 @@ type Decision struct {
 	Decide  string // what the rule says: "allow" or "deny" ("": no rule)
 }
 
-// Decider decides for sessions, before the clients are asked.
-type Decider interface {
-	// Prompt is asked before a prompt (e: TurnStarted, Turn nil) goes to
-	// the agent, or waits for its turn: a Refusal answers it instead.
+// PromptDecider is asked before a prompt (e: TurnStarted, Turn nil) goes
+// to the agent, or waits for its turn: a Refusal answers it instead.
+type PromptDecider interface {
 	Prompt(e *Event) *Refusal
-	// Permission is asked before an agent's permission request (e:
-	// PermissionRequested, Msg as a client would be sent it: its paths the
-	// tenant's, the host root scrubbed from its text) goes to the clients:
-	// ok answers the agent with d, no client is asked, and observers get e
-	// then PermissionResolved.
+}
+
+// PermissionDecider is asked before an agent's permission request (e:
+// PermissionRequested, Msg as a client would be sent it: its paths the
+// tenant's, the host root scrubbed from its text) goes to the clients: ok
+// answers the agent with d, no client is asked, and observers get e then
+// PermissionResolved.
+type PermissionDecider interface {
 	Permission(e *Event) (d Decision, ok bool)
+}
+
+// Decider is a plug-in that decides for sessions before the clients are
+// asked: a PromptDecider, a PermissionDecider or both. The relay asks each
+// only what it implements; one that is neither is never asked.
+type Decider any
+
+// Control is what a plug-in may ask of the relay it is registered with. Its
+// methods never wait for an agent or a client, and may be called from any
+// goroutine, but not from Observe (nothing calls back into the relay
+// there).
+type Control interface {
+	// CancelTurn cancels the running turn of the session its clients see
+	// as session: its client's answer carries why (JSON) under
+	// _meta.acpgate.<key>. It reports whether a turn was running and not
+	// already being cancelled.
+	CancelTurn(session, key string, why []byte) bool
+}
+
+// Provisioner is a plug-in (an Observer or a Decider) that acts on the
+// relay: Provision hands it the relay's Control once, when the relay is
+// made, before any event and before any question.
+type Provisioner interface {
+	Provision(ctl Control)
 }
 
 // Selective is an Observer that takes only some kinds of events; one that
@@ -193,12 +244,37 @@ func (s *Set) Observe(e *Event) {
 	}
 }
 
-// Deciders is many deciders as one: the first refusal or decision wins.
-type Deciders []Decider
+// Deciders is many deciders as one, each asked only what it decides, in
+// order: the first refusal or decision wins. The zero Deciders decides
+// nothing.
+type Deciders struct {
+	prompt     []PromptDecider
+	permission []PermissionDecider
+}
 
-// Prompt asks each in order until one refuses.
-func (ds Deciders) Prompt(e *Event) *Refusal {
+// NewDeciders makes a Deciders of ds (nil ones left out).
+func NewDeciders(ds ...Decider) Deciders {
+	var out Deciders
 	for _, d := range ds {
+		if p, ok := d.(PromptDecider); ok && p != nil {
+			out.prompt = append(out.prompt, p)
+		}
+		if p, ok := d.(PermissionDecider); ok && p != nil {
+			out.permission = append(out.permission, p)
+		}
+	}
+	return out
+}
+
+// DecidesPrompts and DecidesPermissions report whether some decider
+// decides prompts, or permission requests: a caller may skip building
+// the event.
+func (ds Deciders) DecidesPrompts() bool     { return len(ds.prompt) > 0 }
+func (ds Deciders) DecidesPermissions() bool { return len(ds.permission) > 0 }
+
+// Prompt asks each PromptDecider in order until one refuses.
+func (ds Deciders) Prompt(e *Event) *Refusal {
+	for _, d := range ds.prompt {
 		if r := d.Prompt(e); r != nil {
 			return r
 		}
@@ -206,9 +282,9 @@ func (ds Deciders) Prompt(e *Event) *Refusal {
 	return nil
 }
 
-// Permission asks each in order until one decides.
+// Permission asks each PermissionDecider in order until one decides.
 func (ds Deciders) Permission(e *Event) (Decision, bool) {
-	for _, d := range ds {
+	for _, d := range ds.permission {
 		if dec, ok := d.Permission(e); ok {
 			return dec, true
 		}

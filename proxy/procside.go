@@ -10,16 +10,17 @@ import (
 	"time"
 
 	"github.com/acpgate/acpgate/proxy/acp"
+	"github.com/acpgate/acpgate/proxy/inflight"
 	"github.com/acpgate/acpgate/proxy/jsonrpc"
 	"github.com/acpgate/acpgate/proxy/observe/tracing"
 	"github.com/acpgate/acpgate/proxy/pool"
 )
 
-// procLink is the relay's side of one agent process: the routes of the
+// procSide is the relay's side of one agent process: the routes of the
 // messages that cross it. The pool calls it (pool.Handler) with the lines
 // the agent writes, once a second to expire what waited too long, and once
 // when the process has exited.
-type procLink struct {
+type procSide struct {
 	// Static after construction.
 	p       *pool.Process
 	ag      *agent
@@ -32,10 +33,13 @@ type procLink struct {
 	// copy-on-write map, so the reader finds a session without a lock.
 	// Written under mu.
 	sessions atomic.Pointer[map[string]*Session]
+	// loose are the agent's requests about no session waiting for a
+	// client (request-scoped elicitation); a session's are its own
+	// (Session.inbound). Closed when the process exits.
+	loose inflight.Set[*inReq]
 
 	mu        sync.Mutex
 	pending   map[int64]*outReq // client→agent requests in flight, by agent-side id
-	inbound   map[string]*inReq // agent→client requests in flight, by the agent's raw id
 	answering int               // prompt answers taken from pending, not yet delivered to their client
 	dead      bool              // the process has exited: nothing more is tracked
 	// late are the prompts whose turns the gateway ended without the
@@ -51,8 +55,8 @@ const maxLate = 256
 
 // newLink makes the link of a process the agent's pool has just created.
 func (ag *agent) newLink(p *pool.Process) pool.Handler {
-	l := &procLink{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
-		pending: map[int64]*outReq{}, inbound: map[string]*inReq{}}
+	l := &procSide{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
+		pending: map[int64]*outReq{}}
 	empty := map[string]*Session{}
 	l.sessions.Store(&empty)
 	l.reader = newAgentReader(l)
@@ -62,19 +66,19 @@ func (ag *agent) newLink(p *pool.Process) pool.Handler {
 	return l
 }
 
-func (l *procLink) String() string { return l.p.String() }
+func (l *procSide) String() string { return l.p.String() }
 
 // Line routes one line the agent wrote (pool.Handler).
-func (l *procLink) Line(line []byte) { l.reader.handle(line) }
+func (l *procSide) Line(line []byte) { l.reader.handle(line) }
 
 // Tick expires the requests that waited too long either way (pool.Handler).
-func (l *procLink) Tick(now time.Time) {
+func (l *procSide) Tick(now time.Time) {
 	l.expireRequests(now, l.ag.timeouts.Request, l.ag.timeouts.Prompt)
 	l.expireInbound(now, l.ag.timeouts.ClientRequest)
 }
 
 // Exited fails every route through the process (pool.Handler).
-func (l *procLink) Exited(reason error) {
+func (l *procSide) Exited(reason error) {
 	l.failRoutes(reason)
 	l.ag.mu.Lock()
 	delete(l.ag.links, l.p)
@@ -82,14 +86,14 @@ func (l *procLink) Exited(reason error) {
 }
 
 // session finds the live session of the agent's session ID sid.
-func (l *procLink) session(sid []byte) (s *Session, count int) {
+func (l *procSide) session(sid []byte) (s *Session, count int) {
 	m := *l.sessions.Load()
 	return m[string(sid)], len(m) // no allocation for a map index
 }
 
 // putSessionLocked publishes the session map with sid → s and returns the
 // session it replaced (l.mu held).
-func (l *procLink) putSessionLocked(sid string, s *Session) (replaced *Session) {
+func (l *procSide) putSessionLocked(sid string, s *Session) (replaced *Session) {
 	cur := *l.sessions.Load()
 	next := maps.Clone(cur)
 	next[sid] = s
@@ -99,7 +103,7 @@ func (l *procLink) putSessionLocked(sid string, s *Session) (replaced *Session) 
 
 // deleteSessionLocked publishes the session map without s, if s is still
 // the session of its ID (l.mu held).
-func (l *procLink) deleteSessionLocked(s *Session) bool {
+func (l *procSide) deleteSessionLocked(s *Session) bool {
 	cur := *l.sessions.Load()
 	if cur[s.AgentID] != s {
 		return false
@@ -112,7 +116,7 @@ func (l *procLink) deleteSessionLocked(s *Session) bool {
 
 // track registers a client request the process is about to receive and
 // assigns its agent-side id; false once the process has exited.
-func (l *procLink) track(r *outReq) bool {
+func (l *procSide) track(r *outReq) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead {
@@ -126,14 +130,14 @@ func (l *procLink) track(r *outReq) bool {
 // untrack removes r if it is still in flight, nobody to be answered; false
 // if someone else took it (answered, expired, or failed by the agent's
 // death).
-func (l *procLink) untrack(r *outReq) bool { return l.remove(r, false) }
+func (l *procSide) untrack(r *outReq) bool { return l.remove(r, false) }
 
 // take removes r if it is still in flight, for the gateway to answer it
 // (outReq.fail); false if someone else took it. A client's prompt counts
 // as running until that answer is queued.
-func (l *procLink) take(r *outReq) bool { return l.remove(r, true) }
+func (l *procSide) take(r *outReq) bool { return l.remove(r, true) }
 
-func (l *procLink) remove(r *outReq, answer bool) bool {
+func (l *procSide) remove(r *outReq, answer bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.pending[r.agentID] != r {
@@ -149,7 +153,7 @@ func (l *procLink) remove(r *outReq, answer bool) bool {
 // answeringLocked counts r, a request taken for the gateway to answer, as
 // running until its answer is queued if it is a client's prompt (l.mu
 // held).
-func (l *procLink) answeringLocked(r *outReq) {
+func (l *procSide) answeringLocked(r *outReq) {
 	if r.method == acp.SessionPrompt && r.conn != nil && r.sess != nil {
 		r.answering = true
 		l.answering++
@@ -158,7 +162,7 @@ func (l *procLink) answeringLocked(r *outReq) {
 
 // isPending reports whether r is still in flight (not answered, expired
 // or failed).
-func (l *procLink) isPending(r *outReq) bool {
+func (l *procSide) isPending(r *outReq) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.pending[r.agentID] == r
@@ -166,7 +170,7 @@ func (l *procLink) isPending(r *outReq) bool {
 
 // restart sets r's start to now: a prompt that waited for another client's
 // turn is timed from when it goes to the agent.
-func (l *procLink) restart(r *outReq) {
+func (l *procSide) restart(r *outReq) {
 	l.mu.Lock()
 	r.start = time.Now()
 	l.mu.Unlock()
@@ -174,7 +178,7 @@ func (l *procLink) restart(r *outReq) {
 
 // fireAndForget sends a request of the gateway's own whose answer nobody
 // waits for.
-func (l *procLink) fireAndForget(method string, params []byte) {
+func (l *procSide) fireAndForget(method string, params []byte) {
 	l.mu.Lock()
 	if l.dead {
 		l.mu.Unlock()
@@ -188,7 +192,7 @@ func (l *procLink) fireAndForget(method string, params []byte) {
 
 // answerForClient answers an agent→client request in the client's place:
 // a permission request is cancelled, anything else gets error code.
-func (l *procLink) answerForClient(agentID []byte, method string, code int, why string) {
+func (l *procSide) answerForClient(agentID []byte, method string, code int, why string) {
 	var out []byte
 	if method == acp.RequestPermission {
 		out = jsonrpc.AppendResult(nil, agentID, []byte(`{"outcome":{"outcome":"cancelled"}}`))
@@ -199,12 +203,15 @@ func (l *procLink) answerForClient(agentID []byte, method string, code int, why 
 }
 
 // failRoutes answers every request still in flight through the dead
-// process and marks its sessions lost.
-func (l *procLink) failRoutes(reason error) {
+// process, marks its sessions lost and settles the agent's requests
+// waiting for a client (agent_exited: nothing is sent to the agent).
+func (l *procSide) failRoutes(reason error) {
+	inbound := l.inbound() // before its sessions end: a lost session forgets them
+	l.loose.Close()
 	l.mu.Lock()
 	l.dead = true
-	pending, inbound := l.pending, l.inbound
-	l.pending, l.inbound = map[int64]*outReq{}, map[string]*inReq{}
+	pending := l.pending
+	l.pending = map[int64]*outReq{}
 	for _, r := range pending {
 		l.answeringLocked(r)
 	}
@@ -222,56 +229,14 @@ func (l *procLink) failRoutes(reason error) {
 		}
 	}
 	for _, in := range inbound {
-		for _, cp := range in.conns(nil) {
-			cp.conn.reqs.ForgetAgent(cp.id)
-		}
-	}
-}
-
-// expireInbound answers, in the client's place, the agent's requests a
-// client has left unanswered for longer than limit: a permission request is
-// cancelled, anything else gets -32603. The client hears nothing more of it;
-// a late answer is dropped.
-func (l *procLink) expireInbound(now time.Time, limit time.Duration) {
-	if limit <= 0 {
-		return
-	}
-	var expired []*inReq
-	l.mu.Lock()
-	for id, in := range l.inbound {
-		if now.Sub(in.start) >= limit && in.claim() {
-			delete(l.inbound, id)
-			expired = append(expired, in)
-		}
-	}
-	l.mu.Unlock()
-	for _, in := range expired {
-		if in.sess != nil {
-			in.sess.inbound.Done(in)
-		}
-		if in.span != nil {
-			tracing.Error(in.span, jsonrpc.CodeInternalError, "the client did not answer in time")
-			in.span.End()
-		}
-		log := l.p.Log()
-		for _, cp := range in.conns(nil) {
-			cp.conn.reqs.ForgetAgent(cp.id)
-			log = cp.conn.log
-		}
-		l.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
-		tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
-			"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
-		if in.method == acp.RequestPermission {
-			in.resolved(nil, []byte(`{"outcome":"cancelled"}`))
-			in.permissionResolved(nil, "timeout", []byte(`{"outcome":"cancelled"}`))
-		}
-		l.answerForClient(in.agentID, in.method, jsonrpc.CodeInternalError,
-			fmt.Sprintf("the client did not answer %s within %s", in.method, limit))
+		st := inPlace(byAgentExited, jsonrpc.CodeInternalError, "the agent process exited")
+		st.silent = true
+		in.settle(st)
 	}
 }
 
 // expireRequests answers the client requests an agent has sat on too long.
-func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.Duration) {
+func (l *procSide) expireRequests(now time.Time, reqTimeout, promptTimeout time.Duration) {
 	var expired []*outReq
 	l.mu.Lock()
 	for id, r := range l.pending {
@@ -305,7 +270,7 @@ func (l *procLink) expireRequests(now time.Time, reqTimeout, promptTimeout time.
 
 // runningPrompts appends the client prompts in flight through the process
 // and counts the prompt answers taken but not yet delivered.
-func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
+func (l *procSide) runningPrompts(running []*outReq) ([]*outReq, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, req := range l.pending {
@@ -319,7 +284,7 @@ func (l *procLink) runningPrompts(running []*outReq) ([]*outReq, int) {
 // expectLateLocked notes r, a prompt whose turn the gateway is ending
 // without the agent's answer: the answer may still come, and its usage
 // counts (agentReader.lateAnswer). Called with l.mu held.
-func (l *procLink) expectLateLocked(r *outReq) {
+func (l *procSide) expectLateLocked(r *outReq) {
 	if r.method != acp.SessionPrompt || r.sess == nil || r.conn == nil || r.began.Load() == 0 {
 		return // not a turn that ran
 	}
@@ -335,7 +300,7 @@ func (l *procLink) expectLateLocked(r *outReq) {
 }
 
 // expectLate is expectLateLocked for a prompt already taken.
-func (l *procLink) expectLate(r *outReq) {
+func (l *procSide) expectLate(r *outReq) {
 	l.mu.Lock()
 	l.expectLateLocked(r)
 	l.mu.Unlock()
@@ -343,7 +308,7 @@ func (l *procLink) expectLate(r *outReq) {
 
 // takeLate is the session of the late prompt answered by id, if the link
 // waits for it (its answer counts once).
-func (l *procLink) takeLate(id int64) *Session {
+func (l *procSide) takeLate(id int64) *Session {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.late[id]
