@@ -226,7 +226,7 @@ func (cr *clientReader) joinSession(m *jsonrpc.Message, s *Session, mem *member,
 	if add { // the others know of c before c can act
 		s.toMembersLocked(multiclient.Presence("client_connected", mem.peer()), c)
 	}
-	c.deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed, asLoad)))
+	c.Deliver(jsonrpc.AppendResult(nil, m.ID, s.attachResult(mem, policy, replayed, trimmed, asLoad)))
 	for _, b := range mem.backlog {
 		c.deliverMember(b.msg, s, b.f, false)
 	}
@@ -297,7 +297,7 @@ func (cr *clientReader) handleDetach(m *jsonrpc.Message) {
 	c.forget(s)
 	if m.Kind == jsonrpc.KindRequest {
 		res, _ := json.Marshal(map[string]string{"sessionId": p.SessionID, "status": "detached"})
-		c.deliver(jsonrpc.AppendResult(nil, m.ID, res))
+		c.Deliver(jsonrpc.AppendResult(nil, m.ID, res))
 	}
 }
 

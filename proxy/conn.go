@@ -173,14 +173,12 @@ func (c *Conn) KeepsSent() bool { return c.keeps }
 // ID returns the connection ID.
 func (c *Conn) ID() string { return c.id }
 
-// deliver sends a message to the client.
-func (c *Conn) deliver(msg []byte) { c.deliverFor(msg, nil, Facts{}, false) }
-
-// Deliver sends the client a message the relay did not route (another
-// replica's, carried by the gateway), numbered and kept as the relay's
-// own are, so that a resume replays it. msg is a pooled buffer
-// (jsonrpc.GetBuffer), owned by the connection from now on.
-func (c *Conn) Deliver(msg []byte) { c.deliver(msg) }
+// Deliver sends the client a message about no session in particular (the
+// relay's own answers; another replica's messages the gateway carries),
+// numbered and kept as every message is, so that a resume replays it. msg
+// is a pooled buffer (jsonrpc.GetBuffer), owned by the connection from now
+// on.
+func (c *Conn) Deliver(msg []byte) { c.deliverFor(msg, nil, Facts{}, false) }
 
 // deliverFor sends a message about session sess (nil: none) to the client;
 // f is what the relay knows of it (FactSink); wait allows backpressure
@@ -219,7 +217,7 @@ func (c *Conn) deliverTo(msg []byte, sess *Session, f Facts, wait, redirect bool
 }
 
 func (c *Conn) replyError(id []byte, code int, msg string, data []byte) {
-	c.deliver(jsonrpc.AppendError(nil, id, code, msg, data))
+	c.Deliver(jsonrpc.AppendError(nil, id, code, msg, data))
 }
 
 // answerError answers the request in hand with an error and records it on
@@ -456,7 +454,7 @@ func (cr *clientReader) handleInitialize(m *jsonrpc.Message) {
 	c.mu.Unlock()
 	c.aware.Store(info.MultiClient)
 	cr.reqLog().Debug("initialized", "protocol_version", init.Version, "cached", home == nil)
-	c.deliver(jsonrpc.AppendResult(nil, m.ID, result))
+	c.Deliver(jsonrpc.AppendResult(nil, m.ID, result))
 }
 
 // HandshakeDone reports whether the client has sent a valid initialize
@@ -588,7 +586,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 	req := c.reqs.Client(m.Bytes(f))
 	if req == nil {
 		if m.Kind == jsonrpc.KindRequest {
-			c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
+			c.Deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		}
 		return // already answered: nothing to cancel
 	}
@@ -600,7 +598,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		// $/cancel_request is a notification; a client that sent it as a
 		// request gets its answer from the gateway, and the agent gets the
 		// notification.
-		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
+		c.Deliver(jsonrpc.AppendResult(nil, m.ID, []byte("null")))
 		params := append(append([]byte(`{"requestId":`), agentID...), '}')
 		out = append(jsonrpc.AppendRequest(nil, nil, acp.CancelRequest, params), '\n')
 	} else {

@@ -161,7 +161,7 @@ func (in *inReq) settle(st settlement) bool {
 		}
 		for _, cp := range copies {
 			cp.conn.reqs.Withdraw(cp.id)
-			cp.conn.deliver(acp.CancelRequestMsg(cp.id))
+			cp.conn.Deliver(acp.CancelRequestMsg(cp.id))
 		}
 		if body != nil {
 			s.toMembersLocked(body, nil)
@@ -294,7 +294,7 @@ func (in *inReq) copyTo(c *Conn) {
 		return
 	}
 	if out := acp.WithID(msg, id); out != nil {
-		c.deliver(out)
+		c.Deliver(out)
 	}
 }
 
@@ -362,7 +362,7 @@ func (in *inReq) adoptBy(c *Conn) {
 		return
 	}
 	if out := acp.WithID(msg, id); out != nil {
-		c.deliver(out)
+		c.Deliver(out)
 	}
 }
 

@@ -286,7 +286,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 		establishes := acp.CreatesSession(req.method) || acp.AttachesSession(req.method)
 		if edits, r.sw, err = s.models.Answer(m, models.ListsOf(c.ten.policy(c.ag.name)), establishes, s.AgentID, edits); err != nil {
 			s.end(endRefused, c)
-			c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil))
+			c.Deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil))
 			return nil, nil, false
 		}
 		r.swSess = s
@@ -305,7 +305,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 	}
 	if !isStr || sid == "" {
 		tracing.WithTrace(r.l.p.Log(), req.span).Warn("agent answered a session-creating request without a sessionId", "method", req.method)
-		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
+		c.Deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
 			"the agent answered "+req.method+" without a sessionId", nil))
 		return jsonrpc.Edit{}, nil, false
 	}
@@ -318,7 +318,7 @@ func (r *agentReader) created(m *jsonrpc.Message, req *outReq) (jsonrpc.Edit, *S
 		// The client is not told which (whose it is, or where it is live).
 		tracing.WithTrace(c.log, req.span).Warn("agent answered a session-creating request with a session the gateway already knows; refused",
 			"method", req.method, "known", known, "agent_session", truncate(sid, 128))
-		c.deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
+		c.Deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInternalError,
 			"session refused: the agent answered "+req.method+" with an existing session; a new session must be new, nothing was created", nil))
 		return jsonrpc.Edit{}, nil, false
 	}
@@ -474,7 +474,7 @@ func (r *agentReader) requestRecipient(m *jsonrpc.Message, f jsonrpc.Field, rc *
 			in.sess.fan.Lock()
 			for _, cp := range copies {
 				cp.conn.reqs.Withdraw(cp.id)
-				cp.conn.deliver(acp.CancelRequestMsg(cp.id))
+				cp.conn.Deliver(acp.CancelRequestMsg(cp.id))
 			}
 			in.sess.fan.Unlock()
 		}
@@ -627,7 +627,7 @@ func (r *agentReader) forwardRequest(m *jsonrpc.Message, rc recipient, edits []j
 	case rc.sess != nil && rc.sess.parent != nil: // a child's: on its parent's stream
 		conn.deliverFor(out, nil, Facts{ID: strconv.AppendInt(nil, connID, 10), Method: m.Method, SessionID: rc.sess.streamID()}, false)
 	default:
-		conn.deliver(out)
+		conn.Deliver(out)
 	}
 	if rc.sess != nil && (m.Method == acp.RequestPermission || m.Method == acp.ElicitationCreate) {
 		// Every other client of the session that may answer gets it too.

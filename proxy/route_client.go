@@ -70,7 +70,7 @@ func (cr *clientReader) handleCallNow(m *jsonrpc.Message) {
 		return
 	}
 	if m.Method == acp.SessionStatus {
-		cr.handleStatus(m)
+		handleStatus(cr, m)
 		tracing.AnsweredByGateway(span)
 		return
 	}
@@ -306,7 +306,7 @@ func (cr *clientReader) closeLost(m *jsonrpc.Message, sess *Session) {
 		sess.events().sessionEvent(c, observe.SessionClosed, "")
 	}
 	if m.Kind == jsonrpc.KindRequest {
-		c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
+		c.Deliver(jsonrpc.AppendResult(nil, m.ID, []byte("{}")))
 	}
 }
 

@@ -22,7 +22,8 @@ const (
 	statusSaved = "saved" // the gateway issued it; a load starts it
 )
 
-// handleStatus answers session/status for a session the gateway issued,
+// handleStatus answers session/status (a function, not a method:
+// clientReader has all the methods the size rule allows) for a session the gateway issued,
 // from its own table and, in a cluster, the owner registry: "open" when
 // it is live here or on another replica, "saved" when its ID opens for
 // this client but it is live nowhere (a load starts it, if its agent
@@ -30,7 +31,7 @@ const (
 // not open for this client (forged, another tenant's or agent's, or
 // another subject's the tenant's sharing hides) gets -32002 as an unknown
 // one does.
-func (cr *clientReader) handleStatus(m *jsonrpc.Message) {
+func handleStatus(cr *clientReader, m *jsonrpc.Message) {
 	if m.Kind != jsonrpc.KindRequest {
 		return
 	}
@@ -53,7 +54,7 @@ func (cr *clientReader) handleStatus(m *jsonrpc.Message) {
 	} else if cl := c.relay.cluster; cl != nil && cl.Elsewhere(c.ten.name, c.ag.name, gwID) != "" {
 		status = statusOpen
 	}
-	c.deliver(jsonrpc.AppendResult(nil, m.ID, []byte(`{"status":"`+status+`"}`)))
+	c.Deliver(jsonrpc.AppendResult(nil, m.ID, []byte(`{"status":"`+status+`"}`)))
 }
 
 // endedByAdminAnywhere reports whether an administrator ended gwID here

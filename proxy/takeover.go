@@ -198,7 +198,7 @@ func promptEndedWith(req *outReq, stop string, errPayload []byte) {
 		params = append(append(params, `,"stopReason":`...), strconv.Quote(stop)...)
 	}
 	params = append(params, '}')
-	owner.deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
+	owner.Deliver(jsonrpc.AppendRequest(nil, nil, methodTurnEnded, params))
 	if owner.subject == req.conn.subject {
 		req.conn.endIfEmpty()
 	}

@@ -84,11 +84,11 @@ type Node struct {
 	draining    bool      // SetDraining: the record says so, and this replica takes nothing new
 	failedAt    time.Time // when a call to the store last failed
 
-	fresh   map[string]struct{} // records held but not yet written (guarded by mu)
+	fresh   map[string]struct{}     // records held but not yet written (guarded by mu)
 	onReset []func(context.Context) // run when the store is found to have lost this replica (OnReset)
-	hooks   sync.WaitGroup           // onReset runs in flight
-	ctx     context.Context          // Start's: ends at Close
-	kick    chan struct{}       // 1-buffered: fresh records wait
+	hooks   sync.WaitGroup          // onReset runs in flight
+	ctx     context.Context         // Start's: ends at Close
+	kick    chan struct{}           // 1-buffered: fresh records wait
 
 	stop context.CancelFunc
 	done chan struct{}
