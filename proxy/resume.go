@@ -193,12 +193,12 @@ func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	// the same critical section as the sink, so nothing falls between.
 	// After a resume whose catch-up the socket did not finish, that is
 	// what it had not been handed yet.
-	sent := c.out.HandedLocked()
+	handed := c.out.HandedLocked()
 	c.out.Unlock()
 	detach := current && !clean && c.token != "" && c.initialized && !c.closed
 	if detach && !c.detached {
 		c.detached = true
-		c.detachSeq = sent
+		c.detachSeq = handed
 		c.detachedAt = time.Now()
 		if c.resuming == 0 {
 			c.armDetachLocked()

@@ -83,17 +83,18 @@ func (f Facts) known() bool { return f.ID != nil || f.Method != "" }
 // Box is everything a connection sends its client, in order and numbered
 // from 1 (the client counts what it receives the same way). While a sink
 // is attached a message is handed to it at once, unless the sink resumed
-// and is still catching up (CatchUp): then it waits its turn, kept. A Box with a limit also
-// keeps the most recent messages, up to limit bytes, each tagged with what
-// it is about (T: the session, for a take-over), so that a client whose
-// socket died can resume from the last message it received, even if
-// messages were in flight when the socket died. A message the client is
-// known to have read (its socket answered a ping sent after it: AckLocked)
-// is not kept any longer, so a live connection keeps only what may still
-// be in flight. While no sink is attached (detached) messages are only
-// kept; one that would have to be dropped before any sink got it is an
-// overflow: the connection must end, since it could no longer be resumed
-// exactly.
+// and is still catching up (CatchUp): then it waits its turn, kept. A Box
+// with a limit also keeps the most recent messages, up to limit bytes,
+// each tagged with what it is about (T: the session, for a take-over), so
+// that a client whose socket died can resume from the last message it
+// received, even if messages were in flight when the socket died. A
+// message the client is known to have read (its socket answered a ping
+// sent after it: AckLocked) is not kept any longer, so a live connection
+// keeps only what may still be in flight. While no sink is attached
+// (detached) messages are only kept; one that would have to be dropped
+// before any sink got it (or, catching up, before the resumed sink got it)
+// is an overflow: the connection must end, since it could no longer be
+// resumed exactly.
 //
 // A kept message is the very buffer the sink was handed, not a copy: the
 // Box is the one owner of a kept buffer, from its delivery until the Box
@@ -320,10 +321,6 @@ func (o *Box[T]) CatchUp(sink Sink) {
 		}
 	}
 }
-
-// CatchingUpLocked reports whether the current sink is still catching up
-// after a resume (CatchUp): deliveries are kept for it, not handed over.
-func (o *Box[T]) CatchingUpLocked() bool { return o.catching }
 
 // SinceLocked returns copies, in new pooled buffers the caller owns, of the
 // kept messages tagged tag numbered after seq.

@@ -224,13 +224,13 @@ func TestOutboxCatchUpQueuesArrivalsBehindReplay(t *testing.T) {
 	}
 	o.Lock()
 	o.ResumeLocked(s2, 2, []byte(greeting))
-	if !o.CatchingUpLocked() {
+	if !o.catching {
 		t.Error("a resumed sink is not catching up")
 	}
 	o.Unlock()
 	o.CatchUp(s2)
 	o.Lock()
-	if o.CatchingUpLocked() {
+	if o.catching {
 		t.Error("still catching up after CatchUp returned")
 	}
 	o.Unlock()
@@ -263,14 +263,14 @@ func TestOutboxCatchUpStopsWhenSinkRefuses(t *testing.T) {
 	o.Deliver(msgN(7), nil, false)
 	o.Lock()
 	defer o.Unlock()
-	if !o.CatchingUpLocked() || len(s.got) != 3 {
+	if !o.catching || len(s.got) != 3 {
 		t.Fatal("a delivery reached a socket that refused its catch-up")
 	}
 	if h := o.HandedLocked(); h != 3 { // 1, 2, and the 3rd it refused
 		t.Errorf("handed %d, want 3", h)
 	}
 	o.DetachLocked()
-	if o.CatchingUpLocked() || !o.CanResumeLocked(2) {
+	if o.catching || !o.CanResumeLocked(2) {
 		t.Error("after the detach the box must be resumable from what the socket got")
 	}
 }
