@@ -276,7 +276,8 @@ const stallTimeout = time.Second
 // progress (the client reads as fast as the gateway can send) is waited
 // on instead, until they make none for stallTimeout; the relay asks for
 // that only when no other client shares the agent process, whose output is
-// held up meanwhile.
+// held up meanwhile, and for a resumed socket's replay, which holds up
+// nothing else (proxy.Conn.Resume).
 func (l *link) Send(msg []byte, wait bool) bool { return l.send(msg, nil, wait) }
 
 // msgFacts is what routing needs of a message: its raw id, its method and

@@ -85,7 +85,7 @@ func (s *Server) handleACP(w http.ResponseWriter, r *http.Request) {
 	c.log.Debug("connection opened", "remote", r.RemoteAddr, "subprotocol", c.ws.Subprotocol(), "resumed", resumed != nil)
 	c.recordOpened(audit.F("resumed", resumed != nil))
 	if resumed != nil {
-		if err := resumed.Attach(&c.link, received); err != nil {
+		if err := resumed.Resume(&c.link, received); err != nil {
 			c.log.Info("resume failed after the upgrade", "err", err)
 			c.closeWith("resume refused", "resume_refused")
 		}

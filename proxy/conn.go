@@ -129,7 +129,7 @@ type Conn struct {
 	detachSeq   int64                  // the last message numbered before the detach
 	detachTimer *time.Timer            // ends the connection at sessions.detach_timeout
 	detachedAt  time.Time              // when it last detached
-	resuming    int                    // Resume calls not yet attached or aborted
+	resuming    int                    // Resume calls not yet resumed on a socket (Conn.Resume) or aborted
 }
 
 // clientReader handles what a client sends: it scans each message,

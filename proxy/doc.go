@@ -145,7 +145,8 @@
 // and root (or is served by the file stand-in, or a permission request
 // answered by a decider), and is delivered: the Conn's outbox numbers it,
 // keeps it for a resume, and hands it to the Sink, whose bounded queue
-// decides what a slow client costs.
+// decides what a slow client costs (to a resumed Sink still catching up,
+// after its replay, which goes out with no lock held: Conn.Resume).
 //
 // # What watches and what decides
 //

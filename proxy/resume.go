@@ -18,7 +18,7 @@ import (
 // requests stay, and what the agents send it is kept in its outbox, for
 // sessions.detach_timeout. Then it ends as a closed connection does
 // (Close). Within that time the client can resume it exactly on a new
-// socket (Relay.Resume, Conn.Attach), or another connection of the tenant
+// socket (Relay.Resume, Conn.Resume), or another connection of the tenant
 // can take one of its sessions over with session/load or session/resume
 // (takeOver).
 
@@ -45,7 +45,7 @@ const maxTokenBytes = 64
 
 // Resume finds the connection of agent a client of tenant resumes with
 // token, having received received messages on it. The connection stops its detach timer;
-// the caller then attaches the new socket (Attach) or gives up
+// the caller then resumes it on the new socket (Conn.Resume) or gives up
 // (AbortResume). Every failure is ErrResumeRefused. A token resumes its
 // connection only for the credential subject that made it: another
 // subject of the tenant (who may have read the token from a proxy's log or
@@ -99,11 +99,21 @@ func (c *Conn) reserveResume(received int64) bool {
 	return true
 }
 
-// Attach makes sink the connection's socket, resuming it: the old socket,
-// if still open, is superseded; sink gets the _acpgate/resumed notification,
-// then every message after the first received, then live traffic. It
-// follows a successful Resume.
-func (c *Conn) Attach(sink Sink, received int64) error {
+// Resume makes sink the connection's socket, resuming it: the old socket,
+// if still open, is superseded; sink gets the _acpgate/resumed
+// notification, then every message after the first received, then live
+// traffic. It follows a successful Relay.Resume.
+//
+// Under the connection's locks it only swaps the socket and marks it
+// catching up (outbox.Box.ResumeLocked), as a member catches up on
+// session/attach (joinSession). The replay, up to the whole replay buffer,
+// then goes out with no lock held, at the pace the client reads: the
+// agent's reader, delivering to this connection meanwhile, never waits on
+// it, and what it delivers is kept behind the replay, in order, within
+// sessions.replay_buffer_bytes. A client that does not read is cut off by
+// its socket's slow-client rule (the connection detaches again); one whose
+// agents outrun the replay buffer meanwhile overflows (overflowed).
+func (c *Conn) Resume(sink Sink, received int64) error {
 	c.mu.Lock()
 	c.resuming--
 	if c.closed {
@@ -125,7 +135,7 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 		for _, s := range c.sessions {
 			if s.live() {
 				msg, f := s.replayComplete()
-				overflow = c.out.DeliverLocked(msg, s, f, false) || overflow
+				overflow = c.out.DeliverLocked(msg, s, f, false) || overflow // kept behind the replay
 			}
 		}
 	}
@@ -141,6 +151,7 @@ func (c *Conn) Attach(sink Sink, received int64) error {
 	}
 	c.relay.metrics.Resumes.WithLabelValues("ok", "").Inc()
 	c.log.Info("connection resumed", "client_received", received, "gateway_received", n, "superseded", superseded)
+	c.out.CatchUp(sink)
 	return nil
 }
 
@@ -181,12 +192,14 @@ func (c *Conn) SocketEnded(sink Sink, clean bool) {
 	// A take-over delivers what came after the detach (docs/protocol.md,
 	// "Resume after a drop"): taken in
 	// the same critical section as the sink, so nothing falls between.
-	sent := c.out.SentLocked()
+	// After a resume whose catch-up the socket did not finish, that is
+	// what it had not been handed yet.
+	handed := c.out.HandedLocked()
 	c.out.Unlock()
 	detach := current && !clean && c.token != "" && c.initialized && !c.closed
 	if detach && !c.detached {
 		c.detached = true
-		c.detachSeq = sent
+		c.detachSeq = handed
 		c.detachedAt = time.Now()
 		if c.resuming == 0 {
 			c.armDetachLocked()
@@ -218,14 +231,16 @@ func (c *Conn) armDetachLocked() {
 	})
 }
 
-// overflowed ends a detached connection whose replay buffer had to drop a
-// message no socket got.
+// overflowed ends a connection whose replay buffer had to drop a message
+// no socket got: it was detached, or its resumed socket was still catching
+// up (the outbox reports an overflow only then), and can no longer be
+// resumed exactly.
 func (c *Conn) overflowed() {
 	c.mu.Lock()
-	end := c.detached && !c.closed
+	end := !c.closed
 	c.mu.Unlock()
 	if end {
-		c.log.Warn("replay buffer full while detached; ending the connection", "replay_buffer_bytes", c.out.Limit())
+		c.log.Warn("replay buffer full before the client got a message; ending the connection", "replay_buffer_bytes", c.out.Limit())
 		// Not on the deliverer's stack: it may hold a session's fan lock,
 		// which ending the connection's sessions takes. Relay.Close waits.
 		c.relay.bg.Go(c.Close) // its answers to agents are queued, never waited for (sendCtrl)

@@ -46,7 +46,8 @@ type Sink interface {
 	// keeps the messages for a resume). With wait true it may wait for room
 	// as long as the client keeps reading, until its writer has made no
 	// progress for a second: backpressure, which the relay asks for only
-	// when no other client's session shares the agent process.
+	// when no other client's session shares the agent process, and which
+	// a resumed socket's catch-up (CatchUp) uses, holding up no one else.
 	Send(msg []byte, wait bool) bool
 	// Supersede closes the socket: the client resumed on another one.
 	Supersede()
@@ -81,17 +82,19 @@ func (f Facts) known() bool { return f.ID != nil || f.Method != "" }
 
 // Box is everything a connection sends its client, in order and numbered
 // from 1 (the client counts what it receives the same way). While a sink
-// is attached a message is handed to it at once. A Box with a limit also
-// keeps the most recent messages, up to limit bytes, each tagged with what
-// it is about (T: the session, for a take-over), so that a client whose
-// socket died can resume from the last message it received, even if
-// messages were in flight when the socket died. A message the client is
-// known to have read (its socket answered a ping sent after it: AckLocked)
-// is not kept any longer, so a live connection keeps only what may still
-// be in flight. While no sink is attached (detached) messages are only
-// kept; one that would have to be dropped before any sink got it is an
-// overflow: the connection must end, since it could no longer be resumed
-// exactly.
+// is attached a message is handed to it at once, unless the sink resumed
+// and is still catching up (CatchUp): then it waits its turn, kept. A Box
+// with a limit also keeps the most recent messages, up to limit bytes,
+// each tagged with what it is about (T: the session, for a take-over), so
+// that a client whose socket died can resume from the last message it
+// received, even if messages were in flight when the socket died. A
+// message the client is known to have read (its socket answered a ping
+// sent after it: AckLocked) is not kept any longer, so a live connection
+// keeps only what may still be in flight. While no sink is attached
+// (detached) messages are only kept; one that would have to be dropped
+// before any sink got it (or, catching up, before the resumed sink got it)
+// is an overflow: the connection must end, since it could no longer be
+// resumed exactly.
 //
 // A kept message is the very buffer the sink was handed, not a copy: the
 // Box is the one owner of a kept buffer, from its delivery until the Box
@@ -115,10 +118,14 @@ type Box[T comparable] struct {
 	// sinkExtra messages of its own (the resume's greeting).
 	sinkBase, sinkExtra int64
 	shared              int64 // kept messages up to this one may be held by a superseded sink: never pooled
-	kept                []entry[T]
-	first               int // kept[first:] are live (the rest are spent slots)
-	bytes               int // capacity of the kept buffers
-	overflow            bool
+	// catching: the sink resumed and CatchUp has yet to hand it messages
+	// up to sent; deliveries are only kept meanwhile, and handed is the
+	// last message CatchUp handed it.
+	catching bool
+	kept     []entry[T]
+	first    int // kept[first:] are live (the rest are spent slots)
+	bytes    int // capacity of the kept buffers
+	overflow bool
 }
 
 // entry is one kept message.
@@ -157,7 +164,7 @@ func (o *Box[T]) DeliverLocked(msg []byte, tag T, f Facts, wait bool) (overflow 
 	if o.limit > 0 {
 		msg = o.keep(msg, tag)
 	}
-	if o.sink == nil {
+	if o.sink == nil || o.catching { // kept for a resume, or for CatchUp
 		if o.limit == 0 {
 			jsonrpc.PutBuffer(msg)
 		}
@@ -237,9 +244,14 @@ func (o *Box[T]) SinkLocked() Sink { return o.sink }
 // SentLocked returns the number of the last message delivered.
 func (o *Box[T]) SentLocked() int64 { return o.sent }
 
+// HandedLocked returns the number of the last message handed to the
+// current sink, or the last one before a detach: SentLocked, except while
+// a resumed sink catches up.
+func (o *Box[T]) HandedLocked() int64 { return o.handed }
+
 // DetachLocked drops the current sink: messages are only kept until a
 // resume.
-func (o *Box[T]) DetachLocked() { o.sink = nil }
+func (o *Box[T]) DetachLocked() { o.sink, o.catching = nil, false }
 
 // CanResumeLocked reports whether every message after the first received
 // is still kept.
@@ -256,32 +268,58 @@ func (o *Box[T]) CanResumeLocked(received int64) bool {
 // ResumeLocked makes sink the Box's sink for a client that has received
 // the first received messages (CanResumeLocked said yes): the old sink, if
 // any, is superseded, and sink is sent greeting (a message of the
-// connection's own, not numbered), then the kept messages after received,
-// in order. It reports whether there was an old sink.
+// connection's own, not numbered) and marked as catching up. It hands sink
+// nothing else: the caller then calls CatchUp, with no lock held, which
+// hands it the kept messages after received, then whatever was delivered
+// meanwhile, in order. It reports whether there was an old sink.
 func (o *Box[T]) ResumeLocked(sink Sink, received int64, greeting []byte) (superseded bool) {
 	old := o.sink
 	if old != nil {
 		old.Supersede()
 	}
 	sink.Send(greeting, false)
-	o.replayLocked(sink, received)
-	o.sink = sink
+	o.sink, o.catching = sink, true
+	o.sinkBase, o.sinkExtra = received, 1
+	o.shared = o.sent // the old sink may still be writing any of them
+	o.handed = received
 	return old != nil
 }
 
-// replayLocked hands the kept messages after received to sink, in order,
-// after the one message of its own it was sent first.
-func (o *Box[T]) replayLocked(sink Sink, received int64) {
-	o.sinkBase, o.sinkExtra = received, 1
-	o.shared = o.sent // the old sink may still be writing any of them
-	for i := o.first; i < len(o.kept); i++ {
-		if e := &o.kept[i]; e.seq > received {
-			// May wait for room: a replay can hold more messages than a
-			// send queue takes at once, and this client is reading.
-			sink.Send(e.data, true)
+// CatchUp hands sink, resumed by ResumeLocked, the messages it has not
+// been handed yet, one at a time and in order, each with the Box unlocked
+// while sink takes it: sink may wait for room (a replay can hold more than
+// a send queue takes at once), and meanwhile the Box takes deliveries,
+// which keep what they bring for CatchUp to hand over next. It returns
+// once sink has been handed everything (it is then live: deliveries go to
+// it directly), or when sink can take no more (it refused a message: its
+// socket is closing), is no longer the Box's sink (superseded, detached,
+// released), or missed a message dropped for room (an overflow, which a
+// delivery reports).
+func (o *Box[T]) CatchUp(sink Sink) {
+	for {
+		o.mu.Lock()
+		if o.sink != sink || !o.catching || o.overflow {
+			o.mu.Unlock()
+			return
+		}
+		if o.handed == o.sent {
+			o.catching = false
+			o.mu.Unlock()
+			return
+		}
+		// Kept messages are numbered without gaps from kept[first]; the
+		// next one is still kept, or its drop was an overflow.
+		i := o.first + int(o.handed+1-o.kept[o.first].seq)
+		msg := o.kept[i].data
+		o.handed++
+		o.mu.Unlock()
+		// Safe unlocked: the Box gives a kept buffer back to the pool only
+		// once this sink has written it (writtenLocked), and never one a
+		// superseded sink may hold (shared); nobody changes it.
+		if !sink.Send(msg, true) {
+			return
 		}
 	}
-	o.handed = o.sent
 }
 
 // SinceLocked returns copies, in new pooled buffers the caller owns, of the
@@ -339,6 +377,6 @@ func (o *Box[T]) Limit() int {
 func (o *Box[T]) Release() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.kept, o.first, o.bytes, o.sink = nil, 0, 0, nil
+	o.kept, o.first, o.bytes, o.sink, o.catching = nil, 0, 0, nil, false
 	o.limit = 0
 }

@@ -49,6 +49,12 @@ func TestOutboxReplaysAfterReceived(t *testing.T) {
 	if o.ResumeLocked(s2, 3, []byte(greeting)) { // the client had read 3 of the 5 sent before the drop
 		t.Error("a detached box superseded a sink")
 	}
+	if len(s2.got) != 1 {
+		t.Fatalf("ResumeLocked handed %v, want the greeting alone (the replay is CatchUp's)", s2.got)
+	}
+	o.Unlock()
+	o.CatchUp(s2)
+	o.Lock()
 	if len(s2.got) == 0 || s2.got[0] != greeting {
 		t.Fatalf("resumed socket got %v, want the greeting first", s2.got)
 	}
@@ -81,6 +87,9 @@ func TestOutboxAckForgetsWhatTheClientRead(t *testing.T) {
 	if !o.ResumeLocked(s2, 8, []byte(greeting)) {
 		t.Error("the resume did not supersede the live socket")
 	}
+	o.Unlock()
+	o.CatchUp(s2)
+	o.Lock()
 	o.AckLocked(2) // the greeting and message 9
 	if o.CanResumeLocked(8) || !o.CanResumeLocked(9) {
 		t.Errorf("after the resumed socket acked 2 writes: acked %d", o.acked)
@@ -167,5 +176,132 @@ func TestOutboxPoolsOnlyWrittenMessagesItDrops(t *testing.T) {
 	// Dropped for 7..10: 3..6, all written (1 and 2 went unwritten).
 	if want := `{"n":3} {"n":4} {"n":5} {"n":6}`; strings.Join(pooled, " ") != want {
 		t.Fatalf("pooled %v, want %s", pooled, want)
+	}
+}
+
+// hookSink is a sink whose Send runs a hook first (a delivery racing the
+// catch-up) and refuses once refuseAt messages came.
+type hookSink struct {
+	recSink
+	hook     func(n int)
+	refuseAt int
+}
+
+func (h *hookSink) Send(msg []byte, wait bool) bool {
+	if h.refuseAt > 0 && len(h.got) >= h.refuseAt {
+		return false
+	}
+	h.recSink.Send(msg, wait)
+	if h.hook != nil {
+		h.hook(len(h.got))
+	}
+	return true
+}
+
+// What arrives while a resumed socket catches up waits behind the replay:
+// every message once, in order, with the Box unlocked while the sink
+// takes each one (the hook delivers from inside Send, which would
+// deadlock if CatchUp held the lock).
+func TestOutboxCatchUpQueuesArrivalsBehindReplay(t *testing.T) {
+	o := &Box[*session]{limit: 1 << 20, sink: &recSink{}}
+	for i := 1; i <= 5; i++ {
+		o.Deliver(msgN(i), nil, false)
+	}
+	o.Lock()
+	o.DetachLocked()
+	o.Unlock()
+	s2 := &hookSink{}
+	next := 6
+	s2.hook = func(n int) {
+		if n >= 2 && n <= 5 { // while the replay is under way (not the greeting, sent locked): two arrive per message taken
+			for range 2 {
+				if o.Deliver(msgN(next), nil, false) {
+					t.Error("overflow with room to spare")
+				}
+				next++
+			}
+		}
+	}
+	o.Lock()
+	o.ResumeLocked(s2, 2, []byte(greeting))
+	if !o.catching {
+		t.Error("a resumed sink is not catching up")
+	}
+	o.Unlock()
+	o.CatchUp(s2)
+	o.Lock()
+	if o.catching {
+		t.Error("still catching up after CatchUp returned")
+	}
+	o.Unlock()
+	o.Deliver(msgN(next), nil, false) // live again: handed at once
+	var want []string
+	for i := 3; i <= next; i++ {
+		want = append(want, string(msgN(i)))
+	}
+	if got := strings.Join(s2.got[1:], " "); got != strings.Join(want, " ") {
+		t.Fatalf("resumed socket got %s, want %s", got, strings.Join(want, " "))
+	}
+}
+
+// A resumed socket that refuses a message (its socket is closing) stops
+// the catch-up; what is left stays kept, and a detach then makes a
+// take-over start from the last message the socket was handed.
+func TestOutboxCatchUpStopsWhenSinkRefuses(t *testing.T) {
+	o := &Box[*session]{limit: 1 << 20}
+	for i := 1; i <= 6; i++ {
+		o.Deliver(msgN(i), nil, false)
+	}
+	s := &hookSink{refuseAt: 3} // the greeting and two messages
+	o.Lock()
+	o.ResumeLocked(s, 0, []byte(greeting))
+	o.Unlock()
+	o.CatchUp(s)
+	if len(s.got) != 3 {
+		t.Fatalf("sink took %v, want the greeting and 2 messages", s.got)
+	}
+	o.Deliver(msgN(7), nil, false)
+	o.Lock()
+	defer o.Unlock()
+	if !o.catching || len(s.got) != 3 {
+		t.Fatal("a delivery reached a socket that refused its catch-up")
+	}
+	if h := o.HandedLocked(); h != 3 { // 1, 2, and the 3rd it refused
+		t.Errorf("handed %d, want 3", h)
+	}
+	o.DetachLocked()
+	if o.catching || !o.CanResumeLocked(2) {
+		t.Error("after the detach the box must be resumable from what the socket got")
+	}
+}
+
+// More arriving during a catch-up than the replay buffer holds drops
+// messages the resumed socket never got: an overflow, which ends the
+// catch-up and which the delivery reports.
+func TestOutboxCatchUpOverflow(t *testing.T) {
+	big := func() []byte { return append(make([]byte, 0, 600), strings.Repeat("x", 600)...) }
+	o := &Box[*session]{}
+	o.Init(nil, 4096)
+	for range 4 {
+		o.Deliver(big(), nil, false)
+	}
+	overflow := false
+	s := &hookSink{}
+	s.hook = func(n int) {
+		if n == 2 { // the first replayed message: a burst arrives
+			for range 10 {
+				overflow = o.Deliver(big(), nil, false) || overflow
+			}
+		}
+	}
+	o.Lock()
+	o.ResumeLocked(s, 0, []byte(greeting))
+	o.Unlock()
+	o.CatchUp(s)
+	if !overflow {
+		t.Fatal("no overflow reported for messages dropped before the resumed socket got them")
+	}
+	if len(s.got) != 2 {
+		t.Fatalf("the catch-up went on past an overflow: %d sent", len(s.got))
 	}
 }
