@@ -69,7 +69,7 @@ func TestResumeReplaysWithNoLockHeld(t *testing.T) {
 	}
 	delivered := make(chan struct{})
 	go func() {
-		conn.deliver([]byte(`{"jsonrpc":"2.0","method":"_x/live","params":{}}`))
+		conn.Deliver([]byte(`{"jsonrpc":"2.0","method":"_x/live","params":{}}`))
 		close(delivered)
 	}()
 	select {
