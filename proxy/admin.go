@@ -76,7 +76,7 @@ func (r *Relay) SessionSnapshots(tenant string, all bool) []adminview.Session {
 func (r *Relay) sessionList() []*Session {
 	var out []*Session
 	for _, ag := range r.agentList() {
-		for _, l := range ag.linkList() {
+		for _, l := range ag.sideList() {
 			for _, s := range *l.sessions.Load() {
 				out = append(out, s)
 			}
@@ -97,7 +97,7 @@ func (r *Relay) findSession(id string) *Session {
 
 // snapshot is what the admin API lists of s.
 func (s *Session) snapshot() adminview.Session {
-	snap := adminview.Session{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.link.ag.name, Usage: s.meter.Usage()}
+	snap := adminview.Session{ID: s.GatewayID, Tenant: s.ten.name, Agent: s.side.ag.name, Usage: s.meter.Usage()}
 	if s.parent != nil {
 		snap.Parent = s.parent.GatewayID
 	}
@@ -116,9 +116,9 @@ func (s *Session) snapshot() adminview.Session {
 	case running:
 		snap.State = adminview.Running
 		if prompt != nil {
-			s.link.mu.Lock()
+			s.side.mu.Lock()
 			snap.TurnStarted = prompt.start
-			s.link.mu.Unlock()
+			s.side.mu.Unlock()
 			snap.Since = snap.TurnStarted
 		}
 	case len(members) == 0 && (owner == nil || owner.Detached()):
@@ -152,12 +152,12 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	// The agent's requests are settled first, as a client that cancels
 	// does: their clients are told before the turn can end.
 	settleAll(s.inbound.List(), inPlace(byAdmin, jsonrpc.CodeRequestCancelled, why))
-	if prompts := s.link.promptsOf(s); len(prompts) > 0 {
+	if prompts := s.side.promptsOf(s); len(prompts) > 0 {
 		r.cancelTurn(context.Background(), s, prompts)
 	}
 	s.end(endAdmin, nil)
 	r.log.Info("session ended by an administrator", "session", id, "tenant", s.ten.name, "by", by)
-	return Owner{Tenant: s.ten.name, Agent: s.link.ag.name}, nil
+	return Owner{Tenant: s.ten.name, Agent: s.side.ag.name}, nil
 }
 
 // Owner is whose a session or connection an administrator acted on was.
@@ -203,7 +203,7 @@ func (r *Relay) CancelTurn(id, key string, value []byte) bool {
 	if s == nil || !s.live() {
 		return false
 	}
-	prompts, fresh := s.link.promptsOf(s), false
+	prompts, fresh := s.side.promptsOf(s), false
 	for _, req := range prompts {
 		fresh = req.why.CompareAndSwap(nil, &cancelWhy{key: key, value: value}) || fresh
 	}
@@ -217,12 +217,12 @@ func (r *Relay) CancelTurn(id, key string, value []byte) bool {
 // waits up to adminCancelWait (or ctx) for their answers; past it the
 // gateway answers them for the agent, "cancelled".
 func (r *Relay) cancelTurn(ctx context.Context, s *Session, prompts []*outReq) {
-	s.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(s.AgentID))
+	s.side.p.Notify(acp.SessionCancel, acp.SessionIDObject(s.AgentID))
 	ctx, cancel := context.WithTimeout(ctx, adminCancelWait)
 	defer cancel()
 	_ = r.waitPromptsUntil(ctx, func() bool { return !slices.ContainsFunc(prompts, func(req *outReq) bool { return !req.ended.Load() }) })
 	for _, req := range prompts {
-		if s.link.take(req) { // the agent did not answer in time
+		if s.side.take(req) { // the agent did not answer in time
 			req.cancelInPlace()
 		}
 	}

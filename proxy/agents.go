@@ -67,7 +67,7 @@ type (
 // AppendEnv appends vars to env as "K=V", sorted by name.
 func AppendEnv(env []string, vars map[string]string) []string { return pool.AppendEnv(env, vars) }
 
-// agent is a named agent's live state: its pool, its processes' links and
+// agent is a named agent's live state: its pool, its processes' sides and
 // its metrics view. A connection belongs to one agent for its whole life.
 type agent struct {
 	// Static after AddAgent.
@@ -97,19 +97,19 @@ type agent struct {
 	gating atomic.Int32
 
 	mu    sync.Mutex
-	links map[*pool.Process]*procSide // the live processes' links
+	sides map[*pool.Process]*procSide // the live processes' sides
 }
 
-// link returns the link of one of the agent's processes (its handler,
-// made by newLink), even once it has exited.
-func (ag *agent) link(p *pool.Process) *procSide { return p.Handler().(*procSide) }
+// side returns the side of one of the agent's processes (its handler,
+// made by newSide), even once it has exited.
+func (ag *agent) side(p *pool.Process) *procSide { return p.Handler().(*procSide) }
 
-// linkList is a snapshot of the agent's links.
-func (ag *agent) linkList() []*procSide {
+// sideList is a snapshot of the agent's process sides.
+func (ag *agent) sideList() []*procSide {
 	ag.mu.Lock()
 	defer ag.mu.Unlock()
-	out := make([]*procSide, 0, len(ag.links))
-	for _, l := range ag.links {
+	out := make([]*procSide, 0, len(ag.sides))
+	for _, l := range ag.sides {
 		out = append(out, l)
 	}
 	return out
@@ -121,11 +121,11 @@ func (ag *agent) linkList() []*procSide {
 // returns a session slot on it.
 func (ag *agent) placeSession(ctx context.Context, prof Profile, agentSID string) (*pool.Lease, error) {
 	want := prof.Kind()
-	for _, l := range ag.linkList() {
+	for _, l := range ag.sideList() {
 		if s, _ := l.session([]byte(agentSID)); s == nil || !l.p.Profile().Serves(want) {
 			continue
 		}
-		if lease, ok := l.p.HoldSession(); ok {
+		if lease, ok := l.p.LeaseSession(); ok {
 			return lease, nil
 		}
 	}
@@ -148,11 +148,11 @@ func (r *Relay) AddAgent(spec AgentSpec) error {
 	cfg.TenantBound = cfg.TenantBound && isolate
 	cfg.Tenants = tenantNames(r.tenantCfg, spec.Name)
 	ag := &agent{name: spec.Name, metrics: r.metrics.ForAgent(spec.Name), isolate: isolate,
-		timeouts: spec.Timeouts, costPerSession: spec.CostPerSession, mapPaths: r.mapPaths, links: map[*pool.Process]*procSide{}, audit: r.audit,
+		timeouts: spec.Timeouts, costPerSession: spec.CostPerSession, mapPaths: r.mapPaths, sides: map[*pool.Process]*procSide{}, audit: r.audit,
 		dec: r.deciders}
 	ag.obs = r.observers(ag, r.extraObs)
 	cfg.Metrics = ag.metrics.Pool()
-	cfg.NewHandler = ag.newLink
+	cfg.NewHandler = ag.newSide
 	ag.pool = pool.New(cfg, r.log.With("agent", spec.Name))
 	ag.cfg = ag.pool.Config()
 	r.agents[spec.Name] = ag

@@ -259,7 +259,7 @@ func (cr *clientReader) overran(m *jsonrpc.Message, s *Session, mem *member) *en
 // session/load or session/resume result of a load that became an attach).
 func (s *Session) attachResult(mem *member, policy string, replayed int, trimmed, asLoad bool) []byte {
 	r := multiclient.Result{SessionID: s.GatewayID, ClientID: mem.id, HistoryPolicy: policy, ReadOnly: mem.readOnly,
-		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.Name(), Lists: models.ListsOf(s.ten.policy(s.link.ag.name))}
+		Replayed: replayed, Trimmed: trimmed, Turn: s.turn.Name(), Lists: models.ListsOf(s.ten.policy(s.side.ag.name))}
 	if o := s.Owner(); o != nil {
 		r.Clients = append(r.Clients, connPeer(o))
 	}

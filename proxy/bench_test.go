@@ -36,9 +36,9 @@ func benchFanOut(b *testing.B, textLen, replay, history, members int, setup ...f
 	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.DiscardHandler), metrics: metrics.Nop()}
 	r.resume.HistoryBytes = history
 	am := r.metrics.ForAgent(DefaultAgent)
-	ag := &agent{name: DefaultAgent, metrics: am, links: map[*pool.Process]*procSide{}}
+	ag := &agent{name: DefaultAgent, metrics: am, sides: map[*pool.Process]*procSide{}}
 	ag.obs = r.observers(ag, nil)
-	l := ag.newLink(nil).(*procSide) // the hot path never reaches the process
+	l := ag.newSide(nil).(*procSide) // the hot path never reaches the process
 	sink := &discardSink{}
 	c := r.newConnForBench(sink)
 	c.ag = ag

@@ -610,7 +610,7 @@ func (cr *clientReader) forwardCancelRequest(m *jsonrpc.Message) {
 		cr.edits = edits
 		out = jsonrpc.SpliceLine(nil, m.Raw, edits)
 	}
-	if err := req.link.p.Send(ctx, out); err != nil {
+	if err := req.side.p.Send(ctx, out); err != nil {
 		c.log.Debug("$/cancel_request not passed on: the agent process is gone or not reading", "err", err)
 	}
 }
@@ -675,7 +675,7 @@ func (c *Conn) homeProc(ctx context.Context) (*procSide, error) {
 	home, prof := c.home, c.prof
 	c.mu.Unlock()
 	if p := home.Process(); p != nil && p.Alive() && !p.Retiring() {
-		return c.ag.link(p), nil
+		return c.ag.side(p), nil
 	}
 	wait := tracing.PoolWait(c.relay.tracer, ctx)
 	lease, err := c.ag.pool.Acquire(ctx, prof, false)
@@ -693,7 +693,7 @@ func (c *Conn) homeProc(ctx context.Context) (*procSide, error) {
 	c.home = lease
 	c.mu.Unlock()
 	old.Release()
-	return c.ag.link(lease.Process()), nil
+	return c.ag.side(lease.Process()), nil
 }
 
 // trackAgentReq registers an agent request (about sess, if any) for this
@@ -703,7 +703,7 @@ func (c *Conn) trackAgentReq(l *procSide, agentID []byte, method string, sess *S
 	if l.findInbound(agentID) != nil { // only this process's reader adds one, so the check holds
 		return nil, 0, errDuplicateAgentID
 	}
-	in := &inReq{link: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
+	in := &inReq{side: l, agentID: append([]byte(nil), agentID...), conn: c, method: method, start: time.Now(), sess: sess, span: span}
 	id, ok := c.reqs.AddAgent(in)
 	if !ok {
 		return nil, 0, errConnClosed
@@ -733,12 +733,12 @@ func (c *Conn) index(s *Session) {
 		c.sessions[s.GatewayID] = s
 		c.mu.Unlock()
 		if old != s {
-			s.held()
+			s.addRef()
 			if old != nil {
 				if mem, _ := old.leave(c); mem != nil {
 					old.events().memberLeft(c, mem)
 				}
-				old.unheld(c.log)
+				old.dropRef(c.log)
 			}
 		}
 		return
@@ -757,7 +757,7 @@ func (c *Conn) forget(s *Session) {
 	}
 	c.mu.Unlock()
 	if had {
-		s.unheld(c.log)
+		s.dropRef(c.log)
 	}
 }
 
@@ -796,7 +796,7 @@ func (c *Conn) Close() {
 	}
 	for _, s := range sessions {
 		c.leaveSession(s, prompting[s])
-		s.unheld(c.log)
+		s.dropRef(c.log)
 	}
 	home.Release()
 	c.relay.connClosed(c)

@@ -171,7 +171,7 @@ func TestAgentReaderNeverBlocksOnAFullAgent(t *testing.T) {
 			case <-time.After(3 * time.Second):
 				t.Errorf("Conn.Close (client disconnect) blocks too: the WebSocket handler goroutine would hang")
 			}
-			r.agentList()[0].linkList()[0].p.Stop()
+			r.agentList()[0].sideList()[0].p.Stop()
 			return
 		}
 	}

@@ -34,7 +34,7 @@
 //     teardown once, off every lock, its steps chosen by the cause
 //     (life.go). It owns its process session slot (a pool.Lease) until it
 //     ends, its tenant session slot while any connection holds it
-//     (holders), the agent's requests about it waiting for a client
+//     (refs), the agent's requests about it waiting for a client
 //     (inbound, an inflight.Set: their one index), the configuration the
 //     agent last reported (multiclient.Record), what session/attach
 //     replays (history, under fan), what its agent reported using (meter),

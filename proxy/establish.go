@@ -93,7 +93,7 @@ func (s *Session) drainGate(c *Conn) {
 func (s *Session) failHeld(why string) {
 	held, sizes, idle := s.gate.Drop()
 	if idle {
-		s.link.ag.gating.Add(-1)
+		s.side.ag.gating.Add(-1)
 	}
 	for i, hm := range held {
 		hm.conn.queuedBytes.Release(int64(sizes[i]))

@@ -54,7 +54,7 @@ func (s *Session) events() sessionEvents { return sessionEvents{s} }
 // emit gives e, an event of s, to its agent's observers.
 func (ev sessionEvents) emit(e *observe.Event) {
 	e.Session = ev.s.info
-	ev.s.link.ag.obs.Observe(e)
+	ev.s.side.ag.obs.Observe(e)
 }
 
 // sessionEvent says what happened to the session (observe.SessionCreated,
@@ -107,7 +107,7 @@ func (ev sessionEvents) usageRejected(e *observe.Event, reason string) {
 		e = &observe.Event{}
 	}
 	*e = observe.Event{Kind: observe.UsageRejected, Session: s.info, Reason: reason}
-	s.link.ag.obs.Observe(e)
+	s.side.ag.obs.Observe(e)
 }
 
 // costReported says the agent reported its cumulative cost total of unit
@@ -117,7 +117,7 @@ func (ev sessionEvents) costReported(e *observe.Event, unit string, inc, total f
 	s := ev.s
 	*e = observe.Event{Kind: observe.CostReported, Session: s.info, Turn: s.curTurn(), Currency: s.ten.currencies.Of(unit), Unit: unit,
 		Amount: inc, Total: total, First: b.First, From: b.From}
-	s.link.ag.obs.Observe(e)
+	s.side.ag.obs.Observe(e)
 }
 
 // tokensReported says what a prompt's late answer reported using, after
@@ -138,7 +138,7 @@ func (ev sessionEvents) updated(m *jsonrpc.Message, kind []byte, e *observe.Even
 	if t := s.turn.FirstUpdate.Load(); t != 0 && s.turn.FirstUpdate.CompareAndSwap(t, 0) {
 		e.First, e.Duration = true, time.Since(time.Unix(0, t))
 	}
-	s.link.ag.obs.Observe(e)
+	s.side.ag.obs.Observe(e)
 }
 
 // turnEnded counts the end of req's turn once, answered with stop and
@@ -173,7 +173,7 @@ func (ev sessionEvents) permissionRequested(c *Conn, msg []byte) {
 func (ev sessionEvents) permissionDecided(view []byte) (observe.Decision, bool) {
 	s := ev.s
 	asked := &observe.Event{Kind: observe.PermissionRequested, Session: s.info, Turn: s.curTurn(), Msg: view}
-	d, ok := s.link.ag.dec.Permission(asked)
+	d, ok := s.side.ag.dec.Permission(asked)
 	if ok {
 		ev.emit(asked)
 	}

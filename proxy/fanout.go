@@ -203,7 +203,7 @@ func (s *Session) failTurns(failed []turn.Queued[*outReq], why string) {
 	}
 	s.events().promptsQueued(-len(failed))
 	for _, t := range failed {
-		if s.link.take(t.Prompt) {
+		if s.side.take(t.Prompt) {
 			t.Prompt.failWith(jsonrpc.CodeRequestCancelled, why, nil)
 		}
 	}

@@ -31,7 +31,7 @@ import (
 // inReq is an agent→client request waiting for a client's answer.
 type inReq struct {
 	// Set when made, read-only after.
-	link    *procSide
+	side    *procSide
 	agentID []byte // the agent's raw id
 	method  string
 	start   time.Time
@@ -173,13 +173,13 @@ func (in *inReq) settle(st settlement) bool {
 
 	switch {
 	case st.line != nil && st.ctx != nil:
-		if err := in.link.p.Send(st.ctx, st.line); err != nil {
+		if err := in.side.p.Send(st.ctx, st.line); err != nil {
 			tracing.WithTrace(in.log(st.client), in.span).Debug("answer for an exited agent dropped", "err", err)
 		}
 	case st.line != nil:
-		in.link.p.SendCtrl(st.line)
+		in.side.p.SendCtrl(st.line)
 	case !st.silent:
-		in.link.answerForClient(in.agentID, in.method, st.code, st.why)
+		in.side.answerForClient(in.agentID, in.method, st.code, st.why)
 	}
 
 	if perm {
@@ -208,7 +208,7 @@ func (in *inReq) log(c *Conn) *slog.Logger {
 	if c != nil {
 		return c.log
 	}
-	return in.link.p.Log()
+	return in.side.p.Log()
 }
 
 // isSettled reports whether settle has begun.
@@ -223,7 +223,7 @@ func (in *inReq) index() *inflight.Set[*inReq] {
 	if in.sess != nil {
 		return &in.sess.inbound
 	}
-	return &in.link.loose
+	return &in.side.loose
 }
 
 // message is the request as its client was sent it (nil: not yet sent).
@@ -401,7 +401,7 @@ func (in *inReq) expire(now time.Time, limit time.Duration) {
 	if !in.settle(st) {
 		return
 	}
-	in.link.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
+	in.side.ag.metrics.AgentProtocolErrors.WithLabelValues("client_timeout").Inc()
 	tracing.WithTrace(log, in.span).Info("the client did not answer an agent request in time; answered in its place",
 		"method", in.method, "waited", now.Sub(in.start).Round(time.Second))
 }

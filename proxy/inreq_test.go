@@ -136,7 +136,7 @@ func TestSettleByDisconnect(t *testing.T) {
 // withdrawn, however often the maintainer looks.
 func TestSettleByTimeout(t *testing.T) {
 	pp := newPermPair(t, &watcher{})
-	l := sessionOf(pp.a, pp.sid).link
+	l := sessionOf(pp.a, pp.sid).side
 	later := time.Now().Add(time.Hour)
 	l.expireInbound(later, time.Minute)
 	l.expireInbound(later, time.Minute)
@@ -212,7 +212,7 @@ func TestSettleByDecider(t *testing.T) {
 // A request no client can take is answered once by the gateway.
 func TestSettleOrphan(t *testing.T) {
 	pp := newPermPair(t, &watcher{})
-	l := sessionOf(pp.a, pp.sid).link
+	l := sessionOf(pp.a, pp.sid).side
 	var m jsonrpc.Message
 	var sc jsonrpc.Scanner
 	if err := sc.Scan([]byte(`{"jsonrpc":"2.0","id":"x1","method":"session/request_permission","params":{}}`), &m, nil); err != nil {
@@ -232,7 +232,7 @@ func TestSettleRacesOnce(t *testing.T) {
 		rounds = 10
 	}
 	pp := newPermPair(t, &watcher{})
-	l := sessionOf(pp.a, pp.sid).link
+	l := sessionOf(pp.a, pp.sid).side
 	for i := range rounds {
 		pid := "3"
 		if i > 0 {

@@ -155,7 +155,7 @@ func (e *ending) run() {
 	}
 	s, steps := e.s, endTable[e.cause]
 	e.slot.Release()
-	current := s.link.removeSession(s) // not for a replaced one: the newer load's session has its ID
+	current := s.side.removeSession(s) // not for a replaced one: the newer load's session has its ID
 	if current {
 		s.owners.Note(s.scope, s.AgentID, s.subject) // its last use (sessions.owners_retention counts from it)
 	}
@@ -198,10 +198,10 @@ func (e *ending) run() {
 	if steps.onAgent && current && s.parent == nil { // a child is the agent's to end
 		params := acp.SessionIDObject(s.AgentID)
 		if e.running && e.cause != endAdmin { // EndSession has cancelled its turn already
-			s.link.p.Notify(acp.SessionCancel, params)
+			s.side.p.Notify(acp.SessionCancel, params)
 		}
-		if s.link.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
-			s.link.fireAndForget(acp.SessionClose, params)
+		if s.side.p.Init().Caps.Close { // advertised (v1 marker, v2 draft marker, or later v2 baseline)
+			s.side.fireAndForget(acp.SessionClose, params)
 		}
 	}
 }

@@ -50,18 +50,18 @@ type procSide struct {
 	lateOrder []int64
 }
 
-// maxLate bounds the late prompt answers a process's link waits for.
+// maxLate bounds the late prompt answers a process's side waits for.
 const maxLate = 256
 
-// newLink makes the link of a process the agent's pool has just created.
-func (ag *agent) newLink(p *pool.Process) pool.Handler {
+// newSide makes the side of a process the agent's pool has just created.
+func (ag *agent) newSide(p *pool.Process) pool.Handler {
 	l := &procSide{p: p, ag: ag, fsSlots: make(chan struct{}, maxFsStandIn),
 		pending: map[int64]*outReq{}}
 	empty := map[string]*Session{}
 	l.sessions.Store(&empty)
 	l.reader = newAgentReader(l)
 	ag.mu.Lock()
-	ag.links[p] = l
+	ag.sides[p] = l
 	ag.mu.Unlock()
 	return l
 }
@@ -81,7 +81,7 @@ func (l *procSide) Tick(now time.Time) {
 func (l *procSide) Exited(reason error) {
 	l.failRoutes(reason)
 	l.ag.mu.Lock()
-	delete(l.ag.links, l.p)
+	delete(l.ag.sides, l.p)
 	l.ag.mu.Unlock()
 }
 
@@ -122,7 +122,7 @@ func (l *procSide) track(r *outReq) bool {
 	if l.dead {
 		return false
 	}
-	r.agentID, r.link = l.p.NextID(), l
+	r.agentID, r.side = l.p.NextID(), l
 	l.pending[r.agentID] = r
 	return true
 }
@@ -185,7 +185,7 @@ func (l *procSide) fireAndForget(method string, params []byte) {
 		return
 	}
 	id := l.p.NextID()
-	l.pending[id] = &outReq{agentID: id, link: l, method: method, start: time.Now()}
+	l.pending[id] = &outReq{agentID: id, side: l, method: method, start: time.Now()}
 	l.mu.Unlock()
 	l.p.SendCtrl(append(jsonrpc.AppendRequest(nil, strconv.AppendInt(nil, id, 10), method, params), '\n'))
 }
@@ -306,7 +306,7 @@ func (l *procSide) expectLate(r *outReq) {
 	l.mu.Unlock()
 }
 
-// takeLate is the session of the late prompt answered by id, if the link
+// takeLate is the session of the late prompt answered by id, if the side
 // waits for it (its answer counts once).
 func (l *procSide) takeLate(id int64) *Session {
 	l.mu.Lock()

@@ -29,7 +29,7 @@ func TestHoldReleasedTwiceIsCountedAndLogged(t *testing.T) {
 	r := &Relay{sealer: sessionid.NewRandom(), log: slog.New(slog.NewTextHandler(&logs, nil)), metrics: metrics.Nop()}
 	c := r.newConnForBench(nil)
 	c.log = r.log
-	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procSide{}}
+	c.ag = &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), sides: map[*pool.Process]*procSide{}}
 	c.ag.obs = r.observers(c.ag, nil)
 	c.ten.maxSessions = 1
 	if ok, _ := c.ten.tryReserve(false); !ok {
@@ -102,10 +102,10 @@ func TestMutualTakeOverNeitherDeadlocksNorLosesASession(t *testing.T) {
 		ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 		r.tenants = map[string]*tenant{"": ten}
 		r.conns = map[*Conn]struct{}{}
-		ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procSide{}}
+		ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), sides: map[*pool.Process]*procSide{}}
 		ag.obs = r.observers(ag, nil)
 		ag.obs = r.observers(ag, nil)
-		l := ag.newLink(nil).(*procSide) // take-overs never reach the process
+		l := ag.newSide(nil).(*procSide) // take-overs never reach the process
 		a, b, sa, sb := detachedPair(r, ag, l)
 		ma, mb := loadMsg(t, a, 1, sb.GatewayID), loadMsg(t, b, 1, sa.GatewayID)
 		var wg sync.WaitGroup
@@ -288,9 +288,9 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	ten := makeTenant(TenantConfig{Policy: &pol}, nil, r.metrics)
 	r.tenants = map[string]*tenant{"": ten}
 	r.conns = map[*Conn]struct{}{}
-	ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), links: map[*pool.Process]*procSide{}}
+	ag := &agent{name: DefaultAgent, metrics: r.metrics.ForAgent(DefaultAgent), sides: map[*pool.Process]*procSide{}}
 	ag.obs = r.observers(ag, nil)
-	l := ag.newLink(nil).(*procSide)
+	l := ag.newSide(nil).(*procSide)
 	a, b, sa, _ := detachedPair(r, ag, l)
 	count := func() int {
 		ten.mu.Lock()
@@ -312,7 +312,7 @@ func TestSessionHoldsOneTenantSlot(t *testing.T) {
 	if got := count(); got != 1 {
 		t.Fatalf("the last holder let go: the tenant counts %d, want 1", got)
 	}
-	sa.unheld(r.log) // a bug: nobody holds it
+	sa.dropRef(r.log) // a bug: nobody holds it
 	if got := count(); got != 1 {
 		t.Fatalf("a session let go once too often: the tenant counts %d, want 1", got)
 	}

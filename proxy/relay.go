@@ -470,7 +470,7 @@ func (r *Relay) runningPrompts(agent string) (running []*outReq, answering int) 
 		if agent != "" && ag.name != agent {
 			continue
 		}
-		for _, l := range ag.linkList() {
+		for _, l := range ag.sideList() {
 			var n int
 			running, n = l.runningPrompts(running)
 			answering += n
@@ -537,7 +537,7 @@ func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
 		running = append(running, req)
 	}
 	for _, req := range running {
-		req.link.p.Notify(acp.SessionCancel, acp.SessionIDObject(req.sess.AgentID))
+		req.side.p.Notify(acp.SessionCancel, acp.SessionIDObject(req.sess.AgentID))
 	}
 	if len(running) > 0 {
 		r.log.Info("cancelled running prompts", "count", len(running), "agent", agent)
@@ -548,7 +548,7 @@ func (r *Relay) CancelPrompts(agent string, wait time.Duration) {
 		return
 	}
 	for _, req := range running {
-		if req.link.take(req) { // the agent did not answer its cancel in time
+		if req.side.take(req) { // the agent did not answer its cancel in time
 			req.cancelInPlace()
 		}
 	}

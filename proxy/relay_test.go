@@ -333,7 +333,7 @@ func TestTerminalSplitNeverStarves(t *testing.T) {
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("client %d (%s) waited %s", i, caps, d)
 		}
-		told := r.agentList()[0].linkList()[0].p.Profile()
+		told := r.agentList()[0].sideList()[0].p.Profile()
 		if want := strings.Contains(caps, "terminal"); told.Terminal != want {
 			t.Fatalf("client %d (%s) got a process told terminal=%v", i, caps, told.Terminal)
 		}

@@ -80,7 +80,7 @@ type outReq struct {
 	conn     *Conn  // nil for the gateway's own requests
 	clientID []byte // the client's raw id
 	agentID  int64
-	link     *procSide // the process the request went to
+	side     *procSide // the process the request went to
 	method   string
 	sess     *Session // the session the request is about, if any
 	cwd      string   // session/new and the like: the cwd the client asked for
@@ -140,7 +140,7 @@ func (r *outReq) end() {
 	r.endSpan()
 	if r.method == acp.SessionPrompt && r.conn != nil {
 		if r.sess != nil {
-			next, ok, dequeued := r.sess.turn.Done(r, r.sess.link.isPending)
+			next, ok, dequeued := r.sess.turn.Done(r, r.sess.side.isPending)
 			r.sess.events().promptsQueued(-dequeued)
 			if ok && r.holdNext {
 				r.next = &next
@@ -165,7 +165,7 @@ func (r *outReq) fail(msg []byte) {
 	} else {
 		r.conn.deliverFor(msg, nil, Facts{ID: r.clientID}, false)
 	}
-	if l := r.link; l != nil {
+	if l := r.side; l != nil {
 		l.mu.Lock()
 		counted := r.answering
 		r.answering = false
@@ -194,8 +194,8 @@ func (r *outReq) releaseQueued() {
 // stopReason "cancelled", to its client and, as turn_complete, to the
 // session's other clients.
 func (r *outReq) cancelInPlace() {
-	if r.link != nil {
-		r.link.expectLate(r) // its answer, if it comes, counts its usage
+	if r.side != nil {
+		r.side.expectLate(r) // its answer, if it comes, counts its usage
 	}
 	r.turnEnded("cancelled", nil)
 	r.sess.turnComplete(r.conn, "cancelled")

@@ -556,7 +556,7 @@ func (r *agentReader) decided(m *jsonrpc.Message, s *Session, edits []jsonrpc.Ed
 		return false
 	}
 	result := append(append([]byte(`{"outcome":`), d.Outcome...), '}')
-	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now(), sess: s, msg: view}
+	in := &inReq{side: r.l, agentID: m.ID, method: m.Method, start: time.Now(), sess: s, msg: view}
 	in.settle(settlement{by: d.By, line: append(jsonrpc.AppendResult(nil, m.ID, result), '\n'),
 		outcome: d.Outcome, rule: d.Rule, decide: d.Decide})
 	s.turnLog(r.l.p.Log()).Info("permission request decided at the gateway", "by", d.By, "rule", d.Rule)
@@ -679,6 +679,6 @@ func (r *agentReader) orphan(m *jsonrpc.Message, why string) {
 		return
 	}
 	r.l.p.Log().Info("agent request has no recipient; answered by the gateway", "method", m.Method, "why", why)
-	in := &inReq{link: r.l, agentID: m.ID, method: m.Method, start: time.Now()}
+	in := &inReq{side: r.l, agentID: m.ID, method: m.Method, start: time.Now()}
 	in.settle(inPlace(byNoRecipient, jsonrpc.CodeRequestCancelled, "no client to answer: "+why))
 }

@@ -28,7 +28,7 @@ var errAnswered = errors.New("answered by the gateway")
 
 // routed is where a client message goes and what handling it took.
 type routed struct {
-	link *procSide
+	side *procSide
 	sess *Session // the session the message is about, if any
 	h    *hold
 }
@@ -186,7 +186,7 @@ func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwI
 		if m.Kind == jsonrpc.KindRequest && c.gatesSessions() {
 			h.gate(sess)
 		}
-		return &routed{link: sess.link, sess: sess, h: h}, id.Agent, nil
+		return &routed{side: sess.side, sess: sess, h: h}, id.Agent, nil
 	case verdict == access.ReadOnly:
 		cr.watch(m, gwID, id.Agent)
 		return nil, "", errAnswered
@@ -224,7 +224,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 		return nil, err
 	}
 	h.slot = lease
-	l := c.ag.link(lease.Process())
+	l := c.ag.side(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
 		h.attach = l.addSession(c, id, gwID, acp.SessionCwd(m), h.takeSlot())
 		h.attach.meter.Loaded()
@@ -234,7 +234,7 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 		}
 		c.index(h.attach)
 	}
-	return &routed{link: l, sess: sess, h: h}, nil
+	return &routed{side: l, sess: sess, h: h}, nil
 }
 
 // routeLive routes a message for a live session to its process. A
@@ -253,7 +253,7 @@ func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, e
 			return nil, errAnswered
 		}
 		h.quota = true
-		slot, ok := sess.link.p.TryHoldSession()
+		slot, ok := sess.side.p.TryLeaseSession()
 		if !ok {
 			h.release()
 			c.replyError(m.ID, codeBusy, "the agent process of this session is full; try again later", nil)
@@ -261,7 +261,7 @@ func (cr *clientReader) routeLive(m *jsonrpc.Message, sess *Session) (*routed, e
 		}
 		h.slot = slot
 	}
-	return &routed{link: sess.link, sess: sess, h: h}, nil
+	return &routed{side: sess.side, sess: sess, h: h}, nil
 }
 
 // routeCreate routes session/new (and the like) to a process with room,
@@ -283,7 +283,7 @@ func (cr *clientReader) routeCreate(ctx context.Context, m *jsonrpc.Message) (*r
 		return nil, err
 	}
 	h.slot = lease
-	return &routed{link: c.ag.link(lease.Process()), h: h}, nil
+	return &routed{side: c.ag.side(lease.Process()), h: h}, nil
 }
 
 // routeHome routes a message that names no session to the connection's
@@ -294,7 +294,7 @@ func (cr *clientReader) routeHome(ctx context.Context) (*routed, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &routed{link: l, h: &hold{conn: c}}, nil
+	return &routed{side: l, h: &hold{conn: c}}, nil
 }
 
 // closeLost answers session/close for a session whose agent died: closing
@@ -337,8 +337,8 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 	jsonrpc.SortEdits(edits)
 	cr.edits = edits
 	out := jsonrpc.SpliceLine(nil, m.Raw, edits) // one line, as the agent reads
-	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && rt.link.speaksV2() {
-		rt.link.noteKey(req, acp.TaggedString(m, acp.LabelIdempotencyKey))
+	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && rt.side.speaksV2() {
+		rt.side.noteKey(req, acp.TaggedString(m, acp.LabelIdempotencyKey))
 	}
 	if rt.sess != nil && m.Method == acp.SessionPrompt && req != nil && !cr.takeTurn(m, rt, req, out) {
 		return // waits for another client's turn, or refused
@@ -347,12 +347,12 @@ func (cr *clientReader) send(ctx context.Context, m *jsonrpc.Message, rt *routed
 		rt.sess.events().turnStarted(req, nil, m.Payload)
 	}
 	c.ag.metrics.Message(metrics.ClientToAgent, m.Method, len(out))
-	err := rt.link.p.Send(ctx, out)
+	err := rt.side.p.Send(ctx, out)
 	switch {
 	case err == nil:
 	case req == nil:
 		c.log.Debug("notification not passed on: the agent process is gone or not reading", "method", m.Method, "err", err)
-	case rt.link.take(req): // answer only if no one else did (the agent's death answers all)
+	case rt.side.take(req): // answer only if no one else did (the agent's death answers all)
 		req.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+pool.ClientReason(err), nil)
 	}
 }
@@ -372,14 +372,14 @@ func (cr *clientReader) track(m *jsonrpc.Message, rt *routed, span trace.Span) *
 		span:     span,
 	}
 	var ok bool
-	if rt.h.request, ok = rt.link.p.HoldRequest(); !ok || !rt.link.track(req) {
+	if rt.h.request, ok = rt.side.p.LeaseRequest(); !ok || !rt.side.track(req) {
 		rt.h.release()
 		cr.answerError(m.ID, jsonrpc.CodeInternalError, "the agent process exited; try again", nil)
 		return nil
 	}
 	cr.rcarried = true                          // req ends the span now (outReq.end)
 	if !c.reqs.TrackClient(req.clientID, req) { // the connection closed meanwhile
-		if rt.link.untrack(req) {
+		if rt.side.untrack(req) {
 			req.hold.release()
 			cr.rcarried = false // never sent: the gateway answered it
 		}
@@ -420,19 +420,19 @@ func (cr *clientReader) takeTurn(m *jsonrpc.Message, rt *routed, req *outReq, ou
 	}
 	switch {
 	case full == turn.ErrNoRoom && !roomConn:
-		if rt.link.take(req) {
+		if rt.side.take(req) {
 			req.failWith(codeBusy, fmt.Sprintf("this connection's prompts waiting for sessions' turns would pass %s; try again when one has run",
 				sizeText(c.queuedBytes.Max)), nil)
 		}
 		return false
 	case full == turn.ErrNoRoom:
-		if rt.link.take(req) {
+		if rt.side.take(req) {
 			req.failWith(codeBusy, fmt.Sprintf("the prompts of tenant %q waiting for sessions' turns, over all its connections, would pass %s; "+
 				"try again when one has run", c.tenant, sizeText(c.ten.queuedBytes.Max)), nil)
 		}
 		return false
 	case full != nil:
-		if rt.link.take(req) {
+		if rt.side.take(req) {
 			req.failWith(codeBusy, full.Error(), nil)
 		}
 		return false
@@ -467,7 +467,7 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 	t.Prompt.releaseQueued()
 	c := t.Prompt.conn
 	if c.isClosed() {
-		if s.link.untrack(t.Prompt) {
+		if s.side.untrack(t.Prompt) {
 			t.Prompt.end()
 		}
 		return
@@ -478,7 +478,7 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 		// and mode until that load is done (establish.go), and this
 		// prompt was checked against what they were before. Unknown is
 		// not allowed.
-		if s.link.take(t.Prompt) {
+		if s.side.take(t.Prompt) {
 			t.Prompt.failWith(jsonrpc.CodeInvalidRequest, "the prompt was not sent: session "+s.GatewayID+
 				" was being loaded again when its turn came, and the gateway checks a prompt against the session's model and mode once a load is done; send it again", nil)
 		}
@@ -486,7 +486,7 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 	}
 	blocks := pathrewrite.PromptBlocks(c.ten.mapper.Load(), t.Line) // the tenant's view of the agent's line
 	if refusal := c.refusePrompt(s, blocks, nil); refusal != nil {
-		if s.link.take(t.Prompt) {
+		if s.side.take(t.Prompt) {
 			t.Prompt.failWith(refusal.Code, refusal.Message, refusal.Data)
 		}
 		return
@@ -495,10 +495,10 @@ func (s *Session) startTurn(t turn.Queued[*outReq]) {
 		s.announcePrompt(c, blocks)
 		s.events().turnStarted(t.Prompt, blocks, nil)
 	}
-	s.link.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
+	s.side.restart(t.Prompt) // the prompt timeout counts from now, not from the wait
 	ctx, cancel := context.WithTimeout(c.ctx, c.ag.cfg.AcquireTimeout)
 	defer cancel()
-	if err := s.link.p.Send(ctx, t.Line); err != nil && s.link.take(t.Prompt) {
+	if err := s.side.p.Send(ctx, t.Line); err != nil && s.side.take(t.Prompt) {
 		t.Prompt.failWith(jsonrpc.CodeInternalError, "the agent cannot take the request: "+pool.ClientReason(err), nil)
 	}
 }

@@ -33,7 +33,7 @@ type Session struct {
 	quotedID  []byte    // GatewayID as a JSON string, spliced into every update
 	AgentID   string    // the agent's own ID
 	cwd       string    // its cwd as the client asked for it (the fs stand-in's root without a tenant root)
-	link      *procSide // the process that serves it
+	side      *procSide // the process that serves it
 	ten       *tenant   // whose session quota it counts against
 	info      *observe.Session
 
@@ -79,25 +79,25 @@ type Session struct {
 	owner atomic.Pointer[Conn]
 
 	mu sync.Mutex
-	// holders counts the connections that hold the session (the owner,
+	// refs counts the connections that refer to the session (the owner,
 	// and a lost session's last owner until it closes it). While it is
 	// above zero the session holds one of its tenant's session slots
-	// (tenant.sessions), once however many hold it.
-	holders int
+	// (tenant.sessions), once however many refer to it.
+	refs int
 	// slot is the process's session slot the session holds until it ends.
 	slot *pool.Lease
 	// children are the child sessions it announced, ended with it.
 	children []*Session
 }
 
-// newSession makes a session of the link's process owned by c, holding
+// newSession makes a session of the side's process owned by c, holding
 // slot: id is the agent's session and the subject it belongs to, gwID the
 // ID the client named it by ("": a new session, sealed now).
 func newSession(l *procSide, c *Conn, id sessionid.Opened, gwID, cwd string, slot *pool.Lease) *Session {
 	if gwID == "" {
 		gwID = c.relay.sealer.Seal(c.scope, id.Subject, id.Agent)
 	}
-	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, link: l, ten: c.ten,
+	s := &Session{GatewayID: gwID, quotedID: jsonrpc.AppendQuote(nil, gwID), AgentID: id.Agent, cwd: cwd, side: l, ten: c.ten,
 		slot: slot, subject: id.Subject, scope: c.scope, owners: c.relay.owners, opened: time.Now()}
 	s.info = &observe.Session{ID: gwID, Tenant: c.ten.name, Label: c.ten.label, Agent: l.ag.name, Cwd: cwd, Key: sessionKey(l.ag.name, id.Agent)}
 	if l.ag.costPerSession {
@@ -151,35 +151,36 @@ func (s *Session) moveOwner(from, to *Conn) bool {
 	return true
 }
 
-// held records that one more connection holds the session; the first
+// addRef records that one more connection refers to the session (its
+// owner, or a lost session's last owner until it closes it); the first
 // takes the tenant's session slot.
-func (s *Session) held() {
+func (s *Session) addRef() {
 	s.mu.Lock()
-	s.holders++
-	first := s.holders == 1
+	s.refs++
+	first := s.refs == 1
 	s.mu.Unlock()
 	if first {
-		s.ten.added(s.link.ag.metrics, 1)
+		s.ten.added(s.side.ag.metrics, 1)
 	}
 }
 
-// unheld records that a connection no longer holds the session; the last
-// gives the tenant's session slot back. One more than were held is a bug:
-// logged, counted, and ignored.
-func (s *Session) unheld(log *slog.Logger) {
+// dropRef records that a connection no longer refers to the session; the
+// last gives the tenant's session slot back. One more than were added is a
+// bug: logged, counted, and ignored.
+func (s *Session) dropRef(log *slog.Logger) {
 	s.mu.Lock()
-	ok := s.holders > 0
+	ok := s.refs > 0
 	if ok {
-		s.holders--
+		s.refs--
 	}
-	last := ok && s.holders == 0
+	last := ok && s.refs == 0
 	s.mu.Unlock()
 	switch {
 	case !ok:
-		s.link.ag.metrics.DoubleReleases.WithLabelValues("session_holder").Inc()
+		s.side.ag.metrics.DoubleReleases.WithLabelValues("session_holder").Inc()
 		log.Error("a session was let go by more connections than held it; ignored", "session", s.GatewayID)
 	case last:
-		s.ten.added(s.link.ag.metrics, -1)
+		s.ten.added(s.side.ag.metrics, -1)
 	}
 }
 
@@ -236,7 +237,7 @@ func (l *procSide) knownElsewhere(c *Conn, sid string) string {
 	if owner := c.relay.owners.Of(c.scope, sid); owner != "" && owner != c.subject {
 		return "made by another subject"
 	}
-	for _, other := range l.ag.linkList() {
+	for _, other := range l.ag.sideList() {
 		if other == l {
 			continue
 		}

@@ -146,7 +146,7 @@ func (c *Conn) endIfEmpty() {
 // heldSession finds the live session of the agent's session ID sid on any
 // of the agent's processes.
 func (ag *agent) heldSession(sid string) *Session {
-	for _, l := range ag.linkList() {
+	for _, l := range ag.sideList() {
 		if s, _ := l.session([]byte(sid)); s != nil {
 			return s
 		}

@@ -49,8 +49,8 @@ func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Messa
 	if span == nil {
 		return
 	}
-	if rt.link != nil && rt.link.p != nil {
-		span.SetAttributes(tracing.String(tracing.AttrProcess, rt.link.p.String()))
+	if rt.side != nil && rt.side.p != nil {
+		span.SetAttributes(tracing.String(tracing.AttrProcess, rt.side.p.String()))
 	}
 	s := rt.sess
 	if s == nil {

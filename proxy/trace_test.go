@@ -402,7 +402,7 @@ func traceTurnForBench(b *testing.B) func(*Relay, *Session) {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
 		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 		r.tracer = tracing.TracerOf(tp, TracerName)
-		ag := s.link.ag
+		ag := s.side.ag
 		ag.obs = r.observers(ag, nil)
 		_, span := r.tracer.Start(context.Background(), acp.SessionPrompt)
 		b.Cleanup(func() { span.End() })

@@ -47,7 +47,7 @@ func (ev sessionEvents) meterCost(m *jsonrpc.Message, e *observe.Event) {
 		inc, b, reject = s.meter.NoteCost(cur, label, amount)
 	}
 	if reject != "" {
-		s.link.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
+		s.side.p.Log().Debug("agent usage_update counted as nothing here", "reason", reject, "session", s.GatewayID)
 		ev.usageRejected(e, reject)
 	}
 	if b.Live {

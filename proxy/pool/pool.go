@@ -145,20 +145,20 @@ func (p *Pool) commit(l *Lease) {
 	}
 }
 
-// HoldSession takes a session slot on a for a session it already serves
+// LeaseSession takes a session slot on a for a session it already serves
 // (a load of it): room is not checked. It fails only once a is not ready.
-func (a *Process) HoldSession() (*Lease, bool) {
+func (a *Process) LeaseSession() (*Lease, bool) {
 	return a.pool.hold(a, kindSession, false)
 }
 
-// TryHoldSession takes a session slot on a if it has room (a fork).
-func (a *Process) TryHoldSession() (*Lease, bool) {
+// TryLeaseSession takes a session slot on a if it has room (a fork).
+func (a *Process) TryLeaseSession() (*Lease, bool) {
 	return a.pool.hold(a, kindSession, true)
 }
 
-// HoldRequest counts a client request in flight on a; false once a has
+// LeaseRequest counts a client request in flight on a; false once a has
 // exited.
-func (a *Process) HoldRequest() (*Lease, bool) {
+func (a *Process) LeaseRequest() (*Lease, bool) {
 	if a.State() == Dead {
 		return nil, false
 	}

@@ -215,7 +215,7 @@ func TestHandlerGetsLinesAndExit(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler never heard of the exit")
 	}
-	if _, ok := a.HoldRequest(); ok {
+	if _, ok := a.LeaseRequest(); ok {
 		t.Error("a request lease on a dead process")
 	}
 }
