@@ -27,11 +27,11 @@ type hold struct {
 	quota   bool        // a tenant session slot
 	slot    *pool.Lease // a process session slot
 	request *pool.Lease // the request's count on its process
-	// attach is the session a load/resume makes the connection's. It is
+	// loaded is the session a load/resume makes the connection's. It is
 	// routed from the moment the request is sent, because the agent
 	// replays history before it answers; ending the request without
-	// keepAttach undoes it.
-	attach   *Session
+	// keepLoaded undoes it.
+	loaded   *Session
 	replay   *Session // a load or resume in flight of this session (Session.meter)
 	gated    *Session // a load or resume that closed this session's gate (establish.go)
 	released atomic.Bool
@@ -45,8 +45,8 @@ func (h *hold) takeSlot() *pool.Lease {
 	return s
 }
 
-// keepAttach keeps the load's route when the request ends.
-func (h *hold) keepAttach() { h.attach = nil }
+// keepLoaded keeps the load's route when the request ends.
+func (h *hold) keepLoaded() { h.loaded = nil }
 
 // release gives back what the hold still has. Only the first call does.
 func (h *hold) release() {
@@ -67,8 +67,8 @@ func (h *hold) release() {
 	if h.replay != nil {
 		h.replay.meter.ReplayEnded()
 	}
-	if h.attach != nil {
-		h.attach.end(endLoadFailed, c)
+	if h.loaded != nil {
+		h.loaded.end(endLoadFailed, c)
 	}
 	if h.gated != nil {
 		h.gated.ungate(c)

@@ -184,7 +184,7 @@ func promptAnswered(req *outReq, m *jsonrpc.Message) {
 // switchModel sends the agent the model switch the answer out needs (r.sw,
 // from answerEdits), as a request of the gateway's for the client: out is
 // delivered once the agent has switched (switched); a failure ends the
-// session (hold.attach).
+// session (hold.loaded).
 func (r *agentReader) switchModel(req *outReq, out []byte) bool {
 	sw, s, gated := r.sw, r.swSess, r.swGated
 	if sw == nil {
@@ -199,7 +199,7 @@ func (r *agentReader) switchModel(req *outReq, out []byte) bool {
 // sendSwitch sends sw, a switch of s's model or mode for c's request
 // clientID, whose answer it holds; its end opens the gate gated.
 func (r *agentReader) sendSwitch(c *Conn, clientID []byte, s *Session, sw *models.Switch, gated *Session) {
-	next := &outReq{conn: c, clientID: clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, attach: s, gated: gated}, model: sw}
+	next := &outReq{conn: c, clientID: clientID, method: sw.Method(), sess: s, start: time.Now(), hold: &hold{conn: c, loaded: s, gated: gated}, model: sw}
 	if r.l.track(next) {
 		r.l.p.SendCtrl(sw.Request(next.agentID))
 	} else {
@@ -216,7 +216,7 @@ func (r *agentReader) switched(m *jsonrpc.Message, req *outReq) {
 		req.failWith(jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil)
 		return
 	}
-	req.hold.keepAttach()
+	req.hold.keepLoaded()
 	gated := req.hold.takeGated()
 	req.end()
 	if next := req.model.Next(); next != nil {
@@ -267,12 +267,12 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 			return nil, nil, false
 		}
 		edits, created, s = append(edits, e), cs, cs
-	case req.hold.attach != nil:
-		s = req.hold.attach
+	case req.hold.loaded != nil:
+		s = req.hold.loaded
 		if s.attachable {
 			s.state.NoteResult(m.Payload)
 		}
-		req.hold.keepAttach()
+		req.hold.keepLoaded()
 		s.events().sessionEvent(c, observe.SessionLoaded, "")
 	case req.method == acp.SessionList:
 		edits = r.listEdits(m, c, edits)
@@ -283,7 +283,7 @@ func (r *agentReader) answerEdits(m *jsonrpc.Message, req *outReq) (edits []json
 	}
 	if s != nil { // its model selectors (package models); a switch is made before it is delivered
 		var err error
-		establishes := acp.CreatesSession(req.method) || acp.AttachesSession(req.method)
+		establishes := acp.CreatesSession(req.method) || acp.LoadsSession(req.method)
 		if edits, r.sw, err = s.models.Answer(m, models.ListsOf(c.ten.policy(c.ag.name)), establishes, s.AgentID, edits); err != nil {
 			s.end(endRefused, c)
 			c.Deliver(jsonrpc.AppendError(nil, req.clientID, jsonrpc.CodeInvalidParams, "session refused: "+err.Error(), nil))
@@ -356,8 +356,8 @@ func (r *agentReader) errorSessionEdit(m *jsonrpc.Message, f jsonrpc.Field, req 
 	case !ok:
 	case req.sess != nil && sid == req.sess.AgentID:
 		repl = req.sess.quotedID
-	case req.hold != nil && req.hold.attach != nil && sid == req.hold.attach.AgentID:
-		repl = req.hold.attach.quotedID
+	case req.hold != nil && req.hold.loaded != nil && sid == req.hold.loaded.AgentID:
+		repl = req.hold.loaded.quotedID
 	}
 	return jsonrpc.Edit{Start: f.Start, End: f.End, Repl: repl}
 }

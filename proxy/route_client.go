@@ -147,8 +147,8 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	}
 	live := sess != nil && sess.live()
 	switch {
-	case acp.AttachesSession(m.Method):
-		return cr.routeAttach(ctx, m, gwID, sess, live)
+	case acp.LoadsSession(m.Method):
+		return cr.routeLoad(ctx, m, gwID, sess, live)
 	case !live && m.Method == acp.SessionDelete:
 		id, _, ok := cr.open(m, gwID, access.Write)
 		if !ok {
@@ -167,14 +167,14 @@ func (cr *clientReader) routeSession(ctx context.Context, m *jsonrpc.Message, f 
 	return rt, sess.AgentID, err
 }
 
-// routeAttach routes a session/load or session/resume. A live session of
+// routeLoad routes a session/load or session/resume. A live session of
 // this connection's goes to its process. Another's goes as its tenant's
 // sharing says (cr.open): refused, watched (a read-only attach in the
 // load's place), or opened: a detached connection's session may be taken
 // over, or the load goes to the process that still serves the session (or
 // any with room), and the session is routed to this connection from now
 // on, before the agent replays its history.
-func (cr *clientReader) routeAttach(ctx context.Context, m *jsonrpc.Message, gwID string, sess *Session, live bool) (*routed, string, error) {
+func (cr *clientReader) routeLoad(ctx context.Context, m *jsonrpc.Message, gwID string, sess *Session, live bool) (*routed, string, error) {
 	c := cr.c
 	id, verdict, ok := cr.open(m, gwID, access.Load)
 	switch {
@@ -226,13 +226,13 @@ func (cr *clientReader) placeLoad(ctx context.Context, m *jsonrpc.Message, id se
 	h.slot = lease
 	l := c.ag.side(lease.Process())
 	if m.Kind == jsonrpc.KindRequest {
-		h.attach = l.addSession(c, id, gwID, acp.SessionCwd(m), h.takeSlot())
-		h.attach.meter.Loaded()
-		h.replaying(h.attach)
+		h.loaded = l.addSession(c, id, gwID, acp.SessionCwd(m), h.takeSlot())
+		h.loaded.meter.Loaded()
+		h.replaying(h.loaded)
 		if c.gatesSessions() { // before the client can name it
-			h.gate(h.attach)
+			h.gate(h.loaded)
 		}
-		c.index(h.attach)
+		c.index(h.loaded)
 	}
 	return &routed{side: l, sess: sess, h: h}, nil
 }

@@ -54,7 +54,7 @@ func (cr *clientReader) routedSpan(span trace.Span, rt *routed, m *jsonrpc.Messa
 	}
 	s := rt.sess
 	if s == nil {
-		s = rt.h.attach
+		s = rt.h.loaded
 	}
 	if s != nil {
 		span.SetAttributes(tracing.String(tracing.AttrSession, s.GatewayID))

@@ -313,9 +313,9 @@ func CreatesSession(method string) bool {
 	return method == SessionNew || method == SessionFork || method == NesStart
 }
 
-// AttachesSession reports whether method takes a session the connection
+// LoadsSession reports whether method takes a session the connection
 // may not hold yet and makes it the connection's (load, resume).
-func AttachesSession(method string) bool {
+func LoadsSession(method string) bool {
 	return method == SessionLoad || method == SessionResume
 }
 
