@@ -243,8 +243,9 @@ func (s *Server) forwardHTTP(w http.ResponseWriter, r *http.Request, who auth.Id
 	return true
 }
 
-// copyResponse writes resp to w as it arrives, flushing each read: an
-// event stream's events go out one by one.
+// copyResponse writes resp to w: a body of known length at once, an event
+// stream as it arrives, each read flushed, so that its events go out one
+// by one.
 func copyResponse(w http.ResponseWriter, resp *http.Response) {
 	for _, k := range []string{"Content-Type", "Cache-Control", "X-Accel-Buffering", "Allow", ConnectionIDHeader, sessionIDHeader} {
 		if v := resp.Header.Values(k); len(v) > 0 {
@@ -252,9 +253,15 @@ func copyResponse(w http.ResponseWriter, resp *http.Response) {
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
+	if resp.ContentLength >= 0 { // a POST's 202, an error, an initialize's answer
+		_, _ = io.Copy(w, resp.Body)
+		return
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	buf := make([]byte, 32<<10)
+	bp := streamBufs.Get().(*[]byte)
+	defer streamBufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
@@ -270,6 +277,9 @@ func copyResponse(w http.ResponseWriter, resp *http.Response) {
 		}
 	}
 }
+
+// streamBufs are the buffers event streams are carried through.
+var streamBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // ServeCluster serves the internal listener on ln until Shutdown. Without
 // cluster: it returns at once.
