@@ -190,22 +190,19 @@ func (rp *replicas) endElsewhere(ctx context.Context, what, id string, who auth.
 // replica the administrator called checks them and writes the audit trail.
 func (rp *replicas) adminRoutes(r chi.Router) {
 	p := cluster.Prefix + "/admin/"
-	r.Get(p+"sessions", func(w http.ResponseWriter, r *http.Request) {
-		if a := rp.s.admin; a != nil {
+	list := func(what string, local func(a *adminAPI, tenant string, all bool) any) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			a := rp.s.admin
+			if a == nil {
+				writeJSONError(w, http.StatusNotFound, "not_found", "no admin API on this replica")
+				return
+			}
 			tenant, all := tenantFilter(r)
-			writeJSON(w, http.StatusOK, map[string]any{"sessions": a.localSessions(tenant, all)})
-			return
+			writeJSON(w, http.StatusOK, map[string]any{what: local(a, tenant, all)})
 		}
-		writeJSONError(w, http.StatusNotFound, "not_found", "no admin API on this replica")
-	})
-	r.Get(p+"connections", func(w http.ResponseWriter, r *http.Request) {
-		if a := rp.s.admin; a != nil {
-			tenant, all := tenantFilter(r)
-			writeJSON(w, http.StatusOK, map[string]any{"connections": a.localConns(tenant, all)})
-			return
-		}
-		writeJSONError(w, http.StatusNotFound, "not_found", "no admin API on this replica")
-	})
+	}
+	r.Get(p+"sessions", list("sessions", func(a *adminAPI, tenant string, all bool) any { return a.localSessions(tenant, all) }))
+	r.Get(p+"connections", list("connections", func(a *adminAPI, tenant string, all bool) any { return a.localConns(tenant, all) }))
 	r.Delete(p+"sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
 		who, _ := forwardedIdentity(r)
 		owner, err := rp.s.relay.EndSession(chi.URLParam(r, "id"), who.Subject)

@@ -4,10 +4,11 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/acpgate/acpgate/internal/roomsize"
 )
 
 // No lease is released under a lock (doc.go's lock order): a deferred
@@ -126,66 +127,14 @@ const (
 )
 
 func TestTypesAndFunctionsStaySmall(t *testing.T) {
-	fset := token.NewFileSet()
-	methods := map[string]int{} // by package directory and type
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "jsonrpc" || d.Name() == "testdata") {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
-		for _, d := range f.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
-			}
-			name := fn.Name.Name
-			if fn.Recv != nil && len(fn.Recv.List) == 1 {
-				recv := filepath.Join(filepath.Dir(path), receiverName(fn.Recv.List[0].Type))
-				methods[recv]++
-				name = recv + "." + name
-			}
-			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
-				t.Errorf("%s: %s has %d lines, over %d", fset.Position(fn.Pos()), name, n, maxFuncLines)
-			}
-		}
-		return nil
-	})
+	r, err := roomsize.Check(".", roomsize.Limits{MaxMethods: maxMethods, MaxFuncLines: maxFuncLines, Skip: []string{"jsonrpc"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if methods["Session"] == 0 {
+	if r.Methods["Session"] == 0 {
 		t.Fatal("no method of Session counted: the walk missed the proxy root")
 	}
-	for typ, n := range methods {
-		if n > maxMethods {
-			t.Errorf("%s has %d methods, over %d", typ, n, maxMethods)
-		}
-	}
-}
-
-// receiverName is the type a method's receiver names (T of *T or T[P]).
-func receiverName(x ast.Expr) string {
-	for {
-		switch e := x.(type) {
-		case *ast.StarExpr:
-			x = e.X
-		case *ast.IndexExpr:
-			x = e.X
-		case *ast.IndexListExpr:
-			x = e.X
-		case *ast.Ident:
-			return e.Name
-		default:
-			return "?"
-		}
+	for _, p := range r.Problems {
+		t.Error(p)
 	}
 }
