@@ -147,6 +147,9 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 		return Owner{}, fmt.Errorf("%w: %q", ErrNoSuchSession, id)
 	}
 	r.adminEnded.Add(id)
+	for _, k := range s.childList() { // they end with it
+		r.adminEnded.Add(k.GatewayID)
+	}
 	why := adminEndedMsg(id)
 	s.failQueued(nil, why)
 	// The agent's requests are settled first, as a client that cancels

@@ -131,9 +131,10 @@ func answered(ctx context.Context, c *Conn, m *jsonrpc.Message, line []byte) set
 //     session's members how it was settled (permission_resolved), under
 //     Session.fan, after the copies they were sent: every client hears
 //     before the agent goes on;
-//  4. answer the agent (nothing, if it has exited);
-//  5. emit PermissionResolved (a permission request), off every lock, and
-//     end the span.
+//  4. emit PermissionResolved (a permission request), off every lock:
+//     before the agent hears, so that the audit trail records the answer
+//     before what the agent does with it (the file it writes once allowed);
+//  5. answer the agent (nothing, if it has exited), and end the span.
 //
 // It takes Session.fan: never call it with a fan lock held.
 func (in *inReq) settle(st settlement) bool {
@@ -171,6 +172,9 @@ func (in *inReq) settle(st settlement) bool {
 		}
 	}
 
+	if perm {
+		in.permissionResolved(st, msg)
+	}
 	switch {
 	case st.line != nil && st.ctx != nil:
 		if err := in.side.p.Send(st.ctx, st.line); err != nil {
@@ -180,10 +184,6 @@ func (in *inReq) settle(st settlement) bool {
 		in.side.p.SendCtrl(st.line)
 	case !st.silent:
 		in.side.answerForClient(in.agentID, in.method, st.code, st.why)
-	}
-
-	if perm {
-		in.permissionResolved(st, msg)
 	}
 	if in.span != nil {
 		switch {

@@ -22,15 +22,15 @@ const (
 	statusSaved = "saved" // the gateway issued it; a load starts it
 )
 
-// handleStatus answers session/status (a function, not a method:
-// clientReader has all the methods the size rule allows) for a session the gateway issued,
+// handleStatus answers session/status for a session the gateway issued,
 // from its own table and, in a cluster, the owner registry: "open" when
 // it is live here or on another replica, "saved" when its ID opens for
-// this client but it is live nowhere (a load starts it, if its agent
-// kept it). It has no side effect, as the method requires; an ID that does
-// not open for this client (forged, another tenant's or agent's, or
-// another subject's the tenant's sharing hides) gets -32002 as an unknown
-// one does.
+// this client but it is live nowhere (a load starts it, if its agent kept
+// it), -32002 when an administrator ended it or its parent. It has no side
+// effect, as the method requires; an ID that does not open for this client
+// (forged, another tenant's or agent's, or another subject's the tenant's
+// sharing hides) gets -32002 as an unknown one does. (A function, not a
+// method: clientReader has all the methods the size rule allows.)
 func handleStatus(cr *clientReader, m *jsonrpc.Message) {
 	if m.Kind != jsonrpc.KindRequest {
 		return
@@ -47,6 +47,10 @@ func handleStatus(cr *clientReader, m *jsonrpc.Message) {
 	}
 	if _, _, ok := cr.open(m, gwID, access.List); !ok {
 		return // answered: unknown to this client
+	}
+	if c.relay.endedByAdminAnywhere(gwID) { // it, or its parent: no load starts it again
+		cr.endedByAdmin(m, gwID)
+		return
 	}
 	status := statusSaved
 	if s := c.relay.findSession(gwID); s != nil && s.live() {

@@ -403,3 +403,33 @@ func TestClusterBridgePermission(t *testing.T) {
 		t.Fatalf("the owner's prompt: %s", r.Raw)
 	}
 }
+
+// An administrator ends a session held by another replica through any
+// replica; the end is kept in the store, so every replica, one that never
+// held the session included, refuses it as ended.
+func TestClusterAdminEndKept(t *testing.T) {
+	e := newClusterEnv(t)
+	c, sid, _ := e.clusterSession(t, e.a, e.alice)
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+e.b.Addr+"/v1/admin/sessions/"+sid, nil)
+	req.Header.Set("Authorization", "Bearer "+e.adm)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("DELETE through b of a's session: %d %s", resp.StatusCode, body)
+	}
+	for {
+		m := c.Next(10 * time.Second)
+		if m.Method == "_acpgate/session_ended" {
+			break
+		}
+	}
+	onB := dialToken(t, e.b, e.alice)
+	m := onB.Call("session/load", map[string]any{"sessionId": sid, "cwd": e.root, "mcpServers": []any{}}, 10*time.Second)
+	if m.Error == nil || !strings.Contains(m.Error.Message, "ended by an administrator") {
+		t.Fatalf("load on b of the ended session: %s; want the administrator's end", m.Raw)
+	}
+}
