@@ -433,3 +433,44 @@ func TestClusterAdminEndKept(t *testing.T) {
 		t.Fatalf("load on b of the ended session: %s; want the administrator's end", m.Raw)
 	}
 }
+
+// What a holder sends over a bridge is kept in the client's own outbox: a
+// client attached through b whose socket drops, and which resumes through
+// a (carried to b), gets the turn that ran meanwhile, once.
+func TestClusterBridgedClientResumes(t *testing.T) {
+	e := newClusterEnv(t)
+	owner, sid, _ := e.clusterSession(t, e.a, e.alice)
+	member, resp, err := dialWith(t, e.b, "/acp", bearer(e.alice), []string{"acp"})
+	if err != nil {
+		t.Fatalf("dial b: %v (%s)", err, respText(resp))
+	}
+	token, _ := initMeta(member.initialize())["resumeToken"].(string)
+	if !strings.HasPrefix(token, "b.") {
+		t.Fatalf("resume token %q, want b's", token)
+	}
+	if m := member.Call("session/attach", map[string]any{"sessionId": sid, "historyPolicy": "none"}, 10*time.Second); m.Error != nil {
+		t.Fatalf("attach through b: %s", m.Raw)
+	}
+	received := 2 // the initialize and attach answers
+	member.WS.CloseNow()
+	time.Sleep(200 * time.Millisecond)
+	// A turn runs on a while the member is away.
+	if r := owner.Await(owner.Request("session/prompt", textPrompt(sid, "while you were away")), 15*time.Second, nil); r.Error != nil {
+		t.Fatalf("the owner's prompt: %s", r.Raw)
+	}
+	back, resp, err := dialWith(t, e.a, fmt.Sprintf("/acp?resume=%s&received=%d", token, received), bearer(e.alice), []string{"acp"})
+	if err != nil {
+		t.Fatalf("resume through a: %v (%s)", err, respText(resp))
+	}
+	if m := back.Next(5 * time.Second); m.Method != "_acpgate/resumed" {
+		t.Fatalf("first after the resume: %s", m.Raw)
+	}
+	var text strings.Builder
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(text.String(), "while you were away"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the turn that ran while the member was away did not come back: %q", text.String())
+		}
+		m := back.Next(10 * time.Second)
+		text.Write(m.Raw)
+	}
+}
