@@ -33,8 +33,8 @@ func (rp *replicas) start(tp trace.TracerProvider) {
 
 // share makes own, this replica's session owners, shared with the other
 // replicas: what it does not know is read from the store, what it notes
-// is written there, and all of it is written again when the store lost
-// its data.
+// is written there, and all of it (with the administrators' ends this
+// replica remembers) is written again when the store lost its data.
 func (rp *replicas) share(own *access.Owners) {
 	cfg := rp.s.config()
 	retention := cfg.Sessions.OwnersRetention.D()
@@ -45,6 +45,14 @@ func (rp *replicas) share(own *access.Owners) {
 	own.Share(rp.shared)
 	rp.node.OnReset(func(ctx context.Context) {
 		rp.shared.Rewrite(ctx, func(yield func(scope, agentSID, subject string, used int64)) { own.Range(yield) })
+		if r := rp.s.relay; r != nil { // the administrators' ends it remembers, too
+			for _, id := range r.AdminEnded() {
+				if ctx.Err() != nil {
+					return
+				}
+				rp.node.NoteEnded(id)
+			}
+		}
 	})
 }
 

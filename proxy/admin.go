@@ -163,6 +163,11 @@ func (r *Relay) EndSession(id, by string) (Owner, error) {
 	return Owner{Tenant: s.ten.name, Agent: s.side.ag.name}, nil
 }
 
+// AdminEnded is the sessions an administrator ended here (since this
+// process started, the last maxAdminEnded): in a cluster, the store that
+// keeps them for every replica is given them again after it lost them.
+func (r *Relay) AdminEnded() []string { return r.adminEnded.List() }
+
 // Owner is whose a session or connection an administrator acted on was.
 type Owner struct{ Tenant, Agent string }
 

@@ -6,6 +6,7 @@
 package inflight
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -255,4 +256,11 @@ func (r *Recent[K]) Has(k K) bool {
 	defer r.mu.Unlock()
 	_, ok := r.keys[k]
 	return ok
+}
+
+// List is every key remembered, oldest first.
+func (r *Recent[K]) List() []K {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
 }

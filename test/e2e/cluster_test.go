@@ -428,10 +428,20 @@ func TestClusterAdminEndKept(t *testing.T) {
 		}
 	}
 	onB := dialToken(t, e.b, e.alice)
-	m := onB.Call("session/load", map[string]any{"sessionId": sid, "cwd": e.root, "mcpServers": []any{}}, 10*time.Second)
-	if m.Error == nil || !strings.Contains(m.Error.Message, "ended by an administrator") {
-		t.Fatalf("load on b of the ended session: %s; want the administrator's end", m.Raw)
+	load := func(when string) {
+		t.Helper()
+		m := onB.Call("session/load", map[string]any{"sessionId": sid, "cwd": e.root, "mcpServers": []any{}}, 10*time.Second)
+		if m.Error == nil || !strings.Contains(m.Error.Message, "ended by an administrator") {
+			t.Fatalf("load on b of the ended session %s: %s; want the administrator's end", when, m.Raw)
+		}
 	}
+	load("at once")
+	// The store restarts empty: a, which ended it, writes the end again
+	// within a heartbeat (lease/3).
+	e.redis.Kill()
+	e.redis.Restart()
+	time.Sleep(1500 * time.Millisecond)
+	load("after the store restarted empty")
 }
 
 // What a holder sends over a bridge is kept in the client's own outbox: a
