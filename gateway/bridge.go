@@ -127,7 +127,7 @@ func (rp *replicas) connEnded(id string) {
 	if v, ok := rp.bridges.LoadAndDelete(id); ok {
 		v.(*connBridges).close()
 	}
-	go rp.node.Release(cluster.KindConn, id)
+	rp.node.Release(cluster.KindConn, id)
 }
 
 // bridgeMethods are the methods that may open a bridge: they name a

@@ -80,7 +80,7 @@ func (rp *replicas) Observe(e *observe.Event) {
 	case observe.SessionCreated, observe.SessionLoaded:
 		rp.node.Hold(cluster.KindSession, id)
 	case observe.SessionClosed, observe.SessionLost:
-		go rp.node.Release(cluster.KindSession, id) // off the caller: a call to the store
+		rp.node.Release(cluster.KindSession, id) // never waits for the store
 	}
 }
 

@@ -85,6 +85,7 @@ type Node struct {
 	failedAt    time.Time // when a call to the store last failed
 
 	fresh   map[string]struct{}     // records held but not yet written (guarded by mu)
+	gone    map[string]struct{}     // records given up but not yet deleted (guarded by mu)
 	onReset []func(context.Context) // run when the store is found to have lost this replica (OnReset)
 	hooks   sync.WaitGroup          // onReset runs in flight
 	ctx     context.Context         // Start's: ends at Close
@@ -119,7 +120,7 @@ func New(cfg Config, log *slog.Logger, m *Metrics) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: log.With("replica", cfg.Name), rdb: rdb, storeName: name, sign: newSigner(cfg.Key), metrics: m,
 		held: map[string]time.Time{}, peers: map[string]peerEntry{}, lost: map[string]string{},
-		fresh: map[string]struct{}{}, kick: make(chan struct{}, 1)}
+		fresh: map[string]struct{}{}, gone: map[string]struct{}{}, kick: make(chan struct{}, 1)}
 	n.Client = &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false,
 		ResponseHeaderTimeout: 0, DisableCompression: true,
@@ -155,7 +156,7 @@ func (n *Node) Start() {
 			case <-t.C:
 				n.heartbeat(ctx)
 			case <-n.kick:
-				n.writeFresh(ctx)
+				n.flush(ctx)
 			}
 		}
 	}()
@@ -170,11 +171,14 @@ func (n *Node) Close() {
 		n.hooks.Wait()
 	}
 	n.mu.Lock()
-	keys := make([]string, 0, len(n.held)+1)
+	keys := make([]string, 0, len(n.held)+len(n.gone)+1)
 	for k := range n.held {
 		keys = append(keys, k)
 	}
-	n.held = map[string]time.Time{}
+	for k := range n.gone {
+		keys = append(keys, k)
+	}
+	n.held, n.gone = map[string]time.Time{}, map[string]struct{}{}
 	n.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
@@ -260,9 +264,16 @@ func (n *Node) heartbeat(ctx context.Context) {
 	draining := n.draining
 	n.mu.Unlock()
 	if draining {
-		n.rdb.Set(ctx, drainingKey(n.cfg.Name), "1", n.cfg.Lease)
+		if err := n.rdb.Set(ctx, drainingKey(n.cfg.Name), "1", n.cfg.Lease).Err(); err != nil {
+			n.storeError("heartbeat", err)
+		}
 	}
-	if added, err := n.rdb.SAdd(ctx, prefix+"replicas", n.cfg.Name).Result(); err == nil && added == 1 {
+	added, err := n.rdb.SAdd(ctx, prefix+"replicas", n.cfg.Name).Result()
+	if err != nil {
+		n.storeError("heartbeat", err)
+		return
+	}
+	if added == 1 {
 		// The store did not know this replica: it is new, or the store
 		// lost its data (restarted empty). What only writes once is
 		// written again.
@@ -417,18 +428,17 @@ func (n *Node) hold(key string) {
 	n.mu.Lock()
 	n.held[key] = time.Time{}
 	delete(n.lost, key)
+	delete(n.gone, key)
 	n.fresh[key] = struct{}{}
 	n.mu.Unlock()
-	select {
-	case n.kick <- struct{}{}:
-	default:
-	}
+	n.kickLoop()
 }
 
-// writeFresh writes the records held since the last write at once: the
-// other replicas find a session within a round trip of its start, not a
-// heartbeat later.
-func (n *Node) writeFresh(ctx context.Context) {
+// flush writes the records held since the last write, and deletes those
+// given up, at once: the other replicas find a session within a round
+// trip of its start, not a heartbeat later, and a session that ended is
+// free as soon.
+func (n *Node) flush(ctx context.Context) {
 	n.mu.Lock()
 	keys := make([]string, 0, len(n.fresh))
 	for k := range n.fresh {
@@ -436,26 +446,46 @@ func (n *Node) writeFresh(ctx context.Context) {
 			keys = append(keys, k)
 		}
 	}
-	n.fresh = map[string]struct{}{}
+	gone := make([]string, 0, len(n.gone))
+	for k := range n.gone {
+		gone = append(gone, k)
+	}
+	n.fresh, n.gone = map[string]struct{}{}, map[string]struct{}{}
 	n.mu.Unlock()
 	n.renew(ctx, keys)
+	if len(gone) > 0 {
+		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		defer cancel()
+		if err := releaseScript.Run(rctx, n.rdb, gone, n.cfg.Name).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			n.storeError("release", err)
+		}
+	}
 }
 
-// Release gives up the record (kind, id), if this replica holds it.
+// Release gives up the record (kind, id), if this replica holds it. It
+// never waits for the store: the node's loop deletes it at once (Close,
+// if the loop has stopped).
 func (n *Node) Release(kind Kind, id string) {
 	key := RecordKey(kind, id)
 	n.mu.Lock()
 	_, ok := n.held[key]
 	delete(n.held, key)
 	delete(n.lost, key)
-	n.mu.Unlock()
-	if !ok {
-		return
+	delete(n.fresh, key)
+	if ok {
+		n.gone[key] = struct{}{}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	if err := releaseScript.Run(ctx, n.rdb, []string{key}, n.cfg.Name).Err(); err != nil && !errors.Is(err, redis.Nil) {
-		n.storeError("release", err)
+	n.mu.Unlock()
+	if ok {
+		n.kickLoop()
+	}
+}
+
+// kickLoop wakes the node's loop to flush.
+func (n *Node) kickLoop() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
 	}
 }
 
