@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -131,22 +132,7 @@ func (rp *replicas) pipe(down, up *websocket.Conn) {
 	ctx, cancel := context.WithCancel(rp.ctx)
 	defer cancel()
 	errc := make(chan error, 2)
-	carry := func(dst, src *websocket.Conn) {
-		for {
-			typ, msg, err := src.Read(ctx)
-			if err != nil {
-				errc <- err
-				return
-			}
-			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-			err = dst.Write(wctx, typ, msg)
-			wcancel()
-			if err != nil {
-				errc <- err
-				return
-			}
-		}
-	}
+	carry := func(dst, src *websocket.Conn) { errc <- carryMessages(ctx, dst, src) }
 	go carry(up, down)
 	go carry(down, up)
 	err := <-errc
@@ -162,13 +148,36 @@ func (rp *replicas) pipe(down, up *websocket.Conn) {
 	case code == -1: // one side dropped: drop the other, as a network would
 		down.CloseNow()
 		up.CloseNow()
-	default:
-		go func() { _ = down.Close(code, reason) }()
-		go func() { _ = up.Close(code, reason) }()
-		time.Sleep(50 * time.Millisecond)
-		down.CloseNow()
-		up.CloseNow()
+	default: // both close with the code and reason, each handshake bounded by the library
+		var wg sync.WaitGroup
+		for _, c := range []*websocket.Conn{down, up} {
+			wg.Go(func() { _ = c.Close(code, reason) })
+		}
+		wg.Wait()
 	}
 	cancel()
 	<-errc
+}
+
+// carryMessages copies src's messages to dst as they come, each streamed
+// through one buffer (no message is held whole), until either fails.
+func carryMessages(ctx context.Context, dst, src *websocket.Conn) error {
+	buf := make([]byte, 32<<10)
+	for {
+		typ, r, err := src.Reader(ctx)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		w, err := dst.Writer(wctx, typ)
+		if err == nil {
+			if _, err = io.CopyBuffer(w, r, buf); err == nil {
+				err = w.Close()
+			}
+		}
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
 }
