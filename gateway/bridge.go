@@ -141,24 +141,28 @@ func (rp *replicas) intercept(l *link, frame []byte, m *jsonrpc.Message) bool {
 	if rp == nil {
 		return false
 	}
-	cb := rp.bridgesOf(l, false)
-	bridged := cb != nil && cb.active()
-	if !bridged && !mayOpenBridge(frame) {
-		if (cb == nil || !cb.hasInit()) && bytes.Contains(frame, []byte(`"initialize"`)) {
-			var sc jsonrpc.Scanner
-			var mm jsonrpc.Message
-			if sc.Scan(frame, &mm, nil) == nil && mm.Method == "initialize" {
+	if !l.conn.HandshakeDone() { // its initialize, if this is it: a bridge opens with it
+		if bytes.Contains(frame, []byte(`"initialize"`)) {
+			p := postScanners.Get().(*postScan)
+			if p.sc.Scan(frame, &p.m, nil) == nil && p.m.Method == "initialize" {
 				rp.noteInit(l, frame)
 			}
+			postScanners.Put(p)
 		}
 		return false
 	}
-	if m == nil {
-		var sc jsonrpc.Scanner
-		m = &jsonrpc.Message{}
-		if sc.Scan(frame, m, routeSpec) != nil {
+	cb := rp.bridgesOf(l, false)
+	bridged := cb != nil && cb.mayCarry(frame)
+	if !bridged && !mayOpenBridge(frame) {
+		return false
+	}
+	if m == nil { // scanned only when it may be a bridge's
+		p := postScanners.Get().(*postScan)
+		defer postScanners.Put(p)
+		if p.sc.Scan(frame, &p.m, routeSpec) != nil {
 			return false // the relay answers what does not scan
 		}
+		m = &p.m
 	}
 	if bridged && cb.carry(frame, m) {
 		return true
@@ -180,16 +184,22 @@ func mayOpenBridge(frame []byte) bool {
 		bytes.Contains(frame, []byte("session/resume"))
 }
 
-func (cb *connBridges) active() bool {
+// mayCarry is a cheap look at frame: could it be one of the bridges'? It
+// names a bridged session, answers a holder's renamed request, or cancels
+// a request sent on a bridge. (Only then is it scanned before the relay.)
+func (cb *connBridges) mayCarry(frame []byte) bool {
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
-	return len(cb.byHolder) > 0
-}
-
-func (cb *connBridges) hasInit() bool {
-	cb.mu.Lock()
-	defer cb.mu.Unlock()
-	return cb.init != nil
+	if len(cb.asked) > 0 && bytes.Contains(frame, []byte(bridgeIDPrefix)) ||
+		len(cb.calls) > 0 && bytes.Contains(frame, []byte(`"$/cancel_request"`)) {
+		return true
+	}
+	for sid := range cb.bySess {
+		if bytes.Contains(frame, []byte(sid)) {
+			return true
+		}
+	}
+	return false
 }
 
 // carry sends m to the bridge it belongs to, if any: a message naming a
@@ -411,26 +421,31 @@ func (b *bridge) read() {
 	var sc jsonrpc.Scanner
 	var m jsonrpc.Message
 	for {
-		_, msg, err := b.ws.Read(context.Background())
+		msg, err := readPooled(context.Background(), b.ws)
 		if err != nil {
 			b.broke(err)
 			return
 		}
-		out := msg
+		out := msg // most messages: delivered in the buffer they were read into
 		switch {
 		case bytes.Contains(msg, []byte(`"id"`)) && sc.Scan(msg, &m, routeSpec) == nil:
 			out = b.fromHolder(msg, &m)
 		case bytes.Contains(msg, []byte(`"$/cancel_request"`)) && sc.Scan(msg, &m, nil) == nil && m.Method == "$/cancel_request":
 			out = b.cancelFromHolder(&m)
 		}
-		if out == nil {
-			continue
+		if len(out) == 0 || &out[0] != &msg[0] { // dropped, or rewritten into another buffer
+			if len(out) > 0 {
+				out = append(jsonrpc.GetBuffer(len(out)), out...)
+			}
+			jsonrpc.PutBuffer(msg)
+			if len(out) == 0 {
+				continue
+			}
 		}
-		buf := append(jsonrpc.GetBuffer(len(out))[:0], out...)
 		b.cb.mu.Lock()
 		conn := b.cb.conn
 		b.cb.mu.Unlock()
-		conn.Deliver(buf)
+		conn.Deliver(out)
 	}
 }
 

@@ -273,8 +273,12 @@ func (c *wsConn) readLoop() (code websocket.StatusCode, reason, label string) {
 // UTF-8 text, like a text frame: clients that pipe a newline-delimited JSON
 // stream onto the socket send binary frames (marimo's use-acp). Invalid
 // UTF-8 is refused like any bad JSON.
-func (c *wsConn) readMessage() ([]byte, error) {
-	_, r, err := c.ws.Reader(c.ctx)
+func (c *wsConn) readMessage() ([]byte, error) { return readPooled(c.ctx, c.ws) }
+
+// readPooled reads ws's next message into a buffer from jsonrpc's pool
+// (the caller owns it).
+func readPooled(ctx context.Context, ws *websocket.Conn) ([]byte, error) {
+	_, r, err := ws.Reader(ctx)
 	if err != nil {
 		return nil, err
 	}
