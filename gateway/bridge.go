@@ -309,16 +309,26 @@ func (rp *replicas) open(l *link, frame []byte, m *jsonrpc.Message, sid string) 
 func (rp *replicas) refuse(l *link, m *jsonrpc.Message, sid, holder, reason string, err error) {
 	rp.node.Metrics().ForwardErrors.WithLabelValues("bridge", reason).Inc()
 	rp.log.Info("cluster: cannot reach the session's replica", "conn", l.id, "session", sid, "holder", holder, "reason", reason, "err", err)
-	data, _ := json.Marshal(map[string]string{"sessionId": sid, "reason": reason, "replica": holder})
-	msg := "session " + sid + ": "
+	l.conn.Deliver(rp.unreachable(m.ID, sid, holder, reason, err))
+}
+
+// unreachable is the -32002 answer to request id about session sid (""
+// when it may be several) whose holder cannot be reached: why (reason:
+// owner_gone, store_unavailable), the replica, and when a load works again.
+func (rp *replicas) unreachable(id []byte, sid, holder, reason string, err error) []byte {
+	data := map[string]string{"reason": reason, "replica": holder}
+	msg := "the session"
+	if sid != "" {
+		data["sessionId"], msg = sid, "session "+sid
+	}
 	if reason == cluster.ReasonStore {
-		msg += err.Error()
+		msg += ": " + err.Error()
 	} else {
-		msg += fmt.Sprintf("held by replica %s, which cannot be reached (%v); once its lease (%s) runs out it can be loaded again",
+		msg += fmt.Sprintf(" is held by replica %s, which cannot be reached (%v); once its lease (%s) runs out it can be loaded again",
 			holder, err, rp.node.Lease())
 	}
-	out := jsonrpc.AppendError(jsonrpc.GetBuffer(256)[:0], m.ID, jsonrpc.CodeNotFound, msg, data)
-	l.conn.Deliver(out)
+	raw, _ := json.Marshal(data)
+	return jsonrpc.AppendError(jsonrpc.GetBuffer(256), id, jsonrpc.CodeNotFound, msg, raw)
 }
 
 // bridgeTo is the bridge to holder, opened if need be.
@@ -537,11 +547,8 @@ func (b *bridge) broke(err error) {
 	rp := cb.rp
 	rp.node.Metrics().ForwardErrors.WithLabelValues("bridge", cluster.ReasonOwnerGone).Inc()
 	rp.log.Info("cluster: a session bridge broke", "conn", cb.id, "holder", b.holder, "sessions", len(sessions), "in_flight", len(pending), "err", err)
-	data, _ := json.Marshal(map[string]string{"reason": cluster.ReasonOwnerGone, "replica": b.holder})
 	for _, id := range pending {
-		msg := fmt.Sprintf("replica %s, which holds this session, went away (%v); once its lease (%s) runs out the session can be loaded again",
-			b.holder, err, rp.node.Lease())
-		conn.Deliver(jsonrpc.AppendError(jsonrpc.GetBuffer(256)[:0], []byte(id), jsonrpc.CodeNotFound, msg, data))
+		conn.Deliver(rp.unreachable([]byte(id), "", b.holder, cluster.ReasonOwnerGone, err))
 	}
 }
 

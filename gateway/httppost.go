@@ -52,17 +52,15 @@ func plain(w http.ResponseWriter, status int, msg string) {
 // credential) to a plain HTTP request and returns who it is (empty
 // without authentication).
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Identity, bool) {
-	if id, ok := forwardedIdentity(r); ok && r.Header.Get(ConnectionIDHeader) != "" {
-		// Signed by the replica it reached, for a connection held here:
-		// served while this replica drains too, as its own clients' are.
+	if id, ok := forwardedIdentity(r); ok {
+		// Signed by the replica it reached, for a connection held here (no
+		// replica carries an initialize): served while this replica drains
+		// too, as its own clients' requests are.
 		return id, true
 	}
 	if s.links.refusing() {
 		plain(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return auth.Identity{}, false
-	}
-	if id, ok := forwardedIdentity(r); ok {
-		return id, true
 	}
 	if s.authn == nil {
 		return auth.Identity{}, true
