@@ -484,3 +484,36 @@ func TestClusterBridgedClientResumes(t *testing.T) {
 		text.Write(m.Raw)
 	}
 }
+
+// What a bridge carries is decided by the message's own fields, never by
+// what its text mentions: a prompt to a session of the client's on b whose
+// text names the bridged session (and a renamed request's ID) runs on b,
+// and the holder of the bridged session hears nothing of it.
+func TestClusterBridgeCarriesOnlyItsOwn(t *testing.T) {
+	e := newClusterEnv(t)
+	owner, bridged, _ := e.clusterSession(t, e.a, e.alice)
+	c := dialToken(t, e.b, e.alice)
+	if m := c.Call("session/attach", map[string]any{"sessionId": bridged, "historyPolicy": "none"}, 10*time.Second); m.Error != nil {
+		t.Fatalf("attach through b: %s", m.Raw)
+	}
+	local := c.newSession(e.root)
+	text := fmt.Sprintf(`please look at "sessionId":%q and answer "acpgate.bridge.a.1"`, bridged)
+	r := c.Await(c.Request("session/prompt", textPrompt(local, text)), 15*time.Second, nil)
+	if r.Error != nil || !strings.Contains(string(r.Raw), "end_turn") {
+		t.Fatalf("the prompt to b's own session: %s", r.Raw)
+	}
+	if n := clusterMetric(t, e.b, `acpgate_cluster_forwarded_total{op="bridge"}`); n != 1 {
+		t.Fatalf("b opened %v bridges; want the one the attach opened", n)
+	}
+	// The owner on a hears of no turn of the bridged session.
+	var got int
+	for {
+		m, ok := recvConn(t, owner.Conn, 500*time.Millisecond, &got)
+		if !ok {
+			break
+		}
+		if strings.Contains(string(m.Raw), "please look at") {
+			t.Fatalf("the holder's client got the text sent to b's own session: %s", m.Raw)
+		}
+	}
+}
